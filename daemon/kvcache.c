@@ -1,0 +1,2 @@
+/* placeholder: being written */
+typedef int sk__placeholder_t;

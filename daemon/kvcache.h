@@ -1,0 +1,192 @@
+/* A session's KV cache: one contiguous block with a fixed, documented
+ * layout (so that it can live in malloc'd memory now and in a shared
+ * memory object later without the model code changing), plus the eviction
+ * policies that keep it at a fixed size.
+ *
+ * Policies:
+ *   dense     no eviction; appending past capacity fails with
+ *             -SK_ERR_CONTEXT_FULL (never silent truncation).
+ *   streaming StreamingLLM (Xiao et al. 2023, "Efficient Streaming
+ *             Language Models with Attention Sinks", sec. 3.2): the first
+ *             n_sink tokens (attention sinks) stay forever; of the rest
+ *             the most recent `window` stay; once full, each new token
+ *             evicts the oldest window token.
+ *
+ * Positions are cache positions: the token at cache position p (0-based,
+ * in stream order among resident tokens) is rotated by RoPE at p, whatever
+ * its index in the stream. Slots are storage places; `order` maps
+ * positions to slots, so an eviction moves O(capacity) integers, never
+ * keys or values.
+ *
+ * Block layout (byte offsets in the header; every section 64-byte
+ * aligned; `C` = capacity, `L` = n_layer, `D` = kv_dim):
+ *
+ *   struct sk_kv_header                  see below
+ *   int32_t  token[C]                    token id held by each slot
+ *   uint64_t index[C]                    stream index of that token (how
+ *                                        many tokens the session had seen
+ *                                        before it)
+ *   uint32_t order[C]                    a permutation of 0..C-1:
+ *                                        order[p] for p < n_resident is
+ *                                        the slot at cache position p;
+ *                                        order[n_resident..C) are free slots
+ *   float    k[L][C][D]                  keys, before RoPE
+ *   float    v[L][C][D]                  values
+ *
+ * Memory per session is exactly sk_kv_size(): it depends on the policy's
+ * budget, never on how many tokens have streamed through.
+ */
+#ifndef SK_KVCACHE_H
+#define SK_KVCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sinkd/protocol.h"
+
+#define SK_KV_MAGIC 0x564b4b53u /* "SKKV" little-endian */
+#define SK_KV_LAYOUT_VERSION 1u
+/* Largest capacity a session may ask for: positions and slots are 32-bit,
+ * and one session's cache must stay far below a machine's memory. The
+ * daemon's memory limit is the tighter bound in practice. */
+#define SK_KV_MAX_CAPACITY (1u << 20)
+
+enum sk_policy {
+  SK_POLICY_DENSE = 0,
+  SK_POLICY_STREAMING = 1,
+};
+
+/* "dense", "streaming"; NULL for unknown values. */
+const char *sk_policy_name(uint32_t policy);
+/* Parses a policy name of len bytes. Returns 0 or -SK_ERR_BAD_REQUEST. */
+int sk_policy_parse(const char *name, size_t len, uint32_t *ret,
+                    struct sk_error *err);
+
+struct sk_kv_params {
+  uint32_t policy;   /* enum sk_policy */
+  uint32_t n_sink;   /* streaming: attention sinks (may be 0) */
+  uint32_t window;   /* streaming: recent tokens kept (>= 1) */
+  uint32_t capacity; /* dense: maximum tokens (>= 1) */
+  float rope_scale;  /* positions are divided by this (1 = none; > 0) */
+};
+
+/* Shape of the cached tensors, from the model. */
+struct sk_kv_shape {
+  uint32_t n_layer;
+  uint32_t kv_dim; /* n_kv_head * head_dim */
+};
+
+struct sk_kv_header {
+  uint32_t magic;          /* SK_KV_MAGIC */
+  uint32_t layout_version; /* SK_KV_LAYOUT_VERSION */
+  uint32_t n_layer;
+  uint32_t kv_dim;
+  uint32_t capacity;       /* C: slots */
+  uint32_t policy;
+  uint32_t n_sink;
+  uint32_t window;
+  float rope_scale;
+  uint32_t n_resident;     /* tokens in the cache, <= C */
+  uint64_t n_seen;         /* tokens appended over the session's life */
+  uint64_t n_evicted;      /* tokens evicted over the session's life */
+  uint64_t off_token;      /* byte offsets from the block start */
+  uint64_t off_index;
+  uint64_t off_order;
+  uint64_t off_k;
+  uint64_t off_v;
+  uint64_t size;           /* whole block */
+};
+
+/* A view of a block; the block itself is owned by whoever allocated it. */
+struct sk_kv {
+  struct sk_kv_header *hdr;
+  int32_t *token;  /* (C) */
+  uint64_t *index; /* (C) */
+  uint32_t *order; /* (C) */
+  float *k;        /* (L, C, D) */
+  float *v;        /* (L, C, D) */
+};
+
+/* Evicted stream indices, merged into ranges of consecutive indices.
+ * Keeps the first SK_EVICT_LOG_MAX_RANGES ranges; n_evicted counts all. */
+#define SK_EVICT_LOG_MAX_RANGES 64u
+struct sk_evict_log {
+  uint64_t n_evicted;
+  uint32_t n_ranges;
+  bool truncated; /* more ranges than kept */
+  uint64_t first[SK_EVICT_LOG_MAX_RANGES];
+  uint64_t last[SK_EVICT_LOG_MAX_RANGES]; /* inclusive */
+};
+void sk_evict_log_reset(struct sk_evict_log *log);
+void sk_evict_log_add(struct sk_evict_log *log, uint64_t index);
+
+/* Capacity the params ask for (n_sink + window, or capacity). */
+uint32_t sk_kv_params_capacity(const struct sk_kv_params *p);
+/* Checks params against each other and against max_capacity (the model's
+ * and the daemon's limit). Returns 0 or -SK_ERR_BAD_REQUEST naming the
+ * parameter, its value and the limit. */
+int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
+                       struct sk_error *err);
+/* Bytes of a block for this shape and capacity; 0 on overflow. */
+size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity);
+
+/* Formats mem[0..size) (size >= sk_kv_size, mem 64-byte aligned) as an
+ * empty cache and fills *kv with a view of it. Errors: -SK_ERR_BAD_REQUEST
+ * (bad params, size too small). */
+int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
+               struct sk_kv_shape shape, const struct sk_kv_params *p,
+               struct sk_error *err);
+/* Fills *kv with a view of an existing block after checking its header
+ * (magic, version, offsets inside size, counters consistent).
+ * Errors: -SK_ERR_BAD_REQUEST naming the bad field. */
+int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
+                 struct sk_error *err);
+
+/* Convenience for malloc'd caches: allocates and formats; free with
+ * sk_kv_delete. */
+int sk_kv_new(struct sk_kv_shape shape, const struct sk_kv_params *p,
+              struct sk_kv **ret, struct sk_error *err);
+void sk_kv_delete(struct sk_kv *kv);
+
+static inline uint32_t sk_kv_free_slots(const struct sk_kv *kv) {
+  return kv->hdr->capacity - kv->hdr->n_resident;
+}
+
+/* Most tokens one make_room call can make room for: capacity for dense,
+ * window for streaming (sinks never leave). */
+uint32_t sk_kv_max_room(const struct sk_kv *kv);
+
+/* Makes room for n more tokens by the policy. streaming: evicts the
+ * oldest window tokens (cache position n_sink) until n fit, adding their
+ * stream indices to log (may be NULL). dense: evicts nothing.
+ * Errors: -SK_ERR_CONTEXT_FULL (dense: "needs N, M of C free"), or
+ * -SK_ERR_BAD_REQUEST if n > sk_kv_max_room(). */
+int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
+                    struct sk_error *err);
+
+/* Slot at cache position pos (pos < capacity; positions >= n_resident
+ * name the free slots that the next appends will fill, in order). */
+static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
+  return kv->order[pos];
+}
+/* Key / value row of (layer, slot): D floats. */
+static inline float *sk_kv_k(const struct sk_kv *kv, uint32_t layer,
+                             uint32_t slot) {
+  return kv->k + ((size_t)layer * kv->hdr->capacity + slot) * kv->hdr->kv_dim;
+}
+static inline float *sk_kv_v(const struct sk_kv *kv, uint32_t layer,
+                             uint32_t slot) {
+  return kv->v + ((size_t)layer * kv->hdr->capacity + slot) * kv->hdr->kv_dim;
+}
+
+/* Records tokens[0..n) in slots order[n_resident..n_resident+n) (whose K/V
+ * the forward pass has written), with stream indices n_seen.., and makes
+ * them resident. Requires n <= sk_kv_free_slots(). */
+void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n);
+
+/* Drops every resident token (the session starts over); counters of
+ * evictions are kept, n_seen is kept. */
+void sk_kv_clear(struct sk_kv *kv);
+
+#endif

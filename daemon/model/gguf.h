@@ -1,0 +1,103 @@
+/* GGUF reader (v2 and v3), memory-mapped, distrusting the file.
+ *
+ * Spec: ggml docs/gguf.md. Every count, length, n_dims, dimension product,
+ * tensor type and offset is checked (overflow included, each tensor inside
+ * the file and aligned) before any pointer into the mapping is formed. A
+ * bad file gives -SK_ERR_BAD_MODEL with a message naming the field and the
+ * value; never a crash or abort. Library code: never logs.
+ */
+#ifndef SK_GGUF_H
+#define SK_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sinkd/protocol.h"
+
+/* Metadata value types (gguf.md "gguf_metadata_value_type"). */
+enum sk_gguf_type {
+  SK_GGUF_UINT8 = 0, SK_GGUF_INT8 = 1, SK_GGUF_UINT16 = 2, SK_GGUF_INT16 = 3,
+  SK_GGUF_UINT32 = 4, SK_GGUF_INT32 = 5, SK_GGUF_FLOAT32 = 6, SK_GGUF_BOOL = 7,
+  SK_GGUF_STRING = 8, SK_GGUF_ARRAY = 9, SK_GGUF_UINT64 = 10, SK_GGUF_INT64 = 11,
+  SK_GGUF_FLOAT64 = 12,
+};
+
+/* Tensor element types (ggml_type). Only F32 and F16 are loadable now;
+ * the others are recognised so the error can name them. */
+enum sk_ggml_type {
+  SK_GGML_F32 = 0, SK_GGML_F16 = 1, SK_GGML_Q4_0 = 2, SK_GGML_Q4_1 = 3,
+  SK_GGML_Q5_0 = 6, SK_GGML_Q5_1 = 7, SK_GGML_Q8_0 = 8,
+};
+
+/* Hard limits, each with its reason. */
+#define SK_GGUF_MAX_DIMS 4u            /* ggml tensors have at most 4 dims */
+#define SK_GGUF_MAX_NAME 64u           /* ggml GGML_MAX_NAME */
+#define SK_GGUF_DEFAULT_ALIGNMENT 32u  /* gguf.md: general.alignment default */
+
+/* A string inside the mapping (not NUL-terminated). */
+struct sk_gguf_str {
+  const char *ptr;
+  uint64_t len;
+};
+
+/* One tensor; pointers live as long as the sk_gguf. */
+struct sk_gguf_tensor {
+  struct sk_gguf_str name;
+  uint32_t n_dims;
+  uint64_t ne[SK_GGUF_MAX_DIMS]; /* ne[0] is the contiguous (row) dimension;
+                                    unused dims are 1 */
+  uint32_t type;                 /* enum sk_ggml_type */
+  uint64_t offset;               /* relative to the data section */
+  uint64_t n_elements;
+  uint64_t n_bytes;
+  const void *data;              /* inside the mapping, aligned */
+};
+
+struct sk_gguf;
+
+/* Maps and validates the file at path. On success *ret owns the mapping;
+ * free with sk_gguf_close. Errors: -SK_ERR_IO (open/stat/mmap, message has
+ * strerror), -SK_ERR_BAD_MODEL (message names field and value),
+ * -SK_ERR_NO_MEMORY. */
+int sk_gguf_open(const char *path, struct sk_gguf **ret, struct sk_error *err);
+/* Same checks on a caller-owned buffer (tests, fuzzing); buf must outlive
+ * the returned object. */
+int sk_gguf_open_buffer(const void *buf, size_t size, struct sk_gguf **ret,
+                        struct sk_error *err);
+/* Unmaps and frees; NULL is fine. */
+void sk_gguf_close(struct sk_gguf *g);
+
+uint32_t sk_gguf_version(const struct sk_gguf *g);
+uint64_t sk_gguf_n_tensors(const struct sk_gguf *g);
+const struct sk_gguf_tensor *sk_gguf_tensor(const struct sk_gguf *g, uint64_t i);
+/* Tensor by name, or NULL. */
+const struct sk_gguf_tensor *sk_gguf_find_tensor(const struct sk_gguf *g,
+                                                 const char *name);
+
+/* Metadata getters: return 1 and store on success, 0 if the key is absent,
+ * -SK_ERR_BAD_MODEL (err names key, expected type/range) if the value has
+ * the wrong type or does not fit. Integer getters accept any integer type
+ * whose value fits. */
+int sk_gguf_get_u32(const struct sk_gguf *g, const char *key, uint32_t *ret,
+                    struct sk_error *err);
+int sk_gguf_get_f32(const struct sk_gguf *g, const char *key, float *ret,
+                    struct sk_error *err);
+int sk_gguf_get_str(const struct sk_gguf *g, const char *key,
+                    struct sk_gguf_str *ret, struct sk_error *err);
+/* Array of strings: *ret points at n entries owned by g. */
+int sk_gguf_get_str_array(const struct sk_gguf *g, const char *key,
+                          const struct sk_gguf_str **ret, uint64_t *ret_n,
+                          struct sk_error *err);
+/* Array of numbers converted to float (FLOAT32 or any integer type):
+ * *ret is a malloc'd array of n floats the caller frees. */
+int sk_gguf_get_f32_array(const struct sk_gguf *g, const char *key,
+                          float **ret, uint64_t *ret_n, struct sk_error *err);
+/* Array of integers converted to int32 (values must fit): malloc'd. */
+int sk_gguf_get_i32_array(const struct sk_gguf *g, const char *key,
+                          int32_t **ret, uint64_t *ret_n, struct sk_error *err);
+
+/* Name of a ggml type ("f32", "q8_0", ...; "unknown" otherwise). */
+const char *sk_ggml_type_name(uint32_t type);
+
+#endif

@@ -1,0 +1,47 @@
+/* Token sampler: greedy (temperature 0: argmax, lowest id on ties), or
+ * temperature softmax restricted by top-k then top-p (nucleus, Holtzman et
+ * al. 2019), drawn with a seeded PRNG (xoshiro256**) so that a given seed
+ * repeats exactly. The PRNG state is plain data (struct sk_sampler_state)
+ * so a session can store it with its cache.
+ */
+#ifndef SK_SAMPLER_H
+#define SK_SAMPLER_H
+
+#include <stdint.h>
+
+#include "sinkd/protocol.h"
+
+struct sk_sampler_params {
+  float temperature; /* 0 = greedy; otherwise > 0 */
+  uint32_t top_k;    /* 0 = all tokens */
+  float top_p;       /* (0, 1]; 1 = no nucleus cut */
+  uint64_t seed;
+};
+
+/* Serializable state: the parameters and the PRNG words. */
+struct sk_sampler_state {
+  struct sk_sampler_params params;
+  uint64_t rng[4];
+};
+
+struct sk_sampler {
+  struct sk_sampler_state st;
+  uint32_t n_vocab;
+  float *probs;       /* (n_vocab) scratch, owned */
+  uint32_t *idx;      /* (n_vocab) scratch, owned */
+};
+
+/* Checks params: temperature finite and >= 0 (and <= 100), top_p in (0,1].
+ * Returns 0 or -SK_ERR_BAD_REQUEST naming the parameter and its value. */
+int sk_sampler_params_check(const struct sk_sampler_params *p,
+                            struct sk_error *err);
+/* Initialises s for n_vocab tokens, seeding the PRNG from p->seed.
+ * Errors: -SK_ERR_BAD_REQUEST (bad params), -SK_ERR_NO_MEMORY. */
+int sk_sampler_init(struct sk_sampler *s, const struct sk_sampler_params *p,
+                    uint32_t n_vocab, struct sk_error *err);
+void sk_sampler_free(struct sk_sampler *s);
+/* Picks the next token from logits (n_vocab). Deterministic for a given
+ * seed and sequence of logits. */
+int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits);
+
+#endif

@@ -1,0 +1,122 @@
+/* sinkd wire protocol: error codes, framing constants and the frame codec.
+ *
+ * Framing (see sinkd-protocol(7)): every message is a 4-byte big-endian
+ * length N followed by N bytes holding exactly one msgpack map.
+ *
+ * Errors: one X-macro list generates the enum, the stable wire names
+ * (sk_error_name) and the human strings (sk_strerror). Functions in sinkd
+ * return 0 on success or a negative code (-SK_ERR_...) on failure.
+ */
+#ifndef SINKD_PROTOCOL_H
+#define SINKD_PROTOCOL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Protocol version reported by `hello`. Bumped on incompatible changes. */
+#define SK_PROTOCOL_VERSION 1
+
+/* Bytes of the big-endian length prefix. */
+#define SK_FRAME_HEADER_SIZE 4u
+/* Default and hard ceiling for one frame body: a prompt of a few hundred
+ * KiB of text fits; anything larger is refused before its body is read. */
+#define SK_FRAME_MAX_DEFAULT (1u << 20)
+#define SK_FRAME_MAX_CEILING (16u << 20)
+/* Deepest msgpack nesting a request may use; requests are shallow (map of
+ * scalars, arrays of ints or strings), so 16 is generous. */
+#define SK_MSG_MAX_DEPTH 16u
+
+/* X(NAME, "wire_code", "description") */
+#define SK_ERROR_LIST(X)                                                      \
+  X(BAD_REQUEST, "bad_request", "malformed or invalid request")               \
+  X(UNKNOWN_OP, "unknown_op", "unknown operation")                            \
+  X(NO_SUCH_SESSION, "no_such_session", "no such session")                    \
+  X(FORBIDDEN, "forbidden", "operation not permitted")                        \
+  X(CONTEXT_FULL, "context_full", "KV cache is full")                         \
+  X(BUSY, "busy", "resource limit reached")                                   \
+  X(TOO_LARGE, "too_large", "frame too large")                                \
+  X(CANCELLED, "cancelled", "operation cancelled")                            \
+  X(BAD_MODEL, "bad_model", "invalid model file")                             \
+  X(IO, "io", "input/output error")                                           \
+  X(NO_MEMORY, "no_memory", "out of memory")                                  \
+  X(PROTOCOL, "protocol", "protocol violation")                               \
+  X(DISCONNECTED, "disconnected", "connection closed")                        \
+  X(INTERNAL, "internal", "internal error")
+
+enum sk_errcode {
+  SK_OK = 0,
+#define SK__ERR_ENUM(name, code, desc) SK_ERR_##name,
+  SK_ERROR_LIST(SK__ERR_ENUM)
+#undef SK__ERR_ENUM
+  SK_ERR__COUNT
+};
+
+/* Longest error message kept, including the NUL. */
+#define SK_ERROR_MESSAGE_MAX 256
+
+/* An error: a code from enum sk_errcode and a message naming the problem
+ * (field, value, limit). Plain value type; no ownership. */
+struct sk_error {
+  int code;
+  char message[SK_ERROR_MESSAGE_MAX];
+};
+
+/* Stable wire name of an error code ("bad_request"); "internal" for codes
+ * out of range. Accepts the code with either sign. Static storage. */
+const char *sk_error_name(int code);
+/* Human description of an error code. Static storage. */
+const char *sk_strerror(int code);
+/* Code for a wire name of `len` bytes; SK_ERR_INTERNAL if unknown. */
+int sk_error_from_name(const char *name, size_t len);
+/* Fills *err (if not NULL) with code (either sign) and a printf-style
+ * message; returns -|code| so callers can `return sk_error_set(...)`. */
+int sk_error_set(struct sk_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int sk_error_setv(struct sk_error *err, int code, const char *fmt, va_list ap);
+
+/* Incremental frame reader: feed it bytes as they arrive, take whole frame
+ * bodies out. Memory is bounded by max_frame plus the bytes of one read:
+ * a declared length above max_frame is reported and its body discarded as
+ * it arrives (never buffered), so the stream stays in sync. */
+struct sk_frame_reader {
+  uint8_t *buf;       /* (cap) buffered bytes, owned */
+  size_t len;         /* bytes buffered */
+  size_t pos;         /* start of the first unconsumed byte */
+  size_t cap;
+  uint32_t max_frame; /* largest body accepted */
+  uint64_t skip;      /* body bytes of an oversized frame still to discard */
+};
+
+/* Initialises *r for bodies of at most max_frame bytes (clamped to
+ * SK_FRAME_MAX_CEILING). No allocation until data arrives. */
+void sk_frame_reader_init(struct sk_frame_reader *r, uint32_t max_frame);
+/* Frees the buffer; r may be reused after sk_frame_reader_init. */
+void sk_frame_reader_free(struct sk_frame_reader *r);
+/* Appends n bytes. Returns 0, or -SK_ERR_NO_MEMORY. */
+int sk_frame_reader_feed(struct sk_frame_reader *r, const void *data, size_t n);
+/* Takes the next frame.
+ *   1: *ret_body/*ret_len hold a complete body, valid until the next call
+ *      to feed/next/free;
+ *   0: more bytes are needed;
+ *   -SK_ERR_TOO_LARGE: a frame declared *ret_len bytes (> max_frame); its
+ *      body will be discarded; call again to continue with the next frame.
+ * A zero-length frame is returned as a body of length 0 (the caller
+ * rejects it: it holds no map). */
+int sk_frame_reader_next(struct sk_frame_reader *r, const uint8_t **ret_body,
+                         size_t *ret_len);
+
+/* Writes the 4-byte big-endian header for a body of len bytes. */
+void sk_frame_header_put(uint8_t out[SK_FRAME_HEADER_SIZE], uint32_t len);
+/* Reads a 4-byte big-endian length. */
+uint32_t sk_frame_header_get(const uint8_t in[SK_FRAME_HEADER_SIZE]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
