@@ -101,7 +101,7 @@ void sk_frame_reader_free(struct sk_frame_reader *r);
 /* Appends n bytes. Returns 0, or -SK_ERR_NO_MEMORY. */
 int sk_frame_reader_feed(struct sk_frame_reader *r, const void *data, size_t n);
 /* Takes the next frame.
- *   1: *ret_body/*ret_len hold a complete body, valid until the next call
+ *   1: *ret_body and *ret_len hold a complete body, valid until the next call
  *      to feed/next/free;
  *   0: more bytes are needed;
  *   -SK_ERR_TOO_LARGE: a frame declared *ret_len bytes (> max_frame); its
