@@ -1,5 +1,337 @@
-/* libsinkd public API: being written */
+/* libsinkd: the client library for sinkd.
+ *
+ * A struct sk_client is one connection to the daemon's Unix socket. Every
+ * call is blocking: it sends one request (see sinkd-protocol(7)) and reads
+ * frames until that request's final reply has arrived.
+ *
+ * Conventions for every function below:
+ *   - returns 0 on success or a negative code -SK_ERR_...;
+ *   - `err` may be NULL; when not NULL and the call fails it receives the
+ *     code (positive) and a message. When the daemon answered with an error
+ *     reply, the code is its wire code mapped with sk_error_from_name
+ *     (unknown codes become SK_ERR_INTERNAL) and the message is the
+ *     daemon's message, unchanged;
+ *   - transport failures are -SK_ERR_IO (a system call failed, including a
+ *     timeout), -SK_ERR_DISCONNECTED (the daemon closed the connection) and
+ *     -SK_ERR_PROTOCOL (the daemon sent something this library cannot
+ *     read). After one of those the connection is closed and every later
+ *     call fails with -SK_ERR_DISCONNECTED; sk_client_connected() tells
+ *     the two kinds of failure apart;
+ *   - ret_* output parameters are written only on success;
+ *   - counts of tokens are plain token counts; "stream indices" count every
+ *     token a session has ever seen, from 0.
+ *
+ * A struct sk_client is not thread-safe: use it from one thread at a time
+ * (a second connection may cancel a generate running on the first).
+ */
 #ifndef SINKD_CLIENT_H
 #define SINKD_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #include "sinkd/protocol.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where the daemon listens unless configured otherwise. */
+#define SK_CLIENT_DEFAULT_SOCKET "/run/sinkd/sinkd.sock"
+/* Most evicted ranges a reply carries (the daemon sends at most 64). */
+#define SK_CLIENT_MAX_RANGES 64u
+/* Most [token, logit] pairs a token event carries (n_top is 0..20). */
+#define SK_CLIENT_MAX_TOP 20u
+/* Fixed sizes of the short strings copied out of replies, including the
+ * NUL; longer values are truncated. */
+#define SK_CLIENT_NAME_MAX 64u
+#define SK_CLIENT_MODEL_NAME_MAX 256u
+
+/* One connection. Opaque. */
+struct sk_client;
+
+/* ---- connection ------------------------------------------------------- */
+
+/* The socket path to use when the user gave none: $SINKD_SOCKET if set and
+ * not empty; else $XDG_RUNTIME_DIR/sinkd/sinkd.sock if XDG_RUNTIME_DIR is
+ * set and that file exists; else SK_CLIENT_DEFAULT_SOCKET.
+ * Returns a pointer to the environment or to static storage, valid until
+ * the environment changes or the next call; do not free. */
+const char *sk_client_default_socket(void);
+
+/* Connects to the daemon at `path` (NULL: sk_client_default_socket()).
+ * On success *ret_client is a new client the caller frees with
+ * sk_client_free. Errors: -SK_ERR_IO, with a message that says what to do:
+ * for a missing socket or refused connection that the daemon is not
+ * running and how to start it, for EACCES that permission was denied and
+ * the user should join group 'sinkd'; -SK_ERR_NO_MEMORY. */
+int sk_client_connect(const char *path, struct sk_client **ret_client,
+                      struct sk_error *err);
+
+/* Closes the connection and frees the client. Accepts NULL. */
+void sk_client_free(struct sk_client *client);
+
+/* Sets a timeout in milliseconds for each send and receive on the socket
+ * (SO_SNDTIMEO/SO_RCVTIMEO); 0 means wait forever (the default). A call
+ * that times out fails with -SK_ERR_IO and closes the connection, since
+ * its reply may still arrive later. Errors: -SK_ERR_IO. */
+int sk_client_set_timeout(struct sk_client *client, unsigned int ms,
+                          struct sk_error *err);
+
+/* True while the connection is usable; false after a transport error
+ * (-SK_ERR_IO/-SK_ERR_DISCONNECTED/-SK_ERR_PROTOCOL) closed it. An error
+ * reply from the daemon leaves the connection usable. */
+bool sk_client_connected(const struct sk_client *client);
+
+/* ---- daemon ----------------------------------------------------------- */
+
+/* Round trip to the daemon's I/O thread; answered even while the model is
+ * busy. */
+int sk_client_ping(struct sk_client *client, struct sk_error *err);
+
+struct sk_model_info {
+  char name[SK_CLIENT_MODEL_NAME_MAX];
+  uint32_t n_vocab;
+  uint32_t n_ctx_train; /* tokens the model was trained on */
+  uint32_t n_layer;
+  uint32_t dim;         /* embedding width */
+  uint32_t n_head;
+  uint32_t n_kv_head;
+};
+
+/* Session defaults the daemon applies to fields `open` leaves out. */
+struct sk_session_defaults {
+  char policy[SK_CLIENT_NAME_MAX];
+  uint32_t n_sink;   /* tokens */
+  uint32_t window;   /* tokens */
+  uint32_t capacity; /* tokens */
+};
+
+/* Reply to `hello`. Plain value; no ownership. */
+struct sk_hello {
+  uint32_t protocol; /* SK_PROTOCOL_VERSION of the daemon */
+  char server[SK_CLIENT_NAME_MAX];  /* "sinkd" */
+  char version[SK_CLIENT_NAME_MAX]; /* e.g. "0.1.0" */
+  struct sk_model_info model;
+  struct sk_session_defaults defaults;
+};
+
+/* Asks for the daemon's protocol version, model and defaults; fills
+ * *ret. Fields the daemon leaves out are 0 / "". */
+int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
+                    struct sk_error *err);
+
+/* Daemon-wide figures of `stats` without a session. */
+struct sk_daemon_stats {
+  uint64_t sessions;         /* open sessions */
+  uint64_t clients;          /* connected clients */
+  uint64_t uptime_s;         /* seconds */
+  uint64_t tokens_prefilled; /* since start */
+  uint64_t tokens_generated; /* since start */
+};
+
+int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
+                    struct sk_error *err);
+
+/* ---- sessions --------------------------------------------------------- */
+
+/* Parameters of `open`. A 0 number or NULL policy means "the daemon's
+ * default" and the field is left out of the request. */
+struct sk_open_params {
+  const char *policy; /* "streaming" or "dense"; NUL-terminated */
+  uint32_t n_sink;    /* attention sinks kept (streaming), tokens */
+  uint32_t window;    /* recent tokens kept (streaming) */
+  uint32_t capacity;  /* cache size (dense), tokens */
+};
+
+/* Reply to `open`. */
+struct sk_open_result {
+  uint64_t session;  /* the new session's id */
+  char policy[SK_CLIENT_NAME_MAX];
+  uint64_t capacity; /* tokens the cache holds */
+  uint64_t kv_bytes; /* bytes of its KV cache */
+};
+
+/* Opens a session. params may be NULL (all defaults). On success *ret
+ * describes the session; close it with sk_client_close (sessions outlive
+ * the connection). */
+int sk_client_open(struct sk_client *client,
+                   const struct sk_open_params *params,
+                   struct sk_open_result *ret, struct sk_error *err);
+
+/* Closes a session (a running generate on it is cancelled). */
+int sk_client_close(struct sk_client *client, uint64_t session,
+                    struct sk_error *err);
+
+/* One row of `list`. */
+struct sk_session_info {
+  uint64_t session;
+  char policy[SK_CLIENT_NAME_MAX];
+  uint64_t capacity; /* tokens */
+  uint64_t resident; /* tokens in the cache now */
+  uint64_t seen;     /* tokens the session has seen in total */
+};
+
+/* Lists the sessions the caller may see. On success *ret_sessions is a
+ * malloc'd array of *ret_n entries that the caller frees with free();
+ * with no sessions it is NULL and *ret_n is 0. */
+int sk_client_list(struct sk_client *client,
+                   struct sk_session_info **ret_sessions, size_t *ret_n,
+                   struct sk_error *err);
+
+/* `stats` of one session. */
+struct sk_session_stats {
+  uint64_t session;
+  char policy[SK_CLIENT_NAME_MAX];
+  uint64_t n_sink;   /* tokens */
+  uint64_t window;   /* tokens */
+  uint64_t capacity; /* tokens */
+  uint64_t resident; /* tokens in the cache now */
+  uint64_t seen;     /* tokens seen in total */
+  uint64_t evicted;  /* tokens evicted in total */
+  uint64_t kv_bytes; /* bytes of the cache */
+  bool has_positions;      /* false when the cache is empty */
+  uint64_t position_first; /* cache positions in use, inclusive */
+  uint64_t position_last;
+};
+
+int sk_client_session_stats(struct sk_client *client, uint64_t session,
+                            struct sk_session_stats *ret,
+                            struct sk_error *err);
+
+/* ---- append ----------------------------------------------------------- */
+
+/* Whether a BOS token is put first. SK_BOS_DEFAULT leaves the field out:
+ * for append the daemon then adds BOS only to a session that has seen no
+ * token yet; for tokenize the default is true. */
+enum sk_bos {
+  SK_BOS_DEFAULT = 0,
+  SK_BOS_TRUE = 1,
+  SK_BOS_FALSE = 2,
+};
+
+/* An inclusive range of stream indices. */
+struct sk_range {
+  uint64_t first;
+  uint64_t last;
+};
+
+/* Reply to `append`. Plain value (~1 KiB). */
+struct sk_append_result {
+  uint64_t n_tokens; /* tokens appended */
+  uint64_t resident; /* tokens in the cache after it */
+  uint64_t seen;     /* tokens seen in total after it */
+  uint64_t evicted;  /* tokens this request evicted */
+  size_t n_ranges;   /* entries used in ranges */
+  struct sk_range ranges[SK_CLIENT_MAX_RANGES]; /* evicted stream indices */
+};
+
+/* Appends len bytes of text (need not be NUL-terminated) to a session,
+ * running them through the model (prefill). ret may be NULL. */
+int sk_client_append_text(struct sk_client *client, uint64_t session,
+                          const char *text, size_t len, enum sk_bos bos,
+                          struct sk_append_result *ret, struct sk_error *err);
+
+/* Appends n token ids. ret may be NULL. */
+int sk_client_append_tokens(struct sk_client *client, uint64_t session,
+                            const int32_t *tokens, size_t n, enum sk_bos bos,
+                            struct sk_append_result *ret,
+                            struct sk_error *err);
+
+/* ---- generate --------------------------------------------------------- */
+
+struct sk_generate_params {
+  uint32_t max_tokens; /* at most this many tokens (<= 1048576) */
+  double temperature;  /* 0 = greedy */
+  uint32_t top_k;      /* 0 = off */
+  double top_p;        /* in (0, 1] */
+  uint64_t seed;       /* used only when has_seed */
+  bool has_seed;       /* false: the daemon picks a random seed */
+  const char *const *stop; /* n_stop NUL-terminated stop strings */
+  size_t n_stop;
+  bool ignore_eos;     /* keep going past the end-of-sequence token */
+  const char *prompt;  /* NULL, or text appended first (like append) */
+  size_t prompt_len;   /* bytes of prompt; 0 means strlen(prompt) */
+  uint32_t n_top;      /* 0..20: top logits per token event */
+};
+
+/* Fills *p with the protocol's defaults: max_tokens 128, temperature 0.8,
+ * top_k 40, top_p 0.95, no seed, no stop strings, ignore_eos false, no
+ * prompt, n_top 0. */
+void sk_generate_params_init(struct sk_generate_params *p);
+
+/* A [token, logit] pair of a token event (raw logit). */
+struct sk_top_pair {
+  int32_t token;
+  double logit;
+};
+
+/* One generated token, as given to the callback. Every pointer is valid
+ * only during the callback. */
+struct sk_token_event {
+  uint64_t session;
+  int32_t token;
+  const char *text;   /* text_len bytes, whole UTF-8 characters, may be
+                         empty; not NUL-terminated */
+  size_t text_len;
+  const struct sk_top_pair *top; /* n_top pairs, highest logit first */
+  size_t n_top;
+};
+
+/* Called for every token event of a generate. Return 0 to continue;
+ * nonzero to stop: the library then sends `cancel` for the session, calls
+ * the callback no more, and still waits for the final reply (stop
+ * "cancelled", unless the generate had already ended). */
+typedef int (*sk_token_cb)(void *user, const struct sk_token_event *ev);
+
+/* Final reply of a generate. Plain value (~1 KiB). */
+struct sk_generate_result {
+  char stop[SK_CLIENT_NAME_MAX]; /* "length", "eos", "stop", "cancelled"
+                                    or "context_full" */
+  uint64_t n_tokens;          /* tokens generated */
+  uint64_t prompt_tokens;     /* usage: tokens of the prompt appended */
+  uint64_t completion_tokens; /* usage: tokens generated */
+  uint64_t evicted;           /* tokens this request evicted */
+  uint64_t resident;          /* tokens in the cache after it */
+  uint64_t seen;              /* tokens seen in total after it */
+  size_t n_ranges;            /* entries used in ranges */
+  struct sk_range ranges[SK_CLIENT_MAX_RANGES]; /* evicted stream indices */
+};
+
+/* Generates on a session: streams each token to cb (may be NULL) and,
+ * once the daemon's final reply arrives, fills *ret (may be NULL).
+ * params may be NULL (defaults). A cancelled or context_full generate
+ * still returns 0: look at ret->stop. An error before generation started
+ * (e.g. no_such_session, bad_request) is returned as the daemon's code. */
+int sk_client_generate(struct sk_client *client, uint64_t session,
+                       const struct sk_generate_params *params,
+                       sk_token_cb cb, void *user,
+                       struct sk_generate_result *ret, struct sk_error *err);
+
+/* Cancels the generate running or queued on a session. *ret_cancelled
+ * (may be NULL) tells whether there was one. */
+int sk_client_cancel(struct sk_client *client, uint64_t session,
+                     bool *ret_cancelled, struct sk_error *err);
+
+/* ---- tokenizer -------------------------------------------------------- */
+
+/* Tokenizes len bytes of text (special-token text such as "<s>" is
+ * ordinary text). On success *ret_tokens is a malloc'd array of *ret_n ids
+ * that the caller frees with free() (NULL when *ret_n is 0). */
+int sk_client_tokenize(struct sk_client *client, const char *text,
+                       size_t len, enum sk_bos bos, int32_t **ret_tokens,
+                       size_t *ret_n, struct sk_error *err);
+
+/* Turns n ids into text. On success *ret_text is a malloc'd buffer of
+ * *ret_len bytes plus a terminating NUL (the text itself may contain NUL
+ * bytes); the caller frees it with free(). Ids outside the vocabulary give
+ * -SK_ERR_BAD_REQUEST from the daemon. */
+int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
+                         size_t n, char **ret_text, size_t *ret_len,
+                         struct sk_error *err);
+
+#ifdef __cplusplus
+}
+#endif
 #endif
