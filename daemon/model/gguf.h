@@ -24,10 +24,15 @@ enum sk_gguf_type {
 };
 
 /* Tensor element types (ggml_type). Only F32 and F16 are loadable now;
- * the others are recognised so the error can name them. */
+ * the others are recognised (sizes checked) so the error can name them.
+ * Types not listed (IQ*, TQ*, MXFP4...) are refused by sk_gguf_open. */
 enum sk_ggml_type {
   SK_GGML_F32 = 0, SK_GGML_F16 = 1, SK_GGML_Q4_0 = 2, SK_GGML_Q4_1 = 3,
   SK_GGML_Q5_0 = 6, SK_GGML_Q5_1 = 7, SK_GGML_Q8_0 = 8,
+  SK_GGML_Q8_1 = 9, SK_GGML_Q2_K = 10, SK_GGML_Q3_K = 11, SK_GGML_Q4_K = 12,
+  SK_GGML_Q5_K = 13, SK_GGML_Q6_K = 14, SK_GGML_Q8_K = 15,
+  SK_GGML_I8 = 24, SK_GGML_I16 = 25, SK_GGML_I32 = 26, SK_GGML_I64 = 27,
+  SK_GGML_F64 = 28, SK_GGML_BF16 = 30,
 };
 
 /* Hard limits, each with its reason. */
@@ -70,6 +75,14 @@ void sk_gguf_close(struct sk_gguf *g);
 
 uint32_t sk_gguf_version(const struct sk_gguf *g);
 uint64_t sk_gguf_n_tensors(const struct sk_gguf *g);
+/* Number of metadata key/value pairs. */
+uint64_t sk_gguf_n_kv(const struct sk_gguf *g);
+/* general.alignment (default SK_GGUF_DEFAULT_ALIGNMENT). */
+uint32_t sk_gguf_alignment(const struct sk_gguf *g);
+/* File offset of the data section; tensor i's bytes start at
+ * sk_gguf_data_offset(g) + sk_gguf_tensor(g, i)->offset. */
+uint64_t sk_gguf_data_offset(const struct sk_gguf *g);
+/* Tensor i, or NULL if i >= sk_gguf_n_tensors(g). */
 const struct sk_gguf_tensor *sk_gguf_tensor(const struct sk_gguf *g, uint64_t i);
 /* Tensor by name, or NULL. */
 const struct sk_gguf_tensor *sk_gguf_find_tensor(const struct sk_gguf *g,
@@ -81,8 +94,12 @@ const struct sk_gguf_tensor *sk_gguf_find_tensor(const struct sk_gguf *g,
  * whose value fits. */
 int sk_gguf_get_u32(const struct sk_gguf *g, const char *key, uint32_t *ret,
                     struct sk_error *err);
+/* FLOAT32, or FLOAT64 converted. */
 int sk_gguf_get_f32(const struct sk_gguf *g, const char *key, float *ret,
                     struct sk_error *err);
+/* BOOL only. */
+int sk_gguf_get_bool(const struct sk_gguf *g, const char *key, bool *ret,
+                     struct sk_error *err);
 int sk_gguf_get_str(const struct sk_gguf *g, const char *key,
                     struct sk_gguf_str *ret, struct sk_error *err);
 /* Array of strings: *ret points at n entries owned by g. */
