@@ -1,2 +1,406 @@
-/* placeholder: being written */
-typedef int sk__placeholder_t;
+/* KV cache block layout, views and eviction policies (see kvcache.h). */
+#include "kvcache.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every section of a block starts on a cache line, so that the K/V rows
+ * (and anything vectorised over them) are aligned wherever the block is
+ * mapped, as long as the block itself is 64-byte aligned. */
+#define SK__KV_ALIGN 64u
+
+/* ---- policies ------------------------------------------------------- */
+
+static const char *const sk__policy_names[] = {
+    [SK_POLICY_DENSE] = "dense",
+    [SK_POLICY_STREAMING] = "streaming",
+};
+#define SK__N_POLICIES (sizeof sk__policy_names / sizeof sk__policy_names[0])
+
+const char *sk_policy_name(uint32_t policy) {
+  return policy < SK__N_POLICIES ? sk__policy_names[policy] : NULL;
+}
+
+int sk_policy_parse(const char *name, size_t len, uint32_t *ret,
+                    struct sk_error *err) {
+  for (uint32_t i = 0; i < SK__N_POLICIES; i++) {
+    const char *s = sk__policy_names[i];
+    if (strlen(s) == len && memcmp(s, name, len) == 0) {
+      *ret = i;
+      return 0;
+    }
+  }
+  /* Only a short prefix of an unknown (client-supplied) name is echoed. */
+  return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                      "unknown policy \"%.*s\"%s (expected dense or streaming)",
+                      (int)(len > 32 ? 32 : len), name, len > 32 ? "..." : "");
+}
+
+/* ---- eviction log --------------------------------------------------- */
+
+void sk_evict_log_reset(struct sk_evict_log *log) {
+  memset(log, 0, sizeof *log);
+}
+
+void sk_evict_log_add(struct sk_evict_log *log, uint64_t index) {
+  log->n_evicted++;
+  if (log->n_ranges > 0 && log->last[log->n_ranges - 1] + 1 == index) {
+    log->last[log->n_ranges - 1] = index;
+    return;
+  }
+  if (log->n_ranges == SK_EVICT_LOG_MAX_RANGES) {
+    log->truncated = true;
+    return;
+  }
+  log->first[log->n_ranges] = index;
+  log->last[log->n_ranges] = index;
+  log->n_ranges++;
+}
+
+/* ---- parameters and sizes ------------------------------------------- */
+
+uint32_t sk_kv_params_capacity(const struct sk_kv_params *p) {
+  if (p->policy == SK_POLICY_STREAMING) {
+    uint64_t c = (uint64_t)p->n_sink + p->window;
+    return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+  }
+  return p->capacity;
+}
+
+int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
+                       struct sk_error *err) {
+  if (max_capacity > SK_KV_MAX_CAPACITY) max_capacity = SK_KV_MAX_CAPACITY;
+  if (!sk_policy_name(p->policy))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "policy %u is unknown",
+                        p->policy);
+  if (!isfinite(p->rope_scale) || !(p->rope_scale > 0.0f))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "rope_scale %g must be finite and > 0",
+                        (double)p->rope_scale);
+  if (p->policy == SK_POLICY_STREAMING) {
+    if (p->window < 1)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "window %u must be >= 1", p->window);
+    uint64_t c = (uint64_t)p->n_sink + p->window;
+    if (c > max_capacity)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "n_sink + window = %u + %u = %llu exceeds the "
+                          "maximum capacity %u",
+                          p->n_sink, p->window, (unsigned long long)c,
+                          max_capacity);
+    return 0;
+  }
+  if (p->capacity < 1)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u must be >= 1",
+                        p->capacity);
+  if (p->capacity > max_capacity)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "capacity %u exceeds the maximum capacity %u",
+                        p->capacity, max_capacity);
+  return 0;
+}
+
+static uint64_t sk__align_up(uint64_t x) {
+  return (x + SK__KV_ALIGN - 1) / SK__KV_ALIGN * SK__KV_ALIGN;
+}
+
+/* Section offsets of a block; false on overflow. Sizes are computed in
+ * 64 bits from 32-bit factors, each product checked against SIZE_MAX. */
+struct sk__kv_layout {
+  uint64_t off_token, off_index, off_order, off_k, off_v, size;
+};
+
+static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
+                          struct sk__kv_layout *ret) {
+  if (n_layer == 0 || kv_dim == 0 || capacity == 0 ||
+      capacity > SK_KV_MAX_CAPACITY)
+    return false;
+  /* rows = L * C < 2^52; floats = rows * D: check before multiplying. */
+  uint64_t rows = (uint64_t)n_layer * capacity;
+  if (rows > UINT64_MAX / kv_dim / sizeof(float)) return false;
+  uint64_t kv_bytes = rows * kv_dim * sizeof(float);
+  struct sk__kv_layout l;
+  l.off_token = sk__align_up(sizeof(struct sk_kv_header));
+  l.off_index = sk__align_up(l.off_token + (uint64_t)capacity * sizeof(int32_t));
+  l.off_order = sk__align_up(l.off_index + (uint64_t)capacity * sizeof(uint64_t));
+  l.off_k = sk__align_up(l.off_order + (uint64_t)capacity * sizeof(uint32_t));
+  if (kv_bytes > (UINT64_MAX - l.off_k - 2 * SK__KV_ALIGN) / 2) return false;
+  l.off_v = sk__align_up(l.off_k + kv_bytes);
+  l.size = sk__align_up(l.off_v + kv_bytes);
+  if (l.size > SIZE_MAX) return false;
+  *ret = l;
+  return true;
+}
+
+size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity) {
+  struct sk__kv_layout l;
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l)) return 0;
+  return (size_t)l.size;
+}
+
+/* ---- blocks and views ----------------------------------------------- */
+
+static void sk__kv_view(struct sk_kv *kv, void *mem) {
+  struct sk_kv_header *h = mem;
+  char *base = mem;
+  kv->hdr = h;
+  kv->token = (int32_t *)(void *)(base + h->off_token);
+  kv->index = (uint64_t *)(void *)(base + h->off_index);
+  kv->order = (uint32_t *)(void *)(base + h->off_order);
+  kv->k = (float *)(void *)(base + h->off_k);
+  kv->v = (float *)(void *)(base + h->off_v);
+}
+
+int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
+               struct sk_kv_shape shape, const struct sk_kv_params *p,
+               struct sk_error *err) {
+  int rc = sk_kv_params_check(p, SK_KV_MAX_CAPACITY, err);
+  if (rc < 0) return rc;
+  uint32_t capacity = sk_kv_params_capacity(p);
+  struct sk__kv_layout l;
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache shape n_layer %u x kv_dim %u x capacity %u is "
+                        "empty or too large",
+                        shape.n_layer, shape.kv_dim, capacity);
+  if (size < l.size)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache block of %zu bytes is smaller than the %llu "
+                        "bytes needed",
+                        size, (unsigned long long)l.size);
+  if ((uintptr_t)mem % SK__KV_ALIGN != 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache block is not %u-byte aligned", SK__KV_ALIGN);
+
+  /* Header and bookkeeping are cleared; K/V rows are written before they
+   * are ever read (a slot becomes resident only after the forward pass
+   * filled it), so they are left as they are. */
+  memset(mem, 0, (size_t)l.off_k);
+  struct sk_kv_header *h = mem;
+  h->magic = SK_KV_MAGIC;
+  h->layout_version = SK_KV_LAYOUT_VERSION;
+  h->n_layer = shape.n_layer;
+  h->kv_dim = shape.kv_dim;
+  h->capacity = capacity;
+  h->policy = p->policy;
+  h->n_sink = p->policy == SK_POLICY_STREAMING ? p->n_sink : 0;
+  h->window = p->policy == SK_POLICY_STREAMING ? p->window : 0;
+  h->rope_scale = p->rope_scale;
+  h->n_resident = 0;
+  h->n_seen = 0;
+  h->n_evicted = 0;
+  h->off_token = l.off_token;
+  h->off_index = l.off_index;
+  h->off_order = l.off_order;
+  h->off_k = l.off_k;
+  h->off_v = l.off_v;
+  h->size = l.size;
+  sk__kv_view(kv, mem);
+  for (uint32_t i = 0; i < capacity; i++) kv->order[i] = i;
+  return 0;
+}
+
+static int sk__bad_field(struct sk_error *err, const char *field,
+                         unsigned long long value, unsigned long long want) {
+  return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                      "cache header: %s is %llu, expected %llu", field, value,
+                      want);
+}
+
+int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
+                 struct sk_error *err) {
+  if (size < sizeof(struct sk_kv_header))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache block of %zu bytes is smaller than its header "
+                        "(%zu bytes)",
+                        size, sizeof(struct sk_kv_header));
+  if ((uintptr_t)mem % SK__KV_ALIGN != 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache block is not %u-byte aligned", SK__KV_ALIGN);
+  const struct sk_kv_header *h = mem;
+  if (h->magic != SK_KV_MAGIC)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: magic is 0x%08x, expected 0x%08x",
+                        h->magic, SK_KV_MAGIC);
+  if (h->layout_version != SK_KV_LAYOUT_VERSION)
+    return sk__bad_field(err, "layout_version", h->layout_version,
+                         SK_KV_LAYOUT_VERSION);
+  if (h->n_layer == 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "cache header: n_layer is 0");
+  if (h->kv_dim == 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "cache header: kv_dim is 0");
+  if (h->capacity == 0 || h->capacity > SK_KV_MAX_CAPACITY)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: capacity %u is outside 1..%u",
+                        h->capacity, SK_KV_MAX_CAPACITY);
+  if (!sk_policy_name(h->policy))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: policy %u is unknown", h->policy);
+  if (h->policy == SK_POLICY_STREAMING) {
+    if (h->window < 1)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "cache header: window is 0");
+    if ((uint64_t)h->n_sink + h->window != h->capacity)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "cache header: n_sink %u + window %u != capacity %u",
+                          h->n_sink, h->window, h->capacity);
+  }
+  if (!isfinite(h->rope_scale) || !(h->rope_scale > 0.0f))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: rope_scale %g must be finite and > 0",
+                        (double)h->rope_scale);
+  struct sk__kv_layout l;
+  if (!sk__kv_layout(h->n_layer, h->kv_dim, h->capacity, &l))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: shape n_layer %u x kv_dim %u x "
+                        "capacity %u is too large",
+                        h->n_layer, h->kv_dim, h->capacity);
+  /* Layout version 1 fixes every offset; anything else is corruption. */
+  if (h->off_token != l.off_token)
+    return sk__bad_field(err, "off_token", h->off_token, l.off_token);
+  if (h->off_index != l.off_index)
+    return sk__bad_field(err, "off_index", h->off_index, l.off_index);
+  if (h->off_order != l.off_order)
+    return sk__bad_field(err, "off_order", h->off_order, l.off_order);
+  if (h->off_k != l.off_k)
+    return sk__bad_field(err, "off_k", h->off_k, l.off_k);
+  if (h->off_v != l.off_v)
+    return sk__bad_field(err, "off_v", h->off_v, l.off_v);
+  if (h->size != l.size)
+    return sk__bad_field(err, "size", h->size, l.size);
+  if (h->size > size)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: size %llu exceeds the %zu bytes of "
+                        "the block",
+                        (unsigned long long)h->size, size);
+  if (h->n_resident > h->capacity)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: n_resident %u exceeds capacity %u",
+                        h->n_resident, h->capacity);
+  /* Tokens ever appended are resident, evicted, or dropped by a clear. */
+  if (h->n_evicted > h->n_seen || h->n_resident > h->n_seen - h->n_evicted)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: n_resident %u + n_evicted %llu exceed "
+                        "n_seen %llu",
+                        h->n_resident, (unsigned long long)h->n_evicted,
+                        (unsigned long long)h->n_seen);
+
+  const uint32_t *order =
+      (const uint32_t *)(const void *)((const char *)mem + h->off_order);
+  uint32_t cap = h->capacity;
+  uint64_t *seen = calloc((cap + 63) / 64, sizeof *seen); /* (C bits) */
+  if (!seen)
+    return sk_error_set(err, SK_ERR_NO_MEMORY,
+                        "cannot check the order of a %u-slot cache", cap);
+  for (uint32_t p = 0; p < cap; p++) {
+    uint32_t s = order[p];
+    if (s >= cap || (seen[s / 64] >> (s % 64) & 1)) {
+      free(seen);
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "cache header: order[%u] = %u is %s", p, s,
+                          s >= cap ? "out of range" : "repeated");
+    }
+    seen[s / 64] |= (uint64_t)1 << (s % 64);
+  }
+  free(seen);
+  sk__kv_view(kv, mem);
+  return 0;
+}
+
+int sk_kv_new(struct sk_kv_shape shape, const struct sk_kv_params *p,
+              struct sk_kv **ret, struct sk_error *err) {
+  int rc = sk_kv_params_check(p, SK_KV_MAX_CAPACITY, err);
+  if (rc < 0) return rc;
+  size_t size = sk_kv_size(shape, sk_kv_params_capacity(p));
+  if (size == 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache shape n_layer %u x kv_dim %u x capacity %u is "
+                        "empty or too large",
+                        shape.n_layer, shape.kv_dim, sk_kv_params_capacity(p));
+  struct sk_kv *kv = malloc(sizeof *kv);
+  void *mem = aligned_alloc(SK__KV_ALIGN, size); /* size is a multiple */
+  if (!kv || !mem) {
+    free(kv);
+    free(mem);
+    return sk_error_set(err, SK_ERR_NO_MEMORY,
+                        "cannot allocate a %zu-byte KV cache", size);
+  }
+  rc = sk_kv_init(kv, mem, size, shape, p, err);
+  if (rc < 0) {
+    free(kv);
+    free(mem);
+    return rc;
+  }
+  *ret = kv;
+  return 0;
+}
+
+void sk_kv_delete(struct sk_kv *kv) {
+  if (!kv) return;
+  free(kv->hdr);
+  free(kv);
+}
+
+/* ---- policy operations ---------------------------------------------- */
+
+uint32_t sk_kv_max_room(const struct sk_kv *kv) {
+  return kv->hdr->policy == SK_POLICY_STREAMING ? kv->hdr->window
+                                                : kv->hdr->capacity;
+}
+
+static void sk__reverse(uint32_t *a, uint32_t n) {
+  for (uint32_t i = 0, j = n; i + 1 < j; i++, j--) {
+    uint32_t t = a[i];
+    a[i] = a[j - 1];
+    a[j - 1] = t;
+  }
+}
+
+int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
+                    struct sk_error *err) {
+  struct sk_kv_header *h = kv->hdr;
+  uint32_t max_room = sk_kv_max_room(kv);
+  if (n > max_room)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "room for %u tokens asked at once; the %s policy "
+                        "makes room for at most %u per step",
+                        n, sk_policy_name(h->policy), max_room);
+  uint32_t free_slots = sk_kv_free_slots(kv);
+  if (n <= free_slots) return 0;
+  if (h->policy != SK_POLICY_STREAMING)
+    return sk_error_set(err, SK_ERR_CONTEXT_FULL,
+                        "context full: needs %u, %u of %u free", n,
+                        free_slots, h->capacity);
+
+  /* Evict the e oldest window tokens, at positions n_sink..n_sink+e-1.
+   * n <= window = C - n_sink gives e <= n_resident - n_sink. Their slots
+   * move to the front of the free region (the next to be filled); later
+   * positions shift down: order stays a permutation. */
+  uint32_t e = n - free_slots;
+  uint32_t s0 = h->n_sink, nr = h->n_resident;
+  if (log)
+    for (uint32_t p = s0; p < s0 + e; p++)
+      sk_evict_log_add(log, kv->index[kv->order[p]]);
+  /* Rotate order[s0..nr) left by e in place (three reversals). */
+  sk__reverse(kv->order + s0, e);
+  sk__reverse(kv->order + s0 + e, nr - s0 - e);
+  sk__reverse(kv->order + s0, nr - s0);
+  h->n_resident = nr - e;
+  h->n_evicted += e;
+  return 0;
+}
+
+void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n) {
+  struct sk_kv_header *h = kv->hdr;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t slot = kv->order[h->n_resident + i];
+    kv->token[slot] = tokens[i];
+    kv->index[slot] = h->n_seen + i;
+  }
+  h->n_resident += n;
+  h->n_seen += n;
+}
+
+void sk_kv_clear(struct sk_kv *kv) { kv->hdr->n_resident = 0; }
