@@ -239,11 +239,456 @@ static void test_greedy_streaming(void **state) {
   run_greedy(SK_POLICY_STREAMING);
 }
 
+/* ---- (3) log-probabilities over 2048 tokens, 4 batches of 512 -------- */
+
+static void test_logprobs(void **state) {
+  (void)state;
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  const json_t *texts = json_object_get(ref, "texts");
+  assert_int_equal(json_array_size(texts), 2);
+  const uint32_t V = fx.c->n_vocab, N = 2048, B = 512;
+  struct sk_scratch *s = new_scratch(fx.m, B, N);
+  float *logits = malloc((size_t)N * V * sizeof *logits);
+  double *lp = malloc((N - 1) * sizeof *lp);
+  assert_non_null(logits);
+  assert_non_null(lp);
+  for (size_t ti = 0; ti < 2; ti++) {
+    const json_t *tx = json_array_get(texts, ti);
+    size_t n;
+    int32_t *ids = sk_test_json_ids(json_object_get(tx, "token_ids"), &n);
+    assert_int_equal(n, N);
+    const json_t *want = json_object_get(tx, "logprobs");
+    assert_int_equal(json_array_size(want), N - 1);
+    struct sk_kv *kv = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, N);
+    for (uint32_t b = 0; b < N / B; b++)
+      forward_ok(fx.m, s, kv, ids + b * B, B, logits + (size_t)b * B * V,
+                 true);
+    assert_int_equal(kv->hdr->n_resident, N);
+    for (uint32_t k = 0; k + 1 < N; k++) {
+      const float *row = logits + (size_t)k * V;
+      double max = row[0], sum = 0.0;
+      for (uint32_t j = 1; j < V; j++)
+        if (row[j] > max) max = row[j];
+      for (uint32_t j = 0; j < V; j++) sum += exp((double)row[j] - max);
+      lp[k] = (double)row[ids[k + 1]] - max - log(sum);
+      check_close(lp[k], json_num(json_array_get(want, k)), LOGIT_TOL,
+                  &max_diff_logprob, "logprobs", ti, k);
+    }
+    static const struct {
+      const char *key;
+      uint32_t last;
+    } ppl[] = {{"perplexity_1_511", 511},
+               {"perplexity_1_1023", 1023},
+               {"perplexity_1_2047", 2047}};
+    for (size_t i = 0; i < 3; i++) {
+      double sum = 0.0;
+      for (uint32_t k = 0; k < ppl[i].last; k++) sum += lp[k];
+      double got = exp(-sum / ppl[i].last);
+      double exp_ppl = json_num(json_object_get(tx, ppl[i].key));
+      if (!(fabs(got / exp_ppl - 1.0) < 1e-3))
+        fail_msg("text %zu %s: %.9g, want %.9g", ti, ppl[i].key, got,
+                 exp_ppl);
+    }
+    sk_kv_delete(kv);
+    free(ids);
+  }
+  free(lp);
+  free(logits);
+  sk_scratch_free(s);
+  json_decref(ref);
+}
+
+/* ---- (4) input validation: nothing committed on error ---------------- */
+
+static void expect_forward_error(struct sk_scratch *s, struct sk_kv *kv,
+                                 const int32_t *tok, uint32_t n, int code,
+                                 const char *needle) {
+  size_t size = (size_t)kv->hdr->size;
+  void *before = malloc(size);
+  assert_non_null(before);
+  memcpy(before, kv->hdr, size);
+  float logits[512];
+  struct sk_error err = {0};
+  int rc = sk_model_forward(fx.m, s, kv, tok, n, logits, false, &err);
+  assert_int_equal(rc, -code);
+  assert_int_equal(err.code, code);
+  if (!strstr(err.message, needle))
+    fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
+  /* the whole block, K/V included, is untouched */
+  assert_memory_equal(before, kv->hdr, size);
+  free(before);
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 8);
+  struct sk_scratch *s = new_scratch(fx.m, 4, 8);
+  const int32_t ok[4] = {1, 403, 407, 261};
+  forward_ok(fx.m, s, kv, ok, 2, NULL, false);
+
+  const int32_t neg[3] = {1, -1, 5};
+  expect_forward_error(s, kv, neg, 3, SK_ERR_BAD_REQUEST, "-1");
+  const int32_t big[2] = {511, 512};
+  expect_forward_error(s, kv, big, 2, SK_ERR_BAD_REQUEST, "512");
+  expect_forward_error(s, kv, ok, 0, SK_ERR_BAD_REQUEST, "no tokens");
+  const int32_t five[5] = {1, 2, 3, 4, 5};
+  expect_forward_error(s, kv, five, 5, SK_ERR_BAD_REQUEST, "maximum batch 4");
+
+  forward_ok(fx.m, s, kv, ok, 4, NULL, false); /* 6 of 8 */
+  expect_forward_error(s, kv, five, 3, SK_ERR_CONTEXT_FULL, "needs 3, 2 of 8");
+  assert_int_equal(kv->hdr->n_resident, 6);
+  assert_int_equal(kv->hdr->n_seen, 6);
+
+  /* a cache larger than the scratch's context */
+  struct sk_kv *big_kv = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 16);
+  forward_ok(fx.m, s, big_kv, ok, 4, NULL, false);
+  forward_ok(fx.m, s, big_kv, ok, 4, NULL, false);
+  expect_forward_error(s, big_kv, ok, 1, SK_ERR_BAD_REQUEST,
+                       "scratch context 8");
+
+  /* a cache of another shape */
+  struct sk_kv_params p = {.policy = SK_POLICY_DENSE, .capacity = 8,
+                           .rope_scale = 1.0f};
+  struct sk_kv_shape shape = {.n_layer = fx.c->n_layer + 1,
+                              .kv_dim = fx.c->kv_dim};
+  struct sk_kv *other = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_new(shape, &p, &other, &err), 0);
+  expect_forward_error(s, other, ok, 1, SK_ERR_BAD_REQUEST, "does not match");
+
+  sk_kv_delete(other);
+  sk_kv_delete(big_kv);
+  sk_scratch_free(s);
+  sk_kv_delete(kv);
+}
+
+/* ---- GGUF writer for the F16 / BF16 / bad-model tests ---------------- */
+
+struct buf {
+  unsigned char *p;
+  size_t len, cap;
+};
+
+static void buf_put(struct buf *b, const void *d, size_t n) {
+  if (b->len + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + n) cap *= 2;
+    b->p = realloc(b->p, cap);
+    assert_non_null(b->p);
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, d, n);
+  b->len += n;
+}
+static void buf_u32(struct buf *b, uint32_t v) { buf_put(b, &v, 4); }
+static void buf_u64(struct buf *b, uint64_t v) { buf_put(b, &v, 8); }
+static void buf_str(struct buf *b, const char *s) {
+  buf_u64(b, strlen(s));
+  buf_put(b, s, strlen(s));
+}
+static void buf_pad(struct buf *b, size_t align) {
+  static const unsigned char zero[64];
+  buf_put(b, zero, (align - b->len % align) % align);
+}
+
+static uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, e8 = (x >> 23) & 0xff,
+           mant = x & 0x7fffff;
+  if (e8 == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  int32_t e = (int32_t)e8 - 127 + 15;
+  if (e >= 31) return (uint16_t)(sign | 0x7c00);
+  if (e <= 0) { /* subnormal half, round to nearest even */
+    if (e < -10) return (uint16_t)sign;
+    mant |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - e), h = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = sign | (uint32_t)e << 10 | mant >> 13, rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (uint16_t)h;
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* Independent reference decoders (not the model's) for the rounding. */
+static float f16_to_f32_ref(uint16_t h) {
+  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  double v = e == 0 ? ldexp(m, -24) : ldexp(m + 1024, e - 25);
+  return (float)((h & 0x8000) ? -v : v);
+}
+static float bf16_to_f32_ref(uint16_t h) {
+  uint32_t x = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+/* How to derive a model file from the real one. */
+struct variant {
+  uint32_t mat_type;     /* type written for 2-D tensors: F32, F16, BF16 */
+  uint32_t round_type;   /* F32 file whose values went through this type */
+  const char *drop;      /* tensor left out */
+  const char *quant;     /* tensor written as q8_0 */
+  const char *transpose; /* tensor written with ne0 and ne1 swapped */
+  const char *arch;      /* general.architecture (default llama) */
+  uint32_t head_count;   /* override of llama.attention.head_count */
+};
+
+static void put_kv_u32(struct buf *b, const char *key, uint32_t v) {
+  buf_str(b, key);
+  buf_u32(b, SK_GGUF_UINT32);
+  buf_u32(b, v);
+}
+
+static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
+  const struct sk_gguf *g = fx.g;
+  const struct sk_model_config *c = fx.c;
+  struct buf kvs = {0}, infos = {0}, data = {0};
+  uint64_t n_kv = 0, n_t = 0;
+
+  buf_str(&kvs, "general.architecture");
+  buf_u32(&kvs, SK_GGUF_STRING);
+  buf_str(&kvs, vr->arch ? vr->arch : "llama");
+  buf_str(&kvs, "general.name");
+  buf_u32(&kvs, SK_GGUF_STRING);
+  buf_str(&kvs, "stories260K variant");
+  n_kv += 2;
+  put_kv_u32(&kvs, "llama.context_length", c->n_ctx_train);
+  put_kv_u32(&kvs, "llama.embedding_length", c->dim);
+  put_kv_u32(&kvs, "llama.feed_forward_length", c->hidden_dim);
+  put_kv_u32(&kvs, "llama.attention.head_count",
+             vr->head_count ? vr->head_count : c->n_head);
+  put_kv_u32(&kvs, "llama.attention.head_count_kv", c->n_kv_head);
+  put_kv_u32(&kvs, "llama.block_count", c->n_layer);
+  put_kv_u32(&kvs, "llama.rope.dimension_count", c->rope_dim);
+  n_kv += 7;
+  buf_str(&kvs, "llama.attention.layer_norm_rms_epsilon");
+  buf_u32(&kvs, SK_GGUF_FLOAT32);
+  buf_put(&kvs, &c->rms_eps, 4);
+  n_kv++;
+
+  for (uint64_t i = 0; i < sk_gguf_n_tensors(g); i++) {
+    const struct sk_gguf_tensor *t = sk_gguf_tensor(g, i);
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+    if (vr->drop && strcmp(name, vr->drop) == 0) continue;
+    assert_int_equal(t->type, SK_GGML_F32);
+    const float *src = t->data;
+    uint64_t ne[2] = {t->ne[0], t->ne[1]};
+    uint32_t type = t->n_dims == 2 ? vr->mat_type : SK_GGML_F32;
+    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q8_0;
+    if (vr->transpose && strcmp(name, vr->transpose) == 0) {
+      ne[0] = t->ne[1];
+      ne[1] = t->ne[0];
+    }
+    buf_pad(&data, 32);
+    buf_str(&infos, name);
+    buf_u32(&infos, t->n_dims);
+    for (uint32_t d = 0; d < t->n_dims; d++) buf_u64(&infos, ne[d]);
+    buf_u32(&infos, type);
+    buf_u64(&infos, data.len);
+    n_t++;
+    for (uint64_t j = 0; j < t->n_elements; j++) {
+      float f = src[j];
+      if (type == SK_GGML_Q8_0) { /* 34-byte blocks of 32: zeros will do */
+        if (j % 32 == 0) {
+          unsigned char blk[34] = {0};
+          buf_put(&data, blk, sizeof blk);
+        }
+      } else if (type == SK_GGML_F16) {
+        uint16_t h = f32_to_f16(f);
+        buf_put(&data, &h, 2);
+      } else if (type == SK_GGML_BF16) {
+        uint16_t h = f32_to_bf16(f);
+        buf_put(&data, &h, 2);
+      } else {
+        if (t->n_dims == 2 && vr->round_type == SK_GGML_F16)
+          f = f16_to_f32_ref(f32_to_f16(f));
+        else if (t->n_dims == 2 && vr->round_type == SK_GGML_BF16)
+          f = bf16_to_f32_ref(f32_to_bf16(f));
+        buf_put(&data, &f, 4);
+      }
+    }
+  }
+
+  struct buf out = {0};
+  buf_u32(&out, 0x46554747u); /* "GGUF" */
+  buf_u32(&out, 3);
+  buf_u64(&out, n_t);
+  buf_u64(&out, n_kv);
+  buf_put(&out, kvs.p, kvs.len);
+  buf_put(&out, infos.p, infos.len);
+  buf_pad(&out, 32);
+  buf_put(&out, data.p, data.len);
+  free(kvs.p);
+  free(infos.p);
+  free(data.p);
+  *ret_len = out.len;
+  return out.p;
+}
+
+/* Writes the variant to a file in a fresh temp dir and loads it. Returns
+ * the load result; on success *ret_g / *ret_m hold the model. */
+static int load_variant(const struct variant *vr, struct sk_gguf **ret_g,
+                        struct sk_model **ret_m, struct sk_error *err) {
+  size_t len;
+  unsigned char *bytes = write_variant(vr, &len);
+  char *dir = sk_test_tmpdir();
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.gguf", dir);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(bytes, 1, len, f), len);
+  assert_int_equal(fclose(f), 0);
+  free(bytes);
+  struct sk_gguf *g = NULL;
+  int rc = sk_gguf_open(path, &g, err);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+  if (rc < 0) fail_msg("sk_gguf_open of a written variant: %s", err->message);
+  struct sk_model *m = NULL;
+  rc = sk_model_load(g, &m, err);
+  if (rc < 0) {
+    sk_gguf_close(g);
+    return rc;
+  }
+  *ret_g = g;
+  *ret_m = m;
+  return 0;
+}
+
+static float *prefill(const struct sk_model *m, const int32_t *ids, size_t n) {
+  uint32_t V = sk_model_config(m)->n_vocab;
+  struct sk_kv *kv = new_cache(m, SK_POLICY_DENSE, 0, 0, 64);
+  struct sk_scratch *s = new_scratch(m, 64, 64);
+  float *logits = malloc(n * V * sizeof *logits);
+  assert_non_null(logits);
+  forward_ok(m, s, kv, ids, (uint32_t)n, logits, true);
+  sk_scratch_free(s);
+  sk_kv_delete(kv);
+  return logits;
+}
+
+/* F16 and BF16 weights: converted on load to exactly the floats an F32
+ * file with the same rounded values holds, so the logits are
+ * bit-identical; and close to the F32 model's. */
+static void test_half_weights(void **state) {
+  (void)state;
+  json_t *ref = sk_test_load_reference("prefill_logits.json");
+  size_t n;
+  int32_t *ids = sk_test_json_ids(json_object_get(ref, "prompt_ids"), &n);
+  uint32_t V = fx.c->n_vocab;
+  float *base = prefill(fx.m, ids, n);
+  static const uint32_t types[] = {SK_GGML_F16, SK_GGML_BF16};
+  for (size_t ti = 0; ti < 2; ti++) {
+    struct sk_error err = {0};
+    struct sk_gguf *gh = NULL, *gr = NULL;
+    struct sk_model *mh = NULL, *mr = NULL;
+    struct variant half = {.mat_type = types[ti]};
+    struct variant rounded = {.mat_type = SK_GGML_F32,
+                              .round_type = types[ti]};
+    if (load_variant(&half, &gh, &mh, &err) < 0)
+      fail_msg("load %s model: %s", sk_ggml_type_name(types[ti]),
+               err.message);
+    if (load_variant(&rounded, &gr, &mr, &err) < 0)
+      fail_msg("load rounded model: %s", err.message);
+    assert_memory_equal(sk_model_config(mh), sk_model_config(mr),
+                        sizeof(struct sk_model_config));
+    assert_int_equal(sk_model_config(mh)->n_vocab, V);
+    float *lh = prefill(mh, ids, n), *lr = prefill(mr, ids, n);
+    assert_memory_equal(lh, lr, n * V * sizeof *lh);
+    double maxd = 0.0;
+    for (size_t j = 0; j < n * V; j++) {
+      double d = fabs((double)lh[j] - base[j]);
+      if (d > maxd) maxd = d;
+    }
+    /* weight rounding moves logits, but only a little */
+    double tol = types[ti] == SK_GGML_F16 ? 0.05 : 0.5;
+    printf("%s weights: max abs logit diff vs f32 %.3g\n",
+           sk_ggml_type_name(types[ti]), maxd);
+    assert_true(maxd > 0.0 && maxd < tol);
+    free(lh);
+    free(lr);
+    sk_model_free(mh);
+    sk_model_free(mr);
+    sk_gguf_close(gh);
+    sk_gguf_close(gr);
+  }
+  free(base);
+  free(ids);
+  json_decref(ref);
+}
+
+static void expect_bad_model(const struct variant *vr, const char *needle1,
+                             const char *needle2) {
+  struct sk_error err = {0};
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  int rc = load_variant(vr, &g, &m, &err);
+  if (rc == 0) fail_msg("model variant loaded; expected \"%s\"", needle1);
+  assert_int_equal(rc, -SK_ERR_BAD_MODEL);
+  assert_int_equal(err.code, SK_ERR_BAD_MODEL);
+  if (!strstr(err.message, needle1) ||
+      (needle2 && !strstr(err.message, needle2)))
+    fail_msg("message \"%s\" lacks \"%s\" / \"%s\"", err.message, needle1,
+             needle2 ? needle2 : "");
+}
+
+static void test_bad_models(void **state) {
+  (void)state;
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
+                                     .quant = "blk.0.attn_q.weight"},
+                   "tensor blk.0.attn_q.weight has type q8_0; quantized "
+                   "weights are not supported yet",
+                   NULL);
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
+                                     .drop = "blk.2.ffn_up.weight"},
+                   "tensor blk.2.ffn_up.weight is missing", NULL);
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
+                                     .transpose = "blk.1.attn_k.weight"},
+                   "blk.1.attn_k.weight has shape [32, 64", "expected [64, 32]");
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32, .arch = "gpt2"},
+                   "general.architecture", "gpt2");
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
+                                     .head_count = 7},
+                   "not a multiple", NULL);
+  expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
+                                     .head_count = 2},
+                   "llama.attention.head_count_kv is 4", "1..2");
+
+  /* No output.weight: the head is tied to token_embd and still runs. */
+  struct sk_error err = {0};
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  struct variant tied = {.mat_type = SK_GGML_F32, .drop = "output.weight"};
+  if (load_variant(&tied, &g, &m, &err) < 0)
+    fail_msg("tied model: %s", err.message);
+  const int32_t ids[3] = {1, 403, 407};
+  float *l = prefill(m, ids, 3);
+  for (size_t j = 0; j < 3 * 512; j++) assert_true(isfinite(l[j]));
+  free(l);
+  sk_model_free(m);
+  sk_gguf_close(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefill_logits),
       cmocka_unit_test(test_greedy_dense),
       cmocka_unit_test(test_greedy_streaming),
+      cmocka_unit_test(test_logprobs),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_half_weights),
+      cmocka_unit_test(test_bad_models),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
