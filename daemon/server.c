@@ -1,2 +1,1071 @@
-/* placeholder: being written */
-typedef int sk__placeholder_t;
+#include "server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compute.h"
+#include "log.h"
+#include "msg.h"
+#include "session.h"
+#include "sk_config.h"
+
+/* Bytes read per read callback: one buffer shared by all connections
+ * (the loop is single-threaded and feeds it to the frame reader at once). */
+#define SK_READ_BUF_SIZE (64u * 1024u)
+/* Bytes waiting to be written to one client above which its reading and
+ * its generation pause (a client that never reads costs at most this). */
+#define SK_CONN_OUT_MAX (1u << 20)
+/* Requests queued behind a running one on a session. */
+#define SK_SESSION_QUEUE_MAX 64u
+/* generate: the most tokens one request may ask for. */
+#define SK_MAX_TOKENS_CEILING (1u << 20)
+
+struct sk_conn {
+  uv_pipe_t pipe;
+  struct sk_server *srv;
+  uint64_t id;
+  uint32_t uid;
+  struct sk_frame_reader rd;
+  size_t out_bytes;   /* queued in uv_write, not yet written */
+  bool out_paused;    /* over SK_CONN_OUT_MAX */
+  bool closing;       /* uv_close called */
+  uint32_t refs;      /* the handle + in-flight thread-pool work */
+  struct sk_conn *prev, *next;
+};
+
+struct sk_server {
+  uv_loop_t *loop;
+  struct sk_server_config cfg;
+  char *socket_path;
+  const struct sk_model *model;
+  const struct sk_tokenizer *tok;
+  uv_pipe_t listener;
+  bool listening;
+  struct sk_compute *compute;
+  struct sk_session_table sessions;
+  struct sk_conn *conns;
+  uint32_t n_conns;
+  uint64_t next_conn_id;
+  uint64_t started_ms;
+  bool shutting_down;
+  char readbuf[SK_READ_BUF_SIZE];
+};
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- connections and output ---- */
+
+struct write_req {
+  uv_write_t req;
+  struct sk_conn *conn;
+  char *data;
+  size_t len;
+};
+
+static void conn_unref(struct sk_conn *c) {
+  if (--c->refs == 0) {
+    sk_frame_reader_free(&c->rd);
+    free(c);
+  }
+}
+
+static void set_jobs_paused(struct sk_server *srv, struct sk_conn *c, bool paused) {
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (s && s->running && s->running->conn == c) atomic_store(&s->running->paused, paused);
+  }
+  if (!paused && srv->compute) sk_compute_wake(srv->compute);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+static void on_write(uv_write_t *req, int status) {
+  struct write_req *w = (struct write_req *)req;
+  struct sk_conn *c = w->conn;
+  c->out_bytes -= w->len;
+  free(w->data);
+  free(w);
+  if (status < 0 && status != UV_ECANCELED)
+    sk_log(SK_LOG_DEBUG, "client %llu: write failed: %s", (unsigned long long)c->id,
+           uv_strerror(status));
+  if (c->out_paused && !c->closing && c->out_bytes < SK_CONN_OUT_MAX / 2) {
+    c->out_paused = false;
+    uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
+    set_jobs_paused(c->srv, c, false);
+  }
+  conn_unref(c);
+}
+
+/* Sends a whole frame; takes ownership of data (malloc'd). */
+static void conn_send(struct sk_conn *c, char *data, size_t len) {
+  if (c->closing) {
+    free(data);
+    return;
+  }
+  struct write_req *w = malloc(sizeof *w);
+  if (!w) {
+    free(data);
+    return;
+  }
+  w->conn = c;
+  w->data = data;
+  w->len = len;
+  uv_buf_t b = uv_buf_init(data, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
+  if (rc < 0) {
+    free(data);
+    free(w);
+    return;
+  }
+  c->refs++;
+  c->out_bytes += len;
+  if (!c->out_paused && c->out_bytes > SK_CONN_OUT_MAX) {
+    /* Slow reader: stop taking its requests and pause its generation. */
+    c->out_paused = true;
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    set_jobs_paused(c->srv, c, true);
+  }
+}
+
+static void conn_send_buf(struct sk_conn *c, struct sk_msgbuf *b) {
+  if (sk_msgbuf_finish(b) < 0) {
+    sk_msgbuf_free(b);
+    return;
+  }
+  size_t len = 0;
+  char *data = sk_msgbuf_release(b, &len);
+  if (data) conn_send(c, data, len);
+}
+
+static void send_error(struct sk_conn *c, uint64_t id, const struct sk_error *e) {
+  struct sk_msgbuf b;
+  if (sk_msgbuf_init(&b) < 0) return;
+  if (sk_msg_pack_error(&b, id, e) < 0) {
+    sk_msgbuf_free(&b);
+    return;
+  }
+  sk_log(SK_LOG_DEBUG, "client %llu: request %llu: %s: %s", (unsigned long long)c->id,
+         (unsigned long long)id, sk_error_name(e->code), e->message);
+  conn_send_buf(c, &b);
+}
+
+static void send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...) {
+  struct sk_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sk_error_setv(&e, code, fmt, ap);
+  va_end(ap);
+  send_error(c, id, &e);
+}
+
+/* Starts an ok reply with n_fields op-specific fields to follow. */
+static int reply_begin(struct sk_msgbuf *b, uint64_t id, uint32_t n_fields) {
+  if (sk_msgbuf_init(b) < 0) return -1;
+  msgpack_pack_map(&b->pk, 2 + n_fields);
+  sk_pack_kv_u64(&b->pk, "id", id);
+  sk_pack_kv_bool(&b->pk, "ok", true);
+  return 0;
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+  struct sk_conn *c = h->data;
+  conn_unref(c);
+}
+
+static void conn_close(struct sk_conn *c) {
+  if (c->closing) return;
+  struct sk_server *srv = c->srv;
+  c->closing = true;
+  /* Work of a client that left: generations stop, appends complete (the
+   * session keeps what was sent). No job keeps a pointer to c. */
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (!s) continue;
+    if (s->running && s->running->conn == c) {
+      s->running->conn = NULL;
+      if (s->running->kind == SK_JOB_GENERATE) atomic_store(&s->running->cancel, true);
+      atomic_store(&s->running->paused, false);
+    }
+    for (struct sk_job *j = s->queue_head; j; j = j->next)
+      if (j->conn == c) {
+        j->conn = NULL;
+        if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
+      }
+  }
+  if (srv->compute) sk_compute_wake(srv->compute);
+  if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  srv->n_conns--;
+  sk_log(SK_LOG_DEBUG, "client %llu disconnected", (unsigned long long)c->id);
+  uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+/* ---- session work ---- */
+
+static void submit_next(struct sk_server *srv, struct sk_session *s);
+
+static void session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
+  if (srv->shutting_down) {
+    /* The compute thread is gone: answer instead of running. */
+    if (job->conn)
+      send_errorf(job->conn, job->req_id, SK_ERR_CANCELLED, "the daemon is shutting down");
+    sk_job_free(job);
+    return;
+  }
+  if (job->conn && job->conn->out_paused) atomic_store(&job->paused, true);
+  s->running = job;
+  sk_compute_submit(srv->compute, job);
+}
+
+/* Takes the next queued job, skipping generations whose client left. */
+static void submit_next(struct sk_server *srv, struct sk_session *s) {
+  while (!s->running && s->queue_head) {
+    struct sk_job *j = s->queue_head;
+    s->queue_head = j->next;
+    if (!s->queue_head) s->queue_tail = NULL;
+    s->n_queued--;
+    j->next = NULL;
+    if (!j->conn && j->kind == SK_JOB_GENERATE) {
+      sk_job_free(j);
+      continue;
+    }
+    session_dispatch(srv, s, j);
+  }
+  if (!s->running && s->closing) sk_session_free(&srv->sessions, s);
+}
+
+static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct sk_job *job,
+                           struct sk_error *err) {
+  if (!s->running) {
+    session_dispatch(srv, s, job);
+    return 0;
+  }
+  if (s->n_queued >= SK_SESSION_QUEUE_MAX)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "session %llu has %u requests queued (limit %u)",
+                        (unsigned long long)s->id, s->n_queued, SK_SESSION_QUEUE_MAX);
+  job->next = NULL;
+  if (s->queue_tail) s->queue_tail->next = job; else s->queue_head = job;
+  s->queue_tail = job;
+  s->n_queued++;
+  return 0;
+}
+
+static void pack_evicted(msgpack_packer *pk, const struct sk_evict_log *log) {
+  sk_pack_kv_u64(pk, "evicted", log->n_evicted);
+  sk_pack_cstr(pk, "evicted_ranges");
+  msgpack_pack_array(pk, log->n_ranges);
+  for (uint32_t i = 0; i < log->n_ranges; i++) {
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_uint64(pk, log->first[i]);
+    msgpack_pack_uint64(pk, log->last[i]);
+  }
+}
+
+static void on_event(void *user, struct sk_event *ev) {
+  struct sk_server *srv = user;
+  struct sk_job *job = ev->job;
+  struct sk_conn *c = job->conn;
+  if (ev->kind == SK_EVENT_TOKEN) {
+    if (c) {
+      struct sk_msgbuf b;
+      if (sk_msgbuf_init(&b) == 0) {
+        msgpack_pack_map(&b.pk, ev->n_top ? 5 : 4);
+        sk_pack_kv_u64(&b.pk, "id", job->req_id);
+        sk_pack_kv_str(&b.pk, "event", "token");
+        sk_pack_kv_i64(&b.pk, "token", ev->token);
+        sk_pack_kv_strn(&b.pk, "text", ev->text, ev->text_len);
+        if (ev->n_top) {
+          sk_pack_cstr(&b.pk, "top");
+          msgpack_pack_array(&b.pk, ev->n_top);
+          for (uint32_t i = 0; i < ev->n_top; i++) {
+            msgpack_pack_array(&b.pk, 2);
+            msgpack_pack_int32(&b.pk, ev->top_id[i]);
+            msgpack_pack_float(&b.pk, ev->top_logit[i]);
+          }
+        }
+        conn_send_buf(c, &b);
+      }
+    }
+    free(ev);
+    return;
+  }
+
+  /* DONE */
+  struct sk_session *s = job->sess;
+  if (c) {
+    if (job->err.code != 0) {
+      send_error(c, job->req_id, &job->err);
+    } else {
+      struct sk_session_counters cnt;
+      sk_session_counters_get(&srv->sessions, s, &cnt);
+      struct sk_msgbuf b;
+      bool gen = job->kind == SK_JOB_GENERATE;
+      if (reply_begin(&b, job->req_id, gen ? 8 : 5) == 0) {
+        if (gen) {
+          sk_pack_kv_str(&b.pk, "stop", job->stop_reason ? job->stop_reason : "length");
+          sk_pack_kv_u64(&b.pk, "n_tokens", job->n_generated);
+          sk_pack_cstr(&b.pk, "usage");
+          msgpack_pack_map(&b.pk, 2);
+          sk_pack_kv_u64(&b.pk, "prompt_tokens", job->n_done);
+          sk_pack_kv_u64(&b.pk, "completion_tokens", job->n_generated);
+          sk_pack_kv_strn(&b.pk, "text", job->final_text, job->final_text_len);
+        } else {
+          sk_pack_kv_u64(&b.pk, "n_tokens", job->n_done);
+        }
+        pack_evicted(&b.pk, &job->evicted);
+        sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
+        sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
+        conn_send_buf(c, &b);
+      }
+    }
+  }
+  free(ev);
+  s->running = NULL;
+  sk_job_free(job);
+  submit_next(srv, s);
+}
+
+/* ---- request handlers ---- */
+
+struct request {
+  struct sk_conn *conn;
+  uint64_t id;
+  const msgpack_object *map;
+};
+
+static bool may_use(const struct sk_conn *c, const struct sk_session *s) {
+  return c->uid == 0 || c->uid == s->owner_uid;
+}
+
+/* Looks up the request's "session" field. Sends the error and returns NULL
+ * if it is missing, unknown or not the caller's. */
+static struct sk_session *req_session(struct sk_server *srv, const struct request *r) {
+  struct sk_error e;
+  uint64_t sid = 0;
+  if (sk_msg_need_u64(r->map, "session", UINT64_MAX, &sid, &e) < 0) {
+    send_error(r->conn, r->id, &e);
+    return NULL;
+  }
+  struct sk_session *s = sk_session_find(&srv->sessions, sid);
+  if (!s || s->closing) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
+    return NULL;
+  }
+  if (!may_use(r->conn, s)) {
+    send_errorf(r->conn, r->id, SK_ERR_FORBIDDEN, "session %llu belongs to another user",
+                (unsigned long long)sid);
+    return NULL;
+  }
+  return s;
+}
+
+static void op_ping(struct sk_server *srv, const struct request *r) {
+  (void)srv;
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
+}
+
+static void op_hello(struct sk_server *srv, const struct request *r) {
+  const struct sk_model_config *mc = sk_model_config(srv->model);
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 5) < 0) return;
+  msgpack_packer *pk = &b.pk;
+  sk_pack_kv_u64(pk, "protocol", SK_PROTOCOL_VERSION);
+  sk_pack_kv_str(pk, "server", "sinkd");
+  sk_pack_kv_str(pk, "version", SK_VERSION);
+  sk_pack_cstr(pk, "model");
+  msgpack_pack_map(pk, 8);
+  sk_pack_kv_str(pk, "name", mc->name);
+  sk_pack_kv_str(pk, "file", srv->cfg.model_path ? srv->cfg.model_path : "");
+  sk_pack_kv_u64(pk, "n_vocab", mc->n_vocab);
+  sk_pack_kv_u64(pk, "n_ctx_train", mc->n_ctx_train);
+  sk_pack_kv_u64(pk, "n_layer", mc->n_layer);
+  sk_pack_kv_u64(pk, "dim", mc->dim);
+  sk_pack_kv_u64(pk, "n_head", mc->n_head);
+  sk_pack_kv_u64(pk, "n_kv_head", mc->n_kv_head);
+  sk_pack_cstr(pk, "defaults");
+  msgpack_pack_map(pk, 4);
+  sk_pack_kv_str(pk, "policy", sk_policy_name(srv->cfg.defaults.policy));
+  sk_pack_kv_u64(pk, "n_sink", srv->cfg.defaults.n_sink);
+  sk_pack_kv_u64(pk, "window", srv->cfg.defaults.window);
+  sk_pack_kv_u64(pk, "capacity", srv->cfg.defaults.capacity);
+  conn_send_buf(r->conn, &b);
+}
+
+static void op_open(struct sk_server *srv, const struct request *r) {
+  struct sk_error e;
+  struct sk_kv_params p = srv->cfg.defaults;
+  const char *pol = NULL;
+  size_t pol_len = 0;
+  uint64_t v;
+  int rc = sk_msg_get_str(r->map, "policy", &pol, &pol_len, &e);
+  if (rc < 0) goto bad;
+  if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
+  if ((rc = sk_msg_get_u64(r->map, "n_sink", UINT32_MAX, &v, &e)) < 0) goto bad;
+  if (rc == 1) p.n_sink = (uint32_t)v;
+  if ((rc = sk_msg_get_u64(r->map, "window", UINT32_MAX, &v, &e)) < 0) goto bad;
+  if (rc == 1) p.window = (uint32_t)v;
+  if ((rc = sk_msg_get_u64(r->map, "capacity", UINT32_MAX, &v, &e)) < 0) goto bad;
+  if (rc == 1) p.capacity = (uint32_t)v;
+
+  struct sk_session *s = NULL;
+  rc = sk_session_open(&srv->sessions, srv->model, &p, srv->cfg.max_capacity, r->conn->uid, &s, &e);
+  if (rc < 0) goto bad;
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %zu KV bytes",
+         (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity,
+         s->kv_bytes);
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 4) < 0) return;
+  sk_pack_kv_u64(&b.pk, "session", s->id);
+  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(p.policy));
+  sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
+  sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+  conn_send_buf(r->conn, &b);
+  return;
+bad:
+  send_error(r->conn, r->id, &e);
+}
+
+static void op_close(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  /* Queued requests are answered `cancelled`; a running one is cancelled
+   * and the session is freed when it ends. */
+  while (s->queue_head) {
+    struct sk_job *j = s->queue_head;
+    s->queue_head = j->next;
+    if (j->conn)
+      send_errorf(j->conn, j->req_id, SK_ERR_CANCELLED, "session %llu was closed",
+                  (unsigned long long)s->id);
+    sk_job_free(j);
+  }
+  s->queue_tail = NULL;
+  s->n_queued = 0;
+  sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)s->id);
+  if (s->running) {
+    s->closing = true;
+    atomic_store(&s->running->cancel, true);
+    sk_compute_wake(srv->compute);
+  } else {
+    sk_session_free(&srv->sessions, s);
+  }
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
+}
+
+static void op_list(struct sk_server *srv, const struct request *r) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (s && !s->closing && may_use(r->conn, s)) n++;
+  }
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 1) < 0) return;
+  sk_pack_cstr(&b.pk, "sessions");
+  msgpack_pack_array(&b.pk, n);
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (!s || s->closing || !may_use(r->conn, s)) continue;
+    struct sk_session_counters cnt;
+    sk_session_counters_get(&srv->sessions, s, &cnt);
+    msgpack_pack_map(&b.pk, 6);
+    sk_pack_kv_u64(&b.pk, "session", s->id);
+    sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
+    sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
+    sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
+    sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
+    sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
+  }
+  conn_send_buf(r->conn, &b);
+}
+
+static void op_stats(struct sk_server *srv, const struct request *r) {
+  struct sk_msgbuf b;
+  if (!sk_msg_get(r->map, "session")) {
+    if (reply_begin(&b, r->id, 6) < 0) return;
+    sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
+    sk_pack_kv_u64(&b.pk, "clients", srv->n_conns);
+    sk_pack_kv_u64(&b.pk, "uptime_s", (now_ms() - srv->started_ms) / 1000u);
+    sk_pack_kv_u64(&b.pk, "tokens_prefilled", sk_compute_tokens_prefilled(srv->compute));
+    sk_pack_kv_u64(&b.pk, "tokens_generated", sk_compute_tokens_generated(srv->compute));
+    sk_pack_kv_u64(&b.pk, "max_sessions", srv->cfg.max_sessions);
+    conn_send_buf(r->conn, &b);
+    return;
+  }
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, s, &cnt);
+  if (reply_begin(&b, r->id, 11) < 0) return;
+  sk_pack_kv_u64(&b.pk, "session", s->id);
+  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
+  sk_pack_kv_u64(&b.pk, "n_sink", s->params.policy == SK_POLICY_STREAMING ? s->params.n_sink : 0);
+  sk_pack_kv_u64(&b.pk, "window", s->params.policy == SK_POLICY_STREAMING ? s->params.window : 0);
+  sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
+  sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
+  sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
+  sk_pack_kv_u64(&b.pk, "evicted", cnt.evicted);
+  sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+  sk_pack_cstr(&b.pk, "positions");
+  if (cnt.resident) {
+    msgpack_pack_array(&b.pk, 2);
+    msgpack_pack_uint32(&b.pk, 0);
+    msgpack_pack_uint32(&b.pk, cnt.resident - 1);
+  } else {
+    msgpack_pack_array(&b.pk, 0);
+  }
+  sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
+  conn_send_buf(r->conn, &b);
+}
+
+/* Reads "text" or "tokens" (exactly one) and "bos" into job. */
+static int read_input(const struct request *r, struct sk_job *job, bool required,
+                      struct sk_error *e) {
+  const char *text = NULL;
+  size_t len = 0;
+  const char *text_key = job->kind == SK_JOB_GENERATE ? "prompt" : "text";
+  int has_text = sk_msg_get_str(r->map, text_key, &text, &len, e);
+  if (has_text < 0) return has_text;
+  const msgpack_object_array *arr = NULL;
+  int has_tokens = sk_msg_get_array(r->map, "tokens", &arr, e);
+  if (has_tokens < 0) return has_tokens;
+  if (has_text && has_tokens)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "give either '%s' or 'tokens', not both", text_key);
+  if (!has_text && !has_tokens && required)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "missing field '%s' or 'tokens'", text_key);
+  bool bos = false;
+  int has_bos = sk_msg_get_bool(r->map, "bos", &bos, e);
+  if (has_bos < 0) return has_bos;
+  job->bos = has_bos ? bos : -1;
+  if (has_text) {
+    job->text = malloc(len + 1);
+    if (!job->text) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
+    memcpy(job->text, text, len);
+    job->text[len] = 0;
+    job->text_len = len;
+  }
+  if (has_tokens) {
+    job->tokens = malloc((arr->size ? arr->size : 1) * sizeof *job->tokens);
+    if (!job->tokens) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
+    for (uint32_t i = 0; i < arr->size; i++) {
+      const msgpack_object *o = &arr->ptr[i];
+      int64_t v;
+      if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
+        v = (int64_t)o->via.u64;
+      else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        v = -1;
+      else
+        return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                            "field 'tokens': element %u must be a token id (non-negative integer)", i);
+      if (v < 0)
+        return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                            "field 'tokens': element %u is negative", i);
+      job->tokens[i] = (int32_t)v;
+    }
+    job->n_tokens = arr->size;
+  }
+  return 0;
+}
+
+static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s) {
+  struct sk_job *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  j->kind = kind;
+  j->req_id = r->id;
+  j->conn = r->conn;
+  j->sess = s;
+  j->bos = -1;
+  atomic_init(&j->cancel, false);
+  atomic_init(&j->paused, false);
+  return j;
+}
+
+static void op_append(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  struct sk_error e;
+  struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
+  if (!job) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  if (read_input(r, job, true, &e) < 0 || session_enqueue(srv, s, job, &e) < 0) {
+    sk_job_free(job);
+    send_error(r->conn, r->id, &e);
+  }
+}
+
+static void op_generate(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  struct sk_error e;
+  struct sk_job *job = job_new(SK_JOB_GENERATE, r, s);
+  if (!job) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  uint64_t u;
+  double d;
+  bool bv;
+  int rc;
+  const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
+  job->max_tokens = 128;
+  job->sampling.temperature = 0.8f;
+  job->sampling.top_k = 40;
+  job->sampling.top_p = 0.95f;
+  if ((rc = read_input(r, job, false, &e)) < 0) goto bad;
+  if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_MAX_TOKENS_CEILING, &u, &e)) < 0) goto bad;
+  if (rc == 1) job->max_tokens = (uint32_t)u;
+  if ((rc = sk_msg_get_f64(r->map, "temperature", &d, &e)) < 0) goto bad;
+  if (rc == 1) job->sampling.temperature = (float)d;
+  if ((rc = sk_msg_get_u64(r->map, "top_k", n_vocab, &u, &e)) < 0) goto bad;
+  if (rc == 1) job->sampling.top_k = (uint32_t)u;
+  if ((rc = sk_msg_get_f64(r->map, "top_p", &d, &e)) < 0) goto bad;
+  if (rc == 1) job->sampling.top_p = (float)d;
+  if ((rc = sk_msg_get_u64(r->map, "seed", UINT64_MAX, &u, &e)) < 0) goto bad;
+  if (rc == 1) {
+    job->sampling.seed = u;
+  } else if (getrandom(&job->sampling.seed, sizeof job->sampling.seed, 0) !=
+             sizeof job->sampling.seed) {
+    job->sampling.seed = now_ms() ^ (uint64_t)(uintptr_t)job;
+  }
+  if ((rc = sk_msg_get_bool(r->map, "ignore_eos", &bv, &e)) < 0) goto bad;
+  if (rc == 1) job->ignore_eos = bv;
+  if ((rc = sk_msg_get_u64(r->map, "n_top", SK_TOP_MAX, &u, &e)) < 0) goto bad;
+  if (rc == 1) job->n_top = (uint32_t)u;
+  if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
+  const msgpack_object_array *stops = NULL;
+  if ((rc = sk_msg_get_array(r->map, "stop", &stops, &e)) < 0) goto bad;
+  if (rc == 1) {
+    if (stops->size > SK_STOP_MAX_COUNT) {
+      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %u strings given, at most %u",
+                        stops->size, SK_STOP_MAX_COUNT);
+      goto bad;
+    }
+    for (uint32_t i = 0; i < stops->size; i++) {
+      const msgpack_object *o = &stops->ptr[i];
+      if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
+          o->via.str.size > SK_STOP_MAX_LEN || memchr(o->via.str.ptr, 0, o->via.str.size)) {
+        rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                          "field 'stop': element %u must be a non-empty string of at most %u bytes",
+                          i, SK_STOP_MAX_LEN);
+        goto bad;
+      }
+      job->stop[i] = strndup(o->via.str.ptr, o->via.str.size);
+      if (!job->stop[i]) {
+        rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+        goto bad;
+      }
+      job->n_stop++;
+    }
+  }
+  if ((rc = session_enqueue(srv, s, job, &e)) < 0) goto bad;
+  return;
+bad:
+  sk_job_free(job);
+  send_error(r->conn, r->id, &e);
+}
+
+static void op_cancel(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  bool any = false;
+  if (s->running && s->running->kind == SK_JOB_GENERATE) {
+    atomic_store(&s->running->cancel, true);
+    any = true;
+  }
+  for (struct sk_job *j = s->queue_head; j; j = j->next)
+    if (j->kind == SK_JOB_GENERATE) {
+      atomic_store(&j->cancel, true);
+      any = true;
+    }
+  if (any) sk_compute_wake(srv->compute);
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 1) < 0) return;
+  sk_pack_kv_bool(&b.pk, "cancelled", any);
+  conn_send_buf(r->conn, &b);
+}
+
+/* tokenize/detokenize run on libuv's thread pool: the tokenizer is
+ * read-only, and a megabyte of text must not stall the loop. */
+struct tok_work {
+  uv_work_t req;
+  struct sk_server *srv;
+  struct sk_conn *conn;
+  uint64_t id;
+  bool detok;
+  char *text;
+  size_t text_len;
+  bool bos;
+  int32_t *tokens;
+  size_t n_tokens;
+  struct sk_error err;
+  int rc;
+};
+
+static void tok_work_run(uv_work_t *req) {
+  struct tok_work *w = req->data;
+  if (w->detok) {
+    char *out = NULL;
+    size_t len = 0;
+    w->rc = sk_tokenizer_decode(w->srv->tok, w->tokens, w->n_tokens, &out, &len, &w->err);
+    if (w->rc == 0) {
+      free(w->text);
+      w->text = out;
+      w->text_len = len;
+    }
+  } else {
+    int32_t *toks = NULL;
+    size_t n = 0;
+    w->rc = sk_tokenizer_encode(w->srv->tok, w->text, w->text_len, w->bos, &toks, &n, &w->err);
+    if (w->rc == 0) {
+      free(w->tokens);
+      w->tokens = toks;
+      w->n_tokens = n;
+    }
+  }
+}
+
+static void tok_work_done(uv_work_t *req, int status) {
+  struct tok_work *w = req->data;
+  struct sk_conn *c = w->conn;
+  if (status < 0) {
+    w->rc = -SK_ERR_INTERNAL;
+    sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
+  }
+  if (!c->closing) {
+    if (w->rc < 0) {
+      send_error(c, w->id, &w->err);
+    } else {
+      struct sk_msgbuf b;
+      if (reply_begin(&b, w->id, 1) == 0) {
+        if (w->detok) {
+          sk_pack_kv_strn(&b.pk, "text", w->text, w->text_len);
+        } else {
+          sk_pack_cstr(&b.pk, "tokens");
+          msgpack_pack_array(&b.pk, (uint32_t)w->n_tokens);
+          for (size_t i = 0; i < w->n_tokens; i++) msgpack_pack_int32(&b.pk, w->tokens[i]);
+        }
+        conn_send_buf(c, &b);
+      }
+    }
+  }
+  free(w->text);
+  free(w->tokens);
+  free(w);
+  conn_unref(c);
+}
+
+static void op_tokenize(struct sk_server *srv, const struct request *r, bool detok) {
+  struct sk_error e;
+  struct tok_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  w->srv = srv;
+  w->conn = r->conn;
+  w->id = r->id;
+  w->detok = detok;
+  w->bos = true;
+  int rc;
+  if (detok) {
+    const msgpack_object_array *arr = NULL;
+    if ((rc = sk_msg_get_array(r->map, "tokens", &arr, &e)) <= 0) {
+      if (rc == 0) sk_error_set(&e, SK_ERR_BAD_REQUEST, "missing field 'tokens'");
+      goto bad;
+    }
+    w->tokens = malloc((arr->size ? arr->size : 1) * sizeof *w->tokens);
+    if (!w->tokens) {
+      sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+      goto bad;
+    }
+    for (uint32_t i = 0; i < arr->size; i++) {
+      const msgpack_object *o = &arr->ptr[i];
+      if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX) {
+        w->tokens[i] = (int32_t)o->via.u64;
+      } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
+        w->tokens[i] = (int32_t)o->via.i64; /* the tokenizer names it */
+      } else {
+        sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'tokens': element %u must be an integer token id", i);
+        goto bad;
+      }
+    }
+    w->n_tokens = arr->size;
+  } else {
+    const char *text = NULL;
+    size_t len = 0;
+    if (sk_msg_need_str(r->map, "text", &text, &len, &e) < 0) goto bad;
+    bool bos = true;
+    if (sk_msg_get_bool(r->map, "bos", &bos, &e) < 0) goto bad;
+    w->bos = bos;
+    w->text = malloc(len + 1);
+    if (!w->text) {
+      sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+      goto bad;
+    }
+    memcpy(w->text, text, len);
+    w->text[len] = 0;
+    w->text_len = len;
+  }
+  w->req.data = w;
+  if ((rc = uv_queue_work(srv->loop, &w->req, tok_work_run, tok_work_done)) < 0) {
+    sk_error_set(&e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
+    goto bad;
+  }
+  r->conn->refs++;
+  return;
+bad:
+  free(w->text);
+  free(w->tokens);
+  free(w);
+  send_error(r->conn, r->id, &e);
+}
+
+static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
+  struct sk_server *srv = c->srv;
+  struct sk_error e;
+  if (len == 0) {
+    send_errorf(c, 0, SK_ERR_BAD_REQUEST, "empty frame: a request is one msgpack map");
+    return;
+  }
+  struct sk_msg msg;
+  if (sk_msg_parse(body, len, &msg, &e) < 0) {
+    send_error(c, 0, &e);
+    return;
+  }
+  struct request r = {.conn = c, .id = 0, .map = &msg.root};
+  if (sk_msg_need_u64(r.map, "id", UINT64_MAX, &r.id, &e) < 0) {
+    send_error(c, 0, &e);
+    goto out;
+  }
+  const char *op = NULL;
+  size_t op_len = 0;
+  if (sk_msg_need_str(r.map, "op", &op, &op_len, &e) < 0) {
+    send_error(c, r.id, &e);
+    goto out;
+  }
+#define OP_IS(name) (op_len == sizeof(name) - 1 && memcmp(op, name, op_len) == 0)
+  if (OP_IS("ping")) op_ping(srv, &r);
+  else if (OP_IS("hello")) op_hello(srv, &r);
+  else if (OP_IS("open")) op_open(srv, &r);
+  else if (OP_IS("close")) op_close(srv, &r);
+  else if (OP_IS("list")) op_list(srv, &r);
+  else if (OP_IS("stats")) op_stats(srv, &r);
+  else if (OP_IS("append")) op_append(srv, &r);
+  else if (OP_IS("generate")) op_generate(srv, &r);
+  else if (OP_IS("cancel")) op_cancel(srv, &r);
+  else if (OP_IS("tokenize")) op_tokenize(srv, &r, false);
+  else if (OP_IS("detokenize")) op_tokenize(srv, &r, true);
+  else {
+    /* Show at most 32 bytes of the unknown name, escaped. */
+    char shown[32 * 4 + 1];
+    size_t w = 0;
+    for (size_t i = 0; i < op_len && i < 32; i++) {
+      unsigned char ch = (unsigned char)op[i];
+      if (ch >= 0x20 && ch < 0x7f && ch != '\\') shown[w++] = (char)ch;
+      else w += (size_t)snprintf(shown + w, 5, "\\x%02x", ch);
+    }
+    shown[w] = 0;
+    send_errorf(c, r.id, SK_ERR_UNKNOWN_OP, "unknown op '%s%s'", shown, op_len > 32 ? "..." : "");
+  }
+#undef OP_IS
+out:
+  sk_msg_free(&msg);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  struct sk_conn *c = h->data;
+  buf->base = c->srv->readbuf;
+  buf->len = sizeof c->srv->readbuf;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  struct sk_conn *c = stream->data;
+  if (nread < 0) {
+    conn_close(c);
+    return;
+  }
+  if (nread == 0) return;
+  if (sk_frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
+    send_errorf(c, 0, SK_ERR_NO_MEMORY, "out of memory reading the request");
+    conn_close(c);
+    return;
+  }
+  for (;;) {
+    if (c->closing) return;
+    const uint8_t *body = NULL;
+    size_t len = 0;
+    int rc = sk_frame_reader_next(&c->rd, &body, &len);
+    if (rc == 0) break;
+    if (rc == -SK_ERR_TOO_LARGE) {
+      send_errorf(c, 0, SK_ERR_TOO_LARGE, "frame of %zu bytes exceeds the limit of %u bytes",
+                  len, c->srv->cfg.max_frame);
+      continue;
+    }
+    if (rc < 0) {
+      send_errorf(c, 0, -rc, "frame reader: %s", sk_strerror(-rc));
+      conn_close(c);
+      return;
+    }
+    handle_frame(c, body, len);
+  }
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  struct sk_server *srv = listener->data;
+  if (status < 0) {
+    sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
+    return;
+  }
+  struct sk_conn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->srv = srv;
+  c->refs = 1;
+  uv_pipe_init(srv->loop, &c->pipe, 0);
+  c->pipe.data = c;
+  if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
+    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    return;
+  }
+  c->id = ++srv->next_conn_id;
+  sk_frame_reader_init(&c->rd, srv->cfg.max_frame);
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+    c->uid = cred.uid;
+  } else {
+    c->uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
+  }
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  srv->n_conns++;
+  if (srv->n_conns > srv->cfg.max_clients || srv->shutting_down) {
+    send_errorf(c, 0, SK_ERR_BUSY, "too many clients (max_clients %u)", srv->cfg.max_clients);
+    conn_close(c);
+    return;
+  }
+  sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)c->id, c->uid);
+  uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
+}
+
+/* ---- socket setup ---- */
+
+/* A socket file exists at path: is a daemon answering on it? */
+static bool socket_is_live(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  bool live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+  close(fd);
+  return live;
+}
+
+static int bind_socket(struct sk_server *srv, struct sk_error *err) {
+  const char *path = srv->socket_path;
+  struct sockaddr_un a;
+  if (strlen(path) >= sizeof a.sun_path)
+    return sk_error_set(err, SK_ERR_IO, "socket path '%s' is longer than %zu bytes", path,
+                        sizeof a.sun_path - 1);
+  struct stat st;
+  if (lstat(path, &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return sk_error_set(err, SK_ERR_IO, "%s exists and is not a socket; not replacing it", path);
+    if (socket_is_live(path))
+      return sk_error_set(err, SK_ERR_BUSY, "%s is in use by a running daemon", path);
+    if (unlink(path) < 0)
+      return sk_error_set(err, SK_ERR_IO, "cannot remove stale socket %s: %s", path, strerror(errno));
+    sk_log(SK_LOG_NOTICE, "removed stale socket %s", path);
+  }
+  uv_pipe_init(srv->loop, &srv->listener, 0);
+  srv->listener.data = srv;
+  int rc = uv_pipe_bind(&srv->listener, path);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc < 0) {
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
+  }
+  srv->listening = true;
+  if (chmod(path, 0660) < 0)
+    sk_log(SK_LOG_WARNING, "chmod 0660 %s: %s", path, strerror(errno));
+  return 0;
+}
+
+int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
+                    const struct sk_model *m, const struct sk_tokenizer *tok,
+                    struct sk_server **ret, struct sk_error *err) {
+  struct sk_server *srv = calloc(1, sizeof *srv);
+  if (!srv) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  srv->loop = loop;
+  srv->cfg = *cfg;
+  srv->model = m;
+  srv->tok = tok;
+  srv->started_ms = now_ms();
+  srv->socket_path = strdup(cfg->socket_path);
+  int rc = srv->socket_path ? 0 : sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (rc == 0 && sk_session_table_init(&srv->sessions, cfg->max_sessions) < 0)
+    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (rc == 0)
+    rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
+                          on_event, srv, &srv->compute, err);
+  if (rc == 0) {
+    rc = bind_socket(srv, err);
+    if (rc < 0) {
+      sk_compute_stop(srv->compute);
+      srv->compute = NULL;
+    }
+  }
+  if (rc < 0) {
+    sk_session_table_done(&srv->sessions);
+    free(srv->socket_path);
+    free(srv);
+    return rc;
+  }
+  *ret = srv;
+  return 0;
+}
+
+void sk_server_shutdown(struct sk_server *srv) {
+  if (srv->shutting_down) return;
+  srv->shutting_down = true;
+  if (srv->listening) {
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    srv->listening = false;
+    unlink(srv->socket_path);
+  }
+  /* Running jobs end cancelled; their final replies go out before the
+   * connections close. */
+  if (srv->compute) {
+    sk_compute_stop(srv->compute);
+    srv->compute = NULL;
+  }
+  while (srv->conns) conn_close(srv->conns);
+}
+
+void sk_server_free(struct sk_server *srv) {
+  if (!srv) return;
+  sk_session_table_done(&srv->sessions);
+  free(srv->socket_path);
+  free(srv);
+}

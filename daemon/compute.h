@@ -1,0 +1,66 @@
+/* The compute thread: runs every append and generate job off the loop
+ * thread. Each turn it takes one step of every active job that is not
+ * paused — a prefill chunk of up to max_batch tokens for an append, one
+ * decoded token for a generate — so sessions are served round-robin and a
+ * long prefill never stops another session's tokens. Results go back to
+ * the loop thread as events through a uv_async_t.
+ *
+ * A job's session must have no other job submitted (the loop serializes
+ * jobs per session).
+ */
+#ifndef SK_COMPUTE_H
+#define SK_COMPUTE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "model.h"
+#include "session.h"
+#include "tokenizer.h"
+
+enum sk_event_kind {
+  SK_EVENT_TOKEN, /* a generated token */
+  SK_EVENT_DONE,  /* the job finished: result fields of the job are set */
+};
+
+struct sk_event {
+  enum sk_event_kind kind;
+  struct sk_job *job;
+  int32_t token;
+  uint32_t n_top;
+  int32_t top_id[SK_TOP_MAX];   /* highest logits first, ties lower id */
+  float top_logit[SK_TOP_MAX];
+  struct sk_event *next;
+  size_t text_len;
+  char text[];                  /* (text_len) valid UTF-8 */
+};
+
+/* Called on the loop thread for each event, in order; the callee owns ev
+ * (free() it). For SK_EVENT_DONE the job is no longer used by the compute
+ * thread. */
+typedef void (*sk_compute_event_cb)(void *user, struct sk_event *ev);
+
+struct sk_compute;
+
+/* Starts the thread. model, tokenizer and table must outlive it.
+ * max_batch: prefill chunk; max_ctx: largest cache capacity a session may
+ * have. Errors: -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL (thread creation). */
+int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
+                     const struct sk_tokenizer *tok,
+                     struct sk_session_table *table, uint32_t max_batch,
+                     uint32_t max_ctx, sk_compute_event_cb cb, void *user,
+                     struct sk_compute **ret, struct sk_error *err);
+/* Hands a job to the thread (loop thread). */
+void sk_compute_submit(struct sk_compute *c, struct sk_job *job);
+/* Wakes the thread after a job was unpaused or cancelled. */
+void sk_compute_wake(struct sk_compute *c);
+/* Cancels every job, waits for the thread, delivers the remaining events
+ * through the callback, closes the async handle and frees c once it is
+ * closed (run the loop afterwards to let the close complete). */
+void sk_compute_stop(struct sk_compute *c);
+
+/* Totals since start (thread-safe). */
+uint64_t sk_compute_tokens_prefilled(const struct sk_compute *c);
+uint64_t sk_compute_tokens_generated(const struct sk_compute *c);
+
+#endif
