@@ -1,3 +1,726 @@
-/* placeholder: being written */
-int main(void);
-int main(void) { return 0; }
+/* Integration test: starts the real sinkd on a temporary socket with the
+ * test model and drives it through libsinkd, raw frames and sinkctl. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "msg.h"
+#include "sinkd/client.h"
+#include "testutil.h"
+#include "utf8.h"
+
+static char *g_dir;
+static char g_socket[256];
+static char g_log[256];
+static pid_t g_pid;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void dump_log(void) {
+  size_t n = 0;
+  char *log = sk_test_read_file(g_log, &n);
+  if (log) {
+    fprintf(stderr, "---- sinkd log ----\n%s-------------------\n", log);
+    free(log);
+  }
+}
+
+static struct sk_client *connect_or_fail(void) {
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  if (sk_client_connect(g_socket, &c, &e) < 0) {
+    dump_log();
+    fail_msg("connect: %s", e.message);
+  }
+  sk_client_set_timeout(c, 120000, NULL);
+  return c;
+}
+
+static int start_daemon(void **state) {
+  (void)state;
+  g_dir = sk_test_tmpdir();
+  snprintf(g_socket, sizeof g_socket, "%s/sinkd.sock", g_dir);
+  snprintf(g_log, sizeof g_log, "%s/sinkd.log", g_dir);
+  const char *sinkd = getenv("SK_SINKD");
+  if (!sinkd) sinkd = "./daemon/sinkd";
+  g_pid = fork();
+  if (g_pid == 0) {
+    FILE *f = freopen(g_log, "w", stderr);
+    (void)f;
+    execl(sinkd, sinkd, "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
+          "--verbose", (char *)NULL);
+    _exit(127);
+  }
+  /* Ready when the socket accepts. */
+  for (int i = 0; i < 500; i++) {
+    struct sk_client *c = NULL;
+    if (sk_client_connect(g_socket, &c, NULL) == 0) {
+      sk_client_free(c);
+      return 0;
+    }
+    usleep(20000);
+  }
+  dump_log();
+  return -1;
+}
+
+static int stop_daemon(void **state) {
+  (void)state;
+  if (g_pid > 0) {
+    kill(g_pid, SIGKILL);
+    waitpid(g_pid, NULL, 0);
+  }
+  return 0;
+}
+
+/* ---- hello, ping, tokenizer through the daemon ---- */
+
+static void test_hello_ping(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_hello h;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_int_equal(h.protocol, SK_PROTOCOL_VERSION);
+  assert_string_equal(h.server, "sinkd");
+  assert_int_equal(h.model.n_vocab, 512);
+  assert_int_equal(h.model.n_layer, 5);
+  assert_int_equal(h.model.dim, 64);
+  assert_int_equal(h.model.n_head, 8);
+  assert_int_equal(h.model.n_kv_head, 4);
+  assert_int_equal(h.model.n_ctx_train, 2048);
+  assert_string_equal(h.defaults.policy, "streaming");
+  assert_int_equal(h.defaults.n_sink, 4);
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  sk_client_free(c);
+}
+
+static void test_tokenize(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  json_t *ref = sk_test_load_reference("tokenize.json");
+  json_t *cases = json_object_get(ref, "cases");
+  size_t i;
+  json_t *cs;
+  json_array_foreach(cases, i, cs) {
+    size_t len = 0;
+    char *text = sk_test_hex_decode(json_string_value(json_object_get(cs, "text_utf8_hex")), &len);
+    const char *variants[2] = {"with_bos", "without_bos"};
+    for (int v = 0; v < 2; v++) {
+      json_t *var = json_object_get(cs, variants[v]);
+      size_t n_ref = 0;
+      int32_t *ref_ids = sk_test_json_ids(json_object_get(var, "ids"), &n_ref);
+      int32_t *ids = NULL;
+      size_t n = 0;
+      struct sk_error e = {0};
+      assert_int_equal(sk_client_tokenize(c, text, len, v == 0 ? SK_BOS_TRUE : SK_BOS_FALSE, &ids, &n, &e), 0);
+      assert_int_equal(n, n_ref);
+      for (size_t k = 0; k < n; k++) assert_int_equal(ids[k], ref_ids[k]);
+      char *out = NULL;
+      size_t out_len = 0;
+      assert_int_equal(sk_client_detokenize(c, ref_ids, n_ref, &out, &out_len, &e), 0);
+      size_t want_len = 0;
+      char *want = sk_test_hex_decode(json_string_value(json_object_get(var, "detokenized_hex")), &want_len);
+      assert_int_equal(out_len, want_len);
+      assert_memory_equal(out, want, want_len);
+      free(want);
+      free(out);
+      free(ids);
+      free(ref_ids);
+    }
+    free(text);
+  }
+  /* Ids outside the vocabulary are refused, not read out of bounds. */
+  int32_t bad[3] = {1, 512, 2};
+  char *out = NULL;
+  size_t out_len = 0;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_detokenize(c, bad, 3, &out, &out_len, &e), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(e.message, "512"));
+  int32_t neg[1] = {-1};
+  assert_int_equal(sk_client_detokenize(c, neg, 1, &out, &out_len, &e), -SK_ERR_BAD_REQUEST);
+  json_decref(ref);
+  sk_client_free(c);
+}
+
+/* ---- greedy generation equals llama.cpp ---- */
+
+struct collect {
+  int32_t ids[8192];
+  size_t n;
+  double top_logit[8][10];
+  int32_t top_id[8][10];
+  size_t n_top_steps;
+  bool text_valid;
+  char *text;
+  size_t text_len, text_cap;
+  int cancel_after; /* > 0: return nonzero after this many tokens */
+};
+
+static int collect_cb(void *user, const struct sk_token_event *ev) {
+  struct collect *col = user;
+  if (col->n < sizeof col->ids / sizeof col->ids[0]) col->ids[col->n] = ev->token;
+  if (col->n < 8 && ev->n_top == 10) {
+    for (int k = 0; k < 10; k++) {
+      col->top_id[col->n][k] = ev->top[k].token;
+      col->top_logit[col->n][k] = ev->top[k].logit;
+    }
+    col->n_top_steps = col->n + 1;
+  }
+  if (!sk_utf8_valid(ev->text, ev->text_len)) col->text_valid = false;
+  if (col->text_len + ev->text_len + 1 > col->text_cap) {
+    col->text_cap = (col->text_len + ev->text_len + 1) * 2;
+    col->text = realloc(col->text, col->text_cap);
+  }
+  memcpy(col->text + col->text_len, ev->text, ev->text_len);
+  col->text_len += ev->text_len;
+  col->text[col->text_len] = 0;
+  col->n++;
+  return col->cancel_after > 0 && col->n >= (size_t)col->cancel_after;
+}
+
+static void greedy_case(struct sk_client *c, json_t *p, const struct sk_open_params *op) {
+  struct sk_error e = {0};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, op, &o, &e), 0);
+  size_t n_prompt = 0;
+  int32_t *prompt = sk_test_json_ids(json_object_get(p, "prompt_ids"), &n_prompt);
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, o.session, prompt, n_prompt, SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(ar.n_tokens, n_prompt);
+  assert_int_equal(ar.evicted, 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 64;
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  gp.n_top = 10;
+  struct collect *col = calloc(1, sizeof *col);
+  col->text_valid = true;
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, o.session, &gp, collect_cb, col, &gr, &e), 0);
+  assert_string_equal(gr.stop, "length");
+  assert_int_equal(gr.n_tokens, 64);
+  assert_int_equal(gr.evicted, 0);
+  size_t n_ref = 0;
+  int32_t *ref = sk_test_json_ids(json_object_get(p, "generated_ids"), &n_ref);
+  assert_int_equal(col->n, n_ref);
+  for (size_t i = 0; i < n_ref; i++) assert_int_equal(col->ids[i], ref[i]);
+  /* Top-10 logits of the first decode steps. */
+  json_t *steps = json_object_get(p, "steps");
+  assert_int_equal(col->n_top_steps, 8);
+  for (size_t s = 0; s < json_array_size(steps); s++) {
+    json_t *top10 = json_object_get(json_array_get(steps, s), "top10");
+    for (size_t k = 0; k < 10; k++) {
+      json_t *pair = json_array_get(top10, k);
+      assert_int_equal(col->top_id[s][k], json_integer_value(json_array_get(pair, 0)));
+      double want = json_number_value(json_array_get(pair, 1));
+      if (fabs(col->top_logit[s][k] - want) > 1e-4)
+        fail_msg("step %zu top %zu: logit %.7f, llama.cpp %.7f", s, k, col->top_logit[s][k], want);
+    }
+  }
+  /* The streamed text equals llama.cpp's pieces joined. */
+  assert_true(col->text_valid);
+  const char *want_text = json_string_value(json_object_get(p, "generated_text"));
+  assert_string_equal(col->text, want_text);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  free(col->text);
+  free(col);
+  free(ref);
+  free(prompt);
+}
+
+static void test_greedy_dense_and_streaming(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  json_t *ref = sk_test_load_reference("greedy.json");
+  json_t *prompts = json_object_get(ref, "prompts");
+  struct sk_open_params dense = {.policy = "dense", .capacity = 512};
+  struct sk_open_params streaming = {.policy = "streaming", .n_sink = 4, .window = 508};
+  for (size_t i = 0; i < json_array_size(prompts); i++) {
+    greedy_case(c, json_array_get(prompts, i), &dense);
+    greedy_case(c, json_array_get(prompts, i), &streaming);
+  }
+  json_decref(ref);
+  sk_client_free(c);
+}
+
+/* The prompt given as text (BOS added because the session is empty). */
+static void test_generate_with_text_prompt(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  json_t *ref = sk_test_load_reference("greedy.json");
+  json_t *p = json_array_get(json_object_get(ref, "prompts"), 0);
+  struct sk_error e = {0};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  assert_string_equal(o.policy, "streaming");
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 64;
+  gp.temperature = 0;
+  gp.prompt = json_string_value(json_object_get(p, "prompt"));
+  struct collect *col = calloc(1, sizeof *col);
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, o.session, &gp, collect_cb, col, &gr, &e), 0);
+  size_t n_ref = 0;
+  int32_t *want = sk_test_json_ids(json_object_get(p, "generated_ids"), &n_ref);
+  assert_int_equal(gr.prompt_tokens, json_integer_value(json_object_get(p, "n_prompt_tokens")));
+  assert_int_equal(col->n, n_ref);
+  for (size_t i = 0; i < n_ref; i++) assert_int_equal(col->ids[i], want[i]);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  /* A closed session is gone. */
+  assert_int_equal(sk_client_close(c, o.session, &e), -SK_ERR_NO_SUCH_SESSION);
+  free(want);
+  free(col->text);
+  free(col);
+  json_decref(ref);
+  sk_client_free(c);
+}
+
+/* ---- dense context_full, streaming at constant memory, ping latency ---- */
+
+static void test_dense_context_full(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_params dense = {.policy = "dense", .capacity = 16};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, &dense, &o, &e), 0);
+  assert_int_equal(o.capacity, 16);
+  int32_t toks[20];
+  for (int i = 0; i < 20; i++) toks[i] = 300 + i;
+  /* Too long: refused whole, with the counts. */
+  assert_int_equal(sk_client_append_tokens(c, o.session, toks, 20, SK_BOS_DEFAULT, NULL, &e),
+                   -SK_ERR_CONTEXT_FULL);
+  assert_non_null(strstr(e.message, "20 tokens"));
+  assert_non_null(strstr(e.message, "16 of 16"));
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
+  assert_int_equal(st.resident, 0);
+  assert_int_equal(st.seen, 0);
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, o.session, toks, 10, SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(ar.resident, 10);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 20;
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, o.session, &gp, NULL, NULL, &gr, &e), 0);
+  assert_string_equal(gr.stop, "context_full");
+  assert_int_equal(gr.n_tokens, 6);
+  assert_int_equal(gr.resident, 16);
+  assert_int_equal(gr.evicted, 0);
+  /* Token ids outside the vocabulary. */
+  int32_t bad[2] = {5, 512};
+  assert_int_equal(sk_client_append_tokens(c, o.session, bad, 2, SK_BOS_DEFAULT, NULL, &e),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(e.message, "512"));
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  sk_client_free(c);
+}
+
+static long daemon_rss_kib(void) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)g_pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
+  fclose(f);
+  return kib;
+}
+
+struct long_run {
+  uint64_t session;
+  uint32_t n;
+  int rc;
+  struct sk_generate_result gr;
+  struct sk_error e;
+  volatile int done;
+};
+
+static void *long_generate(void *arg) {
+  struct long_run *lr = arg;
+  struct sk_client *c = NULL;
+  if (sk_client_connect(g_socket, &c, &lr->e) < 0) {
+    lr->rc = -1;
+    lr->done = 1;
+    return NULL;
+  }
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = lr->n;
+  gp.temperature = 1.0;
+  gp.seed = 42;
+  gp.has_seed = true;
+  gp.ignore_eos = true;
+  lr->rc = sk_client_generate(c, lr->session, &gp, NULL, NULL, &lr->gr, &lr->e);
+  sk_client_free(c);
+  lr->done = 1;
+  return NULL;
+}
+
+static void test_streaming_5000_tokens(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, &sp, &o, &e), 0);
+  assert_int_equal(o.capacity, 64);
+  const char *prompt = "Once upon a time";
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_text(c, o.session, prompt, strlen(prompt), SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(ar.n_tokens, 5);
+
+  struct long_run first = {.session = o.session, .n = 100};
+  long_generate(&first);
+  assert_int_equal(first.rc, 0);
+  assert_int_equal(first.gr.n_tokens, 100);
+  long rss_100 = daemon_rss_kib();
+
+  /* The rest in a thread while this thread pings on another connection. */
+  struct long_run rest = {.session = o.session, .n = 4900};
+  pthread_t th;
+  pthread_create(&th, NULL, long_generate, &rest);
+  double worst = 0;
+  int pings = 0;
+  usleep(20000);
+  while (!rest.done) {
+    double t0 = now_s();
+    assert_int_equal(sk_client_ping(c, &e), 0);
+    double dt = now_s() - t0;
+    if (dt > worst) worst = dt;
+    pings++;
+    usleep(5000);
+  }
+  pthread_join(th, NULL);
+  assert_int_equal(rest.rc, 0);
+  assert_int_equal(rest.gr.n_tokens, 4900);
+  long rss_5000 = daemon_rss_kib();
+  print_message("pings during generation: %d, worst round trip %.2f ms\n", pings, worst * 1e3);
+  print_message("daemon RSS after 100 tokens %ld KiB, after 5000 tokens %ld KiB\n", rss_100, rss_5000);
+  assert_true(pings >= 5);
+  assert_true(worst < 0.050);
+  assert_true(labs(rss_5000 - rss_100) <= 1024);
+
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
+  assert_int_equal(st.resident, 64);
+  assert_int_equal(st.seen, 5005);
+  assert_int_equal(st.evicted, 5005 - 64);
+  assert_int_equal(st.capacity, 64);
+  assert_true(st.has_positions);
+  assert_int_equal(st.position_first, 0);
+  assert_int_equal(st.position_last, 63);
+  /* The evictions of the last request: one range of consecutive indices
+   * right after the sinks' survivors. */
+  assert_int_equal(rest.gr.evicted, 4900);
+  assert_int_equal(rest.gr.n_ranges, 1);
+  assert_int_equal(rest.gr.ranges[0].first, 4 + (105 - 64));
+  assert_int_equal(rest.gr.ranges[0].last, 4 + (105 - 64) + 4900 - 1);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  sk_client_free(c);
+}
+
+static void test_cancel(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 100000;
+  gp.ignore_eos = true;
+  gp.prompt = "Once upon a time";
+  struct collect *col = calloc(1, sizeof *col);
+  col->cancel_after = 10;
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, o.session, &gp, collect_cb, col, &gr, &e), 0);
+  assert_string_equal(gr.stop, "cancelled");
+  assert_true(gr.n_tokens >= 10 && gr.n_tokens < 100000);
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
+  assert_int_equal(st.seen, 5 + gr.n_tokens);
+  bool any = true;
+  assert_int_equal(sk_client_cancel(c, o.session, &any, &e), 0);
+  assert_false(any);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  free(col->text);
+  free(col);
+  sk_client_free(c);
+}
+
+/* ---- bad input on a raw connection ---- */
+
+static int raw_connect(void) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", g_socket);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  struct timeval tv = {.tv_sec = 10};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+  const char *b = p;
+  while (n) {
+    ssize_t w = write(fd, b, n);
+    assert_true(w > 0);
+    b += w;
+    n -= (size_t)w;
+  }
+}
+
+static void read_all(int fd, void *p, size_t n) {
+  char *b = p;
+  while (n) {
+    ssize_t r = read(fd, b, n);
+    if (r <= 0) fail_msg("read: connection closed or timed out");
+    b += r;
+    n -= (size_t)r;
+  }
+}
+
+/* Reads one reply; returns its error code name ("" if ok) in code. */
+static void read_reply(int fd, uint64_t *ret_id, char *code, size_t code_size) {
+  uint8_t hdr[4];
+  read_all(fd, hdr, 4);
+  uint32_t n = sk_frame_header_get(hdr);
+  assert_true(n > 0 && n < (1u << 20));
+  uint8_t *body = malloc(n);
+  read_all(fd, body, n);
+  struct sk_msg m;
+  struct sk_error e;
+  assert_int_equal(sk_msg_parse(body, n, &m, &e), 0);
+  uint64_t id = 0;
+  assert_int_equal(sk_msg_need_u64(&m.root, "id", UINT64_MAX, &id, &e), 0);
+  *ret_id = id;
+  code[0] = 0;
+  const msgpack_object *err = sk_msg_get(&m.root, "error");
+  if (err) {
+    const char *s = NULL;
+    size_t len = 0;
+    assert_int_equal(sk_msg_need_str(err, "code", &s, &len, &e), 0);
+    snprintf(code, code_size, "%.*s", (int)len, s);
+  }
+  sk_msg_free(&m);
+  free(body);
+}
+
+static void send_frame(int fd, const void *body, uint32_t n) {
+  uint8_t hdr[4];
+  sk_frame_header_put(hdr, n);
+  write_all(fd, hdr, 4);
+  if (n) write_all(fd, body, n);
+}
+
+static void expect(int fd, const void *body, uint32_t n, uint64_t want_id, const char *want_code) {
+  send_frame(fd, body, n);
+  uint64_t id;
+  char code[64];
+  read_reply(fd, &id, code, sizeof code);
+  assert_int_equal(id, want_id);
+  assert_string_equal(code, want_code);
+}
+
+static void test_bad_frames(void **state) {
+  (void)state;
+  int fd = raw_connect();
+  static const uint8_t ping[] = {0x82, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
+  expect(fd, ping, sizeof ping, 7, "");
+  /* Unknown op. */
+  static const uint8_t nope[] = {0x82, 0xa2, 'i', 'd', 0x08, 0xa2, 'o', 'p', 0xa4, 'n', 'o', 'p', 'e'};
+  expect(fd, nope, sizeof nope, 8, "unknown_op");
+  /* Not msgpack / truncated / not a map / empty. */
+  static const uint8_t junk[] = {0xc1, 0x00};
+  expect(fd, junk, sizeof junk, 0, "bad_request");
+  expect(fd, ping, sizeof ping - 3, 0, "bad_request");
+  static const uint8_t arr[] = {0x91, 0x01};
+  expect(fd, arr, sizeof arr, 0, "bad_request");
+  expect(fd, NULL, 0, 0, "bad_request");
+  /* array32 of 2^32-1 elements in 5 bytes. */
+  static const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
+  expect(fd, huge, sizeof huge, 0, "bad_request");
+  /* Missing id, mistyped id, missing op. */
+  static const uint8_t noid[] = {0x81, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
+  expect(fd, noid, sizeof noid, 0, "bad_request");
+  static const uint8_t strid[] = {0x82, 0xa2, 'i', 'd', 0xa1, 'x', 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
+  expect(fd, strid, sizeof strid, 0, "bad_request");
+  static const uint8_t noop[] = {0x81, 0xa2, 'i', 'd', 0x09};
+  expect(fd, noop, sizeof noop, 9, "bad_request");
+  /* open with a mistyped field; append to a session that does not exist. */
+  static const uint8_t badopen[] = {0x83, 0xa2, 'i', 'd', 0x0a, 0xa2, 'o', 'p', 0xa4, 'o', 'p', 'e', 'n',
+                                    0xa6, 'w', 'i', 'n', 'd', 'o', 'w', 0xa2, 'n', 'o'};
+  expect(fd, badopen, sizeof badopen, 10, "bad_request");
+  static const uint8_t nosess[] = {0x84, 0xa2, 'i', 'd', 0x0b, 0xa2, 'o', 'p', 0xa6, 'a', 'p', 'p', 'e', 'n', 'd',
+                                   0xa7, 's', 'e', 's', 's', 'i', 'o', 'n', 0xcd, 0x27, 0x0f,
+                                   0xa4, 't', 'e', 'x', 't', 0xa1, 'x'};
+  expect(fd, nosess, sizeof nosess, 11, "no_such_session");
+  /* An oversized frame: refused from its header, body skipped, stream in
+   * sync. */
+  uint32_t big = (1u << 20) + 1;
+  uint8_t *body = calloc(1, big);
+  expect(fd, body, big, 0, "too_large");
+  free(body);
+  /* A frame split into single bytes. */
+  uint8_t hdr[4];
+  sk_frame_header_put(hdr, sizeof ping);
+  for (int i = 0; i < 4; i++) write_all(fd, hdr + i, 1);
+  for (size_t i = 0; i < sizeof ping; i++) {
+    write_all(fd, ping + i, 1);
+    usleep(1000);
+  }
+  uint64_t id;
+  char code[64];
+  read_reply(fd, &id, code, sizeof code);
+  assert_int_equal(id, 7);
+  assert_string_equal(code, "");
+  close(fd);
+  /* The daemon still serves everyone. */
+  struct sk_client *c = connect_or_fail();
+  assert_int_equal(sk_client_ping(c, NULL), 0);
+  sk_client_free(c);
+}
+
+/* Pipelining: two requests sent before reading; replies carry their ids. */
+static void test_pipelining(void **state) {
+  (void)state;
+  int fd = raw_connect();
+  static const uint8_t a[] = {0x82, 0xa2, 'i', 'd', 0x15, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
+  static const uint8_t b[] = {0x82, 0xa2, 'i', 'd', 0x16, 0xa2, 'o', 'p', 0xa5, 'h', 'e', 'l', 'l', 'o'};
+  send_frame(fd, a, sizeof a);
+  send_frame(fd, b, sizeof b);
+  uint64_t id;
+  char code[64];
+  read_reply(fd, &id, code, sizeof code);
+  assert_int_equal(id, 0x15);
+  read_reply(fd, &id, code, sizeof code);
+  assert_int_equal(id, 0x16);
+  assert_string_equal(code, "");
+  close(fd);
+}
+
+/* ---- sinkctl ---- */
+
+static char *run_capture(const char *cmd, int *ret_status) {
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap);
+  size_t r;
+  while ((r = fread(out + len, 1, cap - len - 1, f)) > 0) {
+    len += r;
+    if (len + 1 >= cap) out = realloc(out, cap *= 2);
+  }
+  out[len] = 0;
+  int st = pclose(f);
+  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+static void test_sinkctl(void **state) {
+  (void)state;
+  const char *sinkctl = getenv("SK_SINKCTL");
+  if (!sinkctl) sinkctl = "./client/sinkctl";
+  json_t *ref = sk_test_load_reference("greedy.json");
+  json_t *p = json_array_get(json_object_get(ref, "prompts"), 0);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s generate --temperature 0 --max-tokens 64 'Once upon a time'", sinkctl,
+           g_socket);
+  int status = -1;
+  char *out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  char want[4096];
+  snprintf(want, sizeof want, "Once upon a time%s\n",
+           json_string_value(json_object_get(p, "generated_text")));
+  assert_string_equal(out, want);
+  free(out);
+
+  snprintf(cmd, sizeof cmd, "%s --socket %s tokenize 'Once upon a time'", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_string_equal(out, "1 403 407 261 378\n");
+  free(out);
+
+  snprintf(cmd, sizeof cmd, "%s --socket %s detokenize 403 407 261 378", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_string_equal(out, "Once upon a time\n");
+  free(out);
+
+  /* Exit codes scripts rely on: daemon error 1, usage 2, no daemon 3. */
+  snprintf(cmd, sizeof cmd, "%s --socket %s close 999999 2>/dev/null", sinkctl, g_socket);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 1);
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-p 1.5 x 2>/dev/null", sinkctl, g_socket);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  snprintf(cmd, sizeof cmd, "%s --socket %s/nope.sock ping 2>/dev/null", sinkctl, g_dir);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 3);
+  json_decref(ref);
+}
+
+/* Last: SIGTERM shuts down cleanly and removes the socket file. */
+static void test_sigterm(void **state) {
+  (void)state;
+  struct stat st;
+  assert_int_equal(stat(g_socket, &st), 0);
+  kill(g_pid, SIGTERM);
+  int status = 0;
+  double t0 = now_s();
+  pid_t r;
+  while ((r = waitpid(g_pid, &status, WNOHANG)) == 0 && now_s() - t0 < 10) usleep(10000);
+  assert_int_equal(r, g_pid);
+  g_pid = 0;
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(stat(g_socket, &st), -1);
+  assert_int_equal(errno, ENOENT);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hello_ping),
+      cmocka_unit_test(test_tokenize),
+      cmocka_unit_test(test_greedy_dense_and_streaming),
+      cmocka_unit_test(test_generate_with_text_prompt),
+      cmocka_unit_test(test_dense_context_full),
+      cmocka_unit_test(test_streaming_5000_tokens),
+      cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_bad_frames),
+      cmocka_unit_test(test_pipelining),
+      cmocka_unit_test(test_sinkctl),
+      cmocka_unit_test(test_sigterm),
+  };
+  return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what sinkd needs to build and test (Debian 12 packages).
+set -euo pipefail
+pkgs=(build-essential pkg-config meson ninja-build
+      libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
+      libcmocka-dev libinih-dev libjansson-dev scdoc)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "installing: ${missing[*]}" >&2
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
