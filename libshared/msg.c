@@ -445,16 +445,14 @@ void sk_pack_kv_bool(msgpack_packer *pk, const char *key, bool val) {
     msgpack_pack_false(pk);
 }
 
-/* Initialises *b itself (do not call sk_msgbuf_init first). On success b
- * holds the finished frame, b->sbuf.data[0..b->sbuf.size), which the
- * caller frees with sk_msgbuf_free (or takes with sk_msgbuf_release); on
- * failure b owns nothing. A code of 0 is sent as "internal". */
+/* b comes from sk_msgbuf_init with nothing packed yet. On success it holds
+ * the finished frame, b->sbuf.data[0..b->sbuf.size) (finishing again is
+ * harmless); either way the caller frees b with sk_msgbuf_free (or takes
+ * the bytes with sk_msgbuf_release). A code of 0 is sent as "internal". */
 int sk_msg_pack_error(struct sk_msgbuf *b, uint64_t id,
                       const struct sk_error *e) {
   int code = e && e->code ? e->code : SK_ERR_INTERNAL;
   const char *message = e && e->message[0] ? e->message : sk_strerror(code);
-  int irc = sk_msgbuf_init(b);
-  if (irc < 0) return irc;
   msgpack_packer *pk = &b->pk;
   msgpack_pack_map(pk, 3);
   sk_pack_kv_u64(pk, "id", id);
@@ -464,9 +462,5 @@ int sk_msg_pack_error(struct sk_msgbuf *b, uint64_t id,
   sk_pack_kv_str(pk, "code", sk_error_name(code));
   sk_pack_kv_str(pk, "message", message);
   int64_t rc = sk_msgbuf_finish(b);
-  if (rc < 0) {
-    sk_msgbuf_free(b);
-    return (int)rc;
-  }
-  return 0;
+  return rc < 0 ? (int)rc : 0;
 }

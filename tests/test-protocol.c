@@ -602,7 +602,9 @@ static void test_msg_pack_error(void **state) {
   struct sk_error in;
   sk_error_set(&in, SK_ERR_NO_SUCH_SESSION, "no session %d", 42);
   struct sk_msgbuf b;
+  assert_int_equal(sk_msgbuf_init(&b), 0);
   assert_int_equal(sk_msg_pack_error(&b, 9, &in), 0);
+  assert_int_equal(sk_msgbuf_finish(&b), (int64_t)b.sbuf.size); /* again */
   const uint8_t *frame = (const uint8_t *)b.sbuf.data;
   assert_int_equal(sk_frame_header_get(frame), b.sbuf.size - 4);
 
