@@ -1,2 +1,1076 @@
-/* placeholder: being written */
-typedef int sk__placeholder_t;
+/* libsinkd: blocking client for the sinkd protocol (sinkd-protocol(7)).
+ *
+ * One request at a time: each call builds a request frame with a fresh id,
+ * sends it, then reads frames until the final reply with that id. The only
+ * other frames allowed meanwhile are the token events of a running
+ * generate and the reply to the cancel sent on its behalf; anything else
+ * means client and daemon disagree about the conversation, so the
+ * connection is closed with -SK_ERR_PROTOCOL.
+ */
+#include "sinkd/client.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "msg.h"
+
+/* Bytes read from the socket per recv(). */
+#define SK__CLIENT_READ_CHUNK 65536u
+
+struct sk_client {
+  int fd;                        /* -1 once a transport error closed it */
+  uint64_t next_id;              /* id of the next request, from 1 */
+  unsigned int timeout_ms;       /* 0 = none */
+  struct sk_frame_reader reader; /* reply frames, up to the ceiling */
+  uint8_t rbuf[SK__CLIENT_READ_CHUNK];
+};
+
+/* ---- connection ------------------------------------------------------- */
+
+const char *sk_client_default_socket(void) {
+  static char path[PATH_MAX];
+  const char *env = getenv("SINKD_SOCKET");
+  if (env && *env) return env;
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg && *xdg) {
+    int n = snprintf(path, sizeof path, "%s/sinkd/sinkd.sock", xdg);
+    struct stat st;
+    if (n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0) return path;
+  }
+  return SK_CLIENT_DEFAULT_SOCKET;
+}
+
+int sk_client_connect(const char *path, struct sk_client **ret_client,
+                      struct sk_error *err) {
+  if (!path) path = sk_client_default_socket();
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  size_t plen = strlen(path);
+  if (plen == 0 || plen >= sizeof addr.sun_path)
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: the path must be 1 to %zu "
+                        "bytes long",
+                        path, sizeof addr.sun_path - 1);
+  memcpy(addr.sun_path, path, plen + 1);
+
+  struct sk_client *c = malloc(sizeof *c);
+  if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd < 0) {
+    int e = errno;
+    free(c);
+    return sk_error_set(err, SK_ERR_IO, "cannot create a socket: %s",
+                        strerror(e));
+  }
+  if (connect(c->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
+    int e = errno;
+    close(c->fd);
+    free(c);
+    switch (e) {
+    case ENOENT:
+    case ECONNREFUSED:
+      return sk_error_set(
+          err, SK_ERR_IO,
+          "cannot connect to %s: %s (is sinkd running? start it with "
+          "`sinkd --model FILE` or `systemctl start sinkd`)",
+          path, e == ENOENT ? "no such file" : "connection refused");
+    case EACCES:
+    case EPERM:
+      return sk_error_set(err, SK_ERR_IO,
+                          "cannot connect to %s: permission denied (join "
+                          "group 'sinkd': `sudo usermod -aG sinkd $USER`, "
+                          "then log in again)",
+                          path);
+    default:
+      return sk_error_set(err, SK_ERR_IO, "cannot connect to %s: %s", path,
+                          strerror(e));
+    }
+  }
+  c->next_id = 1;
+  c->timeout_ms = 0;
+  sk_frame_reader_init(&c->reader, SK_FRAME_MAX_CEILING);
+  *ret_client = c;
+  return 0;
+}
+
+void sk_client_free(struct sk_client *client) {
+  if (!client) return;
+  if (client->fd >= 0) close(client->fd);
+  sk_frame_reader_free(&client->reader);
+  free(client);
+}
+
+bool sk_client_connected(const struct sk_client *client) {
+  return client && client->fd >= 0;
+}
+
+/* A transport failure: the stream can no longer be trusted to be in step,
+ * so the connection is closed. Returns -code. */
+static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+                           const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+                           const char *fmt, ...) {
+  if (c->fd >= 0) {
+    close(c->fd);
+    c->fd = -1;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = sk_error_setv(err, code, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int sk_client_set_timeout(struct sk_client *client, unsigned int ms,
+                          struct sk_error *err) {
+  if (client->fd < 0)
+    return sk_error_set(err, SK_ERR_DISCONNECTED, "not connected");
+  struct timeval tv = {.tv_sec = ms / 1000,
+                       .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+  if (setsockopt(client->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+      setsockopt(client->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+    return sk_error_set(err, SK_ERR_IO, "cannot set the socket timeout: %s",
+                        strerror(errno));
+  client->timeout_ms = ms;
+  return 0;
+}
+
+static int sk__client_check(struct sk_client *c, struct sk_error *err) {
+  if (!c)
+    return sk_error_set(err, SK_ERR_DISCONNECTED, "no client");
+  if (c->fd < 0)
+    return sk_error_set(err, SK_ERR_DISCONNECTED,
+                        "not connected (an earlier error closed the "
+                        "connection)");
+  return 0;
+}
+
+/* ---- frames ----------------------------------------------------------- */
+
+/* Starts a request frame: a map of 2 + n_fields entries with id and op.
+ * Returns the id in *ret_id. */
+static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
+                            const char *op, uint32_t n_fields,
+                            uint64_t *ret_id, struct sk_error *err) {
+  if (sk_msgbuf_init(b) < 0)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  uint64_t id = c->next_id++;
+  msgpack_pack_map(&b->pk, 2 + n_fields);
+  sk_pack_kv_u64(&b->pk, "id", id);
+  sk_pack_kv_str(&b->pk, "op", op);
+  *ret_id = id;
+  return 0;
+}
+
+/* Finishes and sends a request frame; frees b either way. */
+static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
+                           struct sk_error *err) {
+  int64_t size = sk_msgbuf_finish(b);
+  if (size < 0) {
+    sk_msgbuf_free(b);
+    return sk_error_set(err, (int)-size,
+                        size == -SK_ERR_TOO_LARGE
+                            ? "request too large for one frame"
+                            : "out of memory building the request");
+  }
+  const char *p = b->sbuf.data;
+  size_t left = (size_t)size;
+  while (left > 0) {
+    ssize_t n = send(c->fd, p, left, MSG_NOSIGNAL);
+    if (n < 0) {
+      int e = errno;
+      if (e == EINTR) continue;
+      sk_msgbuf_free(b);
+      if (e == EPIPE || e == ECONNRESET)
+        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+                               "the daemon closed the connection");
+      if (e == EAGAIN || e == EWOULDBLOCK)
+        return sk__client_fail(c, err, SK_ERR_IO,
+                               "timed out sending to the daemon (%u ms)",
+                               c->timeout_ms);
+      return sk__client_fail(c, err, SK_ERR_IO,
+                             "cannot send to the daemon: %s", strerror(e));
+    }
+    p += n;
+    left -= (size_t)n;
+  }
+  sk_msgbuf_free(b);
+  return 0;
+}
+
+/* Reads the next frame from the daemon into *msg (which the caller frees
+ * with sk_msg_free) and its id into *ret_id. Everything that goes wrong
+ * here is a transport failure. */
+static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
+                           uint64_t *ret_id, struct sk_error *err) {
+  for (;;) {
+    const uint8_t *body;
+    size_t len;
+    int rc = sk_frame_reader_next(&c->reader, &body, &len);
+    if (rc == -SK_ERR_TOO_LARGE)
+      return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                             "the daemon sent a frame of %zu bytes (limit "
+                             "%u)",
+                             len, (unsigned)SK_FRAME_MAX_CEILING);
+    if (rc == 1) {
+      struct sk_error perr;
+      rc = sk_msg_parse(body, len, msg, &perr);
+      if (rc == -SK_ERR_NO_MEMORY)
+        return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+                               "out of memory reading a reply");
+      if (rc < 0)
+        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                               "invalid reply from the daemon: %s",
+                               perr.message);
+      rc = sk_msg_need_u64(&msg->root, "id", UINT64_MAX, ret_id, &perr);
+      if (rc < 0) {
+        sk_msg_free(msg);
+        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                               "invalid reply from the daemon: %s",
+                               perr.message);
+      }
+      return 0;
+    }
+
+    ssize_t n = recv(c->fd, c->rbuf, sizeof c->rbuf, 0);
+    if (n == 0)
+      return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+                             "the daemon closed the connection");
+    if (n < 0) {
+      int e = errno;
+      if (e == EINTR) continue;
+      if (e == EAGAIN || e == EWOULDBLOCK)
+        return sk__client_fail(c, err, SK_ERR_IO,
+                               "timed out waiting for the daemon (%u ms)",
+                               c->timeout_ms);
+      if (e == ECONNRESET)
+        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+                               "the daemon closed the connection");
+      return sk__client_fail(c, err, SK_ERR_IO,
+                             "cannot read from the daemon: %s", strerror(e));
+    }
+    if (sk_frame_reader_feed(&c->reader, c->rbuf, (size_t)n) < 0)
+      return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+                             "out of memory reading a reply");
+  }
+}
+
+/* A reply that breaks the protocol (wrong type of a field, ...). */
+static int sk__client_bad_reply(struct sk_client *c, struct sk_error *err,
+                                const char *what) {
+  return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                         "invalid reply from the daemon: %s", what);
+}
+
+/* Looks at "ok" of a final reply: 0 if true; the daemon's error (code
+ * mapped, message kept) if false. The connection stays usable after an
+ * error reply. */
+static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
+                             struct sk_error *err) {
+  struct sk_error perr;
+  bool ok = false;
+  int rc = sk_msg_get_bool(&msg->root, "ok", &ok, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 0) return sk__client_bad_reply(c, err, "missing field 'ok'");
+  if (ok) return 0;
+
+  const msgpack_object *eo = sk_msg_get(&msg->root, "error");
+  const char *code = NULL, *text = NULL;
+  size_t code_len = 0, text_len = 0;
+  if (eo && eo->type == MSGPACK_OBJECT_MAP) {
+    if (sk_msg_get_str(eo, "code", &code, &code_len, &perr) != 1) code = NULL;
+    if (sk_msg_get_str(eo, "message", &text, &text_len, &perr) != 1)
+      text = NULL;
+  }
+  int ecode = code ? sk_error_from_name(code, code_len) : SK_ERR_INTERNAL;
+  if (!text) return sk_error_set(err, ecode, "%s", sk_strerror(ecode));
+  if (text_len > SK_ERROR_MESSAGE_MAX) text_len = SK_ERROR_MESSAGE_MAX;
+  return sk_error_set(err, ecode, "%.*s", (int)text_len, text);
+}
+
+/* Sends the request in b (freed) and reads its final reply into *reply,
+ * which the caller frees with sk_msg_free on success. An error reply is
+ * returned as its code (reply already freed). A reply with id 0 and ok
+ * false is the daemon refusing a frame it could not read (for example one
+ * above its frame limit): it answers this request. */
+static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
+                           uint64_t id, struct sk_msg *reply,
+                           struct sk_error *err) {
+  int rc = sk__client_send(c, b, err);
+  if (rc < 0) return rc;
+  uint64_t got;
+  rc = sk__client_recv(c, reply, &got, err);
+  if (rc < 0) return rc;
+  if (got != id && got != 0) {
+    sk_msg_free(reply);
+    return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                           "reply with id %" PRIu64 " while waiting for %" PRIu64,
+                           got, id);
+  }
+  rc = sk__client_status(c, reply, err);
+  if (rc == 0 && got == 0) {
+    rc = sk__client_fail(c, err, SK_ERR_PROTOCOL,
+                         "reply with id 0 while waiting for %" PRIu64, id);
+  }
+  if (rc < 0) sk_msg_free(reply);
+  return rc;
+}
+
+/* ---- reply fields ----------------------------------------------------- */
+
+/* An unsigned field of a reply: absent leaves *ret as is; a wrong type is
+ * a protocol error. */
+static int sk__reply_u64(struct sk_client *c, const msgpack_object *map,
+                         const char *key, uint64_t *ret,
+                         struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_u64(map, key, UINT64_MAX, ret, &perr);
+  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
+}
+
+static int sk__reply_u32(struct sk_client *c, const msgpack_object *map,
+                         const char *key, uint32_t *ret,
+                         struct sk_error *err) {
+  struct sk_error perr;
+  uint64_t v;
+  int rc = sk_msg_get_u64(map, key, UINT32_MAX, &v, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 1) *ret = (uint32_t)v;
+  return 0;
+}
+
+/* A string field copied into dst[size] (truncated, NUL-terminated). */
+static int sk__reply_name(struct sk_client *c, const msgpack_object *map,
+                          const char *key, char *dst, size_t size,
+                          struct sk_error *err) {
+  struct sk_error perr;
+  const char *s;
+  size_t len;
+  int rc = sk_msg_get_str(map, key, &s, &len, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 1) {
+    if (len >= size) len = size - 1;
+    memcpy(dst, s, len);
+    dst[len] = 0;
+  }
+  return 0;
+}
+
+/* An optional map field: NULL if absent; a protocol error if not a map. */
+static int sk__reply_map(struct sk_client *c, const msgpack_object *map,
+                         const char *key, const msgpack_object **ret,
+                         struct sk_error *err) {
+  const msgpack_object *o = sk_msg_get(map, key);
+  if (o && o->type != MSGPACK_OBJECT_MAP) {
+    char what[96];
+    snprintf(what, sizeof what, "field '%s' must be a map", key);
+    return sk__client_bad_reply(c, err, what);
+  }
+  *ret = o;
+  return 0;
+}
+
+/* An integer object that must fit an int32 (token ids). */
+static bool sk__obj_i32(const msgpack_object *o, int32_t *ret) {
+  if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX) {
+    *ret = (int32_t)o->via.u64;
+    return true;
+  }
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
+    *ret = (int32_t)o->via.i64;
+    return true;
+  }
+  return false;
+}
+
+static bool sk__obj_u64(const msgpack_object *o, uint64_t *ret) {
+  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
+  *ret = o->via.u64;
+  return true;
+}
+
+/* [first, last] as an array of two unsigned integers. */
+static bool sk__obj_range(const msgpack_object *o, struct sk_range *ret) {
+  return o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
+         sk__obj_u64(&o->via.array.ptr[0], &ret->first) &&
+         sk__obj_u64(&o->via.array.ptr[1], &ret->last);
+}
+
+/* evicted_ranges: up to SK_CLIENT_MAX_RANGES ranges (extra ones, which
+ * the protocol does not allow, are ignored). */
+static int sk__reply_ranges(struct sk_client *c, const msgpack_object *map,
+                            struct sk_range *ranges, size_t *ret_n,
+                            struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  *ret_n = 0;
+  int rc = sk_msg_get_array(map, "evicted_ranges", &a, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 0) return 0;
+  size_t n = a->size < SK_CLIENT_MAX_RANGES ? a->size : SK_CLIENT_MAX_RANGES;
+  for (size_t i = 0; i < n; i++)
+    if (!sk__obj_range(&a->ptr[i], &ranges[i]))
+      return sk__client_bad_reply(
+          c, err, "field 'evicted_ranges' must hold [first, last] pairs");
+  *ret_n = n;
+  return 0;
+}
+
+/* ---- simple ops ------------------------------------------------------- */
+
+/* A request with only id and op, reply into *reply. */
+static int sk__client_simple(struct sk_client *c, const char *op,
+                             struct sk_msg *reply, struct sk_error *err) {
+  int rc = sk__client_check(c, err);
+  if (rc < 0) return rc;
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(c, &b, op, 0, &id, err)) < 0) return rc;
+  return sk__client_call(c, &b, id, reply, err);
+}
+
+/* A request with id, op and session. */
+static int sk__client_on_session(struct sk_client *c, const char *op,
+                                 uint64_t session, struct sk_msg *reply,
+                                 struct sk_error *err) {
+  int rc = sk__client_check(c, err);
+  if (rc < 0) return rc;
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(c, &b, op, 1, &id, err)) < 0) return rc;
+  sk_pack_kv_u64(&b.pk, "session", session);
+  return sk__client_call(c, &b, id, reply, err);
+}
+
+int sk_client_ping(struct sk_client *client, struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_simple(client, "ping", &reply, err);
+  if (rc < 0) return rc;
+  sk_msg_free(&reply);
+  return 0;
+}
+
+int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
+                    struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_simple(client, "hello", &reply, err);
+  if (rc < 0) return rc;
+  struct sk_hello h;
+  memset(&h, 0, sizeof h);
+  const msgpack_object *r = &reply.root, *model = NULL, *defs = NULL;
+  if ((rc = sk__reply_u32(client, r, "protocol", &h.protocol, err)) < 0 ||
+      (rc = sk__reply_name(client, r, "server", h.server, sizeof h.server,
+                           err)) < 0 ||
+      (rc = sk__reply_name(client, r, "version", h.version, sizeof h.version,
+                           err)) < 0 ||
+      (rc = sk__reply_map(client, r, "model", &model, err)) < 0 ||
+      (rc = sk__reply_map(client, r, "defaults", &defs, err)) < 0)
+    goto out;
+  if (model) {
+    struct sk_model_info *m = &h.model;
+    if ((rc = sk__reply_name(client, model, "name", m->name, sizeof m->name,
+                             err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "n_vocab", &m->n_vocab, err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "n_ctx_train", &m->n_ctx_train,
+                            err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "n_layer", &m->n_layer, err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "dim", &m->dim, err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "n_head", &m->n_head, err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "n_kv_head", &m->n_kv_head, err)) <
+            0)
+      goto out;
+  }
+  if (defs) {
+    struct sk_session_defaults *d = &h.defaults;
+    if ((rc = sk__reply_name(client, defs, "policy", d->policy,
+                             sizeof d->policy, err)) < 0 ||
+        (rc = sk__reply_u32(client, defs, "n_sink", &d->n_sink, err)) < 0 ||
+        (rc = sk__reply_u32(client, defs, "window", &d->window, err)) < 0 ||
+        (rc = sk__reply_u32(client, defs, "capacity", &d->capacity, err)) < 0)
+      goto out;
+  }
+  *ret = h;
+out:
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
+                    struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_simple(client, "stats", &reply, err);
+  if (rc < 0) return rc;
+  struct sk_daemon_stats s;
+  memset(&s, 0, sizeof s);
+  const msgpack_object *r = &reply.root;
+  if ((rc = sk__reply_u64(client, r, "sessions", &s.sessions, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "clients", &s.clients, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "uptime_s", &s.uptime_s, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "tokens_prefilled", &s.tokens_prefilled,
+                          err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "tokens_generated", &s.tokens_generated,
+                          err)) == 0)
+    *ret = s;
+  sk_msg_free(&reply);
+  return rc;
+}
+
+/* ---- sessions --------------------------------------------------------- */
+
+int sk_client_open(struct sk_client *client,
+                   const struct sk_open_params *params,
+                   struct sk_open_result *ret, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  struct sk_open_params none = {0};
+  const struct sk_open_params *p = params ? params : &none;
+  uint32_t n = (p->policy != NULL) + (p->n_sink != 0) + (p->window != 0) +
+               (p->capacity != 0);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
+  if (p->policy) sk_pack_kv_str(&b.pk, "policy", p->policy);
+  if (p->n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
+  if (p->window) sk_pack_kv_u64(&b.pk, "window", p->window);
+  if (p->capacity) sk_pack_kv_u64(&b.pk, "capacity", p->capacity);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+
+  struct sk_open_result o;
+  memset(&o, 0, sizeof o);
+  struct sk_error perr;
+  const msgpack_object *r = &reply.root;
+  rc = sk_msg_need_u64(r, "session", UINT64_MAX, &o.session, &perr);
+  if (rc < 0) rc = sk__client_bad_reply(client, err, perr.message);
+  if (rc == 0 &&
+      (rc = sk__reply_name(client, r, "policy", o.policy, sizeof o.policy,
+                           err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "capacity", &o.capacity, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "kv_bytes", &o.kv_bytes, err)) == 0 &&
+      ret)
+    *ret = o;
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_close(struct sk_client *client, uint64_t session,
+                    struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_on_session(client, "close", session, &reply, err);
+  if (rc < 0) return rc;
+  sk_msg_free(&reply);
+  return 0;
+}
+
+int sk_client_list(struct sk_client *client,
+                   struct sk_session_info **ret_sessions, size_t *ret_n,
+                   struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_simple(client, "list", &reply, err);
+  if (rc < 0) return rc;
+  struct sk_error perr;
+  const msgpack_object_array *a = NULL;
+  struct sk_session_info *rows = NULL;
+  rc = sk_msg_get_array(&reply.root, "sessions", &a, &perr);
+  if (rc < 0) {
+    rc = sk__client_bad_reply(client, err, perr.message);
+    goto out;
+  }
+  rc = 0;
+  size_t n = a ? a->size : 0;
+  /* n <= the frame's length (checked by sk_msg_check), so bounded. */
+  if (n > 0) {
+    rows = calloc(n, sizeof *rows);
+    if (!rows) {
+      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+      goto out;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    struct sk_session_info *s = &rows[i];
+    if (o->type != MSGPACK_OBJECT_MAP) {
+      rc = sk__client_bad_reply(client, err,
+                                "field 'sessions' must hold maps");
+      goto out;
+    }
+    if ((rc = sk__reply_u64(client, o, "session", &s->session, err)) < 0 ||
+        (rc = sk__reply_name(client, o, "policy", s->policy,
+                             sizeof s->policy, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "capacity", &s->capacity, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "resident", &s->resident, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0)
+      goto out;
+  }
+  *ret_sessions = rows;
+  *ret_n = n;
+  rows = NULL;
+out:
+  free(rows);
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_session_stats(struct sk_client *client, uint64_t session,
+                            struct sk_session_stats *ret,
+                            struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_on_session(client, "stats", session, &reply, err);
+  if (rc < 0) return rc;
+  struct sk_session_stats s;
+  memset(&s, 0, sizeof s);
+  const msgpack_object *r = &reply.root;
+  if ((rc = sk__reply_u64(client, r, "session", &s.session, err)) < 0 ||
+      (rc = sk__reply_name(client, r, "policy", s.policy, sizeof s.policy,
+                           err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "n_sink", &s.n_sink, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "window", &s.window, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "capacity", &s.capacity, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "resident", &s.resident, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "seen", &s.seen, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "evicted", &s.evicted, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "kv_bytes", &s.kv_bytes, err)) < 0)
+    goto out;
+  struct sk_error perr;
+  const msgpack_object_array *pos;
+  rc = sk_msg_get_array(r, "positions", &pos, &perr);
+  if (rc < 0) {
+    rc = sk__client_bad_reply(client, err, perr.message);
+    goto out;
+  }
+  if (rc == 1 && pos->size > 0) {
+    if (pos->size != 2 || !sk__obj_u64(&pos->ptr[0], &s.position_first) ||
+        !sk__obj_u64(&pos->ptr[1], &s.position_last)) {
+      rc = sk__client_bad_reply(client, err,
+                                "field 'positions' must be [first, last] "
+                                "or empty");
+      goto out;
+    }
+    s.has_positions = true;
+  }
+  rc = 0;
+  *ret = s;
+out:
+  sk_msg_free(&reply);
+  return rc;
+}
+
+/* ---- append ----------------------------------------------------------- */
+
+static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
+                                   struct sk_append_result *ret,
+                                   struct sk_error *err) {
+  struct sk_append_result a;
+  memset(&a, 0, sizeof a);
+  const msgpack_object *r = &reply->root;
+  int rc;
+  if ((rc = sk__reply_u64(c, r, "n_tokens", &a.n_tokens, err)) == 0 &&
+      (rc = sk__reply_u64(c, r, "resident", &a.resident, err)) == 0 &&
+      (rc = sk__reply_u64(c, r, "seen", &a.seen, err)) == 0 &&
+      (rc = sk__reply_u64(c, r, "evicted", &a.evicted, err)) == 0 &&
+      (rc = sk__reply_ranges(c, r, a.ranges, &a.n_ranges, err)) == 0 && ret)
+    *ret = a;
+  sk_msg_free(reply);
+  return rc;
+}
+
+static void sk__pack_bos(msgpack_packer *pk, enum sk_bos bos) {
+  if (bos != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", bos == SK_BOS_TRUE);
+}
+
+static void sk__pack_tokens(msgpack_packer *pk, const int32_t *tokens,
+                            size_t n) {
+  sk_pack_cstr(pk, "tokens");
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++) msgpack_pack_int32(pk, tokens[i]);
+}
+
+static int sk__client_check_bos(enum sk_bos bos, struct sk_error *err) {
+  if (bos != SK_BOS_DEFAULT && bos != SK_BOS_TRUE && bos != SK_BOS_FALSE)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "invalid bos value %d",
+                        (int)bos);
+  return 0;
+}
+
+int sk_client_append_text(struct sk_client *client, uint64_t session,
+                          const char *text, size_t len, enum sk_bos bos,
+                          struct sk_append_result *ret, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if (!text && len > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
+  if (len > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "append",
+                             2 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+    return rc;
+  sk_pack_kv_u64(&b.pk, "session", session);
+  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
+  sk__pack_bos(&b.pk, bos);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+  return sk__client_append_reply(client, &reply, ret, err);
+}
+
+int sk_client_append_tokens(struct sk_client *client, uint64_t session,
+                            const int32_t *tokens, size_t n, enum sk_bos bos,
+                            struct sk_append_result *ret,
+                            struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if (!tokens && n > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "tokens is NULL");
+  if (n > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "append",
+                             2 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+    return rc;
+  sk_pack_kv_u64(&b.pk, "session", session);
+  sk__pack_tokens(&b.pk, tokens, n);
+  sk__pack_bos(&b.pk, bos);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+  return sk__client_append_reply(client, &reply, ret, err);
+}
+
+/* ---- generate --------------------------------------------------------- */
+
+void sk_generate_params_init(struct sk_generate_params *p) {
+  memset(p, 0, sizeof *p);
+  p->max_tokens = 128;
+  p->temperature = 0.8;
+  p->top_k = 40;
+  p->top_p = 0.95;
+}
+
+/* Calls cb with one token event frame. Returns the callback's answer
+ * (0 = go on) or a negative code for a malformed event. */
+static int sk__client_token_event(struct sk_client *c,
+                                  const msgpack_object *ev, uint64_t session,
+                                  sk_token_cb cb, void *user,
+                                  int *ret_stop, struct sk_error *err) {
+  struct sk_top_pair top[SK_CLIENT_MAX_TOP];
+  struct sk_token_event te;
+  memset(&te, 0, sizeof te);
+  te.session = session;
+  const msgpack_object *tok = sk_msg_get(ev, "token");
+  if (!tok || !sk__obj_i32(tok, &te.token))
+    return sk__client_bad_reply(c, err,
+                                "token event without an integer 'token'");
+  struct sk_error perr;
+  int rc = sk_msg_get_str(ev, "text", &te.text, &te.text_len, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 0) te.text = "";
+  const msgpack_object_array *a;
+  rc = sk_msg_get_array(ev, "top", &a, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 1) {
+    size_t n = a->size < SK_CLIENT_MAX_TOP ? a->size : SK_CLIENT_MAX_TOP;
+    for (size_t i = 0; i < n; i++) {
+      const msgpack_object *pair = &a->ptr[i];
+      const msgpack_object *lo;
+      if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2 ||
+          !sk__obj_i32(&pair->via.array.ptr[0], &top[i].token))
+        return sk__client_bad_reply(c, err,
+                                    "field 'top' must hold [token, logit] "
+                                    "pairs");
+      lo = &pair->via.array.ptr[1];
+      if (lo->type == MSGPACK_OBJECT_FLOAT32 ||
+          lo->type == MSGPACK_OBJECT_FLOAT64)
+        top[i].logit = lo->via.f64;
+      else if (lo->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        top[i].logit = (double)lo->via.u64;
+      else if (lo->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        top[i].logit = (double)lo->via.i64;
+      else
+        return sk__client_bad_reply(c, err,
+                                    "field 'top' must hold [token, logit] "
+                                    "pairs");
+    }
+    te.top = top;
+    te.n_top = n;
+  }
+  *ret_stop = cb ? cb(user, &te) : 0;
+  return 0;
+}
+
+static int sk__client_generate_result(struct sk_client *c,
+                                      const msgpack_object *r,
+                                      struct sk_generate_result *g,
+                                      struct sk_error *err) {
+  int rc;
+  const msgpack_object *usage = NULL;
+  memset(g, 0, sizeof *g);
+  if ((rc = sk__reply_name(c, r, "stop", g->stop, sizeof g->stop, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "n_tokens", &g->n_tokens, err)) < 0 ||
+      (rc = sk__reply_map(c, r, "usage", &usage, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "evicted", &g->evicted, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "resident", &g->resident, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "seen", &g->seen, err)) < 0 ||
+      (rc = sk__reply_ranges(c, r, g->ranges, &g->n_ranges, err)) < 0)
+    return rc;
+  if (usage &&
+      ((rc = sk__reply_u64(c, usage, "prompt_tokens", &g->prompt_tokens,
+                           err)) < 0 ||
+       (rc = sk__reply_u64(c, usage, "completion_tokens",
+                           &g->completion_tokens, err)) < 0))
+    return rc;
+  return 0;
+}
+
+int sk_client_generate(struct sk_client *client, uint64_t session,
+                       const struct sk_generate_params *params,
+                       sk_token_cb cb, void *user,
+                       struct sk_generate_result *ret, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  struct sk_generate_params defaults;
+  sk_generate_params_init(&defaults);
+  const struct sk_generate_params *p = params ? params : &defaults;
+  if (p->n_stop > 0 && !p->stop)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "stop is NULL");
+  for (size_t i = 0; i < p->n_stop; i++)
+    if (!p->stop[i])
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "stop[%zu] is NULL", i);
+  if (p->n_stop > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu stop strings", p->n_stop);
+  size_t prompt_len = 0;
+  if (p->prompt) prompt_len = p->prompt_len ? p->prompt_len : strlen(p->prompt);
+  bool has_prompt = p->prompt && prompt_len > 0;
+
+  /* The sampling fields are always sent (sk_generate_params_init holds
+   * the protocol's defaults); the optional ones only when set. */
+  uint32_t n = 6 + p->has_seed + (p->n_stop > 0) + has_prompt + (p->n_top > 0);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "generate", n, &id, err)) < 0)
+    return rc;
+  msgpack_packer *pk = &b.pk;
+  sk_pack_kv_u64(pk, "session", session);
+  sk_pack_kv_u64(pk, "max_tokens", p->max_tokens);
+  sk_pack_kv_f64(pk, "temperature", p->temperature);
+  sk_pack_kv_u64(pk, "top_k", p->top_k);
+  sk_pack_kv_f64(pk, "top_p", p->top_p);
+  sk_pack_kv_bool(pk, "ignore_eos", p->ignore_eos);
+  if (p->has_seed) sk_pack_kv_u64(pk, "seed", p->seed);
+  if (p->n_stop > 0) {
+    sk_pack_cstr(pk, "stop");
+    msgpack_pack_array(pk, p->n_stop);
+    for (size_t i = 0; i < p->n_stop; i++) sk_pack_cstr(pk, p->stop[i]);
+  }
+  if (has_prompt) sk_pack_kv_strn(pk, "prompt", p->prompt, prompt_len);
+  if (p->n_top > 0) sk_pack_kv_u64(pk, "n_top", p->n_top);
+  if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
+
+  /* Read events until the final reply, and, if the callback asked to
+   * stop, also until the reply to our cancel (in whichever order the two
+   * arrive), so the next request starts on a clean stream. */
+  uint64_t cancel_id = 0;
+  bool have_final = false, have_cancel_reply = false;
+  int result = 0;
+  struct sk_generate_result g;
+  memset(&g, 0, sizeof g);
+  while (!have_final || (cancel_id != 0 && !have_cancel_reply)) {
+    struct sk_msg msg;
+    uint64_t got;
+    if ((rc = sk__client_recv(client, &msg, &got, err)) < 0) return rc;
+    const msgpack_object *r = &msg.root;
+
+    if (got == id && !have_final) {
+      struct sk_error perr;
+      const char *event;
+      size_t event_len;
+      rc = sk_msg_get_str(r, "event", &event, &event_len, &perr);
+      if (rc < 0) {
+        sk_msg_free(&msg);
+        return sk__client_bad_reply(client, err, perr.message);
+      }
+      if (rc == 1) {
+        /* Events other than "token" are for future versions: skipped. */
+        if (event_len == 5 && memcmp(event, "token", 5) == 0) {
+          int stop = 0;
+          rc = sk__client_token_event(client, r, session,
+                                      cancel_id ? NULL : cb, user, &stop,
+                                      err);
+          if (rc < 0) {
+            sk_msg_free(&msg);
+            return rc;
+          }
+          if (stop && !cancel_id) {
+            struct sk_msgbuf cb_buf;
+            if ((rc = sk__client_begin(client, &cb_buf, "cancel", 1,
+                                       &cancel_id, err)) < 0 ||
+                (sk_pack_kv_u64(&cb_buf.pk, "session", session),
+                 rc = sk__client_send(client, &cb_buf, err)) < 0) {
+              sk_msg_free(&msg);
+              return rc;
+            }
+          }
+        }
+        sk_msg_free(&msg);
+        continue;
+      }
+      have_final = true;
+      result = sk__client_status(client, &msg, err);
+      if (result == 0) result = sk__client_generate_result(client, r, &g, err);
+      sk_msg_free(&msg);
+      if (!sk_client_connected(client)) return result;
+      continue;
+    }
+    if (cancel_id != 0 && got == cancel_id && !have_cancel_reply) {
+      /* Whatever it says (the generate may have ended by itself), the
+       * final reply of the generate is what counts. */
+      have_cancel_reply = true;
+      sk_msg_free(&msg);
+      continue;
+    }
+    if (got == 0 && !have_final) {
+      /* The daemon could not read the request (e.g. too large). */
+      have_final = true;
+      result = sk__client_status(client, &msg, err);
+      sk_msg_free(&msg);
+      if (result == 0)
+        return sk__client_fail(client, err, SK_ERR_PROTOCOL,
+                               "reply with id 0 while waiting for %" PRIu64,
+                               id);
+      if (!sk_client_connected(client)) return result;
+      continue;
+    }
+    sk_msg_free(&msg);
+    return sk__client_fail(client, err, SK_ERR_PROTOCOL,
+                           "reply with id %" PRIu64 " while waiting for %" PRIu64,
+                           got, id);
+  }
+  if (result == 0 && ret) *ret = g;
+  return result;
+}
+
+int sk_client_cancel(struct sk_client *client, uint64_t session,
+                     bool *ret_cancelled, struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_on_session(client, "cancel", session, &reply, err);
+  if (rc < 0) return rc;
+  struct sk_error perr;
+  bool cancelled = false;
+  rc = sk_msg_get_bool(&reply.root, "cancelled", &cancelled, &perr);
+  if (rc < 0)
+    rc = sk__client_bad_reply(client, err, perr.message);
+  else
+    rc = 0;
+  if (rc == 0 && ret_cancelled) *ret_cancelled = cancelled;
+  sk_msg_free(&reply);
+  return rc;
+}
+
+/* ---- tokenizer -------------------------------------------------------- */
+
+int sk_client_tokenize(struct sk_client *client, const char *text,
+                       size_t len, enum sk_bos bos, int32_t **ret_tokens,
+                       size_t *ret_n, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if (!text && len > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
+  if (len > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "tokenize",
+                             1 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+    return rc;
+  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
+  sk__pack_bos(&b.pk, bos);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  int32_t *ids = NULL;
+  rc = sk_msg_get_array(&reply.root, "tokens", &a, &perr);
+  if (rc <= 0) {
+    rc = sk__client_bad_reply(client, err,
+                              rc < 0 ? perr.message : "missing field 'tokens'");
+    goto out;
+  }
+  rc = 0;
+  if (a->size > 0) {
+    ids = malloc(a->size * sizeof *ids);
+    if (!ids) {
+      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+      goto out;
+    }
+  }
+  for (uint32_t i = 0; i < a->size; i++) {
+    if (!sk__obj_i32(&a->ptr[i], &ids[i])) {
+      rc = sk__client_bad_reply(client, err,
+                                "field 'tokens' must hold token ids");
+      goto out;
+    }
+  }
+  *ret_tokens = ids;
+  *ret_n = a->size;
+  ids = NULL;
+out:
+  free(ids);
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
+                         size_t n, char **ret_text, size_t *ret_len,
+                         struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  if (!tokens && n > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "tokens is NULL");
+  if (n > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "detokenize", 1, &id, err)) < 0)
+    return rc;
+  sk__pack_tokens(&b.pk, tokens, n);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+
+  struct sk_error perr;
+  const char *text;
+  size_t len;
+  rc = sk_msg_get_str(&reply.root, "text", &text, &len, &perr);
+  if (rc <= 0) {
+    rc = sk__client_bad_reply(client, err,
+                              rc < 0 ? perr.message : "missing field 'text'");
+  } else {
+    char *out = malloc(len + 1);
+    if (!out) {
+      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    } else {
+      if (len > 0) memcpy(out, text, len);
+      out[len] = 0;
+      *ret_text = out;
+      *ret_len = len;
+      rc = 0;
+    }
+  }
+  sk_msg_free(&reply);
+  return rc;
+}
