@@ -1,3 +1,636 @@
-/* placeholder: being written */
-int main(void);
-int main(void) { return 0; }
+/* KV cache: layout, dense and streaming policies, eviction log, header
+ * checks on attach; and with the real model, that evictions keep each
+ * resident token's keys and that a long streaming session stays at its
+ * budget. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "gguf.h"
+#include "kvcache.h"
+#include "model.h"
+#include "testutil.h"
+
+static const struct sk_kv_shape small_shape = {.n_layer = 2, .kv_dim = 3};
+
+static struct sk_kv *new_kv(struct sk_kv_shape shape, uint32_t policy,
+                            uint32_t n_sink, uint32_t window,
+                            uint32_t capacity) {
+  struct sk_kv_params p = {.policy = policy, .n_sink = n_sink,
+                           .window = window, .capacity = capacity,
+                           .rope_scale = 1.0f};
+  struct sk_kv *kv = NULL;
+  struct sk_error err = {0};
+  if (sk_kv_new(shape, &p, &kv, &err) < 0)
+    fail_msg("sk_kv_new: %s", err.message);
+  return kv;
+}
+
+static void assert_permutation(const struct sk_kv *kv) {
+  uint32_t c = kv->hdr->capacity;
+  char *seen = calloc(c, 1);
+  assert_non_null(seen);
+  for (uint32_t p = 0; p < c; p++) {
+    assert_true(kv->order[p] < c);
+    assert_false(seen[kv->order[p]]);
+    seen[kv->order[p]] = 1;
+  }
+  free(seen);
+}
+
+/* What the forward pass does, with data that identifies the token: every
+ * K/V float of a token is its stream index (+ layer, and negated for V),
+ * so a view of the cache shows whether rows stayed with their tokens. */
+static void append(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log) {
+  struct sk_error err = {0};
+  if (sk_kv_make_room(kv, n, log, &err) < 0)
+    fail_msg("make_room(%u): %s", n, err.message);
+  int32_t tok[64];
+  assert_true(n <= 64);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t index = kv->hdr->n_seen + i;
+    tok[i] = (int32_t)(1000 + index);
+    uint32_t slot = sk_kv_slot(kv, kv->hdr->n_resident + i);
+    for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+      for (uint32_t d = 0; d < kv->hdr->kv_dim; d++) {
+        sk_kv_k(kv, l, slot)[d] = (float)(index + l);
+        sk_kv_v(kv, l, slot)[d] = -(float)(index + l);
+      }
+  }
+  sk_kv_commit(kv, tok, n);
+  assert_permutation(kv);
+}
+
+/* The resident stream indices, in cache-position order, are want[]; and
+ * every row still holds its token's data. */
+static void assert_resident(const struct sk_kv *kv, const uint64_t *want,
+                            uint32_t n) {
+  assert_int_equal(kv->hdr->n_resident, n);
+  for (uint32_t p = 0; p < n; p++) {
+    uint32_t slot = sk_kv_slot(kv, p);
+    if (kv->index[slot] != want[p])
+      fail_msg("position %u holds stream index %llu, want %llu", p,
+               (unsigned long long)kv->index[slot],
+               (unsigned long long)want[p]);
+    assert_int_equal(kv->token[slot], 1000 + want[p]);
+    for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+      for (uint32_t d = 0; d < kv->hdr->kv_dim; d++) {
+        assert_true(sk_kv_k(kv, l, slot)[d] == (float)(want[p] + l));
+        assert_true(sk_kv_v(kv, l, slot)[d] == -(float)(want[p] + l));
+      }
+  }
+}
+
+static void test_streaming(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv(small_shape, SK_POLICY_STREAMING, 4, 12, 0);
+  assert_int_equal(kv->hdr->capacity, 16);
+  assert_int_equal(sk_kv_max_room(kv), 12);
+  size_t size = sk_kv_size(small_shape, 16);
+  assert_int_equal(kv->hdr->size, size);
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+
+  for (uint32_t i = 0; i < 40; i++) {
+    append(kv, 1, &log);
+    assert_int_equal(kv->hdr->n_resident, i + 1 < 16 ? i + 1 : 16);
+  }
+  uint64_t want[16] = {0, 1, 2, 3};
+  for (uint32_t i = 0; i < 12; i++) want[4 + i] = 28 + i;
+  assert_resident(kv, want, 16);
+  assert_int_equal(kv->hdr->n_seen, 40);
+  assert_int_equal(kv->hdr->n_evicted, 24);
+  assert_int_equal(log.n_evicted, 24);
+  assert_int_equal(log.n_ranges, 1);
+  assert_false(log.truncated);
+  assert_int_equal(log.first[0], 4);
+  assert_int_equal(log.last[0], 27);
+
+  /* more than one step's room is refused, nothing changes */
+  void *before = malloc(size);
+  assert_non_null(before);
+  memcpy(before, kv->hdr, size);
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_make_room(kv, 13, &log, &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "13"));
+  assert_non_null(strstr(err.message, "12"));
+  assert_memory_equal(before, kv->hdr, size);
+  assert_int_equal(log.n_evicted, 24);
+
+  /* 30 more into the full cache, in pieces of at most the window */
+  struct sk_evict_log log2;
+  sk_evict_log_reset(&log2);
+  append(kv, 12, &log2);
+  append(kv, 12, &log2);
+  append(kv, 6, &log2);
+  for (uint32_t i = 0; i < 12; i++) want[4 + i] = 58 + i;
+  assert_resident(kv, want, 16);
+  assert_int_equal(kv->hdr->n_seen, 70);
+  assert_int_equal(kv->hdr->n_evicted, 54);
+  assert_int_equal(log2.n_evicted, 30);
+  assert_int_equal(log2.n_ranges, 1);
+  assert_int_equal(log2.first[0], 28);
+  assert_int_equal(log2.last[0], 57);
+
+  /* memory never grew */
+  assert_int_equal(kv->hdr->size, size);
+  assert_int_equal(sk_kv_size(small_shape, 16), size);
+
+  /* clear drops residents, keeps counters */
+  sk_kv_clear(kv);
+  assert_int_equal(kv->hdr->n_resident, 0);
+  assert_int_equal(kv->hdr->n_seen, 70);
+  assert_int_equal(kv->hdr->n_evicted, 54);
+  assert_permutation(kv);
+  append(kv, 5, NULL);
+  uint64_t after[5] = {70, 71, 72, 73, 74};
+  assert_resident(kv, after, 5);
+  free(before);
+  sk_kv_delete(kv);
+}
+
+/* No sinks (plain window) and larger steps keep the same invariants. */
+static void test_window_random_steps(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv(small_shape, SK_POLICY_STREAMING, 0, 7, 0);
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+  uint64_t seen = 0;
+  unsigned r = 12345;
+  for (int step = 0; step < 200; step++) {
+    r = r * 1103515245u + 12345u;
+    uint32_t n = 1 + (r >> 16) % 7;
+    append(kv, n, &log);
+    seen += n;
+    uint32_t nr = seen < 7 ? (uint32_t)seen : 7;
+    uint64_t want[7];
+    for (uint32_t p = 0; p < nr; p++) want[p] = seen - nr + p;
+    assert_resident(kv, want, nr);
+  }
+  assert_int_equal(kv->hdr->n_evicted, seen - 7);
+  assert_int_equal(log.n_ranges, 1);
+  assert_int_equal(log.first[0], 0);
+  assert_int_equal(log.last[0], seen - 8);
+  sk_kv_delete(kv);
+}
+
+static void test_dense(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv(small_shape, SK_POLICY_DENSE, 0, 0, 8);
+  assert_int_equal(sk_kv_max_room(kv), 8);
+  size_t size = (size_t)kv->hdr->size;
+  append(kv, 5, NULL);
+  struct sk_error err = {0};
+  void *before = malloc(size);
+  assert_non_null(before);
+  memcpy(before, kv->hdr, size);
+  assert_int_equal(sk_kv_make_room(kv, 4, NULL, &err), -SK_ERR_CONTEXT_FULL);
+  assert_int_equal(err.code, SK_ERR_CONTEXT_FULL);
+  assert_non_null(strstr(err.message, "needs 4, 3 of 8 free"));
+  assert_memory_equal(before, kv->hdr, size);
+  append(kv, 3, NULL);
+  memcpy(before, kv->hdr, size);
+  assert_int_equal(sk_kv_make_room(kv, 1, NULL, &err), -SK_ERR_CONTEXT_FULL);
+  assert_non_null(strstr(err.message, "needs 1, 0 of 8 free"));
+  assert_int_equal(sk_kv_make_room(kv, 9, NULL, &err), -SK_ERR_BAD_REQUEST);
+  assert_memory_equal(before, kv->hdr, size);
+  assert_int_equal(sk_kv_make_room(kv, 0, NULL, &err), 0);
+  uint64_t want[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  assert_resident(kv, want, 8);
+  assert_int_equal(kv->hdr->n_evicted, 0);
+  free(before);
+  sk_kv_delete(kv);
+}
+
+static void test_size(void **state) {
+  (void)state;
+  struct sk_kv_shape sh = {.n_layer = 5, .kv_dim = 32};
+  size_t s = sk_kv_size(sh, 64);
+  size_t kv_bytes = 5u * 2 * 32 * 64 * sizeof(float);
+  size_t meta = 64 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t));
+  assert_true(s >= kv_bytes + meta + sizeof(struct sk_kv_header));
+  assert_true(s <= kv_bytes + meta + sizeof(struct sk_kv_header) + 5 * 64);
+  assert_int_equal(s % 64, 0);
+  /* linear in capacity */
+  assert_int_equal(sk_kv_size(sh, 128) - sk_kv_size(sh, 64),
+                   sk_kv_size(sh, 192) - sk_kv_size(sh, 128));
+  assert_int_equal(sk_kv_size(sh, 0), 0);
+  assert_int_equal(sk_kv_size((struct sk_kv_shape){0, 32}, 64), 0);
+  assert_int_equal(
+      sk_kv_size((struct sk_kv_shape){UINT32_MAX, UINT32_MAX}, SK_KV_MAX_CAPACITY),
+      0);
+
+  /* offsets are 64-byte aligned and in order */
+  struct sk_kv *kv = new_kv(sh, SK_POLICY_STREAMING, 4, 60, 0);
+  const struct sk_kv_header *h = kv->hdr;
+  uint64_t off[] = {h->off_token, h->off_index, h->off_order, h->off_k,
+                    h->off_v, h->size};
+  for (size_t i = 0; i < 6; i++) {
+    assert_int_equal(off[i] % 64, 0);
+    if (i) assert_true(off[i] > off[i - 1]);
+  }
+  assert_int_equal(h->off_v - h->off_k, 5u * 64 * 32 * sizeof(float));
+  assert_int_equal(h->size, s);
+  assert_true((char *)kv->k == (char *)h + h->off_k);
+  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * 64 + 2) * 32);
+  sk_kv_delete(kv);
+}
+
+static void expect_params_error(struct sk_kv_params p, uint32_t max,
+                                const char *n1, const char *n2) {
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_params_check(&p, max, &err), -SK_ERR_BAD_REQUEST);
+  assert_int_equal(err.code, SK_ERR_BAD_REQUEST);
+  if (!strstr(err.message, n1) || (n2 && !strstr(err.message, n2)))
+    fail_msg("message \"%s\" lacks \"%s\" / \"%s\"", err.message, n1,
+             n2 ? n2 : "");
+}
+
+static void test_params(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  struct sk_kv_params ok = {.policy = SK_POLICY_STREAMING, .n_sink = 4,
+                            .window = 60, .rope_scale = 1.0f};
+  assert_int_equal(sk_kv_params_check(&ok, 64, &err), 0);
+  assert_int_equal(sk_kv_params_capacity(&ok), 64);
+  struct sk_kv_params p = ok;
+  p.window = 0;
+  expect_params_error(p, 64, "window 0", ">= 1");
+  p = ok;
+  p.window = 61;
+  expect_params_error(p, 64, "n_sink + window", "65 exceeds the maximum "
+                                                "capacity 64");
+  p = ok;
+  p.n_sink = UINT32_MAX;
+  expect_params_error(p, 64, "4294967355", "64");
+  p = ok;
+  p.rope_scale = 0.0f;
+  expect_params_error(p, 64, "rope_scale 0", NULL);
+  p.rope_scale = -1.0f;
+  expect_params_error(p, 64, "rope_scale -1", NULL);
+  p.rope_scale = NAN;
+  expect_params_error(p, 64, "rope_scale", "finite");
+  p.rope_scale = INFINITY;
+  expect_params_error(p, 64, "rope_scale inf", NULL);
+  p = ok;
+  p.policy = 7;
+  expect_params_error(p, 64, "policy 7", NULL);
+
+  struct sk_kv_params d = {.policy = SK_POLICY_DENSE, .capacity = 512,
+                           .rope_scale = 2.0f};
+  assert_int_equal(sk_kv_params_check(&d, 512, &err), 0);
+  assert_int_equal(sk_kv_params_capacity(&d), 512);
+  d.capacity = 0;
+  expect_params_error(d, 512, "capacity 0", ">= 1");
+  d.capacity = 513;
+  expect_params_error(d, 512, "capacity 513", "512");
+  /* the hard ceiling holds even if the caller's limit is higher */
+  d.capacity = SK_KV_MAX_CAPACITY + 1;
+  expect_params_error(d, UINT32_MAX, "capacity 1048577", "1048576");
+
+  /* init refuses a short or misaligned block */
+  size_t size = sk_kv_size(small_shape, 512);
+  void *mem = aligned_alloc(64, size + 64);
+  assert_non_null(mem);
+  struct sk_kv kv;
+  d.capacity = 512;
+  assert_int_equal(sk_kv_init(&kv, mem, size - 1, small_shape, &d, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "smaller"));
+  assert_int_equal(
+      sk_kv_init(&kv, (char *)mem + 8, size, small_shape, &d, &err),
+      -SK_ERR_BAD_REQUEST);
+  assert_int_equal(sk_kv_init(&kv, mem, size, small_shape, &d, &err), 0);
+  assert_true(kv.hdr->rope_scale == 2.0f);
+  free(mem);
+}
+
+static void test_policy_names(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  uint32_t pol = 99;
+  assert_string_equal(sk_policy_name(SK_POLICY_DENSE), "dense");
+  assert_string_equal(sk_policy_name(SK_POLICY_STREAMING), "streaming");
+  assert_null(sk_policy_name(2));
+  assert_int_equal(sk_policy_parse("streaming", 9, &pol, &err), 0);
+  assert_int_equal(pol, SK_POLICY_STREAMING);
+  assert_int_equal(sk_policy_parse("dense", 5, &pol, &err), 0);
+  assert_int_equal(pol, SK_POLICY_DENSE);
+  assert_int_equal(sk_policy_parse("densely", 5, &pol, &err), 0); /* len */
+  assert_int_equal(sk_policy_parse("stream", 6, &pol, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "\"stream\""));
+  assert_int_equal(sk_policy_parse("", 0, &pol, &err), -SK_ERR_BAD_REQUEST);
+}
+
+static void test_evict_log(void **state) {
+  (void)state;
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+  uint64_t idx[] = {0, 1, 2, 5, 6, 9};
+  for (size_t i = 0; i < 6; i++) sk_evict_log_add(&log, idx[i]);
+  assert_int_equal(log.n_ranges, 3);
+  assert_int_equal(log.first[0], 0);
+  assert_int_equal(log.last[0], 2);
+  assert_int_equal(log.first[1], 5);
+  assert_int_equal(log.last[1], 6);
+  assert_int_equal(log.first[2], 9);
+  assert_int_equal(log.last[2], 9);
+  sk_evict_log_reset(&log);
+  for (uint64_t i = 0; i < 2 * SK_EVICT_LOG_MAX_RANGES; i++)
+    sk_evict_log_add(&log, 10 * i);
+  assert_int_equal(log.n_ranges, SK_EVICT_LOG_MAX_RANGES);
+  assert_true(log.truncated);
+  assert_int_equal(log.n_evicted, 2 * SK_EVICT_LOG_MAX_RANGES);
+  assert_int_equal(log.first[SK_EVICT_LOG_MAX_RANGES - 1],
+                   10 * (SK_EVICT_LOG_MAX_RANGES - 1));
+}
+
+/* attach: a valid block round-trips; each corruption is named. */
+static void expect_attach_error(void *mem, size_t size, const char *needle) {
+  struct sk_kv kv;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_attach(&kv, mem, size, &err), -SK_ERR_BAD_REQUEST);
+  if (!strstr(err.message, needle))
+    fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
+}
+
+static void test_attach(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv(small_shape, SK_POLICY_STREAMING, 2, 6, 0);
+  for (int i = 0; i < 11; i++) append(kv, 1, NULL);
+  size_t size = (size_t)kv->hdr->size;
+  void *mem = aligned_alloc(64, size);
+  assert_non_null(mem);
+  memcpy(mem, kv->hdr, size);
+
+  struct sk_kv view;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_attach(&view, mem, size, &err), 0);
+  assert_true((void *)view.hdr == mem);
+  uint64_t want[8] = {0, 1, 5, 6, 7, 8, 9, 10};
+  assert_resident(&view, want, 8);
+  /* a view continues to work like the original */
+  append(&view, 2, NULL);
+  uint64_t want2[8] = {0, 1, 7, 8, 9, 10, 11, 12};
+  assert_resident(&view, want2, 8);
+  memcpy(mem, kv->hdr, size);
+
+  struct sk_kv_header *h = mem;
+  struct sk_kv_header saved = *h;
+#define CORRUPT(stmt, needle)                     \
+  do {                                            \
+    stmt;                                         \
+    expect_attach_error(mem, size, needle);       \
+    *h = saved;                                   \
+  } while (0)
+  CORRUPT(h->magic ^= 1, "magic");
+  CORRUPT(h->layout_version = 2, "layout_version");
+  CORRUPT(h->n_resident = h->capacity + 1, "n_resident 9 exceeds capacity 8");
+  CORRUPT(h->n_seen = 3, "n_seen");
+  CORRUPT(h->off_k = h->size, "off_k");
+  CORRUPT(h->off_token = 8, "off_token");
+  CORRUPT(h->size = h->size + 64, "size");
+  CORRUPT(h->capacity = 0, "capacity 0");
+  CORRUPT(h->capacity = 9, "capacity 9");
+  CORRUPT(h->policy = 5, "policy 5");
+  CORRUPT(h->window = 0, "window");
+  CORRUPT(h->rope_scale = NAN, "rope_scale");
+  CORRUPT(h->kv_dim = 0, "kv_dim");
+#undef CORRUPT
+  expect_attach_error(mem, size - 64, "exceeds the");
+  expect_attach_error(mem, 16, "smaller than its header");
+
+  uint32_t *order = (uint32_t *)(void *)((char *)mem + h->off_order);
+  uint32_t o3 = order[3];
+  order[3] = order[4];
+  expect_attach_error(mem, size, "order[4]");
+  order[3] = 100;
+  expect_attach_error(mem, size, "order[3] = 100 is out of range");
+  order[3] = o3;
+  assert_int_equal(sk_kv_attach(&view, mem, size, &err), 0);
+  free(mem);
+  sk_kv_delete(kv);
+}
+
+/* ---- with the real model -------------------------------------------- */
+
+struct model_fx {
+  struct sk_gguf *g;
+  struct sk_model *m;
+};
+
+static void load_model(struct model_fx *f) {
+  struct sk_error err = {0};
+  if (sk_gguf_open(sk_test_model_path(), &f->g, &err) < 0)
+    fail_msg("open model: %s", err.message);
+  if (sk_model_load(f->g, &f->m, &err) < 0)
+    fail_msg("load model: %s", err.message);
+}
+
+static const float *tensor_f32(const struct sk_gguf *g, const char *name) {
+  const struct sk_gguf_tensor *t = sk_gguf_find_tensor(g, name);
+  assert_non_null(t);
+  assert_int_equal(t->type, SK_GGML_F32);
+  return t->data;
+}
+
+/* Layer-0 key of a token from scratch, in double: keys are stored before
+ * RoPE, so it is W_k * rmsnorm(embedding(token)), whatever came before. */
+static void layer0_key(const struct model_fx *f, int32_t tok, double *key) {
+  const struct sk_model_config *c = sk_model_config(f->m);
+  const float *emb = tensor_f32(f->g, "token_embd.weight") +
+                     (size_t)tok * c->dim;
+  const float *norm = tensor_f32(f->g, "blk.0.attn_norm.weight");
+  const float *wk = tensor_f32(f->g, "blk.0.attn_k.weight");
+  double ss = 0.0, x[256];
+  assert_true(c->dim <= 256);
+  for (uint32_t i = 0; i < c->dim; i++) ss += (double)emb[i] * emb[i];
+  double sc = 1.0 / sqrt(ss / c->dim + c->rms_eps);
+  for (uint32_t i = 0; i < c->dim; i++) x[i] = emb[i] * sc * norm[i];
+  for (uint32_t o = 0; o < c->kv_dim; o++) {
+    double a = 0.0;
+    for (uint32_t i = 0; i < c->dim; i++)
+      a += (double)wk[(size_t)o * c->dim + i] * x[i];
+    key[o] = a;
+  }
+}
+
+/* RoPE NORM at position p, in double. */
+static void rope_double(const struct sk_model_config *c, double *k,
+                        uint32_t p) {
+  for (uint32_t h = 0; h < c->n_kv_head; h++)
+    for (uint32_t i = 0; i < c->rope_dim / 2; i++) {
+      double th = p * pow(c->rope_base, -2.0 * i / c->rope_dim);
+      double *x = k + h * c->head_dim + 2 * i, x0 = x[0], x1 = x[1];
+      x[0] = x0 * cos(th) - x1 * sin(th);
+      x[1] = x0 * sin(th) + x1 * cos(th);
+    }
+}
+
+static int32_t argmax(const float *l, uint32_t n) {
+  uint32_t b = 0;
+  for (uint32_t i = 1; i < n; i++)
+    if (l[i] > l[b]) b = i;
+  return (int32_t)b;
+}
+
+static void forward_ok(const struct model_fx *f, struct sk_scratch *s,
+                       struct sk_kv *kv, const int32_t *tok, uint32_t n,
+                       float *logits, struct sk_evict_log *log) {
+  struct sk_error err = {0};
+  if (sk_kv_make_room(kv, n, log, &err) < 0)
+    fail_msg("make_room: %s", err.message);
+  if (sk_model_forward(f->m, s, kv, tok, n, logits, false, &err) < 0)
+    fail_msg("forward: %s", err.message);
+}
+
+static void test_model_keys_after_evictions(void **state) {
+  (void)state;
+  struct model_fx f;
+  load_model(&f);
+  const struct sk_model_config *c = sk_model_config(f.m);
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n_ids;
+  int32_t *ids = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "texts"), 1),
+                      "token_ids"),
+      &n_ids);
+  struct sk_kv *kv =
+      new_kv(sk_model_kv_shape(f.m), SK_POLICY_STREAMING, 4, 12, 0);
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(f.m, 12, 16, &s, &err), 0);
+  float logits[512];
+  /* 100 tokens in steps of 1..12 */
+  uint32_t done = 0, step = 0;
+  static const uint32_t sizes[] = {5, 1, 12, 3, 7, 1, 1, 9, 12, 2};
+  while (done < 100) {
+    uint32_t n = sizes[step++ % 10];
+    if (n > 100 - done) n = 100 - done;
+    forward_ok(&f, s, kv, ids + done, n, logits, NULL);
+    done += n;
+  }
+  assert_int_equal(kv->hdr->n_resident, 16);
+  assert_int_equal(kv->hdr->n_evicted, 84);
+  double maxd = 0.0;
+  for (uint32_t p = 0; p < 16; p++) {
+    uint32_t slot = sk_kv_slot(kv, p);
+    uint64_t index = kv->index[slot];
+    assert_int_equal(index, p < 4 ? p : 84 + p);
+    assert_int_equal(kv->token[slot], ids[index]);
+    double want[256], got[256];
+    layer0_key(&f, kv->token[slot], want);
+    const float *k = sk_kv_k(kv, 0, slot);
+    for (uint32_t d = 0; d < c->kv_dim; d++) {
+      got[d] = k[d];
+      if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
+    }
+    /* and rotated at its cache position (not its stream index) */
+    rope_double(c, want, p);
+    rope_double(c, got, p);
+    for (uint32_t d = 0; d < c->kv_dim; d++)
+      if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
+  }
+  printf("layer-0 keys after evictions: max abs diff %.3g\n", maxd);
+  assert_true(maxd < 1e-4);
+
+  /* The next step depends only on what the cache holds and where: a dense
+   * cache holding the same rows in the same positions gives bit-identical
+   * logits, although it never saw the 85 evicted tokens. */
+  assert_int_equal(sk_kv_make_room(kv, 1, NULL, &err), 0); /* evicts one */
+  assert_int_equal(kv->hdr->n_resident, 15);
+  struct sk_kv *dense = new_kv(sk_model_kv_shape(f.m), SK_POLICY_DENSE, 0, 0,
+                               16);
+  for (uint32_t p = 0; p < 15; p++) {
+    uint32_t from = sk_kv_slot(kv, p), to = sk_kv_slot(dense, p);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+      memcpy(sk_kv_k(dense, l, to), sk_kv_k(kv, l, from),
+             c->kv_dim * sizeof(float));
+      memcpy(sk_kv_v(dense, l, to), sk_kv_v(kv, l, from),
+             c->kv_dim * sizeof(float));
+    }
+    sk_kv_commit(dense, &kv->token[from], 1);
+  }
+  float l_stream[512], l_dense[512];
+  int32_t next = ids[100];
+  forward_ok(&f, s, kv, &next, 1, l_stream, NULL);
+  forward_ok(&f, s, dense, &next, 1, l_dense, NULL);
+  assert_memory_equal(l_stream, l_dense, sizeof l_stream);
+
+  sk_kv_delete(dense);
+  sk_scratch_free(s);
+  sk_kv_delete(kv);
+  free(ids);
+  json_decref(ref);
+  sk_model_free(f.m);
+  sk_gguf_close(f.g);
+}
+
+static void test_model_long_stream(void **state) {
+  (void)state;
+  struct model_fx f;
+  load_model(&f);
+  const uint32_t V = sk_model_config(f.m)->n_vocab;
+  struct sk_kv *kv =
+      new_kv(sk_model_kv_shape(f.m), SK_POLICY_STREAMING, 4, 60, 0);
+  size_t size = (size_t)kv->hdr->size;
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(f.m, 60, 64, &s, &err), 0);
+  const int32_t prompt[5] = {1, 403, 407, 261, 378}; /* Once upon a time */
+  float logits[512];
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+  forward_ok(&f, s, kv, prompt, 5, logits, &log);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < 5000; i++) {
+    int32_t next = argmax(logits, V);
+    forward_ok(&f, s, kv, &next, 1, logits, &log);
+    for (uint32_t j = 0; j < V; j++) assert_true(isfinite(logits[j]));
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 +
+               (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / 5000;
+  printf("streaming decode: %.1f us/token at 64 resident\n", us);
+  assert_int_equal(kv->hdr->n_resident, 64);
+  assert_int_equal(kv->hdr->n_seen, 5005);
+  assert_int_equal(kv->hdr->n_evicted, 5005 - 64);
+  assert_int_equal(log.n_evicted, 5005 - 64);
+  assert_int_equal(log.n_ranges, 1);
+  assert_int_equal(log.first[0], 4);
+  assert_int_equal(log.last[0], 5005 - 61);
+  assert_int_equal(kv->hdr->size, size);
+  for (uint32_t p = 0; p < 64; p++)
+    assert_int_equal(kv->index[sk_kv_slot(kv, p)], p < 4 ? p : 5005 - 64 + p);
+  assert_permutation(kv);
+  sk_scratch_free(s);
+  sk_kv_delete(kv);
+  sk_model_free(f.m);
+  sk_gguf_close(f.g);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_streaming),
+      cmocka_unit_test(test_window_random_steps),
+      cmocka_unit_test(test_dense),
+      cmocka_unit_test(test_size),
+      cmocka_unit_test(test_params),
+      cmocka_unit_test(test_policy_names),
+      cmocka_unit_test(test_evict_log),
+      cmocka_unit_test(test_attach),
+      cmocka_unit_test(test_model_keys_after_evictions),
+      cmocka_unit_test(test_model_long_stream),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
