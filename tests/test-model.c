@@ -440,6 +440,8 @@ struct variant {
   const char *transpose; /* tensor written with ne0 and ne1 swapped */
   const char *arch;      /* general.architecture (default llama) */
   uint32_t head_count;   /* override of llama.attention.head_count */
+  float rope_factor;     /* llama.rope.scaling.factor, if nonzero */
+  const char *rope_type; /* llama.rope.scaling.type, if set */
 };
 
 static void put_kv_u32(struct buf *b, const char *key, uint32_t v) {
@@ -474,6 +476,18 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
   buf_u32(&kvs, SK_GGUF_FLOAT32);
   buf_put(&kvs, &c->rms_eps, 4);
   n_kv++;
+  if (vr->rope_factor != 0.0f) {
+    buf_str(&kvs, "llama.rope.scaling.factor");
+    buf_u32(&kvs, SK_GGUF_FLOAT32);
+    buf_put(&kvs, &vr->rope_factor, 4);
+    n_kv++;
+  }
+  if (vr->rope_type) {
+    buf_str(&kvs, "llama.rope.scaling.type");
+    buf_u32(&kvs, SK_GGUF_STRING);
+    buf_str(&kvs, vr->rope_type);
+    n_kv++;
+  }
 
   for (uint64_t i = 0; i < sk_gguf_n_tensors(g); i++) {
     const struct sk_gguf_tensor *t = sk_gguf_tensor(g, i);
@@ -566,9 +580,15 @@ static int load_variant(const struct variant *vr, struct sk_gguf **ret_g,
   return 0;
 }
 
-static float *prefill(const struct sk_model *m, const int32_t *ids, size_t n) {
+static float *prefill_scaled(const struct sk_model *m, const int32_t *ids,
+                             size_t n, float rope_scale) {
   uint32_t V = sk_model_config(m)->n_vocab;
-  struct sk_kv *kv = new_cache(m, SK_POLICY_DENSE, 0, 0, 64);
+  struct sk_kv_params p = {.policy = SK_POLICY_DENSE, .capacity = 64,
+                           .rope_scale = rope_scale};
+  struct sk_kv *kv = NULL;
+  struct sk_error err = {0};
+  if (sk_kv_new(sk_model_kv_shape(m), &p, &kv, &err) < 0)
+    fail_msg("sk_kv_new: %s", err.message);
   struct sk_scratch *s = new_scratch(m, 64, 64);
   float *logits = malloc(n * V * sizeof *logits);
   assert_non_null(logits);
@@ -576,6 +596,49 @@ static float *prefill(const struct sk_model *m, const int32_t *ids, size_t n) {
   sk_scratch_free(s);
   sk_kv_delete(kv);
   return logits;
+}
+
+static float *prefill(const struct sk_model *m, const int32_t *ids, size_t n) {
+  return prefill_scaled(m, ids, n, 1.0f);
+}
+
+/* Position interpolation: a model declaring linear scaling by 2 with a
+ * plain cache computes exactly what the plain model computes over a cache
+ * with rope_scale 2 (positions halved), and differs from no scaling. */
+static void test_rope_scaling(void **state) {
+  (void)state;
+  const int32_t ids[12] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376,
+                           326, 411};
+  struct sk_error err = {0};
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  struct variant v = {.mat_type = SK_GGML_F32, .rope_factor = 2.0f,
+                      .rope_type = "linear"};
+  if (load_variant(&v, &g, &m, &err) < 0)
+    fail_msg("scaled model: %s", err.message);
+  assert_true(sk_model_config(m)->rope_scale == 0.5f);
+  assert_true(fx.c->rope_scale == 1.0f);
+  float *a = prefill(m, ids, 12);
+  float *b = prefill_scaled(fx.m, ids, 12, 2.0f);
+  float *plain = prefill(fx.m, ids, 12);
+  assert_memory_equal(a, b, 12 * 512 * sizeof *a);
+  /* position 0 is unrotated either way; later positions move */
+  assert_memory_equal(a, plain, 512 * sizeof *a);
+  double maxd = 0.0;
+  for (size_t j = 512; j < 12 * 512; j++)
+    maxd = fmax(maxd, fabs((double)a[j] - plain[j]));
+  assert_true(maxd > 1e-2);
+  free(a);
+  free(b);
+  free(plain);
+  sk_model_free(m);
+  sk_gguf_close(g);
+
+  struct variant yarn = {.mat_type = SK_GGML_F32, .rope_factor = 4.0f,
+                         .rope_type = "yarn"};
+  struct sk_error err2 = {0};
+  assert_int_equal(load_variant(&yarn, &g, &m, &err2), -SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(err2.message, "\"yarn\" is not supported"));
 }
 
 /* F16 and BF16 weights: converted on load to exactly the floats an F32
@@ -689,6 +752,7 @@ int main(void) {
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_half_weights),
       cmocka_unit_test(test_bad_models),
+      cmocka_unit_test(test_rope_scaling),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
