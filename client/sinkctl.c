@@ -1,3 +1,935 @@
-/* placeholder: being written */
-int main(void);
-int main(void) { return 0; }
+/* sinkctl: command-line client for sinkd, built on libsinkd.
+ *
+ *   sinkctl [--socket PATH] [--json] [--verbose] COMMAND [ARGS]
+ *
+ * Options may come before or after the command. Exit status: 0 success,
+ * 1 the daemon answered with an error, 2 usage error, 3 cannot connect,
+ * 4 connection lost or protocol error, 130 interrupted.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sinkd/client.h"
+#include "sk_config.h"
+
+enum {
+  EXIT_DAEMON_ERROR = 1,
+  EXIT_USAGE = 2,
+  EXIT_CONNECT = 3,
+  EXIT_CONNECTION = 4,
+  EXIT_INTERRUPTED = 130,
+};
+
+/* The protocol's limit for max_tokens. */
+#define MAX_TOKENS_LIMIT 1048576u
+/* A prompt read from stdin larger than any frame the daemon accepts is
+ * refused here rather than read without bound. */
+#define PROMPT_MAX ((size_t)SK_FRAME_MAX_CEILING)
+
+static const char *prog = "sinkctl";
+
+/* ---- messages --------------------------------------------------------- */
+
+_Noreturn static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn static void usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry '%s --help' for more information.\n", prog);
+  va_end(ap);
+  exit(EXIT_USAGE);
+}
+
+_Noreturn static void die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+_Noreturn static void die(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(status);
+}
+
+/* Reports a failed library call and returns the exit status for it:
+ * 4 if the connection is gone, 1 if the daemon answered with an error. */
+static int report(const struct sk_client *c, const struct sk_error *e) {
+  fprintf(stderr, "%s: %s: %s\n", prog, sk_error_name(e->code), e->message);
+  return sk_client_connected(c) ? EXIT_DAEMON_ERROR : EXIT_CONNECTION;
+}
+
+static void help(void) {
+  printf(
+      "Usage: %s [OPTIONS] COMMAND [ARGS]\n"
+      "Talk to sinkd, the LLM session daemon.\n"
+      "\n"
+      "Commands:\n"
+      "  generate [PROMPT...]  generate text; the prompt comes from the\n"
+      "                        arguments, or from stdin if absent or '-'\n"
+      "  tokenize TEXT         print the token ids of TEXT ('-': stdin)\n"
+      "  detokenize ID...      print the text of token ids, byte for byte\n"
+      "  open                  open a session and print its id\n"
+      "  close ID              close a session\n"
+      "  list                  list sessions\n"
+      "  stats [ID]            daemon figures, or a session's\n"
+      "  ping                  check that the daemon answers\n"
+      "  hello                 protocol version, model and defaults\n"
+      "\n"
+      "Options:\n"
+      "  -s, --socket PATH     daemon socket (default: $SINKD_SOCKET, else\n"
+      "                        $XDG_RUNTIME_DIR/sinkd/sinkd.sock if it exists,\n"
+      "                        else %s)\n"
+      "  -j, --json            print one JSON object instead of text\n"
+      "  -v, --verbose         generate: print a usage summary to stderr\n"
+      "  -h, --help            show this help\n"
+      "  -V, --version         show the version\n"
+      "\n"
+      "generate:\n"
+      "  -n, --max-tokens N    tokens to generate, 1..%u (default 128)\n"
+      "  -t, --temperature T   >= 0, 0 = greedy (default 0.8)\n"
+      "      --top-k K         0 = off (default 40)\n"
+      "      --top-p P         in (0, 1] (default 0.95)\n"
+      "      --seed N          sampling seed (default: random)\n"
+      "      --stop TEXT       stop when the output contains TEXT (repeatable)\n"
+      "      --ignore-eos      keep going past end-of-sequence\n"
+      "      --session ID      use an existing session instead of a new\n"
+      "                        temporary one (closed afterwards)\n"
+      "      --no-echo         do not print the prompt before the output\n"
+      "generate, open:\n"
+      "      --policy NAME     eviction policy: streaming or dense\n"
+      "      --sinks N         attention sinks kept (streaming)\n"
+      "      --window N        recent tokens kept (streaming)\n"
+      "      --capacity N      cache size in tokens (dense)\n"
+      "tokenize:\n"
+      "      --no-bos          do not put the BOS token first\n"
+      "\n"
+      "Exit status:\n"
+      "  0  success\n"
+      "  1  the daemon answered with an error (stderr: CODE: MESSAGE)\n"
+      "  2  usage error (bad option or argument)\n"
+      "  3  cannot connect (daemon not running, permission denied)\n"
+      "  4  connection lost or protocol error\n"
+      "  130  interrupted (Ctrl-C) during generate\n"
+      "\n"
+      "See sinkctl(1) and sinkd-protocol(7).\n",
+      prog, SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
+}
+
+/* ---- strict number parsing ------------------------------------------- */
+
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+/* A decimal unsigned integer in [min, max], nothing else (no sign, no
+ * spaces, no trailing characters). `what` names the flag or argument. */
+static uint64_t parse_u64(const char *what, const char *s, uint64_t min,
+                          uint64_t max) {
+  if (!is_digit(s[0])) usage_error("%s: '%s' is not a number", what, s);
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end) usage_error("%s: '%s' is not a number", what, s);
+  if (errno == ERANGE || v < min || v > max)
+    usage_error("%s: '%s' is not in [%" PRIu64 ", %" PRIu64 "]", what, s, min,
+                max);
+  return (uint64_t)v;
+}
+
+/* A finite decimal number; range checked by the caller. */
+static double parse_double(const char *what, const char *s) {
+  if (!(is_digit(s[0]) || s[0] == '.' || s[0] == '-' || s[0] == '+'))
+    usage_error("%s: '%s' is not a number", what, s);
+  errno = 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || errno == ERANGE || !isfinite(v))
+    usage_error("%s: '%s' is not a number", what, s);
+  return v;
+}
+
+/* ---- JSON output ------------------------------------------------------ */
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned char c = s[0];
+  size_t len;
+  uint32_t cp;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n < len) return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+    return 0;
+  return len;
+}
+
+/* Writes s[0..n) as a JSON string. Bytes that are not valid UTF-8 become
+ * U+FFFD, since JSON text must be UTF-8. */
+static void json_str(FILE *f, const char *str, size_t n) {
+  const unsigned char *s = (const unsigned char *)str;
+  fputc('"', f);
+  for (size_t i = 0; i < n;) {
+    unsigned char c = s[i];
+    if (c == '"' || c == '\\') {
+      fputc('\\', f);
+      fputc(c, f);
+      i++;
+    } else if (c < 0x20) {
+      switch (c) {
+      case '\n': fputs("\\n", f); break;
+      case '\r': fputs("\\r", f); break;
+      case '\t': fputs("\\t", f); break;
+      case '\b': fputs("\\b", f); break;
+      case '\f': fputs("\\f", f); break;
+      default: fprintf(f, "\\u%04x", c); break;
+      }
+      i++;
+    } else {
+      size_t len = utf8_len(s + i, n - i);
+      if (len == 0) {
+        fputs("\\ufffd", f);
+        i++;
+      } else {
+        fwrite(s + i, 1, len, f);
+        i += len;
+      }
+    }
+  }
+  fputc('"', f);
+}
+
+static void json_cstr(FILE *f, const char *s) { json_str(f, s, strlen(s)); }
+
+/* "key": for an object member; `first` says whether a comma is needed. */
+static void json_key(FILE *f, bool *first, const char *key) {
+  if (!*first) fputs(", ", f);
+  *first = false;
+  json_cstr(f, key);
+  fputs(": ", f);
+}
+
+static void json_kv_u64(FILE *f, bool *first, const char *key, uint64_t v) {
+  json_key(f, first, key);
+  fprintf(f, "%" PRIu64, v);
+}
+
+static void json_kv_str(FILE *f, bool *first, const char *key, const char *v) {
+  json_key(f, first, key);
+  json_cstr(f, v);
+}
+
+/* ---- options ---------------------------------------------------------- */
+
+enum opt_id {
+  OPT_SOCKET = 's',
+  OPT_JSON = 'j',
+  OPT_VERBOSE = 'v',
+  OPT_HELP = 'h',
+  OPT_VERSION = 'V',
+  OPT_MAX_TOKENS = 'n',
+  OPT_TEMPERATURE = 't',
+  OPT_TOP_K = 256,
+  OPT_TOP_P,
+  OPT_SEED,
+  OPT_STOP,
+  OPT_IGNORE_EOS,
+  OPT_SESSION,
+  OPT_NO_ECHO,
+  OPT_POLICY,
+  OPT_SINKS,
+  OPT_WINDOW,
+  OPT_CAPACITY,
+  OPT_NO_BOS,
+  OPT__END
+};
+
+static const struct option long_options[] = {
+    {"socket", required_argument, NULL, OPT_SOCKET},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"verbose", no_argument, NULL, OPT_VERBOSE},
+    {"help", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+    {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"stop", required_argument, NULL, OPT_STOP},
+    {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+    {"session", required_argument, NULL, OPT_SESSION},
+    {"no-echo", no_argument, NULL, OPT_NO_ECHO},
+    {"policy", required_argument, NULL, OPT_POLICY},
+    {"sinks", required_argument, NULL, OPT_SINKS},
+    {"window", required_argument, NULL, OPT_WINDOW},
+    {"capacity", required_argument, NULL, OPT_CAPACITY},
+    {"no-bos", no_argument, NULL, OPT_NO_BOS},
+    {NULL, 0, NULL, 0},
+};
+
+static const char *opt_name(int id) {
+  for (const struct option *o = long_options; o->name; o++)
+    if (o->val == id) return o->name;
+  return "?";
+}
+
+struct opts {
+  const char *socket;
+  bool json, verbose;
+  bool given[OPT__END]; /* which command-specific options were used */
+  struct sk_generate_params gen;
+  const char **stops; /* (n_stop) pointers into argv */
+  size_t n_stop;
+  bool has_session;
+  uint64_t session;
+  bool no_echo;
+  struct sk_open_params open;
+  bool no_bos;
+};
+
+/* ---- commands --------------------------------------------------------- */
+
+/* Reads all of stdin (at most PROMPT_MAX bytes); malloc'd, NUL-terminated. */
+static char *read_stdin(size_t *ret_len) {
+  if (isatty(STDIN_FILENO))
+    fprintf(stderr, "%s: reading the prompt from stdin (end it with Ctrl-D)\n",
+            prog);
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) die(EXIT_FAILURE, "out of memory");
+  for (;;) {
+    if (len + 1 == cap) {
+      if (cap > PROMPT_MAX)
+        usage_error("the text on stdin is longer than %zu bytes", PROMPT_MAX);
+      char *nb = realloc(buf, cap * 2);
+      if (!nb) die(EXIT_FAILURE, "out of memory");
+      buf = nb;
+      cap *= 2;
+    }
+    size_t n = fread(buf + len, 1, cap - 1 - len, stdin);
+    len += n;
+    if (n == 0) {
+      if (ferror(stdin)) die(EXIT_USAGE, "cannot read stdin: %s", strerror(errno));
+      break;
+    }
+  }
+  buf[len] = 0;
+  *ret_len = len;
+  return buf;
+}
+
+/* The text argument(s) of generate/tokenize: joined with spaces, or stdin
+ * when there are none or the only one is "-". malloc'd. */
+static char *text_from_args(int argc, char **argv, size_t *ret_len) {
+  if (argc == 0 || (argc == 1 && strcmp(argv[0], "-") == 0))
+    return read_stdin(ret_len);
+  size_t len = 0;
+  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+  char *s = malloc(len);
+  if (!s) die(EXIT_FAILURE, "out of memory");
+  char *p = s;
+  for (int i = 0; i < argc; i++) {
+    size_t n = strlen(argv[i]);
+    memcpy(p, argv[i], n);
+    p += n;
+    *p++ = i + 1 < argc ? ' ' : 0;
+  }
+  *ret_len = len - 1;
+  return s;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+  interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends sinkctl at once */
+}
+
+struct gen_state {
+  bool json;
+  char *text; /* (len) collected for --json */
+  size_t len, cap;
+  int32_t *tokens; /* (n_tokens) collected for --json */
+  size_t n_tokens, cap_tokens;
+  double first_token_ms;
+};
+
+static int on_token(void *user, const struct sk_token_event *ev) {
+  struct gen_state *g = user;
+  if (g->first_token_ms == 0) g->first_token_ms = now_ms();
+  if (!g->json) {
+    fwrite(ev->text, 1, ev->text_len, stdout);
+    fflush(stdout);
+  } else {
+    if (g->len + ev->text_len > g->cap) {
+      size_t cap = g->cap ? g->cap : 256;
+      while (cap < g->len + ev->text_len) cap *= 2;
+      char *nt = realloc(g->text, cap);
+      if (!nt) return 1;
+      g->text = nt;
+      g->cap = cap;
+    }
+    if (ev->text_len) memcpy(g->text + g->len, ev->text, ev->text_len);
+    g->len += ev->text_len;
+    if (g->n_tokens == g->cap_tokens) {
+      size_t cap = g->cap_tokens ? g->cap_tokens * 2 : 64;
+      int32_t *nt = realloc(g->tokens, cap * sizeof *nt);
+      if (!nt) return 1;
+      g->tokens = nt;
+      g->cap_tokens = cap;
+    }
+    g->tokens[g->n_tokens++] = ev->token;
+  }
+  return interrupted ? 1 : 0;
+}
+
+static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
+                        char **argv) {
+  struct sk_error e;
+  size_t prompt_len = 0;
+  char *prompt = NULL;
+  if (argc > 0 || !o->has_session) {
+    prompt = text_from_args(argc, argv, &prompt_len);
+    if (prompt_len == 0 && !o->has_session)
+      usage_error("generate: the prompt is empty");
+  }
+
+  uint64_t session = o->session;
+  if (!o->has_session) {
+    struct sk_open_result opened;
+    if (sk_client_open(c, &o->open, &opened, &e) < 0) {
+      free(prompt);
+      return report(c, &e);
+    }
+    session = opened.session;
+  }
+
+  struct sk_generate_params p = o->gen;
+  p.stop = o->stops;
+  p.n_stop = o->n_stop;
+  p.prompt = prompt_len ? prompt : NULL;
+  p.prompt_len = prompt_len;
+
+  if (!o->json && !o->no_echo && prompt_len) {
+    fwrite(prompt, 1, prompt_len, stdout);
+    fflush(stdout);
+  }
+
+  struct gen_state g = {.json = o->json};
+  struct sk_generate_result res;
+  struct sigaction sa, old_sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_sa);
+  double t0 = now_ms();
+  int rc = sk_client_generate(c, session, &p, on_token, &g, &res, &e);
+  double t1 = now_ms();
+  sigaction(SIGINT, &old_sa, NULL);
+  int status = 0;
+  if (rc < 0) {
+    /* End the partial line of output before the error. */
+    if (!o->json && (g.first_token_ms != 0 || (!o->no_echo && prompt_len)))
+      fputc('\n', stdout);
+    fflush(stdout);
+    status = report(c, &e);
+  }
+
+  if (!o->has_session && sk_client_connected(c)) {
+    struct sk_error ce;
+    if (sk_client_close(c, session, &ce) < 0 && status == 0)
+      status = report(c, &ce);
+  }
+
+  if (rc == 0) {
+    if (o->json) {
+      bool first = true;
+      fputc('{', stdout);
+      json_kv_u64(stdout, &first, "session", session);
+      json_key(stdout, &first, "text");
+      json_str(stdout, g.text ? g.text : "", g.len);
+      json_key(stdout, &first, "tokens");
+      fputc('[', stdout);
+      for (size_t i = 0; i < g.n_tokens; i++)
+        printf("%s%" PRId32, i ? ", " : "", g.tokens[i]);
+      fputc(']', stdout);
+      json_kv_str(stdout, &first, "stop", res.stop);
+      json_kv_u64(stdout, &first, "n_tokens", res.n_tokens);
+      json_key(stdout, &first, "usage");
+      printf("{\"prompt_tokens\": %" PRIu64 ", \"completion_tokens\": %" PRIu64
+             "}",
+             res.prompt_tokens, res.completion_tokens);
+      json_kv_u64(stdout, &first, "evicted", res.evicted);
+      json_kv_u64(stdout, &first, "resident", res.resident);
+      json_kv_u64(stdout, &first, "seen", res.seen);
+      fputs("}\n", stdout);
+    } else {
+      fputc('\n', stdout);
+    }
+    fflush(stdout);
+    if (o->verbose) {
+      double gen_ms = g.first_token_ms ? t1 - g.first_token_ms : 0;
+      fprintf(stderr,
+              "%s: session %" PRIu64 ": stop %s; %" PRIu64
+              " prompt + %" PRIu64 " generated tokens; %" PRIu64
+              " resident, %" PRIu64 " seen, %" PRIu64
+              " evicted; %.1f ms total",
+              prog, session, res.stop, res.prompt_tokens,
+              res.completion_tokens, res.resident, res.seen, res.evicted,
+              t1 - t0);
+      if (res.completion_tokens > 1 && gen_ms > 0)
+        fprintf(stderr, ", %.1f tokens/s",
+                (double)(res.completion_tokens - 1) * 1e3 / gen_ms);
+      fputc('\n', stderr);
+    }
+    if (interrupted && strcmp(res.stop, "cancelled") == 0 && status == 0)
+      status = EXIT_INTERRUPTED;
+  }
+  free(g.text);
+  free(g.tokens);
+  free(prompt);
+  return status;
+}
+
+static int cmd_tokenize(struct sk_client *c, const struct opts *o, int argc,
+                        char **argv) {
+  size_t len;
+  char *text = text_from_args(argc, argv, &len);
+  struct sk_error e;
+  int32_t *ids = NULL;
+  size_t n = 0;
+  int rc = sk_client_tokenize(c, text, len, o->no_bos ? SK_BOS_FALSE
+                                                      : SK_BOS_DEFAULT,
+                              &ids, &n, &e);
+  free(text);
+  if (rc < 0) return report(c, &e);
+  if (o->json) fputs("{\"tokens\": [", stdout);
+  for (size_t i = 0; i < n; i++)
+    printf("%s%" PRId32, i ? (o->json ? ", " : " ") : "", ids[i]);
+  fputs(o->json ? "]}\n" : "\n", stdout);
+  free(ids);
+  return 0;
+}
+
+static int cmd_detokenize(struct sk_client *c, const struct opts *o, int argc,
+                          char **argv) {
+  int32_t *ids = malloc((size_t)argc * sizeof *ids);
+  if (!ids) die(EXIT_FAILURE, "out of memory");
+  for (int i = 0; i < argc; i++)
+    ids[i] = (int32_t)parse_u64("detokenize", argv[i], 0, INT32_MAX);
+  struct sk_error e;
+  char *text = NULL;
+  size_t len = 0;
+  int rc = sk_client_detokenize(c, ids, (size_t)argc, &text, &len, &e);
+  free(ids);
+  if (rc < 0) return report(c, &e);
+  if (o->json) {
+    fputs("{\"text\": ", stdout);
+    json_str(stdout, text, len);
+    fputs("}\n", stdout);
+  } else {
+    fwrite(text, 1, len, stdout);
+  }
+  free(text);
+  return 0;
+}
+
+static int cmd_open(struct sk_client *c, const struct opts *o) {
+  struct sk_error e;
+  struct sk_open_result r;
+  if (sk_client_open(c, &o->open, &r, &e) < 0) return report(c, &e);
+  if (o->json) {
+    bool first = true;
+    fputc('{', stdout);
+    json_kv_u64(stdout, &first, "session", r.session);
+    json_kv_str(stdout, &first, "policy", r.policy);
+    json_kv_u64(stdout, &first, "capacity", r.capacity);
+    json_kv_u64(stdout, &first, "kv_bytes", r.kv_bytes);
+    fputs("}\n", stdout);
+  } else {
+    printf("%" PRIu64 "\n", r.session);
+  }
+  return 0;
+}
+
+static int cmd_close(struct sk_client *c, const struct opts *o, uint64_t id) {
+  struct sk_error e;
+  if (sk_client_close(c, id, &e) < 0) return report(c, &e);
+  if (o->json) printf("{\"session\": %" PRIu64 ", \"closed\": true}\n", id);
+  return 0;
+}
+
+static int cmd_list(struct sk_client *c, const struct opts *o) {
+  struct sk_error e;
+  struct sk_session_info *s = NULL;
+  size_t n = 0;
+  if (sk_client_list(c, &s, &n, &e) < 0) return report(c, &e);
+  if (o->json) {
+    fputs("{\"sessions\": [", stdout);
+    for (size_t i = 0; i < n; i++) {
+      bool first = true;
+      fputs(i ? ", {" : "{", stdout);
+      json_kv_u64(stdout, &first, "session", s[i].session);
+      json_kv_str(stdout, &first, "policy", s[i].policy);
+      json_kv_u64(stdout, &first, "capacity", s[i].capacity);
+      json_kv_u64(stdout, &first, "resident", s[i].resident);
+      json_kv_u64(stdout, &first, "seen", s[i].seen);
+      fputc('}', stdout);
+    }
+    fputs("]}\n", stdout);
+  } else {
+    printf("%-10s %-12s %10s %10s %14s\n", "SESSION", "POLICY", "CAPACITY",
+           "RESIDENT", "SEEN");
+    for (size_t i = 0; i < n; i++)
+      printf("%-10" PRIu64 " %-12s %10" PRIu64 " %10" PRIu64 " %14" PRIu64
+             "\n",
+             s[i].session, s[i].policy, s[i].capacity, s[i].resident,
+             s[i].seen);
+  }
+  free(s);
+  return 0;
+}
+
+/* Prints "key: value" (text) or a JSON member. */
+struct kv_out {
+  bool json, first;
+};
+
+static void out_u64(struct kv_out *k, const char *key, uint64_t v) {
+  if (k->json)
+    json_kv_u64(stdout, &k->first, key, v);
+  else
+    printf("%s: %" PRIu64 "\n", key, v);
+}
+
+static void out_str(struct kv_out *k, const char *key, const char *v) {
+  if (k->json)
+    json_kv_str(stdout, &k->first, key, v);
+  else
+    printf("%s: %s\n", key, v);
+}
+
+static void out_begin(struct kv_out *k) {
+  if (k->json) fputc('{', stdout);
+}
+
+static void out_end(struct kv_out *k) {
+  if (k->json) fputs("}\n", stdout);
+}
+
+static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
+                     uint64_t id) {
+  struct sk_error e;
+  struct kv_out k = {.json = o->json, .first = true};
+  if (!has_id) {
+    struct sk_daemon_stats s;
+    if (sk_client_stats(c, &s, &e) < 0) return report(c, &e);
+    out_begin(&k);
+    out_u64(&k, "sessions", s.sessions);
+    out_u64(&k, "clients", s.clients);
+    out_u64(&k, "uptime_s", s.uptime_s);
+    out_u64(&k, "tokens_prefilled", s.tokens_prefilled);
+    out_u64(&k, "tokens_generated", s.tokens_generated);
+    out_end(&k);
+    return 0;
+  }
+  struct sk_session_stats s;
+  if (sk_client_session_stats(c, id, &s, &e) < 0) return report(c, &e);
+  out_begin(&k);
+  out_u64(&k, "session", s.session);
+  out_str(&k, "policy", s.policy);
+  out_u64(&k, "n_sink", s.n_sink);
+  out_u64(&k, "window", s.window);
+  out_u64(&k, "capacity", s.capacity);
+  out_u64(&k, "resident", s.resident);
+  out_u64(&k, "seen", s.seen);
+  out_u64(&k, "evicted", s.evicted);
+  out_u64(&k, "kv_bytes", s.kv_bytes);
+  if (k.json) {
+    json_key(stdout, &k.first, "positions");
+    if (s.has_positions)
+      printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
+    else
+      fputs("[]", stdout);
+  } else if (s.has_positions) {
+    printf("positions: %" PRIu64 "-%" PRIu64 "\n", s.position_first,
+           s.position_last);
+  } else {
+    printf("positions: none\n");
+  }
+  out_end(&k);
+  return 0;
+}
+
+static int cmd_ping(struct sk_client *c, const struct opts *o) {
+  struct sk_error e;
+  double t0 = now_ms();
+  if (sk_client_ping(c, &e) < 0) return report(c, &e);
+  double ms = now_ms() - t0;
+  if (o->json)
+    printf("{\"pong\": true, \"ms\": %.3f}\n", ms);
+  else
+    printf("pong (%.1f ms)\n", ms);
+  return 0;
+}
+
+static int cmd_hello(struct sk_client *c, const struct opts *o) {
+  struct sk_error e;
+  struct sk_hello h;
+  if (sk_client_hello(c, &h, &e) < 0) return report(c, &e);
+  if (o->json) {
+    bool first = true, f2 = true;
+    fputc('{', stdout);
+    json_kv_u64(stdout, &first, "protocol", h.protocol);
+    json_kv_str(stdout, &first, "server", h.server);
+    json_kv_str(stdout, &first, "version", h.version);
+    json_key(stdout, &first, "model");
+    fputc('{', stdout);
+    json_kv_str(stdout, &f2, "name", h.model.name);
+    json_kv_u64(stdout, &f2, "n_vocab", h.model.n_vocab);
+    json_kv_u64(stdout, &f2, "n_ctx_train", h.model.n_ctx_train);
+    json_kv_u64(stdout, &f2, "n_layer", h.model.n_layer);
+    json_kv_u64(stdout, &f2, "dim", h.model.dim);
+    json_kv_u64(stdout, &f2, "n_head", h.model.n_head);
+    json_kv_u64(stdout, &f2, "n_kv_head", h.model.n_kv_head);
+    fputc('}', stdout);
+    json_key(stdout, &first, "defaults");
+    f2 = true;
+    fputc('{', stdout);
+    json_kv_str(stdout, &f2, "policy", h.defaults.policy);
+    json_kv_u64(stdout, &f2, "n_sink", h.defaults.n_sink);
+    json_kv_u64(stdout, &f2, "window", h.defaults.window);
+    json_kv_u64(stdout, &f2, "capacity", h.defaults.capacity);
+    fputs("}}\n", stdout);
+    return 0;
+  }
+  printf("protocol: %" PRIu32 "\n", h.protocol);
+  printf("server: %s\n", h.server);
+  printf("version: %s\n", h.version);
+  printf("model: %s\n", h.model.name);
+  printf("model.n_vocab: %" PRIu32 "\n", h.model.n_vocab);
+  printf("model.n_ctx_train: %" PRIu32 "\n", h.model.n_ctx_train);
+  printf("model.n_layer: %" PRIu32 "\n", h.model.n_layer);
+  printf("model.dim: %" PRIu32 "\n", h.model.dim);
+  printf("model.n_head: %" PRIu32 "\n", h.model.n_head);
+  printf("model.n_kv_head: %" PRIu32 "\n", h.model.n_kv_head);
+  printf("defaults.policy: %s\n", h.defaults.policy);
+  printf("defaults.n_sink: %" PRIu32 "\n", h.defaults.n_sink);
+  printf("defaults.window: %" PRIu32 "\n", h.defaults.window);
+  printf("defaults.capacity: %" PRIu32 "\n", h.defaults.capacity);
+  return 0;
+}
+
+/* ---- main ------------------------------------------------------------- */
+
+enum cmd {
+  CMD_GENERATE,
+  CMD_TOKENIZE,
+  CMD_DETOKENIZE,
+  CMD_OPEN,
+  CMD_CLOSE,
+  CMD_LIST,
+  CMD_STATS,
+  CMD_PING,
+  CMD_HELLO,
+};
+
+static const struct {
+  const char *name;
+  enum cmd cmd;
+  int min_args, max_args; /* positional arguments; -1 = any number */
+  const char *arg_name;   /* for "missing ..." */
+  const int *options;     /* command-specific options allowed, 0-ended */
+} commands[] = {
+    {"generate", CMD_GENERATE, 0, -1, "PROMPT",
+     (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
+                   OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
+                   OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
+                   OPT_CAPACITY, 0}},
+    {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)", (const int[]){OPT_NO_BOS, 0}},
+    {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
+    {"open", CMD_OPEN, 0, 0, NULL,
+     (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY, 0}},
+    {"close", CMD_CLOSE, 1, 1, "session ID", (const int[]){0}},
+    {"list", CMD_LIST, 0, 0, NULL, (const int[]){0}},
+    {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){0}},
+    {"ping", CMD_PING, 0, 0, NULL, (const int[]){0}},
+    {"hello", CMD_HELLO, 0, 0, NULL, (const int[]){0}},
+};
+
+static void parse_options(int argc, char **argv, struct opts *o) {
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":s:jvhVn:t:", long_options, NULL)) !=
+         -1) {
+    if (c >= 0 && c < OPT__END) o->given[c] = true;
+    switch (c) {
+    case OPT_SOCKET:
+      if (!optarg[0]) usage_error("--socket: the path is empty");
+      o->socket = optarg;
+      break;
+    case OPT_JSON: o->json = true; break;
+    case OPT_VERBOSE: o->verbose = true; break;
+    case OPT_HELP: help(); exit(0);
+    case OPT_VERSION:
+      printf("sinkctl %s (protocol %d)\n", SK_VERSION, SK_PROTOCOL_VERSION);
+      exit(0);
+    case OPT_MAX_TOKENS:
+      o->gen.max_tokens =
+          (uint32_t)parse_u64("--max-tokens", optarg, 1, MAX_TOKENS_LIMIT);
+      break;
+    case OPT_TEMPERATURE: {
+      double t = parse_double("--temperature", optarg);
+      if (t < 0) usage_error("--temperature: '%s' is not >= 0", optarg);
+      o->gen.temperature = t;
+      break;
+    }
+    case OPT_TOP_K:
+      o->gen.top_k = (uint32_t)parse_u64("--top-k", optarg, 0, UINT32_MAX);
+      break;
+    case OPT_TOP_P: {
+      double p = parse_double("--top-p", optarg);
+      if (!(p > 0 && p <= 1))
+        usage_error("--top-p: '%s' is not in (0, 1]", optarg);
+      o->gen.top_p = p;
+      break;
+    }
+    case OPT_SEED:
+      o->gen.seed = parse_u64("--seed", optarg, 0, UINT64_MAX);
+      o->gen.has_seed = true;
+      break;
+    case OPT_STOP: {
+      if (!optarg[0]) usage_error("--stop: the text is empty");
+      const char **ns = realloc(o->stops, (o->n_stop + 1) * sizeof *ns);
+      if (!ns) die(EXIT_FAILURE, "out of memory");
+      o->stops = ns;
+      o->stops[o->n_stop++] = optarg;
+      break;
+    }
+    case OPT_IGNORE_EOS: o->gen.ignore_eos = true; break;
+    case OPT_SESSION:
+      o->session = parse_u64("--session", optarg, 0, UINT64_MAX);
+      o->has_session = true;
+      break;
+    case OPT_NO_ECHO: o->no_echo = true; break;
+    case OPT_POLICY:
+      if (!optarg[0]) usage_error("--policy: the name is empty");
+      o->open.policy = optarg;
+      break;
+    case OPT_SINKS:
+      o->open.n_sink = (uint32_t)parse_u64("--sinks", optarg, 1, UINT32_MAX);
+      break;
+    case OPT_WINDOW:
+      o->open.window = (uint32_t)parse_u64("--window", optarg, 1, UINT32_MAX);
+      break;
+    case OPT_CAPACITY:
+      o->open.capacity =
+          (uint32_t)parse_u64("--capacity", optarg, 1, UINT32_MAX);
+      break;
+    case OPT_NO_BOS: o->no_bos = true; break;
+    case ':':
+      usage_error("option '%s' needs a value", argv[optind - 1]);
+    case '?':
+    default:
+      if (optopt > 0 && optopt < 256 && strncmp(argv[optind - 1], "--", 2))
+        usage_error("unknown option '-%c'", optopt);
+      usage_error("unknown option '%s'", argv[optind - 1]);
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  struct opts o;
+  memset(&o, 0, sizeof o);
+  sk_generate_params_init(&o.gen);
+  parse_options(argc, argv, &o);
+
+  int nargs = argc - optind;
+  char **args = argv + optind;
+  if (nargs == 0) usage_error("no command given");
+  size_t ci;
+  for (ci = 0; ci < sizeof commands / sizeof commands[0]; ci++)
+    if (strcmp(commands[ci].name, args[0]) == 0) break;
+  if (ci == sizeof commands / sizeof commands[0])
+    usage_error("unknown command '%s'", args[0]);
+  const char *name = commands[ci].name;
+  nargs--;
+  args++;
+
+  /* Options that belong to another command are errors, not ignored. */
+  for (int id = OPT_MAX_TOKENS; id < OPT__END; id++) {
+    if (!o.given[id] || id == OPT_SOCKET || id == OPT_JSON ||
+        id == OPT_VERBOSE)
+      continue;
+    bool ok = false;
+    for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;
+    if (!ok) usage_error("--%s: not an option of '%s'", opt_name(id), name);
+  }
+  if (nargs < commands[ci].min_args)
+    usage_error("%s: missing %s", name, commands[ci].arg_name);
+  if (commands[ci].max_args >= 0 && nargs > commands[ci].max_args)
+    usage_error("%s: unexpected argument '%s'", name,
+                args[commands[ci].max_args]);
+
+  /* Arguments are checked before connecting: a typo is a usage error
+   * whether or not the daemon runs. */
+  uint64_t id = 0;
+  if (commands[ci].cmd == CMD_CLOSE || (commands[ci].cmd == CMD_STATS && nargs))
+    id = parse_u64(name, args[0], 0, UINT64_MAX);
+  if (commands[ci].cmd == CMD_DETOKENIZE)
+    for (int i = 0; i < nargs; i++) parse_u64(name, args[i], 0, INT32_MAX);
+
+  struct sk_client *c;
+  struct sk_error e;
+  if (sk_client_connect(o.socket, &c, &e) < 0)
+    die(EXIT_CONNECT, "%s", e.message);
+
+  int status = 0;
+  switch (commands[ci].cmd) {
+  case CMD_GENERATE: status = cmd_generate(c, &o, nargs, args); break;
+  case CMD_TOKENIZE: status = cmd_tokenize(c, &o, nargs, args); break;
+  case CMD_DETOKENIZE: status = cmd_detokenize(c, &o, nargs, args); break;
+  case CMD_OPEN: status = cmd_open(c, &o); break;
+  case CMD_CLOSE: status = cmd_close(c, &o, id); break;
+  case CMD_LIST: status = cmd_list(c, &o); break;
+  case CMD_STATS: status = cmd_stats(c, &o, nargs > 0, id); break;
+  case CMD_PING: status = cmd_ping(c, &o); break;
+  case CMD_HELLO: status = cmd_hello(c, &o); break;
+  }
+  sk_client_free(c);
+  free(o.stops);
+  if (fflush(stdout) != 0 || ferror(stdout))
+    die(EXIT_FAILURE, "cannot write to stdout: %s", strerror(errno));
+  return status;
+}
