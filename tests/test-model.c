@@ -370,6 +370,7 @@ struct buf {
 };
 
 static void buf_put(struct buf *b, const void *d, size_t n) {
+  if (n == 0) return;
   if (b->len + n > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + n) cap *= 2;

@@ -361,10 +361,17 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
   } else {
     m->output = m->tok_embd; /* tied embeddings */
   }
-  if (sk_gguf_find_tensor(g, "rope_freqs.weight") &&
-      (rc = sk__tensor(m, g, "rope_freqs.weight", c->rope_dim / 2, 0,
-                       &m->rope_freqs, err)) < 0)
-    return rc;
+  if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
+    if ((rc = sk__tensor(m, g, "rope_freqs.weight", c->rope_dim / 2, 0,
+                         &m->rope_freqs, err)) < 0)
+      return rc;
+    for (uint32_t i = 0; i < c->rope_dim / 2; i++)
+      if (!isfinite(m->rope_freqs[i]) || !(m->rope_freqs[i] > 0.0f))
+        return sk_error_set(err, SK_ERR_BAD_MODEL,
+                            "rope_freqs.weight[%u] is %g, expected a finite "
+                            "value > 0",
+                            i, (double)m->rope_freqs[i]);
+  }
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     struct sk__layer *L = &m->layers[l];
