@@ -11,9 +11,22 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "msg.h"
+#include "sinkd/client.h"
 #include "sinkd/protocol.h"
 #include "testutil.h"
+
+/* The protocol test links the protocol objects, not libsinkd itself, so
+ * the client is compiled in here (see tests/meson.build). */
+#include "../libshared/client.c"
 
 /* ---- errors ----------------------------------------------------------- */
 
@@ -630,6 +643,732 @@ static void test_msg_pack_error(void **state) {
   sk_msgbuf_free(&b);
 }
 
+/* ---- client, against a fake daemon ------------------------------------ */
+
+/* A fake sinkd: a thread that accepts one connection on a Unix socket in
+ * a temporary directory and answers requests with canned replies. It
+ * records what it received; the test asserts on it afterwards (cmocka
+ * assertions must stay on the main thread). */
+enum fake_mode {
+  FAKE_NORMAL,
+  FAKE_WRONG_ID,     /* replies carry another id */
+  FAKE_HANGUP,       /* closes the connection on the first request */
+  FAKE_ID0,          /* answers with an id-0 too_large error */
+  FAKE_HUGE_FRAME,   /* sends a frame header above the ceiling */
+  FAKE_NOT_MAP,      /* sends a reply that is an array */
+};
+
+#define FAKE_MAX_REQ 32
+
+struct fake {
+  char *dir, *path;
+  int listen_fd;
+  pthread_t thread;
+  enum fake_mode mode;
+  bool final_before_cancel_reply; /* order of the two replies on cancel */
+  struct sk_frame_reader rd;
+  /* Requests received, as raw bodies. */
+  uint8_t *req[FAKE_MAX_REQ];
+  size_t req_len[FAKE_MAX_REQ];
+  size_t n_req;
+};
+
+static void fake_write(int fd, struct sk_msgbuf *b) {
+  int64_t n = sk_msgbuf_finish(b);
+  const char *p = b->sbuf.data;
+  while (n > 0) {
+    ssize_t w = send(fd, p, (size_t)n, MSG_NOSIGNAL);
+    if (w <= 0) break;
+    p += w;
+    n -= w;
+  }
+  sk_msgbuf_free(b);
+}
+
+/* Starts a reply map with id, ok true and n more fields. */
+static void fake_begin(struct sk_msgbuf *b, uint64_t id, uint32_t n) {
+  sk_msgbuf_init(b);
+  msgpack_pack_map(&b->pk, 2 + n);
+  sk_pack_kv_u64(&b->pk, "id", id);
+  sk_pack_kv_bool(&b->pk, "ok", true);
+}
+
+static void fake_error(int fd, uint64_t id, int code, const char *message) {
+  struct sk_error e;
+  sk_error_set(&e, code, "%s", message);
+  struct sk_msgbuf b;
+  sk_msgbuf_init(&b);
+  sk_msg_pack_error(&b, id, &e);
+  fake_write(fd, &b);
+}
+
+/* Reads the next request; returns false when the client has gone. The
+ * body is recorded and parsed into *msg (caller frees). */
+static bool fake_read(struct fake *f, int fd, struct sk_msg *msg) {
+  for (;;) {
+    const uint8_t *body;
+    size_t len;
+    if (sk_frame_reader_next(&f->rd, &body, &len) == 1) {
+      if (f->n_req < FAKE_MAX_REQ) {
+        f->req[f->n_req] = malloc(len);
+        memcpy(f->req[f->n_req], body, len);
+        f->req_len[f->n_req++] = len;
+      }
+      return sk_msg_parse(body, len, msg, NULL) == 0;
+    }
+    uint8_t buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    sk_frame_reader_feed(&f->rd, buf, (size_t)n);
+  }
+}
+
+static void fake_pack_ranges(msgpack_packer *pk) {
+  sk_pack_cstr(pk, "evicted_ranges");
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_uint64(pk, 4);
+  msgpack_pack_uint64(pk, 5);
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_uint64(pk, 9);
+  msgpack_pack_uint64(pk, 9);
+}
+
+static void fake_token(int fd, uint64_t id, int32_t token, const char *text,
+                       bool with_top) {
+  struct sk_msgbuf b;
+  sk_msgbuf_init(&b);
+  msgpack_pack_map(&b.pk, with_top ? 5 : 4);
+  sk_pack_kv_u64(&b.pk, "id", id);
+  sk_pack_kv_str(&b.pk, "event", "token");
+  sk_pack_kv_i64(&b.pk, "token", token);
+  sk_pack_kv_str(&b.pk, "text", text);
+  if (with_top) {
+    sk_pack_cstr(&b.pk, "top");
+    msgpack_pack_array(&b.pk, 2);
+    msgpack_pack_array(&b.pk, 2);
+    msgpack_pack_int32(&b.pk, token);
+    msgpack_pack_float(&b.pk, 1.5f);
+    msgpack_pack_array(&b.pk, 2);
+    msgpack_pack_int32(&b.pk, 3);
+    msgpack_pack_double(&b.pk, -2.25);
+  }
+  fake_write(fd, &b);
+}
+
+static void fake_generate_final(int fd, uint64_t id, const char *stop,
+                                uint64_t n) {
+  struct sk_msgbuf b;
+  fake_begin(&b, id, 7);
+  msgpack_packer *pk = &b.pk;
+  sk_pack_kv_str(pk, "stop", stop);
+  sk_pack_kv_u64(pk, "n_tokens", n);
+  sk_pack_cstr(pk, "usage");
+  msgpack_pack_map(pk, 2);
+  sk_pack_kv_u64(pk, "prompt_tokens", 4);
+  sk_pack_kv_u64(pk, "completion_tokens", n);
+  sk_pack_kv_u64(pk, "evicted", 3);
+  sk_pack_kv_u64(pk, "resident", 20);
+  sk_pack_kv_u64(pk, "seen", 23);
+  fake_pack_ranges(pk);
+  fake_write(fd, &b);
+}
+
+static void fake_generate(struct fake *f, int fd, uint64_t id,
+                          const msgpack_object *req) {
+  uint64_t max_tokens = 0, n_top = 0;
+  sk_msg_get_u64(req, "max_tokens", UINT64_MAX, &max_tokens, NULL);
+  sk_msg_get_u64(req, "n_top", UINT64_MAX, &n_top, NULL);
+  if (max_tokens == 3) { /* three events, then the final reply */
+    fake_token(fd, id, 10, "a", n_top > 0);
+    fake_token(fd, id, 11, "", n_top > 0);
+    fake_token(fd, id, 12, "\xc3\xbc", n_top > 0);
+    fake_generate_final(fd, id, "length", 3);
+    return;
+  }
+  /* Otherwise stream until a cancel arrives. */
+  fake_token(fd, id, 10, "a", false);
+  fake_token(fd, id, 11, "b", false);
+  struct sk_msg msg;
+  if (!fake_read(f, fd, &msg)) return;
+  uint64_t cancel_id = 0;
+  sk_msg_get_u64(&msg.root, "id", UINT64_MAX, &cancel_id, NULL);
+  sk_msg_free(&msg);
+  /* One more event already on its way when the cancel arrived. */
+  fake_token(fd, id, 12, "c", false);
+  struct sk_msgbuf b;
+  if (f->final_before_cancel_reply) fake_generate_final(fd, id, "cancelled", 3);
+  fake_begin(&b, cancel_id, 1);
+  sk_pack_kv_bool(&b.pk, "cancelled", true);
+  fake_write(fd, &b);
+  if (!f->final_before_cancel_reply) fake_generate_final(fd, id, "cancelled", 3);
+}
+
+static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
+  uint64_t id = 0, session = 0;
+  const char *op = "";
+  size_t op_len = 0;
+  sk_msg_get_u64(req, "id", UINT64_MAX, &id, NULL);
+  sk_msg_get_str(req, "op", &op, &op_len, NULL);
+  int has_session = sk_msg_get_u64(req, "session", UINT64_MAX, &session, NULL);
+  struct sk_msgbuf b;
+#define OP(name) (op_len == strlen(name) && memcmp(op, name, op_len) == 0)
+  if (session == 99) {
+    fake_error(fd, id, SK_ERR_NO_SUCH_SESSION, "no session 99");
+  } else if (OP("ping")) {
+    fake_begin(&b, id, 0);
+    fake_write(fd, &b);
+  } else if (OP("hello")) {
+    fake_begin(&b, id, 5);
+    msgpack_packer *pk = &b.pk;
+    sk_pack_kv_u64(pk, "protocol", 1);
+    sk_pack_kv_str(pk, "server", "sinkd");
+    sk_pack_kv_str(pk, "version", "0.1.0");
+    sk_pack_cstr(pk, "model");
+    msgpack_pack_map(pk, 7);
+    sk_pack_kv_str(pk, "name", "stories260K");
+    sk_pack_kv_u64(pk, "n_vocab", 512);
+    sk_pack_kv_u64(pk, "n_ctx_train", 512);
+    sk_pack_kv_u64(pk, "n_layer", 5);
+    sk_pack_kv_u64(pk, "dim", 64);
+    sk_pack_kv_u64(pk, "n_head", 8);
+    sk_pack_kv_u64(pk, "n_kv_head", 4);
+    sk_pack_cstr(pk, "defaults");
+    msgpack_pack_map(pk, 4);
+    sk_pack_kv_str(pk, "policy", "streaming");
+    sk_pack_kv_u64(pk, "n_sink", 4);
+    sk_pack_kv_u64(pk, "window", 252);
+    sk_pack_kv_u64(pk, "capacity", 256);
+    fake_write(fd, &b);
+  } else if (OP("open")) {
+    fake_begin(&b, id, 4);
+    sk_pack_kv_u64(&b.pk, "session", 7);
+    sk_pack_kv_str(&b.pk, "policy", "streaming");
+    sk_pack_kv_u64(&b.pk, "capacity", 260);
+    sk_pack_kv_u64(&b.pk, "kv_bytes", 1234);
+    fake_write(fd, &b);
+  } else if (OP("close")) {
+    fake_begin(&b, id, 0);
+    fake_write(fd, &b);
+  } else if (OP("list")) {
+    fake_begin(&b, id, 1);
+    sk_pack_cstr(&b.pk, "sessions");
+    msgpack_pack_array(&b.pk, 2);
+    for (int i = 0; i < 2; i++) {
+      msgpack_pack_map(&b.pk, 5);
+      sk_pack_kv_u64(&b.pk, "session", 7 + (uint64_t)i);
+      sk_pack_kv_str(&b.pk, "policy", i ? "dense" : "streaming");
+      sk_pack_kv_u64(&b.pk, "capacity", 260);
+      sk_pack_kv_u64(&b.pk, "resident", 100 + (uint64_t)i);
+      sk_pack_kv_u64(&b.pk, "seen", 5000000000u);
+    }
+    fake_write(fd, &b);
+  } else if (OP("stats") && has_session == 1) {
+    fake_begin(&b, id, 10);
+    msgpack_packer *pk = &b.pk;
+    sk_pack_kv_u64(pk, "session", session);
+    sk_pack_kv_str(pk, "policy", "streaming");
+    sk_pack_kv_u64(pk, "n_sink", 4);
+    sk_pack_kv_u64(pk, "window", 256);
+    sk_pack_kv_u64(pk, "capacity", 260);
+    sk_pack_kv_u64(pk, "resident", 260);
+    sk_pack_kv_u64(pk, "seen", 1000);
+    sk_pack_kv_u64(pk, "evicted", 740);
+    sk_pack_kv_u64(pk, "kv_bytes", 1234);
+    sk_pack_cstr(pk, "positions");
+    if (session == 8) {
+      msgpack_pack_array(pk, 0);
+    } else {
+      msgpack_pack_array(pk, 2);
+      msgpack_pack_uint64(pk, 0);
+      msgpack_pack_uint64(pk, 259);
+    }
+    fake_write(fd, &b);
+  } else if (OP("stats")) {
+    fake_begin(&b, id, 5);
+    sk_pack_kv_u64(&b.pk, "sessions", 2);
+    sk_pack_kv_u64(&b.pk, "clients", 1);
+    sk_pack_kv_u64(&b.pk, "uptime_s", 60);
+    sk_pack_kv_u64(&b.pk, "tokens_prefilled", 123);
+    sk_pack_kv_u64(&b.pk, "tokens_generated", 456);
+    fake_write(fd, &b);
+  } else if (OP("append")) {
+    fake_begin(&b, id, 5);
+    sk_pack_kv_u64(&b.pk, "n_tokens", 5);
+    sk_pack_kv_u64(&b.pk, "resident", 20);
+    sk_pack_kv_u64(&b.pk, "seen", 25);
+    sk_pack_kv_u64(&b.pk, "evicted", 3);
+    fake_pack_ranges(&b.pk);
+    fake_write(fd, &b);
+  } else if (OP("tokenize")) {
+    fake_begin(&b, id, 1);
+    sk_pack_cstr(&b.pk, "tokens");
+    msgpack_pack_array(&b.pk, 3);
+    msgpack_pack_int32(&b.pk, 1);
+    msgpack_pack_int32(&b.pk, 365);
+    msgpack_pack_int32(&b.pk, 2147483647);
+    fake_write(fd, &b);
+  } else if (OP("detokenize")) {
+    fake_begin(&b, id, 1);
+    sk_pack_kv_strn(&b.pk, "text", "he\0llo", 6);
+    fake_write(fd, &b);
+  } else if (OP("generate")) {
+    fake_generate(f, fd, id, req);
+  } else if (OP("cancel")) {
+    fake_begin(&b, id, 1);
+    sk_pack_kv_bool(&b.pk, "cancelled", false);
+    fake_write(fd, &b);
+  } else {
+    fake_error(fd, id, SK_ERR_UNKNOWN_OP, "unknown op");
+  }
+#undef OP
+}
+
+static void *fake_main(void *arg) {
+  struct fake *f = arg;
+  int fd = accept(f->listen_fd, NULL, NULL);
+  if (fd < 0) return NULL;
+  struct sk_msg msg;
+  while (fake_read(f, fd, &msg)) {
+    uint64_t id = 0;
+    sk_msg_get_u64(&msg.root, "id", UINT64_MAX, &id, NULL);
+    if (f->mode == FAKE_HANGUP) {
+      sk_msg_free(&msg);
+      break;
+    } else if (f->mode == FAKE_WRONG_ID) {
+      struct sk_msgbuf b;
+      fake_begin(&b, id + 5, 0);
+      fake_write(fd, &b);
+    } else if (f->mode == FAKE_ID0) {
+      fake_error(fd, 0, SK_ERR_TOO_LARGE, "frame of 2000000 bytes (limit 1048576)");
+      f->mode = FAKE_NORMAL;
+    } else if (f->mode == FAKE_HUGE_FRAME) {
+      send(fd, "\xff\xff\xff\xff\x80", 5, MSG_NOSIGNAL);
+    } else if (f->mode == FAKE_NOT_MAP) {
+      send(fd, "\x00\x00\x00\x02\x91\x01", 6, MSG_NOSIGNAL);
+    } else {
+      fake_answer(f, fd, &msg.root);
+    }
+    sk_msg_free(&msg);
+  }
+  close(fd);
+  return NULL;
+}
+
+static struct fake *fake_start(enum fake_mode mode) {
+  struct fake *f = calloc(1, sizeof *f);
+  assert_non_null(f);
+  f->mode = mode;
+  f->dir = sk_test_tmpdir();
+  size_t n = strlen(f->dir) + 16;
+  f->path = malloc(n);
+  snprintf(f->path, n, "%s/s.sock", f->dir);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  assert_true(strlen(f->path) < sizeof addr.sun_path);
+  strcpy(addr.sun_path, f->path);
+  f->listen_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_true(f->listen_fd >= 0);
+  assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(f->listen_fd, 4), 0);
+  sk_frame_reader_init(&f->rd, SK_FRAME_MAX_DEFAULT);
+  assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+  return f;
+}
+
+/* Joins the thread (the client must have been freed first, so the fake
+ * sees the connection end). The requests stay readable until fake_free. */
+static void fake_join(struct fake *f) { pthread_join(f->thread, NULL); }
+
+static void fake_free(struct fake *f) {
+  close(f->listen_fd);
+  unlink(f->path);
+  rmdir(f->dir);
+  for (size_t i = 0; i < f->n_req; i++) free(f->req[i]);
+  sk_frame_reader_free(&f->rd);
+  free(f->path);
+  free(f->dir);
+  free(f);
+}
+
+/* Request i as received by the fake, parsed (caller frees). */
+static void fake_request(struct fake *f, size_t i, struct sk_msg *m) {
+  assert_true(i < f->n_req);
+  struct sk_error e = {0};
+  if (sk_msg_parse(f->req[i], f->req_len[i], m, &e) != 0)
+    fail_msg("request %zu: %s", i, e.message);
+}
+
+static void assert_op(const struct sk_msg *m, const char *op, uint64_t id) {
+  const char *s;
+  size_t len;
+  uint64_t got;
+  assert_int_equal(sk_msg_need_str(&m->root, "op", &s, &len, NULL), 0);
+  assert_int_equal(len, strlen(op));
+  assert_memory_equal(s, op, len);
+  assert_int_equal(sk_msg_need_u64(&m->root, "id", UINT64_MAX, &got, NULL), 0);
+  assert_int_equal(got, id);
+}
+
+static struct sk_client *connect_or_fail(const char *path) {
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  if (sk_client_connect(path, &c, &e) != 0) fail_msg("connect: %s", e.message);
+  return c;
+}
+
+static void test_client_ops(void **state) {
+  (void)state;
+  struct fake *f = fake_start(FAKE_NORMAL);
+  struct sk_client *c = connect_or_fail(f->path);
+  struct sk_error e = {0};
+
+  assert_int_equal(sk_client_ping(c, &e), 0);
+
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_int_equal(h.protocol, 1);
+  assert_string_equal(h.server, "sinkd");
+  assert_string_equal(h.model.name, "stories260K");
+  assert_int_equal(h.model.n_kv_head, 4);
+  assert_string_equal(h.defaults.policy, "streaming");
+  assert_int_equal(h.defaults.window, 252);
+
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  assert_int_equal(o.session, 7);
+  assert_int_equal(o.kv_bytes, 1234);
+  struct sk_open_params op = {.policy = "dense", .capacity = 64};
+  assert_int_equal(sk_client_open(c, &op, NULL, &e), 0);
+
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  assert_int_equal(sk_client_list(c, &rows, &n, &e), 0);
+  assert_int_equal(n, 2);
+  assert_string_equal(rows[1].policy, "dense");
+  assert_int_equal(rows[1].resident, 101);
+  assert_true(rows[0].seen == 5000000000u);
+  free(rows);
+
+  struct sk_daemon_stats ds;
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.tokens_generated, 456);
+  struct sk_session_stats ss;
+  assert_int_equal(sk_client_session_stats(c, 7, &ss, &e), 0);
+  assert_true(ss.has_positions);
+  assert_int_equal(ss.position_last, 259);
+  assert_int_equal(ss.evicted, 740);
+  assert_int_equal(sk_client_session_stats(c, 8, &ss, &e), 0);
+  assert_false(ss.has_positions);
+
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_text(c, 7, "hello", 5, SK_BOS_DEFAULT,
+                                         &ar, &e),
+                   0);
+  assert_int_equal(ar.n_tokens, 5);
+  assert_int_equal(ar.n_ranges, 2);
+  assert_int_equal(ar.ranges[0].first, 4);
+  assert_int_equal(ar.ranges[1].last, 9);
+  const int32_t toks[] = {1, 2, 3};
+  assert_int_equal(sk_client_append_tokens(c, 7, toks, 3, SK_BOS_FALSE, NULL,
+                                           &e),
+                   0);
+
+  int32_t *ids = NULL;
+  assert_int_equal(sk_client_tokenize(c, "hi", 2, SK_BOS_TRUE, &ids, &n, &e), 0);
+  assert_int_equal(n, 3);
+  assert_int_equal(ids[1], 365);
+  assert_int_equal(ids[2], 2147483647);
+  free(ids);
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(sk_client_detokenize(c, toks, 3, &text, &len, &e), 0);
+  assert_int_equal(len, 6);
+  assert_memory_equal(text, "he\0llo", 7); /* NUL-terminated too */
+  free(text);
+
+  bool cancelled = true;
+  assert_int_equal(sk_client_cancel(c, 7, &cancelled, &e), 0);
+  assert_false(cancelled);
+  assert_int_equal(sk_client_close(c, 7, &e), 0);
+
+  /* A daemon error: code mapped, message kept, connection still usable. */
+  assert_int_equal(sk_client_close(c, 99, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(e.code, SK_ERR_NO_SUCH_SESSION);
+  assert_string_equal(e.message, "no session 99");
+  assert_true(sk_client_connected(c));
+  assert_int_equal(sk_client_ping(c, &e), 0);
+
+  sk_client_free(c);
+  fake_join(f);
+
+  /* What the fake received: ids count up from 1; fields left at "daemon
+   * default" are omitted. */
+  static const char *const ops[] = {
+      "ping", "hello", "open", "open", "list", "stats", "stats", "stats",
+      "append", "append", "tokenize", "detokenize", "cancel", "close",
+      "close", "ping"};
+  assert_int_equal(f->n_req, sizeof ops / sizeof ops[0]);
+  struct sk_msg m;
+  for (size_t i = 0; i < f->n_req; i++) {
+    fake_request(f, i, &m);
+    assert_op(&m, ops[i], i + 1);
+    sk_msg_free(&m);
+  }
+  fake_request(f, 2, &m); /* open, all defaults */
+  assert_int_equal(m.root.via.map.size, 2);
+  sk_msg_free(&m);
+  fake_request(f, 3, &m); /* open dense, capacity 64 */
+  assert_int_equal(m.root.via.map.size, 4);
+  assert_null(sk_msg_get(&m.root, "n_sink"));
+  uint64_t u;
+  assert_int_equal(sk_msg_get_u64(&m.root, "capacity", UINT64_MAX, &u, NULL), 1);
+  assert_int_equal(u, 64);
+  sk_msg_free(&m);
+  fake_request(f, 8, &m); /* append text, bos default: no bos field */
+  assert_null(sk_msg_get(&m.root, "bos"));
+  const char *str;
+  size_t slen;
+  assert_int_equal(sk_msg_need_str(&m.root, "text", &str, &slen, NULL), 0);
+  assert_int_equal(slen, 5);
+  sk_msg_free(&m);
+  fake_request(f, 9, &m); /* append tokens, bos false */
+  bool bos = true;
+  assert_int_equal(sk_msg_get_bool(&m.root, "bos", &bos, NULL), 1);
+  assert_false(bos);
+  const msgpack_object_array *a;
+  assert_int_equal(sk_msg_get_array(&m.root, "tokens", &a, NULL), 1);
+  assert_int_equal(a->size, 3);
+  assert_int_equal(a->ptr[2].via.u64, 3);
+  sk_msg_free(&m);
+  fake_request(f, 10, &m); /* tokenize, bos true */
+  assert_int_equal(sk_msg_get_bool(&m.root, "bos", &bos, NULL), 1);
+  assert_true(bos);
+  sk_msg_free(&m);
+  fake_free(f);
+}
+
+/* Collects what the token callback sees. */
+struct tok_log {
+  int n;
+  int32_t tokens[8];
+  char text[64];
+  size_t n_top[8];
+  double top_logit[8];
+  int stop_after; /* return nonzero from the callback after this many */
+};
+
+static int tok_cb(void *user, const struct sk_token_event *ev) {
+  struct tok_log *t = user;
+  if (t->n < 8) {
+    t->tokens[t->n] = ev->token;
+    t->n_top[t->n] = ev->n_top;
+    t->top_logit[t->n] = ev->n_top ? ev->top[1].logit : 0;
+    strncat(t->text, ev->text, ev->text_len);
+  }
+  t->n++;
+  return t->stop_after && t->n >= t->stop_after;
+}
+
+static void test_client_generate(void **state) {
+  (void)state;
+  struct fake *f = fake_start(FAKE_NORMAL);
+  struct sk_client *c = connect_or_fail(f->path);
+  struct sk_error e = {0};
+
+  struct sk_generate_params p;
+  sk_generate_params_init(&p);
+  assert_int_equal(p.max_tokens, 128);
+  assert_true(p.temperature == 0.8);
+  assert_int_equal(p.top_k, 40);
+  assert_true(p.top_p == 0.95);
+  p.max_tokens = 3;
+  p.n_top = 2;
+  const char *stops[] = {"\n\n", "The end"};
+  p.stop = stops;
+  p.n_stop = 2;
+  p.seed = 42;
+  p.has_seed = true;
+  p.prompt = "Once";
+  struct tok_log t = {0};
+  struct sk_generate_result r;
+  assert_int_equal(sk_client_generate(c, 7, &p, tok_cb, &t, &r, &e), 0);
+  assert_int_equal(t.n, 3);
+  assert_int_equal(t.tokens[0], 10);
+  assert_int_equal(t.tokens[2], 12);
+  assert_string_equal(t.text, "a\xc3\xbc");
+  assert_int_equal(t.n_top[0], 2);
+  assert_true(t.top_logit[0] == -2.25);
+  assert_string_equal(r.stop, "length");
+  assert_int_equal(r.n_tokens, 3);
+  assert_int_equal(r.prompt_tokens, 4);
+  assert_int_equal(r.completion_tokens, 3);
+  assert_int_equal(r.seen, 23);
+  assert_int_equal(r.n_ranges, 2);
+
+  /* Without a callback. */
+  p.n_top = 0;
+  assert_int_equal(sk_client_generate(c, 7, &p, NULL, NULL, NULL, &e), 0);
+
+  /* A callback that stops: a cancel goes out, later events are not given
+   * to the callback, and the final reply says "cancelled". Both orders of
+   * the final reply and the cancel's reply. */
+  for (int order = 0; order < 2; order++) {
+    f->final_before_cancel_reply = order == 1;
+    sk_generate_params_init(&p);
+    struct tok_log t2 = {.stop_after = 1};
+    assert_int_equal(sk_client_generate(c, 7, &p, tok_cb, &t2, &r, &e), 0);
+    assert_int_equal(t2.n, 1);
+    assert_string_equal(r.stop, "cancelled");
+    /* The stream is in step: the next request works. */
+    assert_int_equal(sk_client_ping(c, &e), 0);
+  }
+
+  /* An error before generation. */
+  assert_int_equal(sk_client_generate(c, 99, NULL, tok_cb, &t, &r, &e),
+                   -SK_ERR_NO_SUCH_SESSION);
+  assert_string_equal(e.message, "no session 99");
+
+  sk_client_free(c);
+  fake_join(f);
+
+  /* Requests: generate(1), generate(2), generate(3), cancel(4), ping(5),
+   * generate(6), cancel(7), ping(8), generate(9). */
+  static const char *const ops[] = {"generate", "generate", "generate",
+                                    "cancel",   "ping",     "generate",
+                                    "cancel",   "ping",     "generate"};
+  assert_int_equal(f->n_req, sizeof ops / sizeof ops[0]);
+  struct sk_msg m;
+  for (size_t i = 0; i < f->n_req; i++) {
+    fake_request(f, i, &m);
+    assert_op(&m, ops[i], i + 1);
+    sk_msg_free(&m);
+  }
+  fake_request(f, 0, &m);
+  uint64_t u;
+  double d;
+  const msgpack_object_array *a;
+  const char *str;
+  size_t slen;
+  assert_int_equal(sk_msg_get_u64(&m.root, "seed", UINT64_MAX, &u, NULL), 1);
+  assert_int_equal(u, 42);
+  assert_int_equal(sk_msg_get_f64(&m.root, "top_p", &d, NULL), 1);
+  assert_true(d == 0.95);
+  assert_int_equal(sk_msg_get_array(&m.root, "stop", &a, NULL), 1);
+  assert_int_equal(a->size, 2);
+  assert_int_equal(sk_msg_need_str(&m.root, "prompt", &str, &slen, NULL), 0);
+  assert_int_equal(slen, 4);
+  assert_int_equal(sk_msg_get_u64(&m.root, "n_top", UINT64_MAX, &u, NULL), 1);
+  sk_msg_free(&m);
+  fake_request(f, 3, &m); /* the cancel names the session */
+  assert_int_equal(sk_msg_need_u64(&m.root, "session", UINT64_MAX, &u, NULL), 0);
+  assert_int_equal(u, 7);
+  sk_msg_free(&m);
+  fake_request(f, 2, &m); /* defaults: no seed, stop, prompt or n_top */
+  assert_null(sk_msg_get(&m.root, "seed"));
+  assert_null(sk_msg_get(&m.root, "stop"));
+  assert_null(sk_msg_get(&m.root, "n_top"));
+  sk_msg_free(&m);
+  fake_free(f);
+}
+
+/* Transport failures: each closes the connection, and later calls say
+ * so. */
+static void test_client_failures(void **state) {
+  (void)state;
+  static const struct {
+    enum fake_mode mode;
+    int code;
+    const char *message;
+  } cases[] = {
+      {FAKE_WRONG_ID, SK_ERR_PROTOCOL, "reply with id 6 while waiting for 1"},
+      {FAKE_HANGUP, SK_ERR_DISCONNECTED, "the daemon closed the connection"},
+      {FAKE_HUGE_FRAME, SK_ERR_PROTOCOL,
+       "the daemon sent a frame of 4294967295 bytes (limit 16777216)"},
+      {FAKE_NOT_MAP, SK_ERR_PROTOCOL,
+       "invalid reply from the daemon: request must be a map, got array"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct fake *f = fake_start(cases[i].mode);
+    struct sk_client *c = connect_or_fail(f->path);
+    struct sk_error e = {0};
+    assert_int_equal(sk_client_ping(c, &e), -cases[i].code);
+    assert_string_equal(e.message, cases[i].message);
+    assert_false(sk_client_connected(c));
+    assert_int_equal(sk_client_ping(c, &e), -SK_ERR_DISCONNECTED);
+    sk_client_free(c);
+    fake_join(f);
+    fake_free(f);
+  }
+
+  /* An id-0 error (a frame the daemon could not read) answers the request
+   * and leaves the connection usable. */
+  struct fake *f = fake_start(FAKE_ID0);
+  struct sk_client *c = connect_or_fail(f->path);
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_append_text(c, 7, "x", 1, SK_BOS_DEFAULT, NULL,
+                                         &e),
+                   -SK_ERR_TOO_LARGE);
+  assert_string_equal(e.message, "frame of 2000000 bytes (limit 1048576)");
+  assert_true(sk_client_connected(c));
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  sk_client_free(c);
+  fake_join(f);
+  fake_free(f);
+}
+
+static void test_client_connect(void **state) {
+  (void)state;
+  char *dir = sk_test_tmpdir();
+  char path[512];
+  snprintf(path, sizeof path, "%s/none.sock", dir);
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
+  assert_null(c);
+  char want[768];
+  snprintf(want, sizeof want,
+           "cannot connect to %s: no such file (is sinkd running? start it "
+           "with `sinkd --model FILE` or `systemctl start sinkd`)",
+           path);
+  assert_string_equal(e.message, want);
+
+  /* A socket file nobody listens on: refused, same hint. */
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  strcpy(addr.sun_path, path);
+  assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  close(fd);
+  assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
+  assert_non_null(strstr(e.message, "connection refused (is sinkd running?"));
+  unlink(path);
+
+  char longpath[200];
+  memset(longpath, 'x', sizeof longpath - 1);
+  longpath[sizeof longpath - 1] = 0;
+  assert_int_equal(sk_client_connect(longpath, &c, &e), -SK_ERR_IO);
+
+  /* Default path: $SINKD_SOCKET, else $XDG_RUNTIME_DIR/sinkd/sinkd.sock if
+   * it exists, else /run/sinkd/sinkd.sock. */
+  setenv("SINKD_SOCKET", "/x/y.sock", 1);
+  assert_string_equal(sk_client_default_socket(), "/x/y.sock");
+  unsetenv("SINKD_SOCKET");
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  assert_string_equal(sk_client_default_socket(), "/run/sinkd/sinkd.sock");
+  char sub[512];
+  snprintf(sub, sizeof sub, "%s/sinkd", dir);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  snprintf(path, sizeof path, "%s/sinkd/sinkd.sock", dir);
+  FILE *touch = fopen(path, "w");
+  assert_non_null(touch);
+  fclose(touch);
+  assert_string_equal(sk_client_default_socket(), path);
+  unlink(path);
+  rmdir(sub);
+  rmdir(dir);
+  unsetenv("XDG_RUNTIME_DIR");
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names_round_trip),
@@ -646,6 +1385,10 @@ int main(void) {
       cmocka_unit_test(test_msg_getters),
       cmocka_unit_test(test_msg_builder),
       cmocka_unit_test(test_msg_pack_error),
+      cmocka_unit_test(test_client_ops),
+      cmocka_unit_test(test_client_generate),
+      cmocka_unit_test(test_client_failures),
+      cmocka_unit_test(test_client_connect),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
