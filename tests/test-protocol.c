@@ -924,10 +924,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
 #undef OP
 }
 
-static void *fake_main(void *arg) {
-  struct fake *f = arg;
-  int fd = accept(f->listen_fd, NULL, NULL);
-  if (fd < 0) return NULL;
+static void fake_serve(struct fake *f, int fd) {
   struct sk_msg msg;
   while (fake_read(f, fd, &msg)) {
     uint64_t id = 0;
@@ -952,7 +949,19 @@ static void *fake_main(void *arg) {
     sk_msg_free(&msg);
   }
   close(fd);
-  return NULL;
+}
+
+/* Serves connections one after the other until fake_join shuts the
+ * listening socket down. */
+static void *fake_main(void *arg) {
+  struct fake *f = arg;
+  for (;;) {
+    int fd = accept(f->listen_fd, NULL, NULL);
+    if (fd < 0) return NULL;
+    sk_frame_reader_free(&f->rd);
+    sk_frame_reader_init(&f->rd, SK_FRAME_MAX_DEFAULT);
+    fake_serve(f, fd);
+  }
 }
 
 static struct fake *fake_start(enum fake_mode mode) {
@@ -977,7 +986,10 @@ static struct fake *fake_start(enum fake_mode mode) {
 
 /* Joins the thread (the client must have been freed first, so the fake
  * sees the connection end). The requests stay readable until fake_free. */
-static void fake_join(struct fake *f) { pthread_join(f->thread, NULL); }
+static void fake_join(struct fake *f) {
+  shutdown(f->listen_fd, SHUT_RDWR); /* wakes accept() */
+  pthread_join(f->thread, NULL);
+}
 
 static void fake_free(struct fake *f) {
   close(f->listen_fd);
@@ -1369,6 +1381,181 @@ static void test_client_connect(void **state) {
   free(dir);
 }
 
+/* ---- sinkctl, against the fake daemon ---------------------------------- */
+
+/* Runs $SK_SINKCTL with args (NULL-ended) and stdin from `input`; its
+ * stdout and stderr land in out/err (NUL-terminated, *out_len bytes of
+ * stdout). Returns the exit status. */
+static int run_sinkctl(const char *const *args, const char *input, char *out,
+                       size_t out_size, size_t *out_len, char *err,
+                       size_t err_size) {
+  const char *exe = getenv("SK_SINKCTL");
+  char *dir = sk_test_tmpdir();
+  char o_path[512], e_path[512], i_path[512];
+  snprintf(o_path, sizeof o_path, "%s/out", dir);
+  snprintf(e_path, sizeof e_path, "%s/err", dir);
+  snprintf(i_path, sizeof i_path, "%s/in", dir);
+  FILE *in = fopen(i_path, "w");
+  assert_non_null(in);
+  fputs(input ? input : "", in);
+  fclose(in);
+  const char *argv[32] = {"sinkctl"};
+  size_t n = 1;
+  for (; args[n - 1]; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(i_path, "r", stdin) || !freopen(o_path, "w", stdout) ||
+        !freopen(e_path, "w", stderr))
+      _exit(127);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  size_t len = 0;
+  char *o = sk_test_read_file(o_path, &len);
+  assert_non_null(o);
+  assert_true(len < out_size);
+  memcpy(out, o, len + 1);
+  *out_len = len;
+  free(o);
+  char *e = sk_test_read_file(e_path, &len);
+  assert_non_null(e);
+  snprintf(err, err_size, "%s", e);
+  free(e);
+  unlink(o_path);
+  unlink(e_path);
+  unlink(i_path);
+  rmdir(dir);
+  free(dir);
+  assert_true(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+static void test_sinkctl(void **state) {
+  (void)state;
+  const char *exe = getenv("SK_SINKCTL");
+  if (!exe || access(exe, X_OK) != 0) {
+    print_message("SK_SINKCTL not set or not executable: skipped\n");
+    skip();
+  }
+  struct fake *f = fake_start(FAKE_NORMAL);
+  char out[4096], err[4096];
+  size_t len;
+  const char *P = f->path;
+#define RUN(input, ...)                                                    \
+  run_sinkctl((const char *const[]){__VA_ARGS__, NULL}, input, out,        \
+              sizeof out, &len, err, sizeof err)
+
+  /* A temporary session: open, generate (prompt echoed), close. */
+  assert_int_equal(RUN(NULL, "--socket", P, "generate", "--max-tokens", "3",
+                       "Once", "upon"),
+                   0);
+  assert_string_equal(out, "Once upona\xc3\xbc\n");
+  assert_string_equal(err, "");
+  assert_int_equal(RUN(NULL, "--socket", P, "generate", "-n", "3", "--no-echo",
+                       "--seed", "42", "--stop", "x", "--stop", "y", "Once"),
+                   0);
+  assert_string_equal(out, "a\xc3\xbc\n");
+  /* Prompt from stdin; options after the command; --verbose summary. */
+  assert_int_equal(RUN("Once\n", "generate", "-", "--socket", P, "-n", "3",
+                       "--verbose"),
+                   0);
+  assert_string_equal(out, "Once\na\xc3\xbc\n");
+  assert_non_null(strstr(err, "stop length; 4 prompt + 3 generated tokens"));
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "generate", "-n", "3",
+                       "--session", "7"),
+                   0);
+  assert_string_equal(out,
+                      "{\"session\": 7, \"text\": \"a\xc3\xbc\", \"tokens\": "
+                      "[10, 11, 12], \"stop\": \"length\", \"n_tokens\": 3, "
+                      "\"usage\": {\"prompt_tokens\": 4, "
+                      "\"completion_tokens\": 3}, \"evicted\": 3, "
+                      "\"resident\": 20, \"seen\": 23}\n");
+
+  /* The daemon's error: exit 1, CODE: MESSAGE. */
+  assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
+  assert_string_equal(err, "sinkctl: no_such_session: no session 99\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "generate", "--session", "99",
+                       "hi"),
+                   1);
+  assert_string_equal(out, "hi\n");
+
+  assert_int_equal(RUN(NULL, "--socket", P, "tokenize", "hi"), 0);
+  assert_string_equal(out, "1 365 2147483647\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "tokenize", "hi",
+                       "--no-bos"),
+                   0);
+  assert_string_equal(out, "{\"tokens\": [1, 365, 2147483647]}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "1", "2"), 0);
+  assert_int_equal(len, 6);
+  assert_memory_equal(out, "he\0llo", 6);
+  assert_int_equal(RUN(NULL, "--socket", P, "-j", "detokenize", "1"), 0);
+  assert_string_equal(out, "{\"text\": \"he\\u0000llo\"}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "open", "--policy", "dense",
+                       "--capacity", "64"),
+                   0);
+  assert_string_equal(out, "7\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
+  assert_string_equal(out,
+                      "SESSION    POLICY         CAPACITY   RESIDENT           "
+                      "SEEN\n"
+                      "7          streaming           260        100     "
+                      "5000000000\n"
+                      "8          dense               260        101     "
+                      "5000000000\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
+  assert_non_null(strstr(out, "session: 7\npolicy: streaming\n"));
+  assert_non_null(strstr(out, "positions: 0-259\n"));
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
+  assert_string_equal(out,
+                      "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "
+                      "\"tokens_prefilled\": 123, \"tokens_generated\": "
+                      "456}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
+  assert_memory_equal(out, "pong (", 6);
+  assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);
+  assert_non_null(strstr(out, "protocol: 1\nserver: sinkd\n"));
+
+  /* Usage errors (2) are found before connecting. */
+  assert_int_equal(RUN(NULL, "--socket", "/nonexistent", "generate",
+                       "--top-p", "1.5", "x"),
+                   2);
+  assert_memory_equal(err, "sinkctl: --top-p: '1.5' is not in (0, 1]\n", 41);
+  assert_int_equal(RUN(NULL, "--socket", P, "close", "-3"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P, "list", "--stop", "x"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P, "--max-tokens=0", "generate", "x"),
+                   2);
+  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "2147483648"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P), 2);
+  /* Cannot connect (3). */
+  assert_int_equal(RUN(NULL, "--socket", "/nonexistent/s.sock", "ping"), 3);
+  assert_non_null(strstr(err, "is sinkd running?"));
+  /* Connection lost (4). */
+  f->mode = FAKE_HANGUP;
+  assert_int_equal(RUN(NULL, "--socket", P, "ping"), 4);
+  assert_string_equal(err,
+                      "sinkctl: disconnected: the daemon closed the "
+                      "connection\n");
+#undef RUN
+  fake_join(f);
+  /* The temporary session of the first generate was opened and closed. */
+  struct sk_msg m;
+  fake_request(f, 0, &m);
+  assert_op(&m, "open", 1);
+  sk_msg_free(&m);
+  fake_request(f, 1, &m);
+  assert_op(&m, "generate", 2);
+  sk_msg_free(&m);
+  fake_request(f, 2, &m);
+  assert_op(&m, "close", 3);
+  sk_msg_free(&m);
+  fake_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names_round_trip),
@@ -1389,6 +1576,7 @@ int main(void) {
       cmocka_unit_test(test_client_generate),
       cmocka_unit_test(test_client_failures),
       cmocka_unit_test(test_client_connect),
+      cmocka_unit_test(test_sinkctl),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
