@@ -656,6 +656,7 @@ enum fake_mode {
   FAKE_ID0,          /* answers with an id-0 too_large error */
   FAKE_HUGE_FRAME,   /* sends a frame header above the ceiling */
   FAKE_NOT_MAP,      /* sends a reply that is an array */
+  FAKE_SILENT,       /* never answers */
 };
 
 #define FAKE_MAX_REQ 32
@@ -941,6 +942,8 @@ static void fake_serve(struct fake *f, int fd) {
       f->mode = FAKE_NORMAL;
     } else if (f->mode == FAKE_HUGE_FRAME) {
       send(fd, "\xff\xff\xff\xff\x80", 5, MSG_NOSIGNAL);
+    } else if (f->mode == FAKE_SILENT) {
+      /* nothing */
     } else if (f->mode == FAKE_NOT_MAP) {
       send(fd, "\x00\x00\x00\x02\x91\x01", 6, MSG_NOSIGNAL);
     } else {
@@ -1310,6 +1313,20 @@ static void test_client_failures(void **state) {
     sk_client_free(c);
     fake_join(f);
     fake_free(f);
+  }
+
+  /* A timeout closes the connection too (the reply may still come). */
+  {
+    struct fake *fs = fake_start(FAKE_SILENT);
+    struct sk_client *cs = connect_or_fail(fs->path);
+    struct sk_error es = {0};
+    assert_int_equal(sk_client_set_timeout(cs, 100, &es), 0);
+    assert_int_equal(sk_client_ping(cs, &es), -SK_ERR_IO);
+    assert_string_equal(es.message, "timed out waiting for the daemon (100 ms)");
+    assert_false(sk_client_connected(cs));
+    sk_client_free(cs);
+    fake_join(fs);
+    fake_free(fs);
   }
 
   /* An id-0 error (a frame the daemon could not read) answers the request
