@@ -24,9 +24,6 @@
 #include "sinkd/protocol.h"
 #include "testutil.h"
 
-/* The protocol test links the protocol objects, not libsinkd itself, so
- * the client is compiled in here (see tests/meson.build). */
-#include "../libshared/client.c"
 
 /* ---- errors ----------------------------------------------------------- */
 
