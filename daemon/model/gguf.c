@@ -227,8 +227,8 @@ static bool sk__is_int_type(uint32_t type) {
   }
 }
 
-/* An integer element as sign + magnitude-free pair: unsigned types fill
- * *u (neg = false); signed types fill *s. Caller checked the type. */
+/* An integer value of any width: unsigned types fill u, signed types fill
+ * s (is_signed). Caller checked the type. */
 struct sk__int {
   bool is_signed;
   uint64_t u;
