@@ -1,4 +1,6 @@
-/* sinkd: command line, model loading, signals, the event loop. */
+/* sinkd: configuration (file + command line), model loading, the socket
+ * (its own or the service manager's), signals, sd_notify and the event
+ * loop. */
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
@@ -7,84 +9,243 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include "config.h"
 #include "gguf.h"
 #include "kvcache.h"
 #include "log.h"
 #include "model.h"
+#include "notify.h"
 #include "server.h"
 #include "sk_config.h"
 #include "tokenizer.h"
 
-/* Default limits, each with its reason. */
-#define DEFAULT_MAX_SESSIONS 64u   /* each holds a full KV cache */
-#define DEFAULT_MAX_CLIENTS 1024u  /* well under a default fd limit */
-#define DEFAULT_BATCH 64u          /* prefill chunk: keeps other sessions' tokens flowing */
-#define DEFAULT_N_SINK 4u          /* StreamingLLM: 4 sinks suffice */
-#define DEFAULT_WINDOW_SPAN 1024u  /* n_sink + window, unless the model is shorter */
-#define DEFAULT_MAX_CAPACITY 8192u
-
-struct options {
-  const char *model;
-  char *socket;
-  long threads;
-  const char *policy;
-  long n_sink, window, capacity, max_sessions, max_clients, max_frame, max_capacity, batch;
-  int verbose;
+/* Exit statuses (sinkd(8)). */
+enum {
+  EXIT_START = 1,  /* model, socket or other start-up failure */
+  EXIT_CONFIG = 2, /* usage or configuration error */
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "Usage: sinkd --model FILE [OPTIONS]\n"
+          "Usage: sinkd [OPTIONS]\n"
           "Serve an LLM to local clients over a Unix socket, one endless session\n"
           "per client with a fixed-size KV cache (attention sinks + window).\n"
+          "Settings come from the configuration file, then these options.\n"
           "\n"
+          "  -c, --config FILE       configuration file (default %s;\n"
+          "                          a missing default file is fine)\n"
+          "      --check-config      check the configuration and the model, print\n"
+          "                          the effective configuration and exit\n"
           "  -m, --model FILE        GGUF model (llama architecture, F32/F16)\n"
           "  -s, --socket PATH       socket to listen on (default /run/sinkd/sinkd.sock,\n"
-          "                          or $XDG_RUNTIME_DIR/sinkd/sinkd.sock for non-root)\n"
-          "  -t, --threads N         OpenBLAS threads (default: online CPUs)\n"
+          "                          or $XDG_RUNTIME_DIR/sinkd/sinkd.sock for non-root);\n"
+          "                          unused when systemd passes a socket\n"
+          "      --state-dir DIR     session store folder (default: the socket's)\n"
+          "  -t, --threads N|auto    OpenBLAS threads (auto: online CPUs)\n"
           "      --policy NAME       default policy: streaming or dense (streaming)\n"
           "      --sinks N           default attention sinks (4)\n"
-          "      --window N          default window (min(context, 1024) - sinks)\n"
-          "      --capacity N        default dense capacity (model context length)\n"
-          "      --max-capacity N    largest KV cache a session may ask for (8192)\n"
+          "      --window N|auto     default window (auto: min(context, 1024) - sinks)\n"
+          "      --capacity N|auto   default dense capacity (auto: model context)\n"
+          "      --max-capacity N|auto  largest KV cache a session may ask for\n"
+          "                          (auto: 8192, or the context if larger)\n"
           "      --max-sessions N    sessions open at once (64)\n"
           "      --max-clients N     connections at once (1024)\n"
-          "      --max-frame BYTES   largest request frame (1048576)\n"
+          "      --max-memory SIZE|auto  bytes of all KV caches (auto: half the RAM)\n"
+          "      --max-frame SIZE    largest request frame (1M)\n"
           "      --batch N           prefill chunk in tokens (64)\n"
-          "  -v, --verbose           log debug lines (client errors)\n"
+          "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
+          "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
           "  -V, --version           version\n"
           "\n"
-          "Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 on a start-up\n"
-          "error (bad model, socket in use), 2 on a usage error.\n");
+          "Signals: SIGHUP re-reads the configuration (limits, session defaults,\n"
+          "log level); SIGINT/SIGTERM shut down cleanly.\n"
+          "Exit status: 0 after a clean shutdown, 1 on a start-up error (bad model,\n"
+          "socket in use), 2 on a usage or configuration error.\n"
+          "See sinkd(8) and sinkd.conf(5).\n",
+          sk_config_default_path());
 }
 
-/* Strict decimal parse into [min, max]; prints the error. */
-static bool parse_num(const char *flag, const char *s, long min, long max, long *ret) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || !end || end == s || *end || v < min || v > max) {
-    fprintf(stderr, "sinkd: %s: '%s' is not a number in [%ld, %ld]\n", flag, s, min, max);
-    return false;
+/* ---- configuration ------------------------------------------------------- */
+
+struct config_source {
+  const char *path;       /* file to read */
+  bool explicit_path;     /* given with --config: must exist */
+  struct sk_config cli;   /* the command line's values */
+};
+
+/* Builds defaults + file + command line into *ret. Problems go to the log
+ * (daemon) or to stderr as "sinkd: ..." (check_only). */
+static int config_build(const struct config_source *src, bool check_only, struct sk_config *ret) {
+  if (sk_config_init(ret) < 0) {
+    sk_log(SK_LOG_ERR, "out of memory");
+    return -SK_ERR_NO_MEMORY;
   }
-  *ret = v;
-  return true;
+  struct sk_config_errors errs;
+  int rc = sk_config_load(ret, src->path, src->explicit_path, &errs);
+  if (rc < 0) {
+    for (uint32_t i = 0; i < errs.n; i++) {
+      if (check_only)
+        fprintf(stderr, "sinkd: %s\n", errs.e[i].message);
+      else
+        sk_log(SK_LOG_ERR, "%s", errs.e[i].message);
+    }
+    if (errs.dropped) {
+      if (check_only)
+        fprintf(stderr, "sinkd: %s: %u more errors\n", src->path, errs.dropped);
+      else
+        sk_log(SK_LOG_ERR, "%s: %u more errors", src->path, errs.dropped);
+    }
+    if (rc == -SK_ERR_NO_MEMORY) sk_log(SK_LOG_ERR, "out of memory reading %s", src->path);
+    sk_config_done(ret);
+    return rc;
+  }
+  if (sk_config_overlay(ret, &src->cli) < 0) {
+    sk_log(SK_LOG_ERR, "out of memory");
+    sk_config_done(ret);
+    return -SK_ERR_NO_MEMORY;
+  }
+  return 0;
 }
 
-static char *default_socket(void) {
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  char buf[PATH_MAX];
-  if (getuid() != 0 && xdg && *xdg)
-    snprintf(buf, sizeof buf, "%s/sinkd/sinkd.sock", xdg);
-  else
-    snprintf(buf, sizeof buf, "/run/sinkd/sinkd.sock");
-  return strdup(buf);
+static void server_config_from(const struct sk_config *c, struct sk_server_config *s) {
+  s->socket_path = c->socket;
+  s->model_path = c->model;
+  s->max_frame = c->max_frame;
+  s->max_sessions = c->max_sessions;
+  s->max_clients = c->max_clients;
+  s->max_capacity = c->max_capacity;
+  s->max_memory = c->max_memory;
+  s->max_batch = c->batch;
+  s->defaults.policy = c->policy;
+  s->defaults.n_sink = c->n_sink;
+  s->defaults.window = c->window;
+  s->defaults.capacity = c->capacity;
+  s->defaults.rope_scale = 1.0f;
+}
+
+/* ---- the running daemon -------------------------------------------------- */
+
+struct daemon {
+  struct config_source src;
+  struct sk_config cfg; /* effective, resolved */
+  const struct sk_model_config *mc;
+  struct sk_server *server;
+  uv_signal_t sig_int, sig_term, sig_hup;
+  struct sk_watchdog watchdog;
+  uint32_t n_sessions, n_clients;
+  uint32_t start_max_sessions, start_max_capacity; /* sizes fixed at start */
+  bool stopping;
+};
+
+static void send_status(struct daemon *d) {
+  sk_notify("STATUS=serving %s: %u session%s, %u client%s", d->mc->name, d->n_sessions,
+            d->n_sessions == 1 ? "" : "s", d->n_clients, d->n_clients == 1 ? "" : "s");
+}
+
+static void on_counts(void *user, uint32_t n_sessions, uint32_t n_clients) {
+  struct daemon *d = user;
+  d->n_sessions = n_sessions;
+  d->n_clients = n_clients;
+  if (!d->stopping) send_status(d);
+}
+
+/* Lowers *v to cap (a size fixed at start); appends "key above cap" to msg. */
+static void cap_at_start(uint32_t *v, uint32_t cap, const char *key, char *msg, size_t size) {
+  if (*v <= cap) return;
+  size_t w = strlen(msg);
+  snprintf(msg + w, size - w, "%s%s %u above %u", w ? ", " : "", key, *v, cap);
+  *v = cap;
+}
+
+/* SIGHUP: re-reads the file; applies what can change without reloading
+ * the model, says which changes need a restart, keeps everything on error. */
+static void reload(struct daemon *d) {
+  sk_notify("RELOADING=1\nSTATUS=reloading %s", d->src.path);
+  struct sk_config next;
+  struct sk_error e;
+  if (config_build(&d->src, false, &next) < 0) {
+    sk_log(SK_LOG_ERR, "reload: %s has errors; keeping the running configuration", d->src.path);
+    goto done;
+  }
+  /* What cannot change while running keeps its running value. */
+  char restart[512] = "";
+  for (int k = 0; k < SK_CFG__COUNT; k++) {
+    enum sk_config_key key = (enum sk_config_key)k;
+    if (sk_config_key_reloadable(key) || sk_config_same(&d->cfg, &next, key)) continue;
+    size_t w = strlen(restart);
+    snprintf(restart + w, sizeof restart - w, "%s%s", w ? ", " : "", sk_config_key_name(key));
+    char v[PATH_MAX + 32];
+    sk_config_format(&d->cfg, key, v, sizeof v);
+    if (d->cfg.origin[k].automatic) snprintf(v, sizeof v, "auto");
+    sk_config_set(&next, key, v, d->cfg.origin[k].from, d->cfg.origin[k].line, &e);
+  }
+  /* The session table and the compute buffers are sized at start. */
+  char capped[256] = "";
+  int rc = sk_config_resolve(&next, d->mc, &e);
+  if (rc == 0) {
+    cap_at_start(&next.max_sessions, d->start_max_sessions, "max_sessions", capped, sizeof capped);
+    cap_at_start(&next.max_capacity, d->start_max_capacity, "max_capacity", capped, sizeof capped);
+    if (next.capacity > next.max_capacity) next.capacity = next.max_capacity;
+    if (*capped) rc = sk_config_resolve(&next, d->mc, &e); /* re-checks the defaults */
+  }
+  if (rc < 0) {
+    sk_log(SK_LOG_ERR, "reload: %s; keeping the running configuration", e.message);
+    sk_config_done(&next);
+    goto done;
+  }
+  if (*restart)
+    sk_log(SK_LOG_WARNING, "reload: %s changed; restart sinkd to apply (keeping the running values)",
+           restart);
+  if (*capped)
+    sk_log(SK_LOG_WARNING, "reload: %s: raising a size fixed at start needs a restart; capped",
+           capped);
+
+  /* One line saying what changed. */
+  char changed[1024] = "";
+  for (int k = 0; k < SK_CFG__COUNT; k++) {
+    enum sk_config_key key = (enum sk_config_key)k;
+    if (sk_config_same(&d->cfg, &next, key)) continue;
+    char a[64], b[64];
+    sk_config_format(&d->cfg, key, a, sizeof a);
+    sk_config_format(&next, key, b, sizeof b);
+    size_t w = strlen(changed);
+    snprintf(changed + w, sizeof changed - w, "%s%s %s -> %s", w ? ", " : "",
+             sk_config_key_name(key), a, b);
+  }
+  struct sk_server_config sc = {0};
+  server_config_from(&next, &sc);
+  sk_server_reconfigure(d->server, &sc);
+  sk_log_set_level((int)next.log_level);
+  sk_log(SK_LOG_NOTICE, "reloaded %s: %s", d->src.path, *changed ? changed : "nothing changed");
+  sk_config_done(&d->cfg);
+  d->cfg = next;
+done:
+  sk_notify("READY=1");
+  send_status(d);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+  if (signum == SIGHUP) {
+    reload(d);
+    return;
+  }
+  sk_log(SK_LOG_NOTICE, "received %s, shutting down", strsignal(signum));
+  d->stopping = true;
+  sk_notify("STOPPING=1\nSTATUS=shutting down");
+  sk_watchdog_stop(&d->watchdog);
+  sk_server_shutdown(d->server);
+  uv_signal_t *all[3] = {&d->sig_int, &d->sig_term, &d->sig_hup};
+  for (int i = 0; i < 3; i++)
+    if (!uv_is_closing((uv_handle_t *)all[i])) uv_close((uv_handle_t *)all[i], NULL);
 }
 
 /* Creates the socket's folder if missing (one level, 0755). */
@@ -97,182 +258,230 @@ static void make_socket_dir(const char *path) {
   if (mkdir(dir, 0755) == 0) sk_log(SK_LOG_INFO, "created %s", dir);
 }
 
-static struct sk_server *g_server;
-
-static void on_signal(uv_signal_t *h, int signum) {
-  sk_log(SK_LOG_NOTICE, "received %s, shutting down", strsignal(signum));
-  sd_notify(0, "STOPPING=1");
-  if (g_server) sk_server_shutdown(g_server);
-  uv_close((uv_handle_t *)h, NULL);
-  uv_signal_t *other = h->data;
-  if (other && !uv_is_closing((uv_handle_t *)other)) uv_close((uv_handle_t *)other, NULL);
+/* The socket the service manager passed (socket activation), if any:
+ * returns the fd (3), 0 if none was passed, or -1 after logging why the
+ * passed sockets cannot be used. sd_listen_fds checks LISTEN_PID, so
+ * variables inherited from a parent that was socket-activated are ignored. */
+static int passed_socket(char *ret_path, size_t size) {
+  int n = sd_listen_fds(1);
+  if (n < 0) {
+    sk_log(SK_LOG_ERR, "sockets from the service manager: %s", strerror(-n));
+    return -1;
+  }
+  if (n == 0) return 0;
+  if (n > 1) {
+    sk_log(SK_LOG_ERR, "the service manager passed %d sockets; sinkd listens on exactly one "
+                       "(one ListenStream= in sinkd.socket)", n);
+    return -1;
+  }
+  int fd = SD_LISTEN_FDS_START;
+  if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
+    sk_log(SK_LOG_ERR, "the socket passed as fd %d is not a listening Unix stream socket "
+                       "(sinkd.socket needs ListenStream=/path)", fd);
+    return -1;
+  }
+  struct sockaddr_un a;
+  socklen_t len = sizeof a;
+  memset(&a, 0, sizeof a);
+  if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sun_path[0])
+    snprintf(ret_path, size, "%.*s", (int)sizeof a.sun_path, a.sun_path);
+  else
+    snprintf(ret_path, size, "(fd %d)", fd);
+  return fd;
 }
 
+/* ---- command line ---------------------------------------------------------- */
+
+enum { OPT_CHECK_CONFIG = 256, OPT_KEY_BASE = 1000 };
+
 int main(int argc, char **argv) {
-  struct options o = {.threads = -1, .n_sink = -1, .window = -1, .capacity = -1,
-                      .max_sessions = DEFAULT_MAX_SESSIONS, .max_clients = DEFAULT_MAX_CLIENTS,
-                      .max_frame = SK_FRAME_MAX_DEFAULT, .max_capacity = -1,
-                      .batch = DEFAULT_BATCH};
-  enum { OPT_POLICY = 256, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY, OPT_MAX_CAP, OPT_MAX_SESS,
-         OPT_MAX_CLIENTS, OPT_MAX_FRAME, OPT_BATCH };
+  struct daemon d;
+  memset(&d, 0, sizeof d);
+  d.src.path = sk_config_default_path();
+  bool check_only = false;
+  if (sk_config_init(&d.src.cli) < 0) {
+    fprintf(stderr, "sinkd: out of memory\n");
+    return EXIT_START;
+  }
+#define KEY_OPT(name, key) {name, required_argument, NULL, OPT_KEY_BASE + (key)}
   static const struct option longopts[] = {
-      {"model", required_argument, NULL, 'm'},
-      {"socket", required_argument, NULL, 's'},
-      {"threads", required_argument, NULL, 't'},
-      {"policy", required_argument, NULL, OPT_POLICY},
-      {"sinks", required_argument, NULL, OPT_SINKS},
-      {"window", required_argument, NULL, OPT_WINDOW},
-      {"capacity", required_argument, NULL, OPT_CAPACITY},
-      {"max-capacity", required_argument, NULL, OPT_MAX_CAP},
-      {"max-sessions", required_argument, NULL, OPT_MAX_SESS},
-      {"max-clients", required_argument, NULL, OPT_MAX_CLIENTS},
-      {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
-      {"batch", required_argument, NULL, OPT_BATCH},
+      {"config", required_argument, NULL, 'c'},
+      {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+      KEY_OPT("model", SK_CFG_MODEL),
+      KEY_OPT("socket", SK_CFG_SOCKET),
+      KEY_OPT("state-dir", SK_CFG_STATE_DIR),
+      KEY_OPT("threads", SK_CFG_THREADS),
+      KEY_OPT("policy", SK_CFG_POLICY),
+      KEY_OPT("sinks", SK_CFG_SINKS),
+      KEY_OPT("window", SK_CFG_WINDOW),
+      KEY_OPT("capacity", SK_CFG_CAPACITY),
+      KEY_OPT("max-capacity", SK_CFG_MAX_CAPACITY),
+      KEY_OPT("max-sessions", SK_CFG_MAX_SESSIONS),
+      KEY_OPT("max-clients", SK_CFG_MAX_CLIENTS),
+      KEY_OPT("max-memory", SK_CFG_MAX_MEMORY),
+      KEY_OPT("max-frame", SK_CFG_MAX_FRAME),
+      KEY_OPT("batch", SK_CFG_BATCH),
+      KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0},
   };
+#undef KEY_OPT
   int ch;
   opterr = 0;
-  while ((ch = getopt_long(argc, argv, ":m:s:t:vhV", longopts, NULL)) != -1) {
-    bool ok = true;
+  while ((ch = getopt_long(argc, argv, ":c:m:s:t:vhV", longopts, NULL)) != -1) {
+    int key = -1;
+    const char *value = optarg;
     switch (ch) {
-    case 'm': o.model = optarg; break;
-    case 's': free(o.socket); o.socket = strdup(optarg); break;
-    case 't': ok = parse_num("--threads", optarg, 1, 256, &o.threads); break;
-    case OPT_POLICY: o.policy = optarg; break;
-    case OPT_SINKS: ok = parse_num("--sinks", optarg, 0, SK_KV_MAX_CAPACITY, &o.n_sink); break;
-    case OPT_WINDOW: ok = parse_num("--window", optarg, 1, SK_KV_MAX_CAPACITY, &o.window); break;
-    case OPT_CAPACITY: ok = parse_num("--capacity", optarg, 1, SK_KV_MAX_CAPACITY, &o.capacity); break;
-    case OPT_MAX_CAP: ok = parse_num("--max-capacity", optarg, 1, SK_KV_MAX_CAPACITY, &o.max_capacity); break;
-    case OPT_MAX_SESS: ok = parse_num("--max-sessions", optarg, 1, 1 << 16, &o.max_sessions); break;
-    case OPT_MAX_CLIENTS: ok = parse_num("--max-clients", optarg, 1, 1 << 20, &o.max_clients); break;
-    case OPT_MAX_FRAME: ok = parse_num("--max-frame", optarg, 64, SK_FRAME_MAX_CEILING, &o.max_frame); break;
-    case OPT_BATCH: ok = parse_num("--batch", optarg, 1, 4096, &o.batch); break;
-    case 'v': o.verbose = 1; break;
-    case 'h': usage(stdout); return 0;
-    case 'V': printf("sinkd %s\n", SK_VERSION); return 0;
+    case 'c':
+      d.src.path = optarg;
+      d.src.explicit_path = true;
+      break;
+    case OPT_CHECK_CONFIG: check_only = true; break;
+    case 'm': key = SK_CFG_MODEL; break;
+    case 's': key = SK_CFG_SOCKET; break;
+    case 't': key = SK_CFG_THREADS; break;
+    case 'v':
+      key = SK_CFG_LOG_LEVEL;
+      value = "debug";
+      break;
+    case 'h': usage(stdout); sk_config_done(&d.src.cli); return 0;
+    case 'V': printf("sinkd %s\n", SK_VERSION); sk_config_done(&d.src.cli); return 0;
     case ':':
       fprintf(stderr, "sinkd: option '%s' needs a value\n", argv[optind - 1]);
-      ok = false;
-      break;
+      sk_config_done(&d.src.cli);
+      return EXIT_CONFIG;
     default:
+      if (ch >= OPT_KEY_BASE && ch < OPT_KEY_BASE + SK_CFG__COUNT) {
+        key = ch - OPT_KEY_BASE;
+        break;
+      }
       fprintf(stderr, "sinkd: unknown option '%s' (see sinkd --help)\n", argv[optind - 1]);
-      ok = false;
-      break;
+      sk_config_done(&d.src.cli);
+      return EXIT_CONFIG;
     }
-    if (!ok) return 2;
+    struct sk_error e;
+    if (key >= 0 && sk_config_set(&d.src.cli, (enum sk_config_key)key, value,
+                                  SK_CONFIG_FROM_COMMAND_LINE, 0, &e) < 0) {
+      fprintf(stderr, "sinkd: %s: %s\n", ch == 'v' ? "--verbose" : sk_config_key_option((enum sk_config_key)key),
+              e.message);
+      sk_config_done(&d.src.cli);
+      return EXIT_CONFIG;
+    }
   }
   if (optind < argc) {
     fprintf(stderr, "sinkd: unexpected argument '%s' (see sinkd --help)\n", argv[optind]);
-    return 2;
+    sk_config_done(&d.src.cli);
+    return EXIT_CONFIG;
   }
-  if (!o.model) {
-    fprintf(stderr, "sinkd: --model FILE is required (see sinkd --help)\n");
-    return 2;
-  }
-  uint32_t policy = SK_POLICY_STREAMING;
-  struct sk_error err = {0};
-  if (o.policy && sk_policy_parse(o.policy, strlen(o.policy), &policy, &err) < 0) {
-    fprintf(stderr, "sinkd: --policy: %s\n", err.message);
-    return 2;
-  }
-  if (o.verbose) sk_log_set_level(SK_LOG_DEBUG);
-  if (!o.socket) o.socket = default_socket();
-  signal(SIGPIPE, SIG_IGN);
 
-  long threads = o.threads > 0 ? o.threads : sysconf(_SC_NPROCESSORS_ONLN);
-  if (threads < 1) threads = 1;
-  openblas_set_num_threads((int)threads);
-
+  int status = EXIT_CONFIG;
   struct sk_gguf *gguf = NULL;
   struct sk_model *model = NULL;
   struct sk_tokenizer *tok = NULL;
-  int rc = sk_gguf_open(o.model, &gguf, &err);
+  struct sk_error err = {0};
+  if (config_build(&d.src, check_only, &d.cfg) < 0) goto out;
+  if (!d.cfg.model) {
+    /* Say it before loading anything (resolve would say it too). */
+    sk_config_resolve(&d.cfg, NULL, &err);
+    if (check_only) fprintf(stderr, "sinkd: %s\n", err.message);
+    else sk_log(SK_LOG_ERR, "%s", err.message);
+    goto out;
+  }
+  if (!check_only) {
+    sk_log_set_level((int)d.cfg.log_level);
+    sk_log(SK_LOG_INFO, "sinkd %s starting (configuration: %s)", SK_VERSION,
+           d.cfg.file ? d.cfg.file : "none, built-in defaults");
+    sk_notify("STATUS=loading %s", d.cfg.model);
+  }
+  signal(SIGPIPE, SIG_IGN);
+
+  status = EXIT_START;
+  int rc = sk_gguf_open(d.cfg.model, &gguf, &err);
   if (rc == 0) rc = sk_model_load(gguf, &model, &err);
   if (rc == 0) rc = sk_tokenizer_load(gguf, &tok, &err);
   if (rc < 0) {
-    sk_log(SK_LOG_ERR, "cannot load model %s: %s", o.model, err.message);
-    goto fail;
+    char at[PATH_MAX + 64] = "";
+    if (d.cfg.origin[SK_CFG_MODEL].from == SK_CONFIG_FROM_FILE)
+      snprintf(at, sizeof at, "%s:%u: [daemon] model: ", d.cfg.file, d.cfg.origin[SK_CFG_MODEL].line);
+    if (check_only)
+      fprintf(stderr, "sinkd: %scannot load model %s: %s\n", at, d.cfg.model, err.message);
+    else
+      sk_log(SK_LOG_ERR, "%scannot load model %s: %s", at, d.cfg.model, err.message);
+    goto out;
   }
-  const struct sk_model_config *mc = sk_model_config(model);
+  d.mc = sk_model_config(model);
+  if (sk_config_resolve(&d.cfg, d.mc, &err) < 0) {
+    if (check_only) fprintf(stderr, "sinkd: %s\n", err.message);
+    else sk_log(SK_LOG_ERR, "%s", err.message);
+    status = EXIT_CONFIG;
+    goto out;
+  }
+  if (check_only) {
+    sk_config_print(stdout, &d.cfg);
+    status = fflush(stdout) == 0 ? 0 : EXIT_START;
+    goto out;
+  }
   sk_log(SK_LOG_INFO,
          "model loaded: %s (%s): %u layers, dim %u, %u heads, %u KV heads, vocab %u, context %u",
-         o.model, mc->name, mc->n_layer, mc->dim, mc->n_head, mc->n_kv_head, mc->n_vocab,
-         mc->n_ctx_train);
+         d.cfg.model, d.mc->name, d.mc->n_layer, d.mc->dim, d.mc->n_head, d.mc->n_kv_head,
+         d.mc->n_vocab, d.mc->n_ctx_train);
+  openblas_set_num_threads((int)d.cfg.threads);
+  d.start_max_sessions = d.cfg.max_sessions;
+  d.start_max_capacity = d.cfg.max_capacity;
 
-  struct sk_server_config cfg = {
-      .socket_path = o.socket,
-      .model_path = o.model,
-      .max_frame = (uint32_t)o.max_frame,
-      .max_sessions = (uint32_t)o.max_sessions,
-      .max_clients = (uint32_t)o.max_clients,
-      .max_batch = (uint32_t)o.batch,
-  };
-  uint32_t max_cap = o.max_capacity > 0 ? (uint32_t)o.max_capacity
-                                        : (mc->n_ctx_train > DEFAULT_MAX_CAPACITY ? mc->n_ctx_train
-                                                                                  : DEFAULT_MAX_CAPACITY);
-  if (max_cap > SK_KV_MAX_CAPACITY) max_cap = SK_KV_MAX_CAPACITY;
-  cfg.max_capacity = max_cap;
-  uint32_t span = mc->n_ctx_train < DEFAULT_WINDOW_SPAN ? mc->n_ctx_train : DEFAULT_WINDOW_SPAN;
-  cfg.defaults.policy = policy;
-  cfg.defaults.n_sink = o.n_sink >= 0 ? (uint32_t)o.n_sink : DEFAULT_N_SINK;
-  cfg.defaults.window = o.window > 0 ? (uint32_t)o.window
-                                     : (span > cfg.defaults.n_sink ? span - cfg.defaults.n_sink : 1);
-  cfg.defaults.capacity = o.capacity > 0 ? (uint32_t)o.capacity : (mc->n_ctx_train < max_cap ? mc->n_ctx_train : max_cap);
-  cfg.defaults.rope_scale = 1.0f;
-  /* The defaults must themselves open, for both policies. */
-  struct sk_kv_params check = cfg.defaults;
-  check.policy = SK_POLICY_STREAMING;
-  if (sk_kv_params_check(&check, max_cap, &err) < 0) {
-    sk_log(SK_LOG_ERR, "default streaming parameters: %s", err.message);
-    rc = 2;
-    goto fail_usage;
-  }
-  check.policy = SK_POLICY_DENSE;
-  if (sk_kv_params_check(&check, max_cap, &err) < 0) {
-    sk_log(SK_LOG_ERR, "default dense parameters: %s", err.message);
-    rc = 2;
-    goto fail_usage;
+  struct sk_server_config scfg = {0};
+  server_config_from(&d.cfg, &scfg);
+  scfg.on_change = on_counts;
+  scfg.user = &d;
+  char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
+  scfg.listen_fd = passed_socket(passed_path, sizeof passed_path);
+  if (scfg.listen_fd < 0) goto out;
+  if (scfg.listen_fd > 0) {
+    sk_log(SK_LOG_INFO, "using the socket passed by the service manager: %s (fd %d)", passed_path,
+           scfg.listen_fd);
+    scfg.socket_path = passed_path;
+  } else {
+    make_socket_dir(d.cfg.socket);
   }
 
   uv_loop_t *loop = uv_default_loop();
-  make_socket_dir(o.socket);
-  rc = sk_server_start(loop, &cfg, model, tok, &g_server, &err);
+  rc = sk_server_start(loop, &scfg, model, tok, &d.server, &err);
   if (rc < 0) {
     sk_log(SK_LOG_ERR, "%s", err.message);
     uv_run(loop, UV_RUN_NOWAIT);
-    goto fail;
+    goto out;
   }
-  uv_signal_t sigint, sigterm;
-  uv_signal_init(loop, &sigint);
-  uv_signal_init(loop, &sigterm);
-  sigint.data = &sigterm;
-  sigterm.data = &sigint;
-  uv_signal_start(&sigint, on_signal, SIGINT);
-  uv_signal_start(&sigterm, on_signal, SIGTERM);
+  uv_signal_t *sigs[3] = {&d.sig_int, &d.sig_term, &d.sig_hup};
+  const int signums[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    uv_signal_init(loop, sigs[i]);
+    sigs[i]->data = &d;
+    uv_signal_start(sigs[i], on_signal, signums[i]);
+  }
+  if (sk_watchdog_start(&d.watchdog, loop) > 0)
+    sk_log(SK_LOG_INFO, "watchdog: pinging the service manager every %llu ms",
+           (unsigned long long)d.watchdog.interval_ms);
 
-  sk_log(SK_LOG_NOTICE, "sinkd %s listening on %s (default policy %s, sinks %u, window %u, %ld threads)",
-         SK_VERSION, o.socket, sk_policy_name(policy), cfg.defaults.n_sink, cfg.defaults.window,
-         threads);
-  sd_notifyf(0, "READY=1\nSTATUS=serving %s on %s", mc->name, o.socket);
+  sk_log(SK_LOG_NOTICE,
+         "sinkd %s listening on %s (default policy %s, sinks %u, window %u, %u threads)",
+         SK_VERSION, scfg.socket_path, sk_policy_name(d.cfg.policy), d.cfg.n_sink, d.cfg.window,
+         d.cfg.threads);
+  /* Serving for real: the model is loaded and the socket accepts. */
+  sk_notify("READY=1");
+  send_status(&d);
   uv_run(loop, UV_RUN_DEFAULT);
-  sk_server_free(g_server);
+  sk_server_free(d.server);
   uv_loop_close(loop);
-  sk_tokenizer_free(tok);
-  sk_model_free(model);
-  sk_gguf_close(gguf);
-  free(o.socket);
   sk_log(SK_LOG_INFO, "stopped");
-  return 0;
+  status = 0;
 
-fail:
-  rc = 1;
-fail_usage:
+out:
   sk_tokenizer_free(tok);
   sk_model_free(model);
   sk_gguf_close(gguf);
-  free(o.socket);
-  return rc;
+  sk_config_done(&d.cfg);
+  sk_config_done(&d.src.cli);
+  return status;
 }

@@ -49,6 +49,9 @@ struct sk_server {
   const struct sk_tokenizer *tok;
   uv_pipe_t listener;
   bool listening;
+  bool owns_socket_file;    /* bound here: unlinked at shutdown */
+  uint32_t start_max_sessions; /* sizes fixed at start */
+  uint32_t start_max_capacity;
   struct sk_compute *compute;
   struct sk_session_table sessions;
   struct sk_conn *conns;
@@ -63,6 +66,11 @@ static uint64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Tells the owner that the number of sessions or clients changed. */
+static void counts_changed(struct sk_server *srv) {
+  if (srv->cfg.on_change) srv->cfg.on_change(srv->cfg.user, srv->sessions.count, srv->n_conns);
 }
 
 /* ---- connections and output ---- */
@@ -213,6 +221,7 @@ static void conn_close(struct sk_conn *c) {
   srv->n_conns--;
   sk_log(SK_LOG_DEBUG, "client %llu disconnected", (unsigned long long)c->id);
   uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+  if (!srv->shutting_down) counts_changed(srv);
 }
 
 /* ---- session work ---- */
@@ -246,7 +255,10 @@ static void submit_next(struct sk_server *srv, struct sk_session *s) {
     }
     session_dispatch(srv, s, j);
   }
-  if (!s->running && s->closing) sk_session_free(&srv->sessions, s);
+  if (!s->running && s->closing) {
+    sk_session_free(&srv->sessions, s);
+    counts_changed(srv);
+  }
 }
 
 static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct sk_job *job,
@@ -408,6 +420,29 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   conn_send_buf(r->conn, &b);
 }
 
+/* max_sessions and max_memory (both may change on SIGHUP); the table's
+ * own size and max_capacity are checked by sk_session_open. */
+static int check_open_limits(struct sk_server *srv, const struct sk_kv_params *p,
+                             struct sk_error *e) {
+  if (srv->sessions.count >= srv->cfg.max_sessions)
+    return sk_error_set(e, SK_ERR_BUSY, "session limit reached: %u sessions open (max_sessions %u)",
+                        srv->sessions.count, srv->cfg.max_sessions);
+  if (!srv->cfg.max_memory) return 0;
+  uint64_t used = 0;
+  for (uint32_t i = 0; i < srv->sessions.cap; i++)
+    if (srv->sessions.items[i]) used += srv->sessions.items[i]->kv_bytes;
+  uint32_t cap = sk_kv_params_capacity(p);
+  if (cap > srv->cfg.max_capacity) return 0; /* refused by sk_session_open, naming the limit */
+  uint64_t want = sk_kv_size(sk_model_kv_shape(srv->model), cap);
+  if (used + want > srv->cfg.max_memory)
+    return sk_error_set(e, SK_ERR_BUSY,
+                        "memory limit reached: %llu bytes of KV caches in use + %llu asked > "
+                        "max_memory %llu",
+                        (unsigned long long)used, (unsigned long long)want,
+                        (unsigned long long)srv->cfg.max_memory);
+  return 0;
+}
+
 static void op_open(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
   struct sk_kv_params p = srv->cfg.defaults;
@@ -425,8 +460,10 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1) p.capacity = (uint32_t)v;
 
   struct sk_session *s = NULL;
+  if ((rc = check_open_limits(srv, &p, &e)) < 0) goto bad;
   rc = sk_session_open(&srv->sessions, srv->model, &p, srv->cfg.max_capacity, r->conn->uid, &s, &e);
   if (rc < 0) goto bad;
+  counts_changed(srv);
   sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %zu KV bytes",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity,
          s->kv_bytes);
@@ -464,6 +501,7 @@ static void op_close(struct sk_server *srv, const struct request *r) {
     sk_compute_wake(srv->compute);
   } else {
     sk_session_free(&srv->sessions, s);
+    counts_changed(srv);
   }
   struct sk_msgbuf b;
   if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
@@ -917,7 +955,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     if (rc == 0) break;
     if (rc == -SK_ERR_TOO_LARGE) {
       send_errorf(c, 0, SK_ERR_TOO_LARGE, "frame of %zu bytes exceeds the limit of %u bytes",
-                  len, c->srv->cfg.max_frame);
+                  len, c->rd.max_frame);
       continue;
     }
     if (rc < 0) {
@@ -967,6 +1005,7 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)c->id, c->uid);
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
+  counts_changed(srv);
 }
 
 /* ---- socket setup ---- */
@@ -1012,6 +1051,21 @@ static int bind_socket(struct sk_server *srv, struct sk_error *err) {
   return 0;
 }
 
+/* A listening socket passed by the service manager: used as it is. */
+static int open_passed_socket(struct sk_server *srv, struct sk_error *err) {
+  uv_pipe_init(srv->loop, &srv->listener, 0);
+  srv->listener.data = srv;
+  int rc = uv_pipe_open(&srv->listener, srv->cfg.listen_fd);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc < 0) {
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    return sk_error_set(err, SK_ERR_IO, "cannot listen on the socket passed as fd %d: %s",
+                        srv->cfg.listen_fd, uv_strerror(rc));
+  }
+  srv->listening = true;
+  return 0;
+}
+
 int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err) {
@@ -1022,6 +1076,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->model = m;
   srv->tok = tok;
   srv->started_ms = now_ms();
+  srv->start_max_sessions = cfg->max_sessions;
+  srv->start_max_capacity = cfg->max_capacity;
   srv->socket_path = strdup(cfg->socket_path);
   int rc = srv->socket_path ? 0 : sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   if (rc == 0 && sk_session_table_init(&srv->sessions, cfg->max_sessions) < 0)
@@ -1030,7 +1086,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
                           on_event, srv, &srv->compute, err);
   if (rc == 0) {
-    rc = bind_socket(srv, err);
+    rc = cfg->listen_fd > 0 ? open_passed_socket(srv, err) : bind_socket(srv, err);
+    srv->owns_socket_file = rc == 0 && cfg->listen_fd <= 0;
     if (rc < 0) {
       sk_compute_stop(srv->compute);
       srv->compute = NULL;
@@ -1046,13 +1103,26 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   return 0;
 }
 
+void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config *cfg) {
+  srv->cfg.max_frame = cfg->max_frame;
+  srv->cfg.max_clients = cfg->max_clients;
+  srv->cfg.max_sessions =
+      cfg->max_sessions < srv->start_max_sessions ? cfg->max_sessions : srv->start_max_sessions;
+  srv->cfg.max_capacity =
+      cfg->max_capacity < srv->start_max_capacity ? cfg->max_capacity : srv->start_max_capacity;
+  srv->cfg.max_memory = cfg->max_memory;
+  srv->cfg.defaults = cfg->defaults;
+}
+
 void sk_server_shutdown(struct sk_server *srv) {
   if (srv->shutting_down) return;
   srv->shutting_down = true;
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = false;
-    unlink(srv->socket_path);
+    /* A socket from the service manager stays: it keeps queueing
+     * connections and starts sinkd again on the next one. */
+    if (srv->owns_socket_file) unlink(srv->socket_path);
   }
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */

@@ -21,12 +21,21 @@
 struct sk_server_config {
   const char *socket_path;
   const char *model_path;     /* for hello/logs */
+  int listen_fd;              /* > 0: a listening socket passed by the
+                                 service manager (socket activation, fd 3
+                                 on): used as is, never bound nor
+                                 unlinked; 0: bind socket_path */
   uint32_t max_frame;         /* request body limit, <= SK_FRAME_MAX_CEILING */
   uint32_t max_sessions;
   uint32_t max_clients;
   uint32_t max_capacity;      /* largest KV cache a session may have */
+  uint64_t max_memory;        /* bytes of all sessions' KV caches; 0 = none */
   uint32_t max_batch;         /* prefill chunk */
   struct sk_kv_params defaults; /* for `open` without parameters */
+  /* Called on the loop thread after the number of sessions or clients
+   * changed (e.g. to update the service manager's STATUS=). May be NULL. */
+  void (*on_change)(void *user, uint32_t n_sessions, uint32_t n_clients);
+  void *user;
 };
 
 struct sk_server;
@@ -39,7 +48,16 @@ struct sk_server;
 int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err);
-/* Stops accepting, removes the socket file, cancels running work, closes
+/* Applies new limits and session defaults to a running server (SIGHUP):
+ * max_frame (new connections), max_sessions, max_clients, max_capacity,
+ * max_memory and defaults. Sessions already open keep their caches.
+ * max_sessions and max_capacity are clamped to their values at start
+ * (the session table and the compute buffers are sized then); the other
+ * fields of cfg are ignored. */
+void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config *cfg);
+
+/* Stops accepting, removes the socket file (unless it came from the
+ * service manager), cancels running work, closes
  * every connection. The loop ends once everything is closed; then call
  * sk_server_free. */
 void sk_server_shutdown(struct sk_server *srv);

@@ -1,0 +1,645 @@
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "kvcache.h"
+#include "log.h"
+#include "sk_config.h"
+
+enum key_type {
+  T_PATH,      /* non-empty text; no control characters */
+  T_U32,       /* decimal in [min, max] */
+  T_U32_AUTO,  /* T_U32 or "auto" (stored as 0) */
+  T_SIZE,      /* bytes with an optional K/M/G/T suffix (powers of 1024) */
+  T_SIZE_AUTO, /* T_SIZE or "auto" (stored as 0) */
+  T_POLICY,    /* a policy name */
+  T_LOG_LEVEL, /* err, warning, notice, info, debug */
+};
+
+struct key_desc {
+  const char *section;
+  const char *name;
+  const char *option; /* command-line flag */
+  enum key_type type;
+  size_t offset;      /* of the field in struct sk_config */
+  uint64_t min, max;  /* numbers: max is the hard ceiling */
+  bool reloadable;    /* SIGHUP applies it */
+};
+
+#define F(field) offsetof(struct sk_config, field)
+
+/* One row per enum sk_config_key, in that order. The reasons of the
+ * ceilings are at their SK_LIMIT_* definitions in config.h. */
+static const struct key_desc keys[SK_CFG__COUNT] = {
+    [SK_CFG_MODEL] = {"daemon", "model", "--model", T_PATH, F(model), 0, 0, false},
+    [SK_CFG_SOCKET] = {"daemon", "socket", "--socket", T_PATH, F(socket), 0, 0, false},
+    [SK_CFG_STATE_DIR] = {"daemon", "state_dir", "--state-dir", T_PATH, F(state_dir), 0, 0, false},
+    [SK_CFG_THREADS] = {"daemon", "threads", "--threads", T_U32_AUTO, F(threads), 1,
+                        SK_LIMIT_MAX_THREADS, false},
+    [SK_CFG_BATCH] = {"daemon", "batch", "--batch", T_U32, F(batch), 1, SK_LIMIT_MAX_BATCH, false},
+    [SK_CFG_LOG_LEVEL] = {"daemon", "log_level", "--log-level", T_LOG_LEVEL, F(log_level), 0, 0,
+                          true},
+    [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
+    [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
+                      true},
+    [SK_CFG_WINDOW] = {"session", "window", "--window", T_U32_AUTO, F(window), 1,
+                       SK_LIMIT_MAX_CAPACITY, true},
+    [SK_CFG_CAPACITY] = {"session", "capacity", "--capacity", T_U32_AUTO, F(capacity), 1,
+                         SK_LIMIT_MAX_CAPACITY, true},
+    [SK_CFG_MAX_CLIENTS] = {"limits", "max_clients", "--max-clients", T_U32, F(max_clients), 1,
+                            SK_LIMIT_MAX_CLIENTS, true},
+    [SK_CFG_MAX_SESSIONS] = {"limits", "max_sessions", "--max-sessions", T_U32, F(max_sessions),
+                             1, SK_LIMIT_MAX_SESSIONS, true},
+    [SK_CFG_MAX_CAPACITY] = {"limits", "max_capacity", "--max-capacity", T_U32_AUTO,
+                             F(max_capacity), 1, SK_LIMIT_MAX_CAPACITY, true},
+    [SK_CFG_MAX_MEMORY] = {"limits", "max_memory", "--max-memory", T_SIZE_AUTO, F(max_memory),
+                           SK_LIMIT_MIN_MEMORY, 0 /* physical memory */, true},
+    [SK_CFG_MAX_FRAME] = {"limits", "max_frame", "--max-frame", T_SIZE, F(max_frame),
+                          SK_LIMIT_MIN_FRAME, SK_LIMIT_MAX_FRAME, true},
+};
+
+static const char *const log_level_names[] = {
+    [SK_LOG_ERR] = "err", [SK_LOG_WARNING] = "warning", [SK_LOG_NOTICE] = "notice",
+    [SK_LOG_INFO] = "info", [SK_LOG_DEBUG] = "debug",
+};
+
+const char *sk_config_log_level_name(uint32_t level) {
+  if (level < SK_LOG_ERR || level > SK_LOG_DEBUG) return "?";
+  return log_level_names[level];
+}
+
+const char *sk_config_key_name(enum sk_config_key key) { return keys[key].name; }
+const char *sk_config_key_section(enum sk_config_key key) { return keys[key].section; }
+const char *sk_config_key_option(enum sk_config_key key) { return keys[key].option; }
+bool sk_config_key_reloadable(enum sk_config_key key) { return keys[key].reloadable; }
+
+const char *sk_config_default_path(void) { return SK_SYSCONFDIR "/sinkd/sinkd.conf"; }
+
+static char **field_str(struct sk_config *c, enum sk_config_key k) {
+  return (char **)(void *)((char *)c + keys[k].offset);
+}
+static char *const *field_str_c(const struct sk_config *c, enum sk_config_key k) {
+  return (char *const *)(const void *)((const char *)c + keys[k].offset);
+}
+/* max_memory is the one 64-bit number; the others are uint32_t. */
+static bool is_u64(enum sk_config_key k) { return keys[k].offset == F(max_memory); }
+static uint64_t field_num(const struct sk_config *c, enum sk_config_key k) {
+  const char *p = (const char *)c + keys[k].offset;
+  if (is_u64(k)) return *(const uint64_t *)(const void *)p;
+  return *(const uint32_t *)(const void *)p;
+}
+static void field_num_set(struct sk_config *c, enum sk_config_key k, uint64_t v) {
+  char *p = (char *)c + keys[k].offset;
+  if (is_u64(k))
+    *(uint64_t *)(void *)p = v;
+  else
+    *(uint32_t *)(void *)p = (uint32_t)v;
+}
+
+/* Physical memory in bytes: the ceiling of max_memory. */
+static uint64_t physical_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return UINT64_MAX;
+  /* Whole MiB, so that messages and --check-config show it readably. */
+  return ((uint64_t)pages * (uint64_t)page) >> 20 << 20;
+}
+
+static uint64_t key_max(enum sk_config_key k) {
+  return k == SK_CFG_MAX_MEMORY ? physical_memory() : keys[k].max;
+}
+
+/* $XDG_RUNTIME_DIR/sinkd for users other than root when it is set, else
+ * /run/sinkd. malloc'd. */
+static char *runtime_dir(const char *leaf) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  char buf[PATH_MAX];
+  int n;
+  if (getuid() != 0 && xdg && *xdg)
+    n = snprintf(buf, sizeof buf, "%s/sinkd%s%s", xdg, leaf ? "/" : "", leaf ? leaf : "");
+  else
+    n = snprintf(buf, sizeof buf, "/run/sinkd%s%s", leaf ? "/" : "", leaf ? leaf : "");
+  if (n < 0 || (size_t)n >= sizeof buf) return NULL;
+  return strdup(buf);
+}
+
+int sk_config_init(struct sk_config *c) {
+  memset(c, 0, sizeof *c);
+  c->socket = runtime_dir("sinkd.sock");
+  c->state_dir = runtime_dir(NULL);
+  if (!c->socket || !c->state_dir) {
+    sk_config_done(c);
+    return -SK_ERR_NO_MEMORY;
+  }
+  c->batch = SK_CONFIG_DEFAULT_BATCH;
+  c->log_level = SK_LOG_INFO;
+  c->policy = SK_POLICY_STREAMING;
+  c->n_sink = SK_CONFIG_DEFAULT_N_SINK;
+  c->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;
+  c->max_sessions = SK_CONFIG_DEFAULT_MAX_SESSIONS;
+  c->max_frame = SK_FRAME_MAX_DEFAULT;
+  return 0;
+}
+
+void sk_config_done(struct sk_config *c) {
+  free(c->model);
+  free(c->socket);
+  free(c->state_dir);
+  free(c->file);
+  memset(c, 0, sizeof *c);
+}
+
+static int dup_opt(char **dst, const char *src) {
+  *dst = NULL;
+  if (!src) return 0;
+  *dst = strdup(src);
+  return *dst ? 0 : -SK_ERR_NO_MEMORY;
+}
+
+int sk_config_copy(struct sk_config *dst, const struct sk_config *src) {
+  *dst = *src;
+  dst->model = dst->socket = dst->state_dir = dst->file = NULL;
+  if (dup_opt(&dst->model, src->model) < 0 || dup_opt(&dst->socket, src->socket) < 0 ||
+      dup_opt(&dst->state_dir, src->state_dir) < 0 || dup_opt(&dst->file, src->file) < 0) {
+    sk_config_done(dst);
+    return -SK_ERR_NO_MEMORY;
+  }
+  return 0;
+}
+
+/* ---- values ---------------------------------------------------------------- */
+
+/* Strict decimal: digits only, no sign or spaces. */
+static bool parse_dec(const char *s, uint64_t *ret) {
+  if (*s < '0' || *s > '9') return false;
+  errno = 0;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end) return false;
+  *ret = v;
+  return true;
+}
+
+/* Digits with an optional K, M, G or T (powers of 1024, case-insensitive,
+ * an optional trailing "B" or "iB"). */
+static bool parse_size(const char *s, uint64_t *ret) {
+  if (*s < '0' || *s > '9') return false;
+  errno = 0;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno) return false;
+  unsigned shift = 0;
+  switch (*end) {
+  case 0: break;
+  case 'k': case 'K': shift = 10; end++; break;
+  case 'm': case 'M': shift = 20; end++; break;
+  case 'g': case 'G': shift = 30; end++; break;
+  case 't': case 'T': shift = 40; end++; break;
+  default: return false;
+  }
+  if (shift && (*end == 'i' || *end == 'I')) end++;
+  if (*end == 'b' || *end == 'B') end++;
+  if (*end) return false;
+  if (shift && v > (UINT64_MAX >> shift)) return false;
+  *ret = (uint64_t)v << shift;
+  return true;
+}
+
+static void format_size(uint64_t v, char *buf, size_t size) {
+  static const char suffix[] = "KMGT";
+  int i = -1;
+  while (i < 3 && v && v % 1024 == 0) {
+    v /= 1024;
+    i++;
+  }
+  if (i < 0)
+    snprintf(buf, size, "%" PRIu64, v);
+  else
+    snprintf(buf, size, "%" PRIu64 "%c", v, suffix[i]);
+}
+
+/* Path values: a file or a command line must not smuggle newlines or
+ * other control bytes into paths that later appear in logs. */
+static bool path_ok(const char *s) {
+  if (!*s) return false;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return false;
+  return strlen(s) < PATH_MAX;
+}
+
+int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value,
+                  enum sk_config_origin from, uint32_t line, struct sk_error *err) {
+  const struct key_desc *d = &keys[key];
+  uint64_t v = 0;
+  switch (d->type) {
+  case T_PATH: {
+    if (!path_ok(value))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%s' is not a path (must be non-empty, without control characters)",
+                          value);
+    if (key == SK_CFG_SOCKET && strlen(value) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%s' is longer than a socket path may be (%zu bytes)", value,
+                          sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    if (key == SK_CFG_STATE_DIR && value[0] != '/')
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%s' is not an absolute path", value);
+    char *copy = strdup(value);
+    if (!copy) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    char **f = field_str(c, key);
+    free(*f);
+    *f = copy;
+    break;
+  }
+  case T_U32:
+  case T_U32_AUTO:
+  case T_SIZE:
+  case T_SIZE_AUTO: {
+    bool is_auto = (d->type == T_U32_AUTO || d->type == T_SIZE_AUTO) && strcmp(value, "auto") == 0;
+    bool size = d->type == T_SIZE || d->type == T_SIZE_AUTO;
+    uint64_t max = key_max(key);
+    if (!is_auto) {
+      bool ok = size ? parse_size(value, &v) : parse_dec(value, &v);
+      if (!ok || v < d->min || v > max) {
+        char lo[32], hi[32];
+        if (size) {
+          format_size(d->min, lo, sizeof lo);
+          format_size(max, hi, sizeof hi);
+        } else {
+          snprintf(lo, sizeof lo, "%" PRIu64, d->min);
+          snprintf(hi, sizeof hi, "%" PRIu64, max);
+        }
+        return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%s' is not %s in [%s, %s]%s", value,
+                            size ? "a size (bytes, or with K, M, G, T)" : "a number", lo, hi,
+                            is_auto || d->type == T_U32_AUTO || d->type == T_SIZE_AUTO
+                                ? " or 'auto'"
+                                : "");
+      }
+    }
+    field_num_set(c, key, v);
+    break;
+  }
+  case T_POLICY: {
+    uint32_t p;
+    struct sk_error pe;
+    if (sk_policy_parse(value, strlen(value), &p, &pe) < 0)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "%s", pe.message);
+    c->policy = p;
+    break;
+  }
+  case T_LOG_LEVEL: {
+    uint32_t level = 0;
+    for (uint32_t l = SK_LOG_ERR; l <= SK_LOG_DEBUG; l++)
+      if (strcmp(value, log_level_names[l]) == 0) level = l;
+    if (!level)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%s' is not a log level (err, warning, notice, info, debug)", value);
+    c->log_level = level;
+    break;
+  }
+  }
+  c->origin[key].from = from;
+  c->origin[key].line = line;
+  c->origin[key].automatic = false;
+  return 0;
+}
+
+int sk_config_overlay(struct sk_config *dst, const struct sk_config *src) {
+  for (int k = 0; k < SK_CFG__COUNT; k++) {
+    if (src->origin[k].from == SK_CONFIG_FROM_DEFAULT) continue;
+    if (keys[k].type == T_PATH) {
+      char *copy = strdup(*field_str_c(src, (enum sk_config_key)k));
+      if (!copy) return -SK_ERR_NO_MEMORY;
+      char **f = field_str(dst, (enum sk_config_key)k);
+      free(*f);
+      *f = copy;
+    } else if (keys[k].type == T_POLICY) {
+      dst->policy = src->policy;
+    } else if (keys[k].type == T_LOG_LEVEL) {
+      dst->log_level = src->log_level;
+    } else {
+      field_num_set(dst, (enum sk_config_key)k, field_num(src, (enum sk_config_key)k));
+    }
+    dst->origin[k] = src->origin[k];
+  }
+  return 0;
+}
+
+void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *buf,
+                      size_t size) {
+  const struct key_desc *d = &keys[key];
+  switch (d->type) {
+  case T_PATH: {
+    const char *s = *field_str_c(c, key);
+    snprintf(buf, size, "%s", s ? s : "");
+    break;
+  }
+  case T_U32:
+  case T_U32_AUTO: {
+    uint64_t v = field_num(c, key);
+    if (v == 0 && d->type == T_U32_AUTO)
+      snprintf(buf, size, "auto");
+    else
+      snprintf(buf, size, "%" PRIu64, v);
+    break;
+  }
+  case T_SIZE:
+  case T_SIZE_AUTO: {
+    uint64_t v = field_num(c, key);
+    if (v == 0 && d->type == T_SIZE_AUTO)
+      snprintf(buf, size, "auto");
+    else
+      format_size(v, buf, size);
+    break;
+  }
+  case T_POLICY: {
+    const char *n = sk_policy_name(c->policy);
+    snprintf(buf, size, "%s", n ? n : "?");
+    break;
+  }
+  case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(c->log_level)); break;
+  }
+}
+
+bool sk_config_same(const struct sk_config *a, const struct sk_config *b,
+                    enum sk_config_key key) {
+  char x[PATH_MAX + 32], y[PATH_MAX + 32];
+  sk_config_format(a, key, x, sizeof x);
+  sk_config_format(b, key, y, sizeof y);
+  return strcmp(x, y) == 0;
+}
+
+/* ---- the file ------------------------------------------------------------- */
+
+/* inih's default line buffer (INI_MAX_LINE): longer lines are refused here
+ * rather than split by inih. */
+#define LINE_MAX_BYTES 200u
+
+struct load_state {
+  struct sk_config *c;
+  const char *path;
+  FILE *f;
+  uint32_t line;              /* number of the line inih is handling */
+  uint32_t seen[SK_CFG__COUNT]; /* line where each key was set, 0 = not yet */
+  char *buf;                  /* getline buffer */
+  size_t buf_cap;
+  struct sk_config_errors *errs;
+  int fatal;                  /* -SK_ERR_NO_MEMORY / -SK_ERR_IO */
+  char bad_section[64];       /* last unknown section reported */
+  uint32_t bad_section_line;
+};
+
+static void add_error(struct load_state *st, uint32_t line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_error(struct load_state *st, uint32_t line, const char *fmt, ...) {
+  struct sk_config_errors *e = st->errs;
+  if (e->n == SK_CONFIG_MAX_ERRORS) {
+    e->dropped++;
+    return;
+  }
+  char msg[SK_ERROR_MESSAGE_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  e->line[e->n] = line;
+  sk_error_set(&e->e[e->n++], SK_ERR_BAD_REQUEST, "%s:%u: %s", st->path, line, msg);
+}
+
+/* inih's reader: one whole line per call. Leading blanks are dropped so an
+ * indented line is an ordinary line (not inih's continuation of the
+ * previous value, which would make "key = a\n  b" mean two values). */
+static char *reader(char *str, int num, void *stream) {
+  struct load_state *st = stream;
+  errno = 0;
+  ssize_t n = getline(&st->buf, &st->buf_cap, st->f);
+  if (n < 0) {
+    if (errno == ENOMEM) st->fatal = -SK_ERR_NO_MEMORY;
+    else if (ferror(st->f)) st->fatal = -SK_ERR_IO;
+    return NULL;
+  }
+  st->line++;
+  const char *s = st->buf;
+  if ((size_t)n >= 3 && st->line == 1 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3;
+  while (*s == ' ' || *s == '\t') s++;
+  size_t len = strlen(s);
+  if (len != (size_t)(n - (s - st->buf))) {
+    add_error(st, st->line, "the line holds a NUL byte");
+    s = "\n";
+    len = 1;
+  } else if (len >= (size_t)num || len >= LINE_MAX_BYTES) {
+    add_error(st, st->line, "the line is longer than %u bytes", LINE_MAX_BYTES - 1);
+    s = "\n";
+    len = 1;
+  }
+  memcpy(str, s, len + 1);
+  return str;
+}
+
+static int handler(void *user, const char *section, const char *name, const char *value) {
+  struct load_state *st = user;
+  int key = -1;
+  bool section_known = false;
+  for (int k = 0; k < SK_CFG__COUNT; k++) {
+    if (strcmp(keys[k].section, section) != 0) continue;
+    section_known = true;
+    if (strcmp(keys[k].name, name) == 0) key = k;
+  }
+  if (!*section) {
+    add_error(st, st->line, "%s: keys must be in a section ([daemon], [session], [limits])",
+              name);
+    return 1;
+  }
+  if (!section_known) {
+    /* Once per section, not once per key in it. */
+    if (st->bad_section_line && strcmp(st->bad_section, section) == 0) return 1;
+    snprintf(st->bad_section, sizeof st->bad_section, "%s", section);
+    st->bad_section_line = st->line;
+    add_error(st, st->line, "[%s]: unknown section (sections: [daemon], [session], [limits])",
+              section);
+    return 1;
+  }
+  if (key < 0) {
+    char known[256];
+    size_t w = 0;
+    known[0] = 0;
+    for (int k = 0; k < SK_CFG__COUNT; k++)
+      if (strcmp(keys[k].section, section) == 0 && w < sizeof known)
+        w += (size_t)snprintf(known + w, sizeof known - w, "%s%s", w ? ", " : "", keys[k].name);
+    add_error(st, st->line, "[%s] %s: unknown key (keys of [%s]: %s)", section, name, section,
+              known);
+    return 1;
+  }
+  if (st->seen[key]) {
+    add_error(st, st->line, "[%s] %s: given again (first on line %u)", section, name,
+              st->seen[key]);
+    return 1;
+  }
+  st->seen[key] = st->line;
+  struct sk_error e;
+  int rc = sk_config_set(st->c, (enum sk_config_key)key, value, SK_CONFIG_FROM_FILE, st->line, &e);
+  if (rc == -SK_ERR_NO_MEMORY) {
+    st->fatal = rc;
+    return 0;
+  }
+  if (rc < 0) add_error(st, st->line, "[%s] %s: %s", section, name, e.message);
+  return 1;
+}
+
+int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
+                   struct sk_config_errors *errs) {
+  memset(errs, 0, sizeof *errs);
+  struct load_state st = {.c = c, .path = path, .errs = errs};
+  st.f = fopen(path, "re");
+  if (!st.f) {
+    int e = errno;
+    if (e == ENOENT && !must_exist) return 1;
+    errs->n = 1;
+    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
+                        strerror(e));
+  }
+  free(c->file);
+  c->file = strdup(path);
+  if (!c->file) {
+    fclose(st.f);
+    return -SK_ERR_NO_MEMORY;
+  }
+  int rc = ini_parse_stream(reader, &st, handler, &st);
+  fclose(st.f);
+  free(st.buf);
+  if (st.fatal == -SK_ERR_NO_MEMORY) return st.fatal;
+  if (st.fatal == -SK_ERR_IO) {
+    errs->n = 1;
+    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: read error after line %u", path, st.line);
+  }
+  /* inih reports syntax errors (a line that is neither "[section]" nor
+   * "key = value") by the number of the first one. */
+  if (rc > 0) {
+    bool known = false;
+    for (uint32_t i = 0; i < errs->n; i++) known |= errs->line[i] == (uint32_t)rc;
+    if (!known)
+      add_error(&st, (uint32_t)rc,
+                "syntax error: expected '[section]', 'key = value' or a comment (; or #)");
+  } else if (rc < 0) {
+    return -SK_ERR_NO_MEMORY;
+  }
+  if (errs->n == 0) return 0;
+  /* Line order: the syntax error comes last but may be on any line. */
+  for (uint32_t i = 1; i < errs->n; i++)
+    for (uint32_t j = i; j > 0 && errs->line[j - 1] > errs->line[j]; j--) {
+      struct sk_error t = errs->e[j - 1];
+      uint32_t tl = errs->line[j - 1];
+      errs->e[j - 1] = errs->e[j];
+      errs->line[j - 1] = errs->line[j];
+      errs->e[j] = t;
+      errs->line[j] = tl;
+    }
+  return -SK_ERR_BAD_REQUEST;
+}
+
+/* ---- resolution and printing --------------------------------------------- */
+
+/* "FILE:LINE: [section] key: " or "--option: " for messages about a value. */
+static void where(const struct sk_config *c, enum sk_config_key k, char *buf, size_t size) {
+  switch (c->origin[k].from) {
+  case SK_CONFIG_FROM_FILE:
+    snprintf(buf, size, "%s:%u: [%s] %s: ", c->file ? c->file : "?", c->origin[k].line,
+             keys[k].section, keys[k].name);
+    break;
+  case SK_CONFIG_FROM_COMMAND_LINE: snprintf(buf, size, "%s: ", keys[k].option); break;
+  default: snprintf(buf, size, "[%s] %s (default): ", keys[k].section, keys[k].name); break;
+  }
+}
+
+int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
+                      struct sk_error *err) {
+  char at[PATH_MAX + 64];
+  if (!c->model)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "no model: set 'model' in [daemon] of %s or pass --model FILE",
+                        c->file ? c->file : sk_config_default_path());
+  if (c->threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > (long)SK_LIMIT_MAX_THREADS) n = SK_LIMIT_MAX_THREADS;
+    c->threads = (uint32_t)n;
+    c->origin[SK_CFG_THREADS].automatic = true;
+  }
+  if (c->max_memory == 0) {
+    uint64_t phys = physical_memory();
+    c->max_memory = phys == UINT64_MAX ? (1ull << 34) : phys / 2 >> 20 << 20;
+    if (c->max_memory < SK_LIMIT_MIN_MEMORY) c->max_memory = SK_LIMIT_MIN_MEMORY;
+    c->origin[SK_CFG_MAX_MEMORY].automatic = true;
+  }
+  if (!mc) return 0;
+  uint32_t ctx = mc->n_ctx_train ? mc->n_ctx_train : 1;
+  if (c->max_capacity == 0) {
+    c->max_capacity = ctx > SK_CONFIG_DEFAULT_MAX_CAPACITY ? ctx : SK_CONFIG_DEFAULT_MAX_CAPACITY;
+    if (c->max_capacity > SK_LIMIT_MAX_CAPACITY) c->max_capacity = SK_LIMIT_MAX_CAPACITY;
+    c->origin[SK_CFG_MAX_CAPACITY].automatic = true;
+  }
+  if (c->window == 0) {
+    uint32_t span = ctx < SK_CONFIG_DEFAULT_WINDOW_SPAN ? ctx : SK_CONFIG_DEFAULT_WINDOW_SPAN;
+    c->window = span > c->n_sink ? span - c->n_sink : 1;
+    c->origin[SK_CFG_WINDOW].automatic = true;
+  }
+  if (c->capacity == 0) {
+    c->capacity = ctx < c->max_capacity ? ctx : c->max_capacity;
+    c->origin[SK_CFG_CAPACITY].automatic = true;
+  }
+  /* The defaults must themselves open, for every policy. */
+  struct sk_kv_params p = {.n_sink = c->n_sink, .window = c->window, .capacity = c->capacity,
+                           .rope_scale = 1.0f};
+  struct sk_error e;
+  p.policy = SK_POLICY_STREAMING;
+  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0) {
+    enum sk_config_key k = c->origin[SK_CFG_WINDOW].from >= c->origin[SK_CFG_SINKS].from
+                               ? SK_CFG_WINDOW
+                               : SK_CFG_SINKS;
+    where(c, k, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "%sdefault streaming session: %s", at,
+                        e.message);
+  }
+  p.policy = SK_POLICY_DENSE;
+  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0) {
+    where(c, SK_CFG_CAPACITY, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "%sdefault dense session: %s", at, e.message);
+  }
+  return 0;
+}
+
+void sk_config_print(FILE *f, const struct sk_config *c) {
+  fprintf(f, "# sinkd %s: effective configuration\n", SK_VERSION);
+  fprintf(f, "# file: %s\n", c->file ? c->file : "(none)");
+  const char *section = "";
+  for (int k = 0; k < SK_CFG__COUNT; k++) {
+    if (strcmp(section, keys[k].section) != 0) {
+      section = keys[k].section;
+      fprintf(f, "\n[%s]\n", section);
+    }
+    char value[PATH_MAX + 32];
+    sk_config_format(c, (enum sk_config_key)k, value, sizeof value);
+    if (keys[k].type == T_PATH && !*field_str_c(c, (enum sk_config_key)k)) {
+      fprintf(f, "; %s = (not set)\n", keys[k].name);
+      continue;
+    }
+    fprintf(f, "%s = %s", keys[k].name, value);
+    switch (c->origin[k].from) {
+    case SK_CONFIG_FROM_FILE:
+      fprintf(f, " ; %s:%u", c->file ? c->file : "?", c->origin[k].line);
+      break;
+    case SK_CONFIG_FROM_COMMAND_LINE: fprintf(f, " ; command line %s", keys[k].option); break;
+    default: fprintf(f, " ; default"); break;
+    }
+    if (c->origin[k].automatic) fprintf(f, " (auto)");
+    fputc('\n', f);
+  }
+}

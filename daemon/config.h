@@ -1,0 +1,193 @@
+/* sinkd's configuration: built-in defaults, then the INI file
+ * (/etc/sinkd/sinkd.conf, see sinkd.conf(5)), then the command line.
+ *
+ * Every setting is one key of a table in config.c that gives its section,
+ * its command-line option, its type, its range (the upper end is a hard
+ * ceiling no file or option can exceed, each with its reason) and whether
+ * SIGHUP may change it on a running daemon. The file and the command line
+ * go through the same parser, so both accept the same values.
+ *
+ * This module never logs: problems come back as struct sk_error messages
+ * that name the file, line and key, and the caller prints them.
+ */
+#ifndef SK_CONFIG_H
+#define SK_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model.h"
+#include "sinkd/protocol.h"
+
+/* ---- hard ceilings, each with its reason -------------------------------- */
+
+/* Connections at once: each holds a descriptor and up to 1 MiB of queued
+ * output; past 65536 any usual RLIMIT_NOFILE runs out first anyway. */
+#define SK_LIMIT_MAX_CLIENTS 65536u
+/* Sessions at once: the session table is allocated up front and each
+ * session holds a whole KV cache. */
+#define SK_LIMIT_MAX_SESSIONS 65536u
+/* One session's cache: positions and slots are 32-bit and one cache must
+ * stay far below the machine's memory (SK_KV_MAX_CAPACITY). */
+#define SK_LIMIT_MAX_CAPACITY SK_KV_MAX_CAPACITY
+/* One request frame is buffered whole before it is parsed. */
+#define SK_LIMIT_MAX_FRAME SK_FRAME_MAX_CEILING
+/* Smallest frame limit: a request with a short prompt must still fit. */
+#define SK_LIMIT_MIN_FRAME 64u
+/* OpenBLAS threads: no machine sinkd targets has more cores, and OpenBLAS
+ * caps its own pool lower. */
+#define SK_LIMIT_MAX_THREADS 256u
+/* Prefill chunk: scratch buffers grow with chunk x model width; past 4096
+ * tokens bigger chunks stop paying and only delay other sessions. */
+#define SK_LIMIT_MAX_BATCH 4096u
+/* Total KV memory is capped by the machine's physical memory (computed at
+ * run time): more would only end with the OOM killer. Below 1 MiB not
+ * even the smallest model's session fits. */
+#define SK_LIMIT_MIN_MEMORY (1ull << 20)
+
+/* ---- defaults ------------------------------------------------------------ */
+
+#define SK_CONFIG_DEFAULT_MAX_SESSIONS 64u  /* each holds a full KV cache */
+#define SK_CONFIG_DEFAULT_MAX_CLIENTS 1024u /* well under a default fd limit */
+#define SK_CONFIG_DEFAULT_BATCH 64u         /* keeps other sessions' tokens flowing */
+#define SK_CONFIG_DEFAULT_N_SINK 4u         /* StreamingLLM: 4 sinks suffice */
+#define SK_CONFIG_DEFAULT_WINDOW_SPAN 1024u /* sinks + window, unless the model is shorter */
+#define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
+
+/* The keys, in the order --check-config prints them. */
+enum sk_config_key {
+  SK_CFG_MODEL,
+  SK_CFG_SOCKET,
+  SK_CFG_STATE_DIR,
+  SK_CFG_THREADS,
+  SK_CFG_BATCH,
+  SK_CFG_LOG_LEVEL,
+  SK_CFG_POLICY,
+  SK_CFG_SINKS,
+  SK_CFG_WINDOW,
+  SK_CFG_CAPACITY,
+  SK_CFG_MAX_CLIENTS,
+  SK_CFG_MAX_SESSIONS,
+  SK_CFG_MAX_CAPACITY,
+  SK_CFG_MAX_MEMORY,
+  SK_CFG_MAX_FRAME,
+  SK_CFG__COUNT
+};
+
+/* Where a value came from. */
+enum sk_config_origin {
+  SK_CONFIG_FROM_DEFAULT = 0,
+  SK_CONFIG_FROM_FILE,
+  SK_CONFIG_FROM_COMMAND_LINE,
+};
+
+struct sk_config {
+  /* [daemon] */
+  char *model;        /* GGUF file; NULL until given */
+  char *socket;       /* Unix socket to bind when not socket-activated */
+  char *state_dir;    /* folder of the session store */
+  uint32_t threads;   /* OpenBLAS threads; 0 = auto (online CPUs) */
+  uint32_t batch;     /* prefill chunk, tokens */
+  uint32_t log_level; /* SK_LOG_ERR .. SK_LOG_DEBUG */
+  /* [session]: defaults for `open` */
+  uint32_t policy;    /* enum sk_policy */
+  uint32_t n_sink;    /* attention sinks */
+  uint32_t window;    /* 0 = auto: min(context, 1024) - sinks */
+  uint32_t capacity;  /* dense; 0 = auto: context, at most max_capacity */
+  /* [limits] */
+  uint32_t max_clients;
+  uint32_t max_sessions;
+  uint32_t max_capacity; /* tokens; 0 = auto: max(8192, context) */
+  uint64_t max_memory;   /* bytes of all KV caches; 0 = auto: half of RAM */
+  uint32_t max_frame;    /* bytes of a request body */
+
+  struct {
+    enum sk_config_origin from;
+    uint32_t line;  /* FROM_FILE: line number */
+    bool automatic; /* the value was "auto" and was resolved */
+  } origin[SK_CFG__COUNT];
+  char *file; /* the file read, or NULL */
+};
+
+/* Most errors one load reports; later ones are counted, not kept. */
+#define SK_CONFIG_MAX_ERRORS 16u
+
+/* Problems found reading a file, in line order. */
+struct sk_config_errors {
+  uint32_t n;       /* entries used in e */
+  uint32_t dropped; /* further errors not kept */
+  struct sk_error e[SK_CONFIG_MAX_ERRORS]; /* "PATH:LINE: ..." */
+  uint32_t line[SK_CONFIG_MAX_ERRORS];     /* the LINE of each (0: none) */
+};
+
+/* Fills *c with the built-in defaults. The socket and state folder
+ * default to /run/sinkd (root) or $XDG_RUNTIME_DIR/sinkd (other users,
+ * when set). Errors: -SK_ERR_NO_MEMORY. */
+int sk_config_init(struct sk_config *c);
+/* Frees what *c owns. Accepts a zeroed or already freed config. */
+void sk_config_done(struct sk_config *c);
+/* Deep copy of src into *dst (dst must not hold a config).
+ * Errors: -SK_ERR_NO_MEMORY. */
+int sk_config_copy(struct sk_config *dst, const struct sk_config *src);
+
+/* The file read when no --config is given:
+ * SK_SYSCONFDIR/sinkd/sinkd.conf. Static storage. */
+const char *sk_config_default_path(void);
+
+/* Reads the INI file at path into *c, over what *c holds. When the file
+ * does not exist: if must_exist, an error; else 0 (nothing read) — the
+ * built-in default file is optional, a file named by --config is not.
+ * Every unknown section or key, bad value, repeated key and syntax error
+ * is reported in *errs as "PATH:LINE: [section] key: problem".
+ * Returns 0 if the whole file was valid, 1 if it did not exist (and
+ * must_exist is false), -SK_ERR_BAD_REQUEST if errs holds problems,
+ * -SK_ERR_IO if it cannot be read, -SK_ERR_NO_MEMORY. On failure *c may
+ * hold some values of the file: callers discard it. */
+int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
+                   struct sk_config_errors *errs);
+
+/* Sets key from its text form, as the file and command line write it,
+ * recording where it came from (line 0 when not from a file). Errors:
+ * -SK_ERR_BAD_REQUEST with a message naming the accepted values or range,
+ * -SK_ERR_NO_MEMORY. */
+int sk_config_set(struct sk_config *c, enum sk_config_key key,
+                  const char *value, enum sk_config_origin from,
+                  uint32_t line, struct sk_error *err);
+
+/* Copies into dst every value of src that did not come from the built-in
+ * defaults (used to lay the command line over the file).
+ * Errors: -SK_ERR_NO_MEMORY. */
+int sk_config_overlay(struct sk_config *dst, const struct sk_config *src);
+
+/* Replaces the "auto" values with what they mean for this model and
+ * machine, and checks the whole: a model is named, the default session
+ * parameters open under max_capacity, the socket path fits. mc may be NULL
+ * (model not loaded): then the model-dependent values stay 0.
+ * Errors: -SK_ERR_BAD_REQUEST naming the key (and file line). */
+int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
+                      struct sk_error *err);
+
+/* Writes the configuration as INI text that sk_config_load reads back,
+ * each value followed by where it came from (" ; default", " ; auto",
+ * " ; command line", " ; FILE:LINE"). */
+void sk_config_print(FILE *f, const struct sk_config *c);
+
+/* Name of a key as written in the file ("max_sessions"), its section
+ * ("limits") and command-line option ("--max-sessions"). Static storage. */
+const char *sk_config_key_name(enum sk_config_key key);
+const char *sk_config_key_section(enum sk_config_key key);
+const char *sk_config_key_option(enum sk_config_key key);
+/* Whether SIGHUP applies a new value without restarting. */
+bool sk_config_key_reloadable(enum sk_config_key key);
+/* The value of key as text, as sk_config_print writes it. */
+void sk_config_format(const struct sk_config *c, enum sk_config_key key,
+                      char *buf, size_t size);
+/* Whether a and b hold the same value for key. */
+bool sk_config_same(const struct sk_config *a, const struct sk_config *b,
+                    enum sk_config_key key);
+
+/* "err", "warning", "notice", "info", "debug" for SK_LOG_* levels. */
+const char *sk_config_log_level_name(uint32_t level);
+
+#endif
