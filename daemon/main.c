@@ -175,6 +175,12 @@ static void reload(struct daemon *d) {
     sk_log(SK_LOG_ERR, "reload: %s has errors; keeping the running configuration", d->src.path);
     goto done;
   }
+  int rc = sk_config_resolve(&next, d->mc, &e);
+  if (rc < 0) {
+    sk_log(SK_LOG_ERR, "reload: %s; keeping the running configuration", e.message);
+    sk_config_done(&next);
+    goto done;
+  }
   /* What cannot change while running keeps its running value. */
   char restart[512] = "";
   for (int k = 0; k < SK_CFG__COUNT; k++) {
@@ -184,20 +190,16 @@ static void reload(struct daemon *d) {
     snprintf(restart + w, sizeof restart - w, "%s%s", w ? ", " : "", sk_config_key_name(key));
     char v[PATH_MAX + 32];
     sk_config_format(&d->cfg, key, v, sizeof v);
-    if (d->cfg.origin[k].automatic) snprintf(v, sizeof v, "auto");
     sk_config_set(&next, key, v, d->cfg.origin[k].from, d->cfg.origin[k].line, &e);
+    next.origin[k] = d->cfg.origin[k];
   }
   /* The session table and the compute buffers are sized at start. */
   char capped[256] = "";
-  int rc = sk_config_resolve(&next, d->mc, &e);
-  if (rc == 0) {
-    cap_at_start(&next.max_sessions, d->start_max_sessions, "max_sessions", capped, sizeof capped);
-    cap_at_start(&next.max_capacity, d->start_max_capacity, "max_capacity", capped, sizeof capped);
-    if (next.capacity > next.max_capacity) next.capacity = next.max_capacity;
-    if (*capped) rc = sk_config_resolve(&next, d->mc, &e); /* re-checks the defaults */
-  }
-  if (rc < 0) {
-    sk_log(SK_LOG_ERR, "reload: %s; keeping the running configuration", e.message);
+  cap_at_start(&next.max_sessions, d->start_max_sessions, "max_sessions", capped, sizeof capped);
+  cap_at_start(&next.max_capacity, d->start_max_capacity, "max_capacity", capped, sizeof capped);
+  if (*capped && sk_config_resolve(&next, d->mc, &e) < 0) { /* re-checks the defaults */
+    sk_log(SK_LOG_ERR, "reload: %s (after capping %s); keeping the running configuration",
+           e.message, capped);
     sk_config_done(&next);
     goto done;
   }

@@ -66,7 +66,9 @@ static int start_daemon(void **state) {
   if (g_pid == 0) {
     FILE *f = freopen(g_log, "w", stderr);
     (void)f;
-    execl(sinkd, sinkd, "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
+    /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
+     * change what the test runs. */
+    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
           "--verbose", (char *)NULL);
     _exit(127);
   }
