@@ -66,7 +66,13 @@ _Noreturn static void die(int status, const char *fmt, ...) {
 /* Reports a failed library call and returns the exit status for it:
  * 4 if the connection is gone, 1 if the daemon answered with an error. */
 static int report(const struct sk_client *c, const struct sk_error *e) {
-  fprintf(stderr, "%s: %s: %s\n", prog, sk_error_name(e->code), e->message);
+  const char *hint = "";
+  if (e->code == SK_ERR_NO_SUCH_SESSION)
+    hint = " (sessions end when closed or when the daemon restarts; "
+           "`sinkctl list` shows yours)";
+  else if (e->code == SK_ERR_FORBIDDEN)
+    hint = " (only its owner and root may use it)";
+  fprintf(stderr, "%s: %s: %s%s\n", prog, sk_error_name(e->code), e->message, hint);
   return sk_client_connected(c) ? EXIT_DAEMON_ERROR : EXIT_CONNECTION;
 }
 
@@ -78,6 +84,8 @@ static void help(void) {
       "Commands:\n"
       "  generate [PROMPT...]  generate text; the prompt comes from the\n"
       "                        arguments, or from stdin if absent or '-'\n"
+      "  chat                  talk with the model, line by line, in one\n"
+      "                        session (Ctrl-C stops a reply, Ctrl-D quits)\n"
       "  tokenize TEXT         print the token ids of TEXT ('-': stdin)\n"
       "  detokenize ID...      print the text of token ids, byte for byte\n"
       "  open                  open a session and print its id\n"
@@ -91,7 +99,8 @@ static void help(void) {
       "  -s, --socket PATH     daemon socket (default: $SINKD_SOCKET, else\n"
       "                        $XDG_RUNTIME_DIR/sinkd/sinkd.sock if it exists,\n"
       "                        else %s)\n"
-      "  -j, --json            print one JSON object instead of text\n"
+      "  -j, --json            print one JSON object instead of text (chat:\n"
+      "                        one per turn)\n"
       "  -v, --verbose         generate: print a usage summary to stderr\n"
       "  -h, --help            show this help\n"
       "  -V, --version         show the version\n"
@@ -107,7 +116,12 @@ static void help(void) {
       "      --session ID      use an existing session instead of a new\n"
       "                        temporary one (closed afterwards)\n"
       "      --no-echo         do not print the prompt before the output\n"
-      "generate, open:\n"
+      "      --progress        show a progress bar on stderr while a prompt\n"
+      "                        is prefilled (default: for long prompts when\n"
+      "                        stderr is a terminal); --no-progress: never\n"
+      "chat: the generate options but --no-echo, and\n"
+      "      --keep            keep the new session open at the end\n"
+      "generate, chat, open:\n"
       "      --policy NAME     eviction policy: streaming or dense\n"
       "      --sinks N         attention sinks kept (streaming)\n"
       "      --window N        recent tokens kept (streaming)\n"
@@ -122,6 +136,7 @@ static void help(void) {
       "  3  cannot connect (daemon not running, permission denied)\n"
       "  4  connection lost or protocol error\n"
       "  130  interrupted (Ctrl-C) during generate\n"
+      "chat goes on after a daemon error and ends with 1.\n"
       "\n"
       "See sinkctl(1) and sinkd-protocol(7).\n",
       prog, SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
@@ -266,6 +281,9 @@ enum opt_id {
   OPT_WINDOW,
   OPT_CAPACITY,
   OPT_NO_BOS,
+  OPT_KEEP,
+  OPT_PROGRESS,
+  OPT_NO_PROGRESS,
   OPT__END
 };
 
@@ -289,6 +307,9 @@ static const struct option long_options[] = {
     {"window", required_argument, NULL, OPT_WINDOW},
     {"capacity", required_argument, NULL, OPT_CAPACITY},
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
+    {"keep", no_argument, NULL, OPT_KEEP},
+    {"progress", no_argument, NULL, OPT_PROGRESS},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {NULL, 0, NULL, 0},
 };
 
@@ -371,9 +392,22 @@ static double now_ms(void) {
 
 static volatile sig_atomic_t interrupted;
 
+/* The first Ctrl-C asks to stop (the reply, the prefill); the handler then
+ * steps aside, so a second Ctrl-C ends sinkctl at once. */
 static void on_sigint(int sig) {
   interrupted = 1;
-  signal(sig, SIG_DFL); /* a second Ctrl-C ends sinkctl at once */
+  signal(sig, SIG_DFL);
+}
+
+/* Installs on_sigint without SA_RESTART, so that a Ctrl-C at chat's prompt
+ * interrupts the read. */
+static void catch_sigint(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  interrupted = 0;
+  sigaction(SIGINT, &sa, NULL);
 }
 
 struct gen_state {
@@ -383,6 +417,8 @@ struct gen_state {
   int32_t *tokens; /* (n_tokens) collected for --json */
   size_t n_tokens, cap_tokens;
   double first_token_ms;
+  bool ends_with_newline; /* the last text printed ended a line */
+  bool printed;           /* some text was printed */
 };
 
 static int on_token(void *user, const struct sk_token_event *ev) {
@@ -391,6 +427,10 @@ static int on_token(void *user, const struct sk_token_event *ev) {
   if (!g->json) {
     fwrite(ev->text, 1, ev->text_len, stdout);
     fflush(stdout);
+    if (ev->text_len) {
+      g->printed = true;
+      g->ends_with_newline = ev->text[ev->text_len - 1] == '\n';
+    }
   } else {
     if (g->len + ev->text_len > g->cap) {
       size_t cap = g->cap ? g->cap : 256;
@@ -413,6 +453,112 @@ static int on_token(void *user, const struct sk_token_event *ev) {
   }
   return interrupted ? 1 : 0;
 }
+
+static void gen_state_free(struct gen_state *g) {
+  free(g->text);
+  free(g->tokens);
+  memset(g, 0, sizeof *g);
+}
+
+/* The result of a generate as one JSON object; `turn` (chat) if > 0. */
+static void json_generate(uint64_t session, unsigned turn, const struct gen_state *g,
+                          const struct sk_generate_result *res) {
+  bool first = true;
+  fputc('{', stdout);
+  if (turn) json_kv_u64(stdout, &first, "turn", turn);
+  json_kv_u64(stdout, &first, "session", session);
+  json_key(stdout, &first, "text");
+  json_str(stdout, g->text ? g->text : "", g->len);
+  json_key(stdout, &first, "tokens");
+  fputc('[', stdout);
+  for (size_t i = 0; i < g->n_tokens; i++)
+    printf("%s%" PRId32, i ? ", " : "", g->tokens[i]);
+  fputc(']', stdout);
+  json_kv_str(stdout, &first, "stop", res->stop);
+  json_kv_u64(stdout, &first, "n_tokens", res->n_tokens);
+  json_key(stdout, &first, "usage");
+  printf("{\"prompt_tokens\": %" PRIu64 ", \"completion_tokens\": %" PRIu64 "}",
+         res->prompt_tokens, res->completion_tokens);
+  json_kv_u64(stdout, &first, "evicted", res->evicted);
+  json_kv_u64(stdout, &first, "resident", res->resident);
+  json_kv_u64(stdout, &first, "seen", res->seen);
+  fputs("}\n", stdout);
+}
+
+/* ---- prefill with a progress bar ----------------------------------------- */
+
+/* Prompts shorter than this prefill in a blink: no bar. */
+#define PROGRESS_MIN_BYTES 2048u
+/* Tokens per append when a bar is drawn: a smooth bar, while each round
+ * trip stays small next to the model's work. */
+#define PREFILL_CHUNK 256u
+
+/* Whether to prefill in chunks with a bar on stderr: --progress always,
+ * --no-progress never, else for long prompts when stderr is a terminal. */
+static bool want_progress(const struct opts *o, size_t prompt_len) {
+  if (o->given[OPT_NO_PROGRESS] || prompt_len == 0) return false;
+  if (o->given[OPT_PROGRESS]) return true;
+  return prompt_len >= PROGRESS_MIN_BYTES && isatty(STDERR_FILENO);
+}
+
+/* On a terminal one line redrawn in place; elsewhere one line per step. */
+static void draw_progress(size_t done, size_t total, double t0, bool tty) {
+  enum { WIDTH = 30 };
+  size_t fill = total ? done * WIDTH / total : WIDTH;
+  char bar[WIDTH + 1];
+  for (size_t i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+  bar[WIDTH] = 0;
+  double s = (now_ms() - t0) / 1e3;
+  fprintf(stderr, "%sprefill [%s] %3zu%% %zu/%zu tokens", tty ? "\r" : "", bar,
+          total ? done * 100 / total : 100, done, total);
+  if (s > 0 && done) fprintf(stderr, ", %.0f tokens/s", (double)done / s);
+  fputs(tty ? "\033[K" : "\n", stderr);
+  fflush(stderr);
+}
+
+/* Appends text to a session as tokenize + appends of PREFILL_CHUNK tokens,
+ * drawing the bar. `empty`: the session has seen no token, so BOS goes
+ * first, as the daemon does for text. Returns 0; -1 if Ctrl-C stopped it
+ * (what was appended stays); or the exit status of a reported error.
+ * *ret_n: tokens appended. */
+static int prefill(struct sk_client *c, uint64_t session, bool empty, const char *text,
+                   size_t len, uint64_t *ret_n) {
+  struct sk_error e;
+  int32_t *ids = NULL;
+  size_t n = 0;
+  *ret_n = 0;
+  if (sk_client_tokenize(c, text, len, empty ? SK_BOS_TRUE : SK_BOS_FALSE, &ids, &n, &e) < 0)
+    return report(c, &e);
+  bool tty = isatty(STDERR_FILENO);
+  double t0 = now_ms();
+  int rc = 0;
+  draw_progress(0, n, t0, tty);
+  for (size_t i = 0; i < n && rc == 0; i += PREFILL_CHUNK) {
+    if (interrupted) {
+      rc = -1;
+      break;
+    }
+    size_t k = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+    if (sk_client_append_tokens(c, session, ids + i, k, SK_BOS_DEFAULT, NULL, &e) < 0) {
+      if (tty) fputc('\n', stderr);
+      rc = report(c, &e);
+      break;
+    }
+    *ret_n += k;
+    draw_progress(i + k, n, t0, tty);
+  }
+  if (tty) fputs("\r\033[K", stderr); /* the bar goes; the text follows */
+  free(ids);
+  return rc;
+}
+
+/* Whether a session has seen no token yet (BOS rule); false on error. */
+static bool session_is_empty(struct sk_client *c, uint64_t session) {
+  struct sk_session_stats st;
+  return sk_client_session_stats(c, session, &st, NULL) == 0 && st.seen == 0;
+}
+
+/* ---- generate -------------------------------------------------------------- */
 
 static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
                         char **argv) {
@@ -441,23 +587,32 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   p.prompt = prompt_len ? prompt : NULL;
   p.prompt_len = prompt_len;
 
+  struct gen_state g = {.json = o->json};
+  struct sk_generate_result res;
+  int status = 0, rc = 0;
+  uint64_t prefilled = 0;
+  catch_sigint();
+  double t0 = now_ms();
+  if (want_progress(o, prompt_len)) {
+    bool empty = !o->has_session || session_is_empty(c, session);
+    int pr = prefill(c, session, empty, prompt, prompt_len, &prefilled);
+    if (pr != 0) {
+      if (pr < 0)
+        fprintf(stderr, "%s: interrupted during the prefill (%" PRIu64 " tokens appended)\n",
+                prog, prefilled);
+      status = pr < 0 ? EXIT_INTERRUPTED : pr;
+      rc = -1;
+      goto close;
+    }
+    p.prompt = NULL;
+    p.prompt_len = 0;
+  }
+
   if (!o->json && !o->no_echo && prompt_len) {
     fwrite(prompt, 1, prompt_len, stdout);
     fflush(stdout);
   }
-
-  struct gen_state g = {.json = o->json};
-  struct sk_generate_result res;
-  struct sigaction sa, old_sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_sa);
-  double t0 = now_ms();
-  int rc = sk_client_generate(c, session, &p, on_token, &g, &res, &e);
-  double t1 = now_ms();
-  sigaction(SIGINT, &old_sa, NULL);
-  int status = 0;
+  rc = sk_client_generate(c, session, &p, on_token, &g, &res, &e);
   if (rc < 0) {
     /* End the partial line of output before the error. */
     if (!o->json && (g.first_token_ms != 0 || (!o->no_echo && prompt_len)))
@@ -465,6 +620,9 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
     fflush(stdout);
     status = report(c, &e);
   }
+close:;
+  double t1 = now_ms();
+  signal(SIGINT, SIG_DFL);
 
   if (!o->has_session && sk_client_connected(c)) {
     struct sk_error ce;
@@ -473,30 +631,11 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   }
 
   if (rc == 0) {
-    if (o->json) {
-      bool first = true;
-      fputc('{', stdout);
-      json_kv_u64(stdout, &first, "session", session);
-      json_key(stdout, &first, "text");
-      json_str(stdout, g.text ? g.text : "", g.len);
-      json_key(stdout, &first, "tokens");
-      fputc('[', stdout);
-      for (size_t i = 0; i < g.n_tokens; i++)
-        printf("%s%" PRId32, i ? ", " : "", g.tokens[i]);
-      fputc(']', stdout);
-      json_kv_str(stdout, &first, "stop", res.stop);
-      json_kv_u64(stdout, &first, "n_tokens", res.n_tokens);
-      json_key(stdout, &first, "usage");
-      printf("{\"prompt_tokens\": %" PRIu64 ", \"completion_tokens\": %" PRIu64
-             "}",
-             res.prompt_tokens, res.completion_tokens);
-      json_kv_u64(stdout, &first, "evicted", res.evicted);
-      json_kv_u64(stdout, &first, "resident", res.resident);
-      json_kv_u64(stdout, &first, "seen", res.seen);
-      fputs("}\n", stdout);
-    } else {
+    res.prompt_tokens += prefilled;
+    if (o->json)
+      json_generate(session, 0, &g, &res);
+    else
       fputc('\n', stdout);
-    }
     fflush(stdout);
     if (o->verbose) {
       double gen_ms = g.first_token_ms ? t1 - g.first_token_ms : 0;
@@ -516,9 +655,192 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
     if (interrupted && strcmp(res.stop, "cancelled") == 0 && status == 0)
       status = EXIT_INTERRUPTED;
   }
-  free(g.text);
-  free(g.tokens);
+  gen_state_free(&g);
   free(prompt);
+  return status;
+}
+
+/* ---- session figures, shared by stats and chat's /stats ------------------------ */
+
+/* 1327232 -> "1.3 MiB". */
+static void human_bytes(uint64_t v, char *buf, size_t size) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double d = (double)v;
+  int u = 0;
+  while (d >= 1024 && u < 4) {
+    d /= 1024;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, size, "%" PRIu64 " bytes", v);
+  else
+    snprintf(buf, size, "%.1f %s", d, units[u]);
+}
+
+static void print_session_stats(const struct sk_session_stats *s) {
+  char kv[32];
+  human_bytes(s->kv_bytes, kv, sizeof kv);
+  printf("%-10s %" PRIu64 "\n", "session", s->session);
+  printf("%-10s %s\n", "policy", s->policy);
+  if (strcmp(s->policy, "dense") != 0) {
+    printf("%-10s %" PRIu64 "\n", "sinks", s->n_sink);
+    printf("%-10s %" PRIu64 "\n", "window", s->window);
+  }
+  printf("%-10s %" PRIu64 " tokens\n", "capacity", s->capacity);
+  printf("%-10s %" PRIu64 " tokens\n", "resident", s->resident);
+  printf("%-10s %" PRIu64 " tokens\n", "seen", s->seen);
+  printf("%-10s %" PRIu64 " tokens\n", "evicted", s->evicted);
+  printf("%-10s %s (%" PRIu64 " bytes)\n", "kv cache", kv, s->kv_bytes);
+  if (s->has_positions)
+    printf("%-10s %" PRIu64 "-%" PRIu64 "\n", "positions", s->position_first, s->position_last);
+  else
+    printf("%-10s none\n", "positions");
+}
+
+/* ---- chat -------------------------------------------------------------------- */
+
+static void chat_help(void) {
+  fputs("Type a line and press Enter: it is appended to the session and the\n"
+        "reply streams back. The session keeps the conversation, within its\n"
+        "policy's budget (streaming: sinks + window; dense: capacity).\n"
+        "  Ctrl-C      stop the reply (a second Ctrl-C quits)\n"
+        "  Ctrl-D      quit (also /bye)\n"
+        "  /stats      the session's figures\n"
+        "  /help       this text\n"
+        "  //text      send a line that starts with '/'\n",
+        stderr);
+}
+
+static int cmd_chat(struct sk_client *c, const struct opts *o) {
+  bool tty = isatty(STDIN_FILENO);
+  struct sk_error e;
+  uint64_t session = o->session;
+  bool opened = false;
+  if (!o->has_session) {
+    struct sk_open_result r;
+    if (sk_client_open(c, &o->open, &r, &e) < 0) return report(c, &e);
+    session = r.session;
+    opened = true;
+    if (tty)
+      fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64
+              " tokens). Ctrl-C stops a reply; Ctrl-D or /bye quits; /help.\n",
+              prog, session, r.policy, r.capacity);
+  } else {
+    struct sk_session_stats st;
+    if (sk_client_session_stats(c, session, &st, &e) < 0) return report(c, &e);
+    if (tty)
+      fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64 " of %" PRIu64
+              " tokens in the cache). Ctrl-D or /bye quits; /help.\n",
+              prog, session, st.policy, st.resident, st.capacity);
+  }
+
+  char *line = NULL;
+  size_t line_cap = 0;
+  int status = 0;
+  unsigned turn = 0;
+  for (;;) {
+    catch_sigint();
+    if (tty) {
+      fputs(">>> ", stdout);
+      fflush(stdout);
+    }
+    errno = 0;
+    ssize_t n = getline(&line, &line_cap, stdin);
+    if (n < 0) {
+      if (errno == EINTR && !feof(stdin)) { /* Ctrl-C at the prompt: a new prompt */
+        clearerr(stdin);
+        fputc('\n', stdout);
+        continue;
+      }
+      if (tty) fputc('\n', stdout);
+      break;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+    if (n == 0) continue;
+    const char *text = line;
+    if (line[0] == '/' && line[1] != '/') {
+      if (!strcmp(line, "/bye") || !strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+      if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+        chat_help();
+      } else if (!strcmp(line, "/stats")) {
+        struct sk_session_stats st;
+        if (sk_client_session_stats(c, session, &st, &e) < 0) {
+          status = report(c, &e);
+          if (!sk_client_connected(c)) break;
+        } else {
+          print_session_stats(&st);
+        }
+      } else {
+        fprintf(stderr, "%s: unknown command '%s' (/help lists them)\n", prog, line);
+      }
+      continue;
+    }
+    if (line[0] == '/') text++; /* "//x" sends "/x" */
+
+    /* One turn: the line and a newline go into the session, the reply
+     * comes out of it; both stay in the cache for the next turn. */
+    turn++;
+    size_t text_len = strlen(text);
+    char *prompt = malloc(text_len + 2);
+    if (!prompt) die(EXIT_FAILURE, "out of memory");
+    memcpy(prompt, text, text_len);
+    prompt[text_len] = '\n';
+    prompt[text_len + 1] = 0;
+    struct sk_generate_params p = o->gen;
+    p.stop = o->stops;
+    p.n_stop = o->n_stop;
+    p.prompt = prompt;
+    p.prompt_len = text_len + 1;
+    uint64_t prefilled = 0;
+    int rc = 0;
+    if (want_progress(o, p.prompt_len)) {
+      rc = prefill(c, session, session_is_empty(c, session), prompt, p.prompt_len, &prefilled);
+      p.prompt = NULL;
+      p.prompt_len = 0;
+    }
+    struct gen_state g = {.json = o->json, .ends_with_newline = true};
+    struct sk_generate_result res;
+    if (rc == 0) {
+      rc = sk_client_generate(c, session, &p, on_token, &g, &res, &e);
+      if (rc < 0) {
+        if (g.printed && !g.ends_with_newline) fputc('\n', stdout);
+        fflush(stdout);
+        status = report(c, &e);
+      }
+    } else if (rc < 0) {
+      fprintf(stderr, "%s: prefill stopped (%" PRIu64 " tokens appended)\n", prog, prefilled);
+    } else {
+      status = rc;
+      rc = -1;
+    }
+    free(prompt);
+    if (rc == 0) {
+      res.prompt_tokens += prefilled;
+      if (o->json) {
+        json_generate(session, turn, &g, &res);
+      } else if (g.printed && !g.ends_with_newline) {
+        fputc('\n', stdout);
+      }
+      fflush(stdout);
+      if (strcmp(res.stop, "cancelled") == 0 && interrupted)
+        fprintf(stderr, "%s: reply stopped (%" PRIu64 " tokens kept)\n", prog, res.n_tokens);
+      else if (strcmp(res.stop, "context_full") == 0)
+        fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
+                "open one with --policy streaming to keep going\n", prog, res.resident);
+    }
+    gen_state_free(&g);
+    if (!sk_client_connected(c)) break;
+  }
+  signal(SIGINT, SIG_DFL);
+  free(line);
+  if (opened && sk_client_connected(c)) {
+    if (o->given[OPT_KEEP]) {
+      fprintf(stderr, "%s: session %" PRIu64 " kept; continue with: %s chat --session %" PRIu64
+                "\n", prog, session, prog, session);
+    } else if (sk_client_close(c, session, &e) < 0 && status == 0) {
+      status = report(c, &e);
+    }
+  }
   return status;
 }
 
@@ -648,24 +970,51 @@ static void out_end(struct kv_out *k) {
   if (k->json) fputs("}\n", stdout);
 }
 
+/* 3725 -> "1h 2m 5s". */
+static void human_duration(uint64_t s, char *buf, size_t size) {
+  if (s >= 86400)
+    snprintf(buf, size, "%" PRIu64 "d %" PRIu64 "h %" PRIu64 "m", s / 86400, s % 86400 / 3600,
+             s % 3600 / 60);
+  else if (s >= 3600)
+    snprintf(buf, size, "%" PRIu64 "h %" PRIu64 "m %" PRIu64 "s", s / 3600, s % 3600 / 60, s % 60);
+  else if (s >= 60)
+    snprintf(buf, size, "%" PRIu64 "m %" PRIu64 "s", s / 60, s % 60);
+  else
+    snprintf(buf, size, "%" PRIu64 "s", s);
+}
+
 static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
                      uint64_t id) {
   struct sk_error e;
-  struct kv_out k = {.json = o->json, .first = true};
+  struct kv_out k = {.json = true, .first = true};
   if (!has_id) {
     struct sk_daemon_stats s;
     if (sk_client_stats(c, &s, &e) < 0) return report(c, &e);
-    out_begin(&k);
-    out_u64(&k, "sessions", s.sessions);
-    out_u64(&k, "clients", s.clients);
-    out_u64(&k, "uptime_s", s.uptime_s);
-    out_u64(&k, "tokens_prefilled", s.tokens_prefilled);
-    out_u64(&k, "tokens_generated", s.tokens_generated);
-    out_end(&k);
+    if (o->json) {
+      out_begin(&k);
+      out_u64(&k, "sessions", s.sessions);
+      out_u64(&k, "clients", s.clients);
+      out_u64(&k, "uptime_s", s.uptime_s);
+      out_u64(&k, "tokens_prefilled", s.tokens_prefilled);
+      out_u64(&k, "tokens_generated", s.tokens_generated);
+      out_end(&k);
+      return 0;
+    }
+    char up[64];
+    human_duration(s.uptime_s, up, sizeof up);
+    printf("%-17s %" PRIu64 "\n", "sessions", s.sessions);
+    printf("%-17s %" PRIu64 "\n", "clients", s.clients);
+    printf("%-17s %s\n", "uptime", up);
+    printf("%-17s %" PRIu64 "\n", "tokens prefilled", s.tokens_prefilled);
+    printf("%-17s %" PRIu64 "\n", "tokens generated", s.tokens_generated);
     return 0;
   }
   struct sk_session_stats s;
   if (sk_client_session_stats(c, id, &s, &e) < 0) return report(c, &e);
+  if (!o->json) {
+    print_session_stats(&s);
+    return 0;
+  }
   out_begin(&k);
   out_u64(&k, "session", s.session);
   out_str(&k, "policy", s.policy);
@@ -676,18 +1025,11 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
   out_u64(&k, "seen", s.seen);
   out_u64(&k, "evicted", s.evicted);
   out_u64(&k, "kv_bytes", s.kv_bytes);
-  if (k.json) {
-    json_key(stdout, &k.first, "positions");
-    if (s.has_positions)
-      printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
-    else
-      fputs("[]", stdout);
-  } else if (s.has_positions) {
-    printf("positions: %" PRIu64 "-%" PRIu64 "\n", s.position_first,
-           s.position_last);
-  } else {
-    printf("positions: none\n");
-  }
+  json_key(stdout, &k.first, "positions");
+  if (s.has_positions)
+    printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
+  else
+    fputs("[]", stdout);
   out_end(&k);
   return 0;
 }
@@ -755,6 +1097,7 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
 
 enum cmd {
   CMD_GENERATE,
+  CMD_CHAT,
   CMD_TOKENIZE,
   CMD_DETOKENIZE,
   CMD_OPEN,
@@ -776,7 +1119,12 @@ static const struct {
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
-                   OPT_CAPACITY, 0}},
+                   OPT_CAPACITY, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
+    {"chat", CMD_CHAT, 0, 0, NULL,
+     (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
+                   OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
+                   OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
+                   OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
     {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)", (const int[]){OPT_NO_BOS, 0}},
     {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
     {"open", CMD_OPEN, 0, 0, NULL,
@@ -858,6 +1206,9 @@ static void parse_options(int argc, char **argv, struct opts *o) {
           (uint32_t)parse_u64("--capacity", optarg, 1, UINT32_MAX);
       break;
     case OPT_NO_BOS: o->no_bos = true; break;
+    case OPT_KEEP:
+    case OPT_PROGRESS:
+    case OPT_NO_PROGRESS: break; /* read from o->given */
     case ':':
       usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
@@ -918,6 +1269,7 @@ int main(int argc, char **argv) {
   int status = 0;
   switch (commands[ci].cmd) {
   case CMD_GENERATE: status = cmd_generate(c, &o, nargs, args); break;
+  case CMD_CHAT: status = cmd_chat(c, &o); break;
   case CMD_TOKENIZE: status = cmd_tokenize(c, &o, nargs, args); break;
   case CMD_DETOKENIZE: status = cmd_detokenize(c, &o, nargs, args); break;
   case CMD_OPEN: status = cmd_open(c, &o); break;

@@ -10,7 +10,9 @@
 #include "sinkd/client.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,6 +52,77 @@ const char *sk_client_default_socket(void) {
   return SK_CLIENT_DEFAULT_SOCKET;
 }
 
+/* The message for a socket nobody answers on: how to start the daemon
+ * that owns that path (the per-user one under $XDG_RUNTIME_DIR). */
+static int sk__client_not_running(const char *path, int e, struct sk_error *err) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  size_t xl = xdg ? strlen(xdg) : 0;
+  bool user = xl && strncmp(path, xdg, xl) == 0 && path[xl] == '/';
+  return sk_error_set(err, SK_ERR_IO,
+                      "cannot connect to %s: %s (is sinkd running? start it with %s, "
+                      "or run `sinkd --model FILE`)",
+                      path, e == ENOENT ? "no such file" : "connection refused",
+                      user ? "`systemctl --user start sinkd.socket`"
+                           : "`sudo systemctl start sinkd.socket`");
+}
+
+/* Whether this process has gid among its groups. */
+static bool sk__client_in_group_now(gid_t gid) {
+  if (getegid() == gid) return true;
+  gid_t groups[256];
+  int n = getgroups((int)(sizeof groups / sizeof groups[0]), groups);
+  for (int i = 0; i < n; i++)
+    if (groups[i] == gid) return true;
+  return false;
+}
+
+/* Whether the group database lists this user in group gr. */
+static bool sk__client_listed_in(const struct group *gr) {
+  char buf[1024];
+  struct passwd pw, *pwp = NULL;
+  if (getpwuid_r(getuid(), &pw, buf, sizeof buf, &pwp) != 0 || !pwp) return false;
+  if (pwp->pw_gid == gr->gr_gid) return true;
+  for (char **m = gr->gr_mem; m && *m; m++)
+    if (strcmp(*m, pwp->pw_name) == 0) return true;
+  return false;
+}
+
+/* The message for EACCES: which permission is missing and what to do.
+ * Connecting needs write permission on the socket file (mode 0660, group
+ * sinkd for the system daemon) and search permission on its folders. */
+static int sk__client_denied(const char *path, struct sk_error *err) {
+  struct stat st;
+  if (stat(path, &st) < 0)
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: permission denied on a folder of "
+                        "the path (%s)",
+                        path, strerror(errno));
+  char gbuf[4096];
+  struct group gr, *grp = NULL;
+  char gname[64];
+  if (getgrgid_r(st.st_gid, &gr, gbuf, sizeof gbuf, &grp) == 0 && grp)
+    snprintf(gname, sizeof gname, "%s", grp->gr_name);
+  else
+    snprintf(gname, sizeof gname, "%u", (unsigned)st.st_gid);
+  unsigned mode = (unsigned)st.st_mode & 07777;
+  if (!(st.st_mode & S_IWGRP))
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: permission denied (mode %04o: only "
+                        "its owner may connect)",
+                        path, mode);
+  if (grp && sk__client_listed_in(grp) && !sk__client_in_group_now(st.st_gid))
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: permission denied (mode %04o, group "
+                        "'%s'): you were added to group '%s' after this session "
+                        "started; log in again (or run `newgrp %s`)",
+                        path, mode, gname, gname, gname);
+  return sk_error_set(err, SK_ERR_IO,
+                      "cannot connect to %s: permission denied (mode %04o, group "
+                      "'%s'): join the group with `sudo usermod -aG %s $USER`, "
+                      "then log in again",
+                      path, mode, gname, gname);
+}
+
 int sk_client_connect(const char *path, struct sk_client **ret_client,
                       struct sk_error *err) {
   if (!path) path = sk_client_default_socket();
@@ -80,18 +153,10 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
     switch (e) {
     case ENOENT:
     case ECONNREFUSED:
-      return sk_error_set(
-          err, SK_ERR_IO,
-          "cannot connect to %s: %s (is sinkd running? start it with "
-          "`sinkd --model FILE` or `systemctl start sinkd`)",
-          path, e == ENOENT ? "no such file" : "connection refused");
+      return sk__client_not_running(path, e, err);
     case EACCES:
     case EPERM:
-      return sk_error_set(err, SK_ERR_IO,
-                          "cannot connect to %s: permission denied (join "
-                          "group 'sinkd': `sudo usermod -aG sinkd $USER`, "
-                          "then log in again)",
-                          path);
+      return sk__client_denied(path, err);
     default:
       return sk_error_set(err, SK_ERR_IO, "cannot connect to %s: %s", path,
                           strerror(e));

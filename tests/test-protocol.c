@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <grp.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1342,6 +1343,83 @@ static void test_client_failures(void **state) {
   fake_free(f);
 }
 
+/* Connects to path as another user (root only: setuid to nobody in a
+ * child) or, for an ordinary user, after taking the owner's write bit away;
+ * returns the error message. */
+static void connect_denied(const char *path, char *msg, size_t size) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    if (getuid() == 0 && (setgroups(0, NULL) < 0 || setgid(65534) < 0 || setuid(65534) < 0))
+      _exit(1);
+    struct sk_client *c = NULL;
+    struct sk_error e = {0};
+    int rc = sk_client_connect(path, &c, &e);
+    dprintf(p[1], "%d %s", rc, e.message);
+    _exit(0);
+  }
+  close(p[1]);
+  size_t n = 0;
+  ssize_t r;
+  while ((r = read(p[0], msg + n, size - 1 - n)) > 0) n += (size_t)r;
+  msg[n] = 0;
+  close(p[0]);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* EACCES: the message says which permission is missing and what to do. */
+static void check_permission_denied(const char *dir) {
+  char msg[1024], want[1024];
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  char *path = addr.sun_path;
+  assert_true(strlen(dir) + 13 < sizeof addr.sun_path);
+  snprintf(path, sizeof addr.sun_path, "%s/denied.sock", dir);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(fd, 4), 0);
+  if (getuid() == 0) {
+    /* A folder nobody may search (mkdtemp made it 0700). */
+    connect_denied(path, msg, sizeof msg);
+    snprintf(want, sizeof want,
+             "%d cannot connect to %s: permission denied on a folder of the path "
+             "(Permission denied)", -SK_ERR_IO, path);
+    assert_string_equal(msg, want);
+    assert_int_equal(chmod(dir, 0755), 0);
+    /* The socket's group, named. */
+    assert_int_equal(chmod(path, 0660), 0);
+    assert_int_equal(chown(path, 0, 0), 0);
+    connect_denied(path, msg, sizeof msg);
+    snprintf(want, sizeof want,
+             "%d cannot connect to %s: permission denied (mode 0660, group 'root'): join "
+             "the group with `sudo usermod -aG root $USER`, then log in again",
+             -SK_ERR_IO, path);
+    assert_string_equal(msg, want);
+    /* No group access at all. */
+    assert_int_equal(chmod(path, 0600), 0);
+    connect_denied(path, msg, sizeof msg);
+    snprintf(want, sizeof want,
+             "%d cannot connect to %s: permission denied (mode 0600: only its owner may "
+             "connect)", -SK_ERR_IO, path);
+    assert_string_equal(msg, want);
+    assert_int_equal(chmod(dir, 0700), 0);
+  } else {
+    /* The owner without write permission on the socket. */
+    assert_int_equal(chmod(path, 0060), 0);
+    connect_denied(path, msg, sizeof msg);
+    snprintf(want, sizeof want, "%d cannot connect to %s: permission denied (mode 0060, group '",
+             -SK_ERR_IO, path);
+    assert_memory_equal(msg, want, strlen(want));
+  }
+  close(fd);
+  unlink(path);
+}
+
 static void test_client_connect(void **state) {
   (void)state;
   char *dir = sk_test_tmpdir();
@@ -1354,7 +1432,8 @@ static void test_client_connect(void **state) {
   char want[768];
   snprintf(want, sizeof want,
            "cannot connect to %s: no such file (is sinkd running? start it "
-           "with `sinkd --model FILE` or `systemctl start sinkd`)",
+           "with `sudo systemctl start sinkd.socket`, or run `sinkd --model "
+           "FILE`)",
            path);
   assert_string_equal(e.message, want);
 
@@ -1367,6 +1446,13 @@ static void test_client_connect(void **state) {
   assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
   assert_non_null(strstr(e.message, "connection refused (is sinkd running?"));
   unlink(path);
+  /* Under $XDG_RUNTIME_DIR: the per-user daemon's hint. */
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
+  assert_non_null(strstr(e.message, "start it with `systemctl --user start sinkd.socket`"));
+  unsetenv("XDG_RUNTIME_DIR");
+
+  check_permission_denied(dir);
 
   char longpath[200];
   memset(longpath, 'x', sizeof longpath - 1);
@@ -1492,7 +1578,8 @@ static void test_sinkctl(void **state) {
 
   /* The daemon's error: exit 1, CODE: MESSAGE. */
   assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
-  assert_string_equal(err, "sinkctl: no_such_session: no session 99\n");
+  assert_string_equal(err, "sinkctl: no_such_session: no session 99 (sessions end when closed "
+                           "or when the daemon restarts; `sinkctl list` shows yours)\n");
   assert_int_equal(RUN(NULL, "--socket", P, "generate", "--session", "99",
                        "hi"),
                    1);
@@ -1522,8 +1609,24 @@ static void test_sinkctl(void **state) {
                       "8          dense               260        101     "
                       "5000000000\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
-  assert_non_null(strstr(out, "session: 7\npolicy: streaming\n"));
-  assert_non_null(strstr(out, "positions: 0-259\n"));
+  assert_string_equal(out,
+                      "session    7\n"
+                      "policy     streaming\n"
+                      "sinks      4\n"
+                      "window     256\n"
+                      "capacity   260 tokens\n"
+                      "resident   260 tokens\n"
+                      "seen       1000 tokens\n"
+                      "evicted    740 tokens\n"
+                      "kv cache   1.2 KiB (1234 bytes)\n"
+                      "positions  0-259\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "stats"), 0);
+  assert_string_equal(out,
+                      "sessions          2\n"
+                      "clients           1\n"
+                      "uptime            1m 0s\n"
+                      "tokens prefilled  123\n"
+                      "tokens generated  456\n");
   assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
   assert_string_equal(out,
                       "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "

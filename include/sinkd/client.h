@@ -64,8 +64,10 @@ const char *sk_client_default_socket(void);
  * On success *ret_client is a new client the caller frees with
  * sk_client_free. Errors: -SK_ERR_IO, with a message that says what to do:
  * for a missing socket or refused connection that the daemon is not
- * running and how to start it, for EACCES that permission was denied and
- * the user should join group 'sinkd'; -SK_ERR_NO_MEMORY. */
+ * running and how to start it (the per-user unit for a path under
+ * $XDG_RUNTIME_DIR); for EACCES which permission is missing — a folder of
+ * the path, or the socket's mode and group and how to join that group (or
+ * to log in again when the user was added to it since); -SK_ERR_NO_MEMORY. */
 int sk_client_connect(const char *path, struct sk_client **ret_client,
                       struct sk_error *err);
 
