@@ -1,0 +1,57 @@
+# bash completion for sinkctl(1): commands, the options of each command,
+# policy names, and session ids (from `sinkctl list` on the same socket).
+
+_sinkctl_sessions() {
+  # $sock is the --socket of the command line being completed, if any.
+  "${COMP_WORDS[0]}" ${sock:+--socket "$sock"} list 2>/dev/null |
+    awk 'NR > 1 && $1 ~ /^[0-9]+$/ { print $1 }'
+}
+
+_sinkctl() {
+  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
+  local commands="generate chat tokenize detokenize open close list stats ping hello"
+  local global="--socket --json --verbose --help --version"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity"
+  local cmd="" sock="" i word
+  for ((i = 1; i < COMP_CWORD; i++)); do
+    word=${COMP_WORDS[i]}
+    case $word in
+      -s|--socket) sock=${COMP_WORDS[i+1]}; ((i++)) ;;
+      --socket=*) sock=${word#--socket=} ;;
+      -*=*) ;;
+      -*) [[ $word == @($with_value) ]] && ((i++)) ;;
+      *) [[ -z $cmd ]] && cmd=$word ;;
+    esac
+  done
+
+  case $prev in
+    -s|--socket) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --policy) COMPREPLY=($(compgen -W "streaming dense" -- "$cur")); return ;;
+    --session) COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur")); return ;;
+    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity)
+      COMPREPLY=(); return ;;
+  esac
+
+  local sampling="--max-tokens --temperature --top-k --top-p --seed --stop --ignore-eos --session"
+  local open="--policy --sinks --window --capacity"
+  local opts=""
+  case $cmd in
+    generate) opts="$sampling $open --no-echo --progress --no-progress" ;;
+    chat) opts="$sampling $open --keep --progress --no-progress" ;;
+    tokenize) opts="--no-bos" ;;
+    open) opts="$open" ;;
+    close|stats)
+      if [[ $cur != -* ]]; then
+        COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
+        return
+      fi ;;
+    "")
+      if [[ $cur != -* ]]; then
+        COMPREPLY=($(compgen -W "$commands" -- "$cur"))
+        return
+      fi ;;
+  esac
+  COMPREPLY=($(compgen -W "$global $opts" -- "$cur"))
+}
+
+complete -F _sinkctl sinkctl
