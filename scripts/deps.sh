@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs what sinkd needs to build and test (Debian 12 packages).
 set -euo pipefail
+# systemd: systemd-analyze and systemd-socket-activate for the service
+# tests; mandoc, groff-base and man-db: man page lint and the man pages
+# systemd-analyze verify looks up.
 pkgs=(build-essential pkg-config meson ninja-build
       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
-      libcmocka-dev libinih-dev libjansson-dev scdoc)
+      libcmocka-dev libinih-dev libjansson-dev scdoc
+      systemd mandoc groff-base man-db)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
