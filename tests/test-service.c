@@ -288,6 +288,56 @@ static void test_notify_lifecycle(void **state) {
   free(conf);
 }
 
+/* ---- limits from the file, changed by SIGHUP ------------------------------- */
+
+static void test_memory_and_session_limits(void **state) {
+  (void)state;
+  char *sock = path_in_dir("limits.sock");
+  char *conf = path_in_dir("limits.conf");
+  char notify_env[160];
+  snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
+  /* A streaming session of the test model (4 + 1020 tokens) holds
+   * 1327232 bytes: two do not fit in 2M. */
+  write_text(conf, "[limits]\nmax_memory = 2M\nmax_sessions = 2\n");
+  drain_messages();
+  struct child d;
+  spawn(&d, "limits.log", (const char *const[]){notify_env, NULL},
+        (const char *const[]){getenv("SK_SINKD"), "--config", conf, "--model",
+                              sk_test_model_path(), "--socket", sock, "--threads", "1", NULL});
+  wait_message(&d, "READY=1", NULL, 0);
+  struct sk_client *c = connect_now(sock);
+  struct sk_error e = {0};
+  struct sk_open_result a, b;
+  assert_int_equal(sk_client_open(c, NULL, &a, &e), 0);
+  assert_int_equal(a.kv_bytes, 1327232);
+  assert_int_equal(sk_client_open(c, NULL, &b, &e), -SK_ERR_BUSY);
+  assert_string_equal(e.message, "memory limit reached: 1327232 bytes of KV caches in use + "
+                                 "1327232 asked > max_memory 2097152");
+  /* A smaller session still fits. */
+  struct sk_open_params small = {.policy = "dense", .capacity = 64};
+  assert_int_equal(sk_client_open(c, &small, &b, &e), 0);
+  assert_int_equal(sk_client_close(c, b.session, &e), 0);
+
+  /* More memory by SIGHUP; max_sessions cannot grow past its value at
+   * start (the table is sized then): capped, and said so. */
+  write_text(conf, "[limits]\nmax_memory = 3M\nmax_sessions = 10\n");
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "RELOADING=1", NULL, 0);
+  wait_message(&d, "READY=1", NULL, 0);
+  assert_int_equal(sk_client_open(c, NULL, &b, &e), 0);
+  struct sk_open_result third;
+  assert_int_equal(sk_client_open(c, &small, &third, &e), -SK_ERR_BUSY);
+  assert_string_equal(e.message, "session limit reached: 2 sessions open (max_sessions 2)");
+  assert_true(log_has(&d, "<4>reload: max_sessions 10 above 2: raising a size fixed at start "
+                          "needs a restart; capped"));
+  assert_true(log_has(&d, "max_memory 2M -> 3M"));
+  sk_client_free(c);
+  kill(d.pid, SIGTERM);
+  assert_int_equal(wait_exit(&d), 0);
+  free(sock);
+  free(conf);
+}
+
 /* ---- socket activation ----------------------------------------------------- */
 
 static void test_socket_activation(void **state) {
@@ -530,6 +580,7 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_notify_lifecycle),
+      cmocka_unit_test(test_memory_and_session_limits),
       cmocka_unit_test(test_socket_activation),
       cmocka_unit_test(test_stale_and_live_socket),
       cmocka_unit_test(test_check_config),
