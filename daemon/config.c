@@ -393,6 +393,7 @@ struct load_state {
   size_t buf_cap;
   struct sk_config_errors *errs;
   int fatal;                  /* -SK_ERR_NO_MEMORY / -SK_ERR_IO */
+  int read_errno;             /* with fatal == -SK_ERR_IO */
   char bad_section[64];       /* last unknown section reported */
   uint32_t bad_section_line;
 };
@@ -422,8 +423,12 @@ static char *reader(char *str, int num, void *stream) {
   errno = 0;
   ssize_t n = getline(&st->buf, &st->buf_cap, st->f);
   if (n < 0) {
-    if (errno == ENOMEM) st->fatal = -SK_ERR_NO_MEMORY;
-    else if (ferror(st->f)) st->fatal = -SK_ERR_IO;
+    if (errno == ENOMEM) {
+      st->fatal = -SK_ERR_NO_MEMORY;
+    } else if (ferror(st->f)) {
+      st->fatal = -SK_ERR_IO;
+      st->read_errno = errno;
+    }
     return NULL;
   }
   st->line++;
@@ -518,7 +523,8 @@ int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
   if (st.fatal == -SK_ERR_NO_MEMORY) return st.fatal;
   if (st.fatal == -SK_ERR_IO) {
     errs->n = 1;
-    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: read error after line %u", path, st.line);
+    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
+                        strerror(st.read_errno));
   }
   /* inih reports syntax errors (a line that is neither "[section]" nor
    * "key = value") by the number of the first one. */

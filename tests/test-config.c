@@ -103,6 +103,10 @@ static void test_defaults(void **state) {
   assert_string_equal(errs.e[0].message,
                       "/nonexistent/sinkd.conf: cannot read the configuration: No such file or "
                       "directory");
+  /* A folder opens but does not read. */
+  assert_int_equal(sk_config_load(&c, g_dir, true, &errs), -SK_ERR_IO);
+  assert_int_equal(errs.n, 1);
+  assert_non_null(strstr(errs.e[0].message, ": cannot read the configuration: Is a directory"));
   sk_config_done(&c);
   sk_config_done(&c); /* twice is fine */
 }

@@ -8,7 +8,7 @@
 # The paths come from meson (tests/meson.build): MESON, BUILD, SRC, CC,
 # PKG_CONFIG, PREFIX, BINDIR, SBINDIR, LIBDIR, INCLUDEDIR, MANDIR,
 # SYSCONFDIR, SYSTEM_UNIT_DIR, USER_UNIT_DIR, SYSUSERS_DIR, TMPFILES_DIR,
-# COMPLETION_DIR, SK_MODEL.
+# COMPLETION_DIR, HAVE_MAN (0 when built without scdoc), SK_MODEL.
 set -euo pipefail
 # meson test points LD_LIBRARY_PATH at the build tree; the installed
 # programs must find the installed library (set below where needed).
@@ -31,8 +31,6 @@ echo "ok: meson install --destdir"
 for f in "$SBINDIR/sinkd" "$BINDIR/sinkctl" \
          "$LIBDIR/libsinkd.so" "$LIBDIR/libsinkd.so.0" "$LIBDIR/pkgconfig/libsinkd.pc" \
          "$INCLUDEDIR/sinkd/client.h" "$INCLUDEDIR/sinkd/protocol.h" \
-         "$MANDIR/man1/sinkctl.1" "$MANDIR/man3/libsinkd.3" "$MANDIR/man5/sinkd.conf.5" \
-         "$MANDIR/man7/sinkd-protocol.7" "$MANDIR/man8/sinkd.8" \
          "$SYSTEM_UNIT_DIR/sinkd.service" "$SYSTEM_UNIT_DIR/sinkd.socket" \
          "$USER_UNIT_DIR/sinkd.service" "$USER_UNIT_DIR/sinkd.socket" \
          "$SYSUSERS_DIR/sinkd.conf" "$TMPFILES_DIR/sinkd.conf" \
@@ -40,6 +38,13 @@ for f in "$SBINDIR/sinkd" "$BINDIR/sinkctl" \
          "$COMPLETION_DIR/sinkctl" "$COMPLETION_DIR/sinkd"; do
   [[ -e $dest$f ]] || fail "not installed: $f"
 done
+man=no
+if [[ $HAVE_MAN == 1 ]]; then
+  man=yes
+  for f in man1/sinkctl.1 man3/libsinkd.3 man5/sinkd.conf.5 man7/sinkd-protocol.7 man8/sinkd.8; do
+    [[ -e $dest$MANDIR/$f ]] || fail "not installed: $MANDIR/$f"
+  done
+fi
 [[ -x $dest$SBINDIR/sinkd && -x $dest$BINDIR/sinkctl ]] || fail "binaries not executable"
 grep -q "^ExecStart=$SBINDIR/sinkd\$" "$dest$SYSTEM_UNIT_DIR/sinkd.service" \
   || fail "sinkd.service does not start $SBINDIR/sinkd"
@@ -106,10 +111,10 @@ for unit in sinkd.service sinkd.socket; do
   sed "s|^ExecStart=$SBINDIR/|ExecStart=$dest$SBINDIR/|" "$dest$SYSTEM_UNIT_DIR/$unit" > "$tmp/system/$unit"
   sed "s|^ExecStart=$SBINDIR/|ExecStart=$dest$SBINDIR/|" "$dest$USER_UNIT_DIR/$unit" > "$tmp/user/$unit"
 done
-MANPATH=$dest$MANDIR systemd-analyze verify --man=yes "$tmp/system/sinkd.service" "$tmp/system/sinkd.socket" \
+MANPATH=$dest$MANDIR systemd-analyze verify --man=$man "$tmp/system/sinkd.service" "$tmp/system/sinkd.socket" \
   >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify (system units)"; }
 [[ ! -s $tmp/verify.log ]] || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify had remarks"; }
-XDG_RUNTIME_DIR=$tmp/runtime MANPATH=$dest$MANDIR systemd-analyze --user verify --man=yes \
+XDG_RUNTIME_DIR=$tmp/runtime MANPATH=$dest$MANDIR systemd-analyze --user verify --man=$man \
   "$tmp/user/sinkd.service" "$tmp/user/sinkd.socket" >"$tmp/verify.log" 2>&1 \
   || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify (user units)"; }
 [[ ! -s $tmp/verify.log ]] || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify had remarks"; }
