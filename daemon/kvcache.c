@@ -117,15 +117,16 @@ static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
   if (n_layer == 0 || kv_dim == 0 || capacity == 0 ||
       capacity > SK_KV_MAX_CAPACITY)
     return false;
-  /* rows = L * C < 2^52; floats = rows * D: check before multiplying. */
-  uint64_t rows = (uint64_t)n_layer * capacity;
+  uint64_t slots = (uint64_t)capacity + SK_KV_SPARE_SLOTS;
+  /* rows = L * S < 2^53; floats = rows * D: check before multiplying. */
+  uint64_t rows = (uint64_t)n_layer * slots;
   if (rows > UINT64_MAX / kv_dim / sizeof(float)) return false;
   uint64_t kv_bytes = rows * kv_dim * sizeof(float);
   struct sk__kv_layout l;
   l.off_token = sk__align_up(sizeof(struct sk_kv_header));
-  l.off_index = sk__align_up(l.off_token + (uint64_t)capacity * sizeof(int32_t));
-  l.off_order = sk__align_up(l.off_index + (uint64_t)capacity * sizeof(uint64_t));
-  l.off_k = sk__align_up(l.off_order + (uint64_t)capacity * sizeof(uint32_t));
+  l.off_index = sk__align_up(l.off_token + slots * sizeof(int32_t));
+  l.off_order = sk__align_up(l.off_index + slots * sizeof(uint64_t));
+  l.off_k = sk__align_up(l.off_order + slots * sizeof(uint32_t));
   if (kv_bytes > (UINT64_MAX - l.off_k - 2 * SK__KV_ALIGN) / 2) return false;
   l.off_v = sk__align_up(l.off_k + kv_bytes);
   l.size = sk__align_up(l.off_v + kv_bytes);
@@ -140,22 +141,55 @@ size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity) {
   return (size_t)l.size;
 }
 
+bool sk_kv_part_sizes(struct sk_kv_shape shape, uint32_t capacity,
+                      size_t *ret_meta, size_t *ret_data) {
+  struct sk__kv_layout l;
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l)) return false;
+  *ret_meta = (size_t)l.off_k;
+  *ret_data = (size_t)(l.size - l.off_k);
+  return true;
+}
+
 /* ---- blocks and views ----------------------------------------------- */
 
-static void sk__kv_view(struct sk_kv *kv, void *mem) {
-  struct sk_kv_header *h = mem;
-  char *base = mem;
+/* Meta pointers into a meta part, data pointers into a data part that
+ * starts at block offset off_k. */
+static void sk__kv_view(struct sk_kv *kv, void *meta, void *data) {
+  struct sk_kv_header *h = meta;
+  char *base = meta;
+  char *dbase = (char *)data - h->off_k;
   kv->hdr = h;
   kv->token = (int32_t *)(void *)(base + h->off_token);
   kv->index = (uint64_t *)(void *)(base + h->off_index);
   kv->order = (uint32_t *)(void *)(base + h->off_order);
-  kv->k = (float *)(void *)(base + h->off_k);
-  kv->v = (float *)(void *)(base + h->off_v);
+  kv->k = (float *)(void *)(dbase + h->off_k);
+  kv->v = (float *)(void *)(dbase + h->off_v);
+}
+
+void sk_kv_rebind_meta(struct sk_kv *kv, void *meta) {
+  struct sk_kv_header *h = meta;
+  char *base = meta;
+  kv->hdr = h;
+  kv->token = (int32_t *)(void *)(base + h->off_token);
+  kv->index = (uint64_t *)(void *)(base + h->off_index);
+  kv->order = (uint32_t *)(void *)(base + h->off_order);
 }
 
 int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
                struct sk_kv_shape shape, const struct sk_kv_params *p,
                struct sk_error *err) {
+  size_t meta_size, data_size;
+  if (!sk_kv_part_sizes(shape, sk_kv_params_capacity(p), &meta_size,
+                        &data_size) ||
+      size < meta_size)
+    return sk_kv_init_split(kv, mem, size, NULL, 0, shape, p, err);
+  return sk_kv_init_split(kv, mem, meta_size, (char *)mem + meta_size,
+                          size - meta_size, shape, p, err);
+}
+
+int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
+                     void *data, size_t data_size, struct sk_kv_shape shape,
+                     const struct sk_kv_params *p, struct sk_error *err) {
   int rc = sk_kv_params_check(p, SK_KV_MAX_CAPACITY, err);
   if (rc < 0) return rc;
   uint32_t capacity = sk_kv_params_capacity(p);
@@ -165,25 +199,27 @@ int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
                         "cache shape n_layer %u x kv_dim %u x capacity %u is "
                         "empty or too large",
                         shape.n_layer, shape.kv_dim, capacity);
-  if (size < l.size)
+  if (meta_size < l.off_k || data_size < l.size - l.off_k)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block of %zu bytes is smaller than the %llu "
                         "bytes needed",
-                        size, (unsigned long long)l.size);
-  if ((uintptr_t)mem % SK__KV_ALIGN != 0)
+                        meta_size + data_size, (unsigned long long)l.size);
+  if ((uintptr_t)meta % SK__KV_ALIGN != 0 ||
+      (uintptr_t)data % SK__KV_ALIGN != 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block is not %u-byte aligned", SK__KV_ALIGN);
 
   /* Header and bookkeeping are cleared; K/V rows are written before they
    * are ever read (a slot becomes resident only after the forward pass
    * filled it), so they are left as they are. */
-  memset(mem, 0, (size_t)l.off_k);
-  struct sk_kv_header *h = mem;
+  memset(meta, 0, (size_t)l.off_k);
+  struct sk_kv_header *h = meta;
   h->magic = SK_KV_MAGIC;
   h->layout_version = SK_KV_LAYOUT_VERSION;
   h->n_layer = shape.n_layer;
   h->kv_dim = shape.kv_dim;
   h->capacity = capacity;
+  h->n_slots = capacity + SK_KV_SPARE_SLOTS;
   h->policy = p->policy;
   h->n_sink = p->policy == SK_POLICY_STREAMING ? p->n_sink : 0;
   h->window = p->policy == SK_POLICY_STREAMING ? p->window : 0;
@@ -197,8 +233,8 @@ int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
   h->off_k = l.off_k;
   h->off_v = l.off_v;
   h->size = l.size;
-  sk__kv_view(kv, mem);
-  for (uint32_t i = 0; i < capacity; i++) kv->order[i] = i;
+  sk__kv_view(kv, meta, data);
+  for (uint32_t i = 0; i < h->n_slots; i++) kv->order[i] = i;
   return 0;
 }
 
@@ -211,15 +247,29 @@ static int sk__bad_field(struct sk_error *err, const char *field,
 
 int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
                  struct sk_error *err) {
-  if (size < sizeof(struct sk_kv_header))
+  /* Split at the header's own off_k once it is known to be sane; the
+   * split check below names any inconsistency. */
+  size_t meta_size = size;
+  if (size >= sizeof(struct sk_kv_header)) {
+    const struct sk_kv_header *h = mem;
+    if (h->off_k <= size) meta_size = (size_t)h->off_k;
+  }
+  return sk_kv_attach_split(kv, mem, meta_size, (char *)mem + meta_size,
+                            size - meta_size, err);
+}
+
+int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
+                       void *data, size_t data_size, struct sk_error *err) {
+  if (meta_size < sizeof(struct sk_kv_header))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block of %zu bytes is smaller than its header "
                         "(%zu bytes)",
-                        size, sizeof(struct sk_kv_header));
-  if ((uintptr_t)mem % SK__KV_ALIGN != 0)
+                        meta_size + data_size, sizeof(struct sk_kv_header));
+  if ((uintptr_t)meta % SK__KV_ALIGN != 0 ||
+      (uintptr_t)data % SK__KV_ALIGN != 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block is not %u-byte aligned", SK__KV_ALIGN);
-  const struct sk_kv_header *h = mem;
+  const struct sk_kv_header *h = meta;
   if (h->magic != SK_KV_MAGIC)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: magic is 0x%08x, expected 0x%08x",
@@ -251,6 +301,9 @@ int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: rope_scale %g must be finite and > 0",
                         (double)h->rope_scale);
+  if (h->n_slots != h->capacity + SK_KV_SPARE_SLOTS)
+    return sk__bad_field(err, "n_slots", h->n_slots,
+                         (unsigned long long)h->capacity + SK_KV_SPARE_SLOTS);
   struct sk__kv_layout l;
   if (!sk__kv_layout(h->n_layer, h->kv_dim, h->capacity, &l))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
@@ -270,11 +323,11 @@ int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
     return sk__bad_field(err, "off_v", h->off_v, l.off_v);
   if (h->size != l.size)
     return sk__bad_field(err, "size", h->size, l.size);
-  if (h->size > size)
+  if (h->off_k > meta_size || h->size - h->off_k > data_size)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: size %llu exceeds the %zu bytes of "
                         "the block",
-                        (unsigned long long)h->size, size);
+                        (unsigned long long)h->size, meta_size + data_size);
   if (h->n_resident > h->capacity)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: n_resident %u exceeds capacity %u",
@@ -288,8 +341,8 @@ int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
                         (unsigned long long)h->n_seen);
 
   const uint32_t *order =
-      (const uint32_t *)(const void *)((const char *)mem + h->off_order);
-  uint32_t cap = h->capacity;
+      (const uint32_t *)(const void *)((const char *)meta + h->off_order);
+  uint32_t cap = h->n_slots;
   uint64_t *seen = calloc((cap + 63) / 64, sizeof *seen); /* (C bits) */
   if (!seen)
     return sk_error_set(err, SK_ERR_NO_MEMORY,
@@ -305,7 +358,7 @@ int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
     seen[s / 64] |= (uint64_t)1 << (s % 64);
   }
   free(seen);
-  sk__kv_view(kv, mem);
+  sk__kv_view(kv, meta, data);
   return 0;
 }
 
@@ -375,18 +428,19 @@ int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                         free_slots, h->capacity);
 
   /* Evict the e oldest window tokens, at positions n_sink..n_sink+e-1.
-   * n <= window = C - n_sink gives e <= n_resident - n_sink. Their slots
-   * move to the front of the free region (the next to be filled); later
-   * positions shift down: order stays a permutation. */
+   * n <= window = C - n_sink gives e <= n_resident - n_sink. Later
+   * positions and the free list shift down; the evicted slots join the
+   * tail of the free list (FIFO, see kvcache.h): order stays a
+   * permutation. */
   uint32_t e = n - free_slots;
-  uint32_t s0 = h->n_sink, nr = h->n_resident;
+  uint32_t s0 = h->n_sink, nr = h->n_resident, ns = h->n_slots;
   if (log)
     for (uint32_t p = s0; p < s0 + e; p++)
       sk_evict_log_add(log, kv->index[kv->order[p]]);
-  /* Rotate order[s0..nr) left by e in place (three reversals). */
+  /* Rotate order[s0..S) left by e in place (three reversals). */
   sk__reverse(kv->order + s0, e);
-  sk__reverse(kv->order + s0 + e, nr - s0 - e);
-  sk__reverse(kv->order + s0, nr - s0);
+  sk__reverse(kv->order + s0 + e, ns - s0 - e);
+  sk__reverse(kv->order + s0, ns - s0);
   h->n_resident = nr - e;
   h->n_evicted += e;
   return 0;

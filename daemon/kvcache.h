@@ -18,20 +18,39 @@
  * positions to slots, so an eviction moves O(capacity) integers, never
  * keys or values.
  *
- * Block layout (byte offsets in the header; every section 64-byte
- * aligned; `C` = capacity, `L` = n_layer, `D` = kv_dim):
+ * Spare slots and the FIFO free list (what makes a step crash-consistent
+ * when the block lives in shared memory, see store.h): a cache of capacity
+ * C has S = C + SK_KV_SPARE_SLOTS physical slots. The free slots are kept
+ * in order[n_resident..S) as a FIFO queue: the next tokens are written to
+ * the slots at its head, and a slot freed by an eviction joins its tail.
+ * So a step that evicts at most SK_KV_SPARE_SLOTS tokens writes keys and
+ * values only into slots that were already free before the step: the
+ * K/V of every token resident before the step stay untouched until the
+ * step's bookkeeping (the meta part) is committed. Policies must keep this
+ * rule: an evicted slot goes to the tail of the free list, never its head.
  *
+ * Block layout (byte offsets in the header; every section 64-byte
+ * aligned; `C` = capacity, `S` = n_slots = C + SK_KV_SPARE_SLOTS,
+ * `L` = n_layer, `D` = kv_dim). The block is two parts: the *meta part*
+ * [0, off_k) holds the header and every per-slot array; the *data part*
+ * [off_k, size) holds keys and values. The two may live at different
+ * addresses (sk_kv_init_split / sk_kv_attach_split): the shared-memory
+ * store keeps two copies of the meta part and one data part.
+ *
+ *   meta part
  *   struct sk_kv_header                  see below
- *   int32_t  token[C]                    token id held by each slot
- *   uint64_t index[C]                    stream index of that token (how
+ *   int32_t  token[S]                    token id held by each slot
+ *   uint64_t index[S]                    stream index of that token (how
  *                                        many tokens the session had seen
  *                                        before it)
- *   uint32_t order[C]                    a permutation of 0..C-1:
+ *   uint32_t order[S]                    a permutation of 0..S-1:
  *                                        order[p] for p < n_resident is
  *                                        the slot at cache position p;
- *                                        order[n_resident..C) are free slots
- *   float    k[L][C][D]                  keys, before RoPE
- *   float    v[L][C][D]                  values
+ *                                        order[n_resident..S) are the free
+ *                                        slots, next to be filled first
+ *   data part (offsets still from the block start)
+ *   float    k[L][S][D]                  keys, before RoPE
+ *   float    v[L][S][D]                  values
  *
  * Memory per session is exactly sk_kv_size(): it depends on the policy's
  * budget, never on how many tokens have streamed through.
@@ -46,7 +65,10 @@
 #include "sinkd/protocol.h"
 
 #define SK_KV_MAGIC 0x564b4b53u /* "SKKV" little-endian */
-#define SK_KV_LAYOUT_VERSION 1u
+#define SK_KV_LAYOUT_VERSION 2u
+/* Physical slots beyond the capacity: the most tokens one crash-consistent
+ * step may evict (compute.c evicts at most one per step). */
+#define SK_KV_SPARE_SLOTS 1u
 /* Largest capacity a session may ask for: positions and slots are 32-bit,
  * and one session's cache must stay far below a machine's memory. The
  * daemon's memory limit is the tighter bound in practice. */
@@ -82,7 +104,8 @@ struct sk_kv_header {
   uint32_t layout_version; /* SK_KV_LAYOUT_VERSION */
   uint32_t n_layer;
   uint32_t kv_dim;
-  uint32_t capacity;       /* C: slots */
+  uint32_t capacity;       /* C: most resident tokens */
+  uint32_t n_slots;        /* S: physical slots, C + SK_KV_SPARE_SLOTS */
   uint32_t policy;
   uint32_t n_sink;
   uint32_t window;
@@ -101,11 +124,11 @@ struct sk_kv_header {
 /* A view of a block; the block itself is owned by whoever allocated it. */
 struct sk_kv {
   struct sk_kv_header *hdr;
-  int32_t *token;  /* (C) */
-  uint64_t *index; /* (C) */
-  uint32_t *order; /* (C) */
-  float *k;        /* (L, C, D) */
-  float *v;        /* (L, C, D) */
+  int32_t *token;  /* (S) */
+  uint64_t *index; /* (S) */
+  uint32_t *order; /* (S) */
+  float *k;        /* (L, S, D) */
+  float *v;        /* (L, S, D) */
 };
 
 /* Evicted stream indices, merged into ranges of consecutive indices.
@@ -130,6 +153,11 @@ int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
                        struct sk_error *err);
 /* Bytes of a block for this shape and capacity; 0 on overflow. */
 size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity);
+/* Bytes of the meta part ([0, off_k): header and per-slot arrays) and of
+ * the data part ([off_k, size): K and V) of such a block; both 64-byte
+ * multiples. Returns false on overflow or an empty shape. */
+bool sk_kv_part_sizes(struct sk_kv_shape shape, uint32_t capacity,
+                      size_t *ret_meta, size_t *ret_data);
 
 /* Formats mem[0..size) (size >= sk_kv_size, mem 64-byte aligned) as an
  * empty cache and fills *kv with a view of it. Errors: -SK_ERR_BAD_REQUEST
@@ -142,6 +170,21 @@ int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
  * Errors: -SK_ERR_BAD_REQUEST naming the bad field. */
 int sk_kv_attach(struct sk_kv *kv, void *mem, size_t size,
                  struct sk_error *err);
+
+/* The same two for a block whose meta part (meta_size bytes at meta) and
+ * data part (data_size bytes at data) live apart; both 64-byte aligned,
+ * each at least the size sk_kv_part_sizes gives. init formats the meta
+ * part only (keys and values are written before they are ever read).
+ * The view's k/v point into data, everything else into meta. */
+int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
+                     void *data, size_t data_size, struct sk_kv_shape shape,
+                     const struct sk_kv_params *p, struct sk_error *err);
+int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
+                       void *data, size_t data_size, struct sk_error *err);
+/* Points the view's meta pointers (hdr and the per-slot arrays) at another
+ * copy of the same meta part (a byte copy of the one kv shows, same
+ * alignment); k/v are kept. No checks: the caller made the copy. */
+void sk_kv_rebind_meta(struct sk_kv *kv, void *meta);
 
 /* Convenience for malloc'd caches: allocates and formats; free with
  * sk_kv_delete. */
@@ -159,13 +202,14 @@ uint32_t sk_kv_max_room(const struct sk_kv *kv);
 
 /* Makes room for n more tokens by the policy. streaming: evicts the
  * oldest window tokens (cache position n_sink) until n fit, adding their
- * stream indices to log (may be NULL). dense: evicts nothing.
+ * stream indices to log (may be NULL); their slots join the tail of the
+ * free list. dense: evicts nothing.
  * Errors: -SK_ERR_CONTEXT_FULL (dense: "needs N, M of C free"), or
  * -SK_ERR_BAD_REQUEST if n > sk_kv_max_room(). */
 int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                     struct sk_error *err);
 
-/* Slot at cache position pos (pos < capacity; positions >= n_resident
+/* Slot at cache position pos (pos < n_slots; positions >= n_resident
  * name the free slots that the next appends will fill, in order). */
 static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
   return kv->order[pos];
@@ -173,11 +217,11 @@ static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
 /* Key / value row of (layer, slot): D floats. */
 static inline float *sk_kv_k(const struct sk_kv *kv, uint32_t layer,
                              uint32_t slot) {
-  return kv->k + ((size_t)layer * kv->hdr->capacity + slot) * kv->hdr->kv_dim;
+  return kv->k + ((size_t)layer * kv->hdr->n_slots + slot) * kv->hdr->kv_dim;
 }
 static inline float *sk_kv_v(const struct sk_kv *kv, uint32_t layer,
                              uint32_t slot) {
-  return kv->v + ((size_t)layer * kv->hdr->capacity + slot) * kv->hdr->kv_dim;
+  return kv->v + ((size_t)layer * kv->hdr->n_slots + slot) * kv->hdr->kv_dim;
 }
 
 /* Records tokens[0..n) in slots order[n_resident..n_resident+n) (whose K/V

@@ -35,7 +35,8 @@ static struct sk_kv *new_kv(struct sk_kv_shape shape, uint32_t policy,
 }
 
 static void assert_permutation(const struct sk_kv *kv) {
-  uint32_t c = kv->hdr->capacity;
+  uint32_t c = kv->hdr->n_slots;
+  assert_int_equal(c, kv->hdr->capacity + SK_KV_SPARE_SLOTS);
   char *seen = calloc(c, 1);
   assert_non_null(seen);
   for (uint32_t p = 0; p < c; p++) {
@@ -214,8 +215,9 @@ static void test_size(void **state) {
   (void)state;
   struct sk_kv_shape sh = {.n_layer = 5, .kv_dim = 32};
   size_t s = sk_kv_size(sh, 64);
-  size_t kv_bytes = 5u * 2 * 32 * 64 * sizeof(float);
-  size_t meta = 64 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t));
+  /* 64 slots + SK_KV_SPARE_SLOTS spare ones */
+  size_t kv_bytes = 5u * 2 * 32 * 65 * sizeof(float);
+  size_t meta = 65 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t));
   assert_true(s >= kv_bytes + meta + sizeof(struct sk_kv_header));
   assert_true(s <= kv_bytes + meta + sizeof(struct sk_kv_header) + 5 * 64);
   assert_int_equal(s % 64, 0);
@@ -237,10 +239,15 @@ static void test_size(void **state) {
     assert_int_equal(off[i] % 64, 0);
     if (i) assert_true(off[i] > off[i - 1]);
   }
-  assert_int_equal(h->off_v - h->off_k, 5u * 64 * 32 * sizeof(float));
+  assert_int_equal(h->off_v - h->off_k, 5u * 65 * 32 * sizeof(float));
   assert_int_equal(h->size, s);
   assert_true((char *)kv->k == (char *)h + h->off_k);
-  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * 64 + 2) * 32);
+  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * 65 + 2) * 32);
+  size_t meta_size = 0, data_size = 0;
+  assert_true(sk_kv_part_sizes(sh, 64, &meta_size, &data_size));
+  assert_int_equal(meta_size, h->off_k);
+  assert_int_equal(data_size, h->size - h->off_k);
+  assert_false(sk_kv_part_sizes(sh, 0, &meta_size, &data_size));
   sk_kv_delete(kv);
 }
 
@@ -393,7 +400,8 @@ static void test_attach(void **state) {
     *h = saved;                                   \
   } while (0)
   CORRUPT(h->magic ^= 1, "magic");
-  CORRUPT(h->layout_version = 2, "layout_version");
+  CORRUPT(h->layout_version = 1, "layout_version");
+  CORRUPT(h->n_slots = h->capacity, "n_slots is 8, expected 9");
   CORRUPT(h->n_resident = h->capacity + 1, "n_resident 9 exceeds capacity 8");
   CORRUPT(h->n_seen = 3, "n_seen");
   CORRUPT(h->off_k = h->size, "off_k");
@@ -419,6 +427,108 @@ static void test_attach(void **state) {
   assert_int_equal(sk_kv_attach(&view, mem, size, &err), 0);
   free(mem);
   sk_kv_delete(kv);
+}
+
+
+/* The FIFO free list: a step that evicts at most SK_KV_SPARE_SLOTS tokens
+ * writes only into slots that were free before it, so the K/V of every
+ * token resident before the step stay intact until its commit. Checked
+ * for streaming with and without sinks, one-token steps (what compute.c
+ * does once full) and steps that fit the free slots. */
+static void test_fifo_free_slots(void **state) {
+  (void)state;
+  const uint32_t sinks[2] = {4, 0};
+  for (int v = 0; v < 2; v++) {
+    struct sk_kv *kv = new_kv(small_shape, SK_POLICY_STREAMING, sinks[v], 9, 0);
+    uint32_t ns = kv->hdr->n_slots;
+    unsigned r = 777u + (unsigned)v;
+    for (int step = 0; step < 300; step++) {
+      char was_resident[64] = {0};
+      assert_true(ns <= 64);
+      for (uint32_t p = 0; p < kv->hdr->n_resident; p++)
+        was_resident[sk_kv_slot(kv, p)] = 1;
+      r = r * 1103515245u + 12345u;
+      uint32_t free_slots = sk_kv_free_slots(kv);
+      if (free_slots > sk_kv_max_room(kv)) free_slots = sk_kv_max_room(kv);
+      uint32_t n = free_slots ? 1 + (r >> 16) % free_slots : 1;
+      struct sk_error err = {0};
+      uint64_t ev0 = kv->hdr->n_evicted;
+      assert_int_equal(sk_kv_make_room(kv, n, NULL, &err), 0);
+      assert_true(kv->hdr->n_evicted - ev0 <= SK_KV_SPARE_SLOTS);
+      for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = sk_kv_slot(kv, kv->hdr->n_resident + i);
+        if (was_resident[slot])
+          fail_msg("step %d writes slot %u, resident before the step", step, slot);
+      }
+      /* undo the room-making check's state: append for real */
+      int32_t tok[16];
+      for (uint32_t i = 0; i < n; i++) tok[i] = (int32_t)(1000 + kv->hdr->n_seen + i);
+      for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = sk_kv_slot(kv, kv->hdr->n_resident + i);
+        for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+          for (uint32_t d = 0; d < kv->hdr->kv_dim; d++) {
+            sk_kv_k(kv, l, slot)[d] = (float)(kv->hdr->n_seen + i + l);
+            sk_kv_v(kv, l, slot)[d] = -(float)(kv->hdr->n_seen + i + l);
+          }
+      }
+      sk_kv_commit(kv, tok, n);
+      assert_permutation(kv);
+    }
+    uint64_t seen = kv->hdr->n_seen;
+    uint32_t s0 = sinks[v];
+    uint64_t want[13];
+    for (uint32_t p = 0; p < s0; p++) want[p] = p;
+    for (uint32_t p = 0; p < 9; p++) want[s0 + p] = seen - 9 + p;
+    assert_resident(kv, want, s0 + 9);
+    sk_kv_delete(kv);
+  }
+}
+
+/* A block split in two parts (meta and data apart, as the shm store keeps
+ * them) works like a contiguous one; rebinding the meta to a byte copy
+ * gives the same view. */
+static void test_split_views(void **state) {
+  (void)state;
+  struct sk_kv_params p = {.policy = SK_POLICY_STREAMING, .n_sink = 2,
+                           .window = 6, .rope_scale = 1.0f};
+  size_t meta_size = 0, data_size = 0;
+  assert_true(sk_kv_part_sizes(small_shape, 8, &meta_size, &data_size));
+  void *meta = aligned_alloc(64, meta_size);
+  void *meta2 = aligned_alloc(64, meta_size);
+  void *data = aligned_alloc(64, data_size);
+  assert_non_null(meta);
+  assert_non_null(meta2);
+  assert_non_null(data);
+  struct sk_kv kv;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_init_split(&kv, meta, meta_size - 64, data, data_size,
+                                    small_shape, &p, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_int_equal(sk_kv_init_split(&kv, meta, meta_size, data, data_size,
+                                    small_shape, &p, &err), 0);
+  assert_true((void *)kv.hdr == meta);
+  assert_true((void *)kv.k == data);
+  for (int i = 0; i < 11; i++) append(&kv, 1, NULL);
+  uint64_t want[8] = {0, 1, 5, 6, 7, 8, 9, 10};
+  assert_resident(&kv, want, 8);
+
+  memcpy(meta2, meta, meta_size);
+  sk_kv_rebind_meta(&kv, meta2);
+  assert_true((void *)kv.hdr == meta2);
+  assert_resident(&kv, want, 8);
+  append(&kv, 1, NULL);
+  uint64_t want2[8] = {0, 1, 6, 7, 8, 9, 10, 11};
+  assert_resident(&kv, want2, 8);
+
+  struct sk_kv view;
+  assert_int_equal(sk_kv_attach_split(&view, meta, meta_size, data, data_size, &err), 0);
+  assert_resident(&view, want, 8); /* the first copy still shows the old step */
+  assert_int_equal(sk_kv_attach_split(&view, meta2, meta_size, data, data_size - 64, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "exceeds the"));
+  free(meta);
+  free(meta2);
+  free(data);
 }
 
 /* ---- with the real model -------------------------------------------- */
@@ -629,6 +739,8 @@ int main(void) {
       cmocka_unit_test(test_policy_names),
       cmocka_unit_test(test_evict_log),
       cmocka_unit_test(test_attach),
+      cmocka_unit_test(test_fifo_free_slots),
+      cmocka_unit_test(test_split_views),
       cmocka_unit_test(test_model_keys_after_evictions),
       cmocka_unit_test(test_model_long_stream),
   };
