@@ -89,6 +89,13 @@ static void finish(struct sk_compute *c, struct sk_job *job) {
   post_event(c, ev);
 }
 
+/* Every change to a session's cache and state happens inside a step of
+ * its shared-memory object (store.h): sk_store_begin, then make_room (at
+ * most one eviction: the spare slot's budget) and the forward pass, then
+ * sk_store_commit. Events and replies that report a step are posted only
+ * after its commit, so whatever a client was told survives a crash. A
+ * failed step is aborted: the session stays at its last commit. */
+
 /* Tokenizes / validates the job's input and checks that it can be taken
  * whole. Returns 0, or -code with job->err set. */
 static int job_start(struct sk_compute *c, struct sk_job *job) {
@@ -125,7 +132,7 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
                           kv->hdr->n_resident);
   }
   if (job->kind == SK_JOB_GENERATE) {
-    if (job->n_tokens == 0 && !s->has_logits)
+    if (job->n_tokens == 0 && !sk_session_has_logits(s))
       return sk_error_set(&job->err, SK_ERR_BAD_REQUEST,
                           "session %llu holds no tokens: append a prompt "
                           "first or give 'prompt'",
@@ -133,29 +140,53 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
     int rc = sk_sampler_init(&job->sampler, &job->sampling, c->n_vocab, &job->err);
     if (rc < 0) return rc;
     job->sampler_ready = true;
+    if (!job->has_seed) {
+      /* No seed given: go on with the session's own PRNG stream (seeded
+       * at open, kept in its object), so a generate continued after a
+       * restart draws exactly what an uninterrupted one would. */
+      struct sk_sampler_state st;
+      sk_store_sampler_get(s->obj, &st);
+      memcpy(job->sampler.st.rng, st.rng, sizeof st.rng);
+      job->sampler.st.params.seed = st.params.seed;
+    }
     sk_utf8_stream_init(&job->utf8);
   }
   return 0;
 }
 
-/* One prefill chunk. Returns 0 or -code with job->err set. */
+/* One prefill chunk, one committed step. Returns 0 or -code with
+ * job->err set (nothing committed). */
 static int step_prefill(struct sk_compute *c, struct sk_job *job) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
   size_t remaining = job->n_tokens - job->n_done;
+  struct sk_evict_log step_log;
+  sk_evict_log_reset(&step_log);
+  sk_store_begin(s->obj);
   uint32_t n = sk_kv_free_slots(kv);
   if (n == 0) {
-    /* Full: one eviction per token, as StreamingLLM streams. */
-    int rc = sk_kv_make_room(kv, 1, &job->evicted, &job->err);
-    if (rc < 0) return rc;
+    /* Full: one eviction per token, as StreamingLLM streams (and what the
+     * spare slot makes crash-safe). */
+    int rc = sk_kv_make_room(kv, 1, &step_log, &job->err);
+    if (rc < 0) {
+      sk_store_abort(s->obj);
+      return rc;
+    }
     n = 1;
   }
   if (n > remaining) n = (uint32_t)remaining;
   if (n > c->max_batch) n = c->max_batch;
   int rc = sk_model_forward(c->model, c->scratch, kv, job->tokens + job->n_done,
-                            n, s->logits, false, &job->err);
-  if (rc < 0) return rc;
-  s->has_logits = true;
+                            n, s->obj->logits, false, &job->err);
+  if (rc < 0) {
+    sk_store_abort(s->obj);
+    return rc;
+  }
+  s->obj->meta->flags |= SK_STORE_HAS_LOGITS;
+  sk_store_commit(s->obj);
+  for (uint32_t i = 0; i < step_log.n_ranges; i++)
+    for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
+      sk_evict_log_add(&job->evicted, x);
   job->n_done += n;
   atomic_fetch_add(&c->tokens_prefilled, n);
   sk_session_counters_publish(c->table, s);
@@ -204,8 +235,10 @@ static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
   return false;
 }
 
-/* One decode step. Returns 1 when the job is done, 0 to continue, or -code
- * with job->err set. */
+/* One decode step, one committed step: the draw (the PRNG state), the
+ * eviction, the token's K/V and the new logits commit together. Returns 1
+ * when the job is done, 0 to continue, or -code with job->err set
+ * (nothing committed). */
 static int step_decode(struct sk_compute *c, struct sk_job *job) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
@@ -219,20 +252,35 @@ static int step_decode(struct sk_compute *c, struct sk_job *job) {
   }
   struct sk_event tmp;
   tmp.n_top = job->n_top;
+  sk_store_begin(s->obj);
   if (job->n_top)
-    top_logits(s->logits, c->n_vocab, job->n_top, tmp.top_id, tmp.top_logit);
-  int32_t token = sk_sampler_sample(&job->sampler, s->logits);
+    top_logits(s->obj->logits, c->n_vocab, job->n_top, tmp.top_id, tmp.top_logit);
+  int32_t token = sk_sampler_sample(&job->sampler, s->obj->logits);
+  sk_store_sampler_set(s->obj, &job->sampler.st);
   if (token == sk_tokenizer_eos(c->tok) && !job->ignore_eos) {
+    sk_store_commit(s->obj); /* the draw moved the PRNG */
     job->stop_reason = "eos";
     return 1;
   }
+  struct sk_evict_log step_log;
+  sk_evict_log_reset(&step_log);
   if (sk_kv_free_slots(kv) == 0) {
-    int rc = sk_kv_make_room(kv, 1, &job->evicted, &job->err);
-    if (rc < 0) return rc;
+    int rc = sk_kv_make_room(kv, 1, &step_log, &job->err);
+    if (rc < 0) {
+      sk_store_abort(s->obj);
+      return rc;
+    }
   }
-  int rc = sk_model_forward(c->model, c->scratch, kv, &token, 1, s->logits,
+  int rc = sk_model_forward(c->model, c->scratch, kv, &token, 1, s->obj->logits,
                             false, &job->err);
-  if (rc < 0) return rc;
+  if (rc < 0) {
+    sk_store_abort(s->obj);
+    return rc;
+  }
+  sk_store_commit(s->obj);
+  for (uint32_t i = 0; i < step_log.n_ranges; i++)
+    for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
+      sk_evict_log_add(&job->evicted, x);
   job->n_generated++;
   atomic_fetch_add(&c->tokens_generated, 1);
   sk_session_counters_publish(c->table, s);

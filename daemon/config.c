@@ -65,6 +65,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                            SK_LIMIT_MIN_MEMORY, 0 /* physical memory */, true},
     [SK_CFG_MAX_FRAME] = {"limits", "max_frame", "--max-frame", T_SIZE, F(max_frame),
                           SK_LIMIT_MIN_FRAME, SK_LIMIT_MAX_FRAME, true},
+    [SK_CFG_IDLE_TTL] = {"limits", "idle_ttl", "--idle-ttl", T_U32, F(idle_ttl), 0,
+                         SK_LIMIT_MAX_IDLE_TTL, true},
 };
 
 static const char *const log_level_names[] = {
@@ -135,7 +137,7 @@ static char *runtime_dir(const char *leaf) {
 int sk_config_init(struct sk_config *c) {
   memset(c, 0, sizeof *c);
   c->socket = runtime_dir("sinkd.sock");
-  c->state_dir = runtime_dir(NULL);
+  c->state_dir = runtime_dir("state");
   if (!c->socket || !c->state_dir) {
     sk_config_done(c);
     return -SK_ERR_NO_MEMORY;

@@ -45,6 +45,8 @@
  * run time): more would only end with the OOM killer. Below 1 MiB not
  * even the smallest model's session fits. */
 #define SK_LIMIT_MIN_MEMORY (1ull << 20)
+/* Idle TTL: a year; longer is "never", which is 0. */
+#define SK_LIMIT_MAX_IDLE_TTL (366u * 24u * 3600u)
 
 /* ---- defaults ------------------------------------------------------------ */
 
@@ -72,6 +74,7 @@ enum sk_config_key {
   SK_CFG_MAX_CAPACITY,
   SK_CFG_MAX_MEMORY,
   SK_CFG_MAX_FRAME,
+  SK_CFG_IDLE_TTL,
   SK_CFG__COUNT
 };
 
@@ -101,6 +104,7 @@ struct sk_config {
   uint32_t max_capacity; /* tokens; 0 = auto: max(8192, context) */
   uint64_t max_memory;   /* bytes of all KV caches; 0 = auto: half of RAM */
   uint32_t max_frame;    /* bytes of a request body */
+  uint32_t idle_ttl;     /* seconds: close sessions idle this long; 0 never */
 
   struct {
     enum sk_config_origin from;
@@ -121,9 +125,10 @@ struct sk_config_errors {
   uint32_t line[SK_CONFIG_MAX_ERRORS];     /* the LINE of each (0: none) */
 };
 
-/* Fills *c with the built-in defaults. The socket and state folder
- * default to /run/sinkd (root) or $XDG_RUNTIME_DIR/sinkd (other users,
- * when set). Errors: -SK_ERR_NO_MEMORY. */
+/* Fills *c with the built-in defaults. The socket defaults to
+ * /run/sinkd/sinkd.sock and the state folder to /run/sinkd/state (root),
+ * or the same under $XDG_RUNTIME_DIR/sinkd (other users, when set).
+ * Errors: -SK_ERR_NO_MEMORY. */
 int sk_config_init(struct sk_config *c);
 /* Frees what *c owns. Accepts a zeroed or already freed config. */
 void sk_config_done(struct sk_config *c);

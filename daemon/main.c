@@ -24,6 +24,7 @@
 #include "notify.h"
 #include "server.h"
 #include "sk_config.h"
+#include "store.h"
 #include "tokenizer.h"
 
 /* Exit statuses (sinkd(8)). */
@@ -47,8 +48,9 @@ static void usage(FILE *f) {
           "  -s, --socket PATH       socket to listen on (default /run/sinkd/sinkd.sock,\n"
           "                          or $XDG_RUNTIME_DIR/sinkd/sinkd.sock for non-root);\n"
           "                          unused when systemd passes a socket\n"
-          "      --state-dir DIR     session store folder (default /run/sinkd, or\n"
-          "                          $XDG_RUNTIME_DIR/sinkd for non-root)\n"
+          "      --state-dir DIR     session store folder, on tmpfs (default\n"
+          "                          /run/sinkd/state, or $XDG_RUNTIME_DIR/sinkd/state\n"
+          "                          for non-root)\n"
           "  -t, --threads N|auto    OpenBLAS threads (auto: online CPUs)\n"
           "      --policy NAME       default policy: streaming or dense (streaming)\n"
           "      --sinks N           default attention sinks (4)\n"
@@ -58,8 +60,9 @@ static void usage(FILE *f) {
           "                          (auto: 8192, or the context if larger)\n"
           "      --max-sessions N    sessions open at once (64)\n"
           "      --max-clients N     connections at once (1024)\n"
-          "      --max-memory SIZE|auto  bytes of all KV caches (auto: half the RAM)\n"
+          "      --max-memory SIZE|auto  bytes of all session caches (auto: half the RAM)\n"
           "      --max-frame SIZE    largest request frame (1M)\n"
+          "      --idle-ttl SECONDS  close sessions idle this long (0 = never, default)\n"
           "      --batch N           prefill chunk in tokens (64)\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
@@ -124,6 +127,7 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->max_clients = c->max_clients;
   s->max_capacity = c->max_capacity;
   s->max_memory = c->max_memory;
+  s->idle_ttl_s = c->idle_ttl;
   s->max_batch = c->batch;
   s->defaults.policy = c->policy;
   s->defaults.n_sink = c->n_sink;
@@ -323,6 +327,7 @@ int main(int argc, char **argv) {
       KEY_OPT("max-clients", SK_CFG_MAX_CLIENTS),
       KEY_OPT("max-memory", SK_CFG_MAX_MEMORY),
       KEY_OPT("max-frame", SK_CFG_MAX_FRAME),
+      KEY_OPT("idle-ttl", SK_CFG_IDLE_TTL),
       KEY_OPT("batch", SK_CFG_BATCH),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       {"verbose", no_argument, NULL, 'v'},
@@ -383,6 +388,7 @@ int main(int argc, char **argv) {
   struct sk_gguf *gguf = NULL;
   struct sk_model *model = NULL;
   struct sk_tokenizer *tok = NULL;
+  struct sk_store *store = NULL;
   struct sk_error err = {0};
   if (config_build(&d.src, check_only, &d.cfg) < 0) goto out;
   if (!d.cfg.model) {
@@ -434,8 +440,26 @@ int main(int argc, char **argv) {
   d.start_max_sessions = d.cfg.max_sessions;
   d.start_max_capacity = d.cfg.max_capacity;
 
+  /* The session store: every session of an earlier run is adopted by
+   * sk_server_start. */
+  struct sk_store_config stc = {.dir = d.cfg.state_dir, .shape = sk_model_kv_shape(model),
+                                .n_vocab = d.mc->n_vocab};
+  sk_store_fingerprint(gguf, stc.model_fp);
+  bool tmpfs = false;
+  if (sk_store_open(&stc, &store, &tmpfs, &err) < 0) {
+    sk_log(SK_LOG_ERR, "%s", err.message);
+    goto out;
+  }
+  char fp_hex[33];
+  sk_store_fp_hex(stc.model_fp, fp_hex);
+  sk_log(SK_LOG_INFO, "session store %s (model fingerprint %s)", d.cfg.state_dir, fp_hex);
+  if (!tmpfs)
+    sk_log(SK_LOG_WARNING, "session store %s is not on tmpfs: session caches are written "
+           "through to its file system", d.cfg.state_dir);
+
   struct sk_server_config scfg = {0};
   server_config_from(&d.cfg, &scfg);
+  scfg.store = store;
   scfg.on_change = on_counts;
   scfg.user = &d;
   char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
@@ -477,10 +501,11 @@ int main(int argc, char **argv) {
   uv_run(loop, UV_RUN_DEFAULT);
   sk_server_free(d.server);
   uv_loop_close(loop);
-  sk_log(SK_LOG_INFO, "stopped");
+  sk_log(SK_LOG_INFO, "stopped (sessions kept in %s)", d.cfg.state_dir);
   status = 0;
 
 out:
+  sk_store_close(store);
   sk_tokenizer_free(tok);
   sk_model_free(model);
   sk_gguf_close(gguf);

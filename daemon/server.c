@@ -27,6 +27,25 @@
 #define SK_SESSION_QUEUE_MAX 64u
 /* generate: the most tokens one request may ask for. */
 #define SK_MAX_TOKENS_CEILING (1u << 20)
+/* export: bytes of image per data event; far below any frame limit a
+ * client accepts (libsinkd takes up to 16 MiB). */
+#define SK_EXPORT_CHUNK (256u * 1024u)
+/* Idle-TTL check period bounds (ms): often enough for short TTLs, rare
+ * enough to cost nothing. */
+#define SK_TTL_TICK_MIN_MS 100u
+#define SK_TTL_TICK_MAX_MS 60000u
+
+/* An export being streamed to a client: the image is a snapshot, sent in
+ * data events as the connection's output drains. */
+struct export_stream {
+  uint64_t req_id;
+  uint64_t session;
+  char *buf;          /* (len) owned */
+  size_t len, off;
+  uint32_t resident;
+  uint64_t seen;
+  struct export_stream *next;
+};
 
 struct sk_conn {
   uv_pipe_t pipe;
@@ -38,6 +57,10 @@ struct sk_conn {
   bool out_paused;    /* over SK_CONN_OUT_MAX */
   bool closing;       /* uv_close called */
   uint32_t refs;      /* the handle + in-flight thread-pool work */
+  struct export_stream *exports; /* FIFO, streamed one after the other */
+  char *import_buf;   /* an import in progress: received bytes (owned) */
+  size_t import_len, import_cap;
+  uint64_t import_total; /* declared size of the file */
   struct sk_conn *prev, *next;
 };
 
@@ -59,6 +82,11 @@ struct sk_server {
   uint64_t next_conn_id;
   uint64_t started_ms;
   bool shutting_down;
+  uint32_t n_adopted;        /* sessions adopted at start */
+  uint32_t n_set_aside;      /* objects set aside at start */
+  uint64_t import_bytes;     /* buffered by imports in progress */
+  uv_timer_t ttl_timer;
+  bool ttl_running;
   char readbuf[SK_READ_BUF_SIZE];
 };
 
@@ -82,8 +110,22 @@ struct write_req {
   size_t len;
 };
 
+static void import_drop(struct sk_conn *c) {
+  c->srv->import_bytes -= c->import_cap;
+  free(c->import_buf);
+  c->import_buf = NULL;
+  c->import_len = c->import_cap = 0;
+  c->import_total = 0;
+}
+
 static void conn_unref(struct sk_conn *c) {
   if (--c->refs == 0) {
+    while (c->exports) {
+      struct export_stream *x = c->exports;
+      c->exports = x->next;
+      free(x->buf);
+      free(x);
+    }
     sk_frame_reader_free(&c->rd);
     free(c);
   }
@@ -99,6 +141,7 @@ static void set_jobs_paused(struct sk_server *srv, struct sk_conn *c, bool pause
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void export_pump(struct sk_conn *c);
 
 static void on_write(uv_write_t *req, int status) {
   struct write_req *w = (struct write_req *)req;
@@ -114,6 +157,7 @@ static void on_write(uv_write_t *req, int status) {
     uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
     set_jobs_paused(c->srv, c, false);
   }
+  if (c->exports && !c->closing) export_pump(c);
   conn_unref(c);
 }
 
@@ -216,6 +260,7 @@ static void conn_close(struct sk_conn *c) {
       }
   }
   if (srv->compute) sk_compute_wake(srv->compute);
+  if (c->import_buf) import_drop(c);
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   srv->n_conns--;
@@ -227,8 +272,19 @@ static void conn_close(struct sk_conn *c) {
 /* ---- session work ---- */
 
 static void submit_next(struct sk_server *srv, struct sk_session *s);
+static void run_inline(struct sk_server *srv, struct sk_session *s, struct sk_job *job);
+
+static bool job_is_inline(const struct sk_job *j) {
+  return j->kind == SK_JOB_FORK || j->kind == SK_JOB_EXPORT || j->kind == SK_JOB_STATS;
+}
 
 static void session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
+  if (job_is_inline(job)) {
+    /* The session is idle: its committed state may be read here. */
+    if (job->conn) run_inline(srv, s, job);
+    sk_job_free(job);
+    return;
+  }
   if (srv->shutting_down) {
     /* The compute thread is gone: answer instead of running. */
     if (job->conn)
@@ -249,7 +305,7 @@ static void submit_next(struct sk_server *srv, struct sk_session *s) {
     if (!s->queue_head) s->queue_tail = NULL;
     s->n_queued--;
     j->next = NULL;
-    if (!j->conn && j->kind == SK_JOB_GENERATE) {
+    if (!j->conn && (j->kind == SK_JOB_GENERATE || job_is_inline(j))) {
       sk_job_free(j);
       continue;
     }
@@ -349,6 +405,7 @@ static void on_event(void *user, struct sk_event *ev) {
   }
   free(ev);
   s->running = NULL;
+  s->last_used_ms = now_ms();
   sk_job_free(job);
   submit_next(srv, s);
 }
@@ -384,6 +441,7 @@ static struct sk_session *req_session(struct sk_server *srv, const struct reques
                 (unsigned long long)sid);
     return NULL;
   }
+  s->last_used_ms = now_ms();
   return s;
 }
 
@@ -420,29 +478,6 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   conn_send_buf(r->conn, &b);
 }
 
-/* max_sessions and max_memory (both may change on SIGHUP); the table's
- * own size and max_capacity are checked by sk_session_open. */
-static int check_open_limits(struct sk_server *srv, const struct sk_kv_params *p,
-                             struct sk_error *e) {
-  if (srv->sessions.count >= srv->cfg.max_sessions)
-    return sk_error_set(e, SK_ERR_BUSY, "session limit reached: %u sessions open (max_sessions %u)",
-                        srv->sessions.count, srv->cfg.max_sessions);
-  if (!srv->cfg.max_memory) return 0;
-  uint64_t used = 0;
-  for (uint32_t i = 0; i < srv->sessions.cap; i++)
-    if (srv->sessions.items[i]) used += srv->sessions.items[i]->kv_bytes;
-  uint32_t cap = sk_kv_params_capacity(p);
-  if (cap > srv->cfg.max_capacity) return 0; /* refused by sk_session_open, naming the limit */
-  uint64_t want = sk_kv_size(sk_model_kv_shape(srv->model), cap);
-  if (used + want > srv->cfg.max_memory)
-    return sk_error_set(e, SK_ERR_BUSY,
-                        "memory limit reached: %llu bytes of KV caches in use + %llu asked > "
-                        "max_memory %llu",
-                        (unsigned long long)used, (unsigned long long)want,
-                        (unsigned long long)srv->cfg.max_memory);
-  return 0;
-}
-
 static void op_open(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
   struct sk_kv_params p = srv->cfg.defaults;
@@ -460,11 +495,13 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1) p.capacity = (uint32_t)v;
 
   struct sk_session *s = NULL;
-  if ((rc = check_open_limits(srv, &p, &e)) < 0) goto bad;
-  rc = sk_session_open(&srv->sessions, srv->model, &p, srv->cfg.max_capacity, r->conn->uid, &s, &e);
+  uint64_t seed;
+  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = now_ms() ^ r->conn->id;
+  rc = sk_session_open(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid, seed, &s, &e);
   if (rc < 0) goto bad;
+  s->last_used_ms = now_ms();
   counts_changed(srv);
-  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %zu KV bytes",
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %zu bytes",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity,
          s->kv_bytes);
   struct sk_msgbuf b;
@@ -522,35 +559,27 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     if (!s || s->closing || !may_use(r->conn, s)) continue;
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
-    msgpack_pack_map(&b.pk, 6);
+    msgpack_pack_map(&b.pk, 7);
     sk_pack_kv_u64(&b.pk, "session", s->id);
     sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
     sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
     sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
     sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
     sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
+    sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
   }
   conn_send_buf(r->conn, &b);
 }
 
-static void op_stats(struct sk_server *srv, const struct request *r) {
-  struct sk_msgbuf b;
-  if (!sk_msg_get(r->map, "session")) {
-    if (reply_begin(&b, r->id, 6) < 0) return;
-    sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
-    sk_pack_kv_u64(&b.pk, "clients", srv->n_conns);
-    sk_pack_kv_u64(&b.pk, "uptime_s", (now_ms() - srv->started_ms) / 1000u);
-    sk_pack_kv_u64(&b.pk, "tokens_prefilled", sk_compute_tokens_prefilled(srv->compute));
-    sk_pack_kv_u64(&b.pk, "tokens_generated", sk_compute_tokens_generated(srv->compute));
-    sk_pack_kv_u64(&b.pk, "max_sessions", srv->cfg.max_sessions);
-    conn_send_buf(r->conn, &b);
-    return;
-  }
-  struct sk_session *s = req_session(srv, r);
-  if (!s) return;
+/* The stats reply of one session; with tokens, its resident token ids in
+ * cache-position order (read from the committed state: the session must be
+ * idle, which a queued SK_JOB_STATS guarantees). */
+static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
+                               struct sk_session *s, bool tokens) {
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
-  if (reply_begin(&b, r->id, 11) < 0) return;
+  struct sk_msgbuf b;
+  if (reply_begin(&b, req_id, 15 + (tokens ? 1 : 0)) < 0) return;
   sk_pack_kv_u64(&b.pk, "session", s->id);
   sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
   sk_pack_kv_u64(&b.pk, "n_sink", s->params.policy == SK_POLICY_STREAMING ? s->params.n_sink : 0);
@@ -569,7 +598,62 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     msgpack_pack_array(&b.pk, 0);
   }
   sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
-  conn_send_buf(r->conn, &b);
+  sk_pack_kv_u64(&b.pk, "commit", cnt.commit);
+  sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
+  sk_pack_kv_u64(&b.pk, "idle_s", (now_ms() - s->last_used_ms) / 1000u);
+  sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
+  if (tokens) {
+    const struct sk_kv *kv = s->kv;
+    sk_pack_cstr(&b.pk, "tokens");
+    msgpack_pack_array(&b.pk, kv->hdr->n_resident);
+    for (uint32_t p = 0; p < kv->hdr->n_resident; p++)
+      msgpack_pack_int32(&b.pk, kv->token[sk_kv_slot(kv, p)]);
+  }
+  conn_send_buf(c, &b);
+}
+
+static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s);
+
+static void op_stats(struct sk_server *srv, const struct request *r) {
+  struct sk_msgbuf b;
+  if (!sk_msg_get(r->map, "session")) {
+    if (reply_begin(&b, r->id, 12) < 0) return;
+    sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
+    sk_pack_kv_u64(&b.pk, "clients", srv->n_conns);
+    sk_pack_kv_u64(&b.pk, "uptime_s", (now_ms() - srv->started_ms) / 1000u);
+    sk_pack_kv_u64(&b.pk, "tokens_prefilled", sk_compute_tokens_prefilled(srv->compute));
+    sk_pack_kv_u64(&b.pk, "tokens_generated", sk_compute_tokens_generated(srv->compute));
+    sk_pack_kv_u64(&b.pk, "max_sessions", srv->sessions.max_sessions);
+    sk_pack_kv_u64(&b.pk, "memory_bytes", srv->sessions.bytes);
+    sk_pack_kv_u64(&b.pk, "max_memory", srv->sessions.max_bytes);
+    sk_pack_kv_u64(&b.pk, "adopted", srv->n_adopted);
+    sk_pack_kv_u64(&b.pk, "set_aside", srv->n_set_aside);
+    sk_pack_kv_u64(&b.pk, "idle_ttl_s", srv->cfg.idle_ttl_s);
+    sk_pack_kv_str(&b.pk, "state_dir", sk_store_dir(srv->cfg.store));
+    conn_send_buf(r->conn, &b);
+    return;
+  }
+  struct sk_error e;
+  bool tokens = false;
+  if (sk_msg_get_bool(r->map, "tokens", &tokens, &e) < 0) {
+    send_error(r->conn, r->id, &e);
+    return;
+  }
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  if (!tokens) {
+    send_session_stats(srv, r->conn, r->id, s, false);
+    return;
+  }
+  struct sk_job *job = job_new(SK_JOB_STATS, r, s);
+  if (!job) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  if (session_enqueue(srv, s, job, &e) < 0) {
+    sk_job_free(job);
+    send_error(r->conn, r->id, &e);
+  }
 }
 
 /* Reads "text" or "tokens" (exactly one) and "bos" into job. */
@@ -679,10 +763,8 @@ static void op_generate(struct sk_server *srv, const struct request *r) {
   if ((rc = sk_msg_get_u64(r->map, "seed", UINT64_MAX, &u, &e)) < 0) goto bad;
   if (rc == 1) {
     job->sampling.seed = u;
-  } else if (getrandom(&job->sampling.seed, sizeof job->sampling.seed, 0) !=
-             sizeof job->sampling.seed) {
-    job->sampling.seed = now_ms() ^ (uint64_t)(uintptr_t)job;
-  }
+    job->has_seed = true;
+  } /* else: the session's PRNG stream goes on (compute.c) */
   if ((rc = sk_msg_get_bool(r->map, "ignore_eos", &bv, &e)) < 0) goto bad;
   if (rc == 1) job->ignore_eos = bv;
   if ((rc = sk_msg_get_u64(r->map, "n_top", SK_TOP_MAX, &u, &e)) < 0) goto bad;
@@ -718,6 +800,255 @@ static void op_generate(struct sk_server *srv, const struct request *r) {
 bad:
   sk_job_free(job);
   send_error(r->conn, r->id, &e);
+}
+
+/* ---- persistence: resume, fork, export, import ---- */
+
+/* Nine fields describing a session: id, policy, capacity, kv_bytes,
+ * resident, seen, evicted, commit, adopted. */
+static void pack_session_summary(struct sk_server *srv, msgpack_packer *pk,
+                                 const struct sk_session *s) {
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, s, &cnt);
+  sk_pack_kv_u64(pk, "session", s->id);
+  sk_pack_kv_str(pk, "policy", sk_policy_name(s->params.policy));
+  sk_pack_kv_u64(pk, "capacity", s->capacity);
+  sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
+  sk_pack_kv_u64(pk, "resident", cnt.resident);
+  sk_pack_kv_u64(pk, "seen", cnt.seen);
+  sk_pack_kv_u64(pk, "evicted", cnt.evicted);
+  sk_pack_kv_u64(pk, "commit", cnt.commit);
+  sk_pack_kv_bool(pk, "adopted", s->adopted);
+}
+
+/* resume: the client picks a session up again by id (typically after the
+ * daemon restarted and adopted it); the reply says where it stands. */
+static void op_resume(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  struct sk_msgbuf b;
+  if (reply_begin(&b, r->id, 9) < 0) return;
+  pack_session_summary(srv, &b.pk, s);
+  conn_send_buf(r->conn, &b);
+}
+
+/* fork and export wait for the jobs queued before them, then run here. */
+static void op_queued_inline(struct sk_server *srv, const struct request *r,
+                             enum sk_job_kind kind) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  struct sk_error e;
+  struct sk_job *job = job_new(kind, r, s);
+  if (!job) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  if (session_enqueue(srv, s, job, &e) < 0) {
+    sk_job_free(job);
+    send_error(r->conn, r->id, &e);
+  }
+}
+
+/* Sends the next data events of the connection's exports while its output
+ * has room; the final reply of each follows its last event. */
+static void export_pump(struct sk_conn *c) {
+  while (c->exports && !c->closing && c->out_bytes < SK_CONN_OUT_MAX) {
+    struct export_stream *x = c->exports;
+    struct sk_msgbuf b;
+    if (x->off < x->len) {
+      size_t n = x->len - x->off < SK_EXPORT_CHUNK ? x->len - x->off : SK_EXPORT_CHUNK;
+      if (sk_msgbuf_init(&b) < 0) return;
+      msgpack_pack_map(&b.pk, 4);
+      sk_pack_kv_u64(&b.pk, "id", x->req_id);
+      sk_pack_kv_str(&b.pk, "event", "data");
+      sk_pack_kv_u64(&b.pk, "offset", x->off);
+      sk_pack_cstr(&b.pk, "data");
+      msgpack_pack_bin(&b.pk, n);
+      msgpack_pack_bin_body(&b.pk, x->buf + x->off, n);
+      x->off += n;
+      conn_send_buf(c, &b);
+      continue;
+    }
+    if (reply_begin(&b, x->req_id, 4) == 0) {
+      sk_pack_kv_u64(&b.pk, "session", x->session);
+      sk_pack_kv_u64(&b.pk, "bytes", x->len);
+      sk_pack_kv_u64(&b.pk, "resident", x->resident);
+      sk_pack_kv_u64(&b.pk, "seen", x->seen);
+      conn_send_buf(c, &b);
+    }
+    c->exports = x->next;
+    free(x->buf);
+    free(x);
+  }
+}
+
+static void run_inline(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
+  struct sk_conn *c = job->conn;
+  struct sk_error e;
+  if (job->kind == SK_JOB_STATS) {
+    send_session_stats(srv, c, job->req_id, s, true);
+    return;
+  }
+  if (job->kind == SK_JOB_FORK) {
+    struct sk_session *ns = NULL;
+    if (sk_session_fork(&srv->sessions, s, c->uid, &ns, &e) < 0) {
+      send_error(c, job->req_id, &e);
+      return;
+    }
+    ns->last_used_ms = now_ms();
+    counts_changed(srv);
+    sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
+           "copied, %zu bytes",
+           (unsigned long long)ns->id, (unsigned long long)s->id, c->uid,
+           ns->kv->hdr->n_resident, ns->kv_bytes);
+    struct sk_msgbuf b;
+    if (reply_begin(&b, job->req_id, 10) < 0) return;
+    pack_session_summary(srv, &b.pk, ns);
+    sk_pack_kv_u64(&b.pk, "from", s->id);
+    conn_send_buf(c, &b);
+    return;
+  }
+  /* export: a snapshot of the committed state, streamed as output drains */
+  struct export_stream *x = calloc(1, sizeof *x);
+  size_t size = sk_store_export_size(s->obj);
+  char *buf = x ? malloc(size) : NULL;
+  if (!buf) {
+    free(x);
+    send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte export", size);
+    return;
+  }
+  sk_store_export(s->obj, buf, size);
+  x->req_id = job->req_id;
+  x->session = s->id;
+  x->buf = buf;
+  x->len = size;
+  x->resident = s->kv->hdr->n_resident;
+  x->seen = s->kv->hdr->n_seen;
+  struct export_stream **tail = &c->exports;
+  while (*tail) tail = &(*tail)->next;
+  *tail = x;
+  sk_log(SK_LOG_DEBUG, "session %llu exported: %zu bytes", (unsigned long long)s->id, size);
+  export_pump(c);
+}
+
+/* import: the file comes in chunks {total, offset, data}; one import per
+ * connection at a time, offset 0 starts it. The buffer grows with the
+ * bytes received (a declared total never allocates by itself) and all
+ * imports together stay under max_memory. */
+static void op_import(struct sk_server *srv, const struct request *r) {
+  struct sk_conn *c = r->conn;
+  struct sk_error e;
+  uint64_t total = 0, offset = 0;
+  const char *data = NULL;
+  size_t len = 0;
+  if (sk_msg_need_u64(r->map, "total", SIZE_MAX, &total, &e) < 0 ||
+      sk_msg_need_u64(r->map, "offset", SIZE_MAX, &offset, &e) < 0 ||
+      sk_msg_need_str(r->map, "data", &data, &len, &e) < 0)
+    goto bad;
+  if (offset == 0) {
+    if (c->import_buf || c->import_total) import_drop(c);
+    if (total > srv->sessions.max_bytes) {
+      sk_error_set(&e, SK_ERR_BUSY,
+                   "memory limit: a %llu-byte import exceeds max_memory %llu bytes",
+                   (unsigned long long)total, (unsigned long long)srv->sessions.max_bytes);
+      goto bad;
+    }
+    c->import_total = total;
+  } else if (c->import_total == 0) {
+    sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                 "no import in progress on this connection: the first chunk has offset 0");
+    goto bad_drop;
+  } else if (offset != c->import_len || total != c->import_total) {
+    sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                 "import chunk at offset %llu of %llu bytes, expected offset %zu of %llu",
+                 (unsigned long long)offset, (unsigned long long)total, c->import_len,
+                 (unsigned long long)c->import_total);
+    goto bad_drop;
+  }
+  if (len > total - offset) {
+    sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                 "import chunk of %zu bytes at offset %llu goes past the total %llu", len,
+                 (unsigned long long)offset, (unsigned long long)total);
+    goto bad_drop;
+  }
+  size_t need = c->import_len + len;
+  if (need > c->import_cap) {
+    size_t ncap = c->import_cap * 2 > need ? c->import_cap * 2 : need;
+    if (ncap > total) ncap = (size_t)total;
+    if (srv->import_bytes + (ncap - c->import_cap) > srv->sessions.max_bytes) {
+      sk_error_set(&e, SK_ERR_BUSY,
+                   "memory limit: imports in progress would hold more than max_memory %llu "
+                   "bytes",
+                   (unsigned long long)srv->sessions.max_bytes);
+      goto bad_drop;
+    }
+    char *nb = realloc(c->import_buf, ncap ? ncap : 1);
+    if (!nb) {
+      sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte import", ncap);
+      goto bad_drop;
+    }
+    srv->import_bytes += ncap - c->import_cap;
+    c->import_buf = nb;
+    c->import_cap = ncap;
+  }
+  if (len) memcpy(c->import_buf + c->import_len, data, len);
+  c->import_len += len;
+  struct sk_msgbuf b;
+  if (c->import_len < c->import_total) {
+    if (reply_begin(&b, r->id, 1) == 0) {
+      sk_pack_kv_u64(&b.pk, "received", c->import_len);
+      conn_send_buf(c, &b);
+    }
+    return;
+  }
+  struct sk_session *s = NULL;
+  int rc = sk_session_import(&srv->sessions, c->import_buf, c->import_len,
+                             srv->cfg.max_capacity, c->uid, &s, &e);
+  size_t got = c->import_len;
+  import_drop(c);
+  if (rc < 0) goto bad;
+  s->last_used_ms = now_ms();
+  counts_changed(srv);
+  sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
+         (unsigned long long)s->id, c->uid, got, s->kv->hdr->n_resident);
+  if (reply_begin(&b, r->id, 10) < 0) return;
+  pack_session_summary(srv, &b.pk, s);
+  sk_pack_kv_u64(&b.pk, "received", got);
+  conn_send_buf(c, &b);
+  return;
+bad_drop:
+  import_drop(c);
+bad:
+  send_error(c, r->id, &e);
+}
+
+/* ---- idle TTL ---- */
+
+static void on_ttl(uv_timer_t *t);
+
+/* (Re)starts the idle-TTL timer for cfg.idle_ttl_s, or stops it (0). */
+static void ttl_timer_set(struct sk_server *srv) {
+  uv_timer_stop(&srv->ttl_timer);
+  if (srv->cfg.idle_ttl_s == 0) return;
+  uint64_t tick = (uint64_t)srv->cfg.idle_ttl_s * 1000u / 4;
+  if (tick < SK_TTL_TICK_MIN_MS) tick = SK_TTL_TICK_MIN_MS;
+  if (tick > SK_TTL_TICK_MAX_MS) tick = SK_TTL_TICK_MAX_MS;
+  uv_timer_start(&srv->ttl_timer, on_ttl, tick, tick);
+}
+
+static void on_ttl(uv_timer_t *t) {
+  struct sk_server *srv = t->data;
+  uint64_t now = now_ms(), ttl = (uint64_t)srv->cfg.idle_ttl_s * 1000u;
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (!s || s->running || s->queue_head || s->closing || now - s->last_used_ms < ttl)
+      continue;
+    sk_log(SK_LOG_INFO, "session %llu closed: idle for %llu s (idle_ttl %u s)",
+           (unsigned long long)s->id, (unsigned long long)((now - s->last_used_ms) / 1000u),
+           srv->cfg.idle_ttl_s);
+    sk_session_free(&srv->sessions, s);
+    counts_changed(srv);
+  }
 }
 
 static void op_cancel(struct sk_server *srv, const struct request *r) {
@@ -909,6 +1240,10 @@ static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
   else if (OP_IS("append")) op_append(srv, &r);
   else if (OP_IS("generate")) op_generate(srv, &r);
   else if (OP_IS("cancel")) op_cancel(srv, &r);
+  else if (OP_IS("resume")) op_resume(srv, &r);
+  else if (OP_IS("fork")) op_queued_inline(srv, &r, SK_JOB_FORK);
+  else if (OP_IS("export")) op_queued_inline(srv, &r, SK_JOB_EXPORT);
+  else if (OP_IS("import")) op_import(srv, &r);
   else if (OP_IS("tokenize")) op_tokenize(srv, &r, false);
   else if (OP_IS("detokenize")) op_tokenize(srv, &r, true);
   else {
@@ -1066,6 +1401,42 @@ static int open_passed_socket(struct sk_server *srv, struct sk_error *err) {
   return 0;
 }
 
+static void on_adopt(void *user, struct sk_store_obj *obj) {
+  struct sk_server *srv = user;
+  struct sk_session *s = NULL;
+  if (sk_session_adopt(&srv->sessions, obj, &s) < 0) {
+    sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
+    return;
+  }
+  s->last_used_ms = now_ms();
+  srv->n_adopted++;
+  sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, capacity %u, %u resident, %llu seen, "
+         "commit %llu",
+         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
+         s->kv->hdr->n_resident, (unsigned long long)s->kv->hdr->n_seen,
+         (unsigned long long)sk_store_commit_count(s->obj));
+}
+
+static void on_skip(void *user, const char *name, enum sk_store_skip what, const char *dest,
+                    const char *reason) {
+  struct sk_server *srv = user;
+  const char *dir = sk_store_dir(srv->cfg.store);
+  switch (what) {
+  case SK_STORE_SET_ASIDE:
+    srv->n_set_aside++;
+    sk_log(SK_LOG_WARNING, "state: %s/%s set aside as %s/%s: %s", dir, name, dir, dest, reason);
+    break;
+  case SK_STORE_REMOVED:
+    sk_log(SK_LOG_NOTICE, "state: %s/%s removed: %s", dir, name, reason);
+    break;
+  case SK_STORE_KEPT:
+    srv->n_set_aside++;
+    sk_log(SK_LOG_WARNING, "state: %s/%s not adopted (and could not be moved aside): %s", dir,
+           name, reason);
+    break;
+  }
+}
+
 int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err) {
@@ -1080,8 +1451,20 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->start_max_capacity = cfg->max_capacity;
   srv->socket_path = strdup(cfg->socket_path);
   int rc = srv->socket_path ? 0 : sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  if (rc == 0 && sk_session_table_init(&srv->sessions, cfg->max_sessions) < 0)
+  if (rc == 0 &&
+      sk_session_table_init(&srv->sessions, cfg->store, cfg->max_sessions,
+                            cfg->max_memory ? cfg->max_memory : UINT64_MAX) < 0)
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (rc == 0) {
+    struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = srv};
+    uint64_t max_id = 0;
+    rc = sk_store_scan(cfg->store, &cb, &max_id, err);
+    if (rc == 0 && max_id >= srv->sessions.next_id) srv->sessions.next_id = max_id + 1;
+    if (rc == 0)
+      sk_log(SK_LOG_NOTICE, "state directory %s: %u sessions adopted, %u set aside, %llu bytes",
+             sk_store_dir(cfg->store), srv->n_adopted, srv->n_set_aside,
+             (unsigned long long)srv->sessions.bytes);
+  }
   if (rc == 0)
     rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
                           on_event, srv, &srv->compute, err);
@@ -1099,6 +1482,10 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     free(srv);
     return rc;
   }
+  uv_timer_init(loop, &srv->ttl_timer);
+  srv->ttl_timer.data = srv;
+  srv->ttl_running = true; /* the handle: closed at shutdown */
+  ttl_timer_set(srv);
   *ret = srv;
   return 0;
 }
@@ -1112,11 +1499,22 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
       cfg->max_capacity < srv->start_max_capacity ? cfg->max_capacity : srv->start_max_capacity;
   srv->cfg.max_memory = cfg->max_memory;
   srv->cfg.defaults = cfg->defaults;
+  /* New limits apply to new sessions; open ones stay (even above them). */
+  srv->sessions.max_sessions = srv->cfg.max_sessions;
+  srv->sessions.max_bytes = cfg->max_memory ? cfg->max_memory : UINT64_MAX;
+  if (cfg->idle_ttl_s != srv->cfg.idle_ttl_s) {
+    srv->cfg.idle_ttl_s = cfg->idle_ttl_s;
+    if (srv->ttl_running) ttl_timer_set(srv);
+  }
 }
 
 void sk_server_shutdown(struct sk_server *srv) {
   if (srv->shutting_down) return;
   srv->shutting_down = true;
+  if (srv->ttl_running) {
+    uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
+    srv->ttl_running = false;
+  }
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = false;

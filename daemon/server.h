@@ -16,6 +16,7 @@
 
 #include "kvcache.h"
 #include "model.h"
+#include "store.h"
 #include "tokenizer.h"
 
 struct sk_server_config {
@@ -36,13 +37,17 @@ struct sk_server_config {
    * changed (e.g. to update the service manager's STATUS=). May be NULL. */
   void (*on_change)(void *user, uint32_t n_sessions, uint32_t n_clients);
   void *user;
+  struct sk_store *store;     /* the state directory (not owned) */
+  uint32_t idle_ttl_s;        /* close sessions idle this long; 0 = never */
 };
 
 struct sk_server;
 
-/* Binds the socket (replacing a stale socket file, refusing one a live
- * daemon answers on; mode 0660), starts the compute thread and begins
- * accepting. model and tok must outlive the server.
+/* Adopts the sessions of the state directory (cfg->store; logging one
+ * line per adopted, set-aside or removed object), binds the socket
+ * (replacing a stale socket file, refusing one a live daemon answers on;
+ * mode 0660), starts the compute thread and begins accepting. model, tok
+ * and the store must outlive the server.
  * Errors: -SK_ERR_IO (bind/listen, message has path and reason),
  * -SK_ERR_BUSY (socket in use), -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL. */
 int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,

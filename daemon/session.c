@@ -1,22 +1,27 @@
 #include "session.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-int sk_session_table_init(struct sk_session_table *t, uint32_t max_sessions) {
+int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
+                          uint32_t max_sessions, uint64_t max_bytes) {
   memset(t, 0, sizeof *t);
   t->items = calloc(max_sessions ? max_sessions : 1, sizeof *t->items);
   if (!t->items) return -SK_ERR_NO_MEMORY;
-  t->cap = max_sessions;
+  t->cap = max_sessions ? max_sessions : 1;
+  t->max_sessions = max_sessions;
+  t->max_bytes = max_bytes;
+  t->store = store;
   t->next_id = 1;
   pthread_mutex_init(&t->counters_lock, NULL);
   return 0;
 }
 
+/* Unmaps the object (the file stays) and frees s. */
 static void session_destroy(struct sk_session *s) {
   if (!s) return;
-  sk_kv_delete(s->kv);
-  free(s->logits);
+  sk_store_obj_free(s->obj);
   free(s);
 }
 
@@ -28,39 +33,130 @@ void sk_session_table_done(struct sk_session_table *t) {
   memset(t, 0, sizeof *t);
 }
 
-int sk_session_open(struct sk_session_table *t, const struct sk_model *m,
-                    const struct sk_kv_params *params, uint32_t max_capacity,
-                    uint32_t owner_uid, struct sk_session **ret,
-                    struct sk_error *err) {
-  int rc = sk_kv_params_check(params, max_capacity, err);
-  if (rc < 0) return rc;
-  if (t->count >= t->cap)
+/* A free slot in the table, growing it if every slot is taken (adoption
+ * may exceed max_sessions). Returns the index or UINT32_MAX. */
+static uint32_t table_slot(struct sk_session_table *t) {
+  for (uint32_t i = 0; i < t->cap; i++)
+    if (!t->items[i]) return i;
+  if (t->cap > UINT32_MAX / 2) return UINT32_MAX;
+  struct sk_session **n = realloc(t->items, 2 * (size_t)t->cap * sizeof *n);
+  if (!n) return UINT32_MAX;
+  memset(n + t->cap, 0, t->cap * sizeof *n);
+  t->items = n;
+  t->cap *= 2;
+  return t->cap / 2;
+}
+
+/* Limits for one more session of `bytes`. */
+static int check_limits(const struct sk_session_table *t, size_t bytes,
+                        struct sk_error *err) {
+  if (t->count >= t->max_sessions)
     return sk_error_set(err, SK_ERR_BUSY,
                         "session limit reached: %u sessions open (max_sessions %u)",
-                        t->count, t->cap);
-  uint32_t slot = 0;
-  while (t->items[slot]) slot++;
+                        t->count, t->max_sessions);
+  if (bytes > t->max_bytes || t->bytes > t->max_bytes - bytes)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit reached: %" PRIu64 " bytes of sessions + %zu for this "
+                        "one exceed max_memory %" PRIu64 " bytes",
+                        t->bytes, bytes, t->max_bytes);
+  return 0;
+}
 
+/* Wraps obj into a session in the table (slot reserved by the caller). */
+static struct sk_session *session_insert(struct sk_session_table *t, uint32_t slot,
+                                         struct sk_store_obj *obj) {
   struct sk_session *s = calloc(1, sizeof *s);
-  if (!s) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a session");
-  s->params = *params;
-  s->capacity = sk_kv_params_capacity(params);
-  s->owner_uid = owner_uid;
-  s->kv_bytes = sk_kv_size(sk_model_kv_shape(m), s->capacity);
-  s->logits = calloc(sk_model_config(m)->n_vocab, sizeof *s->logits);
-  if (!s->logits) {
-    free(s);
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a session");
-  }
-  rc = sk_kv_new(sk_model_kv_shape(m), params, &s->kv, err);
-  if (rc < 0) {
-    session_destroy(s);
-    return rc;
-  }
-  s->id = t->next_id++;
+  if (!s) return NULL;
+  const struct sk_kv_header *h = obj->kv.hdr;
+  s->id = obj->id;
+  s->owner_uid = obj->owner_uid;
+  s->obj = obj;
+  s->kv = &obj->kv;
+  s->params.policy = h->policy;
+  s->params.n_sink = h->n_sink;
+  s->params.window = h->window;
+  s->params.capacity = h->capacity;
+  s->params.rope_scale = h->rope_scale;
+  s->capacity = h->capacity;
+  s->kv_bytes = obj->size;
   t->items[slot] = s;
   t->count++;
+  t->bytes += s->kv_bytes;
+  if (s->id >= t->next_id) t->next_id = s->id + 1;
   sk_session_counters_publish(t, s);
+  return s;
+}
+
+/* Common tail of open/fork/import: obj was created for id t->next_id. */
+static int session_take(struct sk_session_table *t, struct sk_store_obj *obj,
+                        struct sk_session **ret, struct sk_error *err) {
+  uint32_t slot = table_slot(t);
+  struct sk_session *s = slot == UINT32_MAX ? NULL : session_insert(t, slot, obj);
+  if (!s) {
+    sk_store_obj_remove(obj);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a session");
+  }
+  *ret = s;
+  return 0;
+}
+
+int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
+                    struct sk_session **ret, struct sk_error *err) {
+  int rc = sk_kv_params_check(params, max_capacity, err);
+  if (rc < 0) return rc;
+  size_t bytes = sk_store_object_size(t->store, sk_kv_params_capacity(params));
+  if (bytes == 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u is too large for this machine",
+                        sk_kv_params_capacity(params));
+  if ((rc = check_limits(t, bytes, err)) < 0) return rc;
+  /* The protocol's generate defaults, and a PRNG seeded per session. */
+  struct sk_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+                                 .seed = seed};
+  struct sk_sampler_state ss;
+  sk_sampler_state_seed(&ss, &sp);
+  struct sk_store_obj *obj = NULL;
+  rc = sk_store_create(t->store, t->next_id, owner_uid, params, &ss, &obj, err);
+  if (rc < 0) return rc;
+  return session_take(t, obj, ret, err);
+}
+
+int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,
+                    uint32_t owner_uid, struct sk_session **ret, struct sk_error *err) {
+  int rc = check_limits(t, src->kv_bytes, err);
+  if (rc < 0) return rc;
+  struct sk_store_obj *obj = NULL;
+  rc = sk_store_fork(t->store, src->obj, t->next_id, owner_uid, &obj, err);
+  if (rc < 0) return rc;
+  return session_take(t, obj, ret, err);
+}
+
+int sk_session_import(struct sk_session_table *t, const void *image, size_t len,
+                      uint32_t max_capacity, uint32_t owner_uid, struct sk_session **ret,
+                      struct sk_error *err) {
+  struct sk_store_image_info info;
+  int rc = sk_store_image_check(t->store, image, len, &info, err);
+  if (rc < 0) return rc;
+  if (info.capacity > max_capacity)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "the exported session's capacity %u exceeds the maximum capacity %u",
+                        info.capacity, max_capacity);
+  if ((rc = check_limits(t, info.object_size, err)) < 0) return rc;
+  struct sk_store_obj *obj = NULL;
+  rc = sk_store_import(t->store, image, len, t->next_id, owner_uid, &obj, err);
+  if (rc < 0) return rc;
+  return session_take(t, obj, ret, err);
+}
+
+int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
+                     struct sk_session **ret) {
+  uint32_t slot = table_slot(t);
+  struct sk_session *s = slot == UINT32_MAX ? NULL : session_insert(t, slot, obj);
+  if (!s) {
+    sk_store_obj_free(obj);
+    return -SK_ERR_NO_MEMORY;
+  }
+  s->adopted = true;
   *ret = s;
   return 0;
 }
@@ -76,10 +172,17 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
     if (t->items[i] == s) {
       t->items[i] = NULL;
       t->count--;
+      t->bytes -= s->kv_bytes;
       break;
     }
   }
-  session_destroy(s);
+  sk_store_obj_remove(s->obj);
+  s->obj = NULL;
+  free(s);
+}
+
+bool sk_session_has_logits(const struct sk_session *s) {
+  return (s->obj->meta->flags & SK_STORE_HAS_LOGITS) != 0;
 }
 
 void sk_session_counters_get(struct sk_session_table *t,
@@ -96,6 +199,7 @@ void sk_session_counters_publish(struct sk_session_table *t,
   s->pub.resident = s->kv->hdr->n_resident;
   s->pub.seen = s->kv->hdr->n_seen;
   s->pub.evicted = s->kv->hdr->n_evicted;
+  s->pub.commit = sk_store_commit_count(s->obj);
   pthread_mutex_unlock(&t->counters_lock);
 }
 

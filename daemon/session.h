@@ -1,15 +1,17 @@
 /* Sessions and the work queued on them.
  *
- * A session owns its policy parameters, its KV cache (struct sk_kv, a
- * block allocated here so that a later layer can place it in shared
- * memory), the logits after its last resident token, and counters.
- * Sessions outlive connections; they belong to the uid that opened them.
+ * A session owns its policy parameters and its shared-memory object
+ * (store.h): the KV cache, counters, the logits after its last resident
+ * token and its sampler state, committed step by step so that they
+ * survive a daemon crash. Sessions outlive connections and daemons; they
+ * belong to the uid that opened them.
  *
  * Threads: the loop thread creates, looks up and frees sessions and owns
  * the job queues. While a job runs (session->running != NULL) only the
- * compute thread touches kv and logits; the loop reads counters through
- * sk_session_counters_get, which the compute thread publishes after every
- * step.
+ * compute thread touches the object (kv, logits, begin/commit); the loop
+ * reads counters through sk_session_counters_get, which the compute thread
+ * publishes after every step. An idle session's object may be read by the
+ * loop thread (fork, export).
  */
 #ifndef SK_SESSION_H
 #define SK_SESSION_H
@@ -22,12 +24,23 @@
 #include "kvcache.h"
 #include "model.h"
 #include "sampler.h"
+#include "store.h"
 #include "utf8.h"
 #include "sinkd/protocol.h"
 
 struct sk_conn;
 
-enum sk_job_kind { SK_JOB_APPEND, SK_JOB_GENERATE };
+/* APPEND and GENERATE run on the compute thread; FORK, EXPORT and STATS
+ * (stats with the resident tokens) wait in the session's queue for earlier
+ * jobs and then run on the loop thread: they only read the committed
+ * state, which nothing changes while the session is idle. */
+enum sk_job_kind {
+  SK_JOB_APPEND,
+  SK_JOB_GENERATE,
+  SK_JOB_FORK,
+  SK_JOB_EXPORT,
+  SK_JOB_STATS,
+};
 
 /* Longest stop string accepted, and how many: bounded so the tail kept for
  * matching stays small. */
@@ -54,6 +67,7 @@ struct sk_job {
   /* generate */
   uint32_t max_tokens;
   struct sk_sampler_params sampling;
+  bool has_seed;             /* false: continue the session's PRNG */
   bool ignore_eos;
   uint32_t n_top;
   char *stop[SK_STOP_MAX_COUNT]; /* owned, NUL-terminated */
@@ -87,6 +101,7 @@ struct sk_session_counters {
   uint32_t resident;
   uint64_t seen;
   uint64_t evicted;
+  uint64_t commit;           /* commit counter of the object's live copy */
 };
 
 struct sk_session {
@@ -94,10 +109,12 @@ struct sk_session {
   uint32_t owner_uid;
   struct sk_kv_params params;
   uint32_t capacity;
-  size_t kv_bytes;           /* size of the KV block */
-  struct sk_kv *kv;          /* owned */
-  float *logits;             /* (n_vocab) after the last resident token */
-  bool has_logits;
+  size_t kv_bytes;           /* bytes of its shared-memory object: what
+                                counts toward max_memory */
+  struct sk_store_obj *obj;  /* owned */
+  struct sk_kv *kv;          /* &obj->kv */
+  bool adopted;              /* found in the state directory at start */
+  uint64_t last_used_ms;     /* loop thread: last request or job end */
 
   /* Loop thread. */
   struct sk_job *running;    /* submitted to the compute thread */
@@ -115,28 +132,56 @@ struct sk_session_table {
   struct sk_session **items; /* (cap) slots; NULL = free */
   uint32_t cap;
   uint32_t count;
+  uint32_t max_sessions;     /* opens beyond this fail with busy */
+  uint64_t bytes;            /* sum of the sessions' kv_bytes */
+  uint64_t max_bytes;        /* opens beyond this fail with busy */
   uint64_t next_id;
+  struct sk_store *store;    /* not owned */
   pthread_mutex_t counters_lock;
 };
 
-/* Initialises an empty table for at most max_sessions sessions.
- * Errors: -SK_ERR_NO_MEMORY. */
-int sk_session_table_init(struct sk_session_table *t, uint32_t max_sessions);
-/* Frees every session (their jobs must be finished) and the table. */
+/* Initialises an empty table whose sessions live in store, for at most
+ * max_sessions sessions and max_bytes bytes of objects (limits for new
+ * sessions; adopted ones are all taken). Errors: -SK_ERR_NO_MEMORY. */
+int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
+                          uint32_t max_sessions, uint64_t max_bytes);
+/* Frees every session (their jobs must be finished) and the table. The
+ * sessions' objects stay in the state directory. */
 void sk_session_table_done(struct sk_session_table *t);
 
-/* Creates a session with params (checked against max_capacity) for a
- * model; ids start at 1 and are never reused within a daemon's life.
- * Errors: -SK_ERR_BAD_REQUEST (params, message names the limit),
- * -SK_ERR_BUSY (table full), -SK_ERR_NO_MEMORY. */
-int sk_session_open(struct sk_session_table *t, const struct sk_model *m,
-                    const struct sk_kv_params *params, uint32_t max_capacity,
+/* Creates a session with params (checked against max_capacity) and its
+ * object; the PRNG of its sampler is seeded with seed. Ids start at 1 and
+ * are never reused (also across restarts: they continue after the largest
+ * id found in the state directory). Errors: -SK_ERR_BAD_REQUEST (params,
+ * message names the limit), -SK_ERR_BUSY (max_sessions or max_memory
+ * reached, message names the limit; or the file system is full),
+ * -SK_ERR_IO, -SK_ERR_NO_MEMORY. */
+int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
+                    struct sk_session **ret, struct sk_error *err);
+/* A new session for owner_uid holding a copy of src's committed cache and
+ * state (no recomputation). src must be idle. Errors as sk_session_open. */
+int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,
                     uint32_t owner_uid, struct sk_session **ret,
                     struct sk_error *err);
+/* A new session for owner_uid from an export image of len bytes (checked
+ * whole first; its capacity against max_capacity). Errors: those of
+ * sk_store_image_check / sk_session_open. */
+int sk_session_import(struct sk_session_table *t, const void *image, size_t len,
+                      uint32_t max_capacity, uint32_t owner_uid,
+                      struct sk_session **ret, struct sk_error *err);
+/* Takes an object found by sk_store_scan as a session (ownership of obj
+ * passes to the table). Errors: -SK_ERR_NO_MEMORY (obj is freed, its file
+ * kept). */
+int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
+                     struct sk_session **ret);
 /* Session by id, or NULL. */
 struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
-/* Removes and frees an idle session (no running or queued job). */
+/* Removes an idle session (no running or queued job) and deletes its
+ * object: the session is closed for good. */
 void sk_session_free(struct sk_session_table *t, struct sk_session *s);
+/* Whether the session's last committed step left logits to sample from. */
+bool sk_session_has_logits(const struct sk_session *s);
 
 /* Copies the published counters (thread-safe). */
 void sk_session_counters_get(struct sk_session_table *t,

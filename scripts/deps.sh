@@ -6,7 +6,7 @@ set -euo pipefail
 # systemd-analyze verify looks up.
 pkgs=(build-essential pkg-config meson ninja-build
       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
-      libcmocka-dev libinih-dev libjansson-dev scdoc
+      libcmocka-dev libinih-dev libjansson-dev libxxhash-dev scdoc
       systemd mandoc groff-base man-db)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -27,6 +27,7 @@
 static char *g_dir;
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static char g_log[256];
+static char g_state[256];
 static pid_t g_pid;
 
 static double now_s(void) {
@@ -60,6 +61,7 @@ static int start_daemon(void **state) {
   g_dir = sk_test_tmpdir();
   snprintf(g_socket, sizeof g_socket, "%s/sinkd.sock", g_dir);
   snprintf(g_log, sizeof g_log, "%s/sinkd.log", g_dir);
+  snprintf(g_state, sizeof g_state, "%s/state", g_dir);
   const char *sinkd = getenv("SK_SINKD");
   if (!sinkd) sinkd = "./daemon/sinkd";
   g_pid = fork();
@@ -69,7 +71,7 @@ static int start_daemon(void **state) {
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
      * change what the test runs. */
     execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
-          "--verbose", (char *)NULL);
+          "--state-dir", g_state, "--verbose", (char *)NULL);
     _exit(127);
   }
   /* Ready when the socket accepts. */

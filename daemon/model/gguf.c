@@ -650,6 +650,11 @@ uint64_t sk_gguf_n_kv(const struct sk_gguf *g) { return g->n_kv; }
 uint32_t sk_gguf_alignment(const struct sk_gguf *g) { return g->alignment; }
 uint64_t sk_gguf_data_offset(const struct sk_gguf *g) { return g->data_offset; }
 
+const void *sk_gguf_bytes(const struct sk_gguf *g, size_t *ret_size) {
+  *ret_size = g->size;
+  return g->base;
+}
+
 const struct sk_gguf_tensor *sk_gguf_tensor(const struct sk_gguf *g, uint64_t i) {
   return i < g->n_tensors ? &g->tensors[i] : NULL;
 }

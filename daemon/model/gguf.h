@@ -74,6 +74,8 @@ int sk_gguf_open_buffer(const void *buf, size_t size, struct sk_gguf **ret,
 void sk_gguf_close(struct sk_gguf *g);
 
 uint32_t sk_gguf_version(const struct sk_gguf *g);
+/* The whole file's bytes (valid while g lives) and their count. */
+const void *sk_gguf_bytes(const struct sk_gguf *g, size_t *ret_size);
 uint64_t sk_gguf_n_tensors(const struct sk_gguf *g);
 /* Number of metadata key/value pairs. */
 uint64_t sk_gguf_n_kv(const struct sk_gguf *g);

@@ -72,10 +72,15 @@ int sk_sampler_init(struct sk_sampler *s, const struct sk_sampler_params *p,
                         n_vocab);
   }
   s->n_vocab = n_vocab;
-  s->st.params = *p;
-  uint64_t x = p->seed;
-  for (int i = 0; i < 4; i++) s->st.rng[i] = sk__splitmix64(&x);
+  sk_sampler_state_seed(&s->st, p);
   return 0;
+}
+
+void sk_sampler_state_seed(struct sk_sampler_state *st,
+                           const struct sk_sampler_params *p) {
+  st->params = *p;
+  uint64_t x = p->seed;
+  for (int i = 0; i < 4; i++) st->rng[i] = sk__splitmix64(&x);
 }
 
 void sk_sampler_free(struct sk_sampler *s) {

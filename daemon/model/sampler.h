@@ -40,6 +40,10 @@ int sk_sampler_params_check(const struct sk_sampler_params *p,
 int sk_sampler_init(struct sk_sampler *s, const struct sk_sampler_params *p,
                     uint32_t n_vocab, struct sk_error *err);
 void sk_sampler_free(struct sk_sampler *s);
+/* Sets st to params p with the PRNG seeded from p->seed (what
+ * sk_sampler_init does), without allocating: for stored states. */
+void sk_sampler_state_seed(struct sk_sampler_state *st,
+                           const struct sk_sampler_params *p);
 /* Picks the next token from logits (n_vocab). Deterministic for a given
  * seed and sequence of logits. */
 int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits);

@@ -1,0 +1,999 @@
+/* Shared-memory session store (see store.h for the layout and the commit
+ * protocol). */
+#include "store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define SK__STORE_MAGIC "SINKDSHM"
+#define SK__IMAGE_MAGIC "SINKDEXP"
+#define SK__TMPFS_MAGIC 0x01021994
+/* Bytes hashed at each end of every tensor for the fingerprint. */
+#define SK__FP_TENSOR_SAMPLE 4096u
+/* Set-aside names tried before giving up ("name", "name.1", ...). */
+#define SK__SET_ASIDE_TRIES 100
+
+_Static_assert(sizeof(struct sk_store_header) == 256, "header is 256 bytes");
+_Static_assert(sizeof(struct sk_store_meta) == 128, "meta start is 128 bytes");
+_Static_assert(sizeof(struct sk_store_image) == 128, "image header is 128 bytes");
+_Static_assert(sizeof(float) == 4, "float is 4 bytes");
+
+struct sk_store {
+  char *dir;
+  int dirfd;
+  int lockfd;
+  uint8_t fp[SK_STORE_FP_SIZE];
+  struct sk_kv_shape shape;
+  uint32_t n_vocab;
+};
+
+/* ---- geometry -------------------------------------------------------- */
+
+struct sk__geom {
+  uint32_t capacity, n_slots;
+  uint64_t kv_meta, kv_data;      /* parts of the KV block */
+  uint64_t off_kv, off_logits, off_sum, meta_size;
+  uint64_t off_meta[2], off_data, total;
+};
+
+static uint64_t sk__align(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static bool sk__geom(const struct sk_store *st, uint32_t capacity,
+                     struct sk__geom *g) {
+  size_t km, kd;
+  if (!sk_kv_part_sizes(st->shape, capacity, &km, &kd)) return false;
+  g->capacity = capacity;
+  g->n_slots = capacity + SK_KV_SPARE_SLOTS;
+  g->kv_meta = km;
+  g->kv_data = kd;
+  g->off_kv = sizeof(struct sk_store_meta);
+  g->off_logits = sk__align(g->off_kv + km, 64);
+  g->off_sum = sk__align(g->off_logits + (uint64_t)st->n_vocab * sizeof(float), 64);
+  g->meta_size = sk__align(g->off_sum + (uint64_t)g->n_slots * sizeof(uint64_t),
+                           SK_STORE_PAGE);
+  g->off_meta[0] = SK_STORE_PAGE;
+  g->off_meta[1] = SK_STORE_PAGE + g->meta_size;
+  g->off_data = SK_STORE_PAGE + 2 * g->meta_size;
+  if (kd > UINT64_MAX - g->off_data - SK_STORE_PAGE) return false;
+  g->total = sk__align(g->off_data + kd, SK_STORE_PAGE);
+  return g->total <= SIZE_MAX && g->total <= (uint64_t)INT64_MAX;
+}
+
+size_t sk_store_object_size(const struct sk_store *st, uint32_t capacity) {
+  struct sk__geom g;
+  return sk__geom(st, capacity, &g) ? (size_t)g.total : 0;
+}
+
+/* ---- checksums and fingerprint -------------------------------------- */
+
+static uint64_t sk__header_sum(const struct sk_store_header *h) {
+  return XXH3_64bits(h, offsetof(struct sk_store_header, header_checksum));
+}
+
+static uint64_t sk__meta_sum(const void *copy, uint64_t meta_size,
+                             uint64_t commit) {
+  return XXH3_64bits_withSeed((const char *)copy + 16, (size_t)meta_size - 16,
+                              commit);
+}
+
+static uint64_t sk__slot_sum(const struct sk_kv *kv, uint32_t slot) {
+  const size_t row = (size_t)kv->hdr->kv_dim * sizeof(float);
+  uint64_t h = slot;
+  for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+    h = XXH3_64bits_withSeed(sk_kv_k(kv, l, slot), row, h);
+  for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+    h = XXH3_64bits_withSeed(sk_kv_v(kv, l, slot), row, h);
+  return h;
+}
+
+void sk_store_fingerprint(const struct sk_gguf *g,
+                          uint8_t ret[SK_STORE_FP_SIZE]) {
+  size_t size = 0;
+  const uint8_t *base = sk_gguf_bytes(g, &size);
+  XXH3_state_t *s = XXH3_createState();
+  if (!s) {
+    /* Out of memory this early: fall back to a one-shot hash of the
+     * header bytes and the size only (still a stable function of the
+     * file). */
+    XXH128_hash_t h = XXH3_128bits(base, (size_t)sk_gguf_data_offset(g));
+    XXH128_canonicalFromHash((XXH128_canonical_t *)(void *)ret, h);
+    return;
+  }
+  XXH3_128bits_reset(s);
+  XXH3_128bits_update(s, base, (size_t)sk_gguf_data_offset(g));
+  uint64_t size64 = size;
+  XXH3_128bits_update(s, &size64, sizeof size64);
+  for (uint64_t i = 0; i < sk_gguf_n_tensors(g); i++) {
+    const struct sk_gguf_tensor *t = sk_gguf_tensor(g, i);
+    size_t n = t->n_bytes < SK__FP_TENSOR_SAMPLE ? (size_t)t->n_bytes
+                                                 : SK__FP_TENSOR_SAMPLE;
+    XXH3_128bits_update(s, t->data, n);
+    XXH3_128bits_update(s, (const char *)t->data + t->n_bytes - n, n);
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(s);
+  XXH3_freeState(s);
+  XXH128_canonicalFromHash((XXH128_canonical_t *)(void *)ret, h);
+}
+
+void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]) {
+  static const char hex[] = "0123456789abcdef";
+  for (unsigned i = 0; i < SK_STORE_FP_SIZE; i++) {
+    out[2 * i] = hex[fp[i] >> 4];
+    out[2 * i + 1] = hex[fp[i] & 15];
+  }
+  out[32] = 0;
+}
+
+/* ---- the directory --------------------------------------------------- */
+
+/* mkdir -p with mode 0700 for the missing levels. */
+static int sk__mkdirs(const char *path, struct sk_error *err) {
+  char buf[PATH_MAX];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof buf)
+    return sk_error_set(err, SK_ERR_IO, "state directory path '%.64s' is empty or too long",
+                        path);
+  memcpy(buf, path, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (buf[i] != '/' && buf[i] != 0) continue;
+    char c = buf[i];
+    buf[i] = 0;
+    if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+      return sk_error_set(err, SK_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
+    buf[i] = c;
+  }
+  return 0;
+}
+
+int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
+                  bool *ret_tmpfs, struct sk_error *err) {
+  int rc = sk__mkdirs(cfg->dir, err);
+  if (rc < 0) return rc;
+  struct sk_store *st = calloc(1, sizeof *st);
+  if (!st) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  st->dirfd = st->lockfd = -1;
+  st->dir = strdup(cfg->dir);
+  if (!st->dir) {
+    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    goto fail;
+  }
+  memcpy(st->fp, cfg->model_fp, SK_STORE_FP_SIZE);
+  st->shape = cfg->shape;
+  st->n_vocab = cfg->n_vocab;
+  st->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (st->dirfd < 0) {
+    rc = sk_error_set(err, SK_ERR_IO, "cannot open state directory %s: %s", cfg->dir,
+                      strerror(errno));
+    goto fail;
+  }
+  struct stat sb;
+  if (fstat(st->dirfd, &sb) < 0) {
+    rc = sk_error_set(err, SK_ERR_IO, "cannot stat %s: %s", cfg->dir, strerror(errno));
+    goto fail;
+  }
+  if (sb.st_uid != geteuid()) {
+    rc = sk_error_set(err, SK_ERR_IO,
+                      "state directory %s is owned by uid %u, not by the daemon's uid %u",
+                      cfg->dir, (unsigned)sb.st_uid, (unsigned)geteuid());
+    goto fail;
+  }
+  st->lockfd = openat(st->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (st->lockfd < 0) {
+    rc = sk_error_set(err, SK_ERR_IO, "cannot open %s/lock: %s", cfg->dir, strerror(errno));
+    goto fail;
+  }
+  if (flock(st->lockfd, LOCK_EX | LOCK_NB) < 0) {
+    rc = errno == EWOULDBLOCK
+             ? sk_error_set(err, SK_ERR_BUSY,
+                            "state directory %s is in use by another sinkd", cfg->dir)
+             : sk_error_set(err, SK_ERR_IO, "cannot lock %s/lock: %s", cfg->dir,
+                            strerror(errno));
+    goto fail;
+  }
+  struct statfs fs;
+  if (ret_tmpfs)
+    *ret_tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
+  *ret = st;
+  return 0;
+fail:
+  sk_store_close(st);
+  return rc;
+}
+
+void sk_store_close(struct sk_store *st) {
+  if (!st) return;
+  if (st->lockfd >= 0) close(st->lockfd); /* releases the flock */
+  if (st->dirfd >= 0) close(st->dirfd);
+  free(st->dir);
+  free(st);
+}
+
+const char *sk_store_dir(const struct sk_store *st) { return st->dir; }
+
+static void sk__obj_name(char *buf, size_t size, uint64_t id, bool tmp) {
+  snprintf(buf, size, "session-%" PRIu64 ".skv%s", id, tmp ? ".tmp" : "");
+}
+
+/* ---- views ----------------------------------------------------------- */
+
+static char *sk__copy(const struct sk_store_obj *obj, int i) {
+  return (char *)obj->map + obj->hdr->off_meta[i];
+}
+
+/* Points the view at meta copy i (whose layout was checked). */
+static void sk__view(struct sk_store_obj *obj, int i) {
+  char *c = sk__copy(obj, i);
+  struct sk_store_meta *m = (struct sk_store_meta *)(void *)c;
+  obj->meta = m;
+  obj->logits = (float *)(void *)(c + m->off_logits);
+  sk_kv_rebind_meta(&obj->kv, c + m->off_kv);
+}
+
+static uint64_t *sk__sums(const struct sk_store_obj *obj) {
+  return (uint64_t *)(void *)((char *)obj->meta + obj->meta->off_sum);
+}
+
+/* Release fence, then a store the compiler may not drop or move. */
+static void sk__publish_u64(uint64_t *p, uint64_t v) {
+  atomic_thread_fence(memory_order_seq_cst);
+  *(volatile uint64_t *)p = v;
+  atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Seals meta copy i: checksum first, then the commit counter (so a copy
+ * with commit != 0 always has its checksum in place). */
+static void sk__seal(struct sk_store_obj *obj, int i, uint64_t commit) {
+  char *c = sk__copy(obj, i);
+  struct sk_store_meta *m = (struct sk_store_meta *)(void *)c;
+  sk__publish_u64(&m->checksum, sk__meta_sum(c, obj->hdr->meta_size, commit));
+  sk__publish_u64(&m->commit, commit);
+}
+
+void sk_store_begin(struct sk_store_obj *obj) {
+  int w = 1 - obj->live;
+  char *dst = sk__copy(obj, w), *src = sk__copy(obj, obj->live);
+  sk__publish_u64(&((struct sk_store_meta *)(void *)dst)->commit, 0);
+  memcpy(dst + 16, src + 16, (size_t)obj->hdr->meta_size - 16);
+  obj->step_seen = obj->kv.hdr->n_seen;
+  sk__view(obj, w);
+  obj->in_step = true;
+}
+
+void sk_store_commit(struct sk_store_obj *obj) {
+  if (!obj->in_step) return;
+  int w = 1 - obj->live;
+  /* The tokens this step made resident sit at the end of the cache
+   * positions, with stream indices from the live copy's n_seen on. */
+  uint64_t *sums = sk__sums(obj);
+  const struct sk_kv *kv = &obj->kv;
+  for (uint32_t p = kv->hdr->n_resident; p-- > 0;) {
+    uint32_t slot = kv->order[p];
+    if (kv->index[slot] < obj->step_seen) break;
+    sums[slot] = sk__slot_sum(kv, slot);
+  }
+  obj->meta->steps++;
+  uint64_t commit = sk_store_commit_count(obj) + 1;
+  sk__seal(obj, w, commit);
+  obj->live = w;
+  obj->in_step = false;
+}
+
+void sk_store_abort(struct sk_store_obj *obj) {
+  if (!obj->in_step) return;
+  sk__view(obj, obj->live);
+  obj->in_step = false;
+}
+
+uint64_t sk_store_commit_count(const struct sk_store_obj *obj) {
+  const struct sk_store_meta *m =
+      (const struct sk_store_meta *)(const void *)sk__copy(obj, obj->live);
+  return m->commit;
+}
+
+void sk_store_sampler_get(const struct sk_store_obj *obj,
+                          struct sk_sampler_state *ret) {
+  const struct sk_store_meta *m = obj->meta;
+  memset(ret, 0, sizeof *ret);
+  ret->params.temperature = m->temperature;
+  ret->params.top_k = m->top_k;
+  ret->params.top_p = m->top_p;
+  ret->params.seed = m->seed;
+  memcpy(ret->rng, m->rng, sizeof ret->rng);
+}
+
+void sk_store_sampler_set(struct sk_store_obj *obj,
+                          const struct sk_sampler_state *s) {
+  struct sk_store_meta *m = obj->meta;
+  m->temperature = s->params.temperature;
+  m->top_k = s->params.top_k;
+  m->top_p = s->params.top_p;
+  m->seed = s->params.seed;
+  memcpy(m->rng, s->rng, sizeof m->rng);
+}
+
+/* ---- checking an object ---------------------------------------------- */
+
+static int sk__bad(struct sk_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int sk__bad(struct sk_error *err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = sk_error_setv(err, SK_ERR_BAD_REQUEST, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* Meta copy i: 1 valid (commit in *ret_commit), 0 not committed (commit
+ * 0: it was being written), -1 corrupt (commit != 0, checksum or layout
+ * wrong). */
+static int sk__copy_state(const struct sk_store_header *h, const struct sk__geom *g,
+                          const char *copy, uint64_t *ret_commit) {
+  const struct sk_store_meta *m = (const struct sk_store_meta *)(const void *)copy;
+  *ret_commit = m->commit;
+  if (m->commit == 0) return 0;
+  if (m->checksum != sk__meta_sum(copy, h->meta_size, m->commit)) return -1;
+  if (m->magic != SK_STORE_META_MAGIC || m->off_kv != g->off_kv ||
+      m->off_logits != g->off_logits || m->off_sum != g->off_sum)
+    return -1;
+  return 1;
+}
+
+/* Checks the fixed header against this store and the file size; fills g. */
+static int sk__check_header(const struct sk_store *st, const void *map, size_t size,
+                            struct sk__geom *g, struct sk_error *err) {
+  if (size < SK_STORE_PAGE)
+    return sk__bad(err, "truncated: %zu bytes, smaller than the %u-byte header page", size,
+                   SK_STORE_PAGE);
+  const struct sk_store_header *h = map;
+  if (memcmp(h->magic, SK__STORE_MAGIC, 8) != 0)
+    return sk__bad(err, "not a sinkd session object (bad magic)");
+  if (h->header_checksum != sk__header_sum(h))
+    return sk__bad(err, "header checksum mismatch (corrupted header)");
+  if (h->layout_version != SK_STORE_LAYOUT_VERSION)
+    return sk__bad(err, "layout version %u, this sinkd reads version %u", h->layout_version,
+                   SK_STORE_LAYOUT_VERSION);
+  if (h->header_size != sizeof(struct sk_store_header))
+    return sk__bad(err, "header size %u, expected %zu", h->header_size,
+                   sizeof(struct sk_store_header));
+  if (h->kv_layout_version != SK_KV_LAYOUT_VERSION)
+    return sk__bad(err, "KV layout version %u, this sinkd uses %u", h->kv_layout_version,
+                   SK_KV_LAYOUT_VERSION);
+  if (memcmp(h->model_fp, st->fp, SK_STORE_FP_SIZE) != 0) {
+    char a[33], b[33];
+    sk_store_fp_hex(h->model_fp, a);
+    sk_store_fp_hex(st->fp, b);
+    return sk__bad(err, "model fingerprint %s is not the loaded model's %s (other model)", a, b);
+  }
+  if (h->n_vocab != st->n_vocab || h->n_layer != st->shape.n_layer ||
+      h->kv_dim != st->shape.kv_dim)
+    return sk__bad(err, "shape n_vocab %u, n_layer %u, kv_dim %u differs from the model's "
+                   "%u, %u, %u",
+                   h->n_vocab, h->n_layer, h->kv_dim, st->n_vocab, st->shape.n_layer,
+                   st->shape.kv_dim);
+  if (!sk_policy_name(h->policy)) return sk__bad(err, "policy %u is unknown", h->policy);
+  if (!sk__geom(st, h->capacity, g))
+    return sk__bad(err, "capacity %u is invalid", h->capacity);
+  if (h->meta_size != g->meta_size || h->off_meta[0] != g->off_meta[0] ||
+      h->off_meta[1] != g->off_meta[1] || h->off_data != g->off_data ||
+      h->data_size != g->kv_data || h->total_size != g->total)
+    return sk__bad(err, "section offsets do not match capacity %u", h->capacity);
+  if (h->total_size != size)
+    return sk__bad(err, "%s: file is %zu bytes, header says %" PRIu64,
+                   size < h->total_size ? "truncated" : "wrong size", size, h->total_size);
+  return 0;
+}
+
+/* Checks the kv meta part of copy `c` (which must be the live one) and
+ * every resident slot against the data and its checksum; obj->kv shows it
+ * afterwards. */
+static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
+                          struct sk_error *err) {
+  const struct sk_store_header *h = obj->hdr;
+  char *c = sk__copy(obj, obj->live);
+  const struct sk_store_meta *m = (const struct sk_store_meta *)(const void *)c;
+  struct sk_error kerr;
+  int rc = sk_kv_attach_split(&obj->kv, c + m->off_kv, (size_t)(m->off_logits - m->off_kv),
+                              (char *)obj->map + h->off_data, (size_t)h->data_size, &kerr);
+  if (rc < 0) return sk__bad(err, "live meta copy: %s", kerr.message);
+  const struct sk_kv_header *kh = obj->kv.hdr;
+  if (kh->capacity != h->capacity || kh->policy != h->policy ||
+      kh->n_layer != h->n_layer || kh->kv_dim != h->kv_dim)
+    return sk__bad(err, "live meta copy: cache header (capacity %u, policy %u) disagrees "
+                   "with the object header (capacity %u, policy %u)",
+                   kh->capacity, kh->policy, h->capacity, h->policy);
+  if (m->flags & ~SK_STORE_HAS_LOGITS)
+    return sk__bad(err, "live meta copy: unknown flags 0x%x", m->flags);
+  struct sk_sampler_params sp = {.temperature = m->temperature, .top_k = m->top_k,
+                                 .top_p = m->top_p, .seed = m->seed};
+  if (sk_sampler_params_check(&sp, &kerr) < 0)
+    return sk__bad(err, "live meta copy: sampler: %s", kerr.message);
+  if ((m->flags & SK_STORE_HAS_LOGITS) && kh->n_resident == 0)
+    return sk__bad(err, "live meta copy: logits without a resident token");
+  sk__view(obj, obj->live);
+  const uint64_t *sums = sk__sums(obj);
+  uint64_t prev = 0;
+  for (uint32_t p = 0; p < kh->n_resident; p++) {
+    uint32_t slot = obj->kv.order[p];
+    int32_t tok = obj->kv.token[slot];
+    uint64_t idx = obj->kv.index[slot];
+    if (tok < 0 || (uint32_t)tok >= st->n_vocab)
+      return sk__bad(err, "cache position %u holds token %d, outside the vocabulary", p, tok);
+    if (idx >= kh->n_seen || (p > 0 && idx <= prev))
+      return sk__bad(err, "cache position %u holds stream index %" PRIu64
+                     " (out of order or beyond n_seen %" PRIu64 ")",
+                     p, idx, kh->n_seen);
+    prev = idx;
+    if (sums[slot] != sk__slot_sum(&obj->kv, slot))
+      return sk__bad(err, "K/V of cache position %u (slot %u, stream index %" PRIu64
+                     ") do not match their checksum",
+                     p, slot, idx);
+  }
+  return 0;
+}
+
+/* Validates a mapped object fully; on success obj shows its live copy. */
+static int sk__validate(const struct sk_store *st, struct sk_store_obj *obj,
+                        struct sk_error *err) {
+  struct sk__geom g;
+  int rc = sk__check_header(st, obj->map, obj->size, &g, err);
+  if (rc < 0) return rc;
+  const struct sk_store_header *h = obj->hdr;
+  uint64_t commit[2];
+  int state[2];
+  for (int i = 0; i < 2; i++)
+    state[i] = sk__copy_state(h, &g, (const char *)obj->map + h->off_meta[i], &commit[i]);
+  int live = -1;
+  for (int i = 0; i < 2; i++)
+    if (state[i] == 1 && (live < 0 || commit[i] > commit[live])) live = i;
+  if (live < 0) {
+    if (state[0] == -1 || state[1] == -1)
+      return sk__bad(err, "no valid meta copy (checksum mismatch: corrupted)");
+    return sk__bad(err, "no committed meta copy");
+  }
+  for (int i = 0; i < 2; i++)
+    if (state[i] == -1 && commit[i] > commit[live])
+      return sk__bad(err, "meta copy %d (commit %" PRIu64 ") is corrupted (checksum "
+                     "mismatch) and newer than the valid copy (commit %" PRIu64 ")",
+                     i, commit[i], commit[live]);
+  obj->live = live;
+  obj->id = h->session_id;
+  obj->owner_uid = h->owner_uid;
+  return sk__check_live(st, obj, err);
+}
+
+static int sk__map_file(int fd, const char *what, struct sk_store_obj **ret,
+                        struct sk_error *err) {
+  struct stat sb;
+  if (fstat(fd, &sb) < 0)
+    return sk_error_set(err, SK_ERR_IO, "cannot stat %s: %s", what, strerror(errno));
+  if (!S_ISREG(sb.st_mode)) return sk__bad(err, "not a regular file");
+  if (sb.st_uid != geteuid())
+    return sk__bad(err, "owned by uid %u, not by the daemon's uid %u", (unsigned)sb.st_uid,
+                   (unsigned)geteuid());
+  if ((uint64_t)sb.st_size > SIZE_MAX)
+    return sk__bad(err, "file of %lld bytes is too large", (long long)sb.st_size);
+  size_t size = (size_t)sb.st_size;
+  if (size < SK_STORE_PAGE)
+    return sk__bad(err, "truncated: %zu bytes, smaller than the %u-byte header page", size,
+                   SK_STORE_PAGE);
+  void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED)
+    return sk_error_set(err, SK_ERR_IO, "cannot map %s: %s", what, strerror(errno));
+  struct sk_store_obj *obj = calloc(1, sizeof *obj);
+  if (!obj) {
+    munmap(map, size);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
+  obj->map = map;
+  obj->size = size;
+  obj->hdr = map;
+  *ret = obj;
+  return 0;
+}
+
+void sk_store_obj_free(struct sk_store_obj *obj) {
+  if (!obj) return;
+  if (obj->map) munmap(obj->map, obj->size);
+  free(obj);
+}
+
+void sk_store_obj_remove(struct sk_store_obj *obj) {
+  if (!obj) return;
+  if (obj->store) {
+    char name[64];
+    sk__obj_name(name, sizeof name, obj->id, false);
+    unlinkat(obj->store->dirfd, name, 0);
+  }
+  sk_store_obj_free(obj);
+}
+
+int sk_store_obj_check(struct sk_store *st, const char *path, struct sk_store_obj **ret,
+                       struct sk_error *err) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return sk_error_set(err, SK_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  struct sk_store_obj *obj = NULL;
+  int rc = sk__map_file(fd, path, &obj, err);
+  close(fd);
+  if (rc < 0) return rc;
+  rc = sk__validate(st, obj, err);
+  if (rc < 0) {
+    sk_store_obj_free(obj);
+    return rc;
+  }
+  *ret = obj;
+  return 0;
+}
+
+/* ---- scan ------------------------------------------------------------ */
+
+/* "session-<id>.skv" -> id (1 ..), or "...skv.tmp" with *ret_tmp. */
+static bool sk__parse_name(const char *name, uint64_t *ret_id, bool *ret_tmp) {
+  const char *p = name;
+  if (strncmp(p, "session-", 8) != 0) return false;
+  p += 8;
+  if (*p < '1' || *p > '9') return false;
+  uint64_t id = 0;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (id > (UINT64_MAX - 9) / 10) return false;
+    id = id * 10 + (uint64_t)(*p - '0');
+  }
+  if (strcmp(p, ".skv") == 0) *ret_tmp = false;
+  else if (strcmp(p, ".skv.tmp") == 0) *ret_tmp = true;
+  else return false;
+  *ret_id = id;
+  return true;
+}
+
+static int sk__cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Moves name into invalid/, under a free name; dest gets the new path
+ * relative to the state directory. */
+static bool sk__set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
+  if (mkdirat(st->dirfd, SK_STORE_INVALID_DIR, 0700) < 0 && errno != EEXIST) return false;
+  for (int i = 0; i < SK__SET_ASIDE_TRIES; i++) {
+    if (i == 0)
+      snprintf(dest, dsize, "%s/%s", SK_STORE_INVALID_DIR, name);
+    else
+      snprintf(dest, dsize, "%s/%s.%d", SK_STORE_INVALID_DIR, name, i);
+    if (renameat2(st->dirfd, name, st->dirfd, dest, RENAME_NOREPLACE) == 0) return true;
+    if (errno == EINVAL) {
+      /* No RENAME_NOREPLACE on this file system: check, then rename. */
+      struct stat sb;
+      if (fstatat(st->dirfd, dest, &sb, AT_SYMLINK_NOFOLLOW) == 0) continue;
+      if (renameat(st->dirfd, name, st->dirfd, dest) == 0) return true;
+      return false;
+    }
+    if (errno != EEXIST) return false;
+  }
+  return false;
+}
+
+/* Opens, maps and validates one object of the state directory. */
+static int sk__load(struct sk_store *st, const char *name, uint64_t id,
+                    struct sk_store_obj **ret, struct sk_error *err) {
+  int fd = openat(st->dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return sk__bad(err, "cannot open: %s", strerror(errno));
+  struct sk_store_obj *obj = NULL;
+  int rc = sk__map_file(fd, name, &obj, err);
+  close(fd);
+  if (rc < 0) return rc;
+  rc = sk__validate(st, obj, err);
+  if (rc == 0 && obj->id != id)
+    rc = sk__bad(err, "header names session %" PRIu64 ", the file name %" PRIu64, obj->id, id);
+  if (rc < 0) {
+    sk_store_obj_free(obj);
+    return rc;
+  }
+  obj->store = st;
+  *ret = obj;
+  return 0;
+}
+
+int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
+                  uint64_t *ret_max_id, struct sk_error *err) {
+  int fd = dup(st->dirfd);
+  if (fd < 0) return sk_error_set(err, SK_ERR_IO, "cannot read %s: %s", st->dir, strerror(errno));
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return sk_error_set(err, SK_ERR_IO, "cannot read %s: %s", st->dir, strerror(errno));
+  }
+  rewinddir(d);
+  uint64_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  uint64_t max_id = 0;
+  int rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    uint64_t id;
+    bool tmp;
+    if (!sk__parse_name(de->d_name, &id, &tmp)) continue;
+    if (id > max_id) max_id = id;
+    if (tmp) {
+      if (unlinkat(st->dirfd, de->d_name, 0) == 0)
+        cb->skip(cb->user, de->d_name, SK_STORE_REMOVED, NULL,
+                 "unfinished creation (the daemon stopped before it was complete)");
+      continue;
+    }
+    if (n == cap) {
+      size_t nc = cap ? 2 * cap : 16;
+      uint64_t *ni = realloc(ids, nc * sizeof *ni);
+      if (!ni) {
+        rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory listing %s", st->dir);
+        goto out;
+      }
+      ids = ni;
+      cap = nc;
+    }
+    ids[n++] = id;
+  }
+  qsort(ids, n, sizeof *ids, sk__cmp_u64);
+  for (size_t i = 0; i < n; i++) {
+    char name[64];
+    sk__obj_name(name, sizeof name, ids[i], false);
+    struct sk_store_obj *obj = NULL;
+    struct sk_error why;
+    if (sk__load(st, name, ids[i], &obj, &why) == 0) {
+      cb->adopt(cb->user, obj);
+      continue;
+    }
+    char dest[128];
+    if (sk__set_aside(st, name, dest, sizeof dest))
+      cb->skip(cb->user, name, SK_STORE_SET_ASIDE, dest, why.message);
+    else
+      cb->skip(cb->user, name, SK_STORE_KEPT, NULL, why.message);
+  }
+out:
+  free(ids);
+  closedir(d);
+  if (rc == 0 && ret_max_id) *ret_max_id = max_id;
+  return rc;
+}
+
+/* ---- creating objects ------------------------------------------------ */
+
+/* A new object under its temporary name, header written, meta copies and
+ * data zero (fresh tmpfs pages). */
+static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+                          uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
+                          struct sk_error *err) {
+  struct sk__geom g;
+  if (!sk__geom(st, capacity, &g))
+    return sk__bad(err, "capacity %u gives a cache too large for this machine", capacity);
+  char name[64];
+  sk__obj_name(name, sizeof name, id, true);
+  int fd = openat(st->dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    unlinkat(st->dirfd, name, 0); /* a leftover of a failed creation */
+    fd = openat(st->dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  }
+  if (fd < 0)
+    return sk_error_set(err, SK_ERR_IO, "cannot create %s/%s: %s", st->dir, name,
+                        strerror(errno));
+  int e = posix_fallocate(fd, 0, (off_t)g.total);
+  if (e != 0) {
+    close(fd);
+    unlinkat(st->dirfd, name, 0);
+    if (e == ENOSPC)
+      return sk_error_set(err, SK_ERR_BUSY,
+                          "state directory %s is full: no room for a %" PRIu64
+                          "-byte session (file system limit)",
+                          st->dir, g.total);
+    return sk_error_set(err, SK_ERR_IO, "cannot reserve %" PRIu64 " bytes for %s: %s",
+                        g.total, name, strerror(e));
+  }
+  void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  struct sk_store_obj *obj = map == MAP_FAILED ? NULL : calloc(1, sizeof *obj);
+  if (!obj) {
+    if (map != MAP_FAILED) munmap(map, (size_t)g.total);
+    unlinkat(st->dirfd, name, 0);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot map a %" PRIu64 "-byte session",
+                        g.total);
+  }
+  obj->store = st;
+  obj->map = map;
+  obj->size = (size_t)g.total;
+  obj->hdr = map;
+  obj->id = id;
+  obj->owner_uid = owner_uid;
+  struct sk_store_header *h = map;
+  memcpy(h->magic, SK__STORE_MAGIC, 8);
+  h->layout_version = SK_STORE_LAYOUT_VERSION;
+  h->header_size = sizeof *h;
+  memcpy(h->model_fp, st->fp, SK_STORE_FP_SIZE);
+  h->session_id = id;
+  h->owner_uid = owner_uid;
+  h->kv_layout_version = SK_KV_LAYOUT_VERSION;
+  h->n_vocab = st->n_vocab;
+  h->n_layer = st->shape.n_layer;
+  h->kv_dim = st->shape.kv_dim;
+  h->capacity = capacity;
+  h->policy = policy;
+  h->created_unix = (uint64_t)time(NULL);
+  h->meta_size = g.meta_size;
+  h->off_meta[0] = g.off_meta[0];
+  h->off_meta[1] = g.off_meta[1];
+  h->off_data = g.off_data;
+  h->data_size = g.kv_data;
+  h->total_size = g.total;
+  h->header_checksum = sk__header_sum(h);
+  for (int i = 0; i < 2; i++) {
+    struct sk_store_meta *m = (struct sk_store_meta *)(void *)sk__copy(obj, i);
+    m->magic = SK_STORE_META_MAGIC;
+    m->off_kv = g.off_kv;
+    m->off_logits = g.off_logits;
+    m->off_sum = g.off_sum;
+  }
+  *ret = obj;
+  return 0;
+}
+
+/* Seals copy 0 with `commit`, shows it, and renames the object into
+ * place. On failure the object is deleted and freed. */
+static int sk__finish_create(struct sk_store *st, struct sk_store_obj *obj, uint64_t commit,
+                             struct sk_error *err) {
+  sk__seal(obj, 0, commit);
+  obj->live = 0;
+  obj->in_step = false;
+  sk__view(obj, 0);
+  char tmp[64], name[64];
+  sk__obj_name(tmp, sizeof tmp, obj->id, true);
+  sk__obj_name(name, sizeof name, obj->id, false);
+  if (renameat2(st->dirfd, tmp, st->dirfd, name, RENAME_NOREPLACE) < 0 &&
+      (errno != EINVAL || renameat(st->dirfd, tmp, st->dirfd, name) < 0)) {
+    int e = errno;
+    unlinkat(st->dirfd, tmp, 0);
+    obj->store = NULL;
+    sk_store_obj_free(obj);
+    return sk_error_set(err, SK_ERR_IO, "cannot rename %s to %s: %s", tmp, name, strerror(e));
+  }
+  return 0;
+}
+
+static void sk__discard_tmp(struct sk_store *st, struct sk_store_obj *obj) {
+  char tmp[64];
+  sk__obj_name(tmp, sizeof tmp, obj->id, true);
+  unlinkat(st->dirfd, tmp, 0);
+  obj->store = NULL;
+  sk_store_obj_free(obj);
+}
+
+int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+                    const struct sk_kv_params *params,
+                    const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
+                    struct sk_error *err) {
+  int rc = sk_kv_params_check(params, SK_KV_MAX_CAPACITY, err);
+  if (rc < 0) return rc;
+  struct sk_store_obj *obj = NULL;
+  rc = sk__create_tmp(st, id, owner_uid, sk_kv_params_capacity(params), params->policy, &obj,
+                      err);
+  if (rc < 0) return rc;
+  const struct sk_store_header *h = obj->hdr;
+  char *c = sk__copy(obj, 0);
+  struct sk_store_meta *m = (struct sk_store_meta *)(void *)c;
+  rc = sk_kv_init_split(&obj->kv, c + m->off_kv, (size_t)(m->off_logits - m->off_kv),
+                        (char *)obj->map + h->off_data, (size_t)h->data_size, st->shape, params,
+                        err);
+  if (rc < 0) {
+    sk__discard_tmp(st, obj);
+    return rc;
+  }
+  obj->meta = m;
+  sk_store_sampler_set(obj, sampler);
+  rc = sk__finish_create(st, obj, 1, err);
+  if (rc < 0) return rc;
+  *ret = obj;
+  return 0;
+}
+
+/* Copies meta copy bytes [16, M) from src into copy 0 of a new object of
+ * the same geometry and attaches its KV view (data part of obj). */
+static int sk__adopt_meta(struct sk_store_obj *obj, const void *src_copy, struct sk_error *err) {
+  const struct sk_store_header *h = obj->hdr;
+  char *c = sk__copy(obj, 0);
+  memcpy(c + 16, (const char *)src_copy + 16, (size_t)h->meta_size - 16);
+  struct sk_store_meta *m = (struct sk_store_meta *)(void *)c;
+  obj->meta = m;
+  obj->logits = (float *)(void *)(c + m->off_logits);
+  struct sk_error kerr;
+  int rc = sk_kv_attach_split(&obj->kv, c + m->off_kv, (size_t)(m->off_logits - m->off_kv),
+                              (char *)obj->map + h->off_data, (size_t)h->data_size, &kerr);
+  if (rc < 0) return sk__bad(err, "meta copy: %s", kerr.message);
+  return 0;
+}
+
+int sk_store_fork(struct sk_store *st, const struct sk_store_obj *src, uint64_t id,
+                  uint32_t owner_uid, struct sk_store_obj **ret, struct sk_error *err) {
+  struct sk_store_obj *obj = NULL;
+  int rc = sk__create_tmp(st, id, owner_uid, src->hdr->capacity, src->hdr->policy, &obj, err);
+  if (rc < 0) return rc;
+  rc = sk__adopt_meta(obj, sk__copy(src, src->live), err);
+  if (rc < 0) {
+    sk__discard_tmp(st, obj);
+    return rc;
+  }
+  /* The K/V rows of the resident slots (same slots: the order is kept). */
+  const struct sk_kv *skv = &src->kv;
+  const size_t row = (size_t)st->shape.kv_dim * sizeof(float);
+  for (uint32_t l = 0; l < st->shape.n_layer; l++)
+    for (uint32_t p = 0; p < skv->hdr->n_resident; p++) {
+      uint32_t slot = skv->order[p];
+      memcpy(sk_kv_k(&obj->kv, l, slot), sk_kv_k(skv, l, slot), row);
+      memcpy(sk_kv_v(&obj->kv, l, slot), sk_kv_v(skv, l, slot), row);
+    }
+  obj->meta->steps = 0;
+  rc = sk__finish_create(st, obj, 1, err);
+  if (rc < 0) return rc;
+  *ret = obj;
+  return 0;
+}
+
+/* ---- export / import ------------------------------------------------- */
+
+static uint64_t sk__image_header_sum(const struct sk_store_image *im) {
+  return XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
+}
+
+size_t sk_store_export_size(const struct sk_store_obj *src) {
+  const struct sk_kv_header *kh = src->kv.hdr;
+  return sizeof(struct sk_store_image) + (size_t)src->hdr->meta_size +
+         2 * (size_t)kh->n_layer * kh->n_resident * kh->kv_dim * sizeof(float);
+}
+
+void sk_store_export(const struct sk_store_obj *src, void *buf, size_t size) {
+  const struct sk_store_header *h = src->hdr;
+  const struct sk_kv *kv = &src->kv;
+  const uint32_t nr = kv->hdr->n_resident;
+  struct sk_store_image *im = buf;
+  memset(im, 0, sizeof *im);
+  memcpy(im->magic, SK__IMAGE_MAGIC, 8);
+  im->version = SK_STORE_IMAGE_VERSION;
+  im->header_size = sizeof *im;
+  memcpy(im->model_fp, h->model_fp, SK_STORE_FP_SIZE);
+  im->n_vocab = h->n_vocab;
+  im->n_layer = h->n_layer;
+  im->kv_dim = h->kv_dim;
+  im->capacity = h->capacity;
+  im->policy = h->policy;
+  im->n_resident = nr;
+  im->meta_size = h->meta_size;
+  im->rows_size = 2 * (uint64_t)h->n_layer * nr * h->kv_dim * sizeof(float);
+  im->total_size = size;
+  char *p = (char *)buf + sizeof *im;
+  memcpy(p, sk__copy(src, src->live), (size_t)h->meta_size);
+  p += h->meta_size;
+  const size_t row = (size_t)h->kv_dim * sizeof(float);
+  for (uint32_t l = 0; l < h->n_layer; l++)
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_k(kv, l, kv->order[q]), row);
+  for (uint32_t l = 0; l < h->n_layer; l++)
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_v(kv, l, kv->order[q]), row);
+  im->body_checksum = XXH3_64bits((const char *)buf + sizeof *im, size - sizeof *im);
+  im->header_checksum = sk__image_header_sum(im);
+}
+
+int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
+                         struct sk_store_image_info *ret, struct sk_error *err) {
+  const struct sk_store_image *im = buf;
+  if (len < sizeof *im)
+    return sk__bad(err, "export file truncated: %zu bytes, smaller than its %zu-byte header",
+                   len, sizeof *im);
+  if (memcmp(im->magic, SK__IMAGE_MAGIC, 8) != 0)
+    return sk__bad(err, "not a sinkd export file (bad magic)");
+  if (im->header_checksum != sk__image_header_sum(im))
+    return sk__bad(err, "export file corrupted: header checksum mismatch");
+  if (im->version != SK_STORE_IMAGE_VERSION || im->header_size != sizeof *im)
+    return sk__bad(err, "export file version %u, this sinkd reads version %u", im->version,
+                   SK_STORE_IMAGE_VERSION);
+  if (im->total_size != len)
+    return sk__bad(err, "export file %s: %zu bytes, its header says %" PRIu64,
+                   len < im->total_size ? "truncated" : "has extra bytes", len,
+                   im->total_size);
+  if (im->body_checksum != XXH3_64bits((const char *)buf + sizeof *im, len - sizeof *im))
+    return sk__bad(err, "export file corrupted: body checksum mismatch");
+  if (memcmp(im->model_fp, st->fp, SK_STORE_FP_SIZE) != 0) {
+    char a[33], b[33];
+    sk_store_fp_hex(im->model_fp, a);
+    sk_store_fp_hex(st->fp, b);
+    return sk__bad(err, "export file is for another model (fingerprint %s, loaded model %s)",
+                   a, b);
+  }
+  struct sk__geom g;
+  if (im->n_vocab != st->n_vocab || im->n_layer != st->shape.n_layer ||
+      im->kv_dim != st->shape.kv_dim || !sk__geom(st, im->capacity, &g) ||
+      im->meta_size != g.meta_size || !sk_policy_name(im->policy))
+    return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u, capacity %u) "
+                   "does not fit the loaded model",
+                   im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
+  if (im->n_resident > im->capacity ||
+      im->rows_size != 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim * sizeof(float) ||
+      im->total_size != sizeof *im + im->meta_size + im->rows_size)
+    return sk__bad(err, "export file sizes are inconsistent");
+  const char *copy = (const char *)buf + sizeof *im;
+  /* The meta copy must be 64-byte aligned to be read as structs: check it
+   * in an aligned buffer. */
+  void *meta = aligned_alloc(64, (size_t)g.meta_size);
+  if (!meta) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  memcpy(meta, copy, (size_t)g.meta_size);
+  uint64_t commit;
+  struct sk_store_header h = {.meta_size = g.meta_size};
+  int rc = 0;
+  if (sk__copy_state(&h, &g, meta, &commit) != 1) {
+    rc = sk__bad(err, "export file: its meta copy is not valid");
+    goto out;
+  }
+  const struct sk_store_meta *m = meta;
+  const struct sk_kv_header *kh =
+      (const struct sk_kv_header *)(const void *)((const char *)meta + m->off_kv);
+  if (kh->magic != SK_KV_MAGIC || kh->layout_version != SK_KV_LAYOUT_VERSION ||
+      kh->capacity != im->capacity || kh->policy != im->policy ||
+      kh->n_resident != im->n_resident || kh->n_layer != im->n_layer ||
+      kh->kv_dim != im->kv_dim) {
+    rc = sk__bad(err, "export file: its cache header disagrees with the file header");
+    goto out;
+  }
+  if (ret) {
+    ret->policy = im->policy;
+    ret->capacity = im->capacity;
+    ret->n_resident = im->n_resident;
+    ret->n_seen = kh->n_seen;
+    ret->object_size = (size_t)g.total;
+  }
+out:
+  free(meta);
+  return rc;
+}
+
+int sk_store_import(struct sk_store *st, const void *buf, size_t len, uint64_t id,
+                    uint32_t owner_uid, struct sk_store_obj **ret, struct sk_error *err) {
+  struct sk_store_image_info info;
+  int rc = sk_store_image_check(st, buf, len, &info, err);
+  if (rc < 0) return rc;
+  const struct sk_store_image *im = buf;
+  struct sk_store_obj *obj = NULL;
+  rc = sk__create_tmp(st, id, owner_uid, im->capacity, im->policy, &obj, err);
+  if (rc < 0) return rc;
+  const char *p = (const char *)buf + sizeof *im;
+  rc = sk__adopt_meta(obj, p, err);
+  if (rc < 0) goto fail;
+  p += im->meta_size;
+  struct sk_kv *kv = &obj->kv;
+  const uint32_t nr = kv->hdr->n_resident;
+  const size_t row = (size_t)im->kv_dim * sizeof(float);
+  for (uint32_t l = 0; l < im->n_layer; l++)
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_k(kv, l, kv->order[q]), p, row);
+  for (uint32_t l = 0; l < im->n_layer; l++)
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_v(kv, l, kv->order[q]), p, row);
+  /* Check the result exactly as adoption would. */
+  uint64_t commit = ((const struct sk_store_meta *)(const void *)((const char *)buf +
+                                                                  sizeof *im))->commit;
+  obj->live = 0;
+  sk__seal(obj, 0, commit);
+  rc = sk__check_live(st, obj, err);
+  if (rc < 0) goto fail;
+  rc = sk__finish_create(st, obj, commit, err);
+  if (rc < 0) return rc;
+  *ret = obj;
+  return 0;
+fail:
+  sk__discard_tmp(st, obj);
+  return rc;
+}

@@ -1,0 +1,337 @@
+/* The shared-memory session store: every session's KV cache and state is
+ * one file in a state directory on tmpfs (default /run/sinkd/state, or
+ * $XDG_RUNTIME_DIR/sinkd/state), mapped MAP_SHARED, created 0600. The
+ * mapping outlives the daemon: after a crash (SIGKILL included) or an
+ * upgrade, a new daemon adopts every valid object and its sessions go on
+ * where they stopped.
+ *
+ * ---- Object layout, version 1 (SK_STORE_LAYOUT_VERSION) ------------------
+ *
+ * File "session-<id>.skv" (id in decimal). All integers little-endian
+ * (the host's: objects never leave the machine; export images do, and are
+ * checked on import). P = 4096, every section starts on a multiple of P
+ * and the file size is a multiple of P, so the file's size is exactly the
+ * memory it holds on tmpfs. C = capacity, S = C + SK_KV_SPARE_SLOTS
+ * physical slots, L = n_layer, D = kv_dim, V = n_vocab.
+ *
+ *   [0, P)                struct sk_store_header   written once at creation,
+ *                                                  never changed
+ *   [off_meta[0], +M)     meta copy 0              struct sk_store_meta + ...
+ *   [off_meta[1], +M)     meta copy 1              ... the same layout
+ *   [off_data, +data_size) data part               K then V of the KV block
+ *                                                  (kvcache.h): float
+ *                                                  k[L][S][D], v[L][S][D]
+ *
+ * A meta copy (M = meta_size bytes, offsets from the copy's start):
+ *
+ *   [0, 128)              struct sk_store_meta     commit counter, checksum,
+ *                                                  flags, sampler state
+ *   [off_kv, +kv_meta)    the KV block's meta part (kvcache.h: struct
+ *                         sk_kv_header with policy, n_resident, n_seen,
+ *                         n_evicted, and the per-slot arrays token[S],
+ *                         index[S], order[S], ... whatever kvcache.h puts
+ *                         before off_k)
+ *   [off_logits, +4V)     float logits[V]: the logits after the last
+ *                         resident token (valid when SK_STORE_HAS_LOGITS),
+ *                         so a continuation needs no recomputation
+ *   [off_sum, +8S)        uint64_t kv_sum[S]: XXH3-64 of the slot's K/V
+ *                         rows (for l in 0..L: K row, then for l: V row,
+ *                         D floats each) taken when the slot was filled;
+ *                         checked for every resident slot on adoption
+ *
+ * ---- Commit protocol --------------------------------------------------
+ *
+ * The *live* copy is the valid copy with the larger commit counter (valid:
+ * commit != 0, magic and offsets right, checksum = XXH3-64 of bytes
+ * [16, M) of the copy seeded with the commit counter). A step:
+ *   1. sk_store_begin: the other copy's commit is set to 0 (it stops being
+ *      valid), then the live copy's bytes [16, M) are copied over it; the
+ *      view (obj->kv, logits, meta) now shows that working copy;
+ *   2. the caller evicts (at most SK_KV_SPARE_SLOTS tokens) and runs the
+ *      forward pass: keys and values go only into slots that are free in
+ *      the live copy (kvcache.h: spare slot, FIFO free list), bookkeeping
+ *      and logits into the working copy;
+ *   3. sk_store_commit: the new slots' kv_sum are computed, the checksum
+ *      is written, a fence, then commit = live commit + 1. The working
+ *      copy is now live.
+ * A crash at any point leaves the previous live copy and every K/V row it
+ * names untouched, and the working copy either invalid (commit 0) or
+ * complete. A copy with commit != 0 and a wrong checksum can only come
+ * from corruption, not from a crash: if it is newer than the valid copy,
+ * the object is set aside.
+ *
+ * The process-crash guarantee needs no msync (the pages belong to tmpfs,
+ * not to the process); a machine crash loses tmpfs anyway.
+ *
+ * ---- Model fingerprint ------------------------------------------------
+ *
+ * XXH3-128 over: the GGUF file's bytes before the tensor data (magic,
+ * version, every metadata key/value, the tensor table: names, types,
+ * shapes, offsets), the file size (8 bytes), and for every tensor the first
+ * and the last min(4096, size) bytes of its data. A different model, a
+ * different quantization or a fine-tune with the same header all differ.
+ *
+ * ---- Export image, version 1 (SK_STORE_IMAGE_VERSION) -----------------
+ *
+ *   struct sk_store_image   128 bytes: magic, version, fingerprint, shape,
+ *                           sizes, checksum of the body, checksum of the
+ *                           header
+ *   meta copy               M bytes: the live meta copy, verbatim
+ *   rows                    for l: for p < n_resident: K row of the slot
+ *                           at cache position p (D floats); then the same
+ *                           for V: 2 * L * n_resident * D floats
+ * Import checks everything (sizes, both checksums, the fingerprint, the
+ * meta copy's own checksum and consistency, every row against kv_sum)
+ * before a session exists.
+ *
+ * Threads: the store and object creation/removal belong to the loop
+ * thread; begin/commit/abort to whoever owns the session's cache at the
+ * time (the compute thread while a job runs). Library code: never logs.
+ */
+#ifndef SK_STORE_H
+#define SK_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "kvcache.h"
+#include "sampler.h"
+#include "sinkd/protocol.h"
+
+#define SK_STORE_LAYOUT_VERSION 1u
+#define SK_STORE_IMAGE_VERSION 1u
+#define SK_STORE_FP_SIZE 16u
+/* Page: section alignment and size granule of an object. */
+#define SK_STORE_PAGE 4096u
+/* Name of the folder, inside the state directory, that invalid objects
+ * are moved to. */
+#define SK_STORE_INVALID_DIR "invalid"
+
+/* Fixed header at offset 0 (256 bytes). Never written after creation. */
+struct sk_store_header {
+  char magic[8];             /* "SINKDSHM" */
+  uint32_t layout_version;   /* SK_STORE_LAYOUT_VERSION */
+  uint32_t header_size;      /* sizeof(struct sk_store_header) */
+  uint8_t model_fp[SK_STORE_FP_SIZE]; /* fingerprint of the model */
+  uint64_t session_id;       /* equals the id in the file name */
+  uint32_t owner_uid;        /* uid that opened the session */
+  uint32_t kv_layout_version;/* SK_KV_LAYOUT_VERSION of the meta part */
+  uint32_t n_vocab;          /* V: logits per meta copy */
+  uint32_t n_layer;          /* L */
+  uint32_t kv_dim;           /* D */
+  uint32_t capacity;         /* C: tokens the cache holds */
+  uint32_t policy;           /* enum sk_policy, fixed for the session */
+  uint32_t reserved0;
+  uint64_t created_unix;     /* seconds since the epoch */
+  uint64_t meta_size;        /* M: bytes of one meta copy, multiple of P */
+  uint64_t off_meta[2];      /* byte offsets of the meta copies */
+  uint64_t off_data;         /* byte offset of the data part */
+  uint64_t data_size;        /* bytes of the data part (K and V) */
+  uint64_t total_size;       /* bytes of the file */
+  uint8_t reserved[120];     /* zero */
+  uint64_t header_checksum;  /* XXH3-64 of the 248 bytes before it */
+};
+
+/* Flags of a meta copy. */
+#define SK_STORE_HAS_LOGITS 1u
+
+/* Start of a meta copy (128 bytes). */
+struct sk_store_meta {
+  uint64_t commit;           /* commit counter; 0 = not valid (being written) */
+  uint64_t checksum;         /* XXH3-64 of bytes [16, M), seed commit */
+  uint32_t magic;            /* SK_STORE_META_MAGIC */
+  uint32_t flags;            /* SK_STORE_HAS_LOGITS */
+  uint64_t off_kv;           /* offsets from the copy's start */
+  uint64_t off_logits;
+  uint64_t off_sum;
+  /* The session's sampler: parameters of the last generate and the PRNG
+   * words after its last committed draw (sampler.h). */
+  float temperature;
+  uint32_t top_k;
+  float top_p;
+  uint32_t reserved0;
+  uint64_t seed;
+  uint64_t rng[4];
+  uint64_t steps;            /* steps committed over the session's life */
+  uint8_t reserved[16];
+};
+#define SK_STORE_META_MAGIC 0x434d4b53u /* "SKMC" little-endian */
+
+/* Export image header (128 bytes). */
+struct sk_store_image {
+  char magic[8];             /* "SINKDEXP" */
+  uint32_t version;          /* SK_STORE_IMAGE_VERSION */
+  uint32_t header_size;      /* sizeof(struct sk_store_image) */
+  uint8_t model_fp[SK_STORE_FP_SIZE];
+  uint32_t n_vocab, n_layer, kv_dim, capacity;
+  uint32_t policy;
+  uint32_t n_resident;       /* rows per layer that follow */
+  uint64_t meta_size;        /* M */
+  uint64_t rows_size;        /* 2 * L * n_resident * D * 4 */
+  uint64_t total_size;       /* header + M + rows_size */
+  uint64_t body_checksum;    /* XXH3-64 of bytes [header_size, total_size) */
+  uint8_t reserved[32];
+  uint64_t header_checksum;  /* XXH3-64 of the 120 bytes before it */
+};
+
+/* A state directory. Opaque. */
+struct sk_store;
+
+/* One session object, mapped. The caller reads the public fields; the
+ * store writes them. */
+struct sk_store_obj {
+  struct sk_store *store;
+  uint64_t id;
+  uint32_t owner_uid;
+  size_t size;                    /* bytes of the file (= of tmpfs memory) */
+  /* View of the copy being shown: the live one between steps, the working
+   * one between sk_store_begin and sk_store_commit/abort. */
+  struct sk_kv kv;                /* the forward pass's view */
+  struct sk_store_meta *meta;     /* flags, sampler state */
+  float *logits;                  /* (n_vocab) */
+  /* Internal. */
+  struct sk_store_header *hdr;
+  void *map;
+  int live;                       /* index of the live meta copy */
+  bool in_step;
+  uint64_t step_seen;             /* n_seen of the live copy at begin */
+};
+
+struct sk_store_config {
+  const char *dir;                /* state directory */
+  uint8_t model_fp[SK_STORE_FP_SIZE];
+  struct sk_kv_shape shape;
+  uint32_t n_vocab;
+};
+
+/* Computes the model fingerprint (see above) of an opened GGUF into ret.
+ * Never fails (the GGUF was checked when opened). */
+void sk_store_fingerprint(const struct sk_gguf *g,
+                          uint8_t ret[SK_STORE_FP_SIZE]);
+/* Lowercase hex of a fingerprint into out (33 bytes). */
+void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]);
+
+/* Opens the state directory cfg->dir (created 0700, missing parents 0755,
+ * if absent; it must be a directory owned by the effective uid; an
+ * existing one keeps its mode, objects are 0600 anyway) and takes
+ * its lock (flock on "lock" inside), so that two daemons never share one.
+ * ret_tmpfs tells whether the directory is on tmpfs (the caller warns if
+ * not). Errors: -SK_ERR_IO (message: path and reason), -SK_ERR_BUSY
+ * (locked by another process), -SK_ERR_NO_MEMORY. */
+int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
+                  bool *ret_tmpfs, struct sk_error *err);
+/* Releases the lock and frees the store; every object must be freed
+ * first. NULL is fine. */
+void sk_store_close(struct sk_store *st);
+const char *sk_store_dir(const struct sk_store *st);
+
+/* Bytes of an object for a cache of this capacity (what it costs in
+ * tmpfs memory); 0 if the capacity is invalid or too large. */
+size_t sk_store_object_size(const struct sk_store *st, uint32_t capacity);
+
+/* What sk_store_scan reports for a file it does not adopt. */
+enum sk_store_skip {
+  SK_STORE_SET_ASIDE, /* invalid or foreign: moved to invalid/ */
+  SK_STORE_REMOVED,   /* an unfinished creation (*.tmp): deleted */
+  SK_STORE_KEPT,      /* could not be moved: left in place */
+};
+
+struct sk_store_scan_cb {
+  /* A valid object; the callee takes ownership of obj. */
+  void (*adopt)(void *user, struct sk_store_obj *obj);
+  /* A file not adopted: name (in the state directory), what was done
+   * (and `dest`, the new name, for SET_ASIDE), and why. */
+  void (*skip)(void *user, const char *name, enum sk_store_skip what,
+               const char *dest, const char *reason);
+  void *user;
+};
+
+/* Looks at every "session-<id>.skv" in the state directory in ascending
+ * id order and adopts the valid ones (same model fingerprint and shape,
+ * valid fixed header, a valid live meta copy, consistent counters, every
+ * resident slot's K/V matching its checksum); sets the others aside into
+ * invalid/ (never half-loaded); deletes "*.skv.tmp" leftovers. Other files
+ * are left alone. *ret_max_id receives the largest id seen (adopted or
+ * not), so new ids never collide. Errors: -SK_ERR_IO if the directory
+ * cannot be read (per-file problems are reported through cb->skip). */
+int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
+                  uint64_t *ret_max_id, struct sk_error *err);
+
+/* Checks one object file (a path anywhere) the way the scan does, without
+ * adopting it: on success *ret is a read-write mapping the caller frees
+ * with sk_store_obj_free. For tools and tests. Errors: -SK_ERR_BAD_REQUEST
+ * with the reason, -SK_ERR_IO. */
+int sk_store_obj_check(struct sk_store *st, const char *path,
+                       struct sk_store_obj **ret, struct sk_error *err);
+
+/* Creates the object of a new, empty session: file created 0600 under a
+ * temporary name, its pages reserved (posix_fallocate), formatted,
+ * committed (commit 1) and renamed into place, so it exists whole or not
+ * at all. sampler: the session's initial sampler state.
+ * Errors: -SK_ERR_BAD_REQUEST (params), -SK_ERR_BUSY (the state
+ * directory's file system is full), -SK_ERR_IO, -SK_ERR_NO_MEMORY. */
+int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+                    const struct sk_kv_params *params,
+                    const struct sk_sampler_state *sampler,
+                    struct sk_store_obj **ret, struct sk_error *err);
+/* Creates a new object (id, owner_uid) holding a copy of src's live state:
+ * meta copy and the K/V rows of its resident slots. src must not be in a
+ * step. Errors as sk_store_create. */
+int sk_store_fork(struct sk_store *st, const struct sk_store_obj *src,
+                  uint64_t id, uint32_t owner_uid, struct sk_store_obj **ret,
+                  struct sk_error *err);
+
+/* Size in bytes of src's export image now. */
+size_t sk_store_export_size(const struct sk_store_obj *src);
+/* Writes src's live state as an export image into buf[0..size), size =
+ * sk_store_export_size(src). src must not be in a step. */
+void sk_store_export(const struct sk_store_obj *src, void *buf, size_t size);
+
+/* What an export image holds, from sk_store_image_check. */
+struct sk_store_image_info {
+  uint32_t policy;
+  uint32_t capacity;
+  uint32_t n_resident;
+  uint64_t n_seen;
+  size_t object_size;  /* bytes an imported session will take */
+};
+/* Checks an export image of len bytes (the whole file): magic, version,
+ * header checksum, length (a truncated or extended file is named as such),
+ * body checksum, model fingerprint and shape, the meta copy's checksum and
+ * consistency. Errors: -SK_ERR_BAD_REQUEST with a clear reason. */
+int sk_store_image_check(const struct sk_store *st, const void *buf,
+                         size_t len, struct sk_store_image_info *ret,
+                         struct sk_error *err);
+/* Creates a new object (id, owner_uid) from a checked image, verifying
+ * every row against its checksum. Errors: those of sk_store_image_check
+ * and sk_store_create. */
+int sk_store_import(struct sk_store *st, const void *buf, size_t len,
+                    uint64_t id, uint32_t owner_uid,
+                    struct sk_store_obj **ret, struct sk_error *err);
+
+/* Unmaps the object and frees obj; the file stays (the session lives on
+ * for the next daemon). NULL is fine. */
+void sk_store_obj_free(struct sk_store_obj *obj);
+/* Deletes the object's file, then frees obj as sk_store_obj_free (the
+ * session is closed). NULL is fine. */
+void sk_store_obj_remove(struct sk_store_obj *obj);
+
+/* Starts a step (see the commit protocol): obj->kv, obj->meta and
+ * obj->logits show a working copy equal to the live one. */
+void sk_store_begin(struct sk_store_obj *obj);
+/* Commits the step begun: the working copy becomes live. */
+void sk_store_commit(struct sk_store_obj *obj);
+/* Drops the step begun: the view shows the live copy again. */
+void sk_store_abort(struct sk_store_obj *obj);
+/* Commit counter of the live copy. */
+uint64_t sk_store_commit_count(const struct sk_store_obj *obj);
+
+/* The sampler state kept in the view's meta copy. */
+void sk_store_sampler_get(const struct sk_store_obj *obj,
+                          struct sk_sampler_state *ret);
+void sk_store_sampler_set(struct sk_store_obj *obj,
+                          const struct sk_sampler_state *st);
+
+#endif
