@@ -92,6 +92,10 @@ static void help(void) {
       "  close ID              close a session\n"
       "  list                  list sessions\n"
       "  stats [ID]            daemon figures, or a session's\n"
+      "  resume ID             pick a session up again (after a daemon restart)\n"
+      "  fork ID               copy a session into a new one; print its id\n"
+      "  save ID FILE          export a session to FILE\n"
+      "  load FILE             import a session from FILE; print its id\n"
       "  ping                  check that the daemon answers\n"
       "  hello                 protocol version, model and defaults\n"
       "\n"
@@ -128,6 +132,8 @@ static void help(void) {
       "      --capacity N      cache size in tokens (dense)\n"
       "tokenize:\n"
       "      --no-bos          do not put the BOS token first\n"
+      "stats ID:\n"
+      "      --tokens          also print the resident token ids\n"
       "\n"
       "Exit status:\n"
       "  0  success\n"
@@ -284,6 +290,7 @@ enum opt_id {
   OPT_KEEP,
   OPT_PROGRESS,
   OPT_NO_PROGRESS,
+  OPT_TOKENS,
   OPT__END
 };
 
@@ -310,6 +317,7 @@ static const struct option long_options[] = {
     {"keep", no_argument, NULL, OPT_KEEP},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"tokens", no_argument, NULL, OPT_TOKENS},
     {NULL, 0, NULL, 0},
 };
 
@@ -331,6 +339,7 @@ struct opts {
   bool no_echo;
   struct sk_open_params open;
   bool no_bos;
+  bool tokens;
 };
 
 /* ---- commands --------------------------------------------------------- */
@@ -695,6 +704,9 @@ static void print_session_stats(const struct sk_session_stats *s) {
     printf("%-10s %" PRIu64 "-%" PRIu64 "\n", "positions", s->position_first, s->position_last);
   else
     printf("%-10s none\n", "positions");
+  printf("%-10s %" PRIu64 "\n", "commit", s->commit);
+  printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
+  printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
 }
 
 /* ---- chat -------------------------------------------------------------------- */
@@ -927,17 +939,19 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
       json_kv_u64(stdout, &first, "capacity", s[i].capacity);
       json_kv_u64(stdout, &first, "resident", s[i].resident);
       json_kv_u64(stdout, &first, "seen", s[i].seen);
+      json_key(stdout, &first, "adopted");
+      fputs(s[i].adopted ? "true" : "false", stdout);
       fputc('}', stdout);
     }
     fputs("]}\n", stdout);
   } else {
-    printf("%-10s %-12s %10s %10s %14s\n", "SESSION", "POLICY", "CAPACITY",
-           "RESIDENT", "SEEN");
+    printf("%-10s %-12s %10s %10s %14s %s\n", "SESSION", "POLICY", "CAPACITY",
+           "RESIDENT", "SEEN", "ADOPTED");
     for (size_t i = 0; i < n; i++)
       printf("%-10" PRIu64 " %-12s %10" PRIu64 " %10" PRIu64 " %14" PRIu64
-             "\n",
+             " %s\n",
              s[i].session, s[i].policy, s[i].capacity, s[i].resident,
-             s[i].seen);
+             s[i].seen, s[i].adopted ? "yes" : "no");
   }
   free(s);
   return 0;
@@ -960,6 +974,15 @@ static void out_str(struct kv_out *k, const char *key, const char *v) {
     json_kv_str(stdout, &k->first, key, v);
   else
     printf("%s: %s\n", key, v);
+}
+
+static void out_bool(struct kv_out *k, const char *key, bool v) {
+  if (k->json) {
+    json_key(stdout, &k->first, key);
+    fputs(v ? "true" : "false", stdout);
+  } else {
+    printf("%s: %s\n", key, v ? "yes" : "no");
+  }
 }
 
 static void out_begin(struct kv_out *k) {
@@ -997,6 +1020,12 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
       out_u64(&k, "uptime_s", s.uptime_s);
       out_u64(&k, "tokens_prefilled", s.tokens_prefilled);
       out_u64(&k, "tokens_generated", s.tokens_generated);
+      out_u64(&k, "max_sessions", s.max_sessions);
+      out_u64(&k, "memory_bytes", s.memory_bytes);
+      out_u64(&k, "max_memory", s.max_memory);
+      out_u64(&k, "adopted", s.adopted);
+      out_u64(&k, "set_aside", s.set_aside);
+      out_u64(&k, "idle_ttl_s", s.idle_ttl_s);
       out_end(&k);
       return 0;
     }
@@ -1007,12 +1036,32 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     printf("%-17s %s\n", "uptime", up);
     printf("%-17s %" PRIu64 "\n", "tokens prefilled", s.tokens_prefilled);
     printf("%-17s %" PRIu64 "\n", "tokens generated", s.tokens_generated);
+    char mem[32], maxmem[32];
+    human_bytes(s.memory_bytes, mem, sizeof mem);
+    human_bytes(s.max_memory, maxmem, sizeof maxmem);
+    printf("%-17s %s of %s (%" PRIu64 " bytes)\n", "session memory", mem, maxmem, s.memory_bytes);
+    printf("%-17s %" PRIu64 "\n", "max sessions", s.max_sessions);
+    printf("%-17s %" PRIu64 " adopted, %" PRIu64 " set aside\n", "at start", s.adopted,
+           s.set_aside);
+    if (s.idle_ttl_s)
+      printf("%-17s %" PRIu64 " s\n", "idle ttl", s.idle_ttl_s);
+    else
+      printf("%-17s never\n", "idle ttl");
     return 0;
   }
   struct sk_session_stats s;
   if (sk_client_session_stats(c, id, &s, &e) < 0) return report(c, &e);
   if (!o->json) {
     print_session_stats(&s);
+    if (o->tokens) {
+      int32_t *toks = NULL;
+      size_t n = 0;
+      if (sk_client_session_tokens(c, id, &toks, &n, &e) < 0) return report(c, &e);
+      printf("%-10s", "tokens");
+      for (size_t i = 0; i < n; i++) printf(" %" PRId32, toks[i]);
+      putchar('\n');
+      free(toks);
+    }
     return 0;
   }
   out_begin(&k);
@@ -1030,7 +1079,101 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
   else
     fputs("[]", stdout);
+  out_u64(&k, "commit", s.commit);
+  out_bool(&k, "adopted", s.adopted);
+  out_u64(&k, "idle_s", s.idle_s);
+  if (o->tokens) {
+    int32_t *toks = NULL;
+    size_t n = 0;
+    if (sk_client_session_tokens(c, id, &toks, &n, &e) < 0) {
+      out_end(&k);
+      return report(c, &e);
+    }
+    json_key(stdout, &k.first, "tokens");
+    fputc('[', stdout);
+    for (size_t i = 0; i < n; i++) printf("%s%" PRId32, i ? ", " : "", toks[i]);
+    fputc(']', stdout);
+    free(toks);
+  }
   out_end(&k);
+  return 0;
+}
+
+/* resume, fork, load: a session summary; text mode prints only the id for
+ * fork and load (for scripts), everything for resume. */
+static void print_summary(const struct opts *o, const struct sk_session_summary *s,
+                          bool id_only, const char *file, size_t bytes) {
+  if (id_only && !o->json) {
+    printf("%" PRIu64 "\n", s->session);
+    return;
+  }
+  struct kv_out k = {.json = o->json, .first = true};
+  out_begin(&k);
+  out_u64(&k, "session", s->session);
+  if (s->from) out_u64(&k, "from", s->from);
+  if (file) {
+    out_str(&k, "file", file);
+    out_u64(&k, "bytes", bytes);
+  }
+  out_str(&k, "policy", s->policy);
+  out_u64(&k, "capacity", s->capacity);
+  out_u64(&k, "kv_bytes", s->kv_bytes);
+  out_u64(&k, "resident", s->resident);
+  out_u64(&k, "seen", s->seen);
+  out_u64(&k, "evicted", s->evicted);
+  out_u64(&k, "commit", s->commit);
+  out_bool(&k, "adopted", s->adopted);
+  out_end(&k);
+}
+
+static int cmd_resume(struct sk_client *c, const struct opts *o, uint64_t id) {
+  struct sk_error e;
+  struct sk_session_summary s;
+  if (sk_client_resume(c, id, &s, &e) < 0) return report(c, &e);
+  print_summary(o, &s, false, NULL, 0);
+  return 0;
+}
+
+static int cmd_fork(struct sk_client *c, const struct opts *o, uint64_t id) {
+  struct sk_error e;
+  struct sk_session_summary s;
+  if (sk_client_fork(c, id, &s, &e) < 0) return report(c, &e);
+  print_summary(o, &s, true, NULL, 0);
+  return 0;
+}
+
+static int cmd_save(struct sk_client *c, const struct opts *o, uint64_t id,
+                    const char *path) {
+  struct sk_error e;
+  size_t bytes = 0;
+  if (sk_client_save(c, id, path, &bytes, &e) < 0) {
+    if (e.code == SK_ERR_IO && sk_client_connected(c)) {
+      fprintf(stderr, "%s: %s\n", prog, e.message);
+      return EXIT_FAILURE;
+    }
+    return report(c, &e);
+  }
+  if (o->json) {
+    printf("{\"session\": %" PRIu64 ", \"file\": ", id);
+    json_cstr(stdout, path);
+    printf(", \"bytes\": %zu}\n", bytes);
+  } else {
+    printf("session %" PRIu64 " saved to %s (%zu bytes)\n", id, path, bytes);
+  }
+  return 0;
+}
+
+static int cmd_load(struct sk_client *c, const struct opts *o, const char *path) {
+  struct sk_error e;
+  struct sk_session_summary s;
+  if (sk_client_load(c, path, &s, &e) < 0) {
+    if (e.code == SK_ERR_IO && sk_client_connected(c)) {
+      fprintf(stderr, "%s: %s\n", prog, e.message);
+      return EXIT_FAILURE;
+    }
+    return report(c, &e);
+  }
+  print_summary(o, &s, true, NULL, 0);
   return 0;
 }
 
@@ -1106,6 +1249,10 @@ enum cmd {
   CMD_STATS,
   CMD_PING,
   CMD_HELLO,
+  CMD_RESUME,
+  CMD_FORK,
+  CMD_SAVE,
+  CMD_LOAD,
 };
 
 static const struct {
@@ -1131,7 +1278,11 @@ static const struct {
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY, 0}},
     {"close", CMD_CLOSE, 1, 1, "session ID", (const int[]){0}},
     {"list", CMD_LIST, 0, 0, NULL, (const int[]){0}},
-    {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){0}},
+    {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){OPT_TOKENS, 0}},
+    {"resume", CMD_RESUME, 1, 1, "session ID", (const int[]){0}},
+    {"fork", CMD_FORK, 1, 1, "session ID", (const int[]){0}},
+    {"save", CMD_SAVE, 2, 2, "session ID and FILE", (const int[]){0}},
+    {"load", CMD_LOAD, 1, 1, "FILE", (const int[]){0}},
     {"ping", CMD_PING, 0, 0, NULL, (const int[]){0}},
     {"hello", CMD_HELLO, 0, 0, NULL, (const int[]){0}},
 };
@@ -1209,6 +1360,7 @@ static void parse_options(int argc, char **argv, struct opts *o) {
     case OPT_KEEP:
     case OPT_PROGRESS:
     case OPT_NO_PROGRESS: break; /* read from o->given */
+    case OPT_TOKENS: o->tokens = true; break;
     case ':':
       usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
@@ -1256,8 +1408,12 @@ int main(int argc, char **argv) {
   /* Arguments are checked before connecting: a typo is a usage error
    * whether or not the daemon runs. */
   uint64_t id = 0;
-  if (commands[ci].cmd == CMD_CLOSE || (commands[ci].cmd == CMD_STATS && nargs))
+  enum cmd cmd = commands[ci].cmd;
+  if (cmd == CMD_CLOSE || (cmd == CMD_STATS && nargs) || cmd == CMD_RESUME ||
+      cmd == CMD_FORK || cmd == CMD_SAVE)
     id = parse_u64(name, args[0], 0, UINT64_MAX);
+  if (o.tokens && !(cmd == CMD_STATS && nargs))
+    usage_error("--tokens: needs a session ID (stats ID --tokens)");
   if (commands[ci].cmd == CMD_DETOKENIZE)
     for (int i = 0; i < nargs; i++) parse_u64(name, args[i], 0, INT32_MAX);
 
@@ -1278,6 +1434,10 @@ int main(int argc, char **argv) {
   case CMD_STATS: status = cmd_stats(c, &o, nargs > 0, id); break;
   case CMD_PING: status = cmd_ping(c, &o); break;
   case CMD_HELLO: status = cmd_hello(c, &o); break;
+  case CMD_RESUME: status = cmd_resume(c, &o, id); break;
+  case CMD_FORK: status = cmd_fork(c, &o, id); break;
+  case CMD_SAVE: status = cmd_save(c, &o, id, args[1]); break;
+  case CMD_LOAD: status = cmd_load(c, &o, args[0]); break;
   }
   sk_client_free(c);
   free(o.stops);

@@ -416,6 +416,14 @@ static int sk__reply_u32(struct sk_client *c, const msgpack_object *map,
   return 0;
 }
 
+/* A bool field: absent leaves *ret as is. */
+static int sk__reply_bool(struct sk_client *c, const msgpack_object *map,
+                          const char *key, bool *ret, struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_bool(map, key, ret, &perr);
+  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
+}
+
 /* A string field copied into dst[size] (truncated, NUL-terminated). */
 static int sk__reply_name(struct sk_client *c, const msgpack_object *map,
                           const char *key, char *dst, size_t size,
@@ -586,7 +594,13 @@ int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
       (rc = sk__reply_u64(client, r, "tokens_prefilled", &s.tokens_prefilled,
                           err)) == 0 &&
       (rc = sk__reply_u64(client, r, "tokens_generated", &s.tokens_generated,
-                          err)) == 0)
+                          err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "max_sessions", &s.max_sessions, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "memory_bytes", &s.memory_bytes, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "max_memory", &s.max_memory, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "adopted", &s.adopted, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "set_aside", &s.set_aside, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "idle_ttl_s", &s.idle_ttl_s, err)) == 0)
     *ret = s;
   sk_msg_free(&reply);
   return rc;
@@ -676,7 +690,8 @@ int sk_client_list(struct sk_client *client,
                              sizeof s->policy, err)) < 0 ||
         (rc = sk__reply_u64(client, o, "capacity", &s->capacity, err)) < 0 ||
         (rc = sk__reply_u64(client, o, "resident", &s->resident, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0)
+        (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0 ||
+        (rc = sk__reply_bool(client, o, "adopted", &s->adopted, err)) < 0)
       goto out;
   }
   *ret_sessions = rows;
@@ -706,7 +721,10 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
       (rc = sk__reply_u64(client, r, "resident", &s.resident, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "seen", &s.seen, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "evicted", &s.evicted, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "kv_bytes", &s.kv_bytes, err)) < 0)
+      (rc = sk__reply_u64(client, r, "kv_bytes", &s.kv_bytes, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "commit", &s.commit, err)) < 0 ||
+      (rc = sk__reply_bool(client, r, "adopted", &s.adopted, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "idle_s", &s.idle_s, err)) < 0)
     goto out;
   struct sk_error perr;
   const msgpack_object_array *pos;
@@ -1042,6 +1060,297 @@ int sk_client_cancel(struct sk_client *client, uint64_t session,
     rc = 0;
   if (rc == 0 && ret_cancelled) *ret_cancelled = cancelled;
   sk_msg_free(&reply);
+  return rc;
+}
+
+
+/* ---- persistence ------------------------------------------------------ */
+
+/* Bytes per import chunk to start with; halved while the daemon answers
+ * too_large (its frame limit may be set low). */
+#define SK__IMPORT_CHUNK (256u * 1024u)
+#define SK__IMPORT_CHUNK_MIN 1024u
+/* Largest file sk_client_load reads: far above any session cache this
+ * daemon can hold, and a bound on what a wrong path can make us read. */
+#define SK__LOAD_MAX ((uint64_t)64 << 30)
+
+static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
+                             struct sk_session_summary *ret,
+                             struct sk_error *err) {
+  struct sk_session_summary s;
+  memset(&s, 0, sizeof s);
+  struct sk_error perr;
+  int rc = sk_msg_need_u64(r, "session", UINT64_MAX, &s.session, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if ((rc = sk__reply_name(c, r, "policy", s.policy, sizeof s.policy, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "capacity", &s.capacity, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "kv_bytes", &s.kv_bytes, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "resident", &s.resident, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "seen", &s.seen, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "evicted", &s.evicted, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "commit", &s.commit, err)) < 0 ||
+      (rc = sk__reply_bool(c, r, "adopted", &s.adopted, err)) < 0 ||
+      (rc = sk__reply_u64(c, r, "from", &s.from, err)) < 0)
+    return rc;
+  if (ret) *ret = s;
+  return 0;
+}
+
+static int sk__client_summary_op(struct sk_client *c, const char *op,
+                                 uint64_t session,
+                                 struct sk_session_summary *ret,
+                                 struct sk_error *err) {
+  struct sk_msg reply;
+  int rc = sk__client_on_session(c, op, session, &reply, err);
+  if (rc < 0) return rc;
+  rc = sk__reply_summary(c, &reply.root, ret, err);
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_resume(struct sk_client *client, uint64_t session,
+                     struct sk_session_summary *ret, struct sk_error *err) {
+  return sk__client_summary_op(client, "resume", session, ret, err);
+}
+
+int sk_client_fork(struct sk_client *client, uint64_t session,
+                   struct sk_session_summary *ret, struct sk_error *err) {
+  return sk__client_summary_op(client, "fork", session, ret, err);
+}
+
+int sk_client_session_tokens(struct sk_client *client, uint64_t session,
+                             int32_t **ret_tokens, size_t *ret_n,
+                             struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "stats", 2, &id, err)) < 0) return rc;
+  sk_pack_kv_u64(&b.pk, "session", session);
+  sk_pack_kv_bool(&b.pk, "tokens", true);
+  struct sk_msg reply;
+  if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  int32_t *ids = NULL;
+  rc = sk_msg_get_array(&reply.root, "tokens", &a, &perr);
+  if (rc <= 0) {
+    rc = sk__client_bad_reply(client, err,
+                              rc < 0 ? perr.message : "missing field 'tokens'");
+    goto out;
+  }
+  rc = 0;
+  if (a->size > 0 && !(ids = malloc(a->size * sizeof *ids))) {
+    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    goto out;
+  }
+  for (uint32_t i = 0; i < a->size; i++)
+    if (!sk__obj_i32(&a->ptr[i], &ids[i])) {
+      rc = sk__client_bad_reply(client, err, "field 'tokens' must hold token ids");
+      goto out;
+    }
+  *ret_tokens = ids;
+  *ret_n = a->size;
+  ids = NULL;
+out:
+  free(ids);
+  sk_msg_free(&reply);
+  return rc;
+}
+
+int sk_client_export(struct sk_client *client, uint64_t session,
+                     void **ret_data, size_t *ret_len, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  struct sk_msgbuf b;
+  uint64_t id;
+  if ((rc = sk__client_begin(client, &b, "export", 1, &id, err)) < 0) return rc;
+  sk_pack_kv_u64(&b.pk, "session", session);
+  if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    struct sk_msg msg;
+    uint64_t got;
+    if ((rc = sk__client_recv(client, &msg, &got, err)) < 0) goto fail;
+    const msgpack_object *r = &msg.root;
+    if (got != id && got != 0) {
+      sk_msg_free(&msg);
+      rc = sk__client_fail(client, err, SK_ERR_PROTOCOL,
+                           "reply with id %" PRIu64 " while waiting for %" PRIu64, got, id);
+      goto fail;
+    }
+    struct sk_error perr;
+    const char *event;
+    size_t event_len;
+    rc = got == id ? sk_msg_get_str(r, "event", &event, &event_len, &perr) : 0;
+    if (rc < 0) {
+      sk_msg_free(&msg);
+      rc = sk__client_bad_reply(client, err, perr.message);
+      goto fail;
+    }
+    if (rc == 1) {
+      uint64_t off = UINT64_MAX;
+      const char *data;
+      size_t n;
+      if (event_len == 4 && memcmp(event, "data", 4) == 0) {
+        if (sk_msg_get_u64(r, "offset", UINT64_MAX, &off, &perr) != 1 || off != len ||
+            sk_msg_get_str(r, "data", &data, &n, &perr) != 1) {
+          sk_msg_free(&msg);
+          rc = sk__client_bad_reply(client, err, "export data event out of order");
+          goto fail;
+        }
+        if (len + n > cap) {
+          size_t nc = cap ? cap : n;
+          while (nc < len + n) nc *= 2;
+          char *nb = realloc(buf, nc);
+          if (!nb) {
+            sk_msg_free(&msg);
+            rc = sk__client_fail(client, err, SK_ERR_NO_MEMORY, "out of memory for an export");
+            goto fail;
+          }
+          buf = nb;
+          cap = nc;
+        }
+        memcpy(buf + len, data, n);
+        len += n;
+      }
+      sk_msg_free(&msg);
+      continue;
+    }
+    rc = sk__client_status(client, &msg, err);
+    uint64_t bytes = 0;
+    if (rc == 0 && got == 0)
+      rc = sk__client_fail(client, err, SK_ERR_PROTOCOL,
+                           "reply with id 0 while waiting for %" PRIu64, id);
+    if (rc == 0 && (rc = sk__reply_u64(client, r, "bytes", &bytes, err)) == 0 &&
+        bytes != len)
+      rc = sk__client_bad_reply(client, err, "export size differs from the data received");
+    sk_msg_free(&msg);
+    if (rc < 0) goto fail;
+    *ret_data = buf;
+    *ret_len = len;
+    return 0;
+  }
+fail:
+  free(buf);
+  return rc;
+}
+
+int sk_client_import(struct sk_client *client, const void *data, size_t len,
+                     struct sk_session_summary *ret, struct sk_error *err) {
+  int rc = sk__client_check(client, err);
+  if (rc < 0) return rc;
+  if (!data && len > 0) return sk_error_set(err, SK_ERR_BAD_REQUEST, "data is NULL");
+  size_t chunk = SK__IMPORT_CHUNK, off = 0;
+  for (;;) {
+    size_t n = len - off < chunk ? len - off : chunk;
+    struct sk_msgbuf b;
+    uint64_t id;
+    if ((rc = sk__client_begin(client, &b, "import", 3, &id, err)) < 0) return rc;
+    sk_pack_kv_u64(&b.pk, "total", len);
+    sk_pack_kv_u64(&b.pk, "offset", off);
+    sk_pack_cstr(&b.pk, "data");
+    msgpack_pack_bin(&b.pk, n);
+    msgpack_pack_bin_body(&b.pk, (const char *)data + off, n);
+    struct sk_msg reply;
+    struct sk_error e2;
+    rc = sk__client_call(client, &b, id, &reply, &e2);
+    if (rc == -SK_ERR_TOO_LARGE && sk_client_connected(client) && chunk > SK__IMPORT_CHUNK_MIN) {
+      /* The daemon's frame limit is lower: the chunk was refused unread
+       * and the import stands where it was. */
+      chunk /= 2;
+      continue;
+    }
+    if (rc < 0) {
+      if (err) *err = e2;
+      return rc;
+    }
+    off += n;
+    if (off >= len) {
+      rc = sk__reply_summary(client, &reply.root, ret, err);
+      sk_msg_free(&reply);
+      return rc;
+    }
+    sk_msg_free(&reply);
+  }
+}
+
+int sk_client_save(struct sk_client *client, uint64_t session, const char *path,
+                   size_t *ret_bytes, struct sk_error *err) {
+  void *data = NULL;
+  size_t len = 0;
+  int rc = sk_client_export(client, session, &data, &len, err);
+  if (rc < 0) return rc;
+  char tmp[PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) {
+    free(data);
+    return sk_error_set(err, SK_ERR_IO, "path %s is too long", path);
+  }
+  int fd = mkstemp(tmp); /* mode 0600 */
+  if (fd < 0) {
+    int e = errno;
+    free(data);
+    return sk_error_set(err, SK_ERR_IO, "cannot create a file next to %s: %s", path,
+                        strerror(e));
+  }
+  const char *p = data;
+  size_t left = len;
+  while (left > 0) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : EIO;
+      close(fd);
+      unlink(tmp);
+      free(data);
+      return sk_error_set(err, SK_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  free(data);
+  if (fsync(fd) < 0 || close(fd) < 0) {
+    int e = errno;
+    unlink(tmp);
+    return sk_error_set(err, SK_ERR_IO, "cannot write %s: %s", tmp, strerror(e));
+  }
+  if (rename(tmp, path) < 0) {
+    int e = errno;
+    unlink(tmp);
+    return sk_error_set(err, SK_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(e));
+  }
+  if (ret_bytes) *ret_bytes = len;
+  return 0;
+}
+
+int sk_client_load(struct sk_client *client, const char *path,
+                   struct sk_session_summary *ret, struct sk_error *err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return sk_error_set(err, SK_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 ||
+      (uint64_t)sb.st_size > SK__LOAD_MAX) {
+    fclose(f);
+    return sk_error_set(err, SK_ERR_IO, "%s is not a regular file of at most %llu bytes",
+                        path, (unsigned long long)SK__LOAD_MAX);
+  }
+  size_t len = (size_t)sb.st_size;
+  char *data = malloc(len ? len : 1);
+  if (!data) {
+    fclose(f);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for %zu bytes", len);
+  }
+  size_t got = len ? fread(data, 1, len, f) : 0;
+  int e = ferror(f) ? errno : 0;
+  fclose(f);
+  if (got != len) {
+    free(data);
+    return sk_error_set(err, SK_ERR_IO, "cannot read %s: %s", path,
+                        e ? strerror(e) : "file changed size");
+  }
+  int rc = sk_client_import(client, data, len, ret, err);
+  free(data);
   return rc;
 }
 

@@ -854,12 +854,13 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_cstr(&b.pk, "sessions");
     msgpack_pack_array(&b.pk, 2);
     for (int i = 0; i < 2; i++) {
-      msgpack_pack_map(&b.pk, 5);
+      msgpack_pack_map(&b.pk, 6);
       sk_pack_kv_u64(&b.pk, "session", 7 + (uint64_t)i);
       sk_pack_kv_str(&b.pk, "policy", i ? "dense" : "streaming");
       sk_pack_kv_u64(&b.pk, "capacity", 260);
       sk_pack_kv_u64(&b.pk, "resident", 100 + (uint64_t)i);
       sk_pack_kv_u64(&b.pk, "seen", 5000000000u);
+      sk_pack_kv_bool(&b.pk, "adopted", i == 0);
     }
     fake_write(fd, &b);
   } else if (OP("stats") && has_session == 1) {
@@ -884,12 +885,14 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     }
     fake_write(fd, &b);
   } else if (OP("stats")) {
-    fake_begin(&b, id, 5);
+    fake_begin(&b, id, 7);
     sk_pack_kv_u64(&b.pk, "sessions", 2);
     sk_pack_kv_u64(&b.pk, "clients", 1);
     sk_pack_kv_u64(&b.pk, "uptime_s", 60);
     sk_pack_kv_u64(&b.pk, "tokens_prefilled", 123);
     sk_pack_kv_u64(&b.pk, "tokens_generated", 456);
+    sk_pack_kv_u64(&b.pk, "memory_bytes", 8192);
+    sk_pack_kv_u64(&b.pk, "adopted", 1);
     fake_write(fd, &b);
   } else if (OP("append")) {
     fake_begin(&b, id, 5);
@@ -1603,11 +1606,11 @@ static void test_sinkctl(void **state) {
   assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
   assert_string_equal(out,
                       "SESSION    POLICY         CAPACITY   RESIDENT           "
-                      "SEEN\n"
+                      "SEEN ADOPTED\n"
                       "7          streaming           260        100     "
-                      "5000000000\n"
+                      "5000000000 yes\n"
                       "8          dense               260        101     "
-                      "5000000000\n");
+                      "5000000000 no\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
   assert_string_equal(out,
                       "session    7\n"
@@ -1631,7 +1634,9 @@ static void test_sinkctl(void **state) {
   assert_string_equal(out,
                       "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "
                       "\"tokens_prefilled\": 123, \"tokens_generated\": "
-                      "456}\n");
+                      "456, \"max_sessions\": 0, \"memory_bytes\": 8192, "
+                      "\"max_memory\": 0, \"adopted\": 1, \"set_aside\": 0, "
+                      "\"idle_ttl_s\": 0}\n");
   assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
   assert_memory_equal(out, "pong (", 6);
   assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);

@@ -131,6 +131,12 @@ struct sk_daemon_stats {
   uint64_t uptime_s;         /* seconds */
   uint64_t tokens_prefilled; /* since start */
   uint64_t tokens_generated; /* since start */
+  uint64_t max_sessions;     /* limit for new sessions */
+  uint64_t memory_bytes;     /* bytes of all session objects (exact) */
+  uint64_t max_memory;       /* limit for memory_bytes */
+  uint64_t adopted;          /* sessions adopted from the state dir at start */
+  uint64_t set_aside;        /* invalid objects set aside at start */
+  uint64_t idle_ttl_s;       /* idle sessions are closed after this; 0 never */
 };
 
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
@@ -173,6 +179,7 @@ struct sk_session_info {
   uint64_t capacity; /* tokens */
   uint64_t resident; /* tokens in the cache now */
   uint64_t seen;     /* tokens the session has seen in total */
+  bool adopted;      /* found in the state directory when the daemon started */
 };
 
 /* Lists the sessions the caller may see. On success *ret_sessions is a
@@ -196,11 +203,78 @@ struct sk_session_stats {
   bool has_positions;      /* false when the cache is empty */
   uint64_t position_first; /* cache positions in use, inclusive */
   uint64_t position_last;
+  uint64_t commit;   /* steps committed to its shared-memory object, +1 */
+  bool adopted;      /* found in the state directory when the daemon started */
+  uint64_t idle_s;   /* seconds since its last request or job */
 };
 
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
                             struct sk_session_stats *ret,
                             struct sk_error *err);
+
+/* The resident tokens of a session, in cache-position order (what the
+ * model attends to; `stats` with "tokens"). Waits for jobs queued on the
+ * session. On success *ret_tokens is a malloc'd array of *ret_n ids the
+ * caller frees (NULL when empty). */
+int sk_client_session_tokens(struct sk_client *client, uint64_t session,
+                             int32_t **ret_tokens, size_t *ret_n,
+                             struct sk_error *err);
+
+/* ---- persistence ------------------------------------------------------ */
+
+/* Sessions live in shared memory and survive a daemon restart (see
+ * sinkd(8)). A session as resume, fork and import describe it. */
+struct sk_session_summary {
+  uint64_t session;  /* its id */
+  char policy[SK_CLIENT_NAME_MAX];
+  uint64_t capacity; /* tokens */
+  uint64_t kv_bytes; /* bytes of its shared-memory object */
+  uint64_t resident; /* tokens in the cache */
+  uint64_t seen;     /* tokens seen in total */
+  uint64_t evicted;  /* tokens evicted in total */
+  uint64_t commit;   /* commit counter of its object */
+  bool adopted;      /* found in the state directory when the daemon started */
+  uint64_t from;     /* fork: the session it was copied from; else 0 */
+};
+
+/* Picks a session up again by id (after a daemon restart: it was adopted
+ * from the state directory) and reports where it stands. ret may be
+ * NULL. Errors: no_such_session, forbidden. */
+int sk_client_resume(struct sk_client *client, uint64_t session,
+                     struct sk_session_summary *ret, struct sk_error *err);
+
+/* Creates a new session from a copy of another's cache and state (no
+ * recomputation: a prompt prefilled once serves many conversations). Runs
+ * after the jobs queued on the source. ret->session is the new id, ret->from
+ * the source. Errors: busy (limits), no_such_session, forbidden. */
+int sk_client_fork(struct sk_client *client, uint64_t session,
+                   struct sk_session_summary *ret, struct sk_error *err);
+
+/* Exports a session (its committed state after the jobs queued on it) as
+ * an image: on success *ret_data is a malloc'd buffer of *ret_len bytes
+ * the caller frees. The image is checksummed and tied to the daemon's
+ * model. */
+int sk_client_export(struct sk_client *client, uint64_t session,
+                     void **ret_data, size_t *ret_len, struct sk_error *err);
+
+/* Imports an image of len bytes as a new session (for the caller's uid):
+ * sent in chunks; the daemon checks it whole (size, checksums, model)
+ * before the session exists. ret may be NULL. Errors: bad_request naming
+ * what is wrong with the image (truncated, corrupted, another model),
+ * busy (limits). */
+int sk_client_import(struct sk_client *client, const void *data, size_t len,
+                     struct sk_session_summary *ret, struct sk_error *err);
+
+/* sk_client_export into a file at path, written 0600 under a temporary
+ * name and renamed (a partial file never has the name). *ret_bytes (may
+ * be NULL) gets its size. Errors: those of export, -SK_ERR_IO. */
+int sk_client_save(struct sk_client *client, uint64_t session,
+                   const char *path, size_t *ret_bytes, struct sk_error *err);
+
+/* Reads the file at path and imports it. Errors: those of import,
+ * -SK_ERR_IO. */
+int sk_client_load(struct sk_client *client, const char *path,
+                   struct sk_session_summary *ret, struct sk_error *err);
 
 /* ---- append ----------------------------------------------------------- */
 
