@@ -1,0 +1,675 @@
+/* The shared-memory store (store.h) with the real model: a session driven
+ * through the store computes bit for bit what a plain cache computes;
+ * committed steps survive, an uncommitted step leaves the previous
+ * commit; every kind of bad object is set aside with its reason while
+ * good ones are adopted; fork and export/import copy a session exactly;
+ * a flipped byte or a truncation of an image is refused; sizes are exact;
+ * a state directory has one daemon at a time. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gguf.h"
+#include "kvcache.h"
+#include "model.h"
+#include "store.h"
+#include "testutil.h"
+
+struct fixture {
+  struct sk_gguf *g;
+  struct sk_model *m;
+  struct sk_scratch *scr;
+  uint32_t n_vocab;
+  struct sk_store_config cfg;
+};
+static struct fixture fx;
+
+static int setup(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  if (sk_gguf_open(sk_test_model_path(), &fx.g, &err) < 0 ||
+      sk_model_load(fx.g, &fx.m, &err) < 0 || sk_scratch_new(fx.m, 16, 64, &fx.scr, &err) < 0) {
+    fprintf(stderr, "setup: %s\n", err.message);
+    return -1;
+  }
+  fx.n_vocab = sk_model_config(fx.m)->n_vocab;
+  fx.cfg.shape = sk_model_kv_shape(fx.m);
+  fx.cfg.n_vocab = fx.n_vocab;
+  sk_store_fingerprint(fx.g, fx.cfg.model_fp);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  sk_scratch_free(fx.scr);
+  sk_model_free(fx.m);
+  sk_gguf_close(fx.g);
+  return 0;
+}
+
+/* A fresh state directory (tmpfs when /dev/shm exists). */
+static char *new_dir(void) {
+  char *p = strdup("/dev/shm/sinkd-store-test.XXXXXX");
+  assert_non_null(p);
+  if (!mkdtemp(p)) {
+    free(p);
+    return sk_test_tmpdir();
+  }
+  return p;
+}
+
+static struct sk_store *open_store(const char *dir) {
+  struct sk_store_config c = fx.cfg;
+  c.dir = dir;
+  struct sk_store *st = NULL;
+  struct sk_error err = {0};
+  bool tmpfs;
+  if (sk_store_open(&c, &st, &tmpfs, &err) < 0) fail_msg("sk_store_open: %s", err.message);
+  return st;
+}
+
+static const struct sk_kv_params streaming16 = {
+    .policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 12, .rope_scale = 1.0f};
+
+static struct sk_store_obj *create(struct sk_store *st, uint64_t id,
+                                   const struct sk_kv_params *p) {
+  struct sk_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+                                 .seed = id};
+  struct sk_sampler_state ss;
+  sk_sampler_state_seed(&ss, &sp);
+  struct sk_store_obj *obj = NULL;
+  struct sk_error err = {0};
+  if (sk_store_create(st, id, 1000, p, &ss, &obj, &err) < 0)
+    fail_msg("sk_store_create: %s", err.message);
+  return obj;
+}
+
+/* Token of stream index i in these tests. */
+static int32_t tok_at(uint64_t i) { return (int32_t)(3 + (i * 37) % 400); }
+
+/* What compute.c does for a chunk, on a plain cache or the store's view. */
+static void run_chunk(struct sk_kv *kv, float *logits, uint32_t n) {
+  struct sk_error err = {0};
+  if (sk_kv_free_slots(kv) == 0) {
+    assert_int_equal(sk_kv_make_room(kv, 1, NULL, &err), 0);
+    n = 1;
+  }
+  if (n > sk_kv_free_slots(kv)) n = sk_kv_free_slots(kv);
+  int32_t toks[16];
+  assert_true(n <= 16);
+  for (uint32_t i = 0; i < n; i++) toks[i] = tok_at(kv->hdr->n_seen + i);
+  if (sk_model_forward(fx.m, fx.scr, kv, toks, n, logits, false, &err) < 0)
+    fail_msg("forward: %s", err.message);
+}
+
+/* One committed step on obj. */
+static void step(struct sk_store_obj *obj, uint32_t n) {
+  sk_store_begin(obj);
+  run_chunk(&obj->kv, obj->logits, n);
+  obj->meta->flags |= SK_STORE_HAS_LOGITS;
+  sk_store_commit(obj);
+}
+
+/* The two caches hold the same tokens at the same positions with the same
+ * keys and values, and the same counters. */
+static void assert_same_cache(const struct sk_kv *a, const struct sk_kv *b) {
+  assert_int_equal(a->hdr->n_resident, b->hdr->n_resident);
+  assert_int_equal(a->hdr->n_seen, b->hdr->n_seen);
+  assert_int_equal(a->hdr->n_evicted, b->hdr->n_evicted);
+  const size_t row = a->hdr->kv_dim * sizeof(float);
+  for (uint32_t p = 0; p < a->hdr->n_resident; p++) {
+    uint32_t sa = sk_kv_slot(a, p), sb = sk_kv_slot(b, p);
+    assert_int_equal(a->token[sa], b->token[sb]);
+    assert_int_equal(a->index[sa], b->index[sb]);
+    for (uint32_t l = 0; l < a->hdr->n_layer; l++) {
+      assert_memory_equal(sk_kv_k(a, l, sa), sk_kv_k(b, l, sb), row);
+      assert_memory_equal(sk_kv_v(a, l, sa), sk_kv_v(b, l, sb), row);
+    }
+  }
+}
+
+/* A deep copy of an object's live state, to compare later. */
+struct snap {
+  struct sk_kv *kv; /* malloc'd block with the same contents */
+  float *logits;
+  uint64_t commit;
+  uint64_t rng[4];
+};
+
+static struct snap take_snap(const struct sk_store_obj *obj) {
+  struct snap s;
+  struct sk_kv_params p = {.policy = obj->kv.hdr->policy, .n_sink = obj->kv.hdr->n_sink,
+                           .window = obj->kv.hdr->window, .capacity = obj->kv.hdr->capacity,
+                           .rope_scale = obj->kv.hdr->rope_scale};
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_new(fx.cfg.shape, &p, &s.kv, &err), 0);
+  size_t meta = 0, data = 0;
+  assert_true(sk_kv_part_sizes(fx.cfg.shape, obj->kv.hdr->capacity, &meta, &data));
+  memcpy(s.kv->hdr, obj->kv.hdr, meta);
+  memcpy(s.kv->k, obj->kv.k, data);
+  s.logits = malloc(fx.n_vocab * sizeof(float));
+  assert_non_null(s.logits);
+  memcpy(s.logits, obj->logits, fx.n_vocab * sizeof(float));
+  s.commit = sk_store_commit_count(obj);
+  memcpy(s.rng, obj->meta->rng, sizeof s.rng);
+  return s;
+}
+
+static void assert_snap(const struct snap *s, const struct sk_store_obj *obj) {
+  assert_same_cache(s->kv, &obj->kv);
+  assert_memory_equal(s->logits, obj->logits, fx.n_vocab * sizeof(float));
+  assert_int_equal(s->commit, sk_store_commit_count(obj));
+  assert_memory_equal(s->rng, obj->meta->rng, sizeof s->rng);
+}
+
+static void free_snap(struct snap *s) {
+  sk_kv_delete(s->kv);
+  free(s->logits);
+}
+
+/* ---- scan results ---- */
+
+#define MAX_SEEN 16
+struct scan {
+  struct sk_store_obj *adopted[MAX_SEEN];
+  int n_adopted;
+  char name[MAX_SEEN][64];
+  char reason[MAX_SEEN][256];
+  enum sk_store_skip what[MAX_SEEN];
+  int n_skipped;
+};
+
+static void on_adopt(void *user, struct sk_store_obj *obj) {
+  struct scan *s = user;
+  assert_true(s->n_adopted < MAX_SEEN);
+  s->adopted[s->n_adopted++] = obj;
+}
+
+static void on_skip(void *user, const char *name, enum sk_store_skip what, const char *dest,
+                    const char *reason) {
+  (void)dest;
+  struct scan *s = user;
+  assert_true(s->n_skipped < MAX_SEEN);
+  snprintf(s->name[s->n_skipped], 64, "%s", name);
+  snprintf(s->reason[s->n_skipped], 256, "%s", reason);
+  s->what[s->n_skipped++] = what;
+}
+
+static void do_scan(struct sk_store *st, struct scan *s, uint64_t *ret_max) {
+  memset(s, 0, sizeof *s);
+  struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = s};
+  struct sk_error err = {0};
+  if (sk_store_scan(st, &cb, ret_max, &err) < 0) fail_msg("scan: %s", err.message);
+}
+
+static const char *skip_reason(const struct scan *s, const char *name) {
+  for (int i = 0; i < s->n_skipped; i++)
+    if (strcmp(s->name[i], name) == 0) return s->reason[i];
+  return NULL;
+}
+
+static void free_adopted(struct scan *s) {
+  for (int i = 0; i < s->n_adopted; i++) sk_store_obj_free(s->adopted[i]);
+}
+
+static void rm_rf(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* ---- tests ---- */
+
+/* A session driven through the store computes bit for bit what a plain
+ * malloc'd cache computes, before and after a restart (free, reopen,
+ * scan, adopt), with evictions on both sides of it. */
+static void test_same_as_plain_cache(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *obj = create(st, 1, &streaming16);
+  assert_int_equal(sk_store_commit_count(obj), 1);
+  struct sk_kv *ref = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_new(fx.cfg.shape, &streaming16, &ref, &err), 0);
+  float *ref_logits = malloc(fx.n_vocab * sizeof(float));
+  assert_non_null(ref_logits);
+  /* a prefill chunk of 10, then single tokens past the capacity */
+  uint32_t sizes[] = {10, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    step(obj, sizes[i]);
+    run_chunk(ref, ref_logits, sizes[i]);
+    assert_same_cache(ref, &obj->kv);
+    assert_memory_equal(ref_logits, obj->logits, fx.n_vocab * sizeof(float));
+  }
+  assert_int_equal(sk_store_commit_count(obj), 17);
+  assert_int_equal(obj->kv.hdr->n_seen, 27);
+  assert_int_equal(obj->kv.hdr->n_evicted, 11);
+
+  sk_store_obj_free(obj);
+  sk_store_close(st);
+  st = open_store(dir);
+  struct scan s;
+  uint64_t max_id = 0;
+  do_scan(st, &s, &max_id);
+  assert_int_equal(s.n_adopted, 1);
+  assert_int_equal(s.n_skipped, 0);
+  assert_int_equal(max_id, 1);
+  obj = s.adopted[0];
+  assert_int_equal(obj->id, 1);
+  assert_int_equal(obj->owner_uid, 1000);
+  assert_int_equal(sk_store_commit_count(obj), 17);
+  assert_true(obj->meta->flags & SK_STORE_HAS_LOGITS);
+  assert_same_cache(ref, &obj->kv);
+  assert_memory_equal(ref_logits, obj->logits, fx.n_vocab * sizeof(float));
+  for (int i = 0; i < 20; i++) {
+    step(obj, 1);
+    run_chunk(ref, ref_logits, 1);
+    assert_same_cache(ref, &obj->kv);
+    assert_memory_equal(ref_logits, obj->logits, fx.n_vocab * sizeof(float));
+  }
+  assert_int_equal(obj->kv.hdr->n_evicted, 31);
+  sk_store_obj_remove(obj);
+  struct stat sb;
+  char path[512];
+  snprintf(path, sizeof path, "%s/session-1.skv", dir);
+  assert_int_equal(stat(path, &sb), -1);
+  sk_store_close(st);
+  sk_kv_delete(ref);
+  free(ref_logits);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* A step that never commits (the daemon died in it) leaves the previous
+ * commit exactly: counters, tokens, the K/V of every resident token (the
+ * evicted token's slot was not reused), logits and the PRNG. Also when the
+ * dying step had already copied and changed the working copy a lot. */
+static void test_uncommitted_step(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *obj = create(st, 5, &streaming16);
+  step(obj, 16); /* full */
+  for (int i = 0; i < 7; i++) step(obj, 1);
+  struct snap before = take_snap(obj);
+
+  for (int variant = 0; variant < 3; variant++) {
+    sk_store_begin(obj);
+    run_chunk(&obj->kv, obj->logits, 1); /* evicts, writes the new K/V */
+    obj->meta->rng[0] ^= 0x1234;
+    if (variant == 1) /* garbage over the rest of the working copy */
+      memset((char *)obj->meta + 16, 0xab, 300);
+    if (variant == 2) {
+      /* a torn commit: checksum of the new state written, commit not */
+      obj->meta->checksum ^= 0xffff;
+    }
+    sk_store_obj_free(obj); /* died here: no commit, no abort */
+    sk_store_close(st);
+    st = open_store(dir);
+    struct scan s;
+    do_scan(st, &s, NULL);
+    assert_int_equal(s.n_adopted, 1);
+    assert_int_equal(s.n_skipped, 0);
+    obj = s.adopted[0];
+    assert_snap(&before, obj);
+  }
+  /* and the adopted session goes on */
+  step(obj, 1);
+  assert_int_equal(sk_store_commit_count(obj), before.commit + 1);
+  assert_int_equal(obj->kv.hdr->n_seen, before.kv->hdr->n_seen + 1);
+  free_snap(&before);
+  sk_store_obj_free(obj);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* Writes `byte ^= mask` at off of a file. */
+static void flip(const char *path, off_t off, unsigned char mask) {
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  unsigned char c;
+  assert_int_equal(pread(fd, &c, 1, off), 1);
+  c ^= mask;
+  assert_int_equal(pwrite(fd, &c, 1, off), 1);
+  close(fd);
+}
+
+/* Each kind of invalid object is set aside into invalid/ with its reason,
+ * the valid ones are adopted, leftovers of an unfinished creation are
+ * removed, files that are not session objects are left alone. */
+static void test_set_aside(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *objs[8];
+  for (uint64_t id = 1; id <= 7; id++) {
+    objs[id] = create(st, id, &streaming16);
+    for (int i = 0; i < 18; i++) step(objs[id], 1);
+  }
+  size_t size = objs[1]->size;
+  const uint64_t meta0 = objs[1]->hdr->off_meta[0], meta1 = objs[1]->hdr->off_meta[1];
+  const uint64_t data = objs[1]->hdr->off_data;
+  int live6 = objs[6]->live;
+  /* 7: the K/V row of a resident token changed behind the store's back */
+  objs[7]->kv.k[objs[7]->kv.order[5] * fx.cfg.shape.kv_dim] += 1.0f;
+  for (uint64_t id = 1; id <= 7; id++) sk_store_obj_free(objs[id]);
+  sk_store_close(st);
+
+  char path[512];
+  /* 2: a flipped byte in the fixed header */
+  snprintf(path, sizeof path, "%s/session-2.skv", dir);
+  flip(path, 40, 0x10);
+  /* 3: truncated */
+  snprintf(path, sizeof path, "%s/session-3.skv", dir);
+  assert_int_equal(truncate(path, (off_t)size - 4096), 0);
+  /* 4: another model's object (same shape, other fingerprint) */
+  {
+    struct sk_store_config other = fx.cfg;
+    other.model_fp[3] ^= 0x5a;
+    char *odir = new_dir();
+    other.dir = odir;
+    struct sk_store *ost = NULL;
+    struct sk_error err = {0};
+    assert_int_equal(sk_store_open(&other, &ost, NULL, &err), 0);
+    struct sk_store_obj *o = create(ost, 4, &streaming16);
+    sk_store_obj_free(o);
+    sk_store_close(ost);
+    char src[512];
+    snprintf(src, sizeof src, "%s/session-4.skv", odir);
+    snprintf(path, sizeof path, "%s/session-4.skv", dir);
+    assert_int_equal(rename(src, path), 0);
+    rm_rf(odir);
+    free(odir);
+  }
+  /* 5: a flipped byte in the newest meta copy (not a crash: corruption) */
+  /* 6: a flipped byte in the stale meta copy: harmless, adopted */
+  snprintf(path, sizeof path, "%s/session-6.skv", dir);
+  flip(path, (off_t)(live6 ? meta0 : meta1) + 200, 0x01);
+  snprintf(path, sizeof path, "%s/session-5.skv", dir);
+  {
+    /* which copy is live in 5: the one with the larger commit */
+    int fd = open(path, O_RDONLY);
+    uint64_t c0 = 0, c1 = 0;
+    assert_int_equal(pread(fd, &c0, 8, (off_t)meta0), 8);
+    assert_int_equal(pread(fd, &c1, 8, (off_t)meta1), 8);
+    close(fd);
+    assert_int_equal(c0 > c1 ? c0 : c1, 19);
+    flip(path, (off_t)(c0 > c1 ? meta0 : meta1) + 300, 0x04);
+  }
+  (void)data;
+  /* an unfinished creation, and a file that is none of ours */
+  snprintf(path, sizeof path, "%s/session-9.skv.tmp", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("half", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/notes.txt", dir);
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fclose(f);
+
+  st = open_store(dir);
+  struct scan s;
+  uint64_t max_id = 0;
+  do_scan(st, &s, &max_id);
+  assert_int_equal(max_id, 9);
+  assert_int_equal(s.n_adopted, 2);
+  assert_int_equal(s.adopted[0]->id, 1);
+  assert_int_equal(s.adopted[1]->id, 6);
+  assert_int_equal(sk_store_commit_count(s.adopted[1]), 19);
+  assert_int_equal(s.n_skipped, 6);
+  const char *r;
+  assert_non_null(r = skip_reason(&s, "session-2.skv"));
+  assert_non_null(strstr(r, "header checksum mismatch"));
+  assert_non_null(r = skip_reason(&s, "session-3.skv"));
+  assert_non_null(strstr(r, "truncated"));
+  assert_non_null(r = skip_reason(&s, "session-4.skv"));
+  assert_non_null(strstr(r, "model fingerprint"));
+  assert_non_null(r = skip_reason(&s, "session-5.skv"));
+  assert_non_null(strstr(r, "corrupted"));
+  assert_non_null(strstr(r, "commit 19"));
+  assert_non_null(r = skip_reason(&s, "session-7.skv"));
+  assert_non_null(strstr(r, "do not match their checksum"));
+  assert_non_null(r = skip_reason(&s, "session-9.skv.tmp"));
+  for (int i = 0; i < s.n_skipped; i++)
+    assert_int_equal(s.what[i], strcmp(s.name[i], "session-9.skv.tmp") == 0
+                                    ? SK_STORE_REMOVED
+                                    : SK_STORE_SET_ASIDE);
+  struct stat sb;
+  for (int id = 2; id <= 7; id++) {
+    if (id == 6) continue;
+    snprintf(path, sizeof path, "%s/invalid/session-%d.skv", dir, id);
+    assert_int_equal(stat(path, &sb), 0);
+    snprintf(path, sizeof path, "%s/session-%d.skv", dir, id);
+    assert_int_equal(stat(path, &sb), -1);
+  }
+  snprintf(path, sizeof path, "%s/notes.txt", dir);
+  assert_int_equal(stat(path, &sb), 0);
+  snprintf(path, sizeof path, "%s/session-9.skv.tmp", dir);
+  assert_int_equal(stat(path, &sb), -1);
+  free_adopted(&s);
+  /* a second scan finds only the adopted two */
+  do_scan(st, &s, NULL);
+  assert_int_equal(s.n_adopted, 2);
+  assert_int_equal(s.n_skipped, 0);
+  free_adopted(&s);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* fork: the same state at once, then independent. */
+static void test_fork(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *a = create(st, 1, &streaming16);
+  step(a, 16);
+  for (int i = 0; i < 5; i++) step(a, 1);
+  struct snap sa = take_snap(a);
+  struct sk_store_obj *b = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_store_fork(st, a, 2, 2000, &b, &err), 0);
+  assert_int_equal(b->id, 2);
+  assert_int_equal(b->owner_uid, 2000);
+  assert_same_cache(sa.kv, &b->kv);
+  assert_memory_equal(sa.logits, b->logits, fx.n_vocab * sizeof(float));
+  assert_memory_equal(sa.rng, b->meta->rng, sizeof sa.rng);
+  /* b moves on; a stays */
+  for (int i = 0; i < 4; i++) step(b, 1);
+  assert_snap(&sa, a);
+  assert_int_equal(b->kv.hdr->n_seen, sa.kv->hdr->n_seen + 4);
+  /* a moves on the same way: they agree again */
+  for (int i = 0; i < 4; i++) step(a, 1);
+  assert_same_cache(&a->kv, &b->kv);
+  assert_memory_equal(a->logits, b->logits, fx.n_vocab * sizeof(float));
+  free_snap(&sa);
+  sk_store_obj_free(a);
+  sk_store_obj_free(b);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* export -> import gives the same session; the same continuation; one
+ * flipped byte anywhere, a truncation, extra bytes or another model's
+ * image are refused, each with a clear reason. */
+static void test_export_import(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *a = create(st, 1, &streaming16);
+  step(a, 16);
+  for (int i = 0; i < 9; i++) step(a, 1);
+  size_t size = sk_store_export_size(a);
+  /* header + one meta copy + 2 x L x 16 resident rows of D floats */
+  assert_int_equal(size, sizeof(struct sk_store_image) + a->hdr->meta_size +
+                             2u * fx.cfg.shape.n_layer * 16 * fx.cfg.shape.kv_dim * 4);
+  char *img = malloc(size + 1);
+  assert_non_null(img);
+  sk_store_export(a, img, size);
+  struct sk_store_image_info info;
+  struct sk_error err = {0};
+  assert_int_equal(sk_store_image_check(st, img, size, &info, &err), 0);
+  assert_int_equal(info.capacity, 16);
+  assert_int_equal(info.n_resident, 16);
+  assert_int_equal(info.n_seen, 25);
+  assert_int_equal(info.object_size, a->size);
+
+  struct sk_store_obj *b = NULL;
+  assert_int_equal(sk_store_import(st, img, size, 2, 3000, &b, &err), 0);
+  assert_int_equal(b->id, 2);
+  assert_int_equal(b->owner_uid, 3000);
+  assert_same_cache(&a->kv, &b->kv);
+  assert_memory_equal(a->logits, b->logits, fx.n_vocab * sizeof(float));
+  assert_int_equal(sk_store_commit_count(b), sk_store_commit_count(a));
+  for (int i = 0; i < 6; i++) {
+    step(a, 1);
+    step(b, 1);
+  }
+  assert_same_cache(&a->kv, &b->kv);
+  assert_memory_equal(a->logits, b->logits, fx.n_vocab * sizeof(float));
+
+  /* one flipped bit, at every byte of the header and a spread of bytes in
+   * the body: always refused, as corrupted */
+  int n_tried = 0;
+  for (size_t off = 0; off < size; off += off < sizeof(struct sk_store_image) ? 1 : 53) {
+    img[off] ^= 0x20;
+    int rc = sk_store_image_check(st, img, size, NULL, &err);
+    img[off] ^= 0x20;
+    if (rc != -SK_ERR_BAD_REQUEST) fail_msg("flip at %zu accepted", off);
+    if (!strstr(err.message, "corrupted") && !strstr(err.message, "bad magic"))
+      fail_msg("flip at %zu: unexpected reason \"%s\"", off, err.message);
+    n_tried++;
+  }
+  assert_true(n_tried > 200);
+  /* truncations and extension */
+  const size_t cuts[] = {0, 7, 127, 128, 129, 4000, size / 2, size - 1};
+  for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+    assert_int_equal(sk_store_image_check(st, img, cuts[i], NULL, &err), -SK_ERR_BAD_REQUEST);
+    assert_non_null(strstr(err.message, "truncated"));
+  }
+  img[size] = 0;
+  assert_int_equal(sk_store_image_check(st, img, size + 1, NULL, &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "extra bytes"));
+  /* refused import leaves nothing behind */
+  img[size / 2] ^= 1;
+  struct sk_store_obj *c = NULL;
+  assert_int_equal(sk_store_import(st, img, size, 3, 3000, &c, &err), -SK_ERR_BAD_REQUEST);
+  img[size / 2] ^= 1;
+  char path[512];
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/session-3.skv", dir);
+  assert_int_equal(stat(path, &sb), -1);
+  snprintf(path, sizeof path, "%s/session-3.skv.tmp", dir);
+  assert_int_equal(stat(path, &sb), -1);
+
+  /* another model: same image, a store with another fingerprint */
+  {
+    struct sk_store_config other = fx.cfg;
+    other.model_fp[0] ^= 1;
+    char *odir = new_dir();
+    other.dir = odir;
+    struct sk_store *ost = NULL;
+    assert_int_equal(sk_store_open(&other, &ost, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(ost, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    assert_non_null(strstr(err.message, "another model"));
+    sk_store_close(ost);
+    rm_rf(odir);
+    free(odir);
+  }
+  free(img);
+  sk_store_obj_free(a);
+  sk_store_obj_free(b);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* Sizes: the file is exactly sk_store_object_size bytes, all of it
+ * allocated (no holes: posix_fallocate), a page multiple, and the same
+ * formula as the layout in store.h. */
+static void test_sizes(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_kv_params dense = {.policy = SK_POLICY_DENSE, .capacity = 300, .rope_scale = 1.0f};
+  struct sk_store_obj *obj = create(st, 1, &dense);
+  size_t want = sk_store_object_size(st, 300);
+  assert_int_equal(obj->size, want);
+  assert_int_equal(want % SK_STORE_PAGE, 0);
+  size_t meta = 0, data = 0;
+  assert_true(sk_kv_part_sizes(fx.cfg.shape, 300, &meta, &data));
+  size_t copy = sizeof(struct sk_store_meta) + meta + fx.n_vocab * 4 + 301 * 8;
+  copy = (copy + 4095) / 4096 * 4096;
+  assert_int_equal(obj->hdr->meta_size, copy);
+  assert_int_equal(want, 4096 + 2 * copy + (data + 4095) / 4096 * 4096);
+  char path[512];
+  snprintf(path, sizeof path, "%s/session-1.skv", dir);
+  struct stat sb;
+  assert_int_equal(stat(path, &sb), 0);
+  assert_int_equal((size_t)sb.st_size, want);
+  assert_int_equal((sb.st_mode & 0777), 0600);
+  assert_true((size_t)sb.st_blocks * 512 >= want);
+  assert_int_equal(sk_store_object_size(st, 0), 0);
+  assert_int_equal(sk_store_object_size(st, SK_KV_MAX_CAPACITY + 1), 0);
+  sk_store_obj_free(obj);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
+/* One daemon per state directory; a new directory is private. */
+static void test_lock(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct stat sb;
+  struct sk_store_config c = fx.cfg;
+  c.dir = dir;
+  struct sk_store *st2 = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_store_open(&c, &st2, NULL, &err), -SK_ERR_BUSY);
+  assert_non_null(strstr(err.message, "in use by another sinkd"));
+  sk_store_close(st);
+  assert_int_equal(sk_store_open(&c, &st2, NULL, &err), 0);
+  sk_store_close(st2);
+  /* nested directories are created */
+  char sub[600];
+  snprintf(sub, sizeof sub, "%s/a/b/state", dir);
+  c.dir = sub;
+  assert_int_equal(sk_store_open(&c, &st2, NULL, &err), 0);
+  sk_store_close(st2);
+  assert_int_equal(stat(sub, &sb), 0);
+  assert_int_equal(sb.st_mode & 0777, 0700);
+  snprintf(sub, sizeof sub, "%s/a/b", dir);
+  assert_int_equal(stat(sub, &sb), 0);
+  assert_int_equal(sb.st_mode & 0777, 0755);
+  rm_rf(dir);
+  free(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_same_as_plain_cache),
+      cmocka_unit_test(test_uncommitted_step),
+      cmocka_unit_test(test_set_aside),
+      cmocka_unit_test(test_fork),
+      cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_lock),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
