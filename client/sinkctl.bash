@@ -9,7 +9,7 @@ _sinkctl_sessions() {
 
 _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
-  local commands="generate chat tokenize detokenize open close list stats ping hello"
+  local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load"
   local global="--socket --json --verbose --help --version"
   local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity"
   local cmd="" sock="" i word
@@ -40,9 +40,29 @@ _sinkctl() {
     chat) opts="$sampling $open --keep --progress --no-progress" ;;
     tokenize) opts="--no-bos" ;;
     open) opts="$open" ;;
-    close|stats)
+    stats)
+      opts="--tokens"
       if [[ $cur != -* ]]; then
         COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
+        return
+      fi ;;
+    close|resume|fork)
+      if [[ $cur != -* ]]; then
+        COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
+        return
+      fi ;;
+    save)
+      if [[ $cur != -* ]]; then
+        if [[ $prev == save ]]; then
+          COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
+        else
+          compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))
+        fi
+        return
+      fi ;;
+    load)
+      if [[ $cur != -* ]]; then
+        compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))
         return
       fi ;;
     "")

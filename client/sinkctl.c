@@ -68,7 +68,7 @@ _Noreturn static void die(int status, const char *fmt, ...) {
 static int report(const struct sk_client *c, const struct sk_error *e) {
   const char *hint = "";
   if (e->code == SK_ERR_NO_SUCH_SESSION)
-    hint = " (sessions end when closed or when the daemon restarts; "
+    hint = " (sessions end when closed or after the idle TTL, not at a daemon restart; "
            "`sinkctl list` shows yours)";
   else if (e->code == SK_ERR_FORBIDDEN)
     hint = " (only its owner and root may use it)";

@@ -12,11 +12,11 @@ _sinkd() {
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
     -t|--threads|--window|--capacity|--max-capacity|--max-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
-    --sinks|--max-sessions|--max-clients|--max-frame|--batch) COMPREPLY=(); return ;;
+    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl) COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
-    --max-memory --max-frame --batch --log-level --verbose --help --version" -- "$cur"))
+    --max-memory --max-frame --idle-ttl --batch --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

@@ -141,7 +141,8 @@ void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]) {
 
 /* ---- the directory --------------------------------------------------- */
 
-/* mkdir -p with mode 0700 for the missing levels. */
+/* mkdir -p: missing parents 0755 (the socket may live in one of them,
+ * e.g. /run/sinkd), the state directory itself 0700. */
 static int sk__mkdirs(const char *path, struct sk_error *err) {
   char buf[PATH_MAX];
   size_t n = strlen(path);
@@ -153,7 +154,7 @@ static int sk__mkdirs(const char *path, struct sk_error *err) {
     if (buf[i] != '/' && buf[i] != 0) continue;
     char c = buf[i];
     buf[i] = 0;
-    if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+    if (mkdir(buf, c ? 0755 : 0700) < 0 && errno != EEXIST)
       return sk_error_set(err, SK_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
     buf[i] = c;
   }

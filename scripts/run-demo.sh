@@ -10,7 +10,7 @@ model=${MODEL:-../shared/models/stories260K.gguf}
 prompt=${PROMPT:-Once upon a time}
 dir=$(mktemp -d /tmp/sinkd-demo.XXXXXX)
 sock="$dir/sinkd.sock"
-./build/daemon/sinkd --model "$model" --socket "$sock" 2>"$dir/sinkd.log" &
+./build/daemon/sinkd --model "$model" --socket "$sock" --state-dir "$dir/state" 2>"$dir/sinkd.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do

@@ -323,7 +323,9 @@ struct sk_generate_params {
   uint32_t top_k;      /* 0 = off */
   double top_p;        /* in (0, 1] */
   uint64_t seed;       /* used only when has_seed */
-  bool has_seed;       /* false: the daemon picks a random seed */
+  bool has_seed;       /* false: the session's own PRNG stream goes on
+                          (seeded randomly at open, kept with the session
+                          across daemon restarts) */
   const char *const *stop; /* n_stop NUL-terminated stop strings */
   size_t n_stop;
   bool ignore_eos;     /* keep going past the end-of-sequence token */
@@ -333,8 +335,8 @@ struct sk_generate_params {
 };
 
 /* Fills *p with the protocol's defaults: max_tokens 128, temperature 0.8,
- * top_k 40, top_p 0.95, no seed, no stop strings, ignore_eos false, no
- * prompt, n_top 0. */
+ * top_k 40, top_p 0.95, no seed (the session's stream goes on), no stop
+ * strings, ignore_eos false, no prompt, n_top 0. */
 void sk_generate_params_init(struct sk_generate_params *p);
 
 /* A [token, logit] pair of a token event (raw logit). */
