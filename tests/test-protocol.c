@@ -920,6 +920,67 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     fake_begin(&b, id, 1);
     sk_pack_kv_bool(&b.pk, "cancelled", false);
     fake_write(fd, &b);
+  } else if (OP("resume") || OP("fork")) {
+    fake_begin(&b, id, OP("fork") ? 10 : 9);
+    sk_pack_kv_u64(&b.pk, "session", OP("fork") ? 8 : session);
+    sk_pack_kv_str(&b.pk, "policy", "streaming");
+    sk_pack_kv_u64(&b.pk, "capacity", 260);
+    sk_pack_kv_u64(&b.pk, "kv_bytes", 57344);
+    sk_pack_kv_u64(&b.pk, "resident", 260);
+    sk_pack_kv_u64(&b.pk, "seen", 1000);
+    sk_pack_kv_u64(&b.pk, "evicted", 740);
+    sk_pack_kv_u64(&b.pk, "commit", 77);
+    sk_pack_kv_bool(&b.pk, "adopted", true);
+    if (OP("fork")) sk_pack_kv_u64(&b.pk, "from", session);
+    fake_write(fd, &b);
+  } else if (OP("export")) {
+    /* session 7: 3 chunks "abc" "de" "" then the reply; 8: a chunk out of
+     * order; 9: a size that disagrees with the data */
+    const char *parts[3] = {"abc", "de", ""};
+    uint64_t off = 0;
+    for (int i = 0; i < 3; i++) {
+      sk_msgbuf_init(&b);
+      msgpack_pack_map(&b.pk, 4);
+      sk_pack_kv_u64(&b.pk, "id", id);
+      sk_pack_kv_str(&b.pk, "event", "data");
+      sk_pack_kv_u64(&b.pk, "offset", session == 8 && i == 1 ? off + 1 : off);
+      sk_pack_cstr(&b.pk, "data");
+      msgpack_pack_bin(&b.pk, strlen(parts[i]));
+      msgpack_pack_bin_body(&b.pk, parts[i], strlen(parts[i]));
+      fake_write(fd, &b);
+      off += strlen(parts[i]);
+    }
+    fake_begin(&b, id, 2);
+    sk_pack_kv_u64(&b.pk, "session", session);
+    sk_pack_kv_u64(&b.pk, "bytes", session == 9 ? 6 : 5);
+    fake_write(fd, &b);
+  } else if (OP("import")) {
+    uint64_t total = 0, offset = 0;
+    const char *data = NULL;
+    size_t len = 0;
+    sk_msg_get_u64(req, "total", UINT64_MAX, &total, NULL);
+    sk_msg_get_u64(req, "offset", UINT64_MAX, &offset, NULL);
+    sk_msg_get_str(req, "data", &data, &len, NULL);
+    if (len > 100000) { /* as a daemon with a small frame limit does */
+      fake_error(fd, 0, SK_ERR_TOO_LARGE, "frame too large");
+    } else if (offset + len < total) {
+      fake_begin(&b, id, 1);
+      sk_pack_kv_u64(&b.pk, "received", offset + len);
+      fake_write(fd, &b);
+    } else {
+      fake_begin(&b, id, 10);
+      sk_pack_kv_u64(&b.pk, "session", 12);
+      sk_pack_kv_str(&b.pk, "policy", "dense");
+      sk_pack_kv_u64(&b.pk, "capacity", 64);
+      sk_pack_kv_u64(&b.pk, "kv_bytes", 8192);
+      sk_pack_kv_u64(&b.pk, "resident", 5);
+      sk_pack_kv_u64(&b.pk, "seen", 5);
+      sk_pack_kv_u64(&b.pk, "evicted", 0);
+      sk_pack_kv_u64(&b.pk, "commit", 3);
+      sk_pack_kv_bool(&b.pk, "adopted", false);
+      sk_pack_kv_u64(&b.pk, "received", total);
+      fake_write(fd, &b);
+    }
   } else {
     fake_error(fd, id, SK_ERR_UNKNOWN_OP, "unknown op");
   }
@@ -1183,6 +1244,76 @@ static int tok_cb(void *user, const struct sk_token_event *ev) {
   }
   t->n++;
   return t->stop_after && t->n >= t->stop_after;
+}
+
+/* resume, fork, export (data events in order, size checked) and import
+ * (chunked; a too_large refusal halves the chunk and resends it). */
+static void test_client_persistence(void **state) {
+  (void)state;
+  struct fake *f = fake_start(FAKE_NORMAL);
+  struct sk_client *c = connect_or_fail(f->path);
+  struct sk_error e = {0};
+  struct sk_session_summary s;
+  assert_int_equal(sk_client_resume(c, 7, &s, &e), 0);
+  assert_int_equal(s.session, 7);
+  assert_string_equal(s.policy, "streaming");
+  assert_int_equal(s.kv_bytes, 57344);
+  assert_int_equal(s.evicted, 740);
+  assert_int_equal(s.commit, 77);
+  assert_true(s.adopted);
+  assert_int_equal(s.from, 0);
+  assert_int_equal(sk_client_resume(c, 99, &s, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(sk_client_fork(c, 7, &s, &e), 0);
+  assert_int_equal(s.session, 8);
+  assert_int_equal(s.from, 7);
+
+  void *data = NULL;
+  size_t len = 0;
+  assert_int_equal(sk_client_export(c, 7, &data, &len, &e), 0);
+  assert_int_equal(len, 5);
+  assert_memory_equal(data, "abcde", 5);
+  free(data);
+
+  /* 300000 bytes: 256 KiB refused, 128 KiB refused, then 64 KiB chunks */
+  size_t big = 300000;
+  char *img = malloc(big);
+  assert_non_null(img);
+  for (size_t i = 0; i < big; i++) img[i] = (char)(i * 7);
+  size_t n_before = f->n_req;
+  assert_int_equal(sk_client_import(c, img, big, &s, &e), 0);
+  assert_int_equal(s.session, 12);
+  assert_string_equal(s.policy, "dense");
+  /* 2 refused + ceil(300000 / 65536) = 5 chunks */
+  assert_int_equal(f->n_req - n_before, 7);
+  uint64_t want_off = 0;
+  for (size_t i = n_before + 2; i < f->n_req; i++) {
+    struct sk_msg m;
+    fake_request(f, i, &m);
+    uint64_t off = 0, total = 0;
+    const char *d;
+    size_t dl;
+    assert_int_equal(sk_msg_need_u64(&m.root, "offset", UINT64_MAX, &off, NULL), 0);
+    assert_int_equal(sk_msg_need_u64(&m.root, "total", UINT64_MAX, &total, NULL), 0);
+    assert_int_equal(sk_msg_need_str(&m.root, "data", &d, &dl, NULL), 0);
+    assert_int_equal(off, want_off);
+    assert_int_equal(total, big);
+    assert_memory_equal(d, img + off, dl);
+    want_off += dl;
+    sk_msg_free(&m);
+  }
+  assert_int_equal(want_off, big);
+  free(img);
+
+  /* the daemon breaking the export stream is a protocol error */
+  assert_int_equal(sk_client_export(c, 8, &data, &len, &e), -SK_ERR_PROTOCOL);
+  assert_non_null(strstr(e.message, "out of order"));
+  sk_client_free(c);
+  c = connect_or_fail(f->path);
+  assert_int_equal(sk_client_export(c, 9, &data, &len, &e), -SK_ERR_PROTOCOL);
+  assert_non_null(strstr(e.message, "size"));
+  sk_client_free(c);
+  fake_join(f);
+  fake_free(f);
 }
 
 static void test_client_generate(void **state) {
@@ -1696,6 +1827,7 @@ int main(void) {
       cmocka_unit_test(test_msg_builder),
       cmocka_unit_test(test_msg_pack_error),
       cmocka_unit_test(test_client_ops),
+      cmocka_unit_test(test_client_persistence),
       cmocka_unit_test(test_client_generate),
       cmocka_unit_test(test_client_failures),
       cmocka_unit_test(test_client_connect),
