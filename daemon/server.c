@@ -1411,10 +1411,11 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
   s->last_used_ms = now_ms();
   srv->n_adopted++;
   sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, capacity %u, %u resident, %llu seen, "
-         "commit %llu",
+         "commit %llu%s",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
          s->kv->hdr->n_resident, (unsigned long long)s->kv->hdr->n_seen,
-         (unsigned long long)sk_store_commit_count(s->obj));
+         (unsigned long long)sk_store_commit_count(s->obj),
+         obj->dropped_step ? " (a step in progress when the daemon stopped was dropped)" : "");
 }
 
 static void on_skip(void *user, const char *name, enum sk_store_skip what, const char *dest,

@@ -472,6 +472,7 @@ static int sk__validate(const struct sk_store *st, struct sk_store_obj *obj,
                      "mismatch) and newer than the valid copy (commit %" PRIu64 ")",
                      i, commit[i], commit[live]);
   obj->live = live;
+  obj->dropped_step = state[1 - live] == 0 && commit[live] > 1;
   obj->id = h->session_id;
   obj->owner_uid = h->owner_uid;
   return sk__check_live(st, obj, err);

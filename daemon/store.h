@@ -191,6 +191,10 @@ struct sk_store_obj {
   struct sk_kv kv;                /* the forward pass's view */
   struct sk_store_meta *meta;     /* flags, sampler state */
   float *logits;                  /* (n_vocab) */
+  /* Set by adoption: the other meta copy was being written (commit 0
+   * after the first step): the daemon died inside a step, which was
+   * dropped. For the log. */
+  bool dropped_step;
   /* Internal. */
   struct sk_store_header *hdr;
   void *map;

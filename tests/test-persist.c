@@ -226,6 +226,15 @@ static struct sk_session_stats sstats(struct sk_client *c, uint64_t s) {
   return st;
 }
 
+static int log_count(const char *needle) {
+  size_t n = 0;
+  char *log = sk_test_read_file(g_log, &n);
+  int k = 0;
+  for (const char *p = log; p && (p = strstr(p, needle)); p++) k++;
+  free(log);
+  return k;
+}
+
 static bool log_has(const char *needle) {
   size_t n = 0;
   char *log = sk_test_read_file(g_log, &n);
@@ -576,14 +585,16 @@ static void test_kill_50(void **state) {
     total += w[i].n_known;
     reqs += w[i].n_requests;
   }
+  int dropped = log_count("a step in progress when the daemon stopped was dropped");
   printf("kill -9 at %d random moments, %d sessions (6 streaming, 2 dense): %llu requests, "
-         "%llu tokens; every session adopted after every restart; %llu requests in flight "
-         "at a kill, %llu times a session had committed steps not yet acknowledged "
-         "(%llu appends partly committed); no torn step, nothing acknowledged lost "
+         "%llu tokens; every session adopted after every restart (%d adoptions); %llu "
+         "requests in flight at a kill, %llu times a session had committed steps not yet "
+         "acknowledged (%llu appends partly committed), %d times the kill fell inside a step "
+         "(dropped, the previous commit adopted); no torn step, nothing acknowledged lost "
          "(%.1f s)\n",
          N_KILLS, N_SESS, (unsigned long long)reqs, (unsigned long long)total,
-         (unsigned long long)n_inflight, (unsigned long long)n_ahead,
-         (unsigned long long)n_partial, now_s() - t0);
+         log_count("adopted: uid"), (unsigned long long)n_inflight, (unsigned long long)n_ahead,
+         (unsigned long long)n_partial, dropped, now_s() - t0);
   assert_true(n_inflight > 0);
   assert_false(log_has("set aside as"));
   free(w);
