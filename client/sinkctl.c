@@ -700,13 +700,13 @@ static void print_session_stats(const struct sk_session_stats *s) {
   printf("%-10s %" PRIu64 " tokens\n", "seen", s->seen);
   printf("%-10s %" PRIu64 " tokens\n", "evicted", s->evicted);
   printf("%-10s %s (%" PRIu64 " bytes)\n", "kv cache", kv, s->kv_bytes);
+  printf("%-10s %" PRIu64 "\n", "commit", s->commit);
+  printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
+  printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
   if (s->has_positions)
     printf("%-10s %" PRIu64 "-%" PRIu64 "\n", "positions", s->position_first, s->position_last);
   else
     printf("%-10s none\n", "positions");
-  printf("%-10s %" PRIu64 "\n", "commit", s->commit);
-  printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
-  printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
 }
 
 /* ---- chat -------------------------------------------------------------------- */
@@ -1039,7 +1039,10 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     char mem[32], maxmem[32];
     human_bytes(s.memory_bytes, mem, sizeof mem);
     human_bytes(s.max_memory, maxmem, sizeof maxmem);
-    printf("%-17s %s of %s (%" PRIu64 " bytes)\n", "session memory", mem, maxmem, s.memory_bytes);
+    if (s.max_memory)
+      printf("%-17s %s of %s\n", "session memory", mem, maxmem);
+    else
+      printf("%-17s %s, no limit\n", "session memory", mem);
     printf("%-17s %" PRIu64 "\n", "max sessions", s.max_sessions);
     printf("%-17s %" PRIu64 " adopted, %" PRIu64 " set aside\n", "at start", s.adopted,
            s.set_aside);

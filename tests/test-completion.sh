@@ -39,8 +39,12 @@ expect() {
 }
 
 S="$tmp/sinkctl"
-expect _sinkctl "$S " "generate chat tokenize detokenize open close list stats ping hello"
+expect _sinkctl "$S " "generate chat tokenize detokenize open close list stats ping hello resume fork save load"
 expect _sinkctl "$S c" "chat close"
+expect _sinkctl "$S resume " "7 12"
+expect _sinkctl "$S fork 1" "12"
+expect _sinkctl "$S save " "7 12"
+expect _sinkctl "$S stats 7 --to" "--tokens"
 expect _sinkctl "$S --json st" "stats"
 expect _sinkctl "$S generate --po" "--policy"
 expect _sinkctl "$S generate --policy " "streaming dense"
@@ -60,6 +64,7 @@ expect _sinkd "sinkd --log-level " "err warning notice info debug"
 expect _sinkd "sinkd --threads " "auto"
 expect _sinkd "sinkd --policy s" "streaming"
 expect _sinkd "sinkd --max-s" "--max-sessions"
+expect _sinkd "sinkd --idle" "--idle-ttl"
 
 # Nothing sinkctl or sinkd offers is missing from the completions.
 if [[ -n ${SK_SINKCTL:-} ]]; then

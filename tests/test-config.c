@@ -73,10 +73,10 @@ static void test_defaults(void **state) {
   assert_int_equal(sk_config_init(&c), 0);
   if (getuid() == 0) {
     assert_string_equal(c.socket, "/run/sinkd/sinkd.sock");
-    assert_string_equal(c.state_dir, "/run/sinkd");
+    assert_string_equal(c.state_dir, "/run/sinkd/state");
   } else {
     assert_string_equal(c.socket, "/tmp/xdg-test/sinkd/sinkd.sock");
-    assert_string_equal(c.state_dir, "/tmp/xdg-test/sinkd");
+    assert_string_equal(c.state_dir, "/tmp/xdg-test/sinkd/state");
   }
   unsetenv("XDG_RUNTIME_DIR");
   assert_null(c.model);
@@ -93,6 +93,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.max_capacity, 0);
   assert_int_equal(c.max_memory, 0);
   assert_int_equal(c.max_frame, 1u << 20);
+  assert_int_equal(c.idle_ttl, 0);
   for (int k = 0; k < SK_CFG__COUNT; k++) assert_int_equal(c.origin[k].from, SK_CONFIG_FROM_DEFAULT);
   /* The default file is optional, a named one is not. */
   struct sk_config_errors errs;

@@ -74,7 +74,7 @@ echo "ok: built with $cflags $libs"
 
 sock=$tmp/s.sock
 LD_LIBRARY_PATH=$dest$LIBDIR "$dest$SBINDIR/sinkd" --config /dev/null --model "$SK_MODEL" \
-  --socket "$sock" --threads 1 2>"$tmp/sinkd.log" &
+  --socket "$sock" --state-dir "$tmp/state" --threads 1 2>"$tmp/sinkd.log" &
 daemon=$!
 for _ in $(seq 500); do
   LD_LIBRARY_PATH=$dest$LIBDIR "$dest$BINDIR/sinkctl" --socket "$sock" ping >/dev/null 2>&1 && break

@@ -74,6 +74,9 @@ static void start_daemon_args(const char *const *extra) {
   const char *argv[32];
   int n = 0;
   argv[n++] = sinkd;
+  /* an installed /etc/sinkd/sinkd.conf must not change what runs */
+  argv[n++] = "--config";
+  argv[n++] = "/dev/null";
   argv[n++] = "--model";
   argv[n++] = sk_test_model_path();
   argv[n++] = "--socket";

@@ -1754,6 +1754,9 @@ static void test_sinkctl(void **state) {
                       "seen       1000 tokens\n"
                       "evicted    740 tokens\n"
                       "kv cache   1.2 KiB (1234 bytes)\n"
+                      "commit     0\n"
+                      "adopted    no\n"
+                      "idle       0 s\n"
                       "positions  0-259\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats"), 0);
   assert_string_equal(out,
@@ -1761,7 +1764,11 @@ static void test_sinkctl(void **state) {
                       "clients           1\n"
                       "uptime            1m 0s\n"
                       "tokens prefilled  123\n"
-                      "tokens generated  456\n");
+                      "tokens generated  456\n"
+                      "session memory    8.0 KiB, no limit\n"
+                      "max sessions      0\n"
+                      "at start          1 adopted, 0 set aside\n"
+                      "idle ttl          never\n");
   assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
   assert_string_equal(out,
                       "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "

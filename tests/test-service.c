@@ -85,8 +85,22 @@ struct child {
  * additions ("NAME=value"; "WATCHDOG_PID=self" names the child itself;
  * "FD3=path" opens path as fd 3). */
 static void spawn(struct child *ch, const char *log_leaf, const char *const *env,
-                  const char *const *argv) {
+                  const char *const *argv_in) {
   snprintf(ch->log, sizeof ch->log, "%s/%s", g_dir, log_leaf);
+  /* Every sinkd gets a session store of its own next to its log (never
+   * the default /run/sinkd/state): inserted after the sinkd argument. */
+  char state[sizeof ch->log + 8];
+  snprintf(state, sizeof state, "%s.state", ch->log);
+  const char *argv[40];
+  size_t n = 0;
+  for (size_t i = 0; argv_in[i] && n + 3 < sizeof argv / sizeof argv[0]; i++) {
+    argv[n++] = argv_in[i];
+    if (strcmp(argv_in[i], getenv("SK_SINKD")) == 0) {
+      argv[n++] = "--state-dir";
+      argv[n++] = state;
+    }
+  }
+  argv[n] = NULL;
   fflush(NULL);
   ch->pid = fork();
   assert_true(ch->pid >= 0);
@@ -297,7 +311,7 @@ static void test_memory_and_session_limits(void **state) {
   char notify_env[160];
   snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
   /* A streaming session of the test model (4 + 1020 tokens) holds
-   * 1327232 bytes: two do not fit in 2M. */
+   * 1376256 bytes (its shared-memory object): two do not fit in 2M. */
   write_text(conf, "[limits]\nmax_memory = 2M\nmax_sessions = 2\n");
   drain_messages();
   struct child d;
@@ -309,10 +323,10 @@ static void test_memory_and_session_limits(void **state) {
   struct sk_error e = {0};
   struct sk_open_result a, b;
   assert_int_equal(sk_client_open(c, NULL, &a, &e), 0);
-  assert_int_equal(a.kv_bytes, 1327232);
+  assert_int_equal(a.kv_bytes, 1376256);
   assert_int_equal(sk_client_open(c, NULL, &b, &e), -SK_ERR_BUSY);
-  assert_string_equal(e.message, "memory limit reached: 1327232 bytes of KV caches in use + "
-                                 "1327232 asked > max_memory 2097152");
+  assert_string_equal(e.message, "memory limit reached: 1376256 bytes of sessions + 1376256 "
+                                 "for this one exceed max_memory 2097152 bytes");
   /* A smaller session still fits. */
   struct sk_open_params small = {.policy = "dense", .capacity = 64};
   assert_int_equal(sk_client_open(c, &small, &b, &e), 0);
@@ -536,7 +550,7 @@ static void test_check_config(void **state) {
   snprintf(want, sizeof want,
            "sinkd: %s:4: [limits] max_sessions: 'lots' is not a number in [1, 65536]\n"
            "sinkd: %s:5: [limits] max_sesions: unknown key (keys of [limits]: max_clients, "
-           "max_sessions, max_capacity, max_memory, max_frame)\n",
+           "max_sessions, max_capacity, max_memory, max_frame, idle_ttl)\n",
            conf, conf);
   assert_string_equal(err, want);
   assert_string_equal(out, "");

@@ -38,8 +38,10 @@ static int start_daemon(void **state) {
   g_daemon = fork();
   if (g_daemon == 0) {
     if (!freopen(g_log, "w", stderr)) _exit(126);
+    char state_dir[300];
+    snprintf(state_dir, sizeof state_dir, "%s/state", g_dir);
     execl(getenv("SK_SINKD"), "sinkd", "--config", "/dev/null", "--model", sk_test_model_path(),
-          "--socket", g_socket, "--threads", "1", (char *)NULL);
+          "--socket", g_socket, "--state-dir", state_dir, "--threads", "1", (char *)NULL);
     _exit(127);
   }
   for (int i = 0; i < 1000; i++) {
@@ -208,7 +210,8 @@ static void test_chat_keeps_history(void **state) {
   free(out);
   free(err);
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
-  assert_string_equal(out, "SESSION    POLICY         CAPACITY   RESIDENT           SEEN\n");
+  assert_string_equal(out,
+                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED\n");
   free(out);
   free(err);
 
@@ -322,7 +325,8 @@ static void test_chat_ctrl_c(void **state) {
     fail_msg("chat ended with status 0x%x; stderr:\n%s", status, p.err_text);
   char *out, *err;
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
-  assert_string_equal(out, "SESSION    POLICY         CAPACITY   RESIDENT           SEEN\n");
+  assert_string_equal(out,
+                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED\n");
   free(out);
   free(err);
 }
