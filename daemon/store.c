@@ -36,7 +36,8 @@ _Static_assert(sizeof(float) == 4, "float is 4 bytes");
 struct sk_store {
   char *dir;
   int dirfd;
-  int lockfd;
+  int lockfd;         /* "lock": flock'd; holds the next session id */
+  uint64_t next_id;   /* larger than every id ever created here */
   uint8_t fp[SK_STORE_FP_SIZE];
   struct sk_kv_shape shape;
   uint32_t n_vocab;
@@ -206,6 +207,9 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
                             strerror(errno));
     goto fail;
   }
+  char idbuf[32] = {0};
+  ssize_t got = pread(st->lockfd, idbuf, sizeof idbuf - 1, 0);
+  st->next_id = got > 0 ? strtoull(idbuf, NULL, 10) : 0;
   struct statfs fs;
   if (ret_tmpfs)
     *ret_tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
@@ -648,6 +652,7 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     ids[n++] = id;
   }
   qsort(ids, n, sizeof *ids, sk__cmp_u64);
+  if (st->next_id > 0 && st->next_id - 1 > max_id) max_id = st->next_id - 1;
   for (size_t i = 0; i < n; i++) {
     char name[64];
     sk__obj_name(name, sizeof name, ids[i], false);
@@ -717,6 +722,16 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
   obj->hdr = map;
   obj->id = id;
   obj->owner_uid = owner_uid;
+  if (id >= st->next_id) {
+    /* Ids are never reused, even after the session is closed and the
+     * daemon restarted: the lock file remembers the next one. */
+    st->next_id = id + 1;
+    char idbuf[32];
+    int n = snprintf(idbuf, sizeof idbuf, "%" PRIu64 "\n", st->next_id);
+    if (pwrite(st->lockfd, idbuf, (size_t)n, 0) != n) {
+      /* Not fatal: the ids of the objects present still count. */
+    }
+  }
   struct sk_store_header *h = map;
   memcpy(h->magic, SK__STORE_MAGIC, 8);
   h->layout_version = SK_STORE_LAYOUT_VERSION;

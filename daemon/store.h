@@ -258,7 +258,8 @@ struct sk_store_scan_cb {
  * resident slot's K/V matching its checksum); sets the others aside into
  * invalid/ (never half-loaded); deletes "*.skv.tmp" leftovers. Other files
  * are left alone. *ret_max_id receives the largest id seen (adopted or
- * not), so new ids never collide. Errors: -SK_ERR_IO if the directory
+ * not, and every id ever created in this directory: the lock file keeps
+ * the next one), so ids are never reused. Errors: -SK_ERR_IO if the directory
  * cannot be read (per-file problems are reported through cb->skip). */
 int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
                   uint64_t *ret_max_id, struct sk_error *err);

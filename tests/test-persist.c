@@ -1008,6 +1008,13 @@ static void test_sigterm_keeps(void **state) {
   assert_int_equal(sk_client_close(c, a, &e), 0);
   assert_int_equal(state_dir_bytes(), 0);
   sk_client_free(c);
+  /* and its id is not given again, even after a restart */
+  kill9();
+  start_daemon();
+  c = conn();
+  assert_int_equal(sk_client_resume(c, a, NULL, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(open_session(c, "dense", 0, 0, 64), a + 1);
+  sk_client_free(c);
   kill9();
 }
 
