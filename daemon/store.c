@@ -479,7 +479,17 @@ static int sk__validate(const struct sk_store *st, struct sk_store_obj *obj,
   obj->dropped_step = state[1 - live] == 0 && commit[live] > 1;
   obj->id = h->session_id;
   obj->owner_uid = h->owner_uid;
-  return sk__check_live(st, obj, err);
+  int rc2 = sk__check_live(st, obj, err);
+  if (rc2 == 0 && obj->dropped_step) {
+    /* Tidy the dropped step's copy: make it a sealed copy of the live
+     * one (same commit), so the next start does not report it again. A
+     * crash while doing so leaves it at commit 0, as it was. */
+    char *dst = sk__copy(obj, 1 - live), *src = sk__copy(obj, live);
+    memcpy(dst + 16, src + 16, (size_t)h->meta_size - 16);
+    sk__seal(obj, 1 - live, commit[live]);
+    sk__view(obj, live);
+  }
+  return rc2;
 }
 
 static int sk__map_file(int fd, const char *what, struct sk_store_obj **ret,

@@ -322,6 +322,7 @@ static void test_uncommitted_step(void **state) {
     assert_int_equal(s.n_adopted, 1);
     assert_int_equal(s.n_skipped, 0);
     obj = s.adopted[0];
+    assert_true(obj->dropped_step);
     assert_snap(&before, obj);
   }
   /* and the adopted session goes on */
