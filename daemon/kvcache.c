@@ -2,6 +2,7 @@
 #include "kvcache.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 static const char *const sk__policy_names[] = {
     [SK_POLICY_DENSE] = "dense",
     [SK_POLICY_STREAMING] = "streaming",
+    [SK_POLICY_WINDOW] = "window",
+    [SK_POLICY_H2O] = "h2o",
+    [SK_POLICY_SINK_H2O] = "sink_h2o",
 };
 #define SK__N_POLICIES (sizeof sk__policy_names / sizeof sk__policy_names[0])
 
@@ -34,7 +38,8 @@ int sk_policy_parse(const char *name, size_t len, uint32_t *ret,
   }
   /* Only a short prefix of an unknown (client-supplied) name is echoed. */
   return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                      "unknown policy \"%.*s\"%s (expected dense or streaming)",
+                      "unknown policy \"%.*s\"%s (expected streaming, window, h2o, "
+                      "sink_h2o or dense)",
                       (int)(len > 32 ? 32 : len), name, len > 32 ? "..." : "");
 }
 
@@ -62,11 +67,42 @@ void sk_evict_log_add(struct sk_evict_log *log, uint64_t index) {
 /* ---- parameters and sizes ------------------------------------------- */
 
 uint32_t sk_kv_params_capacity(const struct sk_kv_params *p) {
-  if (p->policy == SK_POLICY_STREAMING) {
-    uint64_t c = (uint64_t)p->n_sink + p->window;
-    return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+  uint64_t c;
+  switch (p->policy) {
+  case SK_POLICY_STREAMING: c = (uint64_t)p->n_sink + p->window; break;
+  case SK_POLICY_WINDOW: c = p->window; break;
+  case SK_POLICY_H2O: c = (uint64_t)p->heavy + p->recent; break;
+  case SK_POLICY_SINK_H2O:
+    c = (uint64_t)p->n_sink + p->heavy + p->recent;
+    break;
+  default: c = p->capacity; break;
   }
-  return p->capacity;
+  return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+}
+
+/* The budget spelled out for messages: "n_sink + window = 4 + 60 = 64". */
+static void sk__budget_text(const struct sk_kv_params *p, char *buf,
+                            size_t size) {
+  unsigned long long c;
+  switch (p->policy) {
+  case SK_POLICY_STREAMING:
+    c = (unsigned long long)p->n_sink + p->window;
+    snprintf(buf, size, "n_sink + window = %u + %u = %llu", p->n_sink,
+             p->window, c);
+    break;
+  case SK_POLICY_WINDOW: snprintf(buf, size, "window %u", p->window); break;
+  case SK_POLICY_H2O:
+    c = (unsigned long long)p->heavy + p->recent;
+    snprintf(buf, size, "heavy + recent = %u + %u = %llu", p->heavy,
+             p->recent, c);
+    break;
+  case SK_POLICY_SINK_H2O:
+    c = (unsigned long long)p->n_sink + p->heavy + p->recent;
+    snprintf(buf, size, "n_sink + heavy + recent = %u + %u + %u = %llu",
+             p->n_sink, p->heavy, p->recent, c);
+    break;
+  default: snprintf(buf, size, "capacity %u", p->capacity); break;
+  }
 }
 
 int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
@@ -75,30 +111,97 @@ int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
   if (!sk_policy_name(p->policy))
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "policy %u is unknown",
                         p->policy);
-  if (!isfinite(p->rope_scale) || !(p->rope_scale > 0.0f))
+  if (!isfinite(p->rope_scale) || !(p->rope_scale > 0.0f) ||
+      p->rope_scale > SK_KV_MAX_ROPE_SCALE)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "rope_scale %g must be finite and > 0",
-                        (double)p->rope_scale);
-  if (p->policy == SK_POLICY_STREAMING) {
+                        "rope_scale %g must be finite, > 0 and <= %g",
+                        (double)p->rope_scale, (double)SK_KV_MAX_ROPE_SCALE);
+  const char *name = sk_policy_name(p->policy);
+  switch (p->policy) {
+  case SK_POLICY_STREAMING:
+  case SK_POLICY_WINDOW:
     if (p->window < 1)
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "window %u must be >= 1", p->window);
-    uint64_t c = (uint64_t)p->n_sink + p->window;
-    if (c > max_capacity)
+                          "window %u must be >= 1 (%s keeps at least the "
+                          "newest token)",
+                          p->window, name);
+    break;
+  case SK_POLICY_H2O:
+  case SK_POLICY_SINK_H2O:
+    if (p->recent < 1)
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "n_sink + window = %u + %u = %llu exceeds the "
-                          "maximum capacity %u",
-                          p->n_sink, p->window, (unsigned long long)c,
-                          max_capacity);
-    return 0;
+                          "recent %u must be >= 1 (the newest token is "
+                          "always kept)",
+                          p->recent);
+    if (p->heavy < 1)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "heavy %u must be >= 1 (with no heavy hitters use "
+                          "policy %s)",
+                          p->heavy,
+                          p->policy == SK_POLICY_H2O ? "window" : "streaming");
+    break;
+  default:
+    if (p->capacity < 1)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "capacity %u must be >= 1", p->capacity);
+    break;
   }
-  if (p->capacity < 1)
-    return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u must be >= 1",
-                        p->capacity);
-  if (p->capacity > max_capacity)
+  uint64_t c;
+  switch (p->policy) {
+  case SK_POLICY_STREAMING: c = (uint64_t)p->n_sink + p->window; break;
+  case SK_POLICY_WINDOW: c = p->window; break;
+  case SK_POLICY_H2O: c = (uint64_t)p->heavy + p->recent; break;
+  case SK_POLICY_SINK_H2O:
+    c = (uint64_t)p->n_sink + p->heavy + p->recent;
+    break;
+  default: c = p->capacity; break;
+  }
+  if (c > max_capacity) {
+    char what[128];
+    sk__budget_text(p, what, sizeof what);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "capacity %u exceeds the maximum capacity %u",
-                        p->capacity, max_capacity);
+                        "%s exceeds the maximum capacity %u", what,
+                        max_capacity);
+  }
+  if (p->n_pin > 0) {
+    switch (p->policy) {
+    case SK_POLICY_STREAMING:
+    case SK_POLICY_SINK_H2O:
+      if (p->n_sink != p->n_pin)
+        return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                            "n_sink %u differs from the %u pinned tokens "
+                            "(the pin is the sink region)",
+                            p->n_sink, p->n_pin);
+      break;
+    case SK_POLICY_DENSE:
+      if (p->n_pin >= p->capacity)
+        return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                            "pin of %u tokens leaves no room in capacity %u "
+                            "(it must be smaller)",
+                            p->n_pin, p->capacity);
+      break;
+    default:
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "policy %s has no sink region: a pin needs "
+                          "streaming, sink_h2o or dense",
+                          name);
+    }
+  }
+  return 0;
+}
+
+int sk_kv_params_check_context(const struct sk_kv_params *p,
+                               uint32_t n_ctx_train, struct sk_error *err) {
+  double limit = floor((double)n_ctx_train * (double)p->rope_scale);
+  uint32_t c = sk_kv_params_capacity(p);
+  if ((double)c > limit) {
+    char what[128];
+    sk__budget_text(p, what, sizeof what);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%s exceeds the model's context: n_ctx_train %u x "
+                        "rope_scale %g = %.0f positions",
+                        what, n_ctx_train, (double)p->rope_scale, limit);
+  }
   return 0;
 }
 
@@ -109,7 +212,7 @@ static uint64_t sk__align_up(uint64_t x) {
 /* Section offsets of a block; false on overflow. Sizes are computed in
  * 64 bits from 32-bit factors, each product checked against SIZE_MAX. */
 struct sk__kv_layout {
-  uint64_t off_token, off_index, off_order, off_k, off_v, size;
+  uint64_t off_token, off_index, off_order, off_score, off_k, off_v, size;
 };
 
 static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
@@ -126,7 +229,8 @@ static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
   l.off_token = sk__align_up(sizeof(struct sk_kv_header));
   l.off_index = sk__align_up(l.off_token + slots * sizeof(int32_t));
   l.off_order = sk__align_up(l.off_index + slots * sizeof(uint64_t));
-  l.off_k = sk__align_up(l.off_order + slots * sizeof(uint32_t));
+  l.off_score = sk__align_up(l.off_order + slots * sizeof(uint32_t));
+  l.off_k = sk__align_up(l.off_score + slots * sizeof(float));
   if (kv_bytes > (UINT64_MAX - l.off_k - 2 * SK__KV_ALIGN) / 2) return false;
   l.off_v = sk__align_up(l.off_k + kv_bytes);
   l.size = sk__align_up(l.off_v + kv_bytes);
@@ -162,6 +266,7 @@ static void sk__kv_view(struct sk_kv *kv, void *meta, void *data) {
   kv->token = (int32_t *)(void *)(base + h->off_token);
   kv->index = (uint64_t *)(void *)(base + h->off_index);
   kv->order = (uint32_t *)(void *)(base + h->off_order);
+  kv->score = (float *)(void *)(base + h->off_score);
   kv->k = (float *)(void *)(dbase + h->off_k);
   kv->v = (float *)(void *)(dbase + h->off_v);
 }
@@ -173,6 +278,7 @@ void sk_kv_rebind_meta(struct sk_kv *kv, void *meta) {
   kv->token = (int32_t *)(void *)(base + h->off_token);
   kv->index = (uint64_t *)(void *)(base + h->off_index);
   kv->order = (uint32_t *)(void *)(base + h->off_order);
+  kv->score = (float *)(void *)(base + h->off_score);
 }
 
 int sk_kv_init(struct sk_kv *kv, void *mem, size_t size,
@@ -209,7 +315,8 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block is not %u-byte aligned", SK__KV_ALIGN);
 
-  /* Header and bookkeeping are cleared; K/V rows are written before they
+  /* The meta part (header, bookkeeping, scores) is cleared; K/V rows are
+   * written before they
    * are ever read (a slot becomes resident only after the forward pass
    * filled it), so they are left as they are. */
   memset(meta, 0, (size_t)l.off_k);
@@ -221,8 +328,17 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
   h->capacity = capacity;
   h->n_slots = capacity + SK_KV_SPARE_SLOTS;
   h->policy = p->policy;
-  h->n_sink = p->policy == SK_POLICY_STREAMING ? p->n_sink : 0;
-  h->window = p->policy == SK_POLICY_STREAMING ? p->window : 0;
+  bool sinks = p->policy == SK_POLICY_STREAMING ||
+               p->policy == SK_POLICY_SINK_H2O;
+  bool h2o = sk_policy_scores(p->policy);
+  h->n_sink = sinks ? p->n_sink : 0;
+  h->window = p->policy == SK_POLICY_STREAMING ||
+                      p->policy == SK_POLICY_WINDOW
+                  ? p->window
+                  : 0;
+  h->heavy = h2o ? p->heavy : 0;
+  h->recent = h2o ? p->recent : 0;
+  h->n_pin = p->n_pin;
   h->rope_scale = p->rope_scale;
   h->n_resident = 0;
   h->n_seen = 0;
@@ -230,6 +346,7 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
   h->off_token = l.off_token;
   h->off_index = l.off_index;
   h->off_order = l.off_order;
+  h->off_score = l.off_score;
   h->off_k = l.off_k;
   h->off_v = l.off_v;
   h->size = l.size;
@@ -288,19 +405,33 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
   if (!sk_policy_name(h->policy))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: policy %u is unknown", h->policy);
-  if (h->policy == SK_POLICY_STREAMING) {
-    if (h->window < 1)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "cache header: window is 0");
-    if ((uint64_t)h->n_sink + h->window != h->capacity)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "cache header: n_sink %u + window %u != capacity %u",
-                          h->n_sink, h->window, h->capacity);
-  }
-  if (!isfinite(h->rope_scale) || !(h->rope_scale > 0.0f))
+  /* The policy's parameters must be valid and add up to the capacity. */
+  struct sk_kv_params hp = {.policy = h->policy, .n_sink = h->n_sink,
+                            .window = h->window, .heavy = h->heavy,
+                            .recent = h->recent, .capacity = h->capacity,
+                            .n_pin = h->n_pin, .rope_scale = h->rope_scale};
+  struct sk_error perr;
+  if (sk_kv_params_check(&hp, SK_KV_MAX_CAPACITY, &perr) < 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "cache header: %s",
+                        perr.message);
+  bool sinks = h->policy == SK_POLICY_STREAMING ||
+               h->policy == SK_POLICY_SINK_H2O;
+  bool win = h->policy == SK_POLICY_STREAMING || h->policy == SK_POLICY_WINDOW;
+  bool h2o = sk_policy_scores(h->policy);
+  if ((!sinks && h->n_sink) || (!win && h->window) ||
+      (!h2o && (h->heavy || h->recent)))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "cache header: rope_scale %g must be finite and > 0",
-                        (double)h->rope_scale);
+                        "cache header: a parameter that policy %s does not "
+                        "use is set (n_sink %u, window %u, heavy %u, "
+                        "recent %u)",
+                        sk_policy_name(h->policy), h->n_sink, h->window,
+                        h->heavy, h->recent);
+  if (sk_kv_params_capacity(&hp) != h->capacity)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "cache header: %s parameters n_sink %u, window %u, "
+                        "heavy %u, recent %u do not add up to capacity %u",
+                        sk_policy_name(h->policy), h->n_sink, h->window,
+                        h->heavy, h->recent, h->capacity);
   if (h->n_slots != h->capacity + SK_KV_SPARE_SLOTS)
     return sk__bad_field(err, "n_slots", h->n_slots,
                          (unsigned long long)h->capacity + SK_KV_SPARE_SLOTS);
@@ -317,6 +448,8 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
     return sk__bad_field(err, "off_index", h->off_index, l.off_index);
   if (h->off_order != l.off_order)
     return sk__bad_field(err, "off_order", h->off_order, l.off_order);
+  if (h->off_score != l.off_score)
+    return sk__bad_field(err, "off_score", h->off_score, l.off_score);
   if (h->off_k != l.off_k)
     return sk__bad_field(err, "off_k", h->off_k, l.off_k);
   if (h->off_v != l.off_v)
@@ -358,6 +491,14 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
     seen[s / 64] |= (uint64_t)1 << (s % 64);
   }
   free(seen);
+  /* Eviction order compares scores: a NaN would make it depend on the
+   * scan, so only finite scores are accepted. */
+  const float *score =
+      (const float *)(const void *)((const char *)meta + h->off_score);
+  for (uint32_t p = 0; p < cap; p++)
+    if (!isfinite(score[p]))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "cache header: score[%u] is not finite", p);
   sk__kv_view(kv, meta, data);
   return 0;
 }
@@ -399,8 +540,7 @@ void sk_kv_delete(struct sk_kv *kv) {
 /* ---- policy operations ---------------------------------------------- */
 
 uint32_t sk_kv_max_room(const struct sk_kv *kv) {
-  return kv->hdr->policy == SK_POLICY_STREAMING ? kv->hdr->window
-                                                : kv->hdr->capacity;
+  return kv->hdr->capacity - kv->hdr->n_sink;
 }
 
 static void sk__reverse(uint32_t *a, uint32_t n) {
@@ -411,29 +551,113 @@ static void sk__reverse(uint32_t *a, uint32_t n) {
   }
 }
 
+/* Candidate (cache position) ordered by eviction preference: smaller
+ * score first, then older (smaller position). */
+struct sk__cand {
+  float score;
+  uint32_t pos;
+};
+
+static int sk__cand_cmp(const void *a, const void *b) {
+  const struct sk__cand *x = a, *y = b;
+  if (x->score < y->score) return -1;
+  if (x->score > y->score) return 1;
+  return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+static int sk__u32_cmp(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* H2O eviction of e >= 1 tokens among cache positions [lo, hi)
+ * (hi - lo >= e): the e smallest scores, ties to the older. Survivors keep
+ * their order and move down; the victims' slots join the tail of the free
+ * list. Returns 0 or -SK_ERR_NO_MEMORY (nothing changed). */
+static int sk__h2o_evict(struct sk_kv *kv, uint32_t lo, uint32_t hi,
+                         uint32_t e, struct sk_evict_log *log,
+                         struct sk_error *err) {
+  struct sk_kv_header *h = kv->hdr;
+  const uint32_t nr = h->n_resident;
+  uint32_t local[2];
+  uint32_t *buf = local; /* (2e): victim positions ascending, their slots */
+  if (e == 1) {
+    /* The common case (one new token into a full cache): a scan; strict
+     * < keeps the older of equal scores. */
+    uint32_t best = lo;
+    for (uint32_t p = lo + 1; p < hi; p++)
+      if (kv->score[kv->order[p]] < kv->score[kv->order[best]]) best = p;
+    buf[0] = best;
+  } else {
+    struct sk__cand *cand = malloc((size_t)(hi - lo) * sizeof *cand);
+    buf = malloc(2 * (size_t)e * sizeof *buf);
+    if (!cand || !buf) {
+      free(cand);
+      free(buf);
+      return sk_error_set(err, SK_ERR_NO_MEMORY,
+                          "cannot choose %u tokens to evict", e);
+    }
+    for (uint32_t p = lo; p < hi; p++)
+      cand[p - lo] = (struct sk__cand){kv->score[kv->order[p]], p};
+    qsort(cand, hi - lo, sizeof *cand, sk__cand_cmp);
+    for (uint32_t i = 0; i < e; i++) buf[i] = cand[i].pos;
+    free(cand);
+    qsort(buf, e, sizeof *buf, sk__u32_cmp);
+  }
+  uint32_t *vpos = buf, *vslot = buf + e;
+  for (uint32_t i = 0; i < e; i++) {
+    vslot[i] = kv->order[vpos[i]];
+    if (log) sk_evict_log_add(log, kv->index[vslot[i]]);
+  }
+  /* Survivors and the free list move down over the victims; the victims'
+   * slots join the tail of the free list (FIFO, see kvcache.h). */
+  const uint32_t ns = h->n_slots;
+  uint32_t w = vpos[0], vi = 0;
+  for (uint32_t p = vpos[0]; p < ns; p++) {
+    if (vi < e && p == vpos[vi]) {
+      vi++;
+      continue;
+    }
+    kv->order[w++] = kv->order[p];
+  }
+  for (uint32_t i = 0; i < e; i++) kv->order[ns - e + i] = vslot[i];
+  if (buf != local) free(buf);
+  h->n_resident = nr - e;
+  h->n_evicted += e;
+  return 0;
+}
+
 int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                     struct sk_error *err) {
   struct sk_kv_header *h = kv->hdr;
+  uint32_t free_slots = sk_kv_free_slots(kv);
+  if (n <= free_slots) return 0;
   uint32_t max_room = sk_kv_max_room(kv);
   if (n > max_room)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "room for %u tokens asked at once; the %s policy "
                         "makes room for at most %u per step",
                         n, sk_policy_name(h->policy), max_room);
-  uint32_t free_slots = sk_kv_free_slots(kv);
-  if (n <= free_slots) return 0;
-  if (h->policy != SK_POLICY_STREAMING)
+  if (h->policy == SK_POLICY_DENSE)
     return sk_error_set(err, SK_ERR_CONTEXT_FULL,
                         "context full: needs %u, %u of %u free", n,
                         free_slots, h->capacity);
 
-  /* Evict the e oldest window tokens, at positions n_sink..n_sink+e-1.
-   * n <= window = C - n_sink gives e <= n_resident - n_sink. Later
-   * positions and the free list shift down; the evicted slots join the
-   * tail of the free list (FIFO, see kvcache.h): order stays a
-   * permutation. */
+  /* e >= 1 tokens leave. n <= C - n_sink gives e <= n_resident - n_sink:
+   * there are always enough non-sink tokens. */
   uint32_t e = n - free_slots;
   uint32_t s0 = h->n_sink, nr = h->n_resident, ns = h->n_slots;
+  if (sk_policy_scores(h->policy)) {
+    /* Protected: sinks, and the newest (recent - n) residents. The
+     * candidates number nr - s0 - protect >= e (see kvcache.h). */
+    uint32_t protect = h->recent > n ? h->recent - n : 0;
+    if (protect > nr - s0) protect = nr - s0;
+    return sk__h2o_evict(kv, s0, nr - protect, e, log, err);
+  }
+  /* streaming, window: evict the e oldest window tokens, at positions
+   * n_sink..n_sink+e-1. Later positions and the free list shift down; the
+   * evicted slots join the tail of the free list (FIFO, see kvcache.h):
+   * order stays a permutation. */
   if (log)
     for (uint32_t p = s0; p < s0 + e; p++)
       sk_evict_log_add(log, kv->index[kv->order[p]]);

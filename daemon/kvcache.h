@@ -3,20 +3,52 @@
  * memory object later without the model code changing), plus the eviction
  * policies that keep it at a fixed size.
  *
- * Policies:
- *   dense     no eviction; appending past capacity fails with
+ * Policies (chosen per session; each has a fixed budget C):
+ *   dense     {capacity}: no eviction; appending past capacity fails with
  *             -SK_ERR_CONTEXT_FULL (never silent truncation).
- *   streaming StreamingLLM (Xiao et al. 2023, "Efficient Streaming
- *             Language Models with Attention Sinks", sec. 3.2): the first
- *             n_sink tokens (attention sinks) stay forever; of the rest
- *             the most recent `window` stay; once full, each new token
- *             evicts the oldest window token.
+ *   streaming {n_sink, window}: StreamingLLM (Xiao et al. 2023, "Efficient
+ *             Streaming Language Models with Attention Sinks", sec. 3.2):
+ *             the first n_sink tokens (attention sinks) stay forever; of
+ *             the rest the most recent `window` stay; once full, each new
+ *             token evicts the oldest window token. C = n_sink + window.
+ *   window    {window}: the same without sinks (the baseline that the
+ *             paper shows failing once the first tokens leave). C = window.
+ *   h2o       {heavy, recent}: Heavy-Hitter Oracle (Zhang et al. 2023,
+ *             "H2O: Heavy-Hitter Oracle for Efficient Generative Inference
+ *             of Large Language Models", sec. 3-4, the greedy eviction of
+ *             Algorithm 1): the newest `recent` tokens always stay; when
+ *             room is needed, the older token with the smallest
+ *             accumulated attention score is evicted. C = heavy + recent.
+ *   sink_h2o  {n_sink, heavy, recent}: the first n_sink tokens never
+ *             leave; H2O on the rest. C = n_sink + heavy + recent.
+ *
+ * Accumulated attention score (h2o, sink_h2o): score[slot] is the sum of
+ * the softmax probability the token received, over every query (prefill
+ * rows and decoded tokens) since it entered the cache, every layer and
+ * every query head. With grouped-query attention a KV head serves
+ * n_head / n_kv_head query heads; the rule is: per KV head, sum the
+ * probabilities of all query heads of its group, then sum over KV heads
+ * and layers. A token has one score because it has one slot for all
+ * layers and heads (H2O's paper evicts per head; a shared slot cannot).
+ * The forward pass (model.c) accumulates it; a slot's score is reset to 0
+ * when a new token is written into it.
+ *
+ * Tie-break (h2o, sink_h2o): among equal scores the older token (smaller
+ * stream index, i.e. smaller cache position) is evicted first, so the same
+ * input always gives the same resident set.
+ *
+ * Pinned prefix: a session may pin its first n_pin tokens (a system
+ * prompt). For streaming and sink_h2o they are the sink region
+ * (n_sink == n_pin); for dense they are simply never evicted (nothing is).
+ * Window and h2o have no sink region and take no pin.
  *
  * Positions are cache positions: the token at cache position p (0-based,
  * in stream order among resident tokens) is rotated by RoPE at p, whatever
- * its index in the stream. Slots are storage places; `order` maps
- * positions to slots, so an eviction moves O(capacity) integers, never
- * keys or values.
+ * its index in the stream. An eviction in the middle (h2o) moves every
+ * later token one position down; keys are stored before RoPE, so they are
+ * simply rotated at their new place. Slots are storage places; `order`
+ * maps positions to slots, so an eviction moves O(capacity) integers,
+ * never keys or values.
  *
  * Spare slots and the FIFO free list (what makes a step crash-consistent
  * when the block lives in shared memory, see store.h): a cache of capacity
@@ -35,7 +67,8 @@
  * [0, off_k) holds the header and every per-slot array; the *data part*
  * [off_k, size) holds keys and values. The two may live at different
  * addresses (sk_kv_init_split / sk_kv_attach_split): the shared-memory
- * store keeps two copies of the meta part and one data part.
+ * store keeps two copies of the meta part and one data part. New per-slot
+ * state belongs in the meta part, before off_k.
  *
  *   meta part
  *   struct sk_kv_header                  see below
@@ -48,6 +81,9 @@
  *                                        the slot at cache position p;
  *                                        order[n_resident..S) are the free
  *                                        slots, next to be filled first
+ *   float    score[S]                    accumulated attention score of
+ *                                        each slot (h2o, sink_h2o; 0 for
+ *                                        the other policies)
  *   data part (offsets still from the block start)
  *   float    k[L][S][D]                  keys, before RoPE
  *   float    v[L][S][D]                  values
@@ -65,7 +101,7 @@
 #include "sinkd/protocol.h"
 
 #define SK_KV_MAGIC 0x564b4b53u /* "SKKV" little-endian */
-#define SK_KV_LAYOUT_VERSION 2u
+#define SK_KV_LAYOUT_VERSION 3u
 /* Physical slots beyond the capacity: the most tokens one crash-consistent
  * step may evict (compute.c evicts at most one per step). */
 #define SK_KV_SPARE_SLOTS 1u
@@ -73,25 +109,44 @@
  * and one session's cache must stay far below a machine's memory. The
  * daemon's memory limit is the tighter bound in practice. */
 #define SK_KV_MAX_CAPACITY (1u << 20)
+/* Largest rope_scale (position interpolation factor) a session may ask
+ * for: Chen et al. 2023 stretch contexts by 2-32x; past 64 neighbouring
+ * positions differ by less than float precision in the slow dimensions. */
+#define SK_KV_MAX_ROPE_SCALE 64.0f
 
 enum sk_policy {
   SK_POLICY_DENSE = 0,
   SK_POLICY_STREAMING = 1,
+  SK_POLICY_WINDOW = 2,
+  SK_POLICY_H2O = 3,
+  SK_POLICY_SINK_H2O = 4,
 };
 
-/* "dense", "streaming"; NULL for unknown values. */
+/* "dense", "streaming", "window", "h2o", "sink_h2o"; NULL for unknown
+ * values. */
 const char *sk_policy_name(uint32_t policy);
 /* Parses a policy name of len bytes. Returns 0 or -SK_ERR_BAD_REQUEST. */
 int sk_policy_parse(const char *name, size_t len, uint32_t *ret,
                     struct sk_error *err);
 
+/* Parameters of a cache. Fields a policy does not use are ignored (and
+ * stored as 0 in the header). */
 struct sk_kv_params {
   uint32_t policy;   /* enum sk_policy */
-  uint32_t n_sink;   /* streaming: attention sinks (may be 0) */
-  uint32_t window;   /* streaming: recent tokens kept (>= 1) */
+  uint32_t n_sink;   /* streaming, sink_h2o: attention sinks (may be 0) */
+  uint32_t window;   /* streaming, window: recent tokens kept (>= 1) */
+  uint32_t heavy;    /* h2o, sink_h2o: heavy hitters kept (>= 1) */
+  uint32_t recent;   /* h2o, sink_h2o: newest tokens always kept (>= 1) */
   uint32_t capacity; /* dense: maximum tokens (>= 1) */
+  uint32_t n_pin;    /* pinned prefix: streaming/sink_h2o need n_sink ==
+                        n_pin; dense needs n_pin < capacity; 0 otherwise */
   float rope_scale;  /* positions are divided by this (1 = none; > 0) */
 };
+
+/* True for the policies that need accumulated attention scores. */
+static inline bool sk_policy_scores(uint32_t policy) {
+  return policy == SK_POLICY_H2O || policy == SK_POLICY_SINK_H2O;
+}
 
 /* Shape of the cached tensors, from the model. */
 struct sk_kv_shape {
@@ -107,8 +162,11 @@ struct sk_kv_header {
   uint32_t capacity;       /* C: most resident tokens */
   uint32_t n_slots;        /* S: physical slots, C + SK_KV_SPARE_SLOTS */
   uint32_t policy;
-  uint32_t n_sink;
-  uint32_t window;
+  uint32_t n_sink;         /* 0 unless streaming / sink_h2o */
+  uint32_t window;         /* 0 unless streaming / window */
+  uint32_t heavy;          /* 0 unless h2o / sink_h2o */
+  uint32_t recent;         /* 0 unless h2o / sink_h2o */
+  uint32_t n_pin;          /* pinned prefix (never evicted) */
   float rope_scale;
   uint32_t n_resident;     /* tokens in the cache, <= C */
   uint64_t n_seen;         /* tokens appended over the session's life */
@@ -116,7 +174,8 @@ struct sk_kv_header {
   uint64_t off_token;      /* byte offsets from the block start */
   uint64_t off_index;
   uint64_t off_order;
-  uint64_t off_k;
+  uint64_t off_score;
+  uint64_t off_k;          /* end of the meta part */
   uint64_t off_v;
   uint64_t size;           /* whole block */
 };
@@ -127,6 +186,7 @@ struct sk_kv {
   int32_t *token;  /* (S) */
   uint64_t *index; /* (S) */
   uint32_t *order; /* (S) */
+  float *score;    /* (S) */
   float *k;        /* (L, S, D) */
   float *v;        /* (L, S, D) */
 };
@@ -144,13 +204,23 @@ struct sk_evict_log {
 void sk_evict_log_reset(struct sk_evict_log *log);
 void sk_evict_log_add(struct sk_evict_log *log, uint64_t index);
 
-/* Capacity the params ask for (n_sink + window, or capacity). */
+/* Capacity (budget, tokens) the params ask for: capacity (dense),
+ * n_sink + window (streaming), window (window), heavy + recent (h2o),
+ * n_sink + heavy + recent (sink_h2o); UINT32_MAX if the sum overflows. */
 uint32_t sk_kv_params_capacity(const struct sk_kv_params *p);
-/* Checks params against each other and against max_capacity (the model's
- * and the daemon's limit). Returns 0 or -SK_ERR_BAD_REQUEST naming the
- * parameter, its value and the limit. */
+/* Checks params against each other (window >= 1, heavy >= 1, recent >= 1,
+ * capacity >= 1, a pin that fits the sink region or the budget,
+ * 0 < rope_scale <= SK_KV_MAX_ROPE_SCALE) and against max_capacity (the
+ * daemon's memory limit, capped at SK_KV_MAX_CAPACITY). Returns 0 or
+ * -SK_ERR_BAD_REQUEST naming the parameter, its value and the limit. */
 int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
                        struct sk_error *err);
+/* Checks that the cache never places a token at a position the model
+ * cannot handle: capacity <= n_ctx_train * rope_scale (the trained context
+ * stretched by position interpolation). Returns 0 or -SK_ERR_BAD_REQUEST
+ * naming both numbers. */
+int sk_kv_params_check_context(const struct sk_kv_params *p,
+                               uint32_t n_ctx_train, struct sk_error *err);
 /* Bytes of a block for this shape and capacity; 0 on overflow. */
 size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity);
 /* Bytes of the meta part ([0, off_k): header and per-slot arrays) and of
@@ -196,16 +266,25 @@ static inline uint32_t sk_kv_free_slots(const struct sk_kv *kv) {
   return kv->hdr->capacity - kv->hdr->n_resident;
 }
 
-/* Most tokens one make_room call can make room for: capacity for dense,
- * window for streaming (sinks never leave). */
+/* Most tokens one make_room call can make room for: capacity - n_sink
+ * (sinks never leave; for dense, window and h2o that is the capacity). */
 uint32_t sk_kv_max_room(const struct sk_kv *kv);
 
-/* Makes room for n more tokens by the policy. streaming: evicts the
- * oldest window tokens (cache position n_sink) until n fit, adding their
- * stream indices to log (may be NULL); their slots join the tail of the
- * free list. dense: evicts nothing.
- * Errors: -SK_ERR_CONTEXT_FULL (dense: "needs N, M of C free"), or
- * -SK_ERR_BAD_REQUEST if n > sk_kv_max_room(). */
+/* Makes room for n more tokens by the policy, evicting e = n - free slots
+ * tokens (none if they fit) and adding their stream indices to log (may
+ * be NULL). Every eviction frees exactly one slot, which joins the tail of
+ * the free list, so a call that succeeds always leaves room for n.
+ *   streaming, window: the e oldest non-sink tokens (cache positions
+ *     n_sink .. n_sink+e-1).
+ *   h2o, sink_h2o: the newest max(recent - n, 0) resident tokens are
+ *     protected (with the n new ones they make the `recent` newest), and
+ *     sinks are protected; among the rest the e with the smallest score
+ *     leave, ties to the older token. Later tokens move down.
+ *   dense: evicts nothing.
+ * Errors (nothing changed): -SK_ERR_CONTEXT_FULL (dense: "needs N, M of C
+ * free"), -SK_ERR_BAD_REQUEST if n > sk_kv_max_room() and the n do not
+ * fit in the free slots, -SK_ERR_NO_MEMORY
+ * (h2o evicting more than one token at once sorts a temporary array). */
 int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                     struct sk_error *err);
 
@@ -224,9 +303,15 @@ static inline float *sk_kv_v(const struct sk_kv *kv, uint32_t layer,
   return kv->v + ((size_t)layer * kv->hdr->n_slots + slot) * kv->hdr->kv_dim;
 }
 
+/* Stream index of the token at cache position pos (< n_resident). */
+static inline uint64_t sk_kv_index_at(const struct sk_kv *kv, uint32_t pos) {
+  return kv->index[kv->order[pos]];
+}
+
 /* Records tokens[0..n) in slots order[n_resident..n_resident+n) (whose K/V
- * the forward pass has written), with stream indices n_seen.., and makes
- * them resident. Requires n <= sk_kv_free_slots(). */
+ * the forward pass has written, and whose score it has reset and
+ * accumulated), with stream indices n_seen.., and makes them resident.
+ * Requires n <= sk_kv_free_slots(). */
 void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n);
 
 /* Drops every resident token (the session starts over); counters of

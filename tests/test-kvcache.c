@@ -3,6 +3,7 @@
  * resident token's keys and that a long streaming session stays at its
  * budget. */
 #include <math.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -217,9 +218,10 @@ static void test_size(void **state) {
   size_t s = sk_kv_size(sh, 64);
   /* 64 slots + SK_KV_SPARE_SLOTS spare ones */
   size_t kv_bytes = 5u * 2 * 32 * 65 * sizeof(float);
-  size_t meta = 65 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t));
+  size_t meta = 65 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t) +
+                     sizeof(float)); /* token, index, order, score */
   assert_true(s >= kv_bytes + meta + sizeof(struct sk_kv_header));
-  assert_true(s <= kv_bytes + meta + sizeof(struct sk_kv_header) + 5 * 64);
+  assert_true(s <= kv_bytes + meta + sizeof(struct sk_kv_header) + 6 * 64);
   assert_int_equal(s % 64, 0);
   /* linear in capacity */
   assert_int_equal(sk_kv_size(sh, 128) - sk_kv_size(sh, 64),
@@ -326,7 +328,16 @@ static void test_policy_names(void **state) {
   uint32_t pol = 99;
   assert_string_equal(sk_policy_name(SK_POLICY_DENSE), "dense");
   assert_string_equal(sk_policy_name(SK_POLICY_STREAMING), "streaming");
-  assert_null(sk_policy_name(2));
+  assert_string_equal(sk_policy_name(SK_POLICY_WINDOW), "window");
+  assert_string_equal(sk_policy_name(SK_POLICY_H2O), "h2o");
+  assert_string_equal(sk_policy_name(SK_POLICY_SINK_H2O), "sink_h2o");
+  assert_null(sk_policy_name(5));
+  assert_int_equal(sk_policy_parse("sink_h2o", 8, &pol, &err), 0);
+  assert_int_equal(pol, SK_POLICY_SINK_H2O);
+  assert_int_equal(sk_policy_parse("h2o", 3, &pol, &err), 0);
+  assert_int_equal(pol, SK_POLICY_H2O);
+  assert_int_equal(sk_policy_parse("window", 6, &pol, &err), 0);
+  assert_int_equal(pol, SK_POLICY_WINDOW);
   assert_int_equal(sk_policy_parse("streaming", 9, &pol, &err), 0);
   assert_int_equal(pol, SK_POLICY_STREAMING);
   assert_int_equal(sk_policy_parse("dense", 5, &pol, &err), 0);
@@ -361,11 +372,318 @@ static void test_evict_log(void **state) {
                    10 * (SK_EVICT_LOG_MAX_RANGES - 1));
 }
 
+/* ---- window, h2o, sink_h2o, pins ------------------------------------ */
+
+static struct sk_kv *new_kv_p(struct sk_kv_shape shape,
+                              struct sk_kv_params p) {
+  struct sk_kv *kv = NULL;
+  struct sk_error err = {0};
+  if (p.rope_scale == 0.0f) p.rope_scale = 1.0f;
+  if (sk_kv_new(shape, &p, &kv, &err) < 0)
+    fail_msg("sk_kv_new: %s", err.message);
+  return kv;
+}
+
+/* The window policy is streaming without sinks: after 40 single tokens
+ * into a window of 12 the newest 12 stay; a 30-token append into the full
+ * cache (in steps of at most the window) evicts 30 and reports them. */
+static void test_window_policy(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv_p(small_shape, (struct sk_kv_params){
+                                               .policy = SK_POLICY_WINDOW,
+                                               .window = 12});
+  assert_int_equal(kv->hdr->capacity, 12);
+  assert_int_equal(kv->hdr->n_sink, 0);
+  assert_int_equal(sk_kv_max_room(kv), 12);
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+  for (int i = 0; i < 40; i++) append(kv, 1, &log);
+  uint64_t want[12];
+  for (uint32_t i = 0; i < 12; i++) want[i] = 28 + i;
+  assert_resident(kv, want, 12);
+  assert_int_equal(log.n_evicted, 28);
+  assert_int_equal(log.n_ranges, 1);
+  assert_int_equal(log.first[0], 0);
+  assert_int_equal(log.last[0], 27);
+  sk_evict_log_reset(&log);
+  append(kv, 12, &log);
+  append(kv, 12, &log);
+  append(kv, 6, &log);
+  for (uint32_t i = 0; i < 12; i++) want[i] = 58 + i;
+  assert_resident(kv, want, 12);
+  assert_int_equal(log.n_evicted, 30);
+  assert_int_equal(log.first[0], 28);
+  assert_int_equal(log.last[0], 57);
+  sk_kv_delete(kv);
+}
+
+/* One token appended with a given score (what the forward pass would
+ * have accumulated for it). */
+static void append_scored(struct sk_kv *kv, float score,
+                          struct sk_evict_log *log) {
+  append(kv, 1, log);
+  kv->score[sk_kv_slot(kv, kv->hdr->n_resident - 1)] = score;
+}
+
+/* H2O by hand: heavy 2 + recent 2. Token i gets score sc[i]. Once full,
+ * each new token protects the newest resident (recent - 1 = 1) and evicts
+ * the smallest score among the others; equal scores evict the older. */
+static void test_h2o_scripted(void **state) {
+  (void)state;
+  static const float sc[12] = {5, 1, 3, 1, 2, 0, 9, 3, 4, 5, 4, 1};
+  /* Resident stream indices after appending token 4, 5, ..., 11. */
+  static const uint64_t want[8][4] = {
+      {0, 2, 3, 4},  /* 4: evicts 1 (score 1 among 5, 1, 3) */
+      {0, 2, 4, 5},  /* 5: evicts 3 (1 among 5, 3, 1) */
+      {0, 2, 5, 6},  /* 6: evicts 4 (2 among 5, 3, 2) */
+      {0, 2, 6, 7},  /* 7: evicts 5 (0) */
+      {0, 6, 7, 8},  /* 8: evicts 2 (3 among 5, 3, 9) */
+      {0, 6, 8, 9},  /* 9: evicts 7 (3 among 5, 9, 3) */
+      {0, 6, 9, 10}, /* 10: evicts 8 (4 among 5, 9, 4) */
+      {6, 9, 10, 11} /* 11: 0 and 9 tie at 5: the older, 0, leaves */
+  };
+  for (int run = 0; run < 2; run++) { /* same input, same sets */
+    struct sk_kv *kv = new_kv_p(small_shape, (struct sk_kv_params){
+                                                 .policy = SK_POLICY_H2O,
+                                                 .heavy = 2, .recent = 2});
+    assert_int_equal(kv->hdr->capacity, 4);
+    assert_int_equal(sk_kv_max_room(kv), 4);
+    struct sk_evict_log log;
+    sk_evict_log_reset(&log);
+    for (int i = 0; i < 4; i++) append_scored(kv, sc[i], &log);
+    for (int i = 4; i < 12; i++) {
+      append_scored(kv, sc[i], &log);
+      assert_resident(kv, want[i - 4], 4);
+    }
+    assert_int_equal(kv->hdr->n_evicted, 8);
+    /* evicted 1, 3, 4, 5, 2, 7, 8, 0 */
+    assert_int_equal(log.n_evicted, 8);
+    assert_int_equal(log.n_ranges, 5);
+    static const uint64_t first[5] = {1, 3, 2, 7, 0}, last[5] = {1, 5, 2, 8, 0};
+    for (int r = 0; r < 5; r++) {
+      assert_int_equal(log.first[r], first[r]);
+      assert_int_equal(log.last[r], last[r]);
+    }
+    assert_permutation(kv);
+
+    /* Room for 3 at once: recent (2) < 3, so no resident is protected;
+     * the 3 smallest scores leave: 9 (5), 10 (4) and 11 (1) -- 6 (9)
+     * stays. */
+    sk_evict_log_reset(&log);
+    struct sk_error err = {0};
+    assert_int_equal(sk_kv_make_room(kv, 3, &log, &err), 0);
+    uint64_t left[1] = {6};
+    assert_resident(kv, left, 1);
+    assert_int_equal(log.n_evicted, 3);
+    assert_int_equal(log.n_ranges, 1);
+    assert_int_equal(log.first[0], 9);
+    assert_int_equal(log.last[0], 11);
+    assert_permutation(kv);
+    sk_kv_delete(kv);
+  }
+}
+
+/* sink_h2o: the sink never leaves however low its score; H2O on the
+ * rest. n_sink 1, heavy 2, recent 2. */
+static void test_sink_h2o_scripted(void **state) {
+  (void)state;
+  static const float sc[10] = {0, 1, 3, 1, 2, 0, 9, 3, 4, 5};
+  struct sk_kv *kv = new_kv_p(small_shape, (struct sk_kv_params){
+                                               .policy = SK_POLICY_SINK_H2O,
+                                               .n_sink = 1, .heavy = 2,
+                                               .recent = 2});
+  assert_int_equal(kv->hdr->capacity, 5);
+  assert_int_equal(sk_kv_max_room(kv), 4);
+  struct sk_evict_log log;
+  sk_evict_log_reset(&log);
+  for (int i = 0; i < 10; i++) append_scored(kv, sc[i], &log);
+  /* Each step protects the sink and the newest resident. 5: candidates
+   * 1 (1), 2 (3), 3 (1): 1 and 3 tie, the older (1) goes; 6: 2 (3),
+   * 3 (1), 4 (2): evicts 3; 7: 2, 4, 5 (0): evicts 5; 8: 2 (3), 4 (2),
+   * 6 (9): evicts 4; 9: 2 (3), 6 (9), 7 (3): the older of the tie, 2. */
+  uint64_t want[5] = {0, 6, 7, 8, 9};
+  assert_resident(kv, want, 5);
+  assert_int_equal(log.n_evicted, 5);
+  struct sk_error err = {0};
+  assert_int_equal(sk_kv_make_room(kv, 5, &log, &err), -SK_ERR_BAD_REQUEST);
+  assert_int_equal(sk_kv_make_room(kv, 4, &log, &err), 0);
+  uint64_t sink_only[1] = {0};
+  assert_resident(kv, sink_only, 1);
+  sk_kv_delete(kv);
+}
+
+/* A long random run of every evicting policy against a brute-force model
+ * of the rules over stream indices. */
+static void test_policies_against_model(void **state) {
+  (void)state;
+  static const struct sk_kv_params ps[] = {
+      {.policy = SK_POLICY_STREAMING, .n_sink = 3, .window = 9},
+      {.policy = SK_POLICY_WINDOW, .window = 10},
+      {.policy = SK_POLICY_H2O, .heavy = 5, .recent = 4},
+      {.policy = SK_POLICY_SINK_H2O, .n_sink = 2, .heavy = 4, .recent = 3},
+  };
+  for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+    struct sk_kv *kv = new_kv_p(small_shape, ps[pi]);
+    const uint32_t C = kv->hdr->capacity, S = kv->hdr->n_sink;
+    uint64_t res[16];  /* resident stream indices, in order */
+    float score[4096]; /* by stream index */
+    uint32_t nr = 0;
+    unsigned r = 777u + (unsigned)pi;
+    uint64_t seen = 0;
+    for (int step = 0; step < 600; step++) {
+      r = r * 1103515245u + 12345u;
+      uint32_t n = 1 + (r >> 16) % (C - S);
+      /* model: make room */
+      uint32_t need = nr + n > C ? nr + n - C : 0;
+      if (need && sk_policy_scores(ps[pi].policy)) {
+        uint32_t protect = kv->hdr->recent > n ? kv->hdr->recent - n : 0;
+        if (protect > nr - S) protect = nr - S;
+        bool gone[16] = {false};
+        for (uint32_t e = 0; e < need; e++) {
+          uint32_t best = UINT32_MAX;
+          for (uint32_t q = S; q < nr - protect; q++)
+            if (!gone[q] && (best == UINT32_MAX || score[res[q]] < score[res[best]]))
+              best = q;
+          assert_true(best != UINT32_MAX);
+          gone[best] = true;
+        }
+        uint32_t w = 0;
+        for (uint32_t q = 0; q < nr; q++)
+          if (!gone[q]) res[w++] = res[q];
+        nr = w;
+      } else if (need) {
+        memmove(res + S, res + S + need, (nr - S - need) * sizeof res[0]);
+        nr -= need;
+      }
+      /* kv */
+      struct sk_error err = {0};
+      if (sk_kv_make_room(kv, n, NULL, &err) < 0)
+        fail_msg("make_room(%u): %s", n, err.message);
+      int32_t tok[16];
+      for (uint32_t i = 0; i < n; i++) {
+        uint64_t index = seen + i;
+        tok[i] = (int32_t)(1000 + index);
+        uint32_t slot = sk_kv_slot(kv, kv->hdr->n_resident + i);
+        for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
+          for (uint32_t d = 0; d < kv->hdr->kv_dim; d++) {
+            sk_kv_k(kv, l, slot)[d] = (float)(index + l);
+            sk_kv_v(kv, l, slot)[d] = -(float)(index + l);
+          }
+        r = r * 1103515245u + 12345u;
+        score[index] = (float)((r >> 16) % 7); /* many ties */
+        kv->score[slot] = score[index];
+        res[nr++] = index;
+      }
+      sk_kv_commit(kv, tok, n);
+      seen += n;
+      assert_permutation(kv);
+      assert_resident(kv, res, nr);
+      /* every resident score is still its token's */
+      for (uint32_t q = 0; q < nr; q++)
+        assert_true(kv->score[sk_kv_slot(kv, q)] == score[res[q]]);
+      assert_true(seen < 4096 - 16);
+    }
+    sk_kv_delete(kv);
+  }
+}
+
+static void test_params_policies(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  struct sk_kv_params h = {.policy = SK_POLICY_H2O, .heavy = 16, .recent = 16,
+                           .rope_scale = 1.0f};
+  assert_int_equal(sk_kv_params_check(&h, 64, &err), 0);
+  assert_int_equal(sk_kv_params_capacity(&h), 32);
+  struct sk_kv_params p = h;
+  p.recent = 0;
+  expect_params_error(p, 64, "recent 0", ">= 1");
+  p = h;
+  p.heavy = 0;
+  expect_params_error(p, 64, "heavy 0", "window");
+  p = h;
+  p.heavy = 300;
+  p.recent = 300;
+  expect_params_error(p, 512, "heavy + recent = 300 + 300 = 600",
+                      "maximum capacity 512");
+  struct sk_kv_params sh = {.policy = SK_POLICY_SINK_H2O, .n_sink = 4,
+                            .heavy = 12, .recent = 16, .rope_scale = 1.0f};
+  assert_int_equal(sk_kv_params_check(&sh, 64, &err), 0);
+  assert_int_equal(sk_kv_params_capacity(&sh), 32);
+  p = sh;
+  p.n_sink = 40;
+  expect_params_error(p, 64, "n_sink + heavy + recent = 40 + 12 + 16 = 68",
+                      "64");
+  struct sk_kv_params w = {.policy = SK_POLICY_WINDOW, .window = 0,
+                           .rope_scale = 1.0f};
+  expect_params_error(w, 64, "window 0", ">= 1");
+  w.window = 65;
+  expect_params_error(w, 64, "window 65", "maximum capacity 64");
+
+  /* pins */
+  struct sk_kv_params s = {.policy = SK_POLICY_STREAMING, .n_sink = 300,
+                           .window = 32, .n_pin = 300, .rope_scale = 1.0f};
+  assert_int_equal(sk_kv_params_check(&s, 512, &err), 0);
+  assert_int_equal(sk_kv_params_capacity(&s), 332);
+  s.n_sink = 4;
+  expect_params_error(s, 512, "n_sink 4 differs from the 300 pinned", NULL);
+  s.n_sink = 300;
+  expect_params_error(s, 320, "n_sink + window = 300 + 32 = 332",
+                      "maximum capacity 320");
+  p = h;
+  p.n_pin = 3;
+  expect_params_error(p, 64, "h2o has no sink region", NULL);
+  struct sk_kv_params d = {.policy = SK_POLICY_DENSE, .capacity = 16,
+                           .n_pin = 16, .rope_scale = 1.0f};
+  expect_params_error(d, 64, "pin of 16 tokens", "capacity 16");
+  d.n_pin = 15;
+  assert_int_equal(sk_kv_params_check(&d, 64, &err), 0);
+
+  /* rope_scale and the model's context */
+  d.n_pin = 0;
+  d.rope_scale = 65.0f;
+  expect_params_error(d, 64, "rope_scale 65", "<= 64");
+  d.capacity = 4096;
+  d.rope_scale = 2.0f;
+  assert_int_equal(sk_kv_params_check_context(&d, 2048, &err), 0);
+  d.capacity = 4097;
+  assert_int_equal(sk_kv_params_check_context(&d, 2048, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "capacity 4097 exceeds the model's "
+                                      "context: n_ctx_train 2048 x "
+                                      "rope_scale 2 = 4096 positions"));
+  assert_int_equal(sk_kv_params_check_context(&h, 31, &err),
+                   -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "heavy + recent = 16 + 16 = 32"));
+}
+
+/* A pinned prefix of a streaming cache is its sink region: it stays, token
+ * for token, however many tokens stream past. */
+static void test_pin_streaming(void **state) {
+  (void)state;
+  struct sk_kv *kv = new_kv_p(small_shape, (struct sk_kv_params){
+                                               .policy = SK_POLICY_STREAMING,
+                                               .n_sink = 30, .window = 5,
+                                               .n_pin = 30});
+  assert_int_equal(kv->hdr->n_pin, 30);
+  assert_int_equal(sk_kv_max_room(kv), 5);
+  append(kv, 30, NULL);
+  for (int i = 0; i < 1005; i++) append(kv, 1, NULL);
+  uint64_t want[35];
+  for (uint32_t i = 0; i < 30; i++) want[i] = i;
+  for (uint32_t i = 0; i < 5; i++) want[30 + i] = 1030 + i;
+  assert_resident(kv, want, 35);
+  assert_int_equal(kv->hdr->n_evicted, 1000);
+  sk_kv_delete(kv);
+}
+
 /* attach: a valid block round-trips; each corruption is named. */
 static void expect_attach_error(void *mem, size_t size, const char *needle) {
   struct sk_kv kv;
   struct sk_error err = {0};
-  assert_int_equal(sk_kv_attach(&kv, mem, size, &err), -SK_ERR_BAD_REQUEST);
+  int rc = sk_kv_attach(&kv, mem, size, &err);
+  if (rc != -SK_ERR_BAD_REQUEST)
+    fail_msg("attach accepted a block corrupted at \"%s\" (rc %d)", needle,
+             rc);
   if (!strstr(err.message, needle))
     fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
 }
@@ -402,6 +720,9 @@ static void test_attach(void **state) {
   CORRUPT(h->magic ^= 1, "magic");
   CORRUPT(h->layout_version = 1, "layout_version");
   CORRUPT(h->n_slots = h->capacity, "n_slots is 8, expected 9");
+  CORRUPT(h->off_score = h->off_order, "off_score");
+  CORRUPT(h->n_pin = 3, "pinned");
+  CORRUPT(h->heavy = 2, "heavy");
   CORRUPT(h->n_resident = h->capacity + 1, "n_resident 9 exceeds capacity 8");
   CORRUPT(h->n_seen = 3, "n_seen");
   CORRUPT(h->off_k = h->size, "off_k");
@@ -729,6 +1050,152 @@ static void test_model_long_stream(void **state) {
   sk_gguf_close(f.g);
 }
 
+/* Layer-0 keys of every resident token equal a from-scratch computation at
+ * its cache position after evictions, for every evicting policy (h2o
+ * evicts from the middle: later tokens move down and are rotated at their
+ * new place). */
+static void test_model_keys_all_policies(void **state) {
+  (void)state;
+  struct model_fx f;
+  load_model(&f);
+  const struct sk_model_config *c = sk_model_config(f.m);
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n_ids;
+  int32_t *ids = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "texts"), 0),
+                      "token_ids"),
+      &n_ids);
+  static const struct sk_kv_params ps[] = {
+      {.policy = SK_POLICY_WINDOW, .window = 16},
+      {.policy = SK_POLICY_H2O, .heavy = 8, .recent = 8},
+      {.policy = SK_POLICY_SINK_H2O, .n_sink = 4, .heavy = 6, .recent = 6},
+  };
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(f.m, 12, 16, &s, &err), 0);
+  float logits[512];
+  double maxd = 0.0;
+  for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+    struct sk_kv *kv = new_kv_p(sk_model_kv_shape(f.m), ps[pi]);
+    uint32_t room = sk_kv_max_room(kv);
+    uint32_t done = 0, step = 0;
+    static const uint32_t sizes[] = {5, 1, 12, 3, 7, 1, 1, 9, 12, 2};
+    while (done < 150) {
+      uint32_t n = sizes[step++ % 10];
+      if (n > room) n = room;
+      if (n > 150 - done) n = 150 - done;
+      forward_ok(&f, s, kv, ids + done, n, logits, NULL);
+      done += n;
+    }
+    assert_int_equal(kv->hdr->n_resident, 16);
+    assert_int_equal(kv->hdr->n_evicted, 150 - 16);
+    for (uint32_t p = 0; p < 16; p++) {
+      uint32_t slot = sk_kv_slot(kv, p);
+      assert_int_equal(kv->token[slot], ids[kv->index[slot]]);
+      if (p > 0) assert_true(sk_kv_index_at(kv, p) > sk_kv_index_at(kv, p - 1));
+      double want[256], got[256];
+      layer0_key(&f, kv->token[slot], want);
+      const float *k = sk_kv_k(kv, 0, slot);
+      for (uint32_t d = 0; d < c->kv_dim; d++) got[d] = k[d];
+      rope_double(c, want, p);
+      rope_double(c, got, p);
+      for (uint32_t d = 0; d < c->kv_dim; d++)
+        if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
+    }
+    if (ps[pi].policy == SK_POLICY_SINK_H2O)
+      for (uint32_t p = 0; p < 4; p++)
+        assert_int_equal(sk_kv_index_at(kv, p), p);
+    sk_kv_delete(kv);
+  }
+  printf("layer-0 keys after window/h2o/sink_h2o evictions: max abs diff "
+         "%.3g\n", maxd);
+  assert_true(maxd < 1e-4);
+  sk_scratch_free(s);
+  free(ids);
+  json_decref(ref);
+  sk_model_free(f.m);
+  sk_gguf_close(f.g);
+}
+
+/* H2O with the real model: heavy 16 + recent 16, a 24-token prompt, then
+ * 64 greedy tokens one at a time. The newest token always survives its
+ * step, the last 16 are always resident, the heavy part changes over
+ * time, and a second run gives the same resident sets. Also the
+ * aggregation rule: every query row's probabilities sum to 1 per head and
+ * layer, so before any eviction the scores sum to n_layer * n_head * rows. */
+static void h2o_run(const struct model_fx *f, const int32_t *prompt,
+                    uint64_t sets[64][32]) {
+  const struct sk_model_config *c = sk_model_config(f->m);
+  struct sk_kv *kv = new_kv_p(sk_model_kv_shape(f->m),
+                              (struct sk_kv_params){.policy = SK_POLICY_H2O,
+                                                    .heavy = 16, .recent = 16});
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(f->m, 24, 32, &s, &err), 0);
+  float logits[512];
+  forward_ok(f, s, kv, prompt, 24, logits, NULL);
+  double sum = 0.0;
+  for (uint32_t p = 0; p < 24; p++) sum += kv->score[sk_kv_slot(kv, p)];
+  assert_true(fabs(sum - (double)c->n_layer * c->n_head * 24) < 1e-3);
+  /* the first token is seen by every row: the largest score */
+  for (uint32_t p = 1; p < 24; p++)
+    assert_true(kv->score[sk_kv_slot(kv, 0)] > kv->score[sk_kv_slot(kv, p)]);
+  for (int i = 0; i < 64; i++) {
+    int32_t next = argmax(logits, c->n_vocab);
+    forward_ok(f, s, kv, &next, 1, logits, NULL);
+    uint64_t newest = kv->hdr->n_seen - 1;
+    uint32_t nr = kv->hdr->n_resident;
+    assert_int_equal(nr, 24 + i + 1 < 32 ? 24 + i + 1 : 32);
+    assert_int_equal(sk_kv_index_at(kv, nr - 1), newest);
+    assert_int_equal(kv->token[sk_kv_slot(kv, nr - 1)], next);
+    uint32_t n_recent = nr < 16 ? nr : 16;
+    for (uint32_t q = 0; q < n_recent; q++)
+      assert_int_equal(sk_kv_index_at(kv, nr - 1 - q), newest - q);
+    for (uint32_t p = 0; p < 32; p++)
+      sets[i][p] = p < nr ? sk_kv_index_at(kv, p) : UINT64_MAX;
+    assert_permutation(kv);
+  }
+  assert_int_equal(kv->hdr->n_evicted, 24 + 64 - 32);
+  sk_scratch_free(s);
+  sk_kv_delete(kv);
+}
+
+static void test_model_h2o(void **state) {
+  (void)state;
+  struct model_fx f;
+  load_model(&f);
+  /* the prompt: the first 24 tokens of the stories text (BOS first) */
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n_ids;
+  int32_t *ids = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "texts"), 0),
+                      "token_ids"),
+      &n_ids);
+  static uint64_t a[64][32], b[64][32];
+  h2o_run(&f, ids, a);
+  h2o_run(&f, ids, b);
+  free(ids);
+  json_decref(ref);
+  assert_memory_equal(a, b, sizeof a);
+  /* the older (heavy) part: positions 0..15 of the full cache */
+  bool changed = false;
+  for (int i = 9; i < 63; i++)
+    if (memcmp(a[i], a[i + 1], 16 * sizeof a[0][0]) != 0) changed = true;
+  assert_true(changed);
+  /* the heavy part is not just the oldest tokens (that would be a
+   * window): some token older than the recent 16 left while an even older
+   * one stayed */
+  bool gap = false;
+  for (uint32_t p = 0; p + 1 < 16; p++)
+    if (a[63][p + 1] != a[63][p] + 1) gap = true;
+  assert_true(gap);
+  printf("h2o heavy set after 64 steps:");
+  for (uint32_t p = 0; p < 16; p++) printf(" %llu", (unsigned long long)a[63][p]);
+  printf("\n");
+  sk_model_free(f.m);
+  sk_gguf_close(f.g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streaming),
@@ -741,8 +1208,16 @@ int main(void) {
       cmocka_unit_test(test_attach),
       cmocka_unit_test(test_fifo_free_slots),
       cmocka_unit_test(test_split_views),
+      cmocka_unit_test(test_window_policy),
+      cmocka_unit_test(test_h2o_scripted),
+      cmocka_unit_test(test_sink_h2o_scripted),
+      cmocka_unit_test(test_policies_against_model),
+      cmocka_unit_test(test_params_policies),
+      cmocka_unit_test(test_pin_streaming),
       cmocka_unit_test(test_model_keys_after_evictions),
       cmocka_unit_test(test_model_long_stream),
+      cmocka_unit_test(test_model_keys_all_policies),
+      cmocka_unit_test(test_model_h2o),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
