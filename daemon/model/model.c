@@ -74,6 +74,10 @@ struct sk_scratch {
   float *rope_sin;    /* (T, rope_dim / 2) */
   uint32_t rope_valid;     /* rows of the rope tables computed */
   float rope_freq_scale;   /* the scale they were computed for */
+  float *sink_mass;        /* (n_layer) last forward, last token */
+  float *entropy;          /* (n_layer) last forward, last token, nats */
+  uint32_t attn_probe;     /* positions counted as sinks by sink_mass */
+  bool attn_valid;         /* a forward has filled the two above */
 };
 
 /* ---- loading -------------------------------------------------------- */
@@ -447,6 +451,8 @@ void sk_scratch_free(struct sk_scratch *s) {
                     &s->v,   &s->att_out, &s->hb,  &s->hb2, &s->kr,
                     &s->vr,  &s->att,     &s->rope_cos, &s->rope_sin};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
+  free(s->sink_mass);
+  free(s->entropy);
   free(s);
 }
 
@@ -491,6 +497,12 @@ int sk_scratch_new(const struct sk_model *m, uint32_t max_batch,
                           "cannot allocate scratch for batch %u, context %u",
                           max_batch, max_ctx);
     }
+  }
+  s->sink_mass = calloc(c->n_layer, sizeof *s->sink_mass);
+  s->entropy = calloc(c->n_layer, sizeof *s->entropy);
+  if (!s->sink_mass || !s->entropy) {
+    sk_scratch_free(s);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate scratch");
   }
   s->rope_valid = 0;
   s->rope_freq_scale = 0.0f;
@@ -573,23 +585,48 @@ static void sk__rope(float *y, const float *x, const struct sk_scratch *s,
 
 /* Softmax of row[0..n_valid) scaled by scale, as ggml_soft_max_ext:
  * max-subtracted expf, sum in double, multiply by 1/sum. Entries
- * [n_valid..n_total) (future positions) become 0. */
+ * [n_valid..n_total) (future positions) become 0. If ret_entropy is not
+ * NULL it receives the entropy of the distribution in nats, computed
+ * without a logarithm per entry: with e_j = exp(x_j - max) and S = sum e_j,
+ * H = -sum p_j log p_j = log S - sum e_j (x_j - max) / S. */
 static void sk__softmax(float *row, uint32_t n_valid, uint32_t n_total,
-                        float scale) {
+                        float scale, double *ret_entropy) {
   float max = -INFINITY;
   for (uint32_t j = 0; j < n_valid; j++) {
     row[j] *= scale;
     if (row[j] > max) max = row[j];
   }
-  double sum = 0.0;
+  double sum = 0.0, wsum = 0.0;
   for (uint32_t j = 0; j < n_valid; j++) {
     float e = expf(row[j] - max);
+    if (ret_entropy) wsum += (double)e * (double)(row[j] - max);
     row[j] = e;
     sum += (double)e;
   }
+  if (ret_entropy) *ret_entropy = log(sum) - wsum / sum;
   const float inv = (float)(1.0 / sum);
   for (uint32_t j = 0; j < n_valid; j++) row[j] *= inv;
   for (uint32_t j = n_valid; j < n_total; j++) row[j] = 0.0f;
+}
+
+/* What the attention of one query row leaves behind besides its output:
+ * the H2O score of every position it saw (kvcache.h: summed over query
+ * heads, hence per KV head over its group, then over KV heads and
+ * layers), and, for the last row of the batch, the sink mass and entropy
+ * averaged over heads. */
+static void sk__attention_observe(struct sk_scratch *s, const struct sk_kv *kv,
+                                  const float *p, uint32_t n_seen,
+                                  bool last_row, double entropy,
+                                  double *mass_sum, double *ent_sum) {
+  if (sk_policy_scores(kv->hdr->policy))
+    for (uint32_t j = 0; j < n_seen; j++) kv->score[kv->order[j]] += p[j];
+  if (last_row) {
+    double m = 0.0;
+    uint32_t probe = s->attn_probe < n_seen ? s->attn_probe : n_seen;
+    for (uint32_t j = 0; j < probe; j++) m += (double)p[j];
+    *mass_sum += m;
+    *ent_sum += entropy;
+  }
 }
 
 /* Attention of the n new tokens (queries s->q, rotated) over the T = nr+n
@@ -600,6 +637,7 @@ static void sk__attention(struct sk_scratch *s, const struct sk_kv *kv,
   const uint32_t T = nr + n, hd = c->head_dim, D = c->kv_dim;
   const uint32_t group = c->n_head / c->n_kv_head;
   const float scale = 1.0f / sqrtf((float)hd);
+  double mass_sum = 0.0, ent_sum = 0.0;
 
   for (uint32_t p = 0; p < T; p++) {
     uint32_t slot = sk_kv_slot(kv, p);
@@ -612,10 +650,12 @@ static void sk__attention(struct sk_scratch *s, const struct sk_kv *kv,
     const float *kh = s->kr + (size_t)kvh * hd;   /* rows of stride D */
     const float *vh = s->vr + (size_t)kvh * hd;
     float *oh = s->att_out + (size_t)h * hd;
+    double ent = 0.0;
     if (n == 1) {
       cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)T, (int)hd, 1.0f, kh,
                   (int)D, qh, 1, 0.0f, s->att, 1);
-      sk__softmax(s->att, T, T, scale);
+      sk__softmax(s->att, T, T, scale, &ent);
+      sk__attention_observe(s, kv, s->att, T, true, ent, &mass_sum, &ent_sum);
       cblas_sgemv(CblasRowMajor, CblasTrans, (int)T, (int)hd, 1.0f, vh,
                   (int)D, s->att, 1, 0.0f, oh, 1);
       continue;
@@ -624,12 +664,19 @@ static void sk__attention(struct sk_scratch *s, const struct sk_kv *kv,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T,
                 (int)hd, 1.0f, qh, (int)c->dim, kh, (int)D, 0.0f, s->att,
                 (int)T);
-    for (uint32_t i = 0; i < n; i++)
-      sk__softmax(s->att + (size_t)i * T, nr + i + 1, T, scale);
+    for (uint32_t i = 0; i < n; i++) {
+      bool last = i + 1 == n;
+      float *row = s->att + (size_t)i * T;
+      sk__softmax(row, nr + i + 1, T, scale, last ? &ent : NULL);
+      sk__attention_observe(s, kv, row, nr + i + 1, last, ent, &mass_sum,
+                            &ent_sum);
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd,
                 (int)T, 1.0f, s->att, (int)T, vh, (int)D, 0.0f, oh,
                 (int)c->dim);
   }
+  s->sink_mass[l] = (float)(mass_sum / c->n_head);
+  s->entropy[l] = (float)(ent_sum / c->n_head);
 }
 
 /* ---- forward -------------------------------------------------------- */
@@ -673,6 +720,10 @@ int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
 
   const uint32_t dim = c->dim, D = c->kv_dim, H = c->hidden_dim;
   sk__rope_tables(s, nr + n, c->rope_scale / kv->hdr->rope_scale);
+  /* The new tokens' slots start with no attention score. */
+  if (sk_policy_scores(kv->hdr->policy))
+    for (uint32_t i = 0; i < n; i++) kv->score[sk_kv_slot(kv, nr + i)] = 0.0f;
+  s->attn_probe = kv->hdr->n_sink ? kv->hdr->n_sink : SK_ATTN_PROBE_DEFAULT;
 
   for (uint32_t i = 0; i < n; i++)
     memcpy(s->x + (size_t)i * dim, m->tok_embd + (size_t)tokens[i] * dim,
@@ -719,5 +770,15 @@ int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
                c->n_vocab);
   }
   sk_kv_commit(kv, tokens, n);
+  s->attn_valid = true;
   return 0;
+}
+
+bool sk_scratch_attn(const struct sk_scratch *s, const float **ret_sink_mass,
+                     const float **ret_entropy, uint32_t *ret_probe) {
+  if (!s->attn_valid) return false;
+  *ret_sink_mass = s->sink_mass;
+  *ret_entropy = s->entropy;
+  *ret_probe = s->attn_probe;
+  return true;
 }
