@@ -1,5 +1,6 @@
 #include "compute.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@ struct sk_compute {
   uint32_t max_batch;
   uint32_t n_vocab;
   struct sk_scratch *scratch;
+  float *batch_logits;      /* (max_batch, n_vocab): appends with logprobs */
   sk_compute_event_cb cb;
   void *user;
 
@@ -121,6 +123,12 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
                           "tokens[%zu] = %d is outside the vocabulary [0, %u)",
                           i, job->tokens[i], c->n_vocab);
   }
+  if (job->want_logprobs) {
+    job->logprobs = malloc((job->n_tokens ? job->n_tokens : 1) * sizeof *job->logprobs);
+    if (!job->logprobs)
+      return sk_error_set(&job->err, SK_ERR_NO_MEMORY,
+                          "out of memory for %zu log-probabilities", job->n_tokens);
+  }
   if (kv->hdr->policy == SK_POLICY_DENSE) {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (job->n_tokens > free_slots)
@@ -154,6 +162,17 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
   return 0;
 }
 
+/* ln softmax(logits)[token], as llama.cpp's perplexity: max-subtracted,
+ * the sum of exponentials in double. */
+static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
+  float max = logits[0];
+  for (uint32_t j = 1; j < n_vocab; j++)
+    if (logits[j] > max) max = logits[j];
+  double sum = 0.0;
+  for (uint32_t j = 0; j < n_vocab; j++) sum += exp((double)logits[j] - max);
+  return (float)((double)logits[token] - max - log(sum));
+}
+
 /* One prefill chunk, one committed step. Returns 0 or -code with
  * job->err set (nothing committed). */
 static int step_prefill(struct sk_compute *c, struct sk_job *job) {
@@ -176,14 +195,36 @@ static int step_prefill(struct sk_compute *c, struct sk_job *job) {
   }
   if (n > remaining) n = (uint32_t)remaining;
   if (n > c->max_batch) n = c->max_batch;
-  int rc = sk_model_forward(c->model, c->scratch, kv, job->tokens + job->n_done,
-                            n, s->obj->logits, false, &job->err);
+  const int32_t *toks = job->tokens + job->n_done;
+  int rc;
+  if (job->want_logprobs) {
+    /* The first token is scored by the logits the session already holds
+     * (from its previous tokens), the others by this chunk's rows. The
+     * working copy of the logits equals the committed one here. */
+    float *lp = job->logprobs + job->n_done;
+    lp[0] = (s->obj->meta->flags & SK_STORE_HAS_LOGITS)
+                ? log_prob(s->obj->logits, c->n_vocab, toks[0])
+                : NAN;
+    rc = sk_model_forward(c->model, c->scratch, kv, toks, n, c->batch_logits,
+                          true, &job->err);
+    if (rc == 0) {
+      for (uint32_t i = 1; i < n; i++)
+        lp[i] = log_prob(c->batch_logits + (size_t)(i - 1) * c->n_vocab,
+                         c->n_vocab, toks[i]);
+      memcpy(s->obj->logits, c->batch_logits + (size_t)(n - 1) * c->n_vocab,
+             c->n_vocab * sizeof *s->obj->logits);
+    }
+  } else {
+    rc = sk_model_forward(c->model, c->scratch, kv, toks, n, s->obj->logits,
+                          false, &job->err);
+  }
   if (rc < 0) {
     sk_store_abort(s->obj);
     return rc;
   }
   s->obj->meta->flags |= SK_STORE_HAS_LOGITS;
   sk_store_commit(s->obj);
+  sk_session_attn_record(c->table, s, c->scratch);
   for (uint32_t i = 0; i < step_log.n_ranges; i++)
     for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
       sk_evict_log_add(&job->evicted, x);
@@ -278,6 +319,7 @@ static int step_decode(struct sk_compute *c, struct sk_job *job) {
     return rc;
   }
   sk_store_commit(s->obj);
+  sk_session_attn_record(c->table, s, c->scratch);
   for (uint32_t i = 0; i < step_log.n_ranges; i++)
     for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
       sk_evict_log_add(&job->evicted, x);
@@ -426,6 +468,12 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
     free(c);
     return rc;
   }
+  c->batch_logits = malloc((size_t)max_batch * c->n_vocab * sizeof *c->batch_logits);
+  if (!c->batch_logits) {
+    sk_scratch_free(c->scratch);
+    free(c);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
   pthread_mutex_init(&c->ev_lock, NULL);
@@ -433,6 +481,8 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
   c->async.data = c;
   if (pthread_create(&c->thread, NULL, thread_main, c) != 0) {
     sk_scratch_free(c->scratch);
+    free(c->batch_logits);
+    c->batch_logits = NULL;
     uv_close((uv_handle_t *)&c->async, NULL);
     /* c is freed once the handle is closed; leak-free only after the loop
      * runs, which the caller does on its error path. */
@@ -476,6 +526,8 @@ void sk_compute_stop(struct sk_compute *c) {
   drain_events(c);
   sk_scratch_free(c->scratch);
   c->scratch = NULL;
+  free(c->batch_logits);
+  c->batch_logits = NULL;
   uv_close((uv_handle_t *)&c->async, on_async_closed);
 }
 

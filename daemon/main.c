@@ -134,6 +134,11 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->defaults.window = c->window;
   s->defaults.capacity = c->capacity;
   s->defaults.rope_scale = 1.0f;
+  /* h2o and sink_h2o split the streaming budget between heavy hitters and
+   * recent tokens in equal halves (as Zhang et al. 2023 do). */
+  uint32_t budget = c->n_sink + c->window;
+  s->defaults.heavy = budget / 2 > 0 ? budget / 2 : 1;
+  s->defaults.recent = budget - budget / 2 > 0 ? budget - budget / 2 : 1;
 }
 
 /* ---- the running daemon -------------------------------------------------- */

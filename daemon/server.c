@@ -46,6 +46,12 @@ struct export_stream {
   uint64_t seen;
   struct export_stream *next;
 };
+/* open: the longest pin text, tokenized on the loop thread (a system
+ * prompt; ~16K tokens at most, well under a millisecond to tokenize). */
+#define SK_PIN_TEXT_MAX (64u * 1024u)
+/* stats: most evicted-style ranges and resident tokens one reply lists. */
+#define SK_STATS_MAX_RANGES 256u
+#define SK_STATS_MAX_TOKENS 65536u
 
 struct sk_conn {
   uv_pipe_t pipe;
@@ -334,6 +340,23 @@ static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct s
   return 0;
 }
 
+/* Fields of an open reply (after id and ok). */
+#define SK__OPEN_REPLY_FIELDS 10u
+
+static void pack_open_reply(msgpack_packer *pk, const struct sk_session *s) {
+  const struct sk_kv_header *h = s->kv->hdr;
+  sk_pack_kv_u64(pk, "session", s->id);
+  sk_pack_kv_str(pk, "policy", sk_policy_name(h->policy));
+  sk_pack_kv_u64(pk, "capacity", s->capacity);
+  sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
+  sk_pack_kv_u64(pk, "n_sink", h->n_sink);
+  sk_pack_kv_u64(pk, "window", h->window);
+  sk_pack_kv_u64(pk, "heavy", h->heavy);
+  sk_pack_kv_u64(pk, "recent", h->recent);
+  sk_pack_kv_f64(pk, "rope_scale", h->rope_scale);
+  sk_pack_kv_u64(pk, "pinned", h->n_pin);
+}
+
 static void pack_evicted(msgpack_packer *pk, const struct sk_evict_log *log) {
   sk_pack_kv_u64(pk, "evicted", log->n_evicted);
   sk_pack_cstr(pk, "evicted_ranges");
@@ -376,7 +399,20 @@ static void on_event(void *user, struct sk_event *ev) {
 
   /* DONE */
   struct sk_session *s = job->sess;
-  if (c) {
+  if (job->is_pin) {
+    /* The pinned prefix of an open: the open's reply; a session whose pin
+     * did not go in is closed (never half-pinned). */
+    if (job->err.code != 0) {
+      if (c) send_error(c, job->req_id, &job->err);
+      s->closing = true;
+    } else if (c) {
+      struct sk_msgbuf b;
+      if (reply_begin(&b, job->req_id, SK__OPEN_REPLY_FIELDS) == 0) {
+        pack_open_reply(&b.pk, s);
+        conn_send_buf(c, &b);
+      }
+    }
+  } else if (c) {
     if (job->err.code != 0) {
       send_error(c, job->req_id, &job->err);
     } else {
@@ -384,7 +420,8 @@ static void on_event(void *user, struct sk_event *ev) {
       sk_session_counters_get(&srv->sessions, s, &cnt);
       struct sk_msgbuf b;
       bool gen = job->kind == SK_JOB_GENERATE;
-      if (reply_begin(&b, job->req_id, gen ? 8 : 5) == 0) {
+      bool lp = !gen && job->want_logprobs && job->logprobs;
+      if (reply_begin(&b, job->req_id, (gen ? 8 : 5) + lp) == 0) {
         if (gen) {
           sk_pack_kv_str(&b.pk, "stop", job->stop_reason ? job->stop_reason : "length");
           sk_pack_kv_u64(&b.pk, "n_tokens", job->n_generated);
@@ -399,6 +436,18 @@ static void on_event(void *user, struct sk_event *ev) {
         pack_evicted(&b.pk, &job->evicted);
         sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
         sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
+        if (lp) {
+          /* One float32 per appended token; nil where there was nothing
+           * to score it with (the session's very first token). */
+          sk_pack_cstr(&b.pk, "logprobs");
+          msgpack_pack_array(&b.pk, (uint32_t)job->n_done);
+          for (size_t i = 0; i < job->n_done; i++) {
+            if (isnan(job->logprobs[i]))
+              msgpack_pack_nil(&b.pk);
+            else
+              msgpack_pack_float(&b.pk, job->logprobs[i]);
+          }
+        }
         conn_send_buf(c, &b);
       }
     }
@@ -411,6 +460,9 @@ static void on_event(void *user, struct sk_event *ev) {
 }
 
 /* ---- request handlers ---- */
+
+struct request;
+static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s);
 
 struct request {
   struct sk_conn *conn;
@@ -460,7 +512,7 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   sk_pack_kv_str(pk, "server", "sinkd");
   sk_pack_kv_str(pk, "version", SK_VERSION);
   sk_pack_cstr(pk, "model");
-  msgpack_pack_map(pk, 8);
+  msgpack_pack_map(pk, 10);
   sk_pack_kv_str(pk, "name", mc->name);
   sk_pack_kv_str(pk, "file", srv->cfg.model_path ? srv->cfg.model_path : "");
   sk_pack_kv_u64(pk, "n_vocab", mc->n_vocab);
@@ -469,13 +521,64 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   sk_pack_kv_u64(pk, "dim", mc->dim);
   sk_pack_kv_u64(pk, "n_head", mc->n_head);
   sk_pack_kv_u64(pk, "n_kv_head", mc->n_kv_head);
+  /* As a session's rope_scale: positions are divided by it (the GGUF's
+   * linear scaling factor; the config holds its inverse). */
+  sk_pack_kv_f64(pk, "rope_scale", 1.0 / mc->rope_scale);
+  sk_pack_kv_u64(pk, "max_capacity", srv->cfg.max_capacity);
   sk_pack_cstr(pk, "defaults");
-  msgpack_pack_map(pk, 4);
+  msgpack_pack_map(pk, 7);
   sk_pack_kv_str(pk, "policy", sk_policy_name(srv->cfg.defaults.policy));
   sk_pack_kv_u64(pk, "n_sink", srv->cfg.defaults.n_sink);
   sk_pack_kv_u64(pk, "window", srv->cfg.defaults.window);
+  sk_pack_kv_u64(pk, "heavy", srv->cfg.defaults.heavy);
+  sk_pack_kv_u64(pk, "recent", srv->cfg.defaults.recent);
   sk_pack_kv_u64(pk, "capacity", srv->cfg.defaults.capacity);
+  sk_pack_kv_f64(pk, "rope_scale", srv->cfg.defaults.rope_scale);
   conn_send_buf(r->conn, &b);
+}
+
+/* Reads "pin" (text, tokenized here with BOS first) or "pin_tokens" into
+ * a malloc'd array (*ret NULL and *ret_n 0 when absent). */
+static int read_pin(struct sk_server *srv, const struct request *r, int32_t **ret,
+                    size_t *ret_n, struct sk_error *e) {
+  const char *text = NULL;
+  size_t len = 0;
+  const msgpack_object_array *arr = NULL;
+  int has_text = sk_msg_get_str(r->map, "pin", &text, &len, e);
+  if (has_text < 0) return has_text;
+  int has_tokens = sk_msg_get_array(r->map, "pin_tokens", &arr, e);
+  if (has_tokens < 0) return has_tokens;
+  *ret = NULL;
+  *ret_n = 0;
+  if (has_text && has_tokens)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "give either 'pin' or 'pin_tokens', not both");
+  if (has_text) {
+    if (len > SK_PIN_TEXT_MAX)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'pin': %zu bytes, at most %u", len,
+                          SK_PIN_TEXT_MAX);
+    return sk_tokenizer_encode(srv->tok, text, len, true, ret, ret_n, e);
+  }
+  if (!has_tokens) return 0;
+  if (arr->size > srv->cfg.max_capacity)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                        "field 'pin_tokens': %u tokens exceed the maximum capacity %u", arr->size,
+                        srv->cfg.max_capacity);
+  const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
+  int32_t *t = malloc((arr->size ? arr->size : 1) * sizeof *t);
+  if (!t) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
+  for (uint32_t i = 0; i < arr->size; i++) {
+    const msgpack_object *o = &arr->ptr[i];
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= n_vocab) {
+      free(t);
+      return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                          "field 'pin_tokens': element %u must be a token id in [0, %u)", i,
+                          n_vocab);
+    }
+    t[i] = (int32_t)o->via.u64;
+  }
+  *ret = t;
+  *ret_n = arr->size;
+  return 0;
 }
 
 static void op_open(struct sk_server *srv, const struct request *r) {
@@ -484,15 +587,52 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   const char *pol = NULL;
   size_t pol_len = 0;
   uint64_t v;
+  double d;
+  int32_t *pin = NULL;
+  size_t n_pin = 0;
+  bool has_sink = false;
   int rc = sk_msg_get_str(r->map, "policy", &pol, &pol_len, &e);
   if (rc < 0) goto bad;
   if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
   if ((rc = sk_msg_get_u64(r->map, "n_sink", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.n_sink = (uint32_t)v;
+  if (rc == 1) p.n_sink = (uint32_t)v, has_sink = true;
   if ((rc = sk_msg_get_u64(r->map, "window", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.window = (uint32_t)v;
+  if ((rc = sk_msg_get_u64(r->map, "heavy", UINT32_MAX, &v, &e)) < 0) goto bad;
+  if (rc == 1) p.heavy = (uint32_t)v;
+  if ((rc = sk_msg_get_u64(r->map, "recent", UINT32_MAX, &v, &e)) < 0) goto bad;
+  if (rc == 1) p.recent = (uint32_t)v;
   if ((rc = sk_msg_get_u64(r->map, "capacity", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.capacity = (uint32_t)v;
+  if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
+  if (rc == 1) {
+    if (!(d > 0.0 && d <= SK_KV_MAX_ROPE_SCALE)) {
+      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "rope_scale %g must be finite, > 0 and <= %g", d,
+                        (double)SK_KV_MAX_ROPE_SCALE);
+      goto bad;
+    }
+    p.rope_scale = (float)d;
+  }
+  if ((rc = read_pin(srv, r, &pin, &n_pin, &e)) < 0) goto bad;
+  if (n_pin > UINT32_MAX) {
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "pin of %zu tokens is too long", n_pin);
+    goto bad;
+  }
+  p.n_pin = (uint32_t)n_pin;
+  /* The pin is the sink region of the policies that have one. */
+  if (n_pin && !has_sink && (p.policy == SK_POLICY_STREAMING || p.policy == SK_POLICY_SINK_H2O))
+    p.n_sink = (uint32_t)n_pin;
+  if (p.policy != SK_POLICY_STREAMING && p.policy != SK_POLICY_SINK_H2O && has_sink && p.n_sink) {
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "n_sink %u: policy %s has no sinks", p.n_sink,
+                      sk_policy_name(p.policy));
+    goto bad;
+  }
+
+  /* The budget against the daemon's limit, then against the positions the
+   * model can handle (sk_session_open repeats the first check). */
+  if ((rc = sk_kv_params_check(&p, srv->cfg.max_capacity, &e)) < 0 ||
+      (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
+    goto bad;
 
   struct sk_session *s = NULL;
   uint64_t seed;
@@ -501,18 +641,33 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc < 0) goto bad;
   s->last_used_ms = now_ms();
   counts_changed(srv);
-  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %zu bytes",
-         (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity,
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes",
+         (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity, p.n_pin,
          s->kv_bytes);
+  if (n_pin) {
+    /* The pinned prefix goes through the model first; the open reply is
+     * sent once it is in the cache (on_event). */
+    struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
+    if (!job) {
+      sk_session_free(&srv->sessions, s);
+      rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+      goto bad;
+    }
+    job->is_pin = true;
+    job->bos = 0;
+    job->tokens = pin;
+    job->n_tokens = n_pin;
+    pin = NULL;
+    session_dispatch(srv, s, job);
+    return;
+  }
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 4) < 0) return;
-  sk_pack_kv_u64(&b.pk, "session", s->id);
-  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(p.policy));
-  sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
-  sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+  if (reply_begin(&b, r->id, SK__OPEN_REPLY_FIELDS) < 0) return;
+  pack_open_reply(&b.pk, s);
   conn_send_buf(r->conn, &b);
   return;
 bad:
+  free(pin);
   send_error(r->conn, r->id, &e);
 }
 
@@ -573,17 +728,38 @@ static void op_list(struct sk_server *srv, const struct request *r) {
 
 /* The stats reply of one session; with tokens, its resident token ids in
  * cache-position order (read from the committed state: the session must be
- * idle, which a queued SK_JOB_STATS guarantees). */
+ * idle, which a queued SK_JOB_STATS guarantees). The resident ranges are
+ * sent whenever the session is idle. */
 static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
                                struct sk_session *s, bool tokens) {
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
   struct sk_msgbuf b;
-  if (reply_begin(&b, req_id, 15 + (tokens ? 1 : 0)) < 0) return;
+  const struct sk_kv_header *h = s->kv->hdr; /* parameters: never change */
+  uint32_t n_layer = s->attn.n_layer, probe = 0;
+  float *mass = calloc(2 * (size_t)n_layer, sizeof *mass);
+  if (!mass) {
+    send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  float *ent = mass + n_layer;
+  uint32_t steps = sk_session_attn_get(&srv->sessions, s, mass, ent, &probe);
+  /* The resident set itself is read only while no job runs on the
+   * session (the compute thread owns the cache meanwhile). */
+  bool idle = tokens || s->running == NULL;
+  if (reply_begin(&b, req_id, 21 + idle + tokens) < 0) {
+    free(mass);
+    return;
+  }
   sk_pack_kv_u64(&b.pk, "session", s->id);
-  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
-  sk_pack_kv_u64(&b.pk, "n_sink", s->params.policy == SK_POLICY_STREAMING ? s->params.n_sink : 0);
-  sk_pack_kv_u64(&b.pk, "window", s->params.policy == SK_POLICY_STREAMING ? s->params.window : 0);
+  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(h->policy));
+  sk_pack_kv_u64(&b.pk, "n_sink", h->n_sink);
+  sk_pack_kv_u64(&b.pk, "window", h->window);
+  sk_pack_kv_u64(&b.pk, "heavy", h->heavy);
+  sk_pack_kv_u64(&b.pk, "recent", h->recent);
+  sk_pack_kv_u64(&b.pk, "pinned", h->n_pin);
+  sk_pack_kv_f64(&b.pk, "rope_scale", h->rope_scale);
+  sk_pack_kv_f64(&b.pk, "model_rope_scale", 1.0 / sk_model_config(srv->model)->rope_scale);
   sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
   sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
   sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
@@ -597,11 +773,41 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   } else {
     msgpack_pack_array(&b.pk, 0);
   }
+  sk_pack_cstr(&b.pk, "attention");
+  msgpack_pack_map(&b.pk, 4);
+  sk_pack_kv_u64(&b.pk, "steps", steps);
+  sk_pack_kv_u64(&b.pk, "sink_tokens", probe);
+  sk_pack_cstr(&b.pk, "sink_mass");
+  msgpack_pack_array(&b.pk, steps ? n_layer : 0);
+  for (uint32_t l = 0; steps && l < n_layer; l++) msgpack_pack_float(&b.pk, mass[l]);
+  sk_pack_cstr(&b.pk, "entropy");
+  msgpack_pack_array(&b.pk, steps ? n_layer : 0);
+  for (uint32_t l = 0; steps && l < n_layer; l++) msgpack_pack_float(&b.pk, ent[l]);
+  free(mass);
   sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
   sk_pack_kv_u64(&b.pk, "commit", cnt.commit);
   sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
   sk_pack_kv_u64(&b.pk, "idle_s", (now_ms() - s->last_used_ms) / 1000u);
   sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
+  if (idle) {
+    /* Stream indices of the resident tokens in cache-position order, as
+     * ranges of consecutive indices (at most SK_STATS_MAX_RANGES). */
+    const struct sk_kv *kv = s->kv;
+    uint32_t nr = kv->hdr->n_resident, n_ranges = 0;
+    for (uint32_t p = 0; p < nr; p++)
+      if (p == 0 || sk_kv_index_at(kv, p) != sk_kv_index_at(kv, p - 1) + 1) n_ranges++;
+    uint32_t shown = n_ranges < SK_STATS_MAX_RANGES ? n_ranges : SK_STATS_MAX_RANGES;
+    sk_pack_cstr(&b.pk, "resident_ranges");
+    msgpack_pack_array(&b.pk, shown);
+    for (uint32_t p = 0, k = 0; p < nr && k < shown; k++) {
+      uint32_t q = p;
+      while (q + 1 < nr && sk_kv_index_at(kv, q + 1) == sk_kv_index_at(kv, q) + 1) q++;
+      msgpack_pack_array(&b.pk, 2);
+      msgpack_pack_uint64(&b.pk, sk_kv_index_at(kv, p));
+      msgpack_pack_uint64(&b.pk, sk_kv_index_at(kv, q));
+      p = q + 1;
+    }
+  }
   if (tokens) {
     const struct sk_kv *kv = s->kv;
     sk_pack_cstr(&b.pk, "tokens");
@@ -727,7 +933,9 @@ static void op_append(struct sk_server *srv, const struct request *r) {
     send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
-  if (read_input(r, job, true, &e) < 0 || session_enqueue(srv, s, job, &e) < 0) {
+  bool lp = false;
+  if (read_input(r, job, true, &e) < 0 || sk_msg_get_bool(r->map, "logprobs", &lp, &e) < 0 ||
+      (job->want_logprobs = lp, session_enqueue(srv, s, job, &e)) < 0) {
     sk_job_free(job);
     send_error(r->conn, r->id, &e);
   }

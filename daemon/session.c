@@ -22,6 +22,8 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
 static void session_destroy(struct sk_session *s) {
   if (!s) return;
   sk_store_obj_free(s->obj);
+  free(s->attn.sink_mass);
+  free(s->attn.entropy);
   free(s);
 }
 
@@ -68,6 +70,15 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   struct sk_session *s = calloc(1, sizeof *s);
   if (!s) return NULL;
   const struct sk_kv_header *h = obj->kv.hdr;
+  s->attn.n_layer = h->n_layer;
+  s->attn.sink_mass = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
+  s->attn.entropy = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
+  if (!s->attn.sink_mass || !s->attn.entropy) {
+    free(s->attn.sink_mass);
+    free(s->attn.entropy);
+    free(s);
+    return NULL;
+  }
   s->id = obj->id;
   s->owner_uid = obj->owner_uid;
   s->obj = obj;
@@ -75,6 +86,9 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.policy = h->policy;
   s->params.n_sink = h->n_sink;
   s->params.window = h->window;
+  s->params.heavy = h->heavy;
+  s->params.recent = h->recent;
+  s->params.n_pin = h->n_pin;
   s->params.capacity = h->capacity;
   s->params.rope_scale = h->rope_scale;
   s->capacity = h->capacity;
@@ -178,6 +192,8 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
   }
   sk_store_obj_remove(s->obj);
   s->obj = NULL;
+  free(s->attn.sink_mass);
+  free(s->attn.entropy);
   free(s);
 }
 
@@ -203,8 +219,46 @@ void sk_session_counters_publish(struct sk_session_table *t,
   pthread_mutex_unlock(&t->counters_lock);
 }
 
+void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
+                            const struct sk_scratch *scratch) {
+  const float *mass, *ent;
+  uint32_t probe;
+  if (!sk_scratch_attn(scratch, &mass, &ent, &probe)) return;
+  struct sk_attn_stats *a = &s->attn;
+  pthread_mutex_lock(&t->counters_lock);
+  memcpy(a->sink_mass + (size_t)a->next * a->n_layer, mass,
+         a->n_layer * sizeof(float));
+  memcpy(a->entropy + (size_t)a->next * a->n_layer, ent,
+         a->n_layer * sizeof(float));
+  a->next = (a->next + 1) % SK_ATTN_STEPS;
+  if (a->n_steps < SK_ATTN_STEPS) a->n_steps++;
+  a->probe = probe;
+  pthread_mutex_unlock(&t->counters_lock);
+}
+
+uint32_t sk_session_attn_get(struct sk_session_table *t,
+                             const struct sk_session *s, float *ret_sink_mass,
+                             float *ret_entropy, uint32_t *ret_probe) {
+  const struct sk_attn_stats *a = &s->attn;
+  pthread_mutex_lock(&t->counters_lock);
+  uint32_t n = a->n_steps;
+  for (uint32_t l = 0; l < a->n_layer && n > 0; l++) {
+    double m = 0.0, e = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+      m += a->sink_mass[(size_t)i * a->n_layer + l];
+      e += a->entropy[(size_t)i * a->n_layer + l];
+    }
+    ret_sink_mass[l] = (float)(m / n);
+    ret_entropy[l] = (float)(e / n);
+  }
+  *ret_probe = a->probe;
+  pthread_mutex_unlock(&t->counters_lock);
+  return n;
+}
+
 void sk_job_free(struct sk_job *j) {
   if (!j) return;
+  free(j->logprobs);
   free(j->text);
   free(j->tokens);
   for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);

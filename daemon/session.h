@@ -48,6 +48,10 @@ enum sk_job_kind {
 #define SK_STOP_MAX_COUNT 16u
 /* Most top logits a token event may carry. */
 #define SK_TOP_MAX 20u
+/* Steps (forward calls) over which `stats` averages the attention
+ * diagnostics: recent enough to follow a stream, long enough to smooth a
+ * single token. */
+#define SK_ATTN_STEPS 64u
 
 /* One append or generate request. Created by the loop thread, run by the
  * compute thread, finished (reply sent, freed) by the loop thread. */
@@ -73,6 +77,11 @@ struct sk_job {
   char *stop[SK_STOP_MAX_COUNT]; /* owned, NUL-terminated */
   uint32_t n_stop;
 
+  /* append */
+  bool want_logprobs;        /* reply with per-token log-probabilities */
+  bool is_pin;               /* the pinned prefix of an `open`: the reply
+                                is the open reply */
+
   /* Control, written by the loop thread, read by the compute thread. */
   atomic_bool cancel;
   atomic_bool paused;        /* the client's output buffer is full */
@@ -91,6 +100,9 @@ struct sk_job {
   struct sk_error err;       /* code 0 = success */
   const char *stop_reason;   /* generate: "length", "eos", ... (static) */
   struct sk_evict_log evicted;
+  float *logprobs;           /* (n_tokens) if want_logprobs: ln p(token i |
+                                everything before it); NaN when the session
+                                had no logits yet (its first token) */
   char final_text[8];        /* held bytes flushed at the end (U+FFFD) */
   size_t final_text_len;
 
@@ -104,10 +116,23 @@ struct sk_session_counters {
   uint64_t commit;           /* commit counter of the object's live copy */
 };
 
+/* Attention diagnostics of a session's recent steps: a ring of the last
+ * SK_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
+ * Written by the compute thread and read by the loop thread, both under
+ * the table's counters lock. */
+struct sk_attn_stats {
+  uint32_t n_layer;
+  uint32_t probe;      /* sink positions counted by the newest entry */
+  uint32_t n_steps;    /* entries filled, <= SK_ATTN_STEPS */
+  uint32_t next;       /* ring position of the next entry */
+  float *sink_mass;    /* (SK_ATTN_STEPS, n_layer) */
+  float *entropy;      /* (SK_ATTN_STEPS, n_layer) nats */
+};
+
 struct sk_session {
   uint64_t id;
   uint32_t owner_uid;
-  struct sk_kv_params params;
+  struct sk_kv_params params; /* as opened (n_pin: pinned tokens) */
   uint32_t capacity;
   size_t kv_bytes;           /* bytes of its shared-memory object: what
                                 counts toward max_memory */
@@ -125,6 +150,7 @@ struct sk_session {
 
   /* Published by the compute thread (under the table's lock). */
   struct sk_session_counters pub;
+  struct sk_attn_stats attn;
 };
 
 /* All sessions of the daemon. Loop thread, except counters. */
@@ -190,6 +216,18 @@ void sk_session_counters_get(struct sk_session_table *t,
 /* Publishes kv's counters (compute thread, or loop when idle). */
 void sk_session_counters_publish(struct sk_session_table *t,
                                  struct sk_session *s);
+
+/* Adds the attention diagnostics of the last forward on scratch (if any)
+ * to the session's ring (compute thread, or loop when idle). */
+void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
+                            const struct sk_scratch *scratch);
+/* Averages over the recorded steps (thread-safe): ret_sink_mass and
+ * ret_entropy receive n_layer floats each (caller's arrays of
+ * s->attn.n_layer). Returns the number of steps averaged (0: nothing
+ * written) and sets *ret_probe to the sink positions counted. */
+uint32_t sk_session_attn_get(struct sk_session_table *t,
+                             const struct sk_session *s, float *ret_sink_mass,
+                             float *ret_entropy, uint32_t *ret_probe);
 
 /* Frees a job and what it owns (loop thread). NULL is fine. */
 void sk_job_free(struct sk_job *j);
