@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <pwd.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -424,6 +425,14 @@ static int sk__reply_bool(struct sk_client *c, const msgpack_object *map,
   return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
 }
 
+/* A number field (float or integer); absent leaves *ret as is. */
+static int sk__reply_f64(struct sk_client *c, const msgpack_object *map,
+                         const char *key, double *ret, struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_f64(map, key, ret, &perr);
+  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
+}
+
 /* A string field copied into dst[size] (truncated, NUL-terminated). */
 static int sk__reply_name(struct sk_client *c, const msgpack_object *map,
                           const char *key, char *dst, size_t size,
@@ -562,7 +571,11 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
         (rc = sk__reply_u32(client, model, "dim", &m->dim, err)) < 0 ||
         (rc = sk__reply_u32(client, model, "n_head", &m->n_head, err)) < 0 ||
         (rc = sk__reply_u32(client, model, "n_kv_head", &m->n_kv_head, err)) <
-            0)
+            0 ||
+        (rc = sk__reply_f64(client, model, "rope_scale", &m->rope_scale,
+                            err)) < 0 ||
+        (rc = sk__reply_u32(client, model, "max_capacity", &m->max_capacity,
+                            err)) < 0)
       goto out;
   }
   if (defs) {
@@ -571,7 +584,11 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
                              sizeof d->policy, err)) < 0 ||
         (rc = sk__reply_u32(client, defs, "n_sink", &d->n_sink, err)) < 0 ||
         (rc = sk__reply_u32(client, defs, "window", &d->window, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "capacity", &d->capacity, err)) < 0)
+        (rc = sk__reply_u32(client, defs, "heavy", &d->heavy, err)) < 0 ||
+        (rc = sk__reply_u32(client, defs, "recent", &d->recent, err)) < 0 ||
+        (rc = sk__reply_u32(client, defs, "capacity", &d->capacity, err)) < 0 ||
+        (rc = sk__reply_f64(client, defs, "rope_scale", &d->rope_scale,
+                            err)) < 0)
       goto out;
   }
   *ret = h;
@@ -613,22 +630,47 @@ int sk_client_open(struct sk_client *client,
                    struct sk_open_result *ret, struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
-  struct sk_open_params none = {0};
+  struct sk_open_params none;
+  memset(&none, 0, sizeof none);
   const struct sk_open_params *p = params ? params : &none;
-  uint32_t n = (p->policy != NULL) + (p->n_sink != 0) + (p->window != 0) +
-               (p->capacity != 0);
+  size_t pin_len = p->pin ? (p->pin_len ? p->pin_len : strlen(p->pin)) : 0;
+  if (p->pin && p->pin_tokens)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "give either a pin text or pin tokens, not both");
+  if (!p->pin_tokens && p->n_pin_tokens > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "pin_tokens is NULL");
+  if (pin_len > UINT32_MAX || p->n_pin_tokens > UINT32_MAX)
+    return sk_error_set(err, SK_ERR_TOO_LARGE, "pin too long");
+  if (p->rope_scale < 0 || p->rope_scale != p->rope_scale)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "rope_scale must be > 0");
+  bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
+  uint32_t n = (p->policy != NULL) + (p->n_sink != 0 || p->has_n_sink) +
+               (p->window != 0) + (p->heavy != 0) + (p->recent != 0) +
+               (p->capacity != 0) + (p->rope_scale != 0) + (p->pin != NULL) +
+               has_pin_tokens;
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
   if (p->policy) sk_pack_kv_str(&b.pk, "policy", p->policy);
-  if (p->n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
+  if (p->n_sink || p->has_n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
   if (p->window) sk_pack_kv_u64(&b.pk, "window", p->window);
+  if (p->heavy) sk_pack_kv_u64(&b.pk, "heavy", p->heavy);
+  if (p->recent) sk_pack_kv_u64(&b.pk, "recent", p->recent);
   if (p->capacity) sk_pack_kv_u64(&b.pk, "capacity", p->capacity);
+  if (p->rope_scale != 0) sk_pack_kv_f64(&b.pk, "rope_scale", p->rope_scale);
+  if (p->pin) sk_pack_kv_strn(&b.pk, "pin", p->pin, pin_len);
+  if (has_pin_tokens) {
+    sk_pack_cstr(&b.pk, "pin_tokens");
+    msgpack_pack_array(&b.pk, p->n_pin_tokens);
+    for (size_t i = 0; i < p->n_pin_tokens; i++)
+      msgpack_pack_int32(&b.pk, p->pin_tokens[i]);
+  }
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
   struct sk_open_result o;
   memset(&o, 0, sizeof o);
+  o.rope_scale = 1.0;
   struct sk_error perr;
   const msgpack_object *r = &reply.root;
   rc = sk_msg_need_u64(r, "session", UINT64_MAX, &o.session, &perr);
@@ -638,7 +680,12 @@ int sk_client_open(struct sk_client *client,
                            err)) == 0 &&
       (rc = sk__reply_u64(client, r, "capacity", &o.capacity, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "kv_bytes", &o.kv_bytes, err)) == 0 &&
-      ret)
+      (rc = sk__reply_u64(client, r, "n_sink", &o.n_sink, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "window", &o.window, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "heavy", &o.heavy, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "recent", &o.recent, err)) == 0 &&
+      (rc = sk__reply_f64(client, r, "rope_scale", &o.rope_scale, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "pinned", &o.pinned, err)) == 0 && ret)
     *ret = o;
   sk_msg_free(&reply);
   return rc;
@@ -703,57 +750,135 @@ out:
   return rc;
 }
 
+/* A float array field into dst[max]; *ret_n entries copied. */
+static int sk__reply_floats(struct sk_client *c, const msgpack_object *map,
+                            const char *key, double *dst, size_t max,
+                            size_t *ret_n, struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  *ret_n = 0;
+  int rc = sk_msg_get_array(map, key, &a, &perr);
+  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
+  if (rc == 0) return 0;
+  size_t n = a->size < max ? a->size : max;
+  for (size_t i = 0; i < n; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+      dst[i] = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+      dst[i] = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+      dst[i] = (double)o->via.i64;
+    else {
+      char what[96];
+      snprintf(what, sizeof what, "field '%s' must hold numbers", key);
+      return sk__client_bad_reply(c, err, what);
+    }
+  }
+  *ret_n = n;
+  return 0;
+}
+
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
                             struct sk_session_stats *ret,
                             struct sk_error *err) {
   struct sk_msg reply;
   int rc = sk__client_on_session(client, "stats", session, &reply, err);
   if (rc < 0) return rc;
-  struct sk_session_stats s;
-  memset(&s, 0, sizeof s);
-  const msgpack_object *r = &reply.root;
-  if ((rc = sk__reply_u64(client, r, "session", &s.session, err)) < 0 ||
-      (rc = sk__reply_name(client, r, "policy", s.policy, sizeof s.policy,
-                           err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "n_sink", &s.n_sink, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "window", &s.window, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "capacity", &s.capacity, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "resident", &s.resident, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "seen", &s.seen, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "evicted", &s.evicted, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "kv_bytes", &s.kv_bytes, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "commit", &s.commit, err)) < 0 ||
-      (rc = sk__reply_bool(client, r, "adopted", &s.adopted, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "idle_s", &s.idle_s, err)) < 0)
-    goto out;
+  struct sk_session_stats *s = calloc(1, sizeof *s); /* ~3 KiB */
+  if (!s) {
+    sk_msg_free(&reply);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
+  s->rope_scale = 1.0;
+  s->model_rope_scale = 1.0;
+  const msgpack_object *r = &reply.root, *attn = NULL;
   struct sk_error perr;
   const msgpack_object_array *pos;
+  if ((rc = sk__reply_u64(client, r, "session", &s->session, err)) < 0 ||
+      (rc = sk__reply_name(client, r, "policy", s->policy, sizeof s->policy,
+                           err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "n_sink", &s->n_sink, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "window", &s->window, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "heavy", &s->heavy, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "recent", &s->recent, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "pinned", &s->pinned, err)) < 0 ||
+      (rc = sk__reply_f64(client, r, "rope_scale", &s->rope_scale, err)) < 0 ||
+      (rc = sk__reply_f64(client, r, "model_rope_scale", &s->model_rope_scale,
+                          err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "capacity", &s->capacity, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "resident", &s->resident, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "seen", &s->seen, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "evicted", &s->evicted, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "commit", &s->commit, err)) < 0 ||
+      (rc = sk__reply_bool(client, r, "adopted", &s->adopted, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "idle_s", &s->idle_s, err)) < 0 ||
+      (rc = sk__reply_map(client, r, "attention", &attn, err)) < 0)
+    goto out;
+  rc = sk_msg_get_bool(r, "busy", &s->busy, &perr);
+  if (rc < 0) {
+    rc = sk__client_bad_reply(client, err, perr.message);
+    goto out;
+  }
   rc = sk_msg_get_array(r, "positions", &pos, &perr);
   if (rc < 0) {
     rc = sk__client_bad_reply(client, err, perr.message);
     goto out;
   }
   if (rc == 1 && pos->size > 0) {
-    if (pos->size != 2 || !sk__obj_u64(&pos->ptr[0], &s.position_first) ||
-        !sk__obj_u64(&pos->ptr[1], &s.position_last)) {
+    if (pos->size != 2 || !sk__obj_u64(&pos->ptr[0], &s->position_first) ||
+        !sk__obj_u64(&pos->ptr[1], &s->position_last)) {
       rc = sk__client_bad_reply(client, err,
                                 "field 'positions' must be [first, last] "
                                 "or empty");
       goto out;
     }
-    s.has_positions = true;
+    s->has_positions = true;
+  }
+  const msgpack_object_array *rr;
+  rc = sk_msg_get_array(r, "resident_ranges", &rr, &perr);
+  if (rc < 0) {
+    rc = sk__client_bad_reply(client, err, perr.message);
+    goto out;
+  }
+  if (rc == 1) {
+    size_t n = rr->size < SK_CLIENT_MAX_RANGES ? rr->size : SK_CLIENT_MAX_RANGES;
+    for (size_t i = 0; i < n; i++)
+      if (!sk__obj_range(&rr->ptr[i], &s->resident_ranges[i])) {
+        rc = sk__client_bad_reply(
+            client, err, "field 'resident_ranges' must hold [first, last] pairs");
+        goto out;
+      }
+    s->n_resident_ranges = n;
   }
   rc = 0;
-  *ret = s;
+  if (attn) {
+    size_t nm = 0, ne = 0;
+    if ((rc = sk__reply_u64(client, attn, "steps", &s->attn_steps, err)) < 0 ||
+        (rc = sk__reply_u64(client, attn, "sink_tokens", &s->sink_tokens,
+                            err)) < 0 ||
+        (rc = sk__reply_floats(client, attn, "sink_mass", s->sink_mass,
+                               SK_CLIENT_MAX_LAYERS, &nm, err)) < 0 ||
+        (rc = sk__reply_floats(client, attn, "entropy", s->entropy,
+                               SK_CLIENT_MAX_LAYERS, &ne, err)) < 0)
+      goto out;
+    s->n_layers = nm < ne ? nm : ne;
+  }
+  *ret = *s;
 out:
+  free(s);
   sk_msg_free(&reply);
   return rc;
 }
 
 /* ---- append ----------------------------------------------------------- */
 
+/* Reads an append reply; with logprobs (n entries) also its
+ * log-probabilities (nil -> NaN). Frees the reply. */
 static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
                                    struct sk_append_result *ret,
+                                   double *logprobs, size_t n,
                                    struct sk_error *err) {
   struct sk_append_result a;
   memset(&a, 0, sizeof a);
@@ -763,8 +888,31 @@ static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
       (rc = sk__reply_u64(c, r, "resident", &a.resident, err)) == 0 &&
       (rc = sk__reply_u64(c, r, "seen", &a.seen, err)) == 0 &&
       (rc = sk__reply_u64(c, r, "evicted", &a.evicted, err)) == 0 &&
-      (rc = sk__reply_ranges(c, r, a.ranges, &a.n_ranges, err)) == 0 && ret)
-    *ret = a;
+      (rc = sk__reply_ranges(c, r, a.ranges, &a.n_ranges, err)) == 0 &&
+      logprobs) {
+    struct sk_error perr;
+    const msgpack_object_array *arr;
+    rc = sk_msg_get_array(r, "logprobs", &arr, &perr);
+    if (rc <= 0 || arr->size != n) {
+      rc = sk__client_bad_reply(c, err, rc < 0 ? perr.message
+                                               : "field 'logprobs' missing "
+                                                 "or of the wrong length");
+    } else {
+      rc = 0;
+      for (size_t i = 0; i < n && rc == 0; i++) {
+        const msgpack_object *o = &arr->ptr[i];
+        if (o->type == MSGPACK_OBJECT_NIL)
+          logprobs[i] = NAN;
+        else if (o->type == MSGPACK_OBJECT_FLOAT32 ||
+                 o->type == MSGPACK_OBJECT_FLOAT64)
+          logprobs[i] = o->via.f64;
+        else
+          rc = sk__client_bad_reply(c, err,
+                                    "field 'logprobs' must hold floats or nil");
+      }
+    }
+  }
+  if (rc == 0 && ret) *ret = a;
   sk_msg_free(reply);
   return rc;
 }
@@ -807,13 +955,15 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
   sk__pack_bos(&b.pk, bos);
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
-  return sk__client_append_reply(client, &reply, ret, err);
+  return sk__client_append_reply(client, &reply, ret, NULL, 0, err);
 }
 
-int sk_client_append_tokens(struct sk_client *client, uint64_t session,
-                            const int32_t *tokens, size_t n, enum sk_bos bos,
-                            struct sk_append_result *ret,
-                            struct sk_error *err) {
+static int sk__client_append_tokens(struct sk_client *client,
+                                    uint64_t session, const int32_t *tokens,
+                                    size_t n, enum sk_bos bos,
+                                    double *logprobs,
+                                    struct sk_append_result *ret,
+                                    struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
@@ -824,14 +974,36 @@ int sk_client_append_tokens(struct sk_client *client, uint64_t session,
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "append",
-                             2 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+                             2 + (bos != SK_BOS_DEFAULT) + (logprobs != NULL),
+                             &id, err)) < 0)
     return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   sk__pack_tokens(&b.pk, tokens, n);
   sk__pack_bos(&b.pk, bos);
+  if (logprobs) sk_pack_kv_bool(&b.pk, "logprobs", true);
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
-  return sk__client_append_reply(client, &reply, ret, err);
+  return sk__client_append_reply(client, &reply, ret, logprobs, n, err);
+}
+
+int sk_client_append_tokens(struct sk_client *client, uint64_t session,
+                            const int32_t *tokens, size_t n, enum sk_bos bos,
+                            struct sk_append_result *ret,
+                            struct sk_error *err) {
+  return sk__client_append_tokens(client, session, tokens, n, bos, NULL, ret,
+                                  err);
+}
+
+int sk_client_append_logprobs(struct sk_client *client, uint64_t session,
+                              const int32_t *tokens, size_t n,
+                              enum sk_bos bos, double *logprobs,
+                              struct sk_append_result *ret,
+                              struct sk_error *err) {
+  if (!logprobs && n > 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "logprobs is NULL");
+  double dummy;
+  return sk__client_append_tokens(client, session, tokens, n, bos,
+                                  logprobs ? logprobs : &dummy, ret, err);
 }
 
 /* ---- generate --------------------------------------------------------- */

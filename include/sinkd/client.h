@@ -41,6 +41,8 @@ extern "C" {
 #define SK_CLIENT_DEFAULT_SOCKET "/run/sinkd/sinkd.sock"
 /* Most evicted ranges a reply carries (the daemon sends at most 64). */
 #define SK_CLIENT_MAX_RANGES 64u
+/* Most layers whose attention diagnostics `stats` copies out. */
+#define SK_CLIENT_MAX_LAYERS 128u
 /* Most [token, logit] pairs a token event carries (n_top is 0..20). */
 #define SK_CLIENT_MAX_TOP 20u
 /* Fixed sizes of the short strings copied out of replies, including the
@@ -100,6 +102,10 @@ struct sk_model_info {
   uint32_t dim;         /* embedding width */
   uint32_t n_head;
   uint32_t n_kv_head;
+  double rope_scale;     /* the model's own position interpolation: its
+                            GGUF linear rope scaling factor (positions
+                            are divided by it; 1 = none) */
+  uint32_t max_capacity; /* largest cache a session may have, tokens */
 };
 
 /* Session defaults the daemon applies to fields `open` leaves out. */
@@ -107,7 +113,10 @@ struct sk_session_defaults {
   char policy[SK_CLIENT_NAME_MAX];
   uint32_t n_sink;   /* tokens */
   uint32_t window;   /* tokens */
+  uint32_t heavy;    /* tokens */
+  uint32_t recent;   /* tokens */
   uint32_t capacity; /* tokens */
+  double rope_scale;
 };
 
 /* Reply to `hello`. Plain value; no ownership. */
@@ -144,13 +153,25 @@ int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
 
 /* ---- sessions --------------------------------------------------------- */
 
-/* Parameters of `open`. A 0 number or NULL policy means "the daemon's
- * default" and the field is left out of the request. */
+/* Parameters of `open`. A 0 number or NULL pointer means "the daemon's
+ * default" and the field is left out of the request (so n_sink 0 cannot
+ * be asked for this way unless has_n_sink is set). */
 struct sk_open_params {
-  const char *policy; /* "streaming" or "dense"; NUL-terminated */
-  uint32_t n_sink;    /* attention sinks kept (streaming), tokens */
-  uint32_t window;    /* recent tokens kept (streaming) */
+  const char *policy; /* "streaming", "window", "h2o", "sink_h2o" or
+                         "dense"; NUL-terminated */
+  uint32_t n_sink;    /* attention sinks kept (streaming, sink_h2o) */
+  bool has_n_sink;    /* send n_sink even when it is 0 */
+  uint32_t window;    /* recent tokens kept (streaming, window) */
+  uint32_t heavy;     /* heavy hitters kept (h2o, sink_h2o) */
+  uint32_t recent;    /* newest tokens always kept (h2o, sink_h2o) */
   uint32_t capacity;  /* cache size (dense), tokens */
+  double rope_scale;  /* position interpolation: positions are divided by
+                         it (> 0; 0 = default 1) */
+  const char *pin;    /* pinned prefix as text (tokenized with BOS), or
+                         NULL; pin_len bytes (0: strlen) */
+  size_t pin_len;
+  const int32_t *pin_tokens; /* or as n_pin_tokens token ids */
+  size_t n_pin_tokens;
 };
 
 /* Reply to `open`. */
@@ -159,11 +180,20 @@ struct sk_open_result {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens the cache holds */
   uint64_t kv_bytes; /* bytes of its KV cache */
+  uint64_t n_sink;   /* tokens; 0 where the policy has no such part */
+  uint64_t window;
+  uint64_t heavy;
+  uint64_t recent;
+  double rope_scale;
+  uint64_t pinned;   /* tokens of the pinned prefix, already resident */
 };
 
-/* Opens a session. params may be NULL (all defaults). On success *ret
- * describes the session; close it with sk_client_close (sessions outlive
- * the connection). */
+/* Opens a session. params may be NULL (all defaults). With a pin, the
+ * call returns once the pinned tokens are in the cache (for streaming and
+ * sink_h2o they are the sink region: n_sink is their count). On success
+ * *ret describes the session; close it with sk_client_close (sessions
+ * outlive the connection). Invalid combinations of parameters give
+ * -SK_ERR_BAD_REQUEST with the daemon's message naming the limit. */
 int sk_client_open(struct sk_client *client,
                    const struct sk_open_params *params,
                    struct sk_open_result *ret, struct sk_error *err);
@@ -171,6 +201,12 @@ int sk_client_open(struct sk_client *client,
 /* Closes a session (a running generate on it is cancelled). */
 int sk_client_close(struct sk_client *client, uint64_t session,
                     struct sk_error *err);
+
+/* An inclusive range of stream indices. */
+struct sk_range {
+  uint64_t first;
+  uint64_t last;
+};
 
 /* One row of `list`. */
 struct sk_session_info {
@@ -195,6 +231,12 @@ struct sk_session_stats {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t n_sink;   /* tokens */
   uint64_t window;   /* tokens */
+  uint64_t heavy;    /* tokens */
+  uint64_t recent;   /* tokens */
+  uint64_t pinned;   /* tokens of the pinned prefix */
+  double rope_scale; /* the session's position interpolation */
+  double model_rope_scale; /* the model's own (its GGUF linear factor);
+                              positions are divided by both */
   uint64_t capacity; /* tokens */
   uint64_t resident; /* tokens in the cache now */
   uint64_t seen;     /* tokens seen in total */
@@ -206,6 +248,20 @@ struct sk_session_stats {
   uint64_t commit;   /* steps committed to its shared-memory object, +1 */
   bool adopted;      /* found in the state directory when the daemon started */
   uint64_t idle_s;   /* seconds since its last request or job */
+  bool busy;               /* a request was running on it */
+  /* Stream indices of the resident tokens in cache-position order, as
+   * ranges (only when !busy; the first SK_CLIENT_MAX_RANGES). */
+  size_t n_resident_ranges;
+  struct sk_range resident_ranges[SK_CLIENT_MAX_RANGES];
+  /* Attention diagnostics averaged over the last attn_steps forward
+   * steps (0: none yet), per layer (the first SK_CLIENT_MAX_LAYERS):
+   * share of attention on the first sink_tokens cache positions, and the
+   * entropy of the attention distribution in nats; averaged over heads. */
+  uint64_t attn_steps;
+  uint64_t sink_tokens;
+  size_t n_layers;
+  double sink_mass[SK_CLIENT_MAX_LAYERS];
+  double entropy[SK_CLIENT_MAX_LAYERS];
 };
 
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
@@ -287,12 +343,6 @@ enum sk_bos {
   SK_BOS_FALSE = 2,
 };
 
-/* An inclusive range of stream indices. */
-struct sk_range {
-  uint64_t first;
-  uint64_t last;
-};
-
 /* Reply to `append`. Plain value (~1 KiB). */
 struct sk_append_result {
   uint64_t n_tokens; /* tokens appended */
@@ -314,6 +364,18 @@ int sk_client_append_tokens(struct sk_client *client, uint64_t session,
                             const int32_t *tokens, size_t n, enum sk_bos bos,
                             struct sk_append_result *ret,
                             struct sk_error *err);
+
+/* Appends n token ids like sk_client_append_tokens and also returns each
+ * token's log-probability under the model given everything before it in
+ * the session (natural log; the logits were computed from the cache as it
+ * was, after any eviction). logprobs is the caller's array of n doubles;
+ * an entry is NaN when nothing preceded the token (a session's first
+ * token). ret may be NULL. */
+int sk_client_append_logprobs(struct sk_client *client, uint64_t session,
+                              const int32_t *tokens, size_t n,
+                              enum sk_bos bos, double *logprobs,
+                              struct sk_append_result *ret,
+                              struct sk_error *err);
 
 /* ---- generate --------------------------------------------------------- */
 
