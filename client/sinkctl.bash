@@ -9,9 +9,9 @@ _sinkctl_sessions() {
 
 _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
-  local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load"
+  local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
   local global="--socket --json --verbose --help --version"
-  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin|--pin-file"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do
     word=${COMP_WORDS[i]}
@@ -26,19 +26,26 @@ _sinkctl() {
 
   case $prev in
     -s|--socket) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
-    --policy) COMPREPLY=($(compgen -W "streaming dense" -- "$cur")); return ;;
+    --policy) COMPREPLY=($(compgen -W "streaming window h2o sink_h2o dense" -- "$cur")); return ;;
+    --pin-file) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --session) COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur")); return ;;
-    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity)
+    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin)
       COMPREPLY=(); return ;;
   esac
 
   local sampling="--max-tokens --temperature --top-k --top-p --seed --stop --ignore-eos --session"
-  local open="--policy --sinks --window --capacity"
+  local open="--policy --sinks --window --capacity --heavy --recent --rope-scale --pin --pin-file"
   local opts=""
   case $cmd in
     generate) opts="$sampling $open --no-echo --progress --no-progress" ;;
     chat) opts="$sampling $open --keep --progress --no-progress" ;;
     tokenize) opts="--no-bos" ;;
+    eval)
+      opts="--run --budget --tokens --span --chunk --recompute-stride --csv --plot --progress --no-progress"
+      if [[ $cur != -* ]]; then
+        compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur"))
+        return
+      fi ;;
     open) opts="$open" ;;
     stats)
       opts="--tokens"

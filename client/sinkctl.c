@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eval.h"
 #include "sinkd/client.h"
 #include "sk_config.h"
 
@@ -98,6 +99,8 @@ static void help(void) {
       "  load FILE             import a session from FILE; print its id\n"
       "  ping                  check that the daemon answers\n"
       "  hello                 protocol version, model and defaults\n"
+      "  eval [OPTIONS] FILE   perplexity of FILE per policy, through the\n"
+      "                        daemon's sessions ('sinkctl eval --help')\n"
       "\n"
       "Options:\n"
       "  -s, --socket PATH     daemon socket (default: $SINKD_SOCKET, else\n"
@@ -126,10 +129,17 @@ static void help(void) {
       "chat: the generate options but --no-echo, and\n"
       "      --keep            keep the new session open at the end\n"
       "generate, chat, open:\n"
-      "      --policy NAME     eviction policy: streaming or dense\n"
-      "      --sinks N         attention sinks kept (streaming)\n"
-      "      --window N        recent tokens kept (streaming)\n"
+      "      --policy NAME     eviction policy: streaming, window, h2o,\n"
+      "                        sink_h2o or dense\n"
+      "      --sinks N         attention sinks kept (streaming, sink_h2o)\n"
+      "      --window N        recent tokens kept (streaming, window)\n"
+      "      --heavy N         heavy hitters kept (h2o, sink_h2o)\n"
+      "      --recent N        newest tokens always kept (h2o, sink_h2o)\n"
       "      --capacity N      cache size in tokens (dense)\n"
+      "      --rope-scale R    position interpolation: positions / R\n"
+      "      --pin TEXT        pinned prefix (system prompt), never evicted:\n"
+      "                        the sink region of streaming and sink_h2o\n"
+      "      --pin-file FILE   the same, read from FILE\n"
       "tokenize:\n"
       "      --no-bos          do not put the BOS token first\n"
       "stats ID:\n"
@@ -286,6 +296,11 @@ enum opt_id {
   OPT_SINKS,
   OPT_WINDOW,
   OPT_CAPACITY,
+  OPT_HEAVY,
+  OPT_RECENT,
+  OPT_ROPE_SCALE,
+  OPT_PIN,
+  OPT_PIN_FILE,
   OPT_NO_BOS,
   OPT_KEEP,
   OPT_PROGRESS,
@@ -313,6 +328,11 @@ static const struct option long_options[] = {
     {"sinks", required_argument, NULL, OPT_SINKS},
     {"window", required_argument, NULL, OPT_WINDOW},
     {"capacity", required_argument, NULL, OPT_CAPACITY},
+    {"heavy", required_argument, NULL, OPT_HEAVY},
+    {"recent", required_argument, NULL, OPT_RECENT},
+    {"rope-scale", required_argument, NULL, OPT_ROPE_SCALE},
+    {"pin", required_argument, NULL, OPT_PIN},
+    {"pin-file", required_argument, NULL, OPT_PIN_FILE},
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
     {"keep", no_argument, NULL, OPT_KEEP},
     {"progress", no_argument, NULL, OPT_PROGRESS},
@@ -338,6 +358,7 @@ struct opts {
   uint64_t session;
   bool no_echo;
   struct sk_open_params open;
+  char *pin_file_text; /* --pin-file contents (owned) */
   bool no_bos;
   bool tokens;
 };
@@ -691,10 +712,17 @@ static void print_session_stats(const struct sk_session_stats *s) {
   human_bytes(s->kv_bytes, kv, sizeof kv);
   printf("%-10s %" PRIu64 "\n", "session", s->session);
   printf("%-10s %s\n", "policy", s->policy);
-  if (strcmp(s->policy, "dense") != 0) {
+  if (strcmp(s->policy, "streaming") == 0 || strcmp(s->policy, "sink_h2o") == 0)
     printf("%-10s %" PRIu64 "\n", "sinks", s->n_sink);
+  if (strcmp(s->policy, "streaming") == 0 || strcmp(s->policy, "window") == 0)
     printf("%-10s %" PRIu64 "\n", "window", s->window);
+  if (strcmp(s->policy, "h2o") == 0 || strcmp(s->policy, "sink_h2o") == 0) {
+    printf("%-10s %" PRIu64 "\n", "heavy", s->heavy);
+    printf("%-10s %" PRIu64 "\n", "recent", s->recent);
   }
+  if (s->pinned) printf("%-10s %" PRIu64 " tokens\n", "pinned", s->pinned);
+  if (s->rope_scale != 1 || s->model_rope_scale != 1)
+    printf("%-10s %g (model %g)\n", "rope scale", s->rope_scale, s->model_rope_scale);
   printf("%-10s %" PRIu64 " tokens\n", "capacity", s->capacity);
   printf("%-10s %" PRIu64 " tokens\n", "resident", s->resident);
   printf("%-10s %" PRIu64 " tokens\n", "seen", s->seen);
@@ -703,6 +731,27 @@ static void print_session_stats(const struct sk_session_stats *s) {
   printf("%-10s %" PRIu64 "\n", "commit", s->commit);
   printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
   printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
+  /* Only what the daemon sent (older daemons send neither); positions
+   * stays the last line. */
+  if (s->busy) {
+    printf("%-10s (busy)\n", "indices");
+  } else if (s->n_resident_ranges) {
+    /* the stream indices of the resident tokens, in cache order */
+    printf("%-10s", "indices");
+    for (size_t i = 0; i < s->n_resident_ranges; i++) {
+      if (s->resident_ranges[i].first == s->resident_ranges[i].last)
+        printf(" %" PRIu64, s->resident_ranges[i].first);
+      else
+        printf(" %" PRIu64 "-%" PRIu64, s->resident_ranges[i].first, s->resident_ranges[i].last);
+    }
+    putchar('\n');
+  }
+  if (s->attn_steps)
+    printf("%-10s over the last %" PRIu64 " steps; sinks = the first %" PRIu64 " positions\n",
+           "attention", s->attn_steps, s->sink_tokens);
+  for (size_t l = 0; l < s->n_layers; l++)
+    printf("  layer %-3zu sink mass %.4f, entropy %.4f nats\n", l, s->sink_mass[l],
+           s->entropy[l]);
   if (s->has_positions)
     printf("%-10s %" PRIu64 "-%" PRIu64 "\n", "positions", s->position_first, s->position_last);
   else
@@ -910,6 +959,13 @@ static int cmd_open(struct sk_client *c, const struct opts *o) {
     json_kv_str(stdout, &first, "policy", r.policy);
     json_kv_u64(stdout, &first, "capacity", r.capacity);
     json_kv_u64(stdout, &first, "kv_bytes", r.kv_bytes);
+    json_kv_u64(stdout, &first, "n_sink", r.n_sink);
+    json_kv_u64(stdout, &first, "window", r.window);
+    json_kv_u64(stdout, &first, "heavy", r.heavy);
+    json_kv_u64(stdout, &first, "recent", r.recent);
+    json_key(stdout, &first, "rope_scale");
+    printf("%g", r.rope_scale);
+    json_kv_u64(stdout, &first, "pinned", r.pinned);
     fputs("}\n", stdout);
   } else {
     printf("%" PRIu64 "\n", r.session);
@@ -982,6 +1038,15 @@ static void out_bool(struct kv_out *k, const char *key, bool v) {
     fputs(v ? "true" : "false", stdout);
   } else {
     printf("%s: %s\n", key, v ? "yes" : "no");
+  }
+}
+
+static void out_f64(struct kv_out *k, const char *key, double v) {
+  if (k->json) {
+    json_key(stdout, &k->first, key);
+    printf("%g", v);
+  } else {
+    printf("%s: %g\n", key, v);
   }
 }
 
@@ -1072,6 +1137,11 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
   out_str(&k, "policy", s.policy);
   out_u64(&k, "n_sink", s.n_sink);
   out_u64(&k, "window", s.window);
+  out_u64(&k, "heavy", s.heavy);
+  out_u64(&k, "recent", s.recent);
+  out_u64(&k, "pinned", s.pinned);
+  out_f64(&k, "rope_scale", s.rope_scale);
+  out_f64(&k, "model_rope_scale", s.model_rope_scale);
   out_u64(&k, "capacity", s.capacity);
   out_u64(&k, "resident", s.resident);
   out_u64(&k, "seen", s.seen);
@@ -1085,6 +1155,20 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
   out_u64(&k, "commit", s.commit);
   out_bool(&k, "adopted", s.adopted);
   out_u64(&k, "idle_s", s.idle_s);
+  out_bool(&k, "busy", s.busy);
+  json_key(stdout, &k.first, "resident_ranges");
+  fputc('[', stdout);
+  for (size_t i = 0; i < s.n_resident_ranges; i++)
+    printf("%s[%" PRIu64 ", %" PRIu64 "]", i ? ", " : "", s.resident_ranges[i].first,
+           s.resident_ranges[i].last);
+  fputc(']', stdout);
+  json_key(stdout, &k.first, "attention");
+  printf("{\"steps\": %" PRIu64 ", \"sink_tokens\": %" PRIu64 ", \"sink_mass\": [",
+         s.attn_steps, s.sink_tokens);
+  for (size_t l = 0; l < s.n_layers; l++) printf("%s%.6g", l ? ", " : "", s.sink_mass[l]);
+  fputs("], \"entropy\": [", stdout);
+  for (size_t l = 0; l < s.n_layers; l++) printf("%s%.6g", l ? ", " : "", s.entropy[l]);
+  fputs("]}", stdout);
   if (o->tokens) {
     int32_t *toks = NULL;
     size_t n = 0;
@@ -1211,6 +1295,9 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
     json_kv_u64(stdout, &f2, "dim", h.model.dim);
     json_kv_u64(stdout, &f2, "n_head", h.model.n_head);
     json_kv_u64(stdout, &f2, "n_kv_head", h.model.n_kv_head);
+    json_key(stdout, &f2, "rope_scale");
+    printf("%g", h.model.rope_scale);
+    json_kv_u64(stdout, &f2, "max_capacity", h.model.max_capacity);
     fputc('}', stdout);
     json_key(stdout, &first, "defaults");
     f2 = true;
@@ -1218,7 +1305,11 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
     json_kv_str(stdout, &f2, "policy", h.defaults.policy);
     json_kv_u64(stdout, &f2, "n_sink", h.defaults.n_sink);
     json_kv_u64(stdout, &f2, "window", h.defaults.window);
+    json_kv_u64(stdout, &f2, "heavy", h.defaults.heavy);
+    json_kv_u64(stdout, &f2, "recent", h.defaults.recent);
     json_kv_u64(stdout, &f2, "capacity", h.defaults.capacity);
+    json_key(stdout, &f2, "rope_scale");
+    printf("%g", h.defaults.rope_scale);
     fputs("}}\n", stdout);
     return 0;
   }
@@ -1232,10 +1323,15 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
   printf("model.dim: %" PRIu32 "\n", h.model.dim);
   printf("model.n_head: %" PRIu32 "\n", h.model.n_head);
   printf("model.n_kv_head: %" PRIu32 "\n", h.model.n_kv_head);
+  printf("model.rope_scale: %g\n", h.model.rope_scale);
+  printf("model.max_capacity: %" PRIu32 "\n", h.model.max_capacity);
   printf("defaults.policy: %s\n", h.defaults.policy);
   printf("defaults.n_sink: %" PRIu32 "\n", h.defaults.n_sink);
   printf("defaults.window: %" PRIu32 "\n", h.defaults.window);
+  printf("defaults.heavy: %" PRIu32 "\n", h.defaults.heavy);
+  printf("defaults.recent: %" PRIu32 "\n", h.defaults.recent);
   printf("defaults.capacity: %" PRIu32 "\n", h.defaults.capacity);
+  printf("defaults.rope_scale: %g\n", h.defaults.rope_scale);
   return 0;
 }
 
@@ -1269,16 +1365,20 @@ static const struct {
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
-                   OPT_CAPACITY, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
+                   OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE,
+                   OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
     {"chat", CMD_CHAT, 0, 0, NULL,
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
-                   OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
+                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
+                   OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
     {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)", (const int[]){OPT_NO_BOS, 0}},
     {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
     {"open", CMD_OPEN, 0, 0, NULL,
-     (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY, 0}},
+     (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
+                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
+                   OPT_PIN_FILE, 0}},
     {"close", CMD_CLOSE, 1, 1, "session ID", (const int[]){0}},
     {"list", CMD_LIST, 0, 0, NULL, (const int[]){0}},
     {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){OPT_TOKENS, 0}},
@@ -1350,8 +1450,45 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       o->open.policy = optarg;
       break;
     case OPT_SINKS:
-      o->open.n_sink = (uint32_t)parse_u64("--sinks", optarg, 1, UINT32_MAX);
+      o->open.n_sink = (uint32_t)parse_u64("--sinks", optarg, 0, UINT32_MAX);
+      o->open.has_n_sink = true;
       break;
+    case OPT_HEAVY:
+      o->open.heavy = (uint32_t)parse_u64("--heavy", optarg, 1, UINT32_MAX);
+      break;
+    case OPT_RECENT:
+      o->open.recent = (uint32_t)parse_u64("--recent", optarg, 1, UINT32_MAX);
+      break;
+    case OPT_ROPE_SCALE: {
+      double r = parse_double("--rope-scale", optarg);
+      if (!(r > 0)) usage_error("--rope-scale: '%s' is not > 0", optarg);
+      o->open.rope_scale = r;
+      break;
+    }
+    case OPT_PIN:
+      if (o->open.pin) usage_error("--pin/--pin-file: given twice");
+      if (!optarg[0]) usage_error("--pin: the text is empty");
+      o->open.pin = optarg;
+      break;
+    case OPT_PIN_FILE: {
+      if (o->open.pin) usage_error("--pin/--pin-file: given twice");
+      FILE *f = fopen(optarg, "rb");
+      if (!f) usage_error("--pin-file: cannot open %s: %s", optarg, strerror(errno));
+      size_t cap = 1 << 16, len = 0;
+      char *t = malloc(cap + 1);
+      if (!t) die(EXIT_FAILURE, "out of memory");
+      len = fread(t, 1, cap + 1, f);
+      bool bad = ferror(f) != 0;
+      fclose(f);
+      if (bad) usage_error("--pin-file: cannot read %s", optarg);
+      if (len > cap) usage_error("--pin-file: %s is longer than %zu bytes", optarg, cap);
+      if (len == 0) usage_error("--pin-file: %s is empty", optarg);
+      t[len] = 0;
+      o->pin_file_text = t;
+      o->open.pin = t;
+      o->open.pin_len = len;
+      break;
+    }
     case OPT_WINDOW:
       o->open.window = (uint32_t)parse_u64("--window", optarg, 1, UINT32_MAX);
       break;
@@ -1375,10 +1512,36 @@ static void parse_options(int argc, char **argv, struct opts *o) {
   }
 }
 
+/* Index of the command word in argv (the first argument that is neither
+ * an option nor the value of --socket), or argc. */
+static int find_command(int argc, char **argv) {
+  int i = 1;
+  while (i < argc) {
+    if (strcmp(argv[i], "-s") == 0 || strcmp(argv[i], "--socket") == 0)
+      i += 2;
+    else if (strcmp(argv[i], "--") == 0)
+      return i + 1;
+    else if (argv[i][0] == '-' && argv[i][1])
+      i++;
+    else
+      return i;
+  }
+  return argc;
+}
+
 int main(int argc, char **argv) {
   struct opts o;
   memset(&o, 0, sizeof o);
   sk_generate_params_init(&o.gen);
+  /* eval has options of its own: the ones before it are sinkctl's. */
+  int cmd_at = find_command(argc, argv);
+  if (cmd_at < argc && strcmp(argv[cmd_at], "eval") == 0) {
+    parse_options(cmd_at, argv, &o);
+    for (int id = OPT_MAX_TOKENS; id < OPT__END; id++)
+      if (o.given[id] && id != OPT_SOCKET && id != OPT_JSON && id != OPT_VERBOSE)
+        usage_error("--%s: not an option of 'eval'", opt_name(id));
+    return sk_eval_main(argc - cmd_at, argv + cmd_at, o.socket, o.json);
+  }
   parse_options(argc, argv, &o);
 
   int nargs = argc - optind;
@@ -1444,6 +1607,7 @@ int main(int argc, char **argv) {
   }
   sk_client_free(c);
   free(o.stops);
+  free(o.pin_file_text);
   if (fflush(stdout) != 0 || ferror(stdout))
     die(EXIT_FAILURE, "cannot write to stdout: %s", strerror(errno));
   return status;

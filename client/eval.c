@@ -1,0 +1,800 @@
+/* sinkctl eval: perplexity per policy through the daemon (see eval.h). */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "eval.h"
+#include "sinkd/client.h"
+
+enum {
+  EVAL_EXIT_DAEMON = 1,
+  EVAL_EXIT_USAGE = 2,
+  EVAL_EXIT_CONNECT = 3,
+  EVAL_EXIT_CONNECTION = 4,
+  EVAL_EXIT_INTERRUPTED = 130,
+};
+
+/* Limits of the command line, each with its reason. */
+#define EVAL_MAX_RUNS 32u          /* columns of one table */
+#define EVAL_MAX_FILE (16u << 20)  /* the daemon's frame ceiling */
+#define EVAL_DEFAULT_BUDGET 256u   /* half the test model's trained 512 */
+#define EVAL_DEFAULT_SPAN 1000u    /* tokens per table row */
+#define EVAL_DEFAULT_CHUNK 256u    /* tokens per append request */
+#define EVAL_DEFAULT_SINKS 4u      /* StreamingLLM's choice */
+
+enum run_kind {
+  RUN_DENSE,
+  RUN_STREAMING,
+  RUN_WINDOW,
+  RUN_H2O,
+  RUN_SINK_H2O,
+  RUN_RECOMPUTE,
+};
+
+static const char *const run_kind_names[] = {
+    [RUN_DENSE] = "dense",         [RUN_STREAMING] = "streaming",
+    [RUN_WINDOW] = "window",       [RUN_H2O] = "h2o",
+    [RUN_SINK_H2O] = "sink_h2o",   [RUN_RECOMPUTE] = "recompute",
+};
+
+/* One column of the table: a policy with its parameters (0 = derived from
+ * the budget or the model), and what it scored. */
+struct run {
+  char label[64];
+  enum run_kind kind;
+  uint32_t n_sink, window, heavy, recent, capacity;
+  bool has_sink;
+  double rope_scale;     /* 0 = 1 */
+  double *lp;            /* (n_tokens) ln p(token k | before); NaN unscored */
+  size_t n_scored;
+  uint64_t evicted;
+  uint64_t capacity_used; /* the session's capacity (dense: its limit) */
+  double seconds;
+};
+
+struct eval {
+  const char *socket;
+  bool json, progress;
+  const char *file;
+  uint32_t budget, span, chunk, stride;
+  uint64_t max_tokens; /* scored tokens; 0 = all */
+  const char *csv, *plot;
+  struct run runs[EVAL_MAX_RUNS];
+  size_t n_runs;
+  int32_t *tokens; /* (n_tokens) BOS first */
+  size_t n_tokens;
+  struct sk_hello hello;
+  /* progress */
+  double t_start;
+  size_t run_index;
+};
+
+static volatile sig_atomic_t eval_interrupted;
+
+static void eval_on_sigint(int sig) {
+  eval_interrupted = 1;
+  signal(sig, SIG_DFL); /* a second Ctrl-C ends at once */
+}
+
+_Noreturn static void eval_usage_error(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+_Noreturn static void eval_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("sinkctl: eval: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputs("\nTry 'sinkctl eval --help' for more information.\n", stderr);
+  va_end(ap);
+  exit(EVAL_EXIT_USAGE);
+}
+
+static double eval_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void eval_help(void) {
+  printf(
+      "Usage: sinkctl eval [OPTIONS] FILE\n"
+      "Stream the text of FILE through fresh sinkd sessions, one per run, and\n"
+      "print the perplexity of every span of tokens for each run.\n"
+      "\n"
+      "Every token is scored by the log-probability the model gave it from\n"
+      "what the session's cache held (append with logprobs); once a cache is\n"
+      "full the daemon evicts one token per new token, by the run's policy.\n"
+      "\n"
+      "Runs (--run, repeatable; default: all of the comparison below):\n"
+      "  dense[:rope_scale=R]        no eviction; stops at its limit\n"
+      "                              (the model's context x R)\n"
+      "  window[:window=W]           no sinks (W = budget)\n"
+      "  streaming[:sinks=S,window=W] S sinks (4) + W recent (budget - S)\n"
+      "  h2o[:heavy=H,recent=R]      H2O, H = R = budget / 2\n"
+      "  sink_h2o[:sinks=S,heavy=H,recent=R]  4 sinks + H2O (recent =\n"
+      "                              budget / 2, heavy the rest)\n"
+      "  recompute[:window=W]        sliding window with re-computation: a\n"
+      "                              fresh dense session of the W tokens\n"
+      "                              before each scored token (W = budget)\n"
+      "  Any run also takes rope_scale=R and capacity=N (dense).\n"
+      "  Default set: dense, dense:rope_scale=2, dense:rope_scale=4, window,\n"
+      "  streaming:sinks=1, streaming:sinks=2, streaming:sinks=4,\n"
+      "  streaming:sinks=8, h2o, sink_h2o, recompute.\n"
+      "\n"
+      "Options:\n"
+      "  --run SPEC              add a run (see above)\n"
+      "  --budget N              cache budget of the evicting runs (%u)\n"
+      "  --tokens N              score at most the first N tokens (all)\n"
+      "  --span N                tokens per table row (%u)\n"
+      "  --chunk N               tokens per append request (%u); the daemon\n"
+      "                          still evicts one token per token\n"
+      "  --recompute-stride K    recompute: score every K-th token (1)\n"
+      "  --csv FILE              write the table as CSV\n"
+      "  --plot FILE.png         draw it with gnuplot (writes the CSV too:\n"
+      "                          --csv, or FILE.csv beside the PNG)\n"
+      "  --progress / --no-progress   progress bar on stderr (default: when\n"
+      "                          stderr is a terminal)\n"
+      "  -s, --socket PATH, -j, --json   as for every command\n",
+      EVAL_DEFAULT_BUDGET, EVAL_DEFAULT_SPAN, EVAL_DEFAULT_CHUNK);
+}
+
+/* ---- parsing ---------------------------------------------------------- */
+
+static uint64_t eval_parse_u64(const char *what, const char *s, uint64_t min,
+                               uint64_t max) {
+  char *end;
+  errno = 0;
+  if (!(s[0] >= '0' && s[0] <= '9'))
+    eval_usage_error("%s: '%s' is not a number", what, s);
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end || errno == ERANGE || v < min || v > max)
+    eval_usage_error("%s: '%s' is not a number in [%" PRIu64 ", %" PRIu64 "]",
+                     what, s, min, max);
+  return (uint64_t)v;
+}
+
+static double eval_parse_double(const char *what, const char *s) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end || errno == ERANGE || !isfinite(v) || !(v > 0))
+    eval_usage_error("%s: '%s' is not a number > 0", what, s);
+  return v;
+}
+
+/* "name[:key=value[,key=value]]" */
+static void eval_parse_run(const char *spec, struct run *r) {
+  memset(r, 0, sizeof *r);
+  if (strlen(spec) >= sizeof r->label)
+    eval_usage_error("--run: '%s' is too long", spec);
+  snprintf(r->label, sizeof r->label, "%s", spec);
+  char buf[64];
+  snprintf(buf, sizeof buf, "%s", spec);
+  char *colon = strchr(buf, ':');
+  if (colon) *colon = 0;
+  size_t k;
+  for (k = 0; k < sizeof run_kind_names / sizeof run_kind_names[0]; k++)
+    if (strcmp(buf, run_kind_names[k]) == 0) break;
+  if (k == sizeof run_kind_names / sizeof run_kind_names[0])
+    eval_usage_error("--run: unknown run '%s' (dense, window, streaming, h2o, "
+                     "sink_h2o or recompute)",
+                     buf);
+  r->kind = (enum run_kind)k;
+  if (!colon) return;
+  char *save = NULL;
+  for (char *kv = strtok_r(colon + 1, ",", &save); kv;
+       kv = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(kv, '=');
+    if (!eq) eval_usage_error("--run %s: '%s' is not key=value", spec, kv);
+    *eq = 0;
+    const char *key = kv, *val = eq + 1;
+    if (strcmp(key, "sinks") == 0) {
+      r->n_sink = (uint32_t)eval_parse_u64("sinks", val, 0, UINT32_MAX);
+      r->has_sink = true;
+    } else if (strcmp(key, "window") == 0) {
+      r->window = (uint32_t)eval_parse_u64("window", val, 1, UINT32_MAX);
+    } else if (strcmp(key, "heavy") == 0) {
+      r->heavy = (uint32_t)eval_parse_u64("heavy", val, 1, UINT32_MAX);
+    } else if (strcmp(key, "recent") == 0) {
+      r->recent = (uint32_t)eval_parse_u64("recent", val, 1, UINT32_MAX);
+    } else if (strcmp(key, "capacity") == 0) {
+      r->capacity = (uint32_t)eval_parse_u64("capacity", val, 1, UINT32_MAX);
+    } else if (strcmp(key, "rope_scale") == 0) {
+      r->rope_scale = eval_parse_double("rope_scale", val);
+    } else {
+      eval_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
+                       "heavy, recent, capacity, rope_scale)",
+                       spec, key);
+    }
+  }
+}
+
+static void eval_add_run(struct eval *ev, const char *spec) {
+  if (ev->n_runs == EVAL_MAX_RUNS)
+    eval_usage_error("--run: at most %u runs", EVAL_MAX_RUNS);
+  eval_parse_run(spec, &ev->runs[ev->n_runs++]);
+}
+
+static void eval_parse_args(int argc, char **argv, struct eval *ev) {
+  enum {
+    O_RUN = 256, O_BUDGET, O_TOKENS, O_SPAN, O_CHUNK, O_STRIDE, O_CSV,
+    O_PLOT, O_PROGRESS, O_NO_PROGRESS, O_HELP
+  };
+  static const struct option opts[] = {
+      {"run", required_argument, NULL, O_RUN},
+      {"budget", required_argument, NULL, O_BUDGET},
+      {"tokens", required_argument, NULL, O_TOKENS},
+      {"span", required_argument, NULL, O_SPAN},
+      {"chunk", required_argument, NULL, O_CHUNK},
+      {"recompute-stride", required_argument, NULL, O_STRIDE},
+      {"csv", required_argument, NULL, O_CSV},
+      {"plot", required_argument, NULL, O_PLOT},
+      {"progress", no_argument, NULL, O_PROGRESS},
+      {"no-progress", no_argument, NULL, O_NO_PROGRESS},
+      {"socket", required_argument, NULL, 's'},
+      {"json", no_argument, NULL, 'j'},
+      {"help", no_argument, NULL, O_HELP},
+      {NULL, 0, NULL, 0},
+  };
+  int progress = -1;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":s:jh", opts, NULL)) != -1) {
+    switch (c) {
+    case O_RUN: eval_add_run(ev, optarg); break;
+    case O_BUDGET:
+      ev->budget = (uint32_t)eval_parse_u64("--budget", optarg, 2, 1u << 20);
+      break;
+    case O_TOKENS:
+      ev->max_tokens = eval_parse_u64("--tokens", optarg, 1, UINT32_MAX);
+      break;
+    case O_SPAN:
+      ev->span = (uint32_t)eval_parse_u64("--span", optarg, 1, UINT32_MAX);
+      break;
+    case O_CHUNK:
+      ev->chunk = (uint32_t)eval_parse_u64("--chunk", optarg, 1, 65536);
+      break;
+    case O_STRIDE:
+      ev->stride =
+          (uint32_t)eval_parse_u64("--recompute-stride", optarg, 1, 1u << 20);
+      break;
+    case O_CSV: ev->csv = optarg; break;
+    case O_PLOT: ev->plot = optarg; break;
+    case O_PROGRESS: progress = 1; break;
+    case O_NO_PROGRESS: progress = 0; break;
+    case 's': ev->socket = optarg; break;
+    case 'j': ev->json = true; break;
+    case 'h':
+    case O_HELP: eval_help(); exit(0);
+    case ':': eval_usage_error("option '%s' needs a value", argv[optind - 1]);
+    default: eval_usage_error("unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind >= argc) eval_usage_error("missing FILE");
+  if (optind + 1 < argc)
+    eval_usage_error("unexpected argument '%s'", argv[optind + 1]);
+  ev->file = argv[optind];
+  ev->progress = progress < 0 ? isatty(STDERR_FILENO) : progress == 1;
+  /* gnuplot reads the paths inside single quotes. */
+  const char *paths[] = {ev->plot, ev->csv};
+  for (size_t i = 0; i < 2; i++)
+    if (paths[i] && (strchr(paths[i], '\'') || strchr(paths[i], '\n')))
+      eval_usage_error("the path '%s' may not contain quotes or newlines",
+                       paths[i]);
+  if (ev->n_runs == 0) {
+    static const char *const defaults[] = {
+        "dense", "dense:rope_scale=2", "dense:rope_scale=4", "window",
+        "streaming:sinks=1", "streaming:sinks=2", "streaming:sinks=4",
+        "streaming:sinks=8", "h2o", "sink_h2o", "recompute"};
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+      eval_add_run(ev, defaults[i]);
+  }
+}
+
+/* ---- running ---------------------------------------------------------- */
+
+static int eval_report(const struct sk_client *c, const struct sk_error *e,
+                       const char *what) {
+  if (eval_interrupted) return EVAL_EXIT_INTERRUPTED;
+  fprintf(stderr, "sinkctl: eval: %s: %s: %s\n", what, sk_error_name(e->code),
+          e->message);
+  return sk_client_connected(c) ? EVAL_EXIT_DAEMON : EVAL_EXIT_CONNECTION;
+}
+
+static void eval_progress(struct eval *ev, const struct run *r, size_t done,
+                          size_t total, double t0) {
+  if (!ev->progress) return;
+  double el = eval_now() - t0;
+  double rate = el > 0 ? (double)done / el : 0;
+  double eta = rate > 0 ? (double)(total - done) / rate : 0;
+  int width = 30, fill = total ? (int)((double)width * (double)done / (double)total) : width;
+  char bar[64];
+  for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+  bar[width] = 0;
+  fprintf(stderr, "\r[%s] run %zu/%zu %-22.22s %9zu/%zu tokens %7.0f tok/s ETA %4.0fs ",
+          bar, ev->run_index + 1, ev->n_runs, r->label, done, total, rate, eta);
+  fflush(stderr);
+}
+
+/* Fills in the parameters the run left to the budget and the model. */
+static void eval_derive(const struct eval *ev, struct run *r,
+                        struct sk_open_params *op) {
+  uint32_t B = ev->budget;
+  memset(op, 0, sizeof *op);
+  op->rope_scale = r->rope_scale;
+  switch (r->kind) {
+  case RUN_STREAMING:
+    if (!r->has_sink) r->n_sink = EVAL_DEFAULT_SINKS;
+    if (!r->window) r->window = B > r->n_sink ? B - r->n_sink : 1;
+    op->policy = "streaming";
+    op->n_sink = r->n_sink;
+    op->has_n_sink = true;
+    op->window = r->window;
+    break;
+  case RUN_WINDOW:
+    if (!r->window) r->window = B;
+    op->policy = "window";
+    op->window = r->window;
+    break;
+  case RUN_H2O:
+    if (!r->heavy) r->heavy = B / 2;
+    if (!r->recent) r->recent = B > r->heavy ? B - r->heavy : 1;
+    op->policy = "h2o";
+    op->heavy = r->heavy;
+    op->recent = r->recent;
+    break;
+  case RUN_SINK_H2O:
+    if (!r->has_sink) r->n_sink = EVAL_DEFAULT_SINKS;
+    if (!r->recent) r->recent = B - B / 2;
+    if (!r->heavy)
+      r->heavy = B > r->n_sink + r->recent ? B - r->n_sink - r->recent : 1;
+    op->policy = "sink_h2o";
+    op->n_sink = r->n_sink;
+    op->has_n_sink = true;
+    op->heavy = r->heavy;
+    op->recent = r->recent;
+    break;
+  case RUN_DENSE:
+  case RUN_RECOMPUTE:
+    if (r->kind == RUN_RECOMPUTE && !r->window) r->window = B;
+    if (!r->capacity) {
+      /* dense: as far as the model's context (stretched by rope_scale)
+       * and the daemon allow; recompute: the window and the token. */
+      double ctx = (double)ev->hello.model.n_ctx_train *
+                   (r->rope_scale > 0 ? r->rope_scale : 1.0);
+      uint64_t cap = r->kind == RUN_RECOMPUTE ? (uint64_t)r->window + 1
+                                              : (uint64_t)floor(ctx);
+      if (ev->hello.model.max_capacity && cap > ev->hello.model.max_capacity)
+        cap = ev->hello.model.max_capacity;
+      r->capacity = (uint32_t)cap;
+    }
+    op->policy = "dense";
+    op->capacity = r->capacity;
+    break;
+  }
+}
+
+/* Streams the tokens through one session of the run's policy. */
+static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
+                       const struct sk_open_params *op) {
+  struct sk_error e;
+  struct sk_open_result o;
+  if (sk_client_open(c, op, &o, &e) < 0) return eval_report(c, &e, r->label);
+  r->capacity_used = o.capacity;
+  size_t n = ev->n_tokens, total = n;
+  if (r->kind == RUN_DENSE && total > o.capacity) total = (size_t)o.capacity;
+  double t0 = eval_now();
+  size_t pos = 0;
+  uint64_t resident = 0;
+  int status = 0;
+  while (pos < total) {
+    if (eval_interrupted) {
+      status = EVAL_EXIT_INTERRUPTED;
+      break;
+    }
+    size_t k = total - pos < ev->chunk ? total - pos : ev->chunk;
+    if (r->kind == RUN_DENSE && k > o.capacity - resident)
+      k = (size_t)(o.capacity - resident);
+    if (k == 0) break;
+    struct sk_append_result ar;
+    if (sk_client_append_logprobs(c, o.session, ev->tokens + pos, k,
+                                  SK_BOS_DEFAULT, r->lp + pos, &ar, &e) < 0) {
+      status = eval_report(c, &e, r->label);
+      break;
+    }
+    resident = ar.resident;
+    r->evicted += ar.evicted;
+    pos += k;
+    eval_progress(ev, r, pos, total, t0);
+  }
+  r->seconds = eval_now() - t0;
+  if (sk_client_connected(c)) sk_client_close(c, o.session, NULL);
+  return status;
+}
+
+/* Sliding window with re-computation: token t is scored by a fresh dense
+ * session holding tokens[max(0, t - W) .. t - 1] at positions from 0. */
+static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
+                          const struct sk_open_params *op) {
+  struct sk_error e;
+  size_t n = ev->n_tokens, W = r->window;
+  size_t total = n > 1 ? (n - 2) / ev->stride + 1 : 0, done = 0;
+  double *lp = malloc((W + 1) * sizeof *lp);
+  if (!lp) {
+    fprintf(stderr, "sinkctl: eval: out of memory\n");
+    return EXIT_FAILURE;
+  }
+  r->capacity_used = op->capacity;
+  double t0 = eval_now();
+  int status = 0;
+  for (size_t t = 1; t < n; t += ev->stride) {
+    if (eval_interrupted) {
+      status = EVAL_EXIT_INTERRUPTED;
+      break;
+    }
+    size_t start = t > W ? t - W : 0;
+    struct sk_open_result o;
+    if (sk_client_open(c, op, &o, &e) < 0) {
+      status = eval_report(c, &e, r->label);
+      break;
+    }
+    int rc = sk_client_append_logprobs(c, o.session, ev->tokens + start,
+                                       t - start + 1, SK_BOS_DEFAULT, lp, NULL,
+                                       &e);
+    if (rc < 0) status = eval_report(c, &e, r->label);
+    if (sk_client_connected(c)) sk_client_close(c, o.session, NULL);
+    if (rc < 0) break;
+    r->lp[t] = lp[t - start];
+    done++;
+    if (done % 16 == 0 || done == total) eval_progress(ev, r, done, total, t0);
+  }
+  r->seconds = eval_now() - t0;
+  free(lp);
+  return status;
+}
+
+/* ---- output ----------------------------------------------------------- */
+
+/* Perplexity over tokens [first, last] of a run; NAN if none scored. */
+static double eval_ppl(const struct run *r, size_t first, size_t last,
+                       size_t *ret_n) {
+  double sum = 0;
+  size_t cnt = 0;
+  for (size_t k = first; k <= last; k++)
+    if (!isnan(r->lp[k])) {
+      sum += r->lp[k];
+      cnt++;
+    }
+  if (ret_n) *ret_n = cnt;
+  return cnt ? exp(-sum / (double)cnt) : NAN;
+}
+
+static void eval_fmt(char *buf, size_t size, double v) {
+  if (isnan(v))
+    snprintf(buf, size, "-");
+  else if (v >= 1e5)
+    snprintf(buf, size, "%.3g", v);
+  else if (v >= 100)
+    snprintf(buf, size, "%.1f", v);
+  else
+    snprintf(buf, size, "%.3f", v);
+}
+
+static size_t eval_n_spans(const struct eval *ev) {
+  size_t scored = ev->n_tokens > 1 ? ev->n_tokens - 1 : 0;
+  return (scored + ev->span - 1) / ev->span;
+}
+
+static void eval_span(const struct eval *ev, size_t s, size_t *first,
+                      size_t *last) {
+  *first = 1 + s * ev->span;
+  *last = (s + 1) * ev->span;
+  if (*last > ev->n_tokens - 1) *last = ev->n_tokens - 1;
+}
+
+static void eval_print_table(const struct eval *ev) {
+  size_t w[EVAL_MAX_RUNS];
+  printf("%-15s", "tokens");
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    w[i] = strlen(ev->runs[i].label);
+    if (w[i] < 9) w[i] = 9;
+    printf("  %*s", (int)w[i], ev->runs[i].label);
+  }
+  putchar('\n');
+  char cell[32], rowname[40];
+  size_t spans = eval_n_spans(ev);
+  for (size_t s = 0; s <= spans; s++) {
+    size_t first = 1, last = ev->n_tokens - 1;
+    if (s < spans) {
+      eval_span(ev, s, &first, &last);
+      snprintf(rowname, sizeof rowname, "%zu-%zu", first, last);
+    } else {
+      snprintf(rowname, sizeof rowname, "all scored");
+    }
+    printf("%-15s", rowname);
+    for (size_t i = 0; i < ev->n_runs; i++) {
+      eval_fmt(cell, sizeof cell, eval_ppl(&ev->runs[i], first, last, NULL));
+      printf("  %*s", (int)w[i], cell);
+    }
+    putchar('\n');
+  }
+  printf("\n%-24s %10s %10s %9s %10s %9s\n", "run", "capacity", "scored",
+         "evicted", "ppl", "ms/token");
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    const struct run *r = &ev->runs[i];
+    size_t cnt;
+    double p = eval_ppl(r, 1, ev->n_tokens - 1, &cnt);
+    eval_fmt(cell, sizeof cell, p);
+    printf("%-24s %10" PRIu64 " %10zu %9" PRIu64 " %10s %9.3f\n", r->label,
+           r->capacity_used, cnt, r->evicted, cell,
+           cnt ? r->seconds * 1e3 / (double)cnt : 0.0);
+  }
+}
+
+static void eval_json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') putchar('\\');
+    putchar(*s);
+  }
+  putchar('"');
+}
+
+static void eval_json_num(double v) {
+  if (isnan(v))
+    fputs("null", stdout);
+  else
+    printf("%.6g", v);
+}
+
+static void eval_print_json(const struct eval *ev) {
+  printf("{\"file\": ");
+  eval_json_str(ev->file);
+  printf(", \"tokens\": %zu, \"budget\": %u, \"span\": %u, \"runs\": [",
+         ev->n_tokens, ev->budget, ev->span);
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    const struct run *r = &ev->runs[i];
+    size_t cnt;
+    double p = eval_ppl(r, 1, ev->n_tokens - 1, &cnt);
+    printf("%s{\"label\": ", i ? ", " : "");
+    eval_json_str(r->label);
+    printf(", \"capacity\": %" PRIu64 ", \"scored\": %zu, \"evicted\": %" PRIu64
+           ", \"seconds\": %.3f, \"perplexity\": ",
+           r->capacity_used, cnt, r->evicted, r->seconds);
+    eval_json_num(p);
+    printf("}");
+  }
+  printf("], \"spans\": [");
+  for (size_t s = 0; s < eval_n_spans(ev); s++) {
+    size_t first, last;
+    eval_span(ev, s, &first, &last);
+    printf("%s{\"first\": %zu, \"last\": %zu, \"perplexity\": [", s ? ", " : "",
+           first, last);
+    for (size_t i = 0; i < ev->n_runs; i++) {
+      if (i) fputs(", ", stdout);
+      eval_json_num(eval_ppl(&ev->runs[i], first, last, NULL));
+    }
+    printf("]}");
+  }
+  printf("]}\n");
+}
+
+static int eval_write_csv(const struct eval *ev, const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "sinkctl: eval: cannot write %s: %s\n", path,
+            strerror(errno));
+    return EXIT_FAILURE;
+  }
+  fputs("first,last", f);
+  for (size_t i = 0; i < ev->n_runs; i++) fprintf(f, ",%s", ev->runs[i].label);
+  fputc('\n', f);
+  for (size_t s = 0; s < eval_n_spans(ev); s++) {
+    size_t first, last;
+    eval_span(ev, s, &first, &last);
+    fprintf(f, "%zu,%zu", first, last);
+    for (size_t i = 0; i < ev->n_runs; i++) {
+      double p = eval_ppl(&ev->runs[i], first, last, NULL);
+      if (isnan(p))
+        fputc(',', f); /* empty: no token of the span was scored */
+      else
+        fprintf(f, ",%.6g", p);
+    }
+    fputc('\n', f);
+  }
+  if (fclose(f) != 0) {
+    fprintf(stderr, "sinkctl: eval: cannot write %s: %s\n", path,
+            strerror(errno));
+    return EXIT_FAILURE;
+  }
+  return 0;
+}
+
+static int eval_plot(const struct eval *ev, const char *csv) {
+  FILE *g = popen("gnuplot", "w");
+  if (!g) {
+    fprintf(stderr, "sinkctl: eval: cannot run gnuplot: %s\n", strerror(errno));
+    return EXIT_FAILURE;
+  }
+  const char *base = strrchr(ev->file, '/');
+  base = base ? base + 1 : ev->file;
+  fprintf(g,
+          "set terminal pngcairo size 1280,720 noenhanced font ',11'\n"
+          "set output '%s'\n"
+          "set datafile separator comma\n"
+          "set key outside right top autotitle columnhead noenhanced\n"
+          "set logscale y\n"
+          "set grid\n"
+          "set xlabel 'tokens'\n"
+          "set ylabel 'perplexity per span of %u tokens (log scale)'\n"
+          "set title 'sinkd eval: %s, %zu tokens, budget %u' noenhanced\n"
+          /* 8 colours, then the same colours dashed */
+          "plot for [i=3:%zu] '%s' using (($1+$2)/2):i with lines lw 2 "
+          "lc 1+(i-3)%%8 dt 1+(i-3)/8\n",
+          ev->plot, ev->span, base, ev->n_tokens - 1, ev->budget,
+          ev->n_runs + 2, csv);
+  int st = pclose(g);
+  if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 127)
+      fprintf(stderr, "sinkctl: eval: gnuplot is not installed (Debian: "
+                      "apt-get install gnuplot-nox)\n");
+    else
+      fprintf(stderr, "sinkctl: eval: gnuplot failed drawing %s\n", ev->plot);
+    return EXIT_FAILURE;
+  }
+  return 0;
+}
+
+/* ---- main ------------------------------------------------------------- */
+
+static char *eval_read_file(const char *path, size_t *ret_len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "sinkctl: eval: cannot open %s: %s\n", path,
+            strerror(errno));
+    exit(EVAL_EXIT_USAGE);
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) {
+      fprintf(stderr, "sinkctl: eval: out of memory\n");
+      exit(EXIT_FAILURE);
+    }
+    size_t n = fread(buf + len, 1, cap - len, f);
+    len += n;
+    if (n == 0) break;
+    if (len == cap) {
+      if (cap >= EVAL_MAX_FILE) {
+        fprintf(stderr, "sinkctl: eval: %s is larger than %u bytes\n", path,
+                EVAL_MAX_FILE);
+        exit(EVAL_EXIT_USAGE);
+      }
+      cap *= 2;
+      char *nb = realloc(buf, cap);
+      if (!nb) free(buf);
+      buf = nb;
+    }
+  }
+  if (ferror(f)) {
+    fprintf(stderr, "sinkctl: eval: cannot read %s\n", path);
+    exit(EVAL_EXIT_USAGE);
+  }
+  fclose(f);
+  *ret_len = len;
+  return buf;
+}
+
+int sk_eval_main(int argc, char **argv, const char *global_socket,
+                 bool global_json) {
+  struct eval *ev = calloc(1, sizeof *ev);
+  if (!ev) return EXIT_FAILURE;
+  ev->socket = global_socket;
+  ev->json = global_json;
+  ev->budget = EVAL_DEFAULT_BUDGET;
+  ev->span = EVAL_DEFAULT_SPAN;
+  ev->chunk = EVAL_DEFAULT_CHUNK;
+  ev->stride = 1;
+  eval_parse_args(argc, argv, ev);
+
+  size_t text_len;
+  char *text = eval_read_file(ev->file, &text_len);
+  struct sk_client *c;
+  struct sk_error e;
+  if (sk_client_connect(ev->socket, &c, &e) < 0) {
+    fprintf(stderr, "sinkctl: %s\n", e.message);
+    free(text);
+    free(ev);
+    return EVAL_EXIT_CONNECT;
+  }
+  int status = 0;
+  if (sk_client_hello(c, &ev->hello, &e) < 0) {
+    status = eval_report(c, &e, "hello");
+    goto out;
+  }
+  /* The whole file in one call, BOS first: the tokens llama.cpp's
+   * perplexity tool scores. */
+  if (sk_client_tokenize(c, text, text_len, SK_BOS_TRUE, &ev->tokens,
+                         &ev->n_tokens, &e) < 0) {
+    status = eval_report(c, &e, "tokenize");
+    goto out;
+  }
+  if (ev->max_tokens && ev->n_tokens > ev->max_tokens + 1)
+    ev->n_tokens = (size_t)ev->max_tokens + 1;
+  if (ev->n_tokens < 2) {
+    fprintf(stderr, "sinkctl: eval: %s has no token to score\n", ev->file);
+    status = EVAL_EXIT_USAGE;
+    goto out;
+  }
+
+  struct sigaction sa, old_sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = eval_on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_sa);
+  ev->t_start = eval_now();
+  for (ev->run_index = 0; ev->run_index < ev->n_runs && status == 0;
+       ev->run_index++) {
+    struct run *r = &ev->runs[ev->run_index];
+    r->lp = malloc(ev->n_tokens * sizeof *r->lp);
+    if (!r->lp) {
+      fprintf(stderr, "sinkctl: eval: out of memory\n");
+      status = EXIT_FAILURE;
+      break;
+    }
+    for (size_t k = 0; k < ev->n_tokens; k++) r->lp[k] = NAN;
+    struct sk_open_params op;
+    eval_derive(ev, r, &op);
+    status = r->kind == RUN_RECOMPUTE ? eval_recompute(ev, c, r, &op)
+                                      : eval_stream(ev, c, r, &op);
+    /* The first token has nothing before it: never scored. */
+    r->lp[0] = NAN;
+  }
+  sigaction(SIGINT, &old_sa, NULL);
+  if (ev->progress) fputc('\n', stderr);
+  if (status != 0) goto out;
+
+  if (ev->json)
+    eval_print_json(ev);
+  else
+    eval_print_table(ev);
+  char csv_buf[4096];
+  const char *csv = ev->csv;
+  if (!csv && ev->plot) {
+    size_t len = strlen(ev->plot);
+    const char *dot = strrchr(ev->plot, '.');
+    if (dot && !strchr(dot, '/')) len = (size_t)(dot - ev->plot);
+    if (len + 5 > sizeof csv_buf) {
+      fprintf(stderr, "sinkctl: eval: --plot path too long\n");
+      status = EVAL_EXIT_USAGE;
+      goto out;
+    }
+    memcpy(csv_buf, ev->plot, len);
+    memcpy(csv_buf + len, ".csv", 5);
+    csv = csv_buf;
+  }
+  if (csv && (status = eval_write_csv(ev, csv)) != 0) goto out;
+  if (ev->plot && (status = eval_plot(ev, csv)) != 0) goto out;
+  if (!ev->json && (csv || ev->plot))
+    fprintf(stderr, "sinkctl: eval: wrote%s%s%s%s\n", csv ? " " : "",
+            csv ? csv : "", ev->plot ? " " : "", ev->plot ? ev->plot : "");
+out:
+  for (size_t i = 0; i < ev->n_runs; i++) free(ev->runs[i].lp);
+  free(ev->tokens);
+  sk_client_free(c);
+  free(text);
+  free(ev);
+  if (fflush(stdout) != 0) return EXIT_FAILURE;
+  return status;
+}
