@@ -696,6 +696,358 @@ static void test_sinkctl(void **state) {
   json_decref(ref);
 }
 
+/* ---- issue 3: policies, pins, eviction reports, logprobs, eval ---- */
+
+static int32_t *ref_ids(json_t *ref, size_t text, size_t *ret_n) {
+  return sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "texts"), text), "token_ids"), ret_n);
+}
+
+/* Dense per-token log-probabilities through the daemon (append with
+ * logprobs, 4 requests of 512) equal llama.cpp's for both texts. */
+static void test_logprobs_through_daemon(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  double maxd = 0.0;
+  for (size_t ti = 0; ti < 2; ti++) {
+    size_t n;
+    int32_t *ids = ref_ids(ref, ti, &n);
+    assert_int_equal(n, 2048);
+    const json_t *tx = json_array_get(json_object_get(ref, "texts"), ti);
+    const json_t *want = json_object_get(tx, "logprobs");
+    struct sk_open_params op = {.policy = "dense", .capacity = 2048};
+    struct sk_open_result o;
+    struct sk_error e = {0};
+    assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+    double lp[2048];
+    for (size_t b = 0; b < 4; b++) {
+      struct sk_append_result ar;
+      assert_int_equal(sk_client_append_logprobs(c, o.session, ids + b * 512, 512, SK_BOS_DEFAULT,
+                                                 lp + b * 512, &ar, &e),
+                       0);
+      assert_int_equal(ar.n_tokens, 512);
+      assert_int_equal(ar.evicted, 0);
+    }
+    assert_true(isnan(lp[0])); /* BOS: nothing before it */
+    for (size_t k = 1; k < 2048; k++) {
+      double w = json_real_value(json_array_get(want, k - 1));
+      double d = fabs(lp[k] - w);
+      if (d > maxd) maxd = d;
+      if (!(d < 1e-4)) fail_msg("text %zu token %zu: logprob %.9g, want %.9g", ti, k, lp[k], w);
+    }
+    static const struct {
+      const char *key;
+      size_t last;
+    } ppl[] = {{"perplexity_1_511", 511}, {"perplexity_1_1023", 1023}, {"perplexity_1_2047", 2047}};
+    for (size_t i = 0; i < 3; i++) {
+      double sum = 0;
+      for (size_t k = 1; k <= ppl[i].last; k++) sum += lp[k];
+      double got = exp(-sum / (double)ppl[i].last);
+      double w = json_real_value(json_object_get(tx, ppl[i].key));
+      if (!(fabs(got / w - 1) < 1e-3)) fail_msg("text %zu %s: %.9g, want %.9g", ti, ppl[i].key, got, w);
+    }
+    /* Full: a dense append that does not fit is refused whole, counts in
+     * the message, never truncated. */
+    int32_t more[2] = {300, 301};
+    assert_int_equal(sk_client_append_logprobs(c, o.session, more, 2, SK_BOS_DEFAULT, lp, NULL, &e),
+                     -SK_ERR_CONTEXT_FULL);
+    assert_non_null(strstr(e.message, "0 of 2048"));
+    assert_int_equal(sk_client_close(c, o.session, &e), 0);
+    free(ids);
+  }
+  print_message("logprobs through the daemon: max abs diff vs llama.cpp %.3g\n", maxd);
+  json_decref(ref);
+  sk_client_free(c);
+}
+
+/* A pinned 300-token system prompt is still resident, token for token,
+ * after the stream has evicted 10,000 tokens. */
+static void test_pin_survives_10000_evictions(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n;
+  int32_t *ids = ref_ids(ref, 1, &n); /* the fortunes: the pin */
+  int32_t *story = ref_ids(ref, 0, &n);
+  struct sk_open_params op = {.policy = "streaming", .window = 32, .pin_tokens = ids,
+                              .n_pin_tokens = 300};
+  struct sk_open_result o;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+  assert_string_equal(o.policy, "streaming");
+  assert_int_equal(o.pinned, 300);
+  assert_int_equal(o.n_sink, 300);
+  assert_int_equal(o.window, 32);
+  assert_int_equal(o.capacity, 332);
+  /* 10,032 tokens: the first 32 fill the window, every later one evicts */
+  enum { N = 10032 };
+  int32_t *stream = malloc(N * sizeof *stream);
+  assert_non_null(stream);
+  for (size_t i = 0; i < N; i++) stream[i] = story[1 + i % 2047];
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, o.session, stream, N, SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(ar.evicted, 10000);
+  assert_int_equal(ar.resident, 332);
+  assert_int_equal(ar.seen, 300 + N);
+  assert_int_equal(ar.n_ranges, 1);
+  assert_int_equal(ar.ranges[0].first, 300);
+  assert_int_equal(ar.ranges[0].last, 300 + 10000 - 1);
+  int32_t *res = NULL;
+  size_t nres = 0;
+  assert_int_equal(sk_client_session_tokens(c, o.session, &res, &nres, &e), 0);
+  assert_int_equal(nres, 332);
+  assert_memory_equal(res, ids, 300 * sizeof *res);
+  assert_memory_equal(res + 300, stream + N - 32, 32 * sizeof *res);
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
+  assert_int_equal(st.pinned, 300);
+  assert_int_equal(st.evicted, 10000);
+  assert_int_equal(st.n_resident_ranges, 2);
+  assert_int_equal(st.resident_ranges[0].first, 0);
+  assert_int_equal(st.resident_ranges[0].last, 299);
+  assert_int_equal(st.resident_ranges[1].first, 300 + N - 32);
+  assert_int_equal(st.resident_ranges[1].last, 300 + N - 1);
+  assert_int_equal(st.sink_tokens, 300);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+
+  /* A pin as text is tokenized with BOS; pins are refused where the
+   * policy has no sink region, and when they do not fit. */
+  struct sk_open_params tp = {.policy = "sink_h2o", .heavy = 8, .recent = 8,
+                              .pin = "You are a storyteller."};
+  assert_int_equal(sk_client_open(c, &tp, &o, &e), 0);
+  assert_true(o.pinned > 3);
+  assert_int_equal(o.n_sink, o.pinned);
+  assert_int_equal(o.capacity, o.pinned + 16);
+  assert_int_equal(sk_client_session_tokens(c, o.session, &res, &nres, &e), 0);
+  assert_int_equal(nres, o.pinned);
+  assert_int_equal(res[0], 1);
+  free(res);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  struct sk_open_params wp = {.policy = "window", .window = 8, .pin = "Hello"};
+  assert_int_equal(sk_client_open(c, &wp, &o, &e), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(e.message, "no sink region"));
+  struct sk_open_params dp = {.policy = "dense", .capacity = 100, .pin_tokens = ids,
+                              .n_pin_tokens = 100};
+  assert_int_equal(sk_client_open(c, &dp, &o, &e), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(e.message, "pin of 100 tokens"));
+  free(stream);
+  free(story);
+  free(ids);
+  json_decref(ref);
+  sk_client_free(c);
+}
+
+/* H2O through the daemon: heavy 16 + recent 16, a 24-token prompt and 64
+ * greedy tokens; the last 16 are resident, the heavy ones are not just
+ * the oldest, and a second session gives the same resident set. */
+static void h2o_session(struct sk_client *c, int32_t **ret_tokens, struct sk_session_stats *ret_st) {
+  struct sk_open_params op = {.policy = "h2o", .heavy = 16, .recent = 16};
+  struct sk_open_result o;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+  assert_int_equal(o.capacity, 32);
+  assert_int_equal(o.heavy, 16);
+  assert_int_equal(o.recent, 16);
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n;
+  int32_t *ids = ref_ids(ref, 0, &n);
+  assert_int_equal(sk_client_append_tokens(c, o.session, ids, 24, SK_BOS_DEFAULT, NULL, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 64;
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, o.session, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(gr.n_tokens, 64);
+  assert_int_equal(gr.evicted, 24 + 64 - 32);
+  assert_int_equal(gr.resident, 32);
+  assert_int_equal(sk_client_session_stats(c, o.session, ret_st, &e), 0);
+  size_t nres = 0;
+  assert_int_equal(sk_client_session_tokens(c, o.session, ret_tokens, &nres, &e), 0);
+  assert_int_equal(nres, 32);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  free(ids);
+  json_decref(ref);
+}
+
+static void test_h2o_through_daemon(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  int32_t *t1, *t2;
+  struct sk_session_stats s1, s2;
+  h2o_session(c, &t1, &s1);
+  h2o_session(c, &t2, &s2);
+  assert_memory_equal(t1, t2, 32 * sizeof *t1);
+  assert_int_equal(s1.n_resident_ranges, s2.n_resident_ranges);
+  assert_memory_equal(s1.resident_ranges, s2.resident_ranges,
+                      s1.n_resident_ranges * sizeof s1.resident_ranges[0]);
+  /* the newest 16 (indices 72..87) form the last range */
+  const struct sk_range *last = &s1.resident_ranges[s1.n_resident_ranges - 1];
+  assert_int_equal(last->last, 87);
+  assert_true(last->first <= 72);
+  assert_true(s1.n_resident_ranges >= 2); /* heavy hitters are not a window */
+  assert_int_equal(s1.evicted, 56);
+  assert_string_equal(s1.policy, "h2o");
+  assert_int_equal(s1.heavy, 16);
+  assert_int_equal(s1.recent, 16);
+  /* attention diagnostics: 5 layers, shares in [0, 1], entropy within
+   * [0, ln 32] */
+  assert_int_equal(s1.n_layers, 5);
+  assert_int_equal(s1.sink_tokens, 4);
+  assert_true(s1.attn_steps == 64);
+  for (size_t l = 0; l < 5; l++) {
+    assert_true(s1.sink_mass[l] >= 0 && s1.sink_mass[l] <= 1.0 + 1e-6);
+    assert_true(s1.entropy[l] >= 0 && s1.entropy[l] <= log(32.0) + 1e-4);
+  }
+  free(t1);
+  free(t2);
+  sk_client_free(c);
+}
+
+/* Every policy opens with its parameters; invalid combinations are
+ * refused with bad_request naming the limit. A window session that
+ * overflows one append evicts by its rule and says so. */
+static void test_open_policies(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_result o;
+  static const struct {
+    struct sk_open_params p;
+    const char *needle;
+  } bad[] = {
+      {{.policy = "window", .window = 0, .has_n_sink = false}, NULL}, /* default window: fine */
+      {{.policy = "h2o", .heavy = 5000, .recent = 5000}, "heavy + recent = 5000 + 5000 = 10000"},
+      {{.policy = "streaming", .n_sink = 4, .window = 3000},
+       "exceeds the model's context: n_ctx_train 2048 x rope_scale 1 = 2048"},
+      {{.policy = "dense", .capacity = 4097, .rope_scale = 2}, "= 4096 positions"},
+      {{.policy = "dense", .capacity = 64, .rope_scale = 100}, "rope_scale 100"},
+      {{.policy = "window", .window = 8, .n_sink = 2}, "policy window has no sinks"},
+      {{.policy = "lru"}, "unknown policy"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = sk_client_open(c, &bad[i].p, &o, &e);
+    if (!bad[i].needle) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(sk_client_close(c, o.session, &e), 0);
+      continue;
+    }
+    assert_int_equal(rc, -SK_ERR_BAD_REQUEST);
+    if (!strstr(e.message, bad[i].needle)) fail_msg("'%s' lacks '%s'", e.message, bad[i].needle);
+  }
+  /* rope_scale is kept and shown */
+  struct sk_open_params rp = {.policy = "dense", .capacity = 4096, .rope_scale = 2};
+  assert_int_equal(sk_client_open(c, &rp, &o, &e), 0);
+  assert_true(o.rope_scale == 2.0);
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
+  assert_true(st.rope_scale == 2.0);
+  assert_true(st.model_rope_scale == 1.0);
+  assert_int_equal(st.attn_steps, 0);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+
+  struct sk_open_params wp = {.policy = "window", .window = 12};
+  assert_int_equal(sk_client_open(c, &wp, &o, &e), 0);
+  assert_int_equal(o.capacity, 12);
+  assert_int_equal(o.n_sink, 0);
+  int32_t toks[40];
+  for (int i = 0; i < 40; i++) toks[i] = 300 + i;
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, o.session, toks, 10, SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(sk_client_append_tokens(c, o.session, toks + 10, 30, SK_BOS_DEFAULT, &ar, &e), 0);
+  assert_int_equal(ar.n_tokens, 30);
+  assert_int_equal(ar.evicted, 28);
+  assert_int_equal(ar.n_ranges, 1);
+  assert_int_equal(ar.ranges[0].first, 0);
+  assert_int_equal(ar.ranges[0].last, 27);
+  int32_t *res = NULL;
+  size_t nres = 0;
+  assert_int_equal(sk_client_session_tokens(c, o.session, &res, &nres, &e), 0);
+  assert_int_equal(nres, 12);
+  assert_memory_equal(res, toks + 28, 12 * sizeof *res);
+  free(res);
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  sk_client_free(c);
+}
+
+/* sinkctl eval over the first 2047 tokens of the stories: its dense
+ * column equals llama.cpp's perplexity per block of 256 positions; the
+ * other runs are there and finite; the CSV is written. */
+static void test_eval_short(void **state) {
+  (void)state;
+  const char *sinkctl = getenv("SK_SINKCTL");
+  if (!sinkctl) sinkctl = "./client/sinkctl";
+  char *text = sk_test_shared_path("data/stories-sampled.txt");
+  char csv[512], png[512], cmd[2048];
+  snprintf(csv, sizeof csv, "%s/eval.csv", g_dir);
+  snprintf(png, sizeof png, "%s/eval.png", g_dir);
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s eval --tokens 2047 --span 256 --budget 64 --no-progress --run dense "
+           "--run window --run streaming:sinks=4 --run h2o --run sink_h2o --run recompute "
+           "--recompute-stride 64 --csv %s --plot %s %s",
+           sinkctl, g_socket, csv, png, text);
+  int status = -1;
+  char *out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_non_null(strstr(out, "1793-2047"));
+  assert_non_null(strstr(out, "all scored"));
+  free(out);
+  size_t len = 0;
+  /* the plot: gnuplot (scripts/deps.sh installs gnuplot-nox) drew a PNG */
+  char *img = sk_test_read_file(png, &len);
+  assert_non_null(img);
+  assert_true(len > 1000);
+  assert_memory_equal(img, "\x89PNG\r\n\x1a\n", 8);
+  free(img);
+  char *data = sk_test_read_file(csv, &len);
+  assert_non_null(data);
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  const json_t *spans =
+      json_object_get(json_array_get(json_object_get(ref, "texts"), 0), "span_perplexities");
+  assert_int_equal(json_array_size(spans), 8);
+  char *line = strtok(data, "\n");
+  assert_string_equal(line, "first,last,dense,window,streaming:sinks=4,h2o,sink_h2o,recompute");
+  for (size_t i = 0; i < 8; i++) {
+    line = strtok(NULL, "\n");
+    assert_non_null(line);
+    unsigned long first, last;
+    double v[6];
+    assert_int_equal(sscanf(line, "%lu,%lu,%lf,%lf,%lf,%lf,%lf,%lf", &first, &last, &v[0], &v[1],
+                            &v[2], &v[3], &v[4], &v[5]),
+                     8);
+    const json_t *sp = json_array_get(spans, i);
+    assert_int_equal(first, json_integer_value(json_object_get(sp, "first")));
+    assert_int_equal(last, json_integer_value(json_object_get(sp, "last")));
+    double want = json_real_value(json_object_get(sp, "perplexity"));
+    if (!(fabs(v[0] / want - 1) < 1e-3)) fail_msg("span %zu: dense %.6g, want %.6g", i, v[0], want);
+    for (int k = 1; k < 6; k++) assert_true(isfinite(v[k]) && v[k] > 1);
+  }
+  assert_null(strtok(NULL, "\n"));
+  free(data);
+
+  /* usage errors: exit 2, nothing sent */
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --run lru %s 2>/dev/null", sinkctl, g_socket, text);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --run streaming:sink=4 %s 2>/dev/null", sinkctl,
+           g_socket, text);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval %s/missing.txt 2>/dev/null", sinkctl, g_socket,
+           g_dir);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  /* a run the daemon refuses: exit 1 */
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --tokens 10 --run dense:capacity=99999 %s 2>/dev/null",
+           sinkctl, g_socket, text);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 1);
+  free(text);
+  json_decref(ref);
+}
+
 /* Last: SIGTERM shuts down cleanly and removes the socket file. */
 static void test_sigterm(void **state) {
   (void)state;
@@ -726,6 +1078,11 @@ int main(void) {
       cmocka_unit_test(test_bad_frames),
       cmocka_unit_test(test_pipelining),
       cmocka_unit_test(test_sinkctl),
+      cmocka_unit_test(test_logprobs_through_daemon),
+      cmocka_unit_test(test_pin_survives_10000_evictions),
+      cmocka_unit_test(test_h2o_through_daemon),
+      cmocka_unit_test(test_open_policies),
+      cmocka_unit_test(test_eval_short),
       cmocka_unit_test(test_sigterm),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
