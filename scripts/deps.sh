@@ -7,7 +7,8 @@ set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build
       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
       libcmocka-dev libinih-dev libjansson-dev libxxhash-dev scdoc
-      systemd mandoc groff-base man-db)
+      systemd mandoc groff-base man-db
+      gnuplot-nox)  # sinkctl eval --plot
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
