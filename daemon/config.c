@@ -63,6 +63,11 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                              F(max_capacity), 1, SK_LIMIT_MAX_CAPACITY, true},
     [SK_CFG_MAX_MEMORY] = {"limits", "max_memory", "--max-memory", T_SIZE_AUTO, F(max_memory),
                            SK_LIMIT_MIN_MEMORY, 0 /* physical memory */, true},
+    [SK_CFG_MAX_USER_SESSIONS] = {"limits", "max_user_sessions", "--max-user-sessions", T_U32,
+                                  F(max_user_sessions), 1, SK_LIMIT_MAX_SESSIONS, true},
+    [SK_CFG_MAX_USER_MEMORY] = {"limits", "max_user_memory", "--max-user-memory", T_SIZE_AUTO,
+                                F(max_user_memory), SK_LIMIT_MIN_MEMORY,
+                                0 /* physical memory */, true},
     [SK_CFG_MAX_FRAME] = {"limits", "max_frame", "--max-frame", T_SIZE, F(max_frame),
                           SK_LIMIT_MIN_FRAME, SK_LIMIT_MAX_FRAME, true},
     [SK_CFG_IDLE_TTL] = {"limits", "idle_ttl", "--idle-ttl", T_U32, F(idle_ttl), 0,
@@ -92,8 +97,10 @@ static char **field_str(struct sk_config *c, enum sk_config_key k) {
 static char *const *field_str_c(const struct sk_config *c, enum sk_config_key k) {
   return (char *const *)(const void *)((const char *)c + keys[k].offset);
 }
-/* max_memory is the one 64-bit number; the others are uint32_t. */
-static bool is_u64(enum sk_config_key k) { return keys[k].offset == F(max_memory); }
+/* max_memory and max_user_memory are 64-bit; the others are uint32_t. */
+static bool is_u64(enum sk_config_key k) {
+  return keys[k].offset == F(max_memory) || keys[k].offset == F(max_user_memory);
+}
 static uint64_t field_num(const struct sk_config *c, enum sk_config_key k) {
   const char *p = (const char *)c + keys[k].offset;
   if (is_u64(k)) return *(const uint64_t *)(const void *)p;
@@ -117,7 +124,7 @@ static uint64_t physical_memory(void) {
 }
 
 static uint64_t key_max(enum sk_config_key k) {
-  return k == SK_CFG_MAX_MEMORY ? physical_memory() : keys[k].max;
+  return k == SK_CFG_MAX_MEMORY || k == SK_CFG_MAX_USER_MEMORY ? physical_memory() : keys[k].max;
 }
 
 /* $XDG_RUNTIME_DIR/sinkd for users other than root when it is set, else
@@ -148,6 +155,7 @@ int sk_config_init(struct sk_config *c) {
   c->n_sink = SK_CONFIG_DEFAULT_N_SINK;
   c->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;
   c->max_sessions = SK_CONFIG_DEFAULT_MAX_SESSIONS;
+  c->max_user_sessions = SK_CONFIG_DEFAULT_MAX_USER_SESSIONS;
   c->max_frame = SK_FRAME_MAX_DEFAULT;
   return 0;
 }
@@ -586,6 +594,13 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
     c->max_memory = phys == UINT64_MAX ? (1ull << 34) : phys / 2 >> 20 << 20;
     if (c->max_memory < SK_LIMIT_MIN_MEMORY) c->max_memory = SK_LIMIT_MIN_MEMORY;
     c->origin[SK_CFG_MAX_MEMORY].automatic = true;
+  }
+  /* auto: as much as everyone together; set it lower on a machine shared
+   * by several users, so that one cannot take all (max_user_sessions,
+   * 16 of 64 by default, already keeps some sessions for others). */
+  if (c->max_user_memory == 0) {
+    c->max_user_memory = c->max_memory;
+    c->origin[SK_CFG_MAX_USER_MEMORY].automatic = true;
   }
   if (!mc) return 0;
   uint32_t ctx = mc->n_ctx_train ? mc->n_ctx_train : 1;

@@ -56,6 +56,7 @@
 #define SK_CONFIG_DEFAULT_N_SINK 4u         /* StreamingLLM: 4 sinks suffice */
 #define SK_CONFIG_DEFAULT_WINDOW_SPAN 1024u /* sinks + window, unless the model is shorter */
 #define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
+#define SK_CONFIG_DEFAULT_MAX_USER_SESSIONS 16u /* a quarter: one user cannot take all */
 
 /* The keys, in the order --check-config prints them. */
 enum sk_config_key {
@@ -73,6 +74,8 @@ enum sk_config_key {
   SK_CFG_MAX_SESSIONS,
   SK_CFG_MAX_CAPACITY,
   SK_CFG_MAX_MEMORY,
+  SK_CFG_MAX_USER_SESSIONS,
+  SK_CFG_MAX_USER_MEMORY,
   SK_CFG_MAX_FRAME,
   SK_CFG_IDLE_TTL,
   SK_CFG__COUNT
@@ -103,6 +106,9 @@ struct sk_config {
   uint32_t max_sessions;
   uint32_t max_capacity; /* tokens; 0 = auto: max(8192, context) */
   uint64_t max_memory;   /* bytes of all KV caches; 0 = auto: half of RAM */
+  uint32_t max_user_sessions; /* sessions one uid may own */
+  uint64_t max_user_memory;   /* bytes of one uid's sessions; 0 = auto:
+                                 max_memory */
   uint32_t max_frame;    /* bytes of a request body */
   uint32_t idle_ttl;     /* seconds: close sessions idle this long; 0 never */
 

@@ -61,6 +61,9 @@ static void usage(FILE *f) {
           "      --max-sessions N    sessions open at once (64)\n"
           "      --max-clients N     connections at once (1024)\n"
           "      --max-memory SIZE|auto  bytes of all session caches (auto: half the RAM)\n"
+          "      --max-user-sessions N  sessions one user (uid) may own (16)\n"
+          "      --max-user-memory SIZE|auto  bytes of one user's session caches\n"
+          "                          (auto: max-memory)\n"
           "      --max-frame SIZE    largest request frame (1M)\n"
           "      --idle-ttl SECONDS  close sessions idle this long (0 = never, default)\n"
           "      --batch N           prefill chunk in tokens (64)\n"
@@ -128,6 +131,8 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->max_capacity = c->max_capacity;
   s->max_memory = c->max_memory;
   s->idle_ttl_s = c->idle_ttl;
+  s->max_user_sessions = c->max_user_sessions;
+  s->max_user_kv_bytes = c->max_user_memory;
   s->max_batch = c->batch;
   s->defaults.policy = c->policy;
   s->defaults.n_sink = c->n_sink;
@@ -331,6 +336,8 @@ int main(int argc, char **argv) {
       KEY_OPT("max-sessions", SK_CFG_MAX_SESSIONS),
       KEY_OPT("max-clients", SK_CFG_MAX_CLIENTS),
       KEY_OPT("max-memory", SK_CFG_MAX_MEMORY),
+      KEY_OPT("max-user-sessions", SK_CFG_MAX_USER_SESSIONS),
+      KEY_OPT("max-user-memory", SK_CFG_MAX_USER_MEMORY),
       KEY_OPT("max-frame", SK_CFG_MAX_FRAME),
       KEY_OPT("idle-ttl", SK_CFG_IDLE_TTL),
       KEY_OPT("batch", SK_CFG_BATCH),

@@ -581,6 +581,45 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
   return 0;
 }
 
+/* Per-uid limits (every uid, root included): a user cannot take all the
+ * sessions or all the memory of a daemon shared by everyone. Sessions
+ * still being closed count: their memory is not free yet. */
+static void user_usage(const struct sk_server *srv, uint32_t uid, const struct sk_session *except,
+                       uint32_t *ret_n, uint64_t *ret_bytes) {
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    const struct sk_session *s = srv->sessions.items[i];
+    if (!s || s == except || s->owner_uid != uid) continue;
+    n++;
+    bytes += s->kv_bytes;
+  }
+  *ret_n = n;
+  *ret_bytes = bytes;
+}
+
+/* Whether uid may own one more session of `bytes` (besides `except`, a
+ * session of its already in the table, or NULL). */
+static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
+                             const struct sk_session *except, struct sk_error *e) {
+  uint32_t n;
+  uint64_t used;
+  user_usage(srv, uid, except, &n, &used);
+  /* A per-user limit at or above the daemon's is implied by it: the
+   * daemon's check (sk_session_open) then names the limit that binds. */
+  uint32_t max_n = srv->cfg.max_user_sessions;
+  if (max_n && max_n < srv->sessions.max_sessions && n >= max_n)
+    return sk_error_set(e, SK_ERR_BUSY, "uid %u already has %u sessions (max_user_sessions %u)",
+                        uid, n, max_n);
+  uint64_t max = srv->cfg.max_user_kv_bytes;
+  if (max && max < srv->sessions.max_bytes && (bytes > max || used > max - bytes))
+    return sk_error_set(e, SK_ERR_BUSY,
+                        "a session of %zu bytes would bring uid %u to %llu bytes "
+                        "(max_user_memory %llu)",
+                        bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
+  return 0;
+}
+
 static void op_open(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
   struct sk_kv_params p = srv->cfg.defaults;
@@ -633,7 +672,8 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if ((rc = sk_kv_params_check(&p, srv->cfg.max_capacity, &e)) < 0 ||
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
-
+  size_t bytes = sk_store_object_size(srv->sessions.store, sk_kv_params_capacity(&p));
+  if (bytes && (rc = check_user_limits(srv, r->conn->uid, bytes, NULL, &e)) < 0) goto bad;
   struct sk_session *s = NULL;
   uint64_t seed;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = now_ms() ^ r->conn->id;
@@ -714,8 +754,9 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     if (!s || s->closing || !may_use(r->conn, s)) continue;
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
-    msgpack_pack_map(&b.pk, 7);
+    msgpack_pack_map(&b.pk, 8);
     sk_pack_kv_u64(&b.pk, "session", s->id);
+    sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
     sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
     sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
     sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
@@ -823,8 +864,15 @@ static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, st
 static void op_stats(struct sk_server *srv, const struct request *r) {
   struct sk_msgbuf b;
   if (!sk_msg_get(r->map, "session")) {
-    if (reply_begin(&b, r->id, 12) < 0) return;
+    uint32_t user_n;
+    uint64_t user_bytes;
+    user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
+    if (reply_begin(&b, r->id, 16) < 0) return;
     sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
+    sk_pack_kv_u64(&b.pk, "user_sessions", user_n);
+    sk_pack_kv_u64(&b.pk, "user_memory_bytes", user_bytes);
+    sk_pack_kv_u64(&b.pk, "max_user_sessions", srv->cfg.max_user_sessions);
+    sk_pack_kv_u64(&b.pk, "max_user_memory", srv->cfg.max_user_kv_bytes);
     sk_pack_kv_u64(&b.pk, "clients", srv->n_conns);
     sk_pack_kv_u64(&b.pk, "uptime_s", (now_ms() - srv->started_ms) / 1000u);
     sk_pack_kv_u64(&b.pk, "tokens_prefilled", sk_compute_tokens_prefilled(srv->compute));
@@ -1099,7 +1147,8 @@ static void run_inline(struct sk_server *srv, struct sk_session *s, struct sk_jo
   }
   if (job->kind == SK_JOB_FORK) {
     struct sk_session *ns = NULL;
-    if (sk_session_fork(&srv->sessions, s, c->uid, &ns, &e) < 0) {
+    if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, &e) < 0 ||
+        sk_session_fork(&srv->sessions, s, c->uid, &ns, &e) < 0) {
       send_error(c, job->req_id, &e);
       return;
     }
@@ -1215,6 +1264,11 @@ static void op_import(struct sk_server *srv, const struct request *r) {
   size_t got = c->import_len;
   import_drop(c);
   if (rc < 0) goto bad;
+  /* Its size is known once it is in: over the user's limits, it goes. */
+  if (check_user_limits(srv, c->uid, s->kv_bytes, s, &e) < 0) {
+    sk_session_free(&srv->sessions, s);
+    goto bad;
+  }
   s->last_used_ms = now_ms();
   counts_changed(srv);
   sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
@@ -1707,6 +1761,8 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   srv->cfg.max_capacity =
       cfg->max_capacity < srv->start_max_capacity ? cfg->max_capacity : srv->start_max_capacity;
   srv->cfg.max_memory = cfg->max_memory;
+  srv->cfg.max_user_sessions = cfg->max_user_sessions;
+  srv->cfg.max_user_kv_bytes = cfg->max_user_kv_bytes;
   srv->cfg.defaults = cfg->defaults;
   /* New limits apply to new sessions; open ones stay (even above them). */
   srv->sessions.max_sessions = srv->cfg.max_sessions;

@@ -31,6 +31,8 @@ struct sk_server_config {
   uint32_t max_clients;
   uint32_t max_capacity;      /* largest KV cache a session may have */
   uint64_t max_memory;        /* bytes of all sessions' KV caches; 0 = none */
+  uint32_t max_user_sessions; /* sessions one uid may own at once; 0 = none */
+  uint64_t max_user_kv_bytes; /* KV bytes of all sessions of one uid; 0 = none */
   uint32_t max_batch;         /* prefill chunk */
   struct sk_kv_params defaults; /* for `open` without parameters */
   /* Called on the loop thread after the number of sessions or clients
@@ -55,7 +57,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     struct sk_server **ret, struct sk_error *err);
 /* Applies new limits and session defaults to a running server (SIGHUP):
  * max_frame (new connections), max_sessions, max_clients, max_capacity,
- * max_memory and defaults. Sessions already open keep their caches.
+ * max_memory, the per-user limits and defaults. Sessions already open keep their caches.
  * max_sessions and max_capacity are clamped to their values at start
  * (the session table and the compute buffers are sized then); the other
  * fields of cfg are ignored. */

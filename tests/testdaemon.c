@@ -79,8 +79,10 @@ void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra) {
   if (wrapper) {
     for (char *tok = strtok(wrapper, " "); tok && n < 32; tok = strtok(NULL, " ")) argv[n++] = tok;
   }
+  /* Its own session store (sessions live in shared memory objects there). */
+  snprintf(d->state, sizeof d->state, "%s/state", d->dir);
   const char *base[] = {sinkd, "--model", sk_test_model_path(), "--socket", d->socket,
-                        "--threads", "1"};
+                        "--state-dir", d->state, "--threads", "1"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
   for (size_t i = 0; extra && extra[i] && n < 94; i++) argv[n++] = extra[i];
   argv[n] = NULL;
@@ -140,6 +142,10 @@ int sk_test_daemon_stop(struct sk_test_daemon *d, int ms) {
     char path[4200];
     unlink(d->log);
     unlink(d->socket);
+    /* The store: whatever objects are left, then the folder. */
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->state);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", d->state);
     snprintf(path, sizeof path, "%s", d->dir);
     rmdir(path);
     free(d->dir);

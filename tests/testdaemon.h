@@ -16,10 +16,12 @@ struct sk_test_daemon {
   char *dir;                                            /* malloc'd tmpdir */
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
   char log[4096];
+  char state[4200];  /* --state-dir: DIR/state */
 };
 
 /* Starts $SK_SINKD (under $SK_SINKD_WRAPPER, split on spaces, if set) with
- * --model $SK_MODEL --socket DIR/sinkd.sock --threads 1 and the
+ * --model $SK_MODEL --socket DIR/sinkd.sock --state-dir DIR/state
+ * --threads 1 and the
  * NULL-terminated extra arguments; waits until it answers a ping (fails the
  * test after a minute). stderr goes to DIR/sinkd.log. */
 void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra);

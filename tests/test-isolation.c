@@ -1,0 +1,594 @@
+/* Isolation between users, for real: the test (root) creates system users
+ * and a group, starts sinkd, gives the group access to the socket (as
+ * systemd's SocketGroup= does), and runs clients as those users: forked
+ * children that drop to the user's uid/gid with setresuid, and sinkctl
+ * run through setpriv. The daemon sees their uids via SO_PEERCRED.
+ *
+ *   sinkd-test-a, sinkd-test-b   in group sinkd-test: may connect
+ *   sinkd-test-c                 not in the group: the socket refuses it
+ *
+ * Checked: another uid gets `forbidden` for every op naming a session it
+ * does not own, and its attempts change nothing; it does not see the
+ * session in `list`; root sees and may use every session; per-uid limits
+ * on sessions and KV memory.
+ *
+ * Needs root (to create users and switch to them); skipped otherwise.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "sinkd/client.h"
+#include "testdaemon.h"
+#include "testutil.h"
+
+#define GROUP "sinkd-test"
+#define MAX_USER_SESSIONS 4
+#define MAX_USER_MEMORY (1u << 20)
+
+struct user {
+  const char *name;
+  bool in_group;
+  uid_t uid;
+  gid_t gid;
+};
+
+static struct user g_a = {"sinkd-test-a", true, 0, 0};
+static struct user g_b = {"sinkd-test-b", true, 0, 0};
+static struct user g_c = {"sinkd-test-c", false, 0, 0};
+static gid_t g_group;
+static struct sk_test_daemon g_d;
+static char g_bin[1024]; /* sinkctl and libsinkd copied where every user may run them */
+
+/* ---- users -------------------------------------------------------------- */
+
+static int run(const char *cmd) {
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void ensure_group(void) {
+  struct group *gr = getgrnam(GROUP);
+  if (!gr) {
+    if (run("groupadd --system " GROUP) != 0) fail_msg("groupadd " GROUP " failed");
+    gr = getgrnam(GROUP);
+  }
+  assert_non_null(gr);
+  g_group = gr->gr_gid;
+}
+
+static void ensure_user(struct user *u) {
+  struct passwd *pw = getpwnam(u->name);
+  if (!pw) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "useradd --system --user-group --no-create-home --home-dir /nonexistent "
+             "--shell /usr/sbin/nologin %s%s %s",
+             u->in_group ? "--groups " : "", u->in_group ? GROUP : "", u->name);
+    if (run(cmd) != 0) fail_msg("'%s' failed", cmd);
+    pw = getpwnam(u->name);
+  } else if (u->in_group) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "usermod --append --groups " GROUP " %s", u->name);
+    if (run(cmd) != 0) fail_msg("'%s' failed", cmd);
+  }
+  assert_non_null(pw);
+  u->uid = pw->pw_uid;
+  u->gid = pw->pw_gid;
+  assert_true(u->uid != 0);
+}
+
+/* Drops this (child) process to the user: groups, gid, then uid. */
+static void become(const struct user *u) {
+  gid_t groups[2] = {u->gid, g_group};
+  if (setgroups(u->in_group ? 2 : 1, groups) != 0 || setresgid(u->gid, u->gid, u->gid) != 0 ||
+      setresuid(u->uid, u->uid, u->uid) != 0 || geteuid() != u->uid) {
+    fprintf(stderr, "cannot become %s: %s\n", u->name, strerror(errno));
+    _exit(99);
+  }
+}
+
+/* ---- clients as another user -------------------------------------------- */
+
+/* Runs fn in a child process that has become u; fn writes lines to out.
+ * Returns what it wrote (malloc'd); fails the test if it did not exit 0. */
+static char *as_user(const struct user *u, void (*fn)(FILE *out, void *arg), void *arg) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    become(u);
+    FILE *out = fdopen(p[1], "w");
+    if (!out) _exit(98);
+    fn(out, arg);
+    fclose(out);
+    _exit(0);
+  }
+  close(p[1]);
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  ssize_t r;
+  while ((r = read(p[0], buf + len, cap - len - 1)) > 0) {
+    len += (size_t)r;
+    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+  }
+  buf[len] = 0;
+  close(p[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    fail_msg("client as %s failed (status %d): %s", u->name, st, buf);
+  return buf;
+}
+
+static struct sk_client *child_connect(FILE *out) {
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  if (sk_client_connect(g_d.socket, &c, &e) < 0) {
+    fprintf(out, "connect %s: %s\n", sk_error_name(e.code), e.message);
+    return NULL;
+  }
+  sk_client_set_timeout(c, 60000, NULL);
+  return c;
+}
+
+/* Writes "name code message" for one call's result. */
+static void report(FILE *out, const char *what, int rc, const struct sk_error *e) {
+  fprintf(out, "%s %s %s\n", what, rc == 0 ? "ok" : sk_error_name(rc), rc == 0 ? "" : e->message);
+}
+
+struct open_arg {
+  const char *policy;
+  uint32_t window, capacity;
+};
+
+static void child_open(FILE *out, void *arg) {
+  const struct open_arg *a = arg;
+  struct sk_client *c = child_connect(out);
+  if (!c) return;
+  struct sk_open_params op = {.policy = a->policy, .n_sink = 4, .window = a->window,
+                              .capacity = a->capacity};
+  struct sk_open_result o;
+  struct sk_error e = {0};
+  int rc = sk_client_open(c, &op, &o, &e);
+  if (rc == 0) fprintf(out, "open ok %llu %llu\n", (unsigned long long)o.session,
+                       (unsigned long long)o.kv_bytes);
+  else report(out, "open", rc, &e);
+  sk_client_free(c);
+}
+
+/* Every op that names a session, against `session`; and list. */
+static void child_every_op(FILE *out, void *arg) {
+  uint64_t s = *(const uint64_t *)arg;
+  struct sk_client *c = child_connect(out);
+  if (!c) return;
+  struct sk_error e = {0};
+  struct sk_session_stats st;
+  report(out, "stats", sk_client_session_stats(c, s, &st, &e), &e);
+  memset(&e, 0, sizeof e);
+  report(out, "append", sk_client_append_text(c, s, "hello", 5, SK_BOS_DEFAULT, NULL, &e), &e);
+  int32_t toks[2] = {1, 403};
+  memset(&e, 0, sizeof e);
+  report(out, "append_tokens",
+         sk_client_append_tokens(c, s, toks, 2, SK_BOS_DEFAULT, NULL, &e), &e);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 4;
+  struct sk_generate_result gr;
+  memset(&e, 0, sizeof e);
+  report(out, "generate", sk_client_generate(c, s, &gp, NULL, NULL, &gr, &e), &e);
+  gp.prompt = "Once";
+  memset(&e, 0, sizeof e);
+  report(out, "generate_prompt", sk_client_generate(c, s, &gp, NULL, NULL, &gr, &e), &e);
+  bool any;
+  memset(&e, 0, sizeof e);
+  report(out, "cancel", sk_client_cancel(c, s, &any, &e), &e);
+  memset(&e, 0, sizeof e);
+  report(out, "close", sk_client_close(c, s, &e), &e);
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  memset(&e, 0, sizeof e);
+  int rc = sk_client_list(c, &rows, &n, &e);
+  if (rc < 0) {
+    report(out, "list", rc, &e);
+  } else {
+    fprintf(out, "list");
+    for (size_t i = 0; i < n; i++) fprintf(out, " %llu", (unsigned long long)rows[i].session);
+    fprintf(out, "\n");
+  }
+  free(rows);
+  sk_client_free(c);
+}
+
+static void child_list(FILE *out, void *arg) {
+  (void)arg;
+  struct sk_client *c = child_connect(out);
+  if (!c) return;
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  struct sk_error e = {0};
+  int rc = sk_client_list(c, &rows, &n, &e);
+  if (rc < 0) {
+    report(out, "list", rc, &e);
+  } else {
+    fprintf(out, "list");
+    for (size_t i = 0; i < n; i++) fprintf(out, " %llu", (unsigned long long)rows[i].session);
+    fprintf(out, "\n");
+  }
+  free(rows);
+  sk_client_free(c);
+}
+
+static void child_close(FILE *out, void *arg) {
+  uint64_t s = *(const uint64_t *)arg;
+  struct sk_client *c = child_connect(out);
+  if (!c) return;
+  struct sk_error e = {0};
+  report(out, "close", sk_client_close(c, s, &e), &e);
+  sk_client_free(c);
+}
+
+/* A generation of 3000 tokens; the result's stop reason and count. */
+static void child_long_generate(FILE *out, void *arg) {
+  uint64_t s = *(const uint64_t *)arg;
+  struct sk_client *c = child_connect(out);
+  if (!c) return;
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 3000;
+  gp.prompt = "Once upon a time";
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  struct sk_generate_result gr;
+  struct sk_error e = {0};
+  int rc = sk_client_generate(c, s, &gp, NULL, NULL, &gr, &e);
+  if (rc == 0) fprintf(out, "generate ok %s %llu\n", gr.stop, (unsigned long long)gr.n_tokens);
+  else report(out, "generate", rc, &e);
+  sk_client_free(c);
+}
+
+static uint64_t open_as(const struct user *u, const char *policy, uint32_t window,
+                        uint32_t capacity, uint64_t *ret_kv_bytes) {
+  struct open_arg a = {policy, window, capacity};
+  char *out = as_user(u, child_open, &a);
+  unsigned long long id = 0, kv = 0;
+  if (sscanf(out, "open ok %llu %llu", &id, &kv) != 2) fail_msg("open as %s: %s", u->name, out);
+  free(out);
+  if (ret_kv_bytes) *ret_kv_bytes = kv;
+  return id;
+}
+
+/* ---- sinkctl through setpriv ------------------------------------------- */
+
+static char *sinkctl_as(const struct user *u, const char *args, int *ret_status) {
+  char cmd[16384];
+  snprintf(cmd, sizeof cmd,
+           "setpriv --reuid=%u --regid=%u --init-groups env LD_LIBRARY_PATH=%s %s/sinkctl "
+           "--socket %s %s 2>&1",
+           (unsigned)u->uid, (unsigned)u->gid, g_bin, g_bin, g_d.socket, args);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  size_t cap = 4096, len = 0;
+  char *out = malloc(cap);
+  size_t r;
+  while ((r = fread(out + len, 1, cap - len - 1, f)) > 0) {
+    len += r;
+    if (len + 1 >= cap) out = realloc(out, cap *= 2);
+  }
+  out[len] = 0;
+  int st = pclose(f);
+  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+/* Session ids in `sinkctl list --json` output. */
+static bool json_list_has(const char *out, uint64_t session) {
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  if (!j) fail_msg("sinkctl list --json printed no JSON: %s", out);
+  json_t *arr = json_is_array(j) ? j : json_object_get(j, "sessions");
+  assert_true(json_is_array(arr));
+  bool found = false;
+  size_t i;
+  json_t *row;
+  json_array_foreach(arr, i, row) {
+    if ((uint64_t)json_integer_value(json_object_get(row, "session")) == session) found = true;
+  }
+  json_decref(j);
+  return found;
+}
+
+static void copy_file(const char *from, const char *to) {
+  size_t n = 0;
+  void *data = sk_test_read_file(from, &n);
+  if (!data) fail_msg("cannot read %s", from);
+  FILE *f = fopen(to, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, n, f), n);
+  fclose(f);
+  free(data);
+  assert_int_equal(chmod(to, 0755), 0);
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static const char *line(const char *out, const char *op) {
+  static char buf[512];
+  size_t n = strlen(op);
+  for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+    if (!strncmp(p, op, n) && p[n] == ' ') {
+      const char *end = strchr(p, '\n');
+      size_t len = end ? (size_t)(end - p) : strlen(p);
+      snprintf(buf, sizeof buf, "%.*s", (int)len, p);
+      return buf;
+    }
+  }
+  fail_msg("no '%s' line in: %s", op, out);
+  return NULL;
+}
+
+static void test_other_user_is_forbidden(void **state) {
+  (void)state;
+  uint64_t sa = open_as(&g_a, "streaming", 60, 0, NULL);
+  uint64_t sb = open_as(&g_b, "streaming", 60, 0, NULL);
+
+  /* A's session, as it stands. */
+  struct sk_client *root = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_connect(g_d.socket, &root, &e), 0);
+  struct sk_session_stats st0;
+  assert_int_equal(sk_client_session_stats(root, sa, &st0, &e), 0);
+
+  /* B against A's session: every op is forbidden, none has an effect;
+   * B's list shows only B's session. */
+  char *out = as_user(&g_b, child_every_op, &sa);
+  const char *ops[] = {"stats", "append", "append_tokens", "generate", "generate_prompt",
+                       "cancel", "close"};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+    const char *l = line(out, ops[i]);
+    char want[128];
+    snprintf(want, sizeof want, "%s forbidden session %llu belongs to another user", ops[i],
+             (unsigned long long)sa);
+    if (strcmp(l, want) != 0) fail_msg("as B: '%s', want '%s'", l, want);
+  }
+  char want_list[64];
+  snprintf(want_list, sizeof want_list, "list %llu", (unsigned long long)sb);
+  assert_string_equal(line(out, "list"), want_list);
+  free(out);
+  struct sk_session_stats st1;
+  assert_int_equal(sk_client_session_stats(root, sa, &st1, &e), 0);
+  assert_int_equal(st1.seen, st0.seen);
+  assert_int_equal(st1.resident, st0.resident);
+
+  /* A sees only its own; root sees both, with their owners. */
+  out = as_user(&g_a, child_list, NULL);
+  snprintf(want_list, sizeof want_list, "list %llu", (unsigned long long)sa);
+  assert_string_equal(line(out, "list"), want_list);
+  free(out);
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  assert_int_equal(sk_client_list(root, &rows, &n, &e), 0);
+  bool seen_a = false, seen_b = false;
+  for (size_t i = 0; i < n; i++) {
+    seen_a |= rows[i].session == sa;
+    seen_b |= rows[i].session == sb;
+  }
+  free(rows);
+  assert_true(seen_a && seen_b);
+
+  /* B's cancel does not stop A's generation: B tries while it runs. */
+  int p_gen[2];
+  assert_int_equal(pipe(p_gen), 0);
+  fflush(NULL);
+  pid_t gen = fork();
+  if (gen == 0) {
+    close(p_gen[0]);
+    become(&g_a);
+    FILE *f = fdopen(p_gen[1], "w");
+    child_long_generate(f, &sa);
+    fclose(f);
+    _exit(0);
+  }
+  close(p_gen[1]);
+  struct sk_session_stats st2 = st1;
+  for (int i = 0; i < 2000 && st2.seen == st1.seen; i++) { /* until it runs */
+    usleep(1000);
+    assert_int_equal(sk_client_session_stats(root, sa, &st2, &e), 0);
+  }
+  assert_true(st2.seen > st1.seen);
+  int cancels_while_running = 0;
+  for (int i = 0; i < 3; i++) {
+    out = as_user(&g_b, child_every_op, &sa);
+    snprintf(want_list, sizeof want_list, "cancel forbidden session %llu belongs to another user",
+             (unsigned long long)sa);
+    assert_string_equal(line(out, "cancel"), want_list);
+    free(out);
+    if (waitpid(gen, NULL, WNOHANG) == 0) cancels_while_running++;
+  }
+  assert_true(cancels_while_running >= 1);
+  char gen_out[256] = {0};
+  ssize_t got = read(p_gen[0], gen_out, sizeof gen_out - 1);
+  close(p_gen[0]);
+  waitpid(gen, NULL, 0);
+  assert_true(got > 0);
+  assert_string_equal(gen_out, "generate ok length 3000\n");
+
+  /* Root may use every session: stats, append, close B's. */
+  assert_int_equal(sk_client_append_text(root, sa, " The end.", 9, SK_BOS_DEFAULT, NULL, &e), 0);
+  assert_int_equal(sk_client_close(root, sb, &e), 0);
+  out = as_user(&g_b, child_close, &sb);
+  char want[128];
+  snprintf(want, sizeof want, "close no_such_session no session %llu", (unsigned long long)sb);
+  assert_string_equal(line(out, "close"), want);
+  free(out);
+  /* A closes its own. */
+  out = as_user(&g_a, child_close, &sa);
+  assert_string_equal(line(out, "close"), "close ok ");
+  free(out);
+  sk_client_free(root);
+}
+
+/* The same through sinkctl, run as the users by setpriv. */
+static void test_sinkctl_as_other_users(void **state) {
+  (void)state;
+  uint64_t sa = open_as(&g_a, "streaming", 60, 0, NULL);
+  int status;
+  char args[128];
+
+  char *out = sinkctl_as(&g_b, "--json list", &status);
+  assert_int_equal(status, 0);
+  assert_false(json_list_has(out, sa));
+  free(out);
+  out = sinkctl_as(&g_a, "--json list", &status);
+  assert_int_equal(status, 0);
+  assert_true(json_list_has(out, sa));
+  free(out);
+
+  const char *cmds[] = {"stats %llu", "close %llu", "generate --max-tokens 2 --session %llu x"};
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, cmds[i], (unsigned long long)sa);
+    out = sinkctl_as(&g_b, args, &status);
+    if (status != 1 || !strstr(out, "belongs to another user"))
+      fail_msg("sinkctl %s as B: exit %d: %s", args, status, out);
+    free(out);
+  }
+  /* Not in the socket's group: cannot connect at all (exit 3). */
+  out = sinkctl_as(&g_c, "ping", &status);
+  if (status != 3 || !strstr(out, "permission denied"))
+    fail_msg("sinkctl ping as C: exit %d: %s", status, out);
+  free(out);
+
+  snprintf(args, sizeof args, "close %llu", (unsigned long long)sa);
+  out = sinkctl_as(&g_a, args, &status);
+  assert_int_equal(status, 0);
+  free(out);
+}
+
+/* Per-uid limits: sessions, then KV memory; other users unaffected. */
+static void test_user_limits(void **state) {
+  (void)state;
+  uint64_t ids[MAX_USER_SESSIONS];
+  uint64_t kv_small = 0;
+  for (int i = 0; i < MAX_USER_SESSIONS; i++) ids[i] = open_as(&g_a, "streaming", 60, 0, &kv_small);
+  struct open_arg a = {"streaming", 60, 0};
+  char *out = as_user(&g_a, child_open, &a);
+  char want[256];
+  snprintf(want, sizeof want, "open busy uid %u already has %d sessions (max_user_sessions %d)",
+           (unsigned)g_a.uid, MAX_USER_SESSIONS, MAX_USER_SESSIONS);
+  assert_string_equal(line(out, "open"), want);
+  free(out);
+  /* B is not limited by A's sessions. */
+  uint64_t sb = open_as(&g_b, "streaming", 60, 0, NULL);
+  /* One closed: A may open again. */
+  out = as_user(&g_a, child_close, &ids[0]);
+  free(out);
+  ids[0] = open_as(&g_a, "streaming", 60, 0, NULL);
+  for (int i = 0; i < MAX_USER_SESSIONS; i++) free(as_user(&g_a, child_close, &ids[i]));
+
+  /* Memory: dense caches of 256 tokens; as many fit as the limit allows,
+   * the next is refused with the sum, and B still gets one. */
+  uint64_t kv = 0;
+  uint64_t first = open_as(&g_a, "dense", 0, 256, &kv);
+  assert_true(kv > 0 && kv < MAX_USER_MEMORY);
+  uint64_t held[MAX_USER_SESSIONS] = {first};
+  int n_held = 1;
+  uint64_t fit = MAX_USER_MEMORY / kv; /* how many caches of kv bytes fit */
+  assert_true(fit >= 2 && fit < MAX_USER_SESSIONS);
+  while ((uint64_t)n_held < fit) held[n_held++] = open_as(&g_a, "dense", 0, 256, NULL);
+  a = (struct open_arg){"dense", 0, 256};
+  out = as_user(&g_a, child_open, &a);
+  snprintf(want, sizeof want,
+           "open busy a session of %llu bytes would bring uid %u to %llu bytes "
+           "(max_user_memory %u)",
+           (unsigned long long)kv, (unsigned)g_a.uid, (unsigned long long)(kv * (fit + 1)),
+           MAX_USER_MEMORY);
+  assert_string_equal(line(out, "open"), want);
+  free(out);
+  /* A cache larger than the whole budget. */
+  a = (struct open_arg){"dense", 0, 2048};
+  out = as_user(&g_a, child_open, &a);
+  assert_non_null(strstr(line(out, "open"), "open busy a session of"));
+  free(out);
+  uint64_t sb2 = open_as(&g_b, "dense", 0, 256, NULL);
+  for (int i = 0; i < n_held; i++) free(as_user(&g_a, child_close, &held[i]));
+  free(as_user(&g_b, child_close, &sb));
+  free(as_user(&g_b, child_close, &sb2));
+  print_message("figures: isolation: users %s (uid %u), %s (uid %u), %s (uid %u, no access); "
+                "limits %d sessions and %u KV bytes per user, KV cache of 256 tokens %llu bytes\n",
+                g_a.name, (unsigned)g_a.uid, g_b.name, (unsigned)g_b.uid, g_c.name,
+                (unsigned)g_c.uid, MAX_USER_SESSIONS, MAX_USER_MEMORY, (unsigned long long)kv);
+}
+
+static int setup(void **state) {
+  (void)state;
+  ensure_group();
+  ensure_user(&g_a);
+  ensure_user(&g_b);
+  ensure_user(&g_c);
+  char max_sess[16], max_mem[32];
+  snprintf(max_sess, sizeof max_sess, "%d", MAX_USER_SESSIONS);
+  snprintf(max_mem, sizeof max_mem, "%u", MAX_USER_MEMORY);
+  const char *extra[] = {"--max-user-sessions", max_sess, "--max-user-memory", max_mem, NULL};
+  sk_test_daemon_start(&g_d, extra);
+  /* What systemd's SocketGroup=/SocketMode=0660 and a 0710 runtime
+   * directory give: members of the group may connect, nobody else. */
+  if (chown(g_d.dir, 0, g_group) != 0 || chmod(g_d.dir, 0710) != 0 ||
+      chown(g_d.socket, 0, g_group) != 0)
+    fail_msg("cannot give %s to group " GROUP ": %s", g_d.socket, strerror(errno));
+  struct stat st;
+  assert_int_equal(stat(g_d.socket, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0660);
+  /* sinkctl and libsinkd where every user can run them (the build folder
+   * may be under a home only root can enter). */
+  snprintf(g_bin, sizeof g_bin, "%s.bin", g_d.dir);
+  assert_int_equal(mkdir(g_bin, 0755), 0);
+  assert_int_equal(chmod(g_bin, 0755), 0);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/sinkctl", g_bin);
+  copy_file(getenv("SK_SINKCTL"), path);
+  snprintf(path, sizeof path, "%s/libsinkd.so.0", g_bin);
+  copy_file(getenv("SK_LIBSINKD"), path);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/sinkctl", g_bin);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/libsinkd.so.0", g_bin);
+  unlink(path);
+  rmdir(g_bin);
+  int st = sk_test_daemon_stop(&g_d, 60000);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  if (geteuid() != 0) {
+    fprintf(stderr, "SKIP: the isolation test needs root (it creates users and runs clients "
+                    "as them); CI runs it as root\n");
+    return 77;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_other_user_is_forbidden),
+      cmocka_unit_test(test_sinkctl_as_other_users),
+      cmocka_unit_test(test_user_limits),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
