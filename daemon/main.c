@@ -422,6 +422,12 @@ int main(int argc, char **argv) {
   int rc = sk_gguf_open(d.cfg.model, &gguf, &err);
   if (rc == 0) rc = sk_model_load(gguf, &model, &err);
   if (rc == 0) rc = sk_tokenizer_load(gguf, &tok, &err);
+  /* Every id the model can produce must have a piece, and every id the
+   * tokenizer produces a row of the embedding. */
+  if (rc == 0 && sk_tokenizer_n_vocab(tok) != sk_model_config(model)->n_vocab)
+    rc = sk_error_set(&err, SK_ERR_BAD_MODEL,
+                      "the tokenizer has %u tokens but token_embd.weight has %u rows",
+                      sk_tokenizer_n_vocab(tok), sk_model_config(model)->n_vocab);
   if (rc < 0) {
     char at[PATH_MAX + 64] = "";
     if (d.cfg.origin[SK_CFG_MODEL].from == SK_CONFIG_FROM_FILE)

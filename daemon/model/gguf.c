@@ -358,6 +358,15 @@ static int sk__tensor_idx_cmp(const void *a, const void *b) {
   return sk__str_cmp(&t[*(const uint64_t *)a].name, &t[*(const uint64_t *)b].name);
 }
 
+/* By offset, then by size (so of two tensors at one offset the empty one
+ * comes first). */
+static int sk__tensor_off_cmp(const void *a, const void *b) {
+  const struct sk_gguf_tensor *ta = &sk__sort_g->tensors[*(const uint64_t *)a];
+  const struct sk_gguf_tensor *tb = &sk__sort_g->tensors[*(const uint64_t *)b];
+  if (ta->offset != tb->offset) return ta->offset < tb->offset ? -1 : 1;
+  return (ta->n_bytes > tb->n_bytes) - (ta->n_bytes < tb->n_bytes);
+}
+
 /* --- parse --------------------------------------------------------------- */
 
 static int sk__parse_kvs(struct sk_gguf *g, struct sk__cur *c) {
@@ -460,6 +469,38 @@ static int sk__parse_tensor_info(struct sk_gguf *g, struct sk__cur *c,
   return 0;
 }
 
+/* No two tensors may share a byte. ggml itself does not check this, but a
+ * writer lays tensors out one after another: weights that alias each other
+ * are a crafted file, and a model that writes through one (none does now)
+ * would corrupt the other. Empty tensors occupy nothing. */
+static int sk__check_overlap(struct sk_gguf *g, struct sk__cur *c) {
+  if (g->n_tensors < 2) return 0;
+  uint64_t *order = malloc((size_t)g->n_tensors * sizeof *order);
+  if (!order) return sk_error_set(c->err, SK_ERR_NO_MEMORY, "cannot allocate tensor order");
+  for (uint64_t i = 0; i < g->n_tensors; i++) order[i] = i;
+  sk__sort_g = g;
+  qsort(order, (size_t)g->n_tensors, sizeof *order, sk__tensor_off_cmp);
+  int r = 0;
+  const struct sk_gguf_tensor *prev = NULL; /* the non-empty tensor ending last */
+  for (uint64_t i = 0; i < g->n_tensors && r == 0; i++) {
+    const struct sk_gguf_tensor *t = &g->tensors[order[i]];
+    if (t->n_bytes == 0) continue;
+    /* Offsets and sizes were checked against the file: no wrap here. */
+    if (prev && t->offset < prev->offset + prev->n_bytes) {
+      char qa[SK__GGUF_QUOTE_MAX + 4], qb[SK__GGUF_QUOTE_MAX + 4];
+      r = sk_error_set(c->err, SK_ERR_BAD_MODEL,
+                       "tensors '%s' (offset %" PRIu64 ", %" PRIu64 " bytes) and '%s' (offset %"
+                       PRIu64 ", %" PRIu64 " bytes) overlap",
+                       sk__quote(qa, prev->name.ptr, prev->name.len), prev->offset,
+                       prev->n_bytes, sk__quote(qb, t->name.ptr, t->name.len), t->offset,
+                       t->n_bytes);
+    }
+    if (!prev || t->offset + t->n_bytes > prev->offset + prev->n_bytes) prev = t;
+  }
+  free(order);
+  return r;
+}
+
 static int sk__parse_tensors(struct sk_gguf *g, struct sk__cur *c) {
   char q[SK__GGUF_QUOTE_MAX + 4];
   int r;
@@ -510,7 +551,7 @@ static int sk__parse_tensors(struct sk_gguf *g, struct sk__cur *c) {
                           t->n_bytes, data_size);
     t->data = g->base + start + t->offset;
   }
-  return 0;
+  return sk__check_overlap(g, c);
 }
 
 static int sk__parse(struct sk_gguf *g, struct sk_error *err) {

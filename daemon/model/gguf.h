@@ -2,7 +2,8 @@
  *
  * Spec: ggml docs/gguf.md. Every count, length, n_dims, dimension product,
  * tensor type and offset is checked (overflow included, each tensor inside
- * the file and aligned) before any pointer into the mapping is formed. A
+ * the file and aligned, no two tensors sharing a byte) before any pointer
+ * into the mapping is formed. A
  * bad file gives -SK_ERR_BAD_MODEL with a message naming the field and the
  * value; never a crash or abort. Library code: never logs.
  */
