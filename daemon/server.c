@@ -2,6 +2,9 @@
 
 #include <errno.h>
 #include <math.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -25,6 +28,9 @@
 #define SK_CONN_OUT_MAX (1u << 20)
 /* Requests queued behind a running one on a session. */
 #define SK_SESSION_QUEUE_MAX 64u
+/* Quiet time after the last disconnect before freed memory is given back
+ * to the system (see on_trim). */
+#define SK_TRIM_DELAY_MS 1000u
 /* generate: the most tokens one request may ask for. */
 #define SK_MAX_TOKENS_CEILING (1u << 20)
 /* export: bytes of image per data event; far below any frame limit a
@@ -93,6 +99,8 @@ struct sk_server {
   uint64_t import_bytes;     /* buffered by imports in progress */
   uv_timer_t ttl_timer;
   bool ttl_running;
+  uv_timer_t trim_timer;   /* runs on_trim once clients stop leaving */
+  bool trim_timer_ready;
   char readbuf[SK_READ_BUF_SIZE];
 };
 
@@ -240,6 +248,18 @@ static int reply_begin(struct sk_msgbuf *b, uint64_t id, uint32_t n_fields) {
   return 0;
 }
 
+/* glibc keeps the memory freed by a burst of clients (their frames,
+ * replies, jobs, sessions) in its arenas, one per thread that allocated,
+ * and gives back only the top of each heap. Once clients have stopped
+ * leaving for a moment, return all of it, so the daemon's footprint
+ * follows its load down as well as up. */
+static void on_trim(uv_timer_t *t) {
+  (void)t;
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 static void on_conn_closed(uv_handle_t *h) {
   struct sk_conn *c = h->data;
   conn_unref(c);
@@ -271,6 +291,8 @@ static void conn_close(struct sk_conn *c) {
   if (c->next) c->next->prev = c->prev;
   srv->n_conns--;
   sk_log(SK_LOG_DEBUG, "client %llu disconnected", (unsigned long long)c->id);
+  if (srv->trim_timer_ready && !srv->shutting_down)
+    uv_timer_start(&srv->trim_timer, on_trim, SK_TRIM_DELAY_MS, 0);
   uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
   if (!srv->shutting_down) counts_changed(srv);
 }
@@ -1749,6 +1771,9 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->ttl_timer.data = srv;
   srv->ttl_running = true; /* the handle: closed at shutdown */
   ttl_timer_set(srv);
+
+  uv_timer_init(loop, &srv->trim_timer);
+  srv->trim_timer_ready = true;
   *ret = srv;
   return 0;
 }
@@ -1779,6 +1804,10 @@ void sk_server_shutdown(struct sk_server *srv) {
   if (srv->ttl_running) {
     uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
     srv->ttl_running = false;
+  }
+  if (srv->trim_timer_ready) {
+    uv_close((uv_handle_t *)&srv->trim_timer, NULL);
+    srv->trim_timer_ready = false;
   }
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);

@@ -8,7 +8,11 @@ pkgs=(build-essential pkg-config meson ninja-build
       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
       libcmocka-dev libinih-dev libjansson-dev libxxhash-dev scdoc
       systemd mandoc groff-base man-db
-      gnuplot-nox)  # sinkctl eval --plot
+      gnuplot-nox  # sinkctl eval --plot
+      # the test suite's other steps: clang with ASan/UBSan and libFuzzer
+      # (libclang-rt-14-dev), llvm-symbolizer for readable reports,
+      # valgrind; useradd and setpriv for the isolation test
+      clang libclang-rt-14-dev llvm valgrind passwd util-linux python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -56,6 +56,13 @@ static struct sk_client *connect_or_fail(void) {
   return c;
 }
 
+/* Under valgrind or a sanitizer (SK_TEST_TOOL), time and memory figures
+ * measure the tool: they are printed, not asserted. */
+static bool under_tool(void) {
+  const char *t = getenv("SK_TEST_TOOL");
+  return t && *t;
+}
+
 static int start_daemon(void **state) {
   (void)state;
   g_dir = sk_test_tmpdir();
@@ -74,8 +81,8 @@ static int start_daemon(void **state) {
           "--state-dir", g_state, "--verbose", (char *)NULL);
     _exit(127);
   }
-  /* Ready when the socket accepts. */
-  for (int i = 0; i < 500; i++) {
+  /* Ready when the socket accepts (valgrind takes seconds to start). */
+  for (int i = 0; i < (under_tool() ? 6000 : 500); i++) {
     struct sk_client *c = NULL;
     if (sk_client_connect(g_socket, &c, NULL) == 0) {
       sk_client_free(c);
@@ -431,8 +438,10 @@ static void test_streaming_5000_tokens(void **state) {
   assert_true(pings >= 5);
   /* Pings are answered while the model generates: the loop thread never
    * runs the model. The latency is a figure to report, printed above, not
-   * asserted: a unit test is no place for a timing target. */
-  assert_true(labs(rss_5000 - rss_100) <= 1024);
+   * asserted: a unit test is no place for a timing target. The memory
+   * figure measures the allocator of a sanitizer or valgrind when one
+   * runs (SK_TEST_TOOL). */
+  if (!under_tool()) assert_true(labs(rss_5000 - rss_100) <= 1024);
 
   struct sk_session_stats st;
   assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
@@ -1057,7 +1066,8 @@ static void test_sigterm(void **state) {
   int status = 0;
   double t0 = now_s();
   pid_t r;
-  while ((r = waitpid(g_pid, &status, WNOHANG)) == 0 && now_s() - t0 < 10) usleep(10000);
+  while ((r = waitpid(g_pid, &status, WNOHANG)) == 0 && now_s() - t0 < (under_tool() ? 300 : 10))
+    usleep(10000);
   assert_int_equal(r, g_pid);
   g_pid = 0;
   assert_true(WIFEXITED(status));

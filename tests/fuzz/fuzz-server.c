@@ -159,7 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     struct pollfd p = {.fd = fd, .events = POLLIN | (shut ? 0 : POLLOUT)};
     if (poll(&p, 1, 1000) < 0 && errno != EINTR) sk_fuzz_fail("poll: %s", strerror(errno));
-    if (now() - t0 > 30) sk_fuzz_fail("the daemon did not close the connection within 30 s");
+    if (now() - t0 > 20) sk_fuzz_fail("the daemon did not close the connection within 20 s");
     if (!shut && (p.revents & POLLOUT)) {
       ssize_t w = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
       if (w > 0) sent += (size_t)w;
