@@ -5,9 +5,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 struct sk_compute {
   uv_loop_t *loop;
@@ -400,14 +397,8 @@ failed:
   return true;
 }
 
-/* The model thread runs this much nicer than the loop thread: when the
- * CPU is short, the loop (every client's I/O, pings, cancels) comes first
- * and the model takes what is left. On Linux nice is per thread. */
-#define SK__COMPUTE_NICE 5
-
 static void *thread_main(void *arg) {
   struct sk_compute *c = arg;
-  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), SK__COMPUTE_NICE);
   for (;;) {
     pthread_mutex_lock(&c->lock);
     for (;;) {

@@ -15,10 +15,10 @@
  *                       read, hold the connection 1..3 s, close
  *   trickler   1/8      raw: generate 64 tokens, read the replies one byte
  *                       per read() and check every frame
- *   pipeliner  1/8      raw: 64 mixed requests in one write, then all 64
- *                       replies, by id
+ *   pipeliner  1/8      raw: 16 mixed requests in one write, then all 16
+ *                       replies, by id; then 50..150 ms of quiet
  *
- * Meanwhile a monitor pings on its own connection every 10 ms and samples
+ * The clients arrive over the first second. Meanwhile a monitor pings on its own connection every 10 ms and samples
  * the daemon's RSS and open descriptors. Each client pauses 0..20 ms
  * between rounds. Asserted: the daemon stays up
  * (no signal, SIGPIPE included, ends it) and exits 0 on SIGTERM at the
@@ -39,7 +39,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,11 +53,12 @@
 #include "testutil.h"
 
 #define N_CLIENTS 256
+#define BURST 16 /* requests a pipeliner writes at once */
 #define PING_BOUND_MS 100.0
 #define RSS_SLACK_KIB (8 * 1024)
 
 static struct sk_test_daemon g_d;
-static double g_deadline;
+static double g_start, g_deadline;
 
 enum kind { K_NORMAL, K_CANCELLER, K_VANISHER, K_NONREADER, K_TRICKLER, K_PIPELINER, K__N };
 static const char *const k_kind_names[K__N] = {"normal", "canceller", "vanisher",
@@ -397,10 +400,10 @@ static void run_pipeliner(uint64_t *rng) {
   int fd = raw_connect();
   if (fd < 0) return;
   static const char *const ops[] = {"ping", "hello", "list", "stats", "tokenize", "nope"};
-  uint8_t burst[64 * 128];
+  uint8_t burst[BURST * 128];
   size_t len = 0;
   uint64_t base = rng_next(rng) % 1000000;
-  for (int i = 0; i < 64; i++) {
+  for (int i = 0; i < BURST; i++) {
     const char *op = ops[rng_next(rng) % 6];
     if (!strcmp(op, "tokenize")) {
       struct sk_test_req r;
@@ -422,8 +425,8 @@ static void run_pipeliner(uint64_t *rng) {
     }
   }
   sk_test_write_all(fd, burst, len);
-  bool seen[64] = {false};
-  for (int i = 0; i < 64; i++) {
+  bool seen[BURST] = {false};
+  for (int i = 0; i < BURST; i++) {
     uint8_t *body = NULL;
     uint32_t n = 0;
     if (sk_test_read_frame(fd, &body, &n) != 1) {
@@ -434,7 +437,7 @@ static void run_pipeliner(uint64_t *rng) {
     struct sk_error e;
     uint64_t id = 0;
     if (sk_msg_parse(body, n, &m, &e) < 0 || sk_msg_need_u64(&m.root, "id", UINT64_MAX, &id, &e) < 0 ||
-        id < base || id >= base + 64 || seen[id - base])
+        id < base || id >= base + BURST || seen[id - base])
       failure("pipeliner: bad reply %d", i);
     else
       seen[id - base] = true;
@@ -451,12 +454,17 @@ static void run_pipeliner(uint64_t *rng) {
     atomic_fetch_add(&g_requests, 1);
   }
   close(fd);
+  usleep((useconds_t)(50000 + rng_next(rng) % 100000));
 }
 
 static void *client_thread(void *arg) {
   int i = (int)(intptr_t)arg;
   enum kind k = kind_of(i);
   uint64_t rng = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(i + 1) * 0xbf58476d1ce4e5b9ULL;
+  /* Ramp up: the clients arrive over the first second, not all in the
+   * same millisecond. */
+  double start = g_start + (double)i / N_CLIENTS;
+  while (sk_test_now() < start) usleep(1000);
   while (time_left()) {
     switch (k) {
     case K_NORMAL: run_normal(&rng); break;
@@ -489,6 +497,10 @@ struct monitor {
 
 static void *monitor_thread(void *arg) {
   struct monitor *m = arg;
+  /* The monitor measures the daemon, not its own wait for a CPU among
+   * 256 client threads of this process: ahead of them when allowed
+   * (root; the daemon keeps its ordinary priority). */
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), -5);
   struct sk_client *c = client_connect();
   if (!c) return NULL;
   double last_sample = 0;
@@ -506,6 +518,8 @@ static void *monitor_thread(void *arg) {
     m->sum_ms += dt;
     if (dt > m->worst_ms) m->worst_ms = dt;
     if (dt > PING_BOUND_MS) m->over_bound++;
+    if (dt > PING_BOUND_MS / 2)
+      print_message("slow ping: %.1f ms at %.2f s into the run\n", dt, t0 - g_start);
     if (t0 - last_sample > 0.1) {
       last_sample = t0;
       long rss = sk_test_proc_rss_kib(g_d.pid), fds = sk_test_proc_fds(g_d.pid);
@@ -566,6 +580,7 @@ static void test_load(void **state) {
   pthread_t mon_th, th[N_CLIENTS];
   pthread_create(&mon_th, NULL, monitor_thread, &mon);
   double t0 = sk_test_now();
+  g_start = t0;
   g_deadline = t0 + seconds;
   pthread_attr_t attr;
   pthread_attr_init(&attr);

@@ -62,7 +62,7 @@ static void run_path(const char *path) {
     n++;
   }
   closedir(d);
-  qsort(names, n, sizeof *names, by_name);
+  if (n) qsort(names, n, sizeof *names, by_name);
   for (size_t i = 0; i < n; i++) {
     run_file(names[i]);
     free(names[i]);
