@@ -22,7 +22,7 @@
  * the daemon's RSS and open descriptors. Each client pauses 0..20 ms
  * between rounds. Asserted: the daemon stays up
  * (no signal, SIGPIPE included, ends it) and exits 0 on SIGTERM at the
- * end; every ping is answered within 100 ms; no reply carries an
+ * end; every ping is answered within 100 ms (1 s under a sanitizer); no reply carries an
  * unexpected error (internal, protocol); after the clients leave, the
  * open descriptors return exactly to the baseline and the RSS to within
  * a few MiB of it (ASan/valgrind: their allocators keep freed memory, so
@@ -632,7 +632,9 @@ static void test_load(void **state) {
   if (g_failures) fail_msg("%lu failures; first: %s", (unsigned long)g_failures, g_first_failure);
   assert_false(mon.died);
   assert_true(mon.pings > seconds * 20);
-  assert_true(mon.worst_ms < PING_BOUND_MS);
+  /* ASan/UBSan make every step 2-5x slower and page in shadow memory as
+   * the heap grows: there the bound is 10x (the figures say how it went). */
+  assert_true(mon.worst_ms < PING_BOUND_MS * (sk_test_under_tool() ? 10 : 1));
   assert_int_equal(fds, base_fds);
   assert_int_equal(leftovers, 0);
   for (int k = 0; k < K__N; k++) assert_true(g_rounds[k] > 0);
