@@ -10,13 +10,15 @@ _sinkd() {
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur")); return ;;
     --policy) COMPREPLY=($(compgen -W "streaming dense" -- "$cur")); return ;;
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
-    -t|--threads|--window|--capacity|--max-capacity|--max-memory)
+    -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
-    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl) COMPREPLY=(); return ;;
+    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions)
+      COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
-    --max-memory --max-frame --idle-ttl --batch --log-level --verbose --help --version" -- "$cur"))
+    --max-memory --max-user-sessions --max-user-memory --max-frame --idle-ttl --batch
+    --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

@@ -366,6 +366,10 @@ static const struct field k_fields[] = {
     {"generate", "ignore_eos", F_BOOL}, {"generate", "n_top", F_UINT},
     {"generate", "stop", F_STOPS},    {"tokenize", "text", F_STR},
     {"tokenize", "bos", F_BOOL},      {"detokenize", "tokens", F_TOKENS},
+    {"stats", "tokens", F_BOOL},      {"resume", "session", F_UINT},
+    {"fork", "session", F_UINT},      {"export", "session", F_UINT},
+    {"import", "total", F_UINT},      {"import", "offset", F_UINT},
+    {"import", "data", F_STR},
 };
 
 /* Values of every msgpack type. */
@@ -402,7 +406,8 @@ static bool accepted(enum ftype t, enum vkind v) {
 
 static bool needs_session(const char *op) {
   return !strcmp(op, "close") || !strcmp(op, "stats") || !strcmp(op, "cancel") ||
-         !strcmp(op, "append") || !strcmp(op, "generate");
+         !strcmp(op, "append") || !strcmp(op, "generate") || !strcmp(op, "resume") ||
+         !strcmp(op, "fork") || !strcmp(op, "export");
 }
 
 static void cases_wrong_types(void) {
@@ -421,8 +426,25 @@ static void cases_wrong_types(void) {
                   strcmp(fd->name, "text") && strcmp(fd->name, "tokens");
       /* generate with a bad field must not run: max_tokens 1 anyway. */
       bool gen = !strcmp(fd->op, "generate") && strcmp(fd->name, "max_tokens");
+      /* import: the other two of total, offset, data, well typed. */
+      bool imp = !strcmp(fd->op, "import");
       struct body b;
-      b_req(&b, ++id, fd->op, 1 + sess + text + gen);
+      b_req(&b, ++id, fd->op, 1 + sess + text + gen + 2 * imp);
+      if (imp) {
+        if (strcmp(fd->name, "total")) {
+          b_str(&b, "total");
+          msgpack_pack_uint32(&b.pk, 10);
+        }
+        if (strcmp(fd->name, "offset")) {
+          b_str(&b, "offset");
+          msgpack_pack_uint32(&b.pk, 0);
+        }
+        if (strcmp(fd->name, "data")) {
+          b_str(&b, "data");
+          msgpack_pack_bin(&b.pk, 1);
+          msgpack_pack_bin_body(&b.pk, "x", 1);
+        }
+      }
       if (sess) {
         b_str(&b, "session");
         msgpack_pack_uint64(&b.pk, g_session);
@@ -753,8 +775,9 @@ static void cases_numbers(void) {
   expect_err(add_b(&b, "generate stop [\"\", \"a\\0b\"]"), id, "bad_request", "element 0");
 
   /* Session ids and request ids. */
-  const char *sops[] = {"stats", "append", "generate", "cancel", "close"};
-  for (size_t o = 0; o < 5; o++) {
+  const char *sops[] = {"stats", "append", "generate", "cancel", "resume", "fork", "export",
+                        "close"};
+  for (size_t o = 0; o < sizeof sops / sizeof sops[0]; o++) {
     struct pair p[2] = {{"session", P_U, 0, 0, 0, NULL}, {"text", P_S, 0, 0, 0, "x"}};
     size_t n = !strcmp(sops[o], "append") ? 2 : 1;
     char name[64];

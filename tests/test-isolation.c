@@ -8,7 +8,8 @@
  *   sinkd-test-c                 not in the group: the socket refuses it
  *
  * Checked: another uid gets `forbidden` for every op naming a session it
- * does not own, and its attempts change nothing; it does not see the
+ * does not own (stats, append, generate, cancel, resume, fork, export,
+ * close), and its attempts change nothing; it does not see the
  * session in `list`; root sees and may use every session; per-uid limits
  * on sessions and KV memory.
  *
@@ -198,6 +199,17 @@ static void child_every_op(FILE *out, void *arg) {
   bool any;
   memset(&e, 0, sizeof e);
   report(out, "cancel", sk_client_cancel(c, s, &any, &e), &e);
+  struct sk_session_summary sum;
+  memset(&e, 0, sizeof e);
+  report(out, "resume", sk_client_resume(c, s, &sum, &e), &e);
+  memset(&e, 0, sizeof e);
+  report(out, "fork", sk_client_fork(c, s, &sum, &e), &e);
+  void *image = NULL;
+  size_t image_len = 0;
+  memset(&e, 0, sizeof e);
+  int rc_export = sk_client_export(c, s, &image, &image_len, &e);
+  report(out, "export", rc_export, &e);
+  free(image);
   memset(&e, 0, sizeof e);
   report(out, "close", sk_client_close(c, s, &e), &e);
   struct sk_session_info *rows = NULL;
@@ -358,7 +370,7 @@ static void test_other_user_is_forbidden(void **state) {
    * B's list shows only B's session. */
   char *out = as_user(&g_b, child_every_op, &sa);
   const char *ops[] = {"stats", "append", "append_tokens", "generate", "generate_prompt",
-                       "cancel", "close"};
+                       "cancel", "resume", "fork", "export", "close"};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     const char *l = line(out, ops[i]);
     char want[128];

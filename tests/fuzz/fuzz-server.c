@@ -13,6 +13,7 @@
  * Limits are small (frame 64 KiB, sessions 4, capacity 256) so that the
  * fuzzer reaches them.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -32,6 +33,7 @@
 #include "model.h"
 #include "msg.h"
 #include "server.h"
+#include "store.h"
 #include "tokenizer.h"
 
 static struct sk_gguf *g_gguf;
@@ -39,6 +41,16 @@ static struct sk_model *g_model;
 static struct sk_tokenizer *g_tok;
 static char g_dir[80];
 static char g_sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static char g_state[128];
+static struct sk_store_config g_stc;
+
+static void remove_state(void) {
+  char path[160];
+  snprintf(path, sizeof path, "%s/lock", g_state);
+  unlink(path);
+  rmdir(g_state);
+  rmdir(g_dir);
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
@@ -57,7 +69,34 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   snprintf(g_dir, sizeof g_dir, "%s/sinkd-fuzz.XXXXXX", tmp);
   if (!mkdtemp(g_dir)) sk_fuzz_fail("mkdtemp: %s", strerror(errno));
   snprintf(g_sock, sizeof g_sock, "%s/s.sock", g_dir);
+  /* Session objects go to tmpfs when there is one (as in production). */
+  snprintf(g_state, sizeof g_state, "%s/sinkd-fuzz-state.%d",
+           access("/dev/shm", W_OK) == 0 ? "/dev/shm" : g_dir, (int)getpid());
+  g_stc.dir = g_state;
+  g_stc.shape = sk_model_kv_shape(g_model);
+  g_stc.n_vocab = sk_model_config(g_model)->n_vocab;
+  sk_store_fingerprint(g_gguf, g_stc.model_fp);
+  atexit(remove_state);
   return 0;
+}
+
+/* Empties a folder (one level of subfolders: invalid/), so that every
+ * input starts from an empty store: a daemon keeps its sessions across a
+ * stop, and ids would otherwise differ from run to run. */
+static void empty_dir(const char *dir, int depth) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[512];
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) != 0 && depth > 0) {
+      empty_dir(path, depth - 1);
+      rmdir(path);
+    }
+  }
+  closedir(d);
 }
 
 struct run {
@@ -117,6 +156,10 @@ static void check_output(struct sk_frame_reader *rd) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static struct run r;
   memset(&r, 0, sizeof r);
+  struct sk_store *store = NULL;
+  struct sk_error err = {0};
+  bool tmpfs;
+  if (sk_store_open(&g_stc, &store, &tmpfs, &err) < 0) sk_fuzz_fail("store: %s", err.message);
   if (uv_loop_init(&r.loop) != 0) sk_fuzz_fail("uv_loop_init");
   struct sk_server_config cfg = {
       .socket_path = g_sock,
@@ -130,8 +173,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       .max_user_kv_bytes = 1u << 20,
       .defaults = {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 28, .capacity = 64,
                    .rope_scale = 1.0f},
+      .max_memory = 8u << 20,
+      .store = store,
   };
-  struct sk_error err = {0};
   if (sk_server_start(&r.loop, &cfg, g_model, g_tok, &r.srv, &err) < 0)
     sk_fuzz_fail("server start: %s", err.message);
   uv_async_init(&r.loop, &r.stop, on_stop);
@@ -181,5 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pthread_join(th, NULL);
   sk_server_free(r.srv);
   if (uv_loop_close(&r.loop) != 0) sk_fuzz_fail("handles left open after shutdown");
+  sk_store_close(store);
+  empty_dir(g_state, 1);
   return 0;
 }
