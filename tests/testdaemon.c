@@ -79,8 +79,15 @@ void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra) {
   if (wrapper) {
     for (char *tok = strtok(wrapper, " "); tok && n < 32; tok = strtok(NULL, " ")) argv[n++] = tok;
   }
-  /* Its own session store (sessions live in shared memory objects there). */
-  snprintf(d->state, sizeof d->state, "%s/state", d->dir);
+  /* Its own session store, on tmpfs when there is one, as /run is on a
+   * real system (a store on a disk file system puts file creation and
+   * removal on the loop thread's path). */
+  d->state_root[0] = 0;
+  if (access("/dev/shm", W_OK) == 0) {
+    snprintf(d->state_root, sizeof d->state_root, "/dev/shm/sinkd-test.XXXXXX");
+    if (!mkdtemp(d->state_root)) d->state_root[0] = 0;
+  }
+  snprintf(d->state, sizeof d->state, "%s/state", d->state_root[0] ? d->state_root : d->dir);
   const char *base[] = {sinkd, "--model", sk_test_model_path(), "--socket", d->socket,
                         "--state-dir", d->state, "--threads", "1"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
@@ -144,7 +151,7 @@ int sk_test_daemon_stop(struct sk_test_daemon *d, int ms) {
     unlink(d->socket);
     /* The store: whatever objects are left, then the folder. */
     char cmd[4300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->state);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->state_root[0] ? d->state_root : d->state);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", d->state);
     snprintf(path, sizeof path, "%s", d->dir);
     rmdir(path);

@@ -16,11 +16,12 @@ struct sk_test_daemon {
   char *dir;                                            /* malloc'd tmpdir */
   char socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
   char log[4096];
-  char state[4200];  /* --state-dir: DIR/state */
+  char state[4200];  /* --state-dir: /dev/shm/sinkd-test.XXXXXX/state, or DIR/state */
+  char state_root[64];
 };
 
 /* Starts $SK_SINKD (under $SK_SINKD_WRAPPER, split on spaces, if set) with
- * --model $SK_MODEL --socket DIR/sinkd.sock --state-dir DIR/state
+ * --model $SK_MODEL --socket DIR/sinkd.sock --state-dir (on tmpfs if any)
  * --threads 1 and the
  * NULL-terminated extra arguments; waits until it answers a ping (fails the
  * test after a minute). stderr goes to DIR/sinkd.log. */
