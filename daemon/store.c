@@ -661,7 +661,8 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     }
     ids[n++] = id;
   }
-  qsort(ids, n, sizeof *ids, sk__cmp_u64);
+  /* An empty folder leaves ids NULL: qsort must not see it (UBSan). */
+  if (n) qsort(ids, n, sizeof *ids, sk__cmp_u64);
   if (st->next_id > 0 && st->next_id - 1 > max_id) max_id = st->next_id - 1;
   for (size_t i = 0; i < n; i++) {
     char name[64];

@@ -68,7 +68,7 @@ cflags=$("$PKG_CONFIG" --cflags libsinkd)
 libs=$("$PKG_CONFIG" --libs libsinkd)
 [[ $cflags == *"-I$dest$INCLUDEDIR"* ]] || fail "cflags '$cflags' do not point into the install"
 # shellcheck disable=SC2086
-$CC -std=c11 -Wall -Wextra -Werror -pedantic $cflags -o "$tmp/install-check" \
+$CC -std=c11 -Wall -Wextra -Werror -pedantic ${SANITIZE_FLAGS:-} $cflags -o "$tmp/install-check" \
   "$SRC/tests/install-check.c" $libs || fail "building against the installed library"
 echo "ok: built with $cflags $libs"
 
