@@ -369,7 +369,10 @@ static const struct field k_fields[] = {
     {"stats", "tokens", F_BOOL},      {"resume", "session", F_UINT},
     {"fork", "session", F_UINT},      {"export", "session", F_UINT},
     {"import", "total", F_UINT},      {"import", "offset", F_UINT},
-    {"import", "data", F_STR},
+    {"import", "data", F_STR},        {"open", "heavy", F_UINT},
+    {"open", "recent", F_UINT},       {"open", "rope_scale", F_NUM},
+    {"open", "pin", F_STR},           {"open", "pin_tokens", F_TOKENS},
+    {"append", "logprobs", F_BOOL},
 };
 
 /* Values of every msgpack type. */

@@ -162,8 +162,9 @@ static void child_open(FILE *out, void *arg) {
   const struct open_arg *a = arg;
   struct sk_client *c = child_connect(out);
   if (!c) return;
-  struct sk_open_params op = {.policy = a->policy, .n_sink = 4, .window = a->window,
-                              .capacity = a->capacity};
+  bool streaming = !strcmp(a->policy, "streaming");
+  struct sk_open_params op = {.policy = a->policy, .n_sink = streaming ? 4 : 0,
+                              .window = a->window, .capacity = a->capacity};
   struct sk_open_result o;
   struct sk_error e = {0};
   int rc = sk_client_open(c, &op, &o, &e);

@@ -101,6 +101,16 @@ def streams():
     s["too-large"] = struct.pack(">I", 70000) + b"\x00" * 100 + req(1, "ping")
     s["pipelined"] = b"".join(req(i, "ping") for i in range(1, 20))
     s["split-header"] = req(1, "ping")[:2]
+    s["policies"] = (req(1, "open", policy="h2o", heavy=8, recent=8)
+                     + req(2, "open", policy="sink_h2o", n_sink=2, heavy=6, recent=8,
+                           rope_scale=0.5)
+                     + req(3, "open", policy="window", window=16)
+                     + req(4, "open", policy="streaming", window=12, pin="Once upon")
+                     + req(5, "append", session=1, text="The cat sat", logprobs=True)
+                     + req(6, "generate", session=2, prompt="A dog", max_tokens=4)
+                     + req(7, "stats", session=2, tokens=True)
+                     + req(8, "fork", session=1) + req(9, "export", session=3)
+                     + req(10, "resume", session=4))
     return s
 
 
