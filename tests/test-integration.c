@@ -808,6 +808,7 @@ static void test_pin_survives_10000_evictions(void **state) {
   assert_int_equal(nres, 332);
   assert_memory_equal(res, ids, 300 * sizeof *res);
   assert_memory_equal(res + 300, stream + N - 32, 32 * sizeof *res);
+  free(res);
   struct sk_session_stats st;
   assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
   assert_int_equal(st.pinned, 300);
