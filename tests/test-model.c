@@ -437,7 +437,7 @@ struct variant {
   uint32_t mat_type;     /* type written for 2-D tensors: F32, F16, BF16 */
   uint32_t round_type;   /* F32 file whose values went through this type */
   const char *drop;      /* tensor left out */
-  const char *quant;     /* tensor written as q8_0 */
+  const char *quant;     /* tensor written as q4_1 (zero blocks) */
   const char *transpose; /* tensor written with ne0 and ne1 swapped */
   const char *arch;      /* general.architecture (default llama) */
   uint32_t head_count;   /* override of llama.attention.head_count */
@@ -499,7 +499,7 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     const float *src = t->data;
     uint64_t ne[2] = {t->ne[0], t->ne[1]};
     uint32_t type = t->n_dims == 2 ? vr->mat_type : SK_GGML_F32;
-    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q8_0;
+    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q4_1;
     if (vr->transpose && strcmp(name, vr->transpose) == 0) {
       ne[0] = t->ne[1];
       ne[1] = t->ne[0];
@@ -513,9 +513,9 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     n_t++;
     for (uint64_t j = 0; j < t->n_elements; j++) {
       float f = src[j];
-      if (type == SK_GGML_Q8_0) { /* 34-byte blocks of 32: zeros will do */
+      if (type == SK_GGML_Q4_1) { /* 20-byte blocks of 32: zeros will do */
         if (j % 32 == 0) {
-          unsigned char blk[34] = {0};
+          unsigned char blk[20] = {0};
           buf_put(&data, blk, sizeof blk);
         }
       } else if (type == SK_GGML_F16) {
@@ -711,8 +711,8 @@ static void test_bad_models(void **state) {
   (void)state;
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .quant = "blk.0.attn_q.weight"},
-                   "tensor blk.0.attn_q.weight has type q8_0; quantized "
-                   "weights are not supported yet",
+                   "tensor blk.0.attn_q.weight has type q4_1; supported "
+                   "weight types are f32, f16, bf16, q8_0 and q4_0",
                    NULL);
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .drop = "blk.2.ffn_up.weight"},

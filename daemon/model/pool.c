@@ -1,0 +1,163 @@
+/* Thread pool (see pool.h). */
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SK__PAUSE() _mm_pause()
+#else
+#define SK__PAUSE() ((void)0)
+#endif
+
+/* How long an idle worker spins before it sleeps: longer than the gap
+ * between two runs of a forward pass (a few microseconds of norms and
+ * bookkeeping) and between two decode steps (sampling, events), short
+ * enough that an idle daemon stops burning a core at once. */
+#define SK__SPIN_NS 200000ull
+
+struct sk__worker {
+  struct sk_pool *pool;
+  uint32_t index;
+  pthread_t thread;
+};
+
+struct sk_pool {
+  uint32_t n_threads;
+  struct sk__worker *workers; /* (n_threads - 1) */
+
+  /* The current run; written by the caller before gen is bumped. */
+  sk_pool_fn fn;
+  void *ctx;
+  uint32_t n_tasks;
+  atomic_uint next_task;
+  atomic_uint n_done;   /* workers finished with the current run */
+  atomic_uint gen;      /* bumped to start a run */
+  atomic_bool stop;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  uint32_t n_sleeping;  /* under lock */
+};
+
+static uint64_t sk__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sk__run_tasks(struct sk_pool *p, uint32_t thread) {
+  for (;;) {
+    uint32_t t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
+    if (t >= p->n_tasks) break;
+    p->fn(p->ctx, t, thread);
+  }
+}
+
+static void *sk__worker_main(void *arg) {
+  struct sk__worker *w = arg;
+  struct sk_pool *p = w->pool;
+  uint32_t seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+  for (;;) {
+    /* Wait for the next run: spin, then sleep. */
+    uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+    if (g == seen) {
+      uint64_t start = sk__now_ns();
+      for (uint32_t i = 1;; i++) {
+        SK__PAUSE();
+        g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) break;
+        if (i % 256 == 0 && sk__now_ns() - start > SK__SPIN_NS) {
+          pthread_mutex_lock(&p->lock);
+          p->n_sleeping++;
+          while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+                 !atomic_load_explicit(&p->stop, memory_order_relaxed))
+            pthread_cond_wait(&p->cond, &p->lock);
+          p->n_sleeping--;
+          pthread_mutex_unlock(&p->lock);
+          break;
+        }
+      }
+    }
+    if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
+    seen = g;
+    sk__run_tasks(p, w->index);
+    atomic_fetch_add_explicit(&p->n_done, 1, memory_order_acq_rel);
+  }
+}
+
+int sk_pool_new(uint32_t n_threads, struct sk_pool **ret, struct sk_error *err) {
+  if (n_threads < 1 || n_threads > SK_POOL_MAX_THREADS)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "threads %u is outside 1..%u", n_threads,
+                        SK_POOL_MAX_THREADS);
+  struct sk_pool *p = calloc(1, sizeof *p);
+  if (!p) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate a thread pool");
+  p->n_threads = 1;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
+  atomic_init(&p->next_task, 0);
+  atomic_init(&p->n_done, 0);
+  atomic_init(&p->gen, 0);
+  atomic_init(&p->stop, false);
+  if (n_threads > 1) {
+    p->workers = calloc(n_threads - 1, sizeof *p->workers);
+    if (!p->workers) {
+      sk_pool_free(p);
+      return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %u workers", n_threads - 1);
+    }
+  }
+  for (uint32_t i = 1; i < n_threads; i++) {
+    struct sk__worker *w = &p->workers[i - 1];
+    w->pool = p;
+    w->index = i;
+    int rc = pthread_create(&w->thread, NULL, sk__worker_main, w);
+    if (rc != 0) {
+      sk_pool_free(p);
+      return sk_error_set(err, SK_ERR_INTERNAL, "cannot start compute thread %u: %s", i,
+                          strerror(rc));
+    }
+    p->n_threads++;
+  }
+  *ret = p;
+  return 0;
+}
+
+void sk_pool_free(struct sk_pool *p) {
+  if (!p) return;
+  atomic_store(&p->stop, true);
+  pthread_mutex_lock(&p->lock);
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  for (uint32_t i = 1; i < p->n_threads; i++) pthread_join(p->workers[i - 1].thread, NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->cond);
+  free(p->workers);
+  free(p);
+}
+
+uint32_t sk_pool_threads(const struct sk_pool *p) { return p ? p->n_threads : 1; }
+
+void sk_pool_run(struct sk_pool *p, sk_pool_fn fn, void *ctx, uint32_t n_tasks) {
+  if (n_tasks == 0) return;
+  if (!p || p->n_threads == 1 || n_tasks == 1) {
+    for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+    return;
+  }
+  p->fn = fn;
+  p->ctx = ctx;
+  p->n_tasks = n_tasks;
+  atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+  pthread_mutex_lock(&p->lock);
+  if (p->n_sleeping) pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  sk__run_tasks(p, 0);
+  const uint32_t n_workers = p->n_threads - 1;
+  while (atomic_load_explicit(&p->n_done, memory_order_acquire) < n_workers) SK__PAUSE();
+}
