@@ -31,7 +31,8 @@ struct sk_server_config {
   uint32_t max_clients;
   uint32_t max_capacity;      /* largest KV cache a session may have */
   uint64_t max_memory;        /* bytes of all sessions' KV caches; 0 = none */
-  uint32_t max_batch;         /* prefill chunk */
+  uint32_t max_batch;         /* rows (tokens) of one forward pass */
+  uint32_t threads;           /* compute threads (0 = 1) */
   struct sk_kv_params defaults; /* for `open` without parameters */
   /* Called on the loop thread after the number of sessions or clients
    * changed (e.g. to update the service manager's STATUS=). May be NULL. */
