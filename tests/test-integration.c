@@ -112,8 +112,18 @@ static void test_hello_ping(void **state) {
   assert_int_equal(h.model.n_head, 8);
   assert_int_equal(h.model.n_kv_head, 4);
   assert_int_equal(h.model.n_ctx_train, 2048);
+  assert_string_equal(h.model.weight_type, "f32");
+  assert_true(h.model.weight_bytes > 0);
+  assert_true(strcmp(h.compute.kernel, "generic") == 0 || strcmp(h.compute.kernel, "avx2") == 0 ||
+              strcmp(h.compute.kernel, "avx2-vnni") == 0);
+  assert_int_equal(h.compute.threads, 1); /* --threads 1 */
+  assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");
   assert_int_equal(h.defaults.n_sink, 4);
+  struct sk_daemon_stats ds;
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_string_equal(ds.compute.kernel, h.compute.kernel);
+  assert_int_equal(ds.compute.threads, 1);
   assert_int_equal(sk_client_ping(c, &e), 0);
   sk_client_free(c);
 }
