@@ -30,6 +30,11 @@ struct sk__kernels {
   bool packs; /* reads quantized weights in the packed layout */
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
+  void (*scores)(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *out);
+  void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
+  void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
+  void (*softmax)(float *row, uint32_t n, float scale);
+  void (*swiglu)(float *g, const float *u, size_t n);
 };
 
 /* ---- generic --------------------------------------------------------- */
@@ -161,6 +166,46 @@ static void sk__gen_axpy(float *y, float a, const float *x, uint32_t n) {
   for (uint32_t k = 0; k < n; k++) y[k] += a * x[k];
 }
 
+static void sk__gen_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                           float *out) {
+  for (uint32_t p = 0; p < n; p++) out[p] = sk__gen_dot(q, k + (size_t)p * ldk, hd);
+}
+
+static void sk__gen_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                         uint32_t hd) {
+  for (uint32_t j = 0; j < hd; j++) out[j] = 0.0f;
+  for (uint32_t p = 0; p < n; p++) sk__gen_axpy(out, w[p], rows[p], hd);
+}
+
+static void sk__gen_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                         uint32_t rope_dim) {
+  for (uint32_t i = 0; i < rope_dim; i += 2) {
+    const float x0 = x[i], x1 = x[i + 1], c = cos2[i], sn = sin2[i + 1];
+    y[i] = x0 * c - x1 * sn;
+    y[i + 1] = x0 * sn + x1 * c;
+  }
+}
+
+static void sk__gen_softmax(float *row, uint32_t n, float scale) {
+  float max = -INFINITY;
+  for (uint32_t j = 0; j < n; j++) {
+    row[j] *= scale;
+    if (row[j] > max) max = row[j];
+  }
+  double sum = 0.0;
+  for (uint32_t j = 0; j < n; j++) {
+    float e = expf(row[j] - max);
+    row[j] = e;
+    sum += (double)e;
+  }
+  const float inv = (float)(1.0 / sum);
+  for (uint32_t j = 0; j < n; j++) row[j] *= inv;
+}
+
+static void sk__gen_swiglu(float *g, const float *u, size_t n) {
+  for (size_t j = 0; j < n; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
 static const struct sk__kernels sk__generic = {
     .name = "generic",
     .mm_f32 = sk__gen_mm_f32,
@@ -170,6 +215,11 @@ static const struct sk__kernels sk__generic = {
     .quantize_rows = sk__gen_quantize_rows,
     .dot = sk__gen_dot,
     .axpy = sk__gen_axpy,
+    .scores = sk__gen_scores,
+    .wsum = sk__gen_wsum,
+    .rope = sk__gen_rope,
+    .softmax = sk__gen_softmax,
+    .swiglu = sk__gen_swiglu,
 };
 
 /* ---- x86 ------------------------------------------------------------- */
@@ -204,6 +254,11 @@ static const struct sk__kernels sk__avx2 = {
     .quantize_rows = sk__avx2_quantize_rows,
     .dot = sk__avx2_dot,
     .axpy = sk__avx2_axpy,
+    .scores = sk__avx2_scores,
+    .wsum = sk__avx2_wsum,
+    .rope = sk__avx2_rope,
+    .softmax = sk__avx2_softmax,
+    .swiglu = sk__avx2_swiglu,
 };
 
 static const struct sk__kernels sk__avx2_vnni = {
@@ -215,6 +270,11 @@ static const struct sk__kernels sk__avx2_vnni = {
     .quantize_rows = sk__vnni_quantize_rows,
     .dot = sk__vnni_dot,
     .axpy = sk__vnni_axpy,
+    .scores = sk__vnni_scores,
+    .wsum = sk__vnni_wsum,
+    .rope = sk__vnni_rope,
+    .softmax = sk__vnni_softmax,
+    .swiglu = sk__vnni_swiglu,
     .packs = true,
 };
 
@@ -382,3 +442,33 @@ void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *c
 float sk_kernels_dot(const float *a, const float *b, uint32_t n) { return sk__cur()->dot(a, b, n); }
 
 void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n) { sk__cur()->axpy(y, a, x, n); }
+
+void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                       float *out) {
+  sk__cur()->scores(q, k, ldk, n, hd, out);
+}
+
+void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                     uint32_t hd) {
+  sk__cur()->wsum(out, w, rows, n, hd);
+}
+
+void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                     uint32_t rope_dim) {
+  sk__cur()->rope(y, x, cos2, sin2, rope_dim);
+}
+
+void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
+                          uint32_t n, uint32_t rope_dim, uint32_t head_dim) {
+  const struct sk__kernels *k = sk__cur();
+  for (uint32_t r = 0; r < n; r++) {
+    float *yr = y + (size_t)r * head_dim;
+    k->rope(yr, x[r], cos2 + (size_t)r * rope_dim, sin2 + (size_t)r * rope_dim, rope_dim);
+    if (rope_dim < head_dim)
+      memcpy(yr + rope_dim, x[r] + rope_dim, (head_dim - rope_dim) * sizeof *yr);
+  }
+}
+
+void sk_kernels_softmax(float *row, uint32_t n, float scale) { sk__cur()->softmax(row, n, scale); }
+
+void sk_kernels_swiglu(float *g, const float *u, size_t n) { sk__cur()->swiglu(g, u, n); }

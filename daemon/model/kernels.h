@@ -99,9 +99,40 @@ void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t c
 void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *const *y_rows,
                        uint32_t o0, uint32_t o1);
 
-/* sum_i a[i] * b[i] over n floats (attention scores). */
+/* sum_i a[i] * b[i] over n floats. */
 float sk_kernels_dot(const float *a, const float *b, uint32_t n);
-/* y[i] += a * x[i] for i < n (attention output). */
+/* y[i] += a * x[i] for i < n. */
 void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n);
+
+/* Attention scores: out[p] = sk_kernels_dot(q, k + p * ldk, hd) for
+ * p < n (k holds n rows of hd floats, stride ldk). */
+void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                       float *out);
+/* Attention output: out[j] = sum over p < n, in order of p, of
+ * w[p] * rows[p][j], for j < hd (out is overwritten). */
+void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                     uint32_t hd);
+/* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext: row[j] =
+ * exp(row[j] * scale - max) / sum, the sum accumulated in double. The
+ * vector variants use ggml's vectorized expf (ggml_v_expf, within ~2 ulp
+ * of expf), as llama.cpp does; generic uses expf. */
+void sk_kernels_softmax(float *row, uint32_t n, float scale);
+/* SwiGLU: g[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n (SiLU of the
+ * gate times the up projection; ggml_v_silu's expf in vector variants). */
+void sk_kernels_swiglu(float *g, const float *u, size_t n);
+/* RoPE on one head (LLAMA_ROPE_TYPE_NORM, adjacent pairs): for each pair
+ * i < rope_dim / 2, with c = cos2[2i] = cos2[2i+1] and s = sin2[2i+1] =
+ * -sin2[2i]:
+ *   y[2i] = x[2i] * c - x[2i+1] * s,  y[2i+1] = x[2i] * s + x[2i+1] * c,
+ * each product rounded, then the sum (no fused multiply-add): the same
+ * bits in every variant. y may equal x; elements from rope_dim on are
+ * not touched. */
+void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                     uint32_t rope_dim);
+/* sk_kernels_rope of n rows: row r from x[r] (head_dim floats) to
+ * y + r * head_dim with angles cos2/sin2 + r * rope_dim; elements from
+ * rope_dim to head_dim are copied. */
+void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
+                          uint32_t n, uint32_t rope_dim, uint32_t head_dim);
 
 #endif

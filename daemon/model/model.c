@@ -78,10 +78,12 @@ struct sk__seq {
 
 /* Attention buffers of one pool thread. */
 struct sk__tscratch {
-  float *kr;  /* (T, head_dim) keys of one KV head, rotated */
-  float *att; /* (T) scores, then probabilities */
-  float *cs;  /* (rope_dim / 2) angles computed off the tables */
-  float *sn;  /* (rope_dim / 2) */
+  float *kr;        /* (T, head_dim) keys of one KV head, rotated */
+  float *att;       /* (T) scores, then probabilities */
+  const float **kp; /* (T) key row of each position, at the head */
+  const float **vp; /* (T) value row of each position, at the head */
+  float *cs;        /* (rope_dim) angles computed off the tables */
+  float *sn;        /* (rope_dim) */
 };
 
 struct sk_scratch {
@@ -104,8 +106,9 @@ struct sk_scratch {
   int32_t *as;            /* (B, max(dim, hidden_dim) / 32) its block sums */
   float **rows;           /* (3, B) row pointers handed to the kernels */
   struct sk__seq *seqs;   /* (B) */
-  float *rope_cos;        /* (T, rope_dim / 2) for rope_freq_scale */
-  float *rope_sin;        /* (T, rope_dim / 2) */
+  float *rope_cos;        /* (T, rope_dim) for rope_freq_scale: each pair's
+                             cos twice */
+  float *rope_sin;        /* (T, rope_dim): -sin, +sin per pair */
   uint32_t rope_valid;    /* rows of the rope tables computed */
   float rope_freq_scale;  /* the scale they were computed for */
   struct sk__tscratch *ts; /* (n_threads) */
@@ -537,6 +540,8 @@ void sk_scratch_free(struct sk_scratch *s) {
     for (uint32_t t = 0; t < s->n_threads; t++) {
       free(s->ts[t].kr);
       free(s->ts[t].att);
+      free(s->ts[t].vp);
+      free(s->ts[t].kp);
       free(s->ts[t].cs);
       free(s->ts[t].sn);
     }
@@ -587,7 +592,7 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->as, B * (wide / SK_QK + 1), 4},
       {(void **)&s->rows, 3 * B, sizeof(float *)},
       {(void **)&s->seqs, B, sizeof(struct sk__seq)},
-      {(void **)&s->rope_cos, T * half, 4},  {(void **)&s->rope_sin, T * half, 4},
+      {(void **)&s->rope_cos, T * 2 * half, 4}, {(void **)&s->rope_sin, T * 2 * half, 4},
       {(void **)&s->ts, s->n_threads, sizeof(struct sk__tscratch)},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -598,8 +603,10 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
   for (uint32_t t = 0; t < s->n_threads; t++) {
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
-        !(ts->att = malloc(T * sizeof(float))) || !(ts->cs = malloc(half * sizeof(float))) ||
-        !(ts->sn = malloc(half * sizeof(float))))
+        !(ts->att = malloc(T * sizeof(float))) || !(ts->vp = malloc(T * sizeof *ts->vp)) ||
+        !(ts->kp = malloc(T * sizeof *ts->kp)) ||
+        !(ts->cs = malloc(2 * half * sizeof(float))) ||
+        !(ts->sn = malloc(2 * half * sizeof(float))))
       goto nomem;
   }
   s->rope_valid = 0;
@@ -627,7 +634,8 @@ static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
 
 /* cos/sin of position p for freq_scale, as ggml_rope_cache_init:
  * theta = pos; theta *= theta_scale per pair, all in float; divided by
- * the frequency factor, times freq_scale. */
+ * the frequency factor, times freq_scale. Laid out for sk_kernels_rope:
+ * cs[2i] = cs[2i+1] = cos, sn[2i] = -sin, sn[2i+1] = sin. */
 static void sk__rope_angles(const struct sk_model *m, uint32_t p, float freq_scale, float *cs,
                             float *sn) {
   const uint32_t half = m->cfg.rope_dim / 2;
@@ -636,8 +644,9 @@ static void sk__rope_angles(const struct sk_model *m, uint32_t p, float freq_sca
   for (uint32_t i = 0; i < half; i++) {
     float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
     float t = freq_scale * (theta / ff);
-    cs[i] = cosf(t);
-    sn[i] = sinf(t);
+    cs[2 * i] = cs[2 * i + 1] = cosf(t);
+    sn[2 * i + 1] = sinf(t);
+    sn[2 * i] = -sn[2 * i + 1];
     theta *= theta_scale;
   }
 }
@@ -650,45 +659,17 @@ static void sk__rope_tables(struct sk_scratch *s, uint32_t n, float freq_scale) 
     s->rope_freq_scale = freq_scale;
   }
   for (uint32_t p = s->rope_valid; p < n; p++)
-    sk__rope_angles(s->m, p, freq_scale, s->rope_cos + (size_t)p * half,
-                    s->rope_sin + (size_t)p * half);
+    sk__rope_angles(s->m, p, freq_scale, s->rope_cos + (size_t)p * 2 * half,
+                    s->rope_sin + (size_t)p * 2 * half);
   if (n > s->rope_valid) s->rope_valid = n;
 }
 
-/* Rotates each of n_heads heads of x (head_dim floats each) by the angles
- * cs/sn, writing y (may equal x). */
+/* Rotates one head x (head_dim floats) by the angles cs/sn (layout of
+ * sk__rope_angles), writing y (may equal x). */
 static void sk__rope(float *y, const float *x, const struct sk_model_config *c, const float *cs,
-                     const float *sn, uint32_t n_heads) {
-  const uint32_t half = c->rope_dim / 2;
-  for (uint32_t h = 0; h < n_heads; h++) {
-    const float *xh = x + (size_t)h * c->head_dim;
-    float *yh = y + (size_t)h * c->head_dim;
-    for (uint32_t i = 0; i < half; i++) {
-      float x0 = xh[2 * i], x1 = xh[2 * i + 1];
-      yh[2 * i] = x0 * cs[i] - x1 * sn[i];
-      yh[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-    }
-    if (yh != xh)
-      memcpy(yh + c->rope_dim, xh + c->rope_dim, (c->head_dim - c->rope_dim) * sizeof *yh);
-  }
-}
-
-/* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext:
- * max-subtracted expf, sum in double, multiply by 1/sum. */
-static void sk__softmax(float *row, uint32_t n, float scale) {
-  float max = -INFINITY;
-  for (uint32_t j = 0; j < n; j++) {
-    row[j] *= scale;
-    if (row[j] > max) max = row[j];
-  }
-  double sum = 0.0;
-  for (uint32_t j = 0; j < n; j++) {
-    float e = expf(row[j] - max);
-    row[j] = e;
-    sum += (double)e;
-  }
-  const float inv = (float)(1.0 / sum);
-  for (uint32_t j = 0; j < n; j++) row[j] *= inv;
+                     const float *sn) {
+  sk_kernels_rope(y, x, cs, sn, c->rope_dim);
+  if (y != x) memcpy(y + c->rope_dim, x + c->rope_dim, (c->head_dim - c->rope_dim) * sizeof *y);
 }
 
 /* ---- matrix products on the pool ------------------------------------ */
@@ -771,12 +752,28 @@ struct sk__att {
   uint32_t layer;
 };
 
+/* Rotates the keys ts->kp[p] for positions p0 <= p < p1 into ts->kr. */
+static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
+                          struct sk__tscratch *ts, uint32_t p0, uint32_t p1) {
+  const struct sk_model_config *c = &s->m->cfg;
+  const uint32_t hd = c->head_dim, rd = c->rope_dim;
+  if (sq->freq_scale == s->rope_freq_scale) {
+    sk_kernels_rope_rows(ts->kr + (size_t)p0 * hd, ts->kp + p0, s->rope_cos + (size_t)p0 * rd,
+                         s->rope_sin + (size_t)p0 * rd, p1 - p0, rd, hd);
+    return;
+  }
+  for (uint32_t p = p0; p < p1; p++) { /* a cache with its own scale */
+    sk__rope_angles(s->m, p, sq->freq_scale, ts->cs, ts->sn);
+    sk_kernels_rope_rows(ts->kr + (size_t)p * hd, ts->kp + p, ts->cs, ts->sn, 1, rd, hd);
+  }
+}
+
 static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__att *a = ctx;
   struct sk_scratch *s = a->s;
   const struct sk_model *m = s->m;
   const struct sk_model_config *c = &m->cfg;
-  const uint32_t hd = c->head_dim, D = c->kv_dim, half = c->rope_dim / 2;
+  const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim;
   const uint32_t group = c->n_head / c->n_kv_head;
   const float scale = 1.0f / sqrtf((float)hd);
   const struct sk__seq *sq = &s->seqs[task / c->n_kv_head];
@@ -791,26 +788,25 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
 
 /* cos/sin of position p into cs/sn */
 #define SK__ANGLES(p)                                                       \
-  const float *cs = s->rope_cos + (size_t)(p) * half;                       \
-  const float *sn = s->rope_sin + (size_t)(p) * half;                       \
+  const float *cs = s->rope_cos + (size_t)(p) * rd;                         \
+  const float *sn = s->rope_sin + (size_t)(p) * rd;                         \
   if (!tables) {                                                            \
     sk__rope_angles(m, (p), sq->freq_scale, ts->cs, ts->sn);                \
     cs = ts->cs;                                                            \
     sn = ts->sn;                                                            \
   }
-/* key / value row of the token with stream-order index idx >= sr */
+/* cache slot of the resident or evicted token with stream-order index
+ * idx, sr <= idx < nb */
 #define SK__SLOT(idx) \
   ((idx) - sr < e ? kv->order[nr + (idx) - sr] : kv->order[(idx) - e])
-#define SK__K(idx) \
-  ((idx) < nb ? sk_kv_k(kv, a->layer, SK__SLOT(idx)) : s->k + (size_t)(sq->row0 + (idx) - nb) * D)
-#define SK__V(idx) \
-  ((idx) < nb ? sk_kv_v(kv, a->layer, SK__SLOT(idx)) : s->v + (size_t)(sq->row0 + (idx) - nb) * D)
 
   for (uint32_t p = 0; p < sr; p++) {
-    SK__ANGLES(p);
-    sk__rope(ts->kr + (size_t)p * hd, sk_kv_k(kv, a->layer, kv->order[p]) + off, c, cs, sn, 1);
+    const uint32_t slot = kv->order[p];
+    ts->kp[p] = sk_kv_k(kv, a->layer, slot) + off;
+    ts->vp[p] = sk_kv_v(kv, a->layer, slot) + off;
   }
-  uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next rotated */
+  sk__rope_keys(s, sq, ts, 0, sr);
+  uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
   for (uint32_t i = 0; i < sq->in->n; i++) {
     const uint32_t row = sq->row0 + i;
     const uint32_t A = nb + i, shift = A > cap ? A - cap : 0, P = A - shift;
@@ -819,29 +815,35 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       rot_next = sr;
     }
     for (uint32_t p = rot_next; p <= P; p++) {
-      SK__ANGLES(p);
-      sk__rope(ts->kr + (size_t)p * hd, SK__K(p + shift) + off, c, cs, sn, 1);
+      const uint32_t idx = p + shift;
+      const float *k, *v;
+      if (idx < nb) {
+        const uint32_t slot = SK__SLOT(idx);
+        k = sk_kv_k(kv, a->layer, slot);
+        v = sk_kv_v(kv, a->layer, slot);
+      } else {
+        k = s->k + (size_t)(sq->row0 + idx - nb) * D;
+        v = s->v + (size_t)(sq->row0 + idx - nb) * D;
+      }
+      ts->kp[p] = k + off;
+      ts->vp[p] = v + off;
     }
+    sk__rope_keys(s, sq, ts, rot_next, P + 1);
     rot_next = P + 1;
 
     SK__ANGLES(P);
     for (uint32_t g = 0; g < group; g++) {
       const uint32_t h = kvh * group + g; /* ggml's broadcast: q head h -> kv h/g */
       float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
-      sk__rope(qh, qh, c, cs, sn, 1);
-      for (uint32_t p = 0; p <= P; p++) ts->att[p] = sk_kernels_dot(qh, ts->kr + (size_t)p * hd, hd);
-      sk__softmax(ts->att, P + 1, scale);
-      float *oh = s->att_out + (size_t)row * c->dim + (size_t)h * hd;
-      memset(oh, 0, hd * sizeof *oh);
-      for (uint32_t p = 0; p < sr; p++)
-        sk_kernels_axpy(oh, ts->att[p], sk_kv_v(kv, a->layer, kv->order[p]) + off, hd);
-      for (uint32_t p = sr; p <= P; p++) sk_kernels_axpy(oh, ts->att[p], SK__V(p + shift) + off, hd);
+      sk__rope(qh, qh, c, cs, sn);
+      sk_kernels_scores(qh, ts->kr, hd, P + 1, hd, ts->att);
+      sk_kernels_softmax(ts->att, P + 1, scale);
+      sk_kernels_wsum(s->att_out + (size_t)row * c->dim + (size_t)h * hd, ts->att, ts->vp, P + 1,
+                      hd);
     }
   }
 #undef SK__ANGLES
 #undef SK__SLOT
-#undef SK__K
-#undef SK__V
 }
 
 /* ---- silu ------------------------------------------------------------ */
@@ -857,10 +859,7 @@ static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__silu *a = ctx;
   const size_t H = a->s->m->cfg.hidden_dim;
   size_t i0 = (size_t)task * a->chunk, i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
-  for (size_t j = i0 * H; j < i1 * H; j++) {
-    float g = a->s->hb[j];
-    a->s->hb[j] = g / (1.0f + expf(-g)) * a->s->hb2[j];
-  }
+  sk_kernels_swiglu(a->s->hb + i0 * H, a->s->hb2 + i0 * H, (i1 - i0) * H);
 }
 
 /* ---- forward -------------------------------------------------------- */

@@ -62,7 +62,9 @@ static void sk__run_tasks(struct sk_pool *p, uint32_t thread) {
 static void *sk__worker_main(void *arg) {
   struct sk__worker *w = arg;
   struct sk_pool *p = w->pool;
-  uint32_t seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+  /* The generation the pool was created with, not the current one: a run
+   * may already have started before this thread got to run. */
+  uint32_t seen = 0;
   for (;;) {
     /* Wait for the next run: spin, then sleep. */
     uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
