@@ -72,7 +72,7 @@ static int start_daemon(void **state) {
     (void)f;
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
      * change what the test runs. */
-    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
+    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "2",
           "--state-dir", g_state, "--verbose", (char *)NULL);
     _exit(127);
   }
@@ -118,14 +118,14 @@ static void test_hello_ping(void **state) {
   assert_true(h.model.weight_bytes > 0);
   assert_true(strcmp(h.compute.kernel, "generic") == 0 || strcmp(h.compute.kernel, "avx2") == 0 ||
               strcmp(h.compute.kernel, "avx2-vnni") == 0);
-  assert_int_equal(h.compute.threads, 1); /* --threads 1 */
+  assert_int_equal(h.compute.threads, 2); /* --threads 1 */
   assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");
   assert_int_equal(h.defaults.n_sink, 4);
   struct sk_daemon_stats ds;
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_string_equal(ds.compute.kernel, h.compute.kernel);
-  assert_int_equal(ds.compute.threads, 1);
+  assert_int_equal(ds.compute.threads, 2);
   assert_int_equal(sk_client_ping(c, &e), 0);
   sk_client_free(c);
 }
@@ -655,6 +655,8 @@ struct batch_run {
   int32_t ids[200];
   size_t n;
   pthread_barrier_t *start; /* NULL: run now */
+  int rc;                   /* first error (cmocka asserts on the main thread only) */
+  struct sk_error err;
 };
 
 static int batch_cb(void *user, const struct sk_token_event *ev) {
@@ -666,11 +668,15 @@ static int batch_cb(void *user, const struct sk_token_event *ev) {
 /* Appends the prompt, waits for the others, generates 200 greedy tokens. */
 static void *batch_session(void *arg) {
   struct batch_run *r = arg;
-  struct sk_client *c = connect_or_fail();
-  struct sk_error e = {0};
+  struct sk_client *c = NULL;
+  r->rc = sk_client_connect(g_socket, &c, &r->err);
+  if (r->rc < 0) {
+    if (r->start) pthread_barrier_wait(r->start);
+    return NULL;
+  }
+  sk_client_set_timeout(c, 120000, NULL);
   struct sk_append_result ar;
-  if (sk_client_append_tokens(c, r->session, r->prompt, r->n_prompt, SK_BOS_FALSE, &ar, &e) < 0)
-    fail_msg("append: %s", e.message);
+  r->rc = sk_client_append_tokens(c, r->session, r->prompt, r->n_prompt, SK_BOS_FALSE, &ar, &r->err);
   if (r->start) pthread_barrier_wait(r->start);
   struct sk_generate_params gp;
   sk_generate_params_init(&gp);
@@ -679,8 +685,7 @@ static void *batch_session(void *arg) {
   gp.ignore_eos = true;
   struct sk_generate_result gr;
   r->n = 0;
-  if (sk_client_generate(c, r->session, &gp, batch_cb, r, &gr, &e) < 0)
-    fail_msg("generate: %s", e.message);
+  if (r->rc == 0) r->rc = sk_client_generate(c, r->session, &gp, batch_cb, r, &gr, &r->err);
   sk_client_free(c);
   return NULL;
 }
@@ -726,6 +731,8 @@ static void test_batching_unchanged(void **state) {
       for (int i = 0; i < NS; i++) assert_int_equal(pthread_create(&th[i], NULL, batch_session, &runs[i]), 0);
       for (int i = 0; i < NS; i++) pthread_join(th[i], NULL);
     }
+    for (int i = 0; i < NS; i++)
+      if (runs[i].rc < 0) fail_msg("session %d: %s", i, runs[i].err.message);
     assert_int_equal(sk_client_stats(c, &after, &e), 0);
     uint64_t steps = after.steps - before.steps;
     uint64_t tokens = after.tokens_generated - before.tokens_generated;
@@ -752,16 +759,21 @@ struct long_append {
   size_t n;
   atomic_bool done;
   struct sk_append_result ar;
+  int rc;
+  struct sk_error err;
 };
 
 static void *long_append_main(void *arg) {
   struct long_append *la = arg;
-  struct sk_client *c = connect_or_fail();
-  struct sk_error e = {0};
-  if (sk_client_append_tokens(c, la->session, la->tokens, la->n, SK_BOS_FALSE, &la->ar, &e) < 0)
-    fail_msg("long append: %s", e.message);
+  struct sk_client *c = NULL;
+  la->rc = sk_client_connect(g_socket, &c, &la->err);
+  if (la->rc == 0) {
+    sk_client_set_timeout(c, 300000, NULL);
+    la->rc = sk_client_append_tokens(c, la->session, la->tokens, la->n, SK_BOS_FALSE, &la->ar,
+                                     &la->err);
+    sk_client_free(c);
+  }
   atomic_store(&la->done, true);
-  sk_client_free(c);
   return NULL;
 }
 
@@ -802,6 +814,7 @@ static void test_long_prefill_does_not_block(void **state) {
   assert_int_equal(gr.n_tokens, 32);
   bool append_done_first = atomic_load(&la.done);
   pthread_join(th, NULL);
+  if (la.rc < 0) fail_msg("long append: %s", la.err.message);
   assert_false(append_done_first);
   assert_int_equal(la.ar.n_tokens, la.n);
   assert_int_equal(la.ar.evicted, la.n - 64); /* 4 sinks + 60 stay */

@@ -1,7 +1,17 @@
-/* Thread pool (see pool.h). */
+/* Thread pool (see pool.h).
+ *
+ * A run publishes fn, ctx and n_tasks, then a generation number. Tasks
+ * are claimed from one 64-bit counter tagged with the generation
+ * ((gen << 32) | next task), by compare-and-swap: a worker that wakes up
+ * late, after its run is over, cannot claim a task of a later run with
+ * stale fn/ctx, because the tag no longer matches. The caller claims
+ * tasks too and then waits only until every task is finished, never for
+ * a worker that has not claimed anything: a descheduled worker (a busy
+ * machine, more threads than cores) costs the run nothing. */
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -32,17 +42,17 @@ struct sk_pool {
   struct sk__worker *workers; /* (n_threads - 1) */
 
   /* The current run; written by the caller before gen is bumped. */
-  sk_pool_fn fn;
-  void *ctx;
-  uint32_t n_tasks;
-  atomic_uint next_task;
-  atomic_uint n_done;   /* workers finished with the current run */
-  atomic_uint gen;      /* bumped to start a run */
+  _Atomic(sk_pool_fn) fn;
+  _Atomic(void *) ctx;
+  atomic_uint n_tasks;
+  atomic_uint_fast64_t claim; /* (gen << 32) | next task */
+  atomic_uint n_finished;     /* tasks of the current run done */
+  atomic_uint gen;            /* bumped to start a run */
   atomic_bool stop;
 
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  uint32_t n_sleeping;  /* under lock */
+  uint32_t n_sleeping; /* under lock */
 };
 
 static uint64_t sk__now_ns(void) {
@@ -51,11 +61,24 @@ static uint64_t sk__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void sk__run_tasks(struct sk_pool *p, uint32_t thread) {
+/* Claims and runs tasks of generation g until none is left. The run's
+ * fields are read after a claim value tagged g was acquired: they are g's
+ * (or a later run's, and then no claim of g can succeed any more: a run
+ * is replaced only once all its tasks were claimed and finished). */
+static void sk__run_tasks(struct sk_pool *p, uint32_t g, uint32_t thread) {
+  uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+  if ((uint32_t)(c >> 32) != g) return;
+  sk_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+  void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+  const uint32_t n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
   for (;;) {
-    uint32_t t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-    if (t >= p->n_tasks) break;
-    p->fn(p->ctx, t, thread);
+    if ((uint32_t)(c >> 32) != g || (uint32_t)c >= n) return;
+    if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                               memory_order_acquire))
+      continue; /* c now holds the current value */
+    fn(ctx, (uint32_t)c, thread);
+    atomic_fetch_add_explicit(&p->n_finished, 1, memory_order_release);
+    c = atomic_load_explicit(&p->claim, memory_order_acquire);
   }
 }
 
@@ -74,6 +97,10 @@ static void *sk__worker_main(void *arg) {
         SK__PAUSE();
         g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) break;
+        /* Let the loop thread (replies, token events) have the core now
+         * and then: a yield returns at once when nothing else waits, and
+         * the caller never waits for a worker that has not started. */
+        if (i % 64 == 0) sched_yield();
         if (i % 256 == 0 && sk__now_ns() - start > SK__SPIN_NS) {
           pthread_mutex_lock(&p->lock);
           p->n_sleeping++;
@@ -88,8 +115,7 @@ static void *sk__worker_main(void *arg) {
     }
     if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
     seen = g;
-    sk__run_tasks(p, w->index);
-    atomic_fetch_add_explicit(&p->n_done, 1, memory_order_acq_rel);
+    sk__run_tasks(p, g, w->index);
   }
 }
 
@@ -102,8 +128,11 @@ int sk_pool_new(uint32_t n_threads, struct sk_pool **ret, struct sk_error *err) 
   p->n_threads = 1;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->cond, NULL);
-  atomic_init(&p->next_task, 0);
-  atomic_init(&p->n_done, 0);
+  atomic_init(&p->fn, NULL);
+  atomic_init(&p->ctx, NULL);
+  atomic_init(&p->n_tasks, 0);
+  atomic_init(&p->claim, 0);
+  atomic_init(&p->n_finished, 0);
   atomic_init(&p->gen, 0);
   atomic_init(&p->stop, false);
   if (n_threads > 1) {
@@ -150,16 +179,21 @@ void sk_pool_run(struct sk_pool *p, sk_pool_fn fn, void *ctx, uint32_t n_tasks) 
     for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
     return;
   }
-  p->fn = fn;
-  p->ctx = ctx;
-  p->n_tasks = n_tasks;
-  atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
-  atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+  /* The previous run is over (all its tasks finished): nobody can claim
+   * anything until the new tag is published. */
+  const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+  atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+  atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+  atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+  atomic_store_explicit(&p->n_finished, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+  atomic_store_explicit(&p->gen, g, memory_order_release);
   pthread_mutex_lock(&p->lock);
   if (p->n_sleeping) pthread_cond_broadcast(&p->cond);
   pthread_mutex_unlock(&p->lock);
-  sk__run_tasks(p, 0);
-  const uint32_t n_workers = p->n_threads - 1;
-  while (atomic_load_explicit(&p->n_done, memory_order_acquire) < n_workers) SK__PAUSE();
+  sk__run_tasks(p, g, 0);
+  for (uint32_t i = 1; atomic_load_explicit(&p->n_finished, memory_order_acquire) < n_tasks; i++) {
+    SK__PAUSE();
+    if (i % 1024 == 0) sched_yield(); /* a worker holding a task was descheduled */
+  }
 }
