@@ -735,8 +735,9 @@ static float *const *sk__rows(struct sk_scratch *s, uint32_t off, float *base, s
  * one-token-at-a-time processing (StreamingLLM cache positions). Number
  * the tokens in stream order: the nb = nr + n_evicted that were resident
  * before this chunk's make_room (the sinks at order[0 .. min(S, nr)),
- * the evicted ones at order[nr .. nr + n_evicted), the rest of the window
- * at order[S .. nr)), then the chunk's n tokens. Query i (index
+ * the evicted ones at the tail of the free list, order[n_slots -
+ * n_evicted .. n_slots), the rest of the window at order[S .. nr)), then
+ * the chunk's n tokens. Query i (index
  * A = nb + i) then sees, with cap = capacity - 1 and
  * shift = max(0, A - cap) window tokens already gone for it:
  *
@@ -796,9 +797,11 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     sn = ts->sn;                                                            \
   }
 /* cache slot of the resident or evicted token with stream-order index
- * idx, sr <= idx < nb */
-#define SK__SLOT(idx) \
-  ((idx) - sr < e ? kv->order[nr + (idx) - sr] : kv->order[(idx) - e])
+ * idx, sr <= idx < nb: make_room put the evicted slots, oldest first, at
+ * the tail of the free list (kvcache.h) */
+#define SK__SLOT(idx)                                                  \
+  ((idx) - sr < e ? kv->order[kv->hdr->n_slots - e + ((idx) - sr)] \
+                  : kv->order[(idx) - e])
 
   for (uint32_t p = 0; p < sr; p++) {
     const uint32_t slot = kv->order[p];
