@@ -589,7 +589,6 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
                             err)) < 0 ||
         (rc = sk__reply_u32(client, model, "max_capacity", &m->max_capacity,
                             err)) < 0 ||
-
         (rc = sk__reply_name(client, model, "weight_type", m->weight_type,
                              sizeof m->weight_type, err)) < 0 ||
         (rc = sk__reply_u64(client, model, "weight_bytes", &m->weight_bytes, err)) < 0)

@@ -33,6 +33,8 @@ struct sk__kernels {
   void (*scores)(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *out);
   void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
+  void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
+                    uint32_t n, uint32_t rope_dim, uint32_t head_dim);
   void (*softmax)(float *row, uint32_t n, float scale);
   void (*swiglu)(float *g, const float *u, size_t n);
 };
@@ -186,6 +188,17 @@ static void sk__gen_rope(float *y, const float *x, const float *cos2, const floa
   }
 }
 
+static void sk__gen_rope_rows(float *y, const float *const *x, const float *cos2,
+                              const float *sin2, uint32_t n, uint32_t rope_dim,
+                              uint32_t head_dim) {
+  for (uint32_t r = 0; r < n; r++) {
+    float *yr = y + (size_t)r * head_dim;
+    sk__gen_rope(yr, x[r], cos2 + (size_t)r * rope_dim, sin2 + (size_t)r * rope_dim, rope_dim);
+    if (rope_dim < head_dim)
+      memcpy(yr + rope_dim, x[r] + rope_dim, (head_dim - rope_dim) * sizeof *yr);
+  }
+}
+
 static void sk__gen_softmax(float *row, uint32_t n, float scale) {
   float max = -INFINITY;
   for (uint32_t j = 0; j < n; j++) {
@@ -218,6 +231,7 @@ static const struct sk__kernels sk__generic = {
     .scores = sk__gen_scores,
     .wsum = sk__gen_wsum,
     .rope = sk__gen_rope,
+    .rope_rows = sk__gen_rope_rows,
     .softmax = sk__gen_softmax,
     .swiglu = sk__gen_swiglu,
 };
@@ -257,6 +271,7 @@ static const struct sk__kernels sk__avx2 = {
     .scores = sk__avx2_scores,
     .wsum = sk__avx2_wsum,
     .rope = sk__avx2_rope,
+    .rope_rows = sk__avx2_rope_rows,
     .softmax = sk__avx2_softmax,
     .swiglu = sk__avx2_swiglu,
 };
@@ -273,6 +288,7 @@ static const struct sk__kernels sk__avx2_vnni = {
     .scores = sk__vnni_scores,
     .wsum = sk__vnni_wsum,
     .rope = sk__vnni_rope,
+    .rope_rows = sk__vnni_rope_rows,
     .softmax = sk__vnni_softmax,
     .swiglu = sk__vnni_swiglu,
     .packs = true,
@@ -460,13 +476,7 @@ void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *s
 
 void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
                           uint32_t n, uint32_t rope_dim, uint32_t head_dim) {
-  const struct sk__kernels *k = sk__cur();
-  for (uint32_t r = 0; r < n; r++) {
-    float *yr = y + (size_t)r * head_dim;
-    k->rope(yr, x[r], cos2 + (size_t)r * rope_dim, sin2 + (size_t)r * rope_dim, rope_dim);
-    if (rope_dim < head_dim)
-      memcpy(yr + rope_dim, x[r] + rope_dim, (head_dim - rope_dim) * sizeof *yr);
-  }
+  sk__cur()->rope_rows(y, x, cos2, sin2, n, rope_dim, head_dim);
 }
 
 void sk_kernels_softmax(float *row, uint32_t n, float scale) { sk__cur()->softmax(row, n, scale); }
