@@ -16,11 +16,15 @@
  *   positions    one streaming session (--sinks, --window): append random
  *                tokens until the stream has seen P tokens, then time
  *                --pos-gen generated tokens; per-token ms at each P of
- *                --positions, and its ratio to the first P
+ *                --positions, and its ratio to the first P; also the
+ *                daemon's CPU time per token (all its threads,
+ *                /proc/PID/task/TID/schedstat), which a busy machine
+ *                disturbs far less than wall time
  *   memory       the daemon's RSS (/proc/PID/status, PID from the socket's
  *                SO_PEERCRED) idle and with C sessions open, and the KV
  *                bytes of one session as `open` reports them
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -141,6 +145,30 @@ static uint64_t rss_bytes(pid_t pid) {
     if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kb) == 1) break;
   fclose(f);
   return kb * 1024;
+}
+
+/* CPU time of every thread of pid in ns (/proc/PID/task/TID/schedstat,
+ * first field), or 0 if unreadable. Unlike wall time it does not count
+ * the time other processes of a busy machine take. */
+static uint64_t cpu_ns(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  uint64_t sum = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (de->d_name[0] == '.') continue;
+    char f[320];
+    snprintf(f, sizeof f, "%s/%s/schedstat", path, de->d_name);
+    FILE *fp = fopen(f, "r");
+    if (!fp) continue;
+    unsigned long long ns = 0;
+    if (fscanf(fp, "%llu", &ns) == 1) sum += ns;
+    fclose(fp);
+  }
+  closedir(d);
+  return sum;
 }
 
 /* ---- one generate, timed ---- */
@@ -437,7 +465,7 @@ int main(int argc, char **argv) {
   }
 
   /* positions */
-  double pos_ms[MAX_LIST] = {0};
+  double pos_ms[MAX_LIST] = {0}, pos_cpu_ms[MAX_LIST] = {0};
   uint64_t kv_bytes_stream = 0;
   uint32_t n_pos = o.no_pos ? 0 : o.n_pos;
   if (n_pos) {
@@ -458,10 +486,14 @@ int main(int argc, char **argv) {
                (double)seen / (now_s() - t_adv));
       }
       tm.n = 0;
+      uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
       generate_or_die(c, id, o.pos_gen, &tm);
+      uint64_t cpu1 = pid ? cpu_ns(pid) : 0;
       seen += o.pos_gen;
       pos_ms[i] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
-      note("position %" PRIu64 ": %.3f ms per token", o.pos[i], pos_ms[i]);
+      pos_cpu_ms[i] = (double)(cpu1 - cpu0) / 1e6 / (double)o.pos_gen;
+      note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
+           pos_ms[i], pos_cpu_ms[i]);
     }
     close_session(c, id);
     free(chunk);
@@ -490,8 +522,10 @@ int main(int argc, char **argv) {
              conc[i].rss);
     printf("], \"positions\": [");
     for (uint32_t i = 0; i < n_pos; i++)
-      printf("%s{\"position\": %" PRIu64 ", \"ms_per_token\": %.4f, \"ratio\": %.4f}",
-             i ? ", " : "", o.pos[i], pos_ms[i], pos_ms[i] / pos_ms[0]);
+      printf("%s{\"position\": %" PRIu64 ", \"ms_per_token\": %.4f, \"ratio\": %.4f, "
+             "\"cpu_ms_per_token\": %.4f, \"cpu_ratio\": %.4f}",
+             i ? ", " : "", o.pos[i], pos_ms[i], pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
+             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
     printf("], \"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
            ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
            rss_idle, kv_bytes_default, kv_bytes_stream, o.sinks, o.window);
@@ -506,10 +540,14 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < n_conc; i++)
       printf("%8u   %15.1f   %10.2f   %10.2f   %6.1f\n", conc[i].c, conc[i].aggregate,
              conc[i].p50_ms, conc[i].p99_ms, (double)conc[i].rss / 1e6);
-    if (n_pos) printf("position   ms/token   vs first   (streaming, %u sinks + window %u)\n",
-                      o.sinks, o.window);
+    if (n_pos)
+      printf("position   ms/token   vs first   CPU ms/token   vs first   (streaming, %u sinks + "
+             "window %u)\n",
+             o.sinks, o.window);
     for (uint32_t i = 0; i < n_pos; i++)
-      printf("%8" PRIu64 "   %8.3f   %8.3f\n", o.pos[i], pos_ms[i], pos_ms[i] / pos_ms[0]);
+      printf("%8" PRIu64 "   %8.3f   %8.3f   %12.3f   %8.3f\n", o.pos[i], pos_ms[i],
+             pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
+             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
     printf("memory         RSS idle %.1f MB; KV bytes per session: %.2f MB default",
            (double)rss_idle / 1e6, (double)kv_bytes_default / 1e6);
     if (n_pos) printf(", %.2f MB streaming %u+%u", (double)kv_bytes_stream / 1e6, o.sinks, o.window);
