@@ -159,7 +159,7 @@ static uint64_t cpu_ns(pid_t pid) {
   struct dirent *de;
   while ((de = readdir(d))) {
     if (de->d_name[0] == '.') continue;
-    char f[320];
+    char f[384]; /* path (64) + a name (256) + "/schedstat" */
     snprintf(f, sizeof f, "%s/%s/schedstat", path, de->d_name);
     FILE *fp = fopen(f, "r");
     if (!fp) continue;
