@@ -1,5 +1,6 @@
 #include "compute.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@ struct sk_compute {
   struct sk_event **seq_ev; /* (max_batch) decode: the token's event */
   int32_t *seq_token;       /* (max_batch) decode: the sampled token */
   struct sk_evict_log *seq_log; /* (max_batch) evictions of the step */
+  float *batch_logits;      /* (max_batch, n_vocab): appends with logprobs */
   struct sk_job **dec;      /* (max_batch) jobs decoding this step */
   struct sk_job **pre;      /* (max_batch) jobs prefilling this step */
   uint64_t turn;            /* steps taken; rotates who goes first */
@@ -134,6 +136,12 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
                           "tokens[%zu] = %d is outside the vocabulary [0, %u)",
                           i, job->tokens[i], c->n_vocab);
   }
+  if (job->want_logprobs) {
+    job->logprobs = malloc((job->n_tokens ? job->n_tokens : 1) * sizeof *job->logprobs);
+    if (!job->logprobs)
+      return sk_error_set(&job->err, SK_ERR_NO_MEMORY,
+                          "out of memory for %zu log-probabilities", job->n_tokens);
+  }
   if (kv->hdr->policy == SK_POLICY_DENSE) {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (job->n_tokens > free_slots)
@@ -165,6 +173,17 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
     sk_utf8_stream_init(&job->utf8);
   }
   return 0;
+}
+
+/* ln softmax(logits)[token], as llama.cpp's perplexity: max-subtracted,
+ * the sum of exponentials in double. */
+static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
+  float max = logits[0];
+  for (uint32_t j = 1; j < n_vocab; j++)
+    if (logits[j] > max) max = logits[j];
+  double sum = 0.0;
+  for (uint32_t j = 0; j < n_vocab; j++) sum += exp((double)logits[j] - max);
+  return (float)((double)logits[token] - max - log(sum));
 }
 
 /* Top n logits, highest first, ties by lower id. O(n_vocab * n). */
@@ -318,8 +337,8 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i, int
  * cache advances SK_KV_SPARE_SLOTS tokens per pass; other policies evict
  * one token per step once full (dense never: job_start checked that the
  * input fits). Returns 0 or -code with job->err set (step aborted). */
-static int plan_prefill(struct sk_job *job, uint32_t want, struct sk_seq *seq,
-                        struct sk_evict_log *log) {
+static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
+                        uint32_t row, struct sk_seq *seq, struct sk_evict_log *log) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
   uint32_t n = want;
@@ -353,6 +372,16 @@ static int plan_prefill(struct sk_job *job, uint32_t want, struct sk_seq *seq,
   }
   *seq = (struct sk_seq){.kv = kv, .tokens = job->tokens + job->n_done, .n = n,
                          .n_evicted = evicted, .logits = s->obj->logits};
+  if (job->want_logprobs) {
+    /* The first token is scored by the logits the session already holds
+     * (from its previous tokens), the others by this chunk's rows, which
+     * go to the batch's rows of batch_logits. */
+    job->logprobs[job->n_done] = (s->obj->meta->flags & SK_STORE_HAS_LOGITS)
+                                     ? log_prob(s->obj->logits, c->n_vocab, seq->tokens[0])
+                                     : NAN;
+    seq->logits = c->batch_logits + (size_t)row * c->n_vocab;
+    seq->all_logits = true;
+  }
   return 0;
 }
 
@@ -446,7 +475,7 @@ static void step(struct sk_compute *c) {
     uint32_t left = n_pre - t, budget = c->max_batch - rows;
     uint32_t share = (budget + left - 1) / left; /* even split of what is left */
     struct sk_job *j = c->pre[t];
-    int rc = plan_prefill(j, share, &c->seqs[n_seqs], &c->seq_log[n_seqs]);
+    int rc = plan_prefill(c, j, share, rows, &c->seqs[n_seqs], &c->seq_log[n_seqs]);
     if (rc < 0) {
       fail_job(c, j, rc);
       unlink_job(c, j);
@@ -471,8 +500,17 @@ static void step(struct sk_compute *c) {
       unlink_job(c, j);
       continue;
     }
+    const struct sk_seq *q = &c->seqs[i];
+    if (q->all_logits) { /* an append with logprobs */
+      float *lp = j->logprobs + j->n_done;
+      for (uint32_t r = 1; r < q->n; r++)
+        lp[r] = log_prob(q->logits + (size_t)(r - 1) * c->n_vocab, c->n_vocab, q->tokens[r]);
+      memcpy(j->sess->obj->logits, q->logits + (size_t)(q->n - 1) * c->n_vocab,
+             c->n_vocab * sizeof *j->sess->obj->logits);
+    }
     j->sess->obj->meta->flags |= SK_STORE_HAS_LOGITS;
     sk_store_commit(j->sess->obj);
+    sk_session_attn_record(c->table, j->sess, c->scratch, i);
     const struct sk_evict_log *log = &c->seq_log[i];
     for (uint32_t r = 0; r < log->n_ranges; r++)
       for (uint64_t x = log->first[r]; x <= log->last[r]; x++) sk_evict_log_add(&j->evicted, x);
@@ -533,6 +571,7 @@ static void free_plan(struct sk_compute *c) {
   free(c->seq_ev);
   free(c->seq_token);
   free(c->seq_log);
+  free(c->batch_logits);
   free(c->dec);
   free(c->pre);
 }
@@ -563,6 +602,8 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
                   !(c->seq_ev = calloc(max_batch, sizeof *c->seq_ev)) ||
                   !(c->seq_token = calloc(max_batch, sizeof *c->seq_token)) ||
                   !(c->seq_log = calloc(max_batch, sizeof *c->seq_log)) ||
+                  !(c->batch_logits = malloc((size_t)max_batch * c->n_vocab *
+                                             sizeof *c->batch_logits)) ||
                   !(c->dec = calloc(max_batch, sizeof *c->dec)) ||
                   !(c->pre = calloc(max_batch, sizeof *c->pre))))
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a batch of %u", max_batch);

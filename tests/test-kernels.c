@@ -380,7 +380,8 @@ static void test_softmax_swiglu(void **state) {
     select_or_fail(variants[v]);
     float row[N];
     memcpy(row, base, sizeof row);
-    sk_kernels_softmax(row, N, 0.7f);
+    double ent = 0.0;
+    sk_kernels_softmax(row, N, 0.7f, &ent);
     /* the kernel subtracts the max in float, as ggml does */
     float mx = -INFINITY;
     double sum = 0.0, total = 0.0;
@@ -393,6 +394,10 @@ static void test_softmax_swiglu(void **state) {
       total += row[i];
     }
     assert_true(fabs(total - 1.0) < 1e-5);
+    double h = 0.0;
+    for (int i = 0; i < N; i++)
+      if (row[i] > 0) h -= (double)row[i] * log((double)row[i]);
+    assert_true(fabs(ent - h) < 1e-4);
 
     float g[N], u[N];
     for (int i = 0; i < N; i++) {

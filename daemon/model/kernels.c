@@ -35,7 +35,7 @@ struct sk__kernels {
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
   void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
                     uint32_t n, uint32_t rope_dim, uint32_t head_dim);
-  void (*softmax)(float *row, uint32_t n, float scale);
+  void (*softmax)(float *row, uint32_t n, float scale, double *ret_entropy);
   void (*swiglu)(float *g, const float *u, size_t n);
 };
 
@@ -199,18 +199,20 @@ static void sk__gen_rope_rows(float *y, const float *const *x, const float *cos2
   }
 }
 
-static void sk__gen_softmax(float *row, uint32_t n, float scale) {
+static void sk__gen_softmax(float *row, uint32_t n, float scale, double *ret_entropy) {
   float max = -INFINITY;
   for (uint32_t j = 0; j < n; j++) {
     row[j] *= scale;
     if (row[j] > max) max = row[j];
   }
-  double sum = 0.0;
+  double sum = 0.0, wsum = 0.0;
   for (uint32_t j = 0; j < n; j++) {
     float e = expf(row[j] - max);
+    if (ret_entropy) wsum += (double)e * (double)(row[j] - max);
     row[j] = e;
     sum += (double)e;
   }
+  if (ret_entropy) *ret_entropy = log(sum) - wsum / sum;
   const float inv = (float)(1.0 / sum);
   for (uint32_t j = 0; j < n; j++) row[j] *= inv;
 }
@@ -479,6 +481,8 @@ void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, co
   sk__cur()->rope_rows(y, x, cos2, sin2, n, rope_dim, head_dim);
 }
 
-void sk_kernels_softmax(float *row, uint32_t n, float scale) { sk__cur()->softmax(row, n, scale); }
+void sk_kernels_softmax(float *row, uint32_t n, float scale, double *ret_entropy) {
+  sk__cur()->softmax(row, n, scale, ret_entropy);
+}
 
 void sk_kernels_swiglu(float *g, const float *u, size_t n) { sk__cur()->swiglu(g, u, n); }

@@ -116,8 +116,11 @@ void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint3
 /* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext: row[j] =
  * exp(row[j] * scale - max) / sum, the sum accumulated in double. The
  * vector variants use ggml's vectorized expf (ggml_v_expf, within ~2 ulp
- * of expf), as llama.cpp does; generic uses expf. */
-void sk_kernels_softmax(float *row, uint32_t n, float scale);
+ * of expf), as llama.cpp does; generic uses expf. If ret_entropy is not
+ * NULL it receives the distribution's entropy in nats, without a log per
+ * entry: with e_j = exp(x_j - max), S = sum e_j,
+ * H = log S - sum e_j (x_j - max) / S. */
+void sk_kernels_softmax(float *row, uint32_t n, float scale, double *ret_entropy);
 /* SwiGLU: g[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n (SiLU of the
  * gate times the up projection; ggml_v_silu's expf in vector variants). */
 void sk_kernels_swiglu(float *g, const float *u, size_t n);

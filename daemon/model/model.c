@@ -74,6 +74,7 @@ struct sk__seq {
   uint32_t nr;       /* resident tokens after make_room */
   uint32_t n_sink;   /* S: positions that never move (0 unless streaming) */
   float freq_scale;  /* RoPE position scale of this cache */
+  uint32_t probe;    /* positions counted as sinks by the diagnostics */
 };
 
 /* Attention buffers of one pool thread. */
@@ -82,6 +83,7 @@ struct sk__tscratch {
   float *att;       /* (T) scores, then probabilities */
   const float **kp; /* (T) key row of each position, at the head */
   const float **vp; /* (T) value row of each position, at the head */
+  uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
   float *cs;        /* (rope_dim) angles computed off the tables */
   float *sn;        /* (rope_dim) */
 };
@@ -112,6 +114,16 @@ struct sk_scratch {
   uint32_t rope_valid;    /* rows of the rope tables computed */
   float rope_freq_scale;  /* the scale they were computed for */
   struct sk__tscratch *ts; /* (n_threads) */
+  uint32_t *task_seq;     /* (B * n_kv_head) attention task -> sequence */
+  uint32_t *task_kvh;     /* (B * n_kv_head) attention task -> first KV head */
+  double *mass_part;      /* (B, n_kv_head) one layer's sink mass, summed
+                             over a KV head's query heads */
+  double *ent_part;       /* (B, n_kv_head) the same for entropy */
+  float *sink_mass;       /* (B, n_layer) last call, last token of each
+                             sequence, averaged over query heads */
+  float *entropy;         /* (B, n_layer) the same, nats */
+  uint32_t *probe;        /* (B) positions counted as sinks */
+  uint32_t attn_n_seqs;   /* sequences of the last successful call */
 };
 
 /* ---- loading -------------------------------------------------------- */
@@ -536,12 +548,20 @@ void sk_scratch_free(struct sk_scratch *s) {
   free(s->as);
   free(s->rows);
   free(s->seqs);
+  free(s->task_seq);
+  free(s->task_kvh);
+  free(s->mass_part);
+  free(s->ent_part);
+  free(s->sink_mass);
+  free(s->entropy);
+  free(s->probe);
   if (s->ts) {
     for (uint32_t t = 0; t < s->n_threads; t++) {
       free(s->ts[t].kr);
       free(s->ts[t].att);
       free(s->ts[t].vp);
       free(s->ts[t].kp);
+      free(s->ts[t].sp);
       free(s->ts[t].cs);
       free(s->ts[t].sn);
     }
@@ -594,6 +614,13 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->seqs, B, sizeof(struct sk__seq)},
       {(void **)&s->rope_cos, T * 2 * half, 4}, {(void **)&s->rope_sin, T * 2 * half, 4},
       {(void **)&s->ts, s->n_threads, sizeof(struct sk__tscratch)},
+      {(void **)&s->task_seq, B * c->n_kv_head, sizeof(uint32_t)},
+      {(void **)&s->task_kvh, B * c->n_kv_head, sizeof(uint32_t)},
+      {(void **)&s->mass_part, B * c->n_kv_head, sizeof(double)},
+      {(void **)&s->ent_part, B * c->n_kv_head, sizeof(double)},
+      {(void **)&s->sink_mass, B * c->n_layer, sizeof(float)},
+      {(void **)&s->entropy, B * c->n_layer, sizeof(float)},
+      {(void **)&s->probe, B, sizeof(uint32_t)},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     if (want[i].n > SIZE_MAX / want[i].size ||
@@ -604,7 +631,7 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
         !(ts->att = malloc(T * sizeof(float))) || !(ts->vp = malloc(T * sizeof *ts->vp)) ||
-        !(ts->kp = malloc(T * sizeof *ts->kp)) ||
+        !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
         !(ts->cs = malloc(2 * half * sizeof(float))) ||
         !(ts->sn = malloc(2 * half * sizeof(float))))
       goto nomem;
@@ -777,15 +804,21 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim;
   const uint32_t group = c->n_head / c->n_kv_head;
   const float scale = 1.0f / sqrtf((float)hd);
-  const struct sk__seq *sq = &s->seqs[task / c->n_kv_head];
-  const uint32_t kvh = task % c->n_kv_head;
+  const uint32_t si = s->task_seq[task];
+  const struct sk__seq *sq = &s->seqs[si];
   const struct sk_kv *kv = sq->in->kv;
+  const bool scores = sk_policy_scores(kv->hdr->policy);
   const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
   const uint32_t cap = kv->hdr->capacity - 1;
   struct sk__tscratch *ts = &s->ts[thread];
   const bool tables = sq->freq_scale == s->rope_freq_scale;
+  /* one KV head, or all of them for a cache that accumulates scores (one
+   * thread adds to its score array, in head order) */
+  const uint32_t kvh0 = s->task_kvh[task], kvh1 = scores ? c->n_kv_head : kvh0 + 1;
+  for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
   const size_t off = (size_t)kvh * hd;
+  double mass_sum = 0.0, ent_sum = 0.0;
 
 /* cos/sin of position p into cs/sn */
 #define SK__ANGLES(p)                                                       \
@@ -807,6 +840,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     const uint32_t slot = kv->order[p];
     ts->kp[p] = sk_kv_k(kv, a->layer, slot) + off;
     ts->vp[p] = sk_kv_v(kv, a->layer, slot) + off;
+    ts->sp[p] = slot;
   }
   sk__rope_keys(s, sq, ts, 0, sr);
   uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
@@ -824,9 +858,11 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
         const uint32_t slot = SK__SLOT(idx);
         k = sk_kv_k(kv, a->layer, slot);
         v = sk_kv_v(kv, a->layer, slot);
+        ts->sp[p] = slot;
       } else {
         k = s->k + (size_t)(sq->row0 + idx - nb) * D;
         v = s->v + (size_t)(sq->row0 + idx - nb) * D;
+        ts->sp[p] = kv->order[nr + (idx - nb)]; /* the slot it is written to */
       }
       ts->kp[p] = k + off;
       ts->vp[p] = v + off;
@@ -840,11 +876,27 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
       sk__rope(qh, qh, c, cs, sn);
       sk_kernels_scores(qh, ts->kr, hd, P + 1, hd, ts->att);
-      sk_kernels_softmax(ts->att, P + 1, scale);
+      const bool last = i + 1 == sq->in->n;
+      double ent = 0.0;
+      sk_kernels_softmax(ts->att, P + 1, scale, last ? &ent : NULL);
+      /* H2O (kvcache.h): every probability adds to its position's score,
+       * summed over query heads and layers */
+      if (scores)
+        for (uint32_t p = 0; p <= P; p++) kv->score[ts->sp[p]] += ts->att[p];
+      if (last) { /* diagnostics of the sequence's last token */
+        const uint32_t probe = sq->probe < P + 1 ? sq->probe : P + 1;
+        double mass = 0.0;
+        for (uint32_t p = 0; p < probe; p++) mass += (double)ts->att[p];
+        mass_sum += mass;
+        ent_sum += ent;
+      }
       sk_kernels_wsum(s->att_out + (size_t)row * c->dim + (size_t)h * hd, ts->att, ts->vp, P + 1,
                       hd);
     }
   }
+  s->mass_part[(size_t)si * c->n_kv_head + kvh] = mass_sum;
+  s->ent_part[(size_t)si * c->n_kv_head + kvh] = ent_sum;
+  } /* kv heads */
 #undef SK__ANGLES
 #undef SK__SLOT
 }
@@ -952,12 +1004,30 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sq->nr = h->n_resident;
     sq->n_sink = h->policy == SK_POLICY_STREAMING ? h->n_sink : 0;
     sq->freq_scale = c->rope_scale / h->rope_scale;
+    sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
     row += seqs[i].n;
     if (sq->freq_scale == common_scale && sq->nr + seqs[i].n > max_pos)
       max_pos = sq->nr + seqs[i].n;
   }
   if (s->rope_freq_scale != common_scale || max_pos > s->rope_valid)
     sk__rope_tables(s, max_pos, common_scale);
+  /* Attention tasks: one per sequence and KV head, or one per sequence
+   * whose cache accumulates H2O scores. The new tokens' slots start with
+   * no score. */
+  uint32_t n_tasks = 0;
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    const struct sk_kv *kv = seqs[i].kv;
+    if (sk_policy_scores(kv->hdr->policy)) {
+      for (uint32_t j = 0; j < seqs[i].n; j++) kv->score[sk_kv_slot(kv, s->seqs[i].nr + j)] = 0.0f;
+      s->task_seq[n_tasks] = i;
+      s->task_kvh[n_tasks++] = 0;
+    } else {
+      for (uint32_t h = 0; h < c->n_kv_head; h++) {
+        s->task_seq[n_tasks] = i;
+        s->task_kvh[n_tasks++] = h;
+      }
+    }
+  }
 
   for (uint32_t i = 0; i < n_seqs; i++)
     for (uint32_t j = 0; j < seqs[i].n; j++)
@@ -978,7 +1048,16 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sk__matmuls(s, &mm);
 
     struct sk__att at = {.s = s, .layer = l};
-    sk_pool_run(s->pool, sk__att_task, &at, n_seqs * c->n_kv_head);
+    sk_pool_run(s->pool, sk__att_task, &at, n_tasks);
+    for (uint32_t i = 0; i < n_seqs; i++) { /* diagnostics: sum over heads, in order */
+      double mass = 0.0, ent = 0.0;
+      for (uint32_t h = 0; h < c->n_kv_head; h++) {
+        mass += s->mass_part[(size_t)i * c->n_kv_head + h];
+        ent += s->ent_part[(size_t)i * c->n_kv_head + h];
+      }
+      s->sink_mass[(size_t)i * c->n_layer + l] = (float)(mass / c->n_head);
+      s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
+    }
     /* The new keys and values go into the cache only now: with evictions
      * inside a chunk, their slots held old keys the queries still read. */
     for (uint32_t i = 0; i < n_seqs; i++) {
@@ -1031,8 +1110,22 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     struct sk__mm mm = {.x = &a, .n_w = 1, .w = {&m->output}, .y = {s->rows}};
     sk__matmuls(s, &mm);
   }
-  for (uint32_t i = 0; i < n_seqs; i++) sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
+    s->probe[i] = s->seqs[i].probe;
+  }
+  s->attn_n_seqs = n_seqs;
   return 0;
+}
+
+bool sk_scratch_attn(const struct sk_scratch *s, uint32_t seq, const float **ret_sink_mass,
+                     const float **ret_entropy, uint32_t *ret_probe) {
+  if (seq >= s->attn_n_seqs) return false;
+  const uint32_t L = s->m->cfg.n_layer;
+  *ret_sink_mass = s->sink_mass + (size_t)seq * L;
+  *ret_entropy = s->entropy + (size_t)seq * L;
+  *ret_probe = s->probe[seq];
+  return true;
 }
 
 int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,

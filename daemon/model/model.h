@@ -106,9 +106,18 @@ struct sk_seq {
 int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                            const struct sk_seq *seqs, uint32_t n_seqs, struct sk_error *err);
 
+/* Cache positions counted as "sinks" by the attention diagnostics when
+ * the policy has no sink region (dense, window, h2o): the first four, the
+ * number StreamingLLM found sufficient (Xiao et al. 2023, sec. 4.2). */
+#define SK_ATTN_PROBE_DEFAULT 4u
+
 /* Runs tokens[0..n) through the model at cache positions
  * kv->n_resident .. n_resident+n-1, writes their K/V into the cache and
- * commits them (sk_kv_commit). The cache must already have room for n
+ * commits them (sk_kv_commit). For the h2o policies it also resets the
+ * new slots' scores and adds every attention probability to the score of
+ * the position it fell on (rule in kvcache.h; Zhang et al. 2023 sec. 4).
+ * It records the attention diagnostics of the last token (see
+ * sk_scratch_attn). The cache must already have room for n
  * (sk_kv_make_room); n <= max_batch; n_resident+n <= max_ctx.
  * logits: if all_logits, (n, n_vocab) row-major, else (n_vocab) for the
  * last token; may be NULL when no logits are wanted.
@@ -117,5 +126,16 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
 int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
                      struct sk_kv *kv, const int32_t *tokens, uint32_t n,
                      float *logits, bool all_logits, struct sk_error *err);
+
+/* Attention diagnostics of the last token of sequence seq of the last
+ * successful forward call on s (sk_model_forward: seq 0), per layer,
+ * averaged over the query heads: sink_mass[l] = probability that fell on
+ * the first *ret_probe cache positions (the cache's n_sink, or
+ * SK_ATTN_PROBE_DEFAULT without sinks; fewer if fewer were resident),
+ * entropy[l] = -sum p log p in nats. The arrays hold n_layer floats and
+ * stay valid until the next forward on s. Returns false (nothing
+ * written) before the first forward or for a seq beyond its batch. */
+bool sk_scratch_attn(const struct sk_scratch *s, uint32_t seq, const float **ret_sink_mass,
+                     const float **ret_entropy, uint32_t *ret_probe);
 
 #endif
