@@ -37,9 +37,11 @@ run() {
   i=0
   until [ -S "$sock" ] || [ $i -gt 300 ]; do sleep 0.1; i=$((i + 1)); done
   echo "== $name ($(uptime | sed 's/.*load/load/'))" >&2
-  "$bench" --socket "$sock" --json "$@" >"$out/$name.json"
+  status=0
+  "$bench" --socket "$sock" --json "$@" >"$out/$name.json" || status=$?
   kill "$pid"
   wait "$pid" || true
+  [ $status -eq 0 ] || exit $status
   rm -rf "$state"
   cat "$out/$name.json"
 }
@@ -64,7 +66,7 @@ for part in $parts; do
     ;;
   positions)
     run "positions-260K-f32-t1" "$(model 260K f32)" 1 \
-      --no-prefill --no-decode --no-concurrency --positions 1e3,1e4,1e5,1e6 --pos-gen 512
+      --no-prefill --no-decode --no-concurrency --positions 1e3,1e4,1e5,1e6 --pos-gen 1024
     ;;
   *)
     echo "unknown part $part (decode, aggregate, positions)" >&2
