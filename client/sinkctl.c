@@ -1091,6 +1091,12 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
       out_u64(&k, "adopted", s.adopted);
       out_u64(&k, "set_aside", s.set_aside);
       out_u64(&k, "idle_ttl_s", s.idle_ttl_s);
+      if (s.compute.kernel[0]) { /* daemons before 0.2 do not report these */
+        out_u64(&k, "steps", s.steps);
+        out_str(&k, "kernel", s.compute.kernel);
+        out_u64(&k, "threads", s.compute.threads);
+        out_u64(&k, "max_batch", s.compute.max_batch);
+      }
       out_end(&k);
       return 0;
     }
@@ -1101,6 +1107,11 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     printf("%-17s %s\n", "uptime", up);
     printf("%-17s %" PRIu64 "\n", "tokens prefilled", s.tokens_prefilled);
     printf("%-17s %" PRIu64 "\n", "tokens generated", s.tokens_generated);
+    if (s.compute.kernel[0]) {
+      printf("%-17s %s kernels, %" PRIu32 " threads, %" PRIu32 " tokens per pass\n", "compute",
+             s.compute.kernel, s.compute.threads, s.compute.max_batch);
+      printf("%-17s %" PRIu64 "\n", "forward passes", s.steps);
+    }
     char mem[32], maxmem[32];
     human_bytes(s.memory_bytes, mem, sizeof mem);
     human_bytes(s.max_memory, maxmem, sizeof maxmem);
@@ -1298,7 +1309,20 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
     json_key(stdout, &f2, "rope_scale");
     printf("%g", h.model.rope_scale);
     json_kv_u64(stdout, &f2, "max_capacity", h.model.max_capacity);
+    if (h.model.weight_type[0]) {
+      json_kv_str(stdout, &f2, "weight_type", h.model.weight_type);
+      json_kv_u64(stdout, &f2, "weight_bytes", h.model.weight_bytes);
+    }
     fputc('}', stdout);
+    if (h.compute.kernel[0]) {
+      json_key(stdout, &first, "compute");
+      f2 = true;
+      fputc('{', stdout);
+      json_kv_str(stdout, &f2, "kernel", h.compute.kernel);
+      json_kv_u64(stdout, &f2, "threads", h.compute.threads);
+      json_kv_u64(stdout, &f2, "max_batch", h.compute.max_batch);
+      fputc('}', stdout);
+    }
     json_key(stdout, &first, "defaults");
     f2 = true;
     fputc('{', stdout);
@@ -1325,6 +1349,15 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
   printf("model.n_kv_head: %" PRIu32 "\n", h.model.n_kv_head);
   printf("model.rope_scale: %g\n", h.model.rope_scale);
   printf("model.max_capacity: %" PRIu32 "\n", h.model.max_capacity);
+  if (h.model.weight_type[0]) {
+    printf("model.weight_type: %s\n", h.model.weight_type);
+    printf("model.weight_bytes: %" PRIu64 "\n", h.model.weight_bytes);
+  }
+  if (h.compute.kernel[0]) {
+    printf("compute.kernel: %s\n", h.compute.kernel);
+    printf("compute.threads: %" PRIu32 "\n", h.compute.threads);
+    printf("compute.max_batch: %" PRIu32 "\n", h.compute.max_batch);
+  }
   printf("defaults.policy: %s\n", h.defaults.policy);
   printf("defaults.n_sink: %" PRIu32 "\n", h.defaults.n_sink);
   printf("defaults.window: %" PRIu32 "\n", h.defaults.window);

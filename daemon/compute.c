@@ -11,10 +11,20 @@ struct sk_compute {
   const struct sk_model *model;
   const struct sk_tokenizer *tok;
   struct sk_session_table *table;
-  uint32_t max_batch;
+  uint32_t max_batch;       /* rows of one forward pass */
   uint32_t n_vocab;
+  struct sk_pool *pool;     /* owned */
   struct sk_scratch *scratch;
+  /* One step's plan, compute thread only. */
+  struct sk_seq *seqs;      /* (max_batch) */
+  struct sk_job **seq_job;  /* (max_batch) the job of each sequence */
+  struct sk_event **seq_ev; /* (max_batch) decode: the token's event */
+  int32_t *seq_token;       /* (max_batch) decode: the sampled token */
+  struct sk_evict_log *seq_log; /* (max_batch) evictions of the step */
   float *batch_logits;      /* (max_batch, n_vocab): appends with logprobs */
+  struct sk_job **dec;      /* (max_batch) jobs decoding this step */
+  struct sk_job **pre;      /* (max_batch) jobs prefilling this step */
+  uint64_t turn;            /* steps taken; rotates who goes first */
   sk_compute_event_cb cb;
   void *user;
 
@@ -33,6 +43,7 @@ struct sk_compute {
 
   atomic_uint_fast64_t tokens_prefilled;
   atomic_uint_fast64_t tokens_generated;
+  atomic_uint_fast64_t steps;
 };
 
 /* ---- events (compute thread -> loop thread) ---- */
@@ -77,7 +88,20 @@ static struct sk_event *event_new(enum sk_event_kind kind, struct sk_job *job,
 
 /* ---- job steps (compute thread) ---- */
 
+/* Removes job from the active list (no-op if it is not there). */
+static void unlink_job(struct sk_compute *c, struct sk_job *job) {
+  for (struct sk_job **pp = &c->active; *pp; pp = &(*pp)->next) {
+    if (*pp == job) {
+      *pp = job->next;
+      return;
+    }
+  }
+}
+
+/* Posts the job's DONE event. The job leaves the active list first: once
+ * the event is posted the loop thread may free it at any moment. */
 static void finish(struct sk_compute *c, struct sk_job *job) {
+  unlink_job(c, job);
   if (job->kind == SK_JOB_GENERATE)
     job->final_text_len = sk_utf8_stream_flush(&job->utf8, job->final_text);
   sk_session_counters_publish(c->table, job->sess);
@@ -93,10 +117,12 @@ static void finish(struct sk_compute *c, struct sk_job *job) {
 
 /* Every change to a session's cache and state happens inside a step of
  * its shared-memory object (store.h): sk_store_begin, then make_room (at
- * most one eviction: the spare slot's budget) and the forward pass, then
- * sk_store_commit. Events and replies that report a step are posted only
- * after its commit, so whatever a client was told survives a crash. A
- * failed step is aborted: the session stays at its last commit. */
+ * most SK_KV_SPARE_SLOTS evictions: the spare slots' budget) and the
+ * forward pass, then sk_store_commit. A forward pass serves many
+ * sessions: each of them begins its own step before and commits it after.
+ * Events and replies that report a step are posted only after its commit,
+ * so whatever a client was told survives a crash. A failed step is
+ * aborted: the session stays at its last commit. */
 
 /* Tokenizes / validates the job's input and checks that it can be taken
  * whole. Returns 0, or -code with job->err set. */
@@ -173,67 +199,6 @@ static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
   return (float)((double)logits[token] - max - log(sum));
 }
 
-/* One prefill chunk, one committed step. Returns 0 or -code with
- * job->err set (nothing committed). */
-static int step_prefill(struct sk_compute *c, struct sk_job *job) {
-  struct sk_session *s = job->sess;
-  struct sk_kv *kv = s->kv;
-  size_t remaining = job->n_tokens - job->n_done;
-  struct sk_evict_log step_log;
-  sk_evict_log_reset(&step_log);
-  sk_store_begin(s->obj);
-  uint32_t n = sk_kv_free_slots(kv);
-  if (n == 0) {
-    /* Full: one eviction per token, as StreamingLLM streams (and what the
-     * spare slot makes crash-safe). */
-    int rc = sk_kv_make_room(kv, 1, &step_log, &job->err);
-    if (rc < 0) {
-      sk_store_abort(s->obj);
-      return rc;
-    }
-    n = 1;
-  }
-  if (n > remaining) n = (uint32_t)remaining;
-  if (n > c->max_batch) n = c->max_batch;
-  const int32_t *toks = job->tokens + job->n_done;
-  int rc;
-  if (job->want_logprobs) {
-    /* The first token is scored by the logits the session already holds
-     * (from its previous tokens), the others by this chunk's rows. The
-     * working copy of the logits equals the committed one here. */
-    float *lp = job->logprobs + job->n_done;
-    lp[0] = (s->obj->meta->flags & SK_STORE_HAS_LOGITS)
-                ? log_prob(s->obj->logits, c->n_vocab, toks[0])
-                : NAN;
-    rc = sk_model_forward(c->model, c->scratch, kv, toks, n, c->batch_logits,
-                          true, &job->err);
-    if (rc == 0) {
-      for (uint32_t i = 1; i < n; i++)
-        lp[i] = log_prob(c->batch_logits + (size_t)(i - 1) * c->n_vocab,
-                         c->n_vocab, toks[i]);
-      memcpy(s->obj->logits, c->batch_logits + (size_t)(n - 1) * c->n_vocab,
-             c->n_vocab * sizeof *s->obj->logits);
-    }
-  } else {
-    rc = sk_model_forward(c->model, c->scratch, kv, toks, n, s->obj->logits,
-                          false, &job->err);
-  }
-  if (rc < 0) {
-    sk_store_abort(s->obj);
-    return rc;
-  }
-  s->obj->meta->flags |= SK_STORE_HAS_LOGITS;
-  sk_store_commit(s->obj);
-  sk_session_attn_record(c->table, s, c->scratch);
-  for (uint32_t i = 0; i < step_log.n_ranges; i++)
-    for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
-      sk_evict_log_add(&job->evicted, x);
-  job->n_done += n;
-  atomic_fetch_add(&c->tokens_prefilled, n);
-  sk_session_counters_publish(c->table, s);
-  return 0;
-}
-
 /* Top n logits, highest first, ties by lower id. O(n_vocab * n). */
 static void top_logits(const float *logits, uint32_t n_vocab, uint32_t n,
                        int32_t *ids, float *vals) {
@@ -276,11 +241,56 @@ static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
   return false;
 }
 
-/* One decode step, one committed step: the draw (the PRNG state), the
- * eviction, the token's K/V and the new logits commit together. Returns 1
- * when the job is done, 0 to continue, or -code with job->err set
- * (nothing committed). */
-static int step_decode(struct sk_compute *c, struct sk_job *job) {
+/* ---- one step (compute thread) ----
+ *
+ * Every turn takes every runnable job and runs ONE forward pass for all of
+ * them: one token for each generating job, a chunk of input for each
+ * appending one, at most max_batch rows in all. Decoding jobs come first,
+ * one row each, but leave a quarter of the rows to prefill while any job
+ * has input left, so that a long prompt keeps moving while many sessions
+ * generate; the prefill rows are shared evenly among the jobs that have
+ * input. Who goes first rotates every turn, so when there are more jobs
+ * than rows each waits its turn. */
+
+/* Finishes job with its error (rc < 0, job->err maybe set). */
+static void fail_job(struct sk_compute *c, struct sk_job *job, int rc) {
+  if (job->err.code == 0) sk_error_set(&job->err, -rc, "%s", sk_strerror(-rc));
+  finish(c, job);
+}
+
+/* Cancellation, start, empty appends. Returns true when the job is
+ * finished (DONE posted). */
+static bool step_prepare(struct sk_compute *c, struct sk_job *job) {
+  if (atomic_load(&job->cancel)) {
+    if (job->kind == SK_JOB_GENERATE && job->started && job->n_done == job->n_tokens) {
+      job->stop_reason = "cancelled";
+    } else {
+      sk_error_set(&job->err, SK_ERR_CANCELLED,
+                   "cancelled after %zu of %zu tokens were appended",
+                   job->n_done, job->n_tokens);
+    }
+    finish(c, job);
+    return true;
+  }
+  if (!job->started) {
+    int rc = job_start(c, job);
+    if (rc < 0) {
+      fail_job(c, job, rc);
+      return true;
+    }
+  }
+  if (job->kind == SK_JOB_APPEND && job->n_done == job->n_tokens) { /* empty append */
+    finish(c, job);
+    return true;
+  }
+  return false;
+}
+
+/* Before the pass, for a job that decodes: stop checks, sampling, room.
+ * Returns 1 when the job is done (stop_reason set), 0 when it takes a
+ * row (the token is in c->seqs / its event in c->seq_ev at index i), or
+ * -code with job->err set. */
+static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i, int32_t *token) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
   if (job->n_generated >= job->max_tokens) {
@@ -294,107 +304,224 @@ static int step_decode(struct sk_compute *c, struct sk_job *job) {
   struct sk_event tmp;
   tmp.n_top = job->n_top;
   sk_store_begin(s->obj);
-  if (job->n_top)
-    top_logits(s->obj->logits, c->n_vocab, job->n_top, tmp.top_id, tmp.top_logit);
-  int32_t token = sk_sampler_sample(&job->sampler, s->obj->logits);
+  if (job->n_top) top_logits(s->obj->logits, c->n_vocab, job->n_top, tmp.top_id, tmp.top_logit);
+  *token = sk_sampler_sample(&job->sampler, s->obj->logits);
   sk_store_sampler_set(s->obj, &job->sampler.st);
-  if (token == sk_tokenizer_eos(c->tok) && !job->ignore_eos) {
+  if (*token == sk_tokenizer_eos(c->tok) && !job->ignore_eos) {
     sk_store_commit(s->obj); /* the draw moved the PRNG */
     job->stop_reason = "eos";
     return 1;
   }
-  struct sk_evict_log step_log;
-  sk_evict_log_reset(&step_log);
-  if (sk_kv_free_slots(kv) == 0) {
-    int rc = sk_kv_make_room(kv, 1, &step_log, &job->err);
-    if (rc < 0) {
-      sk_store_abort(s->obj);
-      return rc;
-    }
-  }
-  int rc = sk_model_forward(c->model, c->scratch, kv, &token, 1, s->obj->logits,
-                            false, &job->err);
+  const char *piece = "";
+  size_t piece_len = 0;
+  int rc = sk_tokenizer_piece(c->tok, *token, &piece, &piece_len, &job->err);
   if (rc < 0) {
     sk_store_abort(s->obj);
     return rc;
   }
-  sk_store_commit(s->obj);
-  sk_session_attn_record(c->table, s, c->scratch);
-  for (uint32_t i = 0; i < step_log.n_ranges; i++)
-    for (uint64_t x = step_log.first[i]; x <= step_log.last[i]; x++)
-      sk_evict_log_add(&job->evicted, x);
-  job->n_generated++;
-  atomic_fetch_add(&c->tokens_generated, 1);
-  sk_session_counters_publish(c->table, s);
-
-  const char *piece = "";
-  size_t piece_len = 0;
-  rc = sk_tokenizer_piece(c->tok, token, &piece, &piece_len, &job->err);
-  if (rc < 0) return rc;
   struct sk_event *ev = event_new(SK_EVENT_TOKEN, job, 3 * (piece_len + 4));
-  if (!ev)
+  if (!ev) {
+    sk_store_abort(s->obj);
     return sk_error_set(&job->err, SK_ERR_NO_MEMORY, "out of memory for a token event");
-  ev->token = token;
+  }
+  ev->token = *token;
   ev->n_top = tmp.n_top;
   memcpy(ev->top_id, tmp.top_id, sizeof ev->top_id[0] * tmp.n_top);
   memcpy(ev->top_logit, tmp.top_logit, sizeof ev->top_logit[0] * tmp.n_top);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
-  bool stopped = job->n_stop && tail_has_stop(job, ev->text, ev->text_len);
-  post_event(c, ev);
-  if (stopped) {
-    job->stop_reason = "stop";
-    return 1;
+  sk_evict_log_reset(&c->seq_log[i]);
+  if (sk_kv_free_slots(kv) == 0) {
+    rc = sk_kv_make_room(kv, 1, &c->seq_log[i], &job->err);
+    if (rc < 0) {
+      free(ev);
+      sk_store_abort(s->obj);
+      return rc;
+    }
   }
-  if (job->n_generated >= job->max_tokens) {
-    job->stop_reason = "length";
-    return 1;
+  c->seq_ev[i] = ev;
+  return 0;
+}
+
+/* Before the pass, for a job with input left: begins the session's step,
+ * makes room for a chunk of at most `want` tokens and fills seq.
+ * Streaming caches evict inside the chunk exactly as token-by-token
+ * streaming would (sk_seq.n_evicted), up to the store's spare slots per
+ * step (a crash must leave the last commit's keys intact), so a full
+ * cache advances SK_KV_SPARE_SLOTS tokens per pass; other policies evict
+ * one token per step once full (dense never: job_start checked that the
+ * input fits). Returns 0 or -code with job->err set (step aborted). */
+static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
+                        uint32_t row, struct sk_seq *seq, struct sk_evict_log *log) {
+  struct sk_session *s = job->sess;
+  struct sk_kv *kv = s->kv;
+  uint32_t n = want;
+  size_t remaining = job->n_tokens - job->n_done;
+  if (n > remaining) n = (uint32_t)remaining;
+  uint32_t evicted = 0;
+  sk_evict_log_reset(log);
+  sk_store_begin(s->obj);
+  if (kv->hdr->policy == SK_POLICY_STREAMING) {
+    uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
+    if (n > room) n = room;
+    if (n > sk_kv_max_room(kv)) n = sk_kv_max_room(kv);
+    uint64_t before = kv->hdr->n_evicted;
+    int rc = sk_kv_make_room(kv, n, log, &job->err);
+    if (rc < 0) {
+      sk_store_abort(s->obj);
+      return rc;
+    }
+    evicted = (uint32_t)(kv->hdr->n_evicted - before);
+  } else {
+    uint32_t free_slots = sk_kv_free_slots(kv);
+    if (free_slots == 0) {
+      int rc = sk_kv_make_room(kv, 1, log, &job->err);
+      if (rc < 0) {
+        sk_store_abort(s->obj);
+        return rc;
+      }
+      free_slots = sk_kv_free_slots(kv);
+    }
+    if (n > free_slots) n = free_slots;
+  }
+  *seq = (struct sk_seq){.kv = kv, .tokens = job->tokens + job->n_done, .n = n,
+                         .n_evicted = evicted, .logits = s->obj->logits};
+  if (job->want_logprobs) {
+    /* The first token is scored by the logits the session already holds
+     * (from its previous tokens), the others by this chunk's rows, which
+     * go to the batch's rows of batch_logits. */
+    job->logprobs[job->n_done] = (s->obj->meta->flags & SK_STORE_HAS_LOGITS)
+                                     ? log_prob(s->obj->logits, c->n_vocab, seq->tokens[0])
+                                     : NAN;
+    seq->logits = c->batch_logits + (size_t)row * c->n_vocab;
+    seq->all_logits = true;
   }
   return 0;
 }
 
-/* Runs one step of job; returns true when the job is finished (DONE
- * posted). */
-static bool step(struct sk_compute *c, struct sk_job *job) {
-  int rc = 0;
-  if (atomic_load(&job->cancel)) {
-    if (job->kind == SK_JOB_GENERATE && job->started && job->n_done == job->n_tokens) {
-      job->stop_reason = "cancelled";
-    } else {
-      sk_error_set(&job->err, SK_ERR_CANCELLED,
-                   "cancelled after %zu of %zu tokens were appended",
-                   job->n_done, job->n_tokens);
-    }
+/* After the pass, for a decoded token. Returns true when the job is
+ * finished (DONE posted). */
+static bool after_decode(struct sk_compute *c, struct sk_job *job, struct sk_event *ev) {
+  job->n_generated++;
+  atomic_fetch_add(&c->tokens_generated, 1);
+  sk_session_counters_publish(c->table, job->sess);
+  bool stopped = job->n_stop && tail_has_stop(job, ev->text, ev->text_len);
+  post_event(c, ev);
+  if (stopped) {
+    job->stop_reason = "stop";
     finish(c, job);
     return true;
   }
-  if (!job->started) {
-    rc = job_start(c, job);
-    if (rc < 0) goto failed;
-  }
-  if (job->n_done < job->n_tokens) {
-    rc = step_prefill(c, job);
-    if (rc < 0) goto failed;
-    if (job->kind == SK_JOB_APPEND && job->n_done == job->n_tokens) {
-      finish(c, job);
-      return true;
-    }
-    return false;
-  }
-  if (job->kind == SK_JOB_APPEND) { /* empty append */
-    finish(c, job);
-    return true;
-  }
-  rc = step_decode(c, job);
-  if (rc < 0) goto failed;
-  if (rc == 1) {
+  if (job->n_generated >= job->max_tokens) {
+    job->stop_reason = "length";
     finish(c, job);
     return true;
   }
   return false;
-failed:
-  if (job->err.code == 0) sk_error_set(&job->err, -rc, "%s", sk_strerror(-rc));
-  finish(c, job);
-  return true;
+}
+
+static bool runnable(const struct sk_job *j) {
+  return !atomic_load(&j->paused) || atomic_load(&j->cancel);
+}
+
+static void step(struct sk_compute *c) {
+  /* Prepare every runnable job; sort them into decoders and prefillers,
+   * starting at a rotating place in the list. */
+  uint32_t n_active = 0;
+  for (struct sk_job *j = c->active; j; j = j->next) n_active++;
+  struct sk_job *order_buf[64];
+  struct sk_job **order = n_active <= 64 ? order_buf : malloc(n_active * sizeof *order);
+  if (!order) return; /* try again next turn */
+  uint32_t k = 0;
+  for (struct sk_job *j = c->active; j; j = j->next) order[k++] = j;
+  uint32_t n_dec = 0, n_pre = 0, n_dec_all = 0, n_pre_all = 0;
+  const uint32_t first = n_active ? (uint32_t)(c->turn % n_active) : 0;
+  for (uint32_t t = 0; t < n_active; t++) {
+    struct sk_job *j = order[(first + t) % n_active];
+    if (!runnable(j)) continue;
+    if (step_prepare(c, j)) continue;
+    if (j->n_done < j->n_tokens) {
+      n_pre_all++;
+      if (n_pre < c->max_batch) c->pre[n_pre++] = j;
+    } else {
+      n_dec_all++;
+      if (n_dec < c->max_batch) c->dec[n_dec++] = j;
+    }
+  }
+  if (order != order_buf) free(order);
+  c->turn++;
+  if (n_dec == 0 && n_pre == 0) return;
+
+  /* Rows: decoders first, a quarter kept for prefill. */
+  uint32_t reserve = n_pre ? (c->max_batch + 3) / 4 : 0;
+  uint32_t dec_cap = c->max_batch - reserve;
+  if (dec_cap == 0 && n_dec && c->turn % 2) dec_cap = c->max_batch; /* --batch 1..3 */
+  uint32_t n_seqs = 0, rows = 0;
+  for (uint32_t t = 0; t < n_dec && rows < dec_cap; t++) {
+    struct sk_job *j = c->dec[t];
+    int32_t *token = &c->seq_token[n_seqs];
+    int rc = plan_decode(c, j, n_seqs, token);
+    if (rc != 0) {
+      if (rc < 0) fail_job(c, j, rc);
+      else finish(c, j);
+      continue;
+    }
+    c->seqs[n_seqs] = (struct sk_seq){.kv = j->sess->kv, .tokens = token, .n = 1,
+                                      .logits = j->sess->obj->logits};
+    c->seq_job[n_seqs++] = j;
+    rows++;
+  }
+  for (uint32_t t = 0; t < n_pre && rows < c->max_batch; t++) {
+    uint32_t left = n_pre - t, budget = c->max_batch - rows;
+    uint32_t share = (budget + left - 1) / left; /* even split of what is left */
+    struct sk_job *j = c->pre[t];
+    int rc = plan_prefill(c, j, share, rows, &c->seqs[n_seqs], &c->seq_log[n_seqs]);
+    if (rc < 0) {
+      fail_job(c, j, rc);
+      continue;
+    }
+    c->seq_ev[n_seqs] = NULL;
+    c->seq_job[n_seqs++] = j;
+    rows += c->seqs[n_seqs - 1].n;
+  }
+  if (n_seqs == 0) return;
+
+  struct sk_error err = {0};
+  int rc = sk_model_forward_batch(c->model, c->scratch, c->seqs, n_seqs, &err);
+  atomic_fetch_add(&c->steps, 1);
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    struct sk_job *j = c->seq_job[i];
+    if (rc < 0) { /* checked before: a bug, but each job gets the error */
+      sk_store_abort(j->sess->obj);
+      free(c->seq_ev[i]);
+      j->err = err;
+      finish(c, j);
+      continue;
+    }
+    const struct sk_seq *q = &c->seqs[i];
+    if (q->all_logits) { /* an append with logprobs */
+      float *lp = j->logprobs + j->n_done;
+      for (uint32_t r = 1; r < q->n; r++)
+        lp[r] = log_prob(q->logits + (size_t)(r - 1) * c->n_vocab, c->n_vocab, q->tokens[r]);
+      memcpy(j->sess->obj->logits, q->logits + (size_t)(q->n - 1) * c->n_vocab,
+             c->n_vocab * sizeof *j->sess->obj->logits);
+    }
+    j->sess->obj->meta->flags |= SK_STORE_HAS_LOGITS;
+    sk_store_commit(j->sess->obj);
+    sk_session_attn_record(c->table, j->sess, c->scratch, i);
+    const struct sk_evict_log *log = &c->seq_log[i];
+    for (uint32_t r = 0; r < log->n_ranges; r++)
+      for (uint64_t x = log->first[r]; x <= log->last[r]; x++) sk_evict_log_add(&j->evicted, x);
+    if (c->seq_ev[i]) {
+      after_decode(c, j, c->seq_ev[i]); /* finish() unlinks a finished job */
+      continue;
+    }
+    j->n_done += c->seqs[i].n;
+    atomic_fetch_add(&c->tokens_prefilled, c->seqs[i].n);
+    sk_session_counters_publish(c->table, j->sess);
+    if (j->kind == SK_JOB_APPEND && j->n_done == j->n_tokens) {
+      finish(c, j);
+    }
+  }
 }
 
 static void *thread_main(void *arg) {
@@ -418,10 +545,10 @@ static void *thread_main(void *arg) {
       if (c->stopping)
         for (struct sk_job *j = c->active; j; j = j->next)
           atomic_store(&j->cancel, true);
-      bool runnable = false;
+      bool any = false;
       for (struct sk_job *j = c->active; j; j = j->next)
-        if (!atomic_load(&j->paused) || atomic_load(&j->cancel)) runnable = true;
-      if (runnable) break;
+        if (runnable(j)) any = true;
+      if (any) break;
       if (c->stopping && !c->active) {
         pthread_mutex_unlock(&c->lock);
         return NULL;
@@ -430,28 +557,25 @@ static void *thread_main(void *arg) {
       while (!c->woken) pthread_cond_wait(&c->cond, &c->lock);
     }
     pthread_mutex_unlock(&c->lock);
-
-    /* One step of every runnable job, round-robin. */
-    struct sk_job **pp = &c->active;
-    while (*pp) {
-      struct sk_job *j = *pp;
-      if (atomic_load(&j->paused) && !atomic_load(&j->cancel)) {
-        pp = &j->next;
-        continue;
-      }
-      struct sk_job *next = j->next;
-      if (step(c, j))
-        *pp = next; /* finished: j belongs to the loop now */
-      else
-        pp = &j->next;
-    }
+    step(c);
   }
+}
+
+static void free_plan(struct sk_compute *c) {
+  free(c->seqs);
+  free(c->seq_job);
+  free(c->seq_ev);
+  free(c->seq_token);
+  free(c->seq_log);
+  free(c->batch_logits);
+  free(c->dec);
+  free(c->pre);
 }
 
 int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
-                     uint32_t max_ctx, sk_compute_event_cb cb, void *user,
+                     uint32_t max_ctx, uint32_t n_threads, sk_compute_event_cb cb, void *user,
                      struct sk_compute **ret, struct sk_error *err) {
   struct sk_compute *c = calloc(1, sizeof *c);
   if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
@@ -463,16 +587,28 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
   c->n_vocab = sk_model_config(m)->n_vocab;
   c->cb = cb;
   c->user = user;
-  int rc = sk_scratch_new(m, max_batch, max_ctx, &c->scratch, err);
+  int rc = sk_pool_new(n_threads, &c->pool, err);
   if (rc < 0) {
     free(c);
     return rc;
   }
-  c->batch_logits = malloc((size_t)max_batch * c->n_vocab * sizeof *c->batch_logits);
-  if (!c->batch_logits) {
+  rc = sk_scratch_new_pool(m, max_batch, max_ctx, c->pool, &c->scratch, err);
+  if (rc == 0 && (!(c->seqs = calloc(max_batch, sizeof *c->seqs)) ||
+                  !(c->seq_job = calloc(max_batch, sizeof *c->seq_job)) ||
+                  !(c->seq_ev = calloc(max_batch, sizeof *c->seq_ev)) ||
+                  !(c->seq_token = calloc(max_batch, sizeof *c->seq_token)) ||
+                  !(c->seq_log = calloc(max_batch, sizeof *c->seq_log)) ||
+                  !(c->batch_logits = malloc((size_t)max_batch * c->n_vocab *
+                                             sizeof *c->batch_logits)) ||
+                  !(c->dec = calloc(max_batch, sizeof *c->dec)) ||
+                  !(c->pre = calloc(max_batch, sizeof *c->pre))))
+    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a batch of %u", max_batch);
+  if (rc < 0) {
+    free_plan(c);
     sk_scratch_free(c->scratch);
+    sk_pool_free(c->pool);
     free(c);
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    return rc;
   }
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
@@ -480,9 +616,9 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
   uv_async_init(loop, &c->async, on_async);
   c->async.data = c;
   if (pthread_create(&c->thread, NULL, thread_main, c) != 0) {
+    free_plan(c);
     sk_scratch_free(c->scratch);
-    free(c->batch_logits);
-    c->batch_logits = NULL;
+    sk_pool_free(c->pool);
     uv_close((uv_handle_t *)&c->async, NULL);
     /* c is freed once the handle is closed; leak-free only after the loop
      * runs, which the caller does on its error path. */
@@ -526,8 +662,9 @@ void sk_compute_stop(struct sk_compute *c) {
   drain_events(c);
   sk_scratch_free(c->scratch);
   c->scratch = NULL;
-  free(c->batch_logits);
-  c->batch_logits = NULL;
+  sk_pool_free(c->pool);
+  c->pool = NULL;
+  free_plan(c);
   uv_close((uv_handle_t *)&c->async, on_async_closed);
 }
 
@@ -538,3 +675,9 @@ uint64_t sk_compute_tokens_prefilled(const struct sk_compute *c) {
 uint64_t sk_compute_tokens_generated(const struct sk_compute *c) {
   return atomic_load(&((struct sk_compute *)c)->tokens_generated);
 }
+
+uint64_t sk_compute_steps(const struct sk_compute *c) {
+  return atomic_load(&((struct sk_compute *)c)->steps);
+}
+
+uint32_t sk_compute_threads(const struct sk_compute *c) { return sk_pool_threads(c->pool); }

@@ -1,9 +1,21 @@
 /* The compute thread: runs every append and generate job off the loop
- * thread. Each turn it takes one step of every active job that is not
- * paused — a prefill chunk of up to max_batch tokens for an append, one
- * decoded token for a generate — so sessions are served round-robin and a
- * long prefill never stops another session's tokens. Results go back to
- * the loop thread as events through a uv_async_t.
+ * thread, as a scheduler. Each turn it takes every active job that is not
+ * paused and runs ONE forward pass for all of them (sk_model_forward_batch):
+ * one decoded token for each generate, a chunk of input for each append
+ * (or generate prompt), at most max_batch rows in all. Decoding jobs get a
+ * row each first, but a quarter of the rows stay for input while any job
+ * has some, and the input rows are shared evenly, so a long prefill never
+ * stops other sessions' tokens and never starves; who goes first rotates
+ * every turn. The forward pass runs on a pool of n_threads threads (this
+ * thread and n_threads - 1 workers). Results go back to the loop thread as
+ * events through a uv_async_t.
+ *
+ * Once a streaming session's cache is full, its prefill goes
+ * SK_KV_SPARE_SLOTS tokens per pass (the store's crash-consistent budget),
+ * other policies one token per pass with one eviction each; before that,
+ * in chunks of the free slots. An append with want_logprobs also scores
+ * every token by the logits that preceded it. After each pass every
+ * session's attention diagnostics are recorded (sk_session_attn_record).
  *
  * Once a session's cache is full, a prefill goes one token per step with
  * one eviction each (StreamingLLM's setting); before that, in chunks of
@@ -49,12 +61,14 @@ typedef void (*sk_compute_event_cb)(void *user, struct sk_event *ev);
 struct sk_compute;
 
 /* Starts the thread. model, tokenizer and table must outlive it.
- * max_batch: prefill chunk; max_ctx: largest cache capacity a session may
- * have. Errors: -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL (thread creation). */
+ * max_batch: rows (tokens) of one forward pass; max_ctx: largest cache
+ * capacity a session may have; n_threads: compute threads in all
+ * (1..SK_POOL_MAX_THREADS). Errors: -SK_ERR_BAD_REQUEST (n_threads),
+ * -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL (thread creation). */
 int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
-                     uint32_t max_ctx, sk_compute_event_cb cb, void *user,
+                     uint32_t max_ctx, uint32_t n_threads, sk_compute_event_cb cb, void *user,
                      struct sk_compute **ret, struct sk_error *err);
 /* Hands a job to the thread (loop thread). */
 void sk_compute_submit(struct sk_compute *c, struct sk_job *job);
@@ -68,5 +82,9 @@ void sk_compute_stop(struct sk_compute *c);
 /* Totals since start (thread-safe). */
 uint64_t sk_compute_tokens_prefilled(const struct sk_compute *c);
 uint64_t sk_compute_tokens_generated(const struct sk_compute *c);
+/* Forward passes run since start (thread-safe). */
+uint64_t sk_compute_steps(const struct sk_compute *c);
+/* Threads the forward pass runs on. */
+uint32_t sk_compute_threads(const struct sk_compute *c);
 
 #endif

@@ -35,8 +35,7 @@
 #define SK_LIMIT_MAX_FRAME SK_FRAME_MAX_CEILING
 /* Smallest frame limit: a request with a short prompt must still fit. */
 #define SK_LIMIT_MIN_FRAME 64u
-/* OpenBLAS threads: no machine sinkd targets has more cores, and OpenBLAS
- * caps its own pool lower. */
+/* Compute threads: no machine sinkd targets has more cores (pool.h). */
 #define SK_LIMIT_MAX_THREADS 256u
 /* Prefill chunk: scratch buffers grow with chunk x model width; past 4096
  * tokens bigger chunks stop paying and only delay other sessions. */
@@ -93,8 +92,8 @@ struct sk_config {
   char *model;        /* GGUF file; NULL until given */
   char *socket;       /* Unix socket to bind when not socket-activated */
   char *state_dir;    /* folder of the session store */
-  uint32_t threads;   /* OpenBLAS threads; 0 = auto (online CPUs) */
-  uint32_t batch;     /* prefill chunk, tokens */
+  uint32_t threads;   /* compute threads; 0 = auto (online CPUs) */
+  uint32_t batch;     /* tokens per forward pass, all sessions */
   uint32_t log_level; /* SK_LOG_ERR .. SK_LOG_DEBUG */
   /* [session]: defaults for `open` */
   uint32_t policy;    /* enum sk_policy */

@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "gguf.h"
+#include "kernels.h"
 #include "kvcache.h"
 #include "log.h"
 #include "model.h"
@@ -51,7 +52,7 @@ static void usage(FILE *f) {
           "      --state-dir DIR     session store folder, on tmpfs (default\n"
           "                          /run/sinkd/state, or $XDG_RUNTIME_DIR/sinkd/state\n"
           "                          for non-root)\n"
-          "  -t, --threads N|auto    OpenBLAS threads (auto: online CPUs)\n"
+          "  -t, --threads N|auto    compute threads for the model (auto: online CPUs)\n"
           "      --policy NAME       default policy: streaming or dense (streaming)\n"
           "      --sinks N           default attention sinks (4)\n"
           "      --window N|auto     default window (auto: min(context, 1024) - sinks)\n"
@@ -66,7 +67,8 @@ static void usage(FILE *f) {
           "                          (auto: max-memory)\n"
           "      --max-frame SIZE    largest request frame (1M)\n"
           "      --idle-ttl SECONDS  close sessions idle this long (0 = never, default)\n"
-          "      --batch N           prefill chunk in tokens (64)\n"
+          "      --batch N           tokens per forward pass: one per generating session\n"
+          "                          plus prefill chunks (64)\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -134,6 +136,7 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->max_user_sessions = c->max_user_sessions;
   s->max_user_kv_bytes = c->max_user_memory;
   s->max_batch = c->batch;
+  s->threads = c->threads;
   s->defaults.policy = c->policy;
   s->defaults.n_sink = c->n_sink;
   s->defaults.window = c->window;
@@ -418,6 +421,13 @@ int main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
 
+  /* The kernels first: the model loader packs weights for them. */
+  if (sk_kernels_select(getenv("SINKD_KERNEL"), &err) < 0) {
+    if (check_only) fprintf(stderr, "sinkd: SINKD_KERNEL: %s\n", err.message);
+    else sk_log(SK_LOG_ERR, "SINKD_KERNEL: %s", err.message);
+    status = EXIT_CONFIG;
+    goto out;
+  }
   status = EXIT_START;
   int rc = sk_gguf_open(d.cfg.model, &gguf, &err);
   if (rc == 0) rc = sk_model_load(gguf, &model, &err);
@@ -451,10 +461,15 @@ int main(int argc, char **argv) {
     goto out;
   }
   sk_log(SK_LOG_INFO,
-         "model loaded: %s (%s): %u layers, dim %u, %u heads, %u KV heads, vocab %u, context %u",
+         "model loaded: %s (%s): %u layers, dim %u, %u heads, %u KV heads, vocab %u, context %u, "
+         "%s weights (%.1f MB per step), %s kernels",
          d.cfg.model, d.mc->name, d.mc->n_layer, d.mc->dim, d.mc->n_head, d.mc->n_kv_head,
-         d.mc->n_vocab, d.mc->n_ctx_train);
-  openblas_set_num_threads((int)d.cfg.threads);
+         d.mc->n_vocab, d.mc->n_ctx_train, sk_model_weight_type(model),
+         (double)sk_model_weight_bytes(model) / 1e6, sk_kernels_name());
+  /* The model runs on sinkd's own pool of `threads` threads; OpenBLAS
+   * (nothing in the forward pass calls it) is held to one thread so that
+   * the two can never oversubscribe the cores. */
+  openblas_set_num_threads(1);
   d.start_max_sessions = d.cfg.max_sessions;
   d.start_max_capacity = d.cfg.max_capacity;
 

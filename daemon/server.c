@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "compute.h"
+#include "kernels.h"
 #include "log.h"
 #include "msg.h"
 #include "session.h"
@@ -525,16 +526,26 @@ static void op_ping(struct sk_server *srv, const struct request *r) {
   if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
 }
 
+/* "compute": {"kernel", "threads", "max_batch"} of hello and stats. */
+static void pack_compute(struct sk_server *srv, msgpack_packer *pk) {
+  sk_pack_cstr(pk, "compute");
+  msgpack_pack_map(pk, 3);
+  sk_pack_kv_str(pk, "kernel", sk_kernels_name());
+  sk_pack_kv_u64(pk, "threads", sk_compute_threads(srv->compute));
+  sk_pack_kv_u64(pk, "max_batch", srv->cfg.max_batch);
+}
+
 static void op_hello(struct sk_server *srv, const struct request *r) {
   const struct sk_model_config *mc = sk_model_config(srv->model);
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 5) < 0) return;
+  if (reply_begin(&b, r->id, 6) < 0) return;
   msgpack_packer *pk = &b.pk;
   sk_pack_kv_u64(pk, "protocol", SK_PROTOCOL_VERSION);
   sk_pack_kv_str(pk, "server", "sinkd");
   sk_pack_kv_str(pk, "version", SK_VERSION);
+  pack_compute(srv, pk);
   sk_pack_cstr(pk, "model");
-  msgpack_pack_map(pk, 10);
+  msgpack_pack_map(pk, 12);
   sk_pack_kv_str(pk, "name", mc->name);
   sk_pack_kv_str(pk, "file", srv->cfg.model_path ? srv->cfg.model_path : "");
   sk_pack_kv_u64(pk, "n_vocab", mc->n_vocab);
@@ -547,6 +558,8 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
    * linear scaling factor; the config holds its inverse). */
   sk_pack_kv_f64(pk, "rope_scale", 1.0 / mc->rope_scale);
   sk_pack_kv_u64(pk, "max_capacity", srv->cfg.max_capacity);
+  sk_pack_kv_str(pk, "weight_type", sk_model_weight_type(srv->model));
+  sk_pack_kv_u64(pk, "weight_bytes", sk_model_weight_bytes(srv->model));
   sk_pack_cstr(pk, "defaults");
   msgpack_pack_map(pk, 7);
   sk_pack_kv_str(pk, "policy", sk_policy_name(srv->cfg.defaults.policy));
@@ -889,7 +902,9 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     uint32_t user_n;
     uint64_t user_bytes;
     user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
-    if (reply_begin(&b, r->id, 16) < 0) return;
+    if (reply_begin(&b, r->id, 18) < 0) return;
+    pack_compute(srv, &b.pk);
+    sk_pack_kv_u64(&b.pk, "steps", sk_compute_steps(srv->compute));
     sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
     sk_pack_kv_u64(&b.pk, "user_sessions", user_n);
     sk_pack_kv_u64(&b.pk, "user_memory_bytes", user_bytes);
@@ -1752,7 +1767,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   }
   if (rc == 0)
     rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
-                          on_event, srv, &srv->compute, err);
+                          cfg->threads ? cfg->threads : 1, on_event, srv, &srv->compute, err);
   if (rc == 0) {
     rc = cfg->listen_fd > 0 ? open_passed_socket(srv, err) : bind_socket(srv, err);
     srv->owns_socket_file = rc == 0 && cfg->listen_fd <= 0;

@@ -33,7 +33,8 @@ struct sk_server_config {
   uint64_t max_memory;        /* bytes of all sessions' KV caches; 0 = none */
   uint32_t max_user_sessions; /* sessions one uid may own at once; 0 = none */
   uint64_t max_user_kv_bytes; /* KV bytes of all sessions of one uid; 0 = none */
-  uint32_t max_batch;         /* prefill chunk */
+  uint32_t max_batch;         /* rows (tokens) of one forward pass */
+  uint32_t threads;           /* compute threads (0 = 1) */
   struct sk_kv_params defaults; /* for `open` without parameters */
   /* Called on the loop thread after the number of sessions or clients
    * changed (e.g. to update the service manager's STATUS=). May be NULL. */

@@ -220,10 +220,10 @@ void sk_session_counters_publish(struct sk_session_table *t,
 }
 
 void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
-                            const struct sk_scratch *scratch) {
+                            const struct sk_scratch *scratch, uint32_t seq) {
   const float *mass, *ent;
   uint32_t probe;
-  if (!sk_scratch_attn(scratch, &mass, &ent, &probe)) return;
+  if (!sk_scratch_attn(scratch, seq, &mass, &ent, &probe)) return;
   struct sk_attn_stats *a = &s->attn;
   pthread_mutex_lock(&t->counters_lock);
   memcpy(a->sink_mass + (size_t)a->next * a->n_layer, mass,

@@ -217,10 +217,11 @@ void sk_session_counters_get(struct sk_session_table *t,
 void sk_session_counters_publish(struct sk_session_table *t,
                                  struct sk_session *s);
 
-/* Adds the attention diagnostics of the last forward on scratch (if any)
- * to the session's ring (compute thread, or loop when idle). */
+/* Adds the attention diagnostics of sequence seq of the last forward on
+ * scratch (if any; the session's place in a batched call) to the
+ * session's ring (compute thread, or loop when idle). */
 void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
-                            const struct sk_scratch *scratch);
+                            const struct sk_scratch *scratch, uint32_t seq);
 /* Averages over the recorded steps (thread-safe): ret_sink_mass and
  * ret_entropy receive n_layer floats each (caller's arrays of
  * s->attn.n_layer). Returns the number of steps averaged (0: nothing

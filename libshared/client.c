@@ -524,6 +524,19 @@ static int sk__client_simple(struct sk_client *c, const char *op,
 }
 
 /* A request with id, op and session. */
+/* Reads a `compute` map into *ret (absent: left zeroed). */
+static int sk__reply_compute(struct sk_client *c, const msgpack_object *r,
+                             struct sk_compute_info *ret, struct sk_error *err) {
+  const msgpack_object *m = NULL;
+  int rc = sk__reply_map(c, r, "compute", &m, err);
+  if (rc < 0 || !m) return rc;
+  if ((rc = sk__reply_name(c, m, "kernel", ret->kernel, sizeof ret->kernel, err)) < 0 ||
+      (rc = sk__reply_u32(c, m, "threads", &ret->threads, err)) < 0 ||
+      (rc = sk__reply_u32(c, m, "max_batch", &ret->max_batch, err)) < 0)
+    return rc;
+  return 0;
+}
+
 static int sk__client_on_session(struct sk_client *c, const char *op,
                                  uint64_t session, struct sk_msg *reply,
                                  struct sk_error *err) {
@@ -575,9 +588,13 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
         (rc = sk__reply_f64(client, model, "rope_scale", &m->rope_scale,
                             err)) < 0 ||
         (rc = sk__reply_u32(client, model, "max_capacity", &m->max_capacity,
-                            err)) < 0)
+                            err)) < 0 ||
+        (rc = sk__reply_name(client, model, "weight_type", m->weight_type,
+                             sizeof m->weight_type, err)) < 0 ||
+        (rc = sk__reply_u64(client, model, "weight_bytes", &m->weight_bytes, err)) < 0)
       goto out;
   }
+  if ((rc = sk__reply_compute(client, r, &h.compute, err)) < 0) goto out;
   if (defs) {
     struct sk_session_defaults *d = &h.defaults;
     if ((rc = sk__reply_name(client, defs, "policy", d->policy,
@@ -617,7 +634,9 @@ int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
       (rc = sk__reply_u64(client, r, "max_memory", &s.max_memory, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "adopted", &s.adopted, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "set_aside", &s.set_aside, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "idle_ttl_s", &s.idle_ttl_s, err)) == 0)
+      (rc = sk__reply_u64(client, r, "idle_ttl_s", &s.idle_ttl_s, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "steps", &s.steps, err)) == 0 &&
+      (rc = sk__reply_compute(client, r, &s.compute, err)) == 0)
     *ret = s;
   sk_msg_free(&reply);
   return rc;

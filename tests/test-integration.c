@@ -1,11 +1,13 @@
 /* Integration test: starts the real sinkd on a temporary socket with the
  * test model and drives it through libsinkd, raw frames and sinkctl. */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +79,7 @@ static int start_daemon(void **state) {
     (void)f;
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
      * change what the test runs. */
-    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
+    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "2",
           "--state-dir", g_state, "--verbose", (char *)NULL);
     _exit(127);
   }
@@ -119,8 +121,18 @@ static void test_hello_ping(void **state) {
   assert_int_equal(h.model.n_head, 8);
   assert_int_equal(h.model.n_kv_head, 4);
   assert_int_equal(h.model.n_ctx_train, 2048);
+  assert_string_equal(h.model.weight_type, "f32");
+  assert_true(h.model.weight_bytes > 0);
+  assert_true(strcmp(h.compute.kernel, "generic") == 0 || strcmp(h.compute.kernel, "avx2") == 0 ||
+              strcmp(h.compute.kernel, "avx2-vnni") == 0);
+  assert_int_equal(h.compute.threads, 2); /* --threads 1 */
+  assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");
   assert_int_equal(h.defaults.n_sink, 4);
+  struct sk_daemon_stats ds;
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_string_equal(ds.compute.kernel, h.compute.kernel);
+  assert_int_equal(ds.compute.threads, 2);
   assert_int_equal(sk_client_ping(c, &e), 0);
   sk_client_free(c);
 }
@@ -643,6 +655,184 @@ static void test_pipelining(void **state) {
   close(fd);
 }
 
+/* ---- batching across sessions ---- */
+
+struct batch_run {
+  uint64_t session;
+  int32_t prompt[40];
+  size_t n_prompt;
+  int32_t ids[200];
+  size_t n;
+  pthread_barrier_t *start; /* NULL: run now */
+  int rc;                   /* first error (cmocka asserts on the main thread only) */
+  struct sk_error err;
+};
+
+static int batch_cb(void *user, const struct sk_token_event *ev) {
+  struct batch_run *r = user;
+  if (r->n < sizeof r->ids / sizeof r->ids[0]) r->ids[r->n++] = ev->token;
+  return 0;
+}
+
+/* Appends the prompt, waits for the others, generates 200 greedy tokens. */
+static void *batch_session(void *arg) {
+  struct batch_run *r = arg;
+  struct sk_client *c = NULL;
+  r->rc = sk_client_connect(g_socket, &c, &r->err);
+  if (r->rc < 0) {
+    if (r->start) pthread_barrier_wait(r->start);
+    return NULL;
+  }
+  sk_client_set_timeout(c, 120000, NULL);
+  struct sk_append_result ar;
+  r->rc = sk_client_append_tokens(c, r->session, r->prompt, r->n_prompt, SK_BOS_FALSE, &ar, &r->err);
+  if (r->start) pthread_barrier_wait(r->start);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 200;
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  struct sk_generate_result gr;
+  r->n = 0;
+  if (r->rc == 0) r->rc = sk_client_generate(c, r->session, &gp, batch_cb, r, &gr, &r->err);
+  sk_client_free(c);
+  return NULL;
+}
+
+/* Greedy outputs unchanged by batching: 16 sessions (dense, and streaming
+ * windows small enough to evict while they generate) give the same 200
+ * tokens when each runs alone as when all 16 run at once, which the
+ * daemon serves with shared forward passes (far fewer steps than tokens). */
+static void test_batching_unchanged(void **state) {
+  (void)state;
+  enum { NS = 16 };
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  static struct batch_run alone[NS], together[NS];
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, NS);
+  for (int pass = 0; pass < 2; pass++) {
+    struct batch_run *runs = pass ? together : alone;
+    for (int i = 0; i < NS; i++) {
+      struct sk_open_params op = {0};
+      if (i % 3 == 0) {
+        op.policy = "dense";
+        op.capacity = 256;
+      } else {
+        op.policy = "streaming";
+        op.n_sink = 4;
+        op.window = 40 + 20 * (uint32_t)i; /* 60..340: some evict, some do not */
+      }
+      struct sk_open_result o;
+      assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+      runs[i].session = o.session;
+      runs[i].n_prompt = 5 + (size_t)i * 2;
+      runs[i].prompt[0] = 1;
+      for (size_t j = 1; j < runs[i].n_prompt; j++) runs[i].prompt[j] = (int32_t)(3 + (i * 31 + j * 17) % 500);
+      runs[i].start = pass ? &start : NULL;
+    }
+    struct sk_daemon_stats before, after;
+    assert_int_equal(sk_client_stats(c, &before, &e), 0);
+    if (pass == 0) {
+      for (int i = 0; i < NS; i++) batch_session(&runs[i]);
+    } else {
+      pthread_t th[NS];
+      for (int i = 0; i < NS; i++) assert_int_equal(pthread_create(&th[i], NULL, batch_session, &runs[i]), 0);
+      for (int i = 0; i < NS; i++) pthread_join(th[i], NULL);
+    }
+    for (int i = 0; i < NS; i++)
+      if (runs[i].rc < 0) fail_msg("session %d: %s", i, runs[i].err.message);
+    assert_int_equal(sk_client_stats(c, &after, &e), 0);
+    uint64_t steps = after.steps - before.steps;
+    uint64_t tokens = after.tokens_generated - before.tokens_generated;
+    assert_int_equal(tokens, NS * 200);
+    printf("%s: %" PRIu64 " tokens in %" PRIu64 " forward passes\n",
+           pass ? "16 sessions at once" : "16 sessions one after another", tokens, steps);
+    if (pass) assert_true(steps * 4 < tokens); /* batched: > 4 tokens per pass on average */
+    else assert_true(steps >= tokens);         /* alone: one token per pass at most */
+    for (int i = 0; i < NS; i++) assert_int_equal(sk_client_close(c, runs[i].session, &e), 0);
+  }
+  for (int i = 0; i < NS; i++) {
+    assert_int_equal(alone[i].n, 200);
+    assert_int_equal(together[i].n, 200);
+    if (memcmp(alone[i].ids, together[i].ids, sizeof alone[i].ids) != 0)
+      fail_msg("session %d: tokens differ when batched with 15 others", i);
+  }
+  pthread_barrier_destroy(&start);
+  sk_client_free(c);
+}
+
+struct long_append {
+  uint64_t session;
+  int32_t *tokens;
+  size_t n;
+  atomic_bool done;
+  struct sk_append_result ar;
+  int rc;
+  struct sk_error err;
+};
+
+static void *long_append_main(void *arg) {
+  struct long_append *la = arg;
+  struct sk_client *c = NULL;
+  la->rc = sk_client_connect(g_socket, &c, &la->err);
+  if (la->rc == 0) {
+    sk_client_set_timeout(c, 300000, NULL);
+    la->rc = sk_client_append_tokens(c, la->session, la->tokens, la->n, SK_BOS_FALSE, &la->ar,
+                                     &la->err);
+    sk_client_free(c);
+  }
+  atomic_store(&la->done, true);
+  return NULL;
+}
+
+/* A long prefill is chunked: a session that starts generating while
+ * another appends 200000 tokens gets all its tokens long before that
+ * append ends (it is served every step; the append needs thousands). */
+static void test_long_prefill_does_not_block(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
+  struct sk_open_result oa, ob;
+  assert_int_equal(sk_client_open(c, &sp, &oa, &e), 0);
+  assert_int_equal(sk_client_open(c, &sp, &ob, &e), 0);
+  static struct long_append la;
+  la.session = oa.session;
+  la.n = 200000;
+  la.tokens = malloc(la.n * sizeof *la.tokens);
+  for (size_t i = 0; i < la.n; i++) la.tokens[i] = (int32_t)(3 + i * 7 % 500);
+  atomic_store(&la.done, false);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, long_append_main, &la), 0);
+  /* wait until the append is running */
+  for (int i = 0; i < 1000; i++) {
+    struct sk_session_stats ss;
+    assert_int_equal(sk_client_session_stats(c, oa.session, &ss, &e), 0);
+    if (ss.seen > 0) break;
+    usleep(1000);
+  }
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 32;
+  gp.temperature = 0;
+  gp.ignore_eos = true;
+  gp.prompt = "Once upon a time";
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, ob.session, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(gr.n_tokens, 32);
+  bool append_done_first = atomic_load(&la.done);
+  pthread_join(th, NULL);
+  if (la.rc < 0) fail_msg("long append: %s", la.err.message);
+  assert_false(append_done_first);
+  assert_int_equal(la.ar.n_tokens, la.n);
+  assert_int_equal(la.ar.evicted, la.n - 64); /* 4 sinks + 60 stay */
+  assert_int_equal(sk_client_close(c, oa.session, &e), 0);
+  assert_int_equal(sk_client_close(c, ob.session, &e), 0);
+  free(la.tokens);
+  sk_client_free(c);
+}
+
 /* ---- sinkctl ---- */
 
 static char *run_capture(const char *cmd, int *ret_status) {
@@ -1088,6 +1278,8 @@ int main(void) {
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_bad_frames),
       cmocka_unit_test(test_pipelining),
+      cmocka_unit_test(test_batching_unchanged),
+      cmocka_unit_test(test_long_prefill_does_not_block),
       cmocka_unit_test(test_sinkctl),
       cmocka_unit_test(test_logprobs_through_daemon),
       cmocka_unit_test(test_pin_survives_10000_evictions),

@@ -15,8 +15,11 @@
 #include <cmocka.h>
 
 #include "gguf.h"
+#include "kernels.h"
 #include "kvcache.h"
 #include "model.h"
+#include "pool.h"
+#include "quant.h"
 #include "testutil.h"
 
 /* llama.cpp reference tolerance (brief: within 1e-4). */
@@ -35,6 +38,14 @@ static double max_diff_prefill, max_diff_greedy, max_diff_logprob;
 static int setup(void **state) {
   (void)state;
   struct sk_error err = {0};
+  /* SK_KERNEL runs the suite on one kernel variant (meson runs it once
+   * per variant); before the model loads, which packs for it. */
+  const char *kernel = getenv("SK_KERNEL");
+  if (kernel && sk_kernels_select(kernel, &err) < 0) {
+    fprintf(stderr, "%s\n", err.message);
+    return -1;
+  }
+  printf("kernels: %s\n", sk_kernels_name());
   if (sk_gguf_open(sk_test_model_path(), &fx.g, &err) < 0) {
     fprintf(stderr, "open %s: %s\n", sk_test_model_path(), err.message);
     return -1;
@@ -434,10 +445,12 @@ static float bf16_to_f32_ref(uint16_t h) {
 
 /* How to derive a model file from the real one. */
 struct variant {
-  uint32_t mat_type;     /* type written for 2-D tensors: F32, F16, BF16 */
+  uint32_t mat_type;     /* type written for 2-D tensors: F32, F16, BF16,
+                            Q8_0, Q4_0 (rows not a multiple of 32: F16, as
+                            llama.cpp's quantizer falls back) */
   uint32_t round_type;   /* F32 file whose values went through this type */
   const char *drop;      /* tensor left out */
-  const char *quant;     /* tensor written as q8_0 */
+  const char *quant;     /* tensor written as q4_1 (zero blocks) */
   const char *transpose; /* tensor written with ne0 and ne1 swapped */
   const char *arch;      /* general.architecture (default llama) */
   uint32_t head_count;   /* override of llama.attention.head_count */
@@ -499,7 +512,9 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     const float *src = t->data;
     uint64_t ne[2] = {t->ne[0], t->ne[1]};
     uint32_t type = t->n_dims == 2 ? vr->mat_type : SK_GGML_F32;
-    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q8_0;
+    if ((type == SK_GGML_Q8_0 || type == SK_GGML_Q4_0) && t->ne[0] % 32 != 0)
+      type = SK_GGML_F16;
+    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q4_1;
     if (vr->transpose && strcmp(name, vr->transpose) == 0) {
       ne[0] = t->ne[1];
       ne[1] = t->ne[0];
@@ -511,11 +526,25 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     buf_u32(&infos, type);
     buf_u64(&infos, data.len);
     n_t++;
+    if (type == SK_GGML_Q8_0 || type == SK_GGML_Q4_0) { /* real blocks */
+      size_t rb = sk_quant_row_bytes(type, t->ne[0]);
+      unsigned char *blk = malloc(rb);
+      assert_non_null(blk);
+      for (uint64_t r = 0; r < t->ne[1]; r++) {
+        if (type == SK_GGML_Q8_0)
+          sk_quantize_row_q8_0(src + r * t->ne[0], (uint32_t)t->ne[0], (void *)blk);
+        else
+          sk_quantize_row_q4_0(src + r * t->ne[0], (uint32_t)t->ne[0], (void *)blk);
+        buf_put(&data, blk, rb);
+      }
+      free(blk);
+      continue;
+    }
     for (uint64_t j = 0; j < t->n_elements; j++) {
       float f = src[j];
-      if (type == SK_GGML_Q8_0) { /* 34-byte blocks of 32: zeros will do */
+      if (type == SK_GGML_Q4_1) { /* 20-byte blocks of 32: zeros will do */
         if (j % 32 == 0) {
-          unsigned char blk[34] = {0};
+          unsigned char blk[20] = {0};
           buf_put(&data, blk, sizeof blk);
         }
       } else if (type == SK_GGML_F16) {
@@ -711,8 +740,8 @@ static void test_bad_models(void **state) {
   (void)state;
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .quant = "blk.0.attn_q.weight"},
-                   "tensor blk.0.attn_q.weight has type q8_0; quantized "
-                   "weights are not supported yet",
+                   "tensor blk.0.attn_q.weight has type q4_1; supported "
+                   "weight types are f32, f16, bf16, q8_0 and q4_0",
                    NULL);
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .drop = "blk.2.ffn_up.weight"},
@@ -744,6 +773,263 @@ static void test_bad_models(void **state) {
   sk_gguf_close(g);
 }
 
+/* ---- batching ---------------------------------------------------------- */
+
+/* Greedy decode of 16 sessions, each alone (one forward call per token)
+ * and all together (one batched call per step, on a pool of 2 threads,
+ * prompts of different lengths so that prefill chunks and decode rows
+ * share passes): the same logits, bit for bit, hence the same tokens. */
+static void test_batch_invariance(void **state) {
+  (void)state;
+  enum { NS = 16, STEPS = 40 };
+  const uint32_t V = fx.c->n_vocab;
+  struct sk_error err = {0};
+  struct sk_pool *pool = NULL;
+  assert_int_equal(sk_pool_new(2, &pool, &err), 0);
+  struct sk_scratch *alone = new_scratch(fx.m, 64, 256);
+  struct sk_scratch *batch = NULL;
+  assert_int_equal(sk_scratch_new_pool(fx.m, 64, 256, pool, &batch, &err), 0);
+  struct sk_kv *ka[NS], *kb[NS];
+  int32_t prompt[NS][24], ta[NS][STEPS], tb[NS][STEPS];
+  uint32_t plen[NS];
+  float *la = malloc((size_t)NS * V * sizeof *la), *lb = malloc((size_t)NS * V * sizeof *lb);
+  assert_non_null(la);
+  assert_non_null(lb);
+  for (int i = 0; i < NS; i++) {
+    /* half streaming with a window that fills and evicts during the run */
+    ka[i] = i % 2 ? new_cache(fx.m, SK_POLICY_STREAMING, 4, 24, 0)
+                  : new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 128);
+    kb[i] = i % 2 ? new_cache(fx.m, SK_POLICY_STREAMING, 4, 24, 0)
+                  : new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 128);
+    plen[i] = 1 + (uint32_t)(i * 5) % 23;
+    prompt[i][0] = 1;
+    for (uint32_t j = 1; j < plen[i]; j++) prompt[i][j] = (int32_t)(3 + (i * 37 + j * 11) % 500);
+  }
+  /* alone */
+  for (int i = 0; i < NS; i++) {
+    float *l = la + (size_t)i * V;
+    forward_ok(fx.m, alone, ka[i], prompt[i], plen[i], l, false);
+    for (int t = 0; t < STEPS; t++) {
+      ta[i][t] = argmax(l, V);
+      assert_int_equal(sk_kv_make_room(ka[i], 1, NULL, &err), 0);
+      forward_ok(fx.m, alone, ka[i], &ta[i][t], 1, l, false);
+    }
+  }
+  /* together: step k runs every session's next piece of work */
+  uint32_t done[NS] = {0}; /* prompt tokens in */
+  int gen[NS] = {0};
+  for (int step = 0;; step++) {
+    struct sk_seq seqs[NS];
+    int32_t tok[NS];
+    uint32_t n = 0, rows = 0;
+    for (int i = 0; i < NS; i++) {
+      if (done[i] < plen[i]) { /* prefill chunks of up to 3 */
+        uint32_t c = plen[i] - done[i] < 3 ? plen[i] - done[i] : 3;
+        seqs[n++] = (struct sk_seq){.kv = kb[i], .tokens = prompt[i] + done[i], .n = c,
+                                    .logits = lb + (size_t)i * V};
+        rows += c;
+      } else if (gen[i] < STEPS) {
+        tok[i] = tb[i][gen[i]] = argmax(lb + (size_t)i * V, V);
+        assert_int_equal(sk_kv_make_room(kb[i], 1, NULL, &err), 0);
+        seqs[n++] = (struct sk_seq){.kv = kb[i], .tokens = &tok[i], .n = 1,
+                                    .logits = lb + (size_t)i * V};
+        rows++;
+      }
+    }
+    if (n == 0) break;
+    assert_true(rows <= 64);
+    if (sk_model_forward_batch(fx.m, batch, seqs, n, &err) < 0)
+      fail_msg("batch step %d: %s", step, err.message);
+    for (int i = 0; i < NS; i++) {
+      if (done[i] < plen[i]) done[i] += plen[i] - done[i] < 3 ? plen[i] - done[i] : 3;
+      else if (gen[i] < STEPS) gen[i]++;
+    }
+  }
+  for (int i = 0; i < NS; i++) {
+    assert_memory_equal(ta[i], tb[i], sizeof ta[i]);
+    assert_memory_equal(la + (size_t)i * V, lb + (size_t)i * V, V * sizeof *la);
+    assert_int_equal(ka[i]->hdr->n_seen, kb[i]->hdr->n_seen);
+    sk_kv_delete(ka[i]);
+    sk_kv_delete(kb[i]);
+  }
+  free(la);
+  free(lb);
+  sk_scratch_free(alone);
+  sk_scratch_free(batch);
+  sk_pool_free(pool);
+}
+
+/* A batch with an error anywhere commits nothing anywhere. */
+static void test_batch_errors(void **state) {
+  (void)state;
+  struct sk_kv *a = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 8);
+  struct sk_kv *b = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 8);
+  struct sk_scratch *s = new_scratch(fx.m, 8, 8);
+  const int32_t ok[3] = {1, 403, 407}, bad[2] = {1, 9999};
+  struct sk_seq seqs[2] = {{.kv = a, .tokens = ok, .n = 3}, {.kv = b, .tokens = bad, .n = 2}};
+  struct sk_error err = {0};
+  assert_int_equal(sk_model_forward_batch(fx.m, s, seqs, 2, &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "sequence 1: token 1 of the batch is id 9999"));
+  assert_int_equal(a->hdr->n_resident, 0);
+  seqs[1].tokens = ok;
+  seqs[1].n = 3;
+  struct sk_seq three[3] = {seqs[0], seqs[1], {.kv = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 8),
+                                               .tokens = ok, .n = 3}};
+  assert_int_equal(sk_model_forward_batch(fx.m, s, three, 3, &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "batch of 9 tokens exceeds the maximum batch 8"));
+  assert_int_equal(b->hdr->n_resident, 0);
+  assert_int_equal(sk_model_forward_batch(fx.m, s, seqs, 2, &err), 0);
+  assert_int_equal(a->hdr->n_resident, 3);
+  assert_int_equal(b->hdr->n_resident, 3);
+  /* n_evicted is only for a streaming chunk that made room */
+  seqs[0].n_evicted = 1;
+  assert_int_equal(sk_model_forward_batch(fx.m, s, seqs, 1, &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "n_evicted 1"));
+  sk_kv_delete(three[2].kv);
+  sk_kv_delete(a);
+  sk_kv_delete(b);
+  sk_scratch_free(s);
+}
+
+/* A streaming chunk that evicts inside itself (sk_seq.n_evicted) computes
+ * exactly what token-by-token streaming computes: same logits for every
+ * token, same cache afterwards. 300 tokens through 4 sinks + 40. */
+static void test_streaming_chunks_exact(void **state) {
+  (void)state;
+  enum { N = 300 };
+  const uint32_t V = fx.c->n_vocab;
+  int32_t ids[N];
+  ids[0] = 1;
+  for (int i = 1; i < N; i++) ids[i] = (int32_t)(3 + (i * 7919) % 500);
+  struct sk_kv *one = new_cache(fx.m, SK_POLICY_STREAMING, 4, 40, 0);
+  struct sk_kv *chk = new_cache(fx.m, SK_POLICY_STREAMING, 4, 40, 0);
+  struct sk_scratch *s = new_scratch(fx.m, 64, 64);
+  float *l1 = malloc((size_t)N * V * sizeof *l1), *l2 = malloc((size_t)N * V * sizeof *l2);
+  assert_non_null(l1);
+  assert_non_null(l2);
+  struct sk_error err = {0};
+  struct sk_evict_log log1, log2;
+  sk_evict_log_reset(&log1);
+  sk_evict_log_reset(&log2);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(sk_kv_make_room(one, 1, &log1, &err), 0);
+    forward_ok(fx.m, s, one, &ids[i], 1, l1 + (size_t)i * V, false);
+  }
+  static const uint32_t chunks[] = {3, 37, 1, 40, 13, 29, 40, 2, 38, 40, 40, 17};
+  uint32_t at = 0;
+  for (size_t c = 0; at < N; c++) {
+    uint32_t n = chunks[c % (sizeof chunks / sizeof chunks[0])];
+    if (n > N - at) n = N - at;
+    uint64_t before = chk->hdr->n_evicted;
+    assert_int_equal(sk_kv_make_room(chk, n, &log2, &err), 0);
+    struct sk_seq q = {.kv = chk, .tokens = ids + at, .n = n,
+                       .n_evicted = (uint32_t)(chk->hdr->n_evicted - before),
+                       .logits = l2 + (size_t)at * V, .all_logits = true};
+    if (sk_model_forward_batch(fx.m, s, &q, 1, &err) < 0) fail_msg("chunk at %u: %s", at, err.message);
+    at += n;
+  }
+  for (int i = 0; i < N; i++)
+    if (memcmp(l1 + (size_t)i * V, l2 + (size_t)i * V, V * sizeof *l1) != 0)
+      fail_msg("token %d: chunked logits differ from token-by-token", i);
+  assert_int_equal(one->hdr->n_resident, chk->hdr->n_resident);
+  assert_int_equal(one->hdr->n_evicted, chk->hdr->n_evicted);
+  assert_int_equal(log1.n_evicted, log2.n_evicted);
+  const uint32_t D = fx.c->kv_dim;
+  for (uint32_t l = 0; l < fx.c->n_layer; l++)
+    for (uint32_t p = 0; p < one->hdr->n_resident; p++) {
+      assert_int_equal(one->token[sk_kv_slot(one, p)], chk->token[sk_kv_slot(chk, p)]);
+      assert_memory_equal(sk_kv_k(one, l, sk_kv_slot(one, p)), sk_kv_k(chk, l, sk_kv_slot(chk, p)),
+                          D * sizeof(float));
+      assert_memory_equal(sk_kv_v(one, l, sk_kv_slot(one, p)), sk_kv_v(chk, l, sk_kv_slot(chk, p)),
+                          D * sizeof(float));
+    }
+  free(l1);
+  free(l2);
+  sk_scratch_free(s);
+  sk_kv_delete(one);
+  sk_kv_delete(chk);
+}
+
+/* ---- quantized weights --------------------------------------------------- */
+
+/* Q8_0 and Q4_0 copies of the test model (ffn_down, whose rows of 172 are
+ * not a multiple of 32, stays F16 as llama.cpp's quantizer leaves it)
+ * against the F32 model: 256 greedy steps from a reference prompt with
+ * every model fed the F32 model's tokens: max |logit difference| and how
+ * often the top token agrees; and how long free-running greedy decoding
+ * stays identical. */
+static void quant_vs_f32(uint32_t type, double max_diff_bound, double agree_bound) {
+  enum { STEPS = 256 };
+  json_t *ref = sk_test_load_reference("greedy.json");
+  size_t n_prompt;
+  int32_t *prompt = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "prompts"), 0), "prompt_ids"), &n_prompt);
+  struct sk_error err = {0};
+  struct sk_gguf *gq = NULL;
+  struct sk_model *mq = NULL;
+  struct variant vq = {.mat_type = type};
+  if (load_variant(&vq, &gq, &mq, &err) < 0)
+    fail_msg("load %s model: %s", sk_ggml_type_name(type), err.message);
+  assert_string_equal(sk_model_weight_type(mq), sk_ggml_type_name(type));
+  const uint32_t V = fx.c->n_vocab;
+  struct sk_scratch *sf = new_scratch(fx.m, 64, 512), *sq = new_scratch(mq, 64, 512);
+  struct sk_kv *kf = new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 512);
+  struct sk_kv *kq = new_cache(mq, SK_POLICY_DENSE, 0, 0, 512);
+  float *lf = malloc(V * sizeof *lf), *lq = malloc(V * sizeof *lq);
+  assert_non_null(lf);
+  assert_non_null(lq);
+  forward_ok(fx.m, sf, kf, prompt, (uint32_t)n_prompt, lf, false);
+  forward_ok(mq, sq, kq, prompt, (uint32_t)n_prompt, lq, false);
+  double maxd = 0.0;
+  int agree = 0;
+  for (int t = 0; t < STEPS; t++) {
+    for (uint32_t j = 0; j < V; j++) maxd = fmax(maxd, fabs((double)lf[j] - lq[j]));
+    int32_t next = argmax(lf, V);
+    agree += argmax(lq, V) == next;
+    forward_ok(fx.m, sf, kf, &next, 1, lf, false);
+    forward_ok(mq, sq, kq, &next, 1, lq, false);
+  }
+  /* free-running: both decode their own greedy tokens */
+  sk_kv_clear(kf);
+  sk_kv_clear(kq);
+  forward_ok(fx.m, sf, kf, prompt, (uint32_t)n_prompt, lf, false);
+  forward_ok(mq, sq, kq, prompt, (uint32_t)n_prompt, lq, false);
+  int same = 0;
+  for (int t = 0; t < STEPS; t++) {
+    int32_t a = argmax(lf, V), b = argmax(lq, V);
+    if (a != b) break;
+    same++;
+    forward_ok(fx.m, sf, kf, &a, 1, lf, false);
+    forward_ok(mq, sq, kq, &b, 1, lq, false);
+  }
+  printf("%s weights (%s kernels) vs f32 over %d greedy steps: max abs logit diff %.4f, top-1 "
+         "agreement %d/%d (%.1f%%), free-running greedy identical for %d tokens\n",
+         sk_ggml_type_name(type), sk_kernels_name(), STEPS, maxd, agree, STEPS,
+         100.0 * agree / STEPS, same);
+  assert_true(maxd > 0.0 && maxd < max_diff_bound);
+  assert_true((double)agree / STEPS >= agree_bound);
+  free(lf);
+  free(lq);
+  sk_kv_delete(kf);
+  sk_kv_delete(kq);
+  sk_scratch_free(sf);
+  sk_scratch_free(sq);
+  sk_model_free(mq);
+  sk_gguf_close(gq);
+  free(prompt);
+  json_decref(ref);
+}
+
+static void test_q8_0_vs_f32(void **state) {
+  (void)state;
+  quant_vs_f32(SK_GGML_Q8_0, 0.5, 0.95);
+}
+
+static void test_q4_0_vs_f32(void **state) {
+  (void)state;
+  quant_vs_f32(SK_GGML_Q4_0, 15.0, 0.75);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefill_logits),
@@ -754,6 +1040,11 @@ int main(void) {
       cmocka_unit_test(test_half_weights),
       cmocka_unit_test(test_bad_models),
       cmocka_unit_test(test_rope_scaling),
+      cmocka_unit_test(test_batch_invariance),
+      cmocka_unit_test(test_batch_errors),
+      cmocka_unit_test(test_streaming_chunks_exact),
+      cmocka_unit_test(test_q8_0_vs_f32),
+      cmocka_unit_test(test_q4_0_vs_f32),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

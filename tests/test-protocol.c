@@ -818,13 +818,20 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     fake_begin(&b, id, 0);
     fake_write(fd, &b);
   } else if (OP("hello")) {
-    fake_begin(&b, id, 5);
+    fake_begin(&b, id, 6);
     msgpack_packer *pk = &b.pk;
     sk_pack_kv_u64(pk, "protocol", 1);
     sk_pack_kv_str(pk, "server", "sinkd");
     sk_pack_kv_str(pk, "version", "0.1.0");
+    sk_pack_cstr(pk, "compute");
+    msgpack_pack_map(pk, 3);
+    sk_pack_kv_str(pk, "kernel", "avx2");
+    sk_pack_kv_u64(pk, "threads", 2);
+    sk_pack_kv_u64(pk, "max_batch", 64);
     sk_pack_cstr(pk, "model");
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 9);
+    sk_pack_kv_str(pk, "weight_type", "q8_0");
+    sk_pack_kv_u64(pk, "weight_bytes", 5000000000u);
     sk_pack_kv_str(pk, "name", "stories260K");
     sk_pack_kv_u64(pk, "n_vocab", 512);
     sk_pack_kv_u64(pk, "n_ctx_train", 512);
@@ -1107,6 +1114,11 @@ static void test_client_ops(void **state) {
   assert_string_equal(h.server, "sinkd");
   assert_string_equal(h.model.name, "stories260K");
   assert_int_equal(h.model.n_kv_head, 4);
+  assert_string_equal(h.model.weight_type, "q8_0");
+  assert_true(h.model.weight_bytes == 5000000000u);
+  assert_string_equal(h.compute.kernel, "avx2");
+  assert_int_equal(h.compute.threads, 2);
+  assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");
   assert_int_equal(h.defaults.window, 252);
 
@@ -1129,6 +1141,8 @@ static void test_client_ops(void **state) {
   struct sk_daemon_stats ds;
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.tokens_generated, 456);
+  assert_string_equal(ds.compute.kernel, ""); /* an older daemon: left out */
+  assert_int_equal(ds.steps, 0);
   struct sk_session_stats ss;
   assert_int_equal(sk_client_session_stats(c, 7, &ss, &e), 0);
   assert_true(ss.has_positions);
@@ -1780,6 +1794,9 @@ static void test_sinkctl(void **state) {
   assert_memory_equal(out, "pong (", 6);
   assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);
   assert_non_null(strstr(out, "protocol: 1\nserver: sinkd\n"));
+  assert_non_null(strstr(out, "model.weight_type: q8_0\nmodel.weight_bytes: 5000000000\n"
+                              "compute.kernel: avx2\ncompute.threads: 2\n"
+                              "compute.max_batch: 64\n"));
 
   /* Usage errors (2) are found before connecting. */
   assert_int_equal(RUN(NULL, "--socket", "/nonexistent", "generate",

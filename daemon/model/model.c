@@ -6,17 +6,26 @@
  * RoPE builds its angles in float as theta = pos * theta_scale^i by
  * repeated multiplication; attention scores are scaled after the dot
  * product and the softmax subtracts the max and sums in double; SiLU is
- * x / (1 + expf(-x)). Matrix products go through OpenBLAS; their
- * summation order differs from ggml's, which moves logits by ~1e-6.
+ * x / (1 + expf(-x)). Matrix products and attention dot products go
+ * through kernels.c; their summation order differs from ggml's, which
+ * moves F32 logits by ~1e-6.
+ *
+ * Batching: one call runs any number of sequences (sessions) together.
+ * Their rows are stacked, so each weight matrix is read once per call for
+ * all of them; attention is per sequence and per KV head. Every row's
+ * result depends only on its own sequence (see kernels.h, Determinism).
  */
 #include "model.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdalign.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels.h"
+#include "quant.h"
 
 /* Hard limits on hyper-parameters, each with its reason. They reject
  * headers that would make the size arithmetic below overflow or ask for
@@ -29,55 +38,92 @@
 #define SK__MAX_CTX_TRAIN (1u << 24)
 /* Positions and batches a scratch can be sized for. */
 #define SK__MAX_SCRATCH_CTX SK_KV_MAX_CAPACITY
+/* Output rows per matrix-product task: a multiple of the packed kernels'
+ * 8-row groups, and large enough that a task outweighs handing it out. */
+#define SK__MM_ALIGN 16u
 
 struct sk__layer {
   const float *attn_norm; /* (dim) */
-  const float *wq;        /* (dim, dim)      out rows of in floats */
-  const float *wk;        /* (kv_dim, dim) */
-  const float *wv;        /* (kv_dim, dim) */
-  const float *wo;        /* (dim, dim) */
+  struct sk_wmat wq;      /* (dim, dim)        rows = outputs */
+  struct sk_wmat wk;      /* (kv_dim, dim) */
+  struct sk_wmat wv;      /* (kv_dim, dim) */
+  struct sk_wmat wo;      /* (dim, dim) */
   const float *ffn_norm;  /* (dim) */
-  const float *w_gate;    /* (hidden_dim, dim) */
-  const float *w_up;      /* (hidden_dim, dim) */
-  const float *w_down;    /* (dim, hidden_dim) */
+  struct sk_wmat w_gate;  /* (hidden_dim, dim) */
+  struct sk_wmat w_up;    /* (hidden_dim, dim) */
+  struct sk_wmat w_down;  /* (dim, hidden_dim) */
 };
 
 struct sk_model {
   struct sk_model_config cfg;
-  const float *tok_embd;   /* (n_vocab, dim) */
-  const float *out_norm;   /* (dim) */
-  const float *output;     /* (n_vocab, dim); tok_embd when tied */
-  const float *rope_freqs; /* (rope_dim / 2) divisors, or NULL (Llama 3.1) */
+  struct sk_wmat tok_embd;  /* (n_vocab, dim); rows read one at a time */
+  const float *out_norm;    /* (dim) */
+  struct sk_wmat output;    /* (n_vocab, dim); tok_embd's data when tied */
+  const float *rope_freqs;  /* (rope_dim / 2) divisors, or NULL (Llama 3.1) */
   struct sk__layer *layers; /* (n_layer) */
-  float **owned;           /* converted (F16/BF16) tensors, freed with us */
+  void **owned;             /* converted or packed tensors, freed with us */
   size_t n_owned;
   size_t cap_owned;
+  uint64_t weight_bytes;    /* bytes of weights a decode step reads */
+};
+
+/* One sequence of a batch, as the forward pass sees it. */
+struct sk__seq {
+  const struct sk_seq *in;
+  uint32_t row0;     /* first row of the batch */
+  uint32_t nr;       /* resident tokens after make_room */
+  uint32_t n_sink;   /* S: positions that never move (0 unless streaming) */
+  float freq_scale;  /* RoPE position scale of this cache */
+  uint32_t probe;    /* positions counted as sinks by the diagnostics */
+};
+
+/* Attention buffers of one pool thread. */
+struct sk__tscratch {
+  float *kr;        /* (T, head_dim) keys of one KV head, rotated */
+  float *att;       /* (T) scores, then probabilities */
+  const float **kp; /* (T) key row of each position, at the head */
+  const float **vp; /* (T) value row of each position, at the head */
+  uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
+  float *cs;        /* (rope_dim) angles computed off the tables */
+  float *sn;        /* (rope_dim) */
 };
 
 struct sk_scratch {
   const struct sk_model *m;
-  uint32_t max_batch; /* B */
-  uint32_t max_ctx;   /* T */
-  float *x;           /* (B, dim) residual stream */
-  float *xb;          /* (B, dim) normed input of a block */
-  float *xb2;         /* (B, dim) output of a projection */
-  float *q;           /* (B, dim) queries, rotated */
-  float *k;           /* (B, kv_dim) new keys, unrotated */
-  float *v;           /* (B, kv_dim) new values */
-  float *att_out;     /* (B, dim) attention output, heads side by side */
-  float *hb;          /* (B, hidden_dim) gate, then silu(gate) * up */
-  float *hb2;         /* (B, hidden_dim) up */
-  float *kr;          /* (T, kv_dim) keys of every position, rotated */
-  float *vr;          /* (T, kv_dim) values in position order */
-  float *att;         /* (B, T) scores / probabilities of one head */
-  float *rope_cos;    /* (T, rope_dim / 2) */
-  float *rope_sin;    /* (T, rope_dim / 2) */
-  uint32_t rope_valid;     /* rows of the rope tables computed */
-  float rope_freq_scale;   /* the scale they were computed for */
-  float *sink_mass;        /* (n_layer) last forward, last token */
-  float *entropy;          /* (n_layer) last forward, last token, nats */
-  uint32_t attn_probe;     /* positions counted as sinks by sink_mass */
-  bool attn_valid;         /* a forward has filled the two above */
+  struct sk_pool *pool;   /* not owned; NULL = the caller's thread only */
+  uint32_t n_threads;
+  uint32_t max_batch;     /* B: rows of one forward call */
+  uint32_t max_ctx;       /* T */
+  float *x;               /* (B, dim) residual stream */
+  float *xb;              /* (B, dim) normed input of a block */
+  float *xb2;             /* (B, dim) output of a projection */
+  float *q;               /* (B, dim) queries */
+  float *k;               /* (B, kv_dim) new keys, unrotated */
+  float *v;               /* (B, kv_dim) new values */
+  float *att_out;         /* (B, dim) attention output, heads side by side */
+  float *hb;              /* (B, hidden_dim) gate, then silu(gate) * up */
+  float *hb2;             /* (B, hidden_dim) up */
+  int8_t *aq;             /* (B, max(dim, hidden_dim)) quantized input */
+  float *ad;              /* (B, max(dim, hidden_dim) / 32) its scales */
+  int32_t *as;            /* (B, max(dim, hidden_dim) / 32) its block sums */
+  float **rows;           /* (3, B) row pointers handed to the kernels */
+  struct sk__seq *seqs;   /* (B) */
+  float *rope_cos;        /* (T, rope_dim) for rope_freq_scale: each pair's
+                             cos twice */
+  float *rope_sin;        /* (T, rope_dim): -sin, +sin per pair */
+  uint32_t rope_valid;    /* rows of the rope tables computed */
+  float rope_freq_scale;  /* the scale they were computed for */
+  struct sk__tscratch *ts; /* (n_threads) */
+  uint32_t *task_seq;     /* (B * n_kv_head) attention task -> sequence */
+  uint32_t *task_kvh;     /* (B * n_kv_head) attention task -> first KV head */
+  double *mass_part;      /* (B, n_kv_head) one layer's sink mass, summed
+                             over a KV head's query heads */
+  double *ent_part;       /* (B, n_kv_head) the same for entropy */
+  float *sink_mass;       /* (B, n_layer) last call, last token of each
+                             sequence, averaged over query heads */
+  float *entropy;         /* (B, n_layer) the same, nats */
+  uint32_t *probe;        /* (B) positions counted as sinks */
+  uint32_t attn_n_seqs;   /* sequences of the last successful call */
 };
 
 /* ---- loading -------------------------------------------------------- */
@@ -234,40 +280,29 @@ static int sk__read_config(const struct sk_gguf *g, struct sk_model_config *c,
   return 0;
 }
 
-static float sk__f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31;
-  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-  if (exp == 0) {
-    /* zero or subnormal: mant * 2^-24, exact in float */
-    float f = ldexpf((float)mant, -24);
-    return sign ? -f : f;
+/* ---- tensors -------------------------------------------------------- */
+
+/* Takes ownership of p (freed with the model); frees it on failure. */
+static int sk__own(struct sk_model *m, void *p, const char *name, struct sk_error *err) {
+  if (m->n_owned == m->cap_owned) {
+    size_t cap = m->cap_owned ? 2 * m->cap_owned : 16;
+    void **o = realloc(m->owned, cap * sizeof *o);
+    if (!o) {
+      free(p);
+      return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot keep tensor %s", name);
+    }
+    m->owned = o;
+    m->cap_owned = cap;
   }
-  if (exp == 31)
-    bits = sign | 0x7f800000u | (mant << 13); /* inf / nan */
-  else
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
+  m->owned[m->n_owned++] = p;
+  return 0;
 }
 
-static float sk__bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-static bool sk__is_quantized(uint32_t type) {
-  return (type >= SK_GGML_Q4_0 && type <= SK_GGML_Q8_K);
-}
-
-/* Finds tensor `name`, checks that its shape is exactly [ne0] (ne1 == 0)
- * or [ne0, ne1] and that its type is loadable, and returns F32 data: the
- * mapping itself for F32, an owned converted copy for F16/BF16. */
-static int sk__tensor(struct sk_model *m, const struct sk_gguf *g,
-                      const char *name, uint64_t ne0, uint64_t ne1,
-                      const float **ret, struct sk_error *err) {
+/* Finds tensor `name` and checks that its shape is exactly [ne0]
+ * (ne1 == 0) or [ne0, ne1]. */
+static int sk__find_shaped(const struct sk_gguf *g, const char *name, uint64_t ne0,
+                           uint64_t ne1, const struct sk_gguf_tensor **ret,
+                           struct sk_error *err) {
   const struct sk_gguf_tensor *t = sk_gguf_find_tensor(g, name);
   if (!t)
     return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s is missing", name);
@@ -287,41 +322,18 @@ static int sk__tensor(struct sk_model *m, const struct sk_gguf *g,
         (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
         (unsigned long long)ne0);
   }
-  uint64_t n = ne0 * (ne1 ? ne1 : 1); /* both bounded by the limits above */
-  if (sk__is_quantized(t->type))
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tensor %s has type %s; quantized weights are not "
-                        "supported yet",
-                        name, sk_ggml_type_name(t->type));
-  if (t->type == SK_GGML_F32) {
-    if (t->n_bytes != n * sizeof(float) ||
-        (uintptr_t)t->data % alignof(float) != 0)
-      return sk_error_set(err, SK_ERR_BAD_MODEL,
-                          "tensor %s: %llu bytes of f32 data for %llu "
-                          "elements, or misaligned",
-                          name, (unsigned long long)t->n_bytes,
-                          (unsigned long long)n);
-    *ret = t->data;
-    return 0;
-  }
-  if (t->type != SK_GGML_F16 && t->type != SK_GGML_BF16)
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tensor %s has type %s, expected f32, f16 or bf16",
-                        name, sk_ggml_type_name(t->type));
+  *ret = t;
+  return 0;
+}
+
+/* Converts an F16/BF16 tensor of n elements to an owned F32 copy. */
+static int sk__to_f32(struct sk_model *m, const struct sk_gguf_tensor *t, const char *name,
+                      uint64_t n, const float **ret, struct sk_error *err) {
   if (t->n_bytes != n * sizeof(uint16_t))
     return sk_error_set(err, SK_ERR_BAD_MODEL,
                         "tensor %s: %llu bytes of %s data for %llu elements",
                         name, (unsigned long long)t->n_bytes,
                         sk_ggml_type_name(t->type), (unsigned long long)n);
-  if (m->n_owned == m->cap_owned) {
-    size_t cap = m->cap_owned ? 2 * m->cap_owned : 16;
-    float **o = realloc(m->owned, cap * sizeof *o);
-    if (!o)
-      return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot convert tensor %s",
-                          name);
-    m->owned = o;
-    m->cap_owned = cap;
-  }
   float *f = malloc((size_t)n * sizeof *f);
   if (!f)
     return sk_error_set(err, SK_ERR_NO_MEMORY,
@@ -332,10 +344,83 @@ static int sk__tensor(struct sk_model *m, const struct sk_gguf *g,
   for (uint64_t i = 0; i < n; i++) {
     uint16_t h;
     memcpy(&h, src + 2 * i, sizeof h);
-    f[i] = bf ? sk__bf16_to_f32(h) : sk__f16_to_f32(h);
+    f[i] = bf ? sk_bf16_to_f32(h) : sk_f16_to_f32(h);
   }
-  m->owned[m->n_owned++] = f;
+  int rc = sk__own(m, f, name, err);
+  if (rc < 0) return rc;
   *ret = f;
+  return 0;
+}
+
+/* A vector (norm weights, rope factors) of ne0 floats: F32 in place,
+ * F16/BF16 converted. */
+static int sk__vector(struct sk_model *m, const struct sk_gguf *g, const char *name,
+                      uint64_t ne0, const float **ret, struct sk_error *err) {
+  const struct sk_gguf_tensor *t = NULL;
+  int rc = sk__find_shaped(g, name, ne0, 0, &t, err);
+  if (rc < 0) return rc;
+  if (t->type == SK_GGML_F32) {
+    if (t->n_bytes != ne0 * sizeof(float) || (uintptr_t)t->data % alignof(float) != 0)
+      return sk_error_set(err, SK_ERR_BAD_MODEL,
+                          "tensor %s: %llu bytes of f32 data for %llu "
+                          "elements, or misaligned",
+                          name, (unsigned long long)t->n_bytes, (unsigned long long)ne0);
+    *ret = t->data;
+    return 0;
+  }
+  if (t->type != SK_GGML_F16 && t->type != SK_GGML_BF16)
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s has type %s, expected f32, f16 or bf16",
+                        name, sk_ggml_type_name(t->type));
+  return sk__to_f32(m, t, name, ne0, ret, err);
+}
+
+/* A matrix of ne1 rows of ne0 (GGUF's order: ne0 is the row). F32, F16,
+ * Q8_0 and Q4_0 are used in place (the mapping must outlive the model);
+ * BF16 is converted to F32. With `product`, the matrix is repacked for
+ * the kernels if they want it (sk_kernels_pack). */
+static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *name,
+                      uint64_t ne0, uint64_t ne1, bool product, struct sk_wmat *ret,
+                      struct sk_error *err) {
+  const struct sk_gguf_tensor *t = NULL;
+  int rc = sk__find_shaped(g, name, ne0, ne1, &t, err);
+  if (rc < 0) return rc;
+  struct sk_wmat w = {.type = t->type, .rows = (uint32_t)ne1, .cols = (uint32_t)ne0,
+                      .data = t->data};
+  switch (t->type) {
+  case SK_GGML_F32:
+    if ((uintptr_t)t->data % alignof(float) != 0)
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s: f32 data is misaligned", name);
+    break;
+  case SK_GGML_F16:
+  case SK_GGML_Q8_0:
+  case SK_GGML_Q4_0:
+    break;
+  case SK_GGML_BF16: {
+    const float *f = NULL;
+    if ((rc = sk__to_f32(m, t, name, ne0 * ne1, &f, err)) < 0) return rc;
+    w.type = SK_GGML_F32;
+    w.data = f;
+    break;
+  }
+  default:
+    return sk_error_set(err, SK_ERR_BAD_MODEL,
+                        "tensor %s has type %s; supported weight types are f32, f16, bf16, "
+                        "q8_0 and q4_0",
+                        name, sk_ggml_type_name(t->type));
+  }
+  w.row_bytes = sk_quant_row_bytes(w.type, ne0);
+  if (t->type != SK_GGML_BF16 && (w.row_bytes == 0 || t->n_bytes != w.row_bytes * ne1))
+    return sk_error_set(err, SK_ERR_BAD_MODEL,
+                        "tensor %s: %llu bytes of %s data for %llu x %llu elements", name,
+                        (unsigned long long)t->n_bytes, sk_ggml_type_name(t->type),
+                        (unsigned long long)ne1, (unsigned long long)ne0);
+  if (product) {
+    void *mem = NULL;
+    if ((rc = sk_kernels_pack(&w, &mem, err)) < 0) return rc;
+    if (mem && (rc = sk__own(m, mem, name, err)) < 0) return rc;
+    m->weight_bytes += (uint64_t)w.row_bytes * w.rows;
+  }
+  *ret = w;
   return 0;
 }
 
@@ -353,21 +438,22 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
                         (unsigned long long)te->ne[1], SK__MAX_VOCAB);
   m->cfg.n_vocab = (uint32_t)te->ne[1];
   int rc;
-  if ((rc = sk__tensor(m, g, "token_embd.weight", c->dim, c->n_vocab,
-                       &m->tok_embd, err)) < 0 ||
-      (rc = sk__tensor(m, g, "output_norm.weight", c->dim, 0, &m->out_norm,
-                       err)) < 0)
+  if ((rc = sk__matrix(m, g, "token_embd.weight", c->dim, c->n_vocab, false, &m->tok_embd,
+                       err)) < 0 ||
+      (rc = sk__vector(m, g, "output_norm.weight", c->dim, &m->out_norm, err)) < 0)
     return rc;
   if (sk_gguf_find_tensor(g, "output.weight")) {
-    if ((rc = sk__tensor(m, g, "output.weight", c->dim, c->n_vocab,
-                         &m->output, err)) < 0)
+    if ((rc = sk__matrix(m, g, "output.weight", c->dim, c->n_vocab, true, &m->output, err)) < 0)
       return rc;
-  } else {
-    m->output = m->tok_embd; /* tied embeddings */
+  } else { /* tied embeddings: the same data, packed for products if need be */
+    m->output = m->tok_embd;
+    void *mem = NULL;
+    if ((rc = sk_kernels_pack(&m->output, &mem, err)) < 0) return rc;
+    if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
+    m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
-    if ((rc = sk__tensor(m, g, "rope_freqs.weight", c->rope_dim / 2, 0,
-                         &m->rope_freqs, err)) < 0)
+    if ((rc = sk__vector(m, g, "rope_freqs.weight", c->rope_dim / 2, &m->rope_freqs, err)) < 0)
       return rc;
     for (uint32_t i = 0; i < c->rope_dim / 2; i++)
       if (!isfinite(m->rope_freqs[i]) || !(m->rope_freqs[i] > 0.0f))
@@ -379,26 +465,27 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     struct sk__layer *L = &m->layers[l];
+    char name[SK_GGUF_MAX_NAME + 16];
+    snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l);
+    if ((rc = sk__vector(m, g, name, c->dim, &L->attn_norm, err)) < 0) return rc;
+    snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l);
+    if ((rc = sk__vector(m, g, name, c->dim, &L->ffn_norm, err)) < 0) return rc;
     struct {
       const char *suffix;
       uint32_t ne0, ne1;
-      const float **dst;
+      struct sk_wmat *dst;
     } spec[] = {
-        {"attn_norm", c->dim, 0, &L->attn_norm},
         {"attn_q", c->dim, c->dim, &L->wq},
         {"attn_k", c->dim, c->kv_dim, &L->wk},
         {"attn_v", c->dim, c->kv_dim, &L->wv},
         {"attn_output", c->dim, c->dim, &L->wo},
-        {"ffn_norm", c->dim, 0, &L->ffn_norm},
         {"ffn_gate", c->dim, c->hidden_dim, &L->w_gate},
         {"ffn_up", c->dim, c->hidden_dim, &L->w_up},
         {"ffn_down", c->hidden_dim, c->dim, &L->w_down},
     };
     for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
-      char name[SK_GGUF_MAX_NAME + 16];
       snprintf(name, sizeof name, "blk.%u.%s.weight", l, spec[i].suffix);
-      if ((rc = sk__tensor(m, g, name, spec[i].ne0, spec[i].ne1, spec[i].dst,
-                           err)) < 0)
+      if ((rc = sk__matrix(m, g, name, spec[i].ne0, spec[i].ne1, true, spec[i].dst, err)) < 0)
         return rc;
     }
   }
@@ -443,22 +530,54 @@ struct sk_kv_shape sk_model_kv_shape(const struct sk_model *m) {
                               .kv_dim = m->cfg.kv_dim};
 }
 
+const char *sk_model_weight_type(const struct sk_model *m) {
+  return sk_ggml_type_name(m->layers[0].wq.type);
+}
+
+uint64_t sk_model_weight_bytes(const struct sk_model *m) { return m->weight_bytes; }
+
 /* ---- scratch -------------------------------------------------------- */
 
 void sk_scratch_free(struct sk_scratch *s) {
   if (!s) return;
   float **bufs[] = {&s->x,   &s->xb,      &s->xb2, &s->q,   &s->k,
-                    &s->v,   &s->att_out, &s->hb,  &s->hb2, &s->kr,
-                    &s->vr,  &s->att,     &s->rope_cos, &s->rope_sin};
+                    &s->v,   &s->att_out, &s->hb,  &s->hb2, &s->ad,
+                    &s->rope_cos, &s->rope_sin};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
+  free(s->aq);
+  free(s->as);
+  free(s->rows);
+  free(s->seqs);
+  free(s->task_seq);
+  free(s->task_kvh);
+  free(s->mass_part);
+  free(s->ent_part);
   free(s->sink_mass);
   free(s->entropy);
+  free(s->probe);
+  if (s->ts) {
+    for (uint32_t t = 0; t < s->n_threads; t++) {
+      free(s->ts[t].kr);
+      free(s->ts[t].att);
+      free(s->ts[t].vp);
+      free(s->ts[t].kp);
+      free(s->ts[t].sp);
+      free(s->ts[t].cs);
+      free(s->ts[t].sn);
+    }
+    free(s->ts);
+  }
   free(s);
 }
 
 int sk_scratch_new(const struct sk_model *m, uint32_t max_batch,
                    uint32_t max_ctx, struct sk_scratch **ret,
                    struct sk_error *err) {
+  return sk_scratch_new_pool(m, max_batch, max_ctx, NULL, ret, err);
+}
+
+int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t max_ctx,
+                        struct sk_pool *pool, struct sk_scratch **ret, struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
   if (max_batch == 0 || max_batch > SK__MAX_SCRATCH_CTX)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
@@ -471,57 +590,64 @@ int sk_scratch_new(const struct sk_model *m, uint32_t max_batch,
   struct sk_scratch *s = calloc(1, sizeof *s);
   if (!s) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate scratch");
   s->m = m;
+  s->pool = pool;
+  s->n_threads = sk_pool_threads(pool);
   s->max_batch = max_batch;
   s->max_ctx = max_ctx;
   /* Every product below is < 2^20 * 2^22 floats: fits size_t on 64-bit;
    * on 32-bit hosts malloc simply fails. */
   size_t B = max_batch, T = max_ctx;
+  size_t wide = c->hidden_dim > c->dim ? c->hidden_dim : c->dim;
+  size_t half = c->rope_dim / 2;
   struct {
-    float **dst;
-    size_t n;
+    void **dst;
+    size_t n, size;
   } want[] = {
-      {&s->x, B * c->dim},          {&s->xb, B * c->dim},
-      {&s->xb2, B * c->dim},        {&s->q, B * c->dim},
-      {&s->k, B * c->kv_dim},       {&s->v, B * c->kv_dim},
-      {&s->att_out, B * c->dim},    {&s->hb, B * c->hidden_dim},
-      {&s->hb2, B * c->hidden_dim}, {&s->kr, T * c->kv_dim},
-      {&s->vr, T * c->kv_dim},      {&s->att, B * T},
-      {&s->rope_cos, T * (c->rope_dim / 2)},
-      {&s->rope_sin, T * (c->rope_dim / 2)},
+      {(void **)&s->x, B * c->dim, 4},       {(void **)&s->xb, B * c->dim, 4},
+      {(void **)&s->xb2, B * c->dim, 4},     {(void **)&s->q, B * c->dim, 4},
+      {(void **)&s->k, B * c->kv_dim, 4},    {(void **)&s->v, B * c->kv_dim, 4},
+      {(void **)&s->att_out, B * c->dim, 4}, {(void **)&s->hb, B * c->hidden_dim, 4},
+      {(void **)&s->hb2, B * c->hidden_dim, 4},
+      {(void **)&s->aq, B * wide, 1},        {(void **)&s->ad, B * (wide / SK_QK + 1), 4},
+      {(void **)&s->as, B * (wide / SK_QK + 1), 4},
+      {(void **)&s->rows, 3 * B, sizeof(float *)},
+      {(void **)&s->seqs, B, sizeof(struct sk__seq)},
+      {(void **)&s->rope_cos, T * 2 * half, 4}, {(void **)&s->rope_sin, T * 2 * half, 4},
+      {(void **)&s->ts, s->n_threads, sizeof(struct sk__tscratch)},
+      {(void **)&s->task_seq, B * c->n_kv_head, sizeof(uint32_t)},
+      {(void **)&s->task_kvh, B * c->n_kv_head, sizeof(uint32_t)},
+      {(void **)&s->mass_part, B * c->n_kv_head, sizeof(double)},
+      {(void **)&s->ent_part, B * c->n_kv_head, sizeof(double)},
+      {(void **)&s->sink_mass, B * c->n_layer, sizeof(float)},
+      {(void **)&s->entropy, B * c->n_layer, sizeof(float)},
+      {(void **)&s->probe, B, sizeof(uint32_t)},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    if (want[i].n > SIZE_MAX / sizeof(float) ||
-        !(*want[i].dst = malloc(want[i].n * sizeof(float)))) {
-      sk_scratch_free(s);
-      return sk_error_set(err, SK_ERR_NO_MEMORY,
-                          "cannot allocate scratch for batch %u, context %u",
-                          max_batch, max_ctx);
-    }
+    if (want[i].n > SIZE_MAX / want[i].size ||
+        !(*want[i].dst = calloc(want[i].n, want[i].size)))
+      goto nomem;
   }
-  s->sink_mass = calloc(c->n_layer, sizeof *s->sink_mass);
-  s->entropy = calloc(c->n_layer, sizeof *s->entropy);
-  if (!s->sink_mass || !s->entropy) {
-    sk_scratch_free(s);
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate scratch");
+  for (uint32_t t = 0; t < s->n_threads; t++) {
+    struct sk__tscratch *ts = &s->ts[t];
+    if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
+        !(ts->att = malloc(T * sizeof(float))) || !(ts->vp = malloc(T * sizeof *ts->vp)) ||
+        !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
+        !(ts->cs = malloc(2 * half * sizeof(float))) ||
+        !(ts->sn = malloc(2 * half * sizeof(float))))
+      goto nomem;
   }
   s->rope_valid = 0;
   s->rope_freq_scale = 0.0f;
   *ret = s;
   return 0;
+nomem:
+  sk_scratch_free(s);
+  return sk_error_set(err, SK_ERR_NO_MEMORY,
+                      "cannot allocate scratch for batch %u, context %u",
+                      max_batch, max_ctx);
 }
 
-/* ---- kernels -------------------------------------------------------- */
-
-/* y (n, out) = x (n, in) W^T, W (out, in) row-major. */
-static void sk__matmul(float *y, const float *x, const float *w, uint32_t n,
-                       uint32_t in, uint32_t out) {
-  if (n == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)out, (int)in, 1.0f, w,
-                (int)in, x, 1, 0.0f, y, 1);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out,
-                (int)in, 1.0f, x, (int)in, w, (int)in, 0.0f, y, (int)out);
-}
+/* ---- small kernels -------------------------------------------------- */
 
 /* y = (x * 1/sqrtf(mean(x^2) + eps)) * w, as ggml_rms_norm then ggml_mul. */
 static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
@@ -533,252 +659,479 @@ static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
   for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
-/* Extends the cos/sin tables to positions < n for freq_scale. Angles as
- * ggml_rope_cache_init: theta = pos; theta *= theta_scale per pair, all
- * in float; divided by the frequency factor, times freq_scale. */
-static void sk__rope_tables(struct sk_scratch *s, uint32_t n,
-                            float freq_scale) {
-  const struct sk_model *m = s->m;
-  uint32_t half = m->cfg.rope_dim / 2;
+/* cos/sin of position p for freq_scale, as ggml_rope_cache_init:
+ * theta = pos; theta *= theta_scale per pair, all in float; divided by
+ * the frequency factor, times freq_scale. Laid out for sk_kernels_rope:
+ * cs[2i] = cs[2i+1] = cos, sn[2i] = -sin, sn[2i+1] = sin. */
+static void sk__rope_angles(const struct sk_model *m, uint32_t p, float freq_scale, float *cs,
+                            float *sn) {
+  const uint32_t half = m->cfg.rope_dim / 2;
+  const float theta_scale = powf(m->cfg.rope_base, -2.0f / (float)m->cfg.rope_dim);
+  float theta = (float)p;
+  for (uint32_t i = 0; i < half; i++) {
+    float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
+    float t = freq_scale * (theta / ff);
+    cs[2 * i] = cs[2 * i + 1] = cosf(t);
+    sn[2 * i + 1] = sinf(t);
+    sn[2 * i] = -sn[2 * i + 1];
+    theta *= theta_scale;
+  }
+}
+
+/* Extends the cos/sin tables to positions < n for freq_scale. */
+static void sk__rope_tables(struct sk_scratch *s, uint32_t n, float freq_scale) {
+  const uint32_t half = s->m->cfg.rope_dim / 2;
   if (s->rope_freq_scale != freq_scale) {
     s->rope_valid = 0;
     s->rope_freq_scale = freq_scale;
   }
-  const float theta_scale =
-      powf(m->cfg.rope_base, -2.0f / (float)m->cfg.rope_dim);
-  for (uint32_t p = s->rope_valid; p < n; p++) {
-    float theta = (float)p;
-    float *cs = s->rope_cos + (size_t)p * half;
-    float *sn = s->rope_sin + (size_t)p * half;
-    for (uint32_t i = 0; i < half; i++) {
-      float ff = m->rope_freqs ? m->rope_freqs[i] : 1.0f;
-      float t = freq_scale * (theta / ff);
-      cs[i] = cosf(t);
-      sn[i] = sinf(t);
-      theta *= theta_scale;
-    }
-  }
+  for (uint32_t p = s->rope_valid; p < n; p++)
+    sk__rope_angles(s->m, p, freq_scale, s->rope_cos + (size_t)p * 2 * half,
+                    s->rope_sin + (size_t)p * 2 * half);
   if (n > s->rope_valid) s->rope_valid = n;
 }
 
-/* Rotates each of n_heads heads of x (head_dim floats each) at position p,
- * writing y (may equal x). */
-static void sk__rope(float *y, const float *x, const struct sk_scratch *s,
-                     uint32_t p, uint32_t n_heads) {
-  const struct sk_model_config *c = &s->m->cfg;
-  uint32_t half = c->rope_dim / 2;
-  const float *cs = s->rope_cos + (size_t)p * half;
-  const float *sn = s->rope_sin + (size_t)p * half;
-  for (uint32_t h = 0; h < n_heads; h++) {
-    const float *xh = x + (size_t)h * c->head_dim;
-    float *yh = y + (size_t)h * c->head_dim;
-    for (uint32_t i = 0; i < half; i++) {
-      float x0 = xh[2 * i], x1 = xh[2 * i + 1];
-      yh[2 * i] = x0 * cs[i] - x1 * sn[i];
-      yh[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+/* Rotates one head x (head_dim floats) by the angles cs/sn (layout of
+ * sk__rope_angles), writing y (may equal x). */
+static void sk__rope(float *y, const float *x, const struct sk_model_config *c, const float *cs,
+                     const float *sn) {
+  sk_kernels_rope(y, x, cs, sn, c->rope_dim);
+  if (y != x) memcpy(y + c->rope_dim, x + c->rope_dim, (c->head_dim - c->rope_dim) * sizeof *y);
+}
+
+/* ---- matrix products on the pool ------------------------------------ */
+
+/* Up to three products sharing one input: y_j = x W_j^T. */
+struct sk__mm {
+  const struct sk_act *x;
+  uint32_t n_w;
+  const struct sk_wmat *w[3];
+  float *const *y[3];    /* (x->n) row pointers each */
+  uint32_t chunk;        /* output rows per task */
+  uint32_t first[4];     /* first task of each product; first[n_w] = total */
+};
+
+static void sk__mm_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  const struct sk__mm *mm = ctx;
+  uint32_t j = 0;
+  while (task >= mm->first[j + 1]) j++;
+  uint32_t o0 = (task - mm->first[j]) * mm->chunk;
+  uint32_t o1 = o0 + mm->chunk < mm->w[j]->rows ? o0 + mm->chunk : mm->w[j]->rows;
+  sk_kernels_matmul(mm->w[j], mm->x, mm->y[j], o0, o1);
+}
+
+/* Runs the products of mm (x, w, y, n_w set) on the pool: the outputs are
+ * cut into chunks of SK__MM_ALIGN-multiple rows, about four per thread. */
+static void sk__matmuls(struct sk_scratch *s, struct sk__mm *mm) {
+  uint64_t total = 0;
+  for (uint32_t j = 0; j < mm->n_w; j++) total += mm->w[j]->rows;
+  uint64_t per = s->n_threads == 1 ? total : total / (4u * s->n_threads) + 1;
+  per = (per + SK__MM_ALIGN - 1) / SK__MM_ALIGN * SK__MM_ALIGN;
+  mm->chunk = (uint32_t)(per < UINT32_MAX ? per : UINT32_MAX - SK__MM_ALIGN);
+  mm->first[0] = 0;
+  for (uint32_t j = 0; j < mm->n_w; j++)
+    mm->first[j + 1] = mm->first[j] + (mm->w[j]->rows + mm->chunk - 1) / mm->chunk;
+  sk_pool_run(s->pool, sk__mm_task, mm, mm->first[mm->n_w]);
+}
+
+/* Prepares the activations of n rows of x (stride ld, cols wide) for the
+ * products with ws[0..n_w): floats, plus int8 blocks if any is quantized. */
+static struct sk_act sk__act(struct sk_scratch *s, const float *x, size_t ld, uint32_t n,
+                             uint32_t cols, const struct sk_wmat *const *ws, uint32_t n_w) {
+  struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = ld, .q = s->aq, .d = s->ad, .s = s->as};
+  for (uint32_t j = 0; j < n_w; j++) {
+    if (sk_wmat_needs_q8(ws[j])) {
+      sk_kernels_quantize_rows(x, ld, n, cols, s->aq, s->ad, s->as);
+      break;
     }
-    if (yh != xh)
-      memcpy(yh + c->rope_dim, xh + c->rope_dim,
-             (c->head_dim - c->rope_dim) * sizeof *yh);
   }
+  return a;
 }
 
-/* Softmax of row[0..n_valid) scaled by scale, as ggml_soft_max_ext:
- * max-subtracted expf, sum in double, multiply by 1/sum. Entries
- * [n_valid..n_total) (future positions) become 0. If ret_entropy is not
- * NULL it receives the entropy of the distribution in nats, computed
- * without a logarithm per entry: with e_j = exp(x_j - max) and S = sum e_j,
- * H = -sum p_j log p_j = log S - sum e_j (x_j - max) / S. */
-static void sk__softmax(float *row, uint32_t n_valid, uint32_t n_total,
-                        float scale, double *ret_entropy) {
-  float max = -INFINITY;
-  for (uint32_t j = 0; j < n_valid; j++) {
-    row[j] *= scale;
-    if (row[j] > max) max = row[j];
-  }
-  double sum = 0.0, wsum = 0.0;
-  for (uint32_t j = 0; j < n_valid; j++) {
-    float e = expf(row[j] - max);
-    if (ret_entropy) wsum += (double)e * (double)(row[j] - max);
-    row[j] = e;
-    sum += (double)e;
-  }
-  if (ret_entropy) *ret_entropy = log(sum) - wsum / sum;
-  const float inv = (float)(1.0 / sum);
-  for (uint32_t j = 0; j < n_valid; j++) row[j] *= inv;
-  for (uint32_t j = n_valid; j < n_total; j++) row[j] = 0.0f;
+/* Row pointers base + i * ld for i < n, in s->rows + off. */
+static float *const *sk__rows(struct sk_scratch *s, uint32_t off, float *base, size_t ld,
+                              uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) s->rows[off + i] = base + (size_t)i * ld;
+  return s->rows + off;
 }
 
-/* What the attention of one query row leaves behind besides its output:
- * the H2O score of every position it saw (kvcache.h: summed over query
- * heads, hence per KV head over its group, then over KV heads and
- * layers), and, for the last row of the batch, the sink mass and entropy
- * averaged over heads. */
-static void sk__attention_observe(struct sk_scratch *s, const struct sk_kv *kv,
-                                  const float *p, uint32_t n_seen,
-                                  bool last_row, double entropy,
-                                  double *mass_sum, double *ent_sum) {
-  if (sk_policy_scores(kv->hdr->policy))
-    for (uint32_t j = 0; j < n_seen; j++) kv->score[kv->order[j]] += p[j];
-  if (last_row) {
-    double m = 0.0;
-    uint32_t probe = s->attn_probe < n_seen ? s->attn_probe : n_seen;
-    for (uint32_t j = 0; j < probe; j++) m += (double)p[j];
-    *mass_sum += m;
-    *ent_sum += entropy;
-  }
-}
+/* ---- attention ------------------------------------------------------ */
 
-/* Attention of the n new tokens (queries s->q, rotated) over the T = nr+n
- * positions of layer l. Token i sits at position nr+i and sees 0..nr+i. */
-static void sk__attention(struct sk_scratch *s, const struct sk_kv *kv,
-                          uint32_t l, uint32_t nr, uint32_t n) {
+/* Per sequence, per KV head. The positions each query sees are those of
+ * one-token-at-a-time processing (StreamingLLM cache positions). Number
+ * the tokens in stream order: the nb = nr + n_evicted that were resident
+ * before this chunk's make_room (the sinks at order[0 .. min(S, nr)),
+ * the evicted ones at the tail of the free list, order[n_slots -
+ * n_evicted .. n_slots), the rest of the window at order[S .. nr)), then
+ * the chunk's n tokens. Query i (index
+ * A = nb + i) then sees, with cap = capacity - 1 and
+ * shift = max(0, A - cap) window tokens already gone for it:
+ *
+ *   the sinks, indices 0 .. S-1, at positions 0 .. S-1;
+ *   indices S + shift .. A (A is itself), at positions index - shift.
+ *
+ * Without evictions shift is 0 and every token sits at its index. Keys
+ * are rotated at their position into kr, and rotated again only when
+ * the shift changes (an eviction inside the chunk moved every window key
+ * down one place). */
+struct sk__att {
+  struct sk_scratch *s;
+  uint32_t layer;
+};
+
+/* Rotates the keys ts->kp[p] for positions p0 <= p < p1 into ts->kr. */
+static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
+                          struct sk__tscratch *ts, uint32_t p0, uint32_t p1) {
   const struct sk_model_config *c = &s->m->cfg;
-  const uint32_t T = nr + n, hd = c->head_dim, D = c->kv_dim;
+  const uint32_t hd = c->head_dim, rd = c->rope_dim;
+  if (sq->freq_scale == s->rope_freq_scale) {
+    sk_kernels_rope_rows(ts->kr + (size_t)p0 * hd, ts->kp + p0, s->rope_cos + (size_t)p0 * rd,
+                         s->rope_sin + (size_t)p0 * rd, p1 - p0, rd, hd);
+    return;
+  }
+  for (uint32_t p = p0; p < p1; p++) { /* a cache with its own scale */
+    sk__rope_angles(s->m, p, sq->freq_scale, ts->cs, ts->sn);
+    sk_kernels_rope_rows(ts->kr + (size_t)p * hd, ts->kp + p, ts->cs, ts->sn, 1, rd, hd);
+  }
+}
+
+static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
+  const struct sk__att *a = ctx;
+  struct sk_scratch *s = a->s;
+  const struct sk_model *m = s->m;
+  const struct sk_model_config *c = &m->cfg;
+  const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim;
   const uint32_t group = c->n_head / c->n_kv_head;
   const float scale = 1.0f / sqrtf((float)hd);
+  const uint32_t si = s->task_seq[task];
+  const struct sk__seq *sq = &s->seqs[si];
+  const struct sk_kv *kv = sq->in->kv;
+  const bool scores = sk_policy_scores(kv->hdr->policy);
+  const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
+  const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
+  const uint32_t cap = kv->hdr->capacity - 1;
+  struct sk__tscratch *ts = &s->ts[thread];
+  const bool tables = sq->freq_scale == s->rope_freq_scale;
+  /* one KV head, or all of them for a cache that accumulates scores (one
+   * thread adds to its score array, in head order) */
+  const uint32_t kvh0 = s->task_kvh[task], kvh1 = scores ? c->n_kv_head : kvh0 + 1;
+  for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
+  const size_t off = (size_t)kvh * hd;
   double mass_sum = 0.0, ent_sum = 0.0;
 
-  for (uint32_t p = 0; p < T; p++) {
-    uint32_t slot = sk_kv_slot(kv, p);
-    sk__rope(s->kr + (size_t)p * D, sk_kv_k(kv, l, slot), s, p, c->n_kv_head);
-    memcpy(s->vr + (size_t)p * D, sk_kv_v(kv, l, slot), D * sizeof(float));
+/* cos/sin of position p into cs/sn */
+#define SK__ANGLES(p)                                                       \
+  const float *cs = s->rope_cos + (size_t)(p) * rd;                         \
+  const float *sn = s->rope_sin + (size_t)(p) * rd;                         \
+  if (!tables) {                                                            \
+    sk__rope_angles(m, (p), sq->freq_scale, ts->cs, ts->sn);                \
+    cs = ts->cs;                                                            \
+    sn = ts->sn;                                                            \
   }
-  for (uint32_t h = 0; h < c->n_head; h++) {
-    const uint32_t kvh = h / group; /* ggml's broadcast: q head h -> kv h/g */
-    const float *qh = s->q + (size_t)h * hd;      /* rows of stride dim */
-    const float *kh = s->kr + (size_t)kvh * hd;   /* rows of stride D */
-    const float *vh = s->vr + (size_t)kvh * hd;
-    float *oh = s->att_out + (size_t)h * hd;
-    double ent = 0.0;
-    if (n == 1) {
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)T, (int)hd, 1.0f, kh,
-                  (int)D, qh, 1, 0.0f, s->att, 1);
-      sk__softmax(s->att, T, T, scale, &ent);
-      sk__attention_observe(s, kv, s->att, T, true, ent, &mass_sum, &ent_sum);
-      cblas_sgemv(CblasRowMajor, CblasTrans, (int)T, (int)hd, 1.0f, vh,
-                  (int)D, s->att, 1, 0.0f, oh, 1);
-      continue;
-    }
-    /* scores (n, T) = Q_h (n, hd) K_h^T; probs (n, T); out = P V_h */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T,
-                (int)hd, 1.0f, qh, (int)c->dim, kh, (int)D, 0.0f, s->att,
-                (int)T);
-    for (uint32_t i = 0; i < n; i++) {
-      bool last = i + 1 == n;
-      float *row = s->att + (size_t)i * T;
-      sk__softmax(row, nr + i + 1, T, scale, last ? &ent : NULL);
-      sk__attention_observe(s, kv, row, nr + i + 1, last, ent, &mass_sum,
-                            &ent_sum);
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd,
-                (int)T, 1.0f, s->att, (int)T, vh, (int)D, 0.0f, oh,
-                (int)c->dim);
+/* cache slot of the resident or evicted token with stream-order index
+ * idx, sr <= idx < nb: make_room put the evicted slots, oldest first, at
+ * the tail of the free list (kvcache.h) */
+#define SK__SLOT(idx)                                                  \
+  ((idx) - sr < e ? kv->order[kv->hdr->n_slots - e + ((idx) - sr)] \
+                  : kv->order[(idx) - e])
+
+  for (uint32_t p = 0; p < sr; p++) {
+    const uint32_t slot = kv->order[p];
+    ts->kp[p] = sk_kv_k(kv, a->layer, slot) + off;
+    ts->vp[p] = sk_kv_v(kv, a->layer, slot) + off;
+    ts->sp[p] = slot;
   }
-  s->sink_mass[l] = (float)(mass_sum / c->n_head);
-  s->entropy[l] = (float)(ent_sum / c->n_head);
+  sk__rope_keys(s, sq, ts, 0, sr);
+  uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
+  for (uint32_t i = 0; i < sq->in->n; i++) {
+    const uint32_t row = sq->row0 + i;
+    const uint32_t A = nb + i, shift = A > cap ? A - cap : 0, P = A - shift;
+    if (shift != rot_shift) {
+      rot_shift = shift;
+      rot_next = sr;
+    }
+    for (uint32_t p = rot_next; p <= P; p++) {
+      const uint32_t idx = p + shift;
+      const float *k, *v;
+      if (idx < nb) {
+        const uint32_t slot = SK__SLOT(idx);
+        k = sk_kv_k(kv, a->layer, slot);
+        v = sk_kv_v(kv, a->layer, slot);
+        ts->sp[p] = slot;
+      } else {
+        k = s->k + (size_t)(sq->row0 + idx - nb) * D;
+        v = s->v + (size_t)(sq->row0 + idx - nb) * D;
+        ts->sp[p] = kv->order[nr + (idx - nb)]; /* the slot it is written to */
+      }
+      ts->kp[p] = k + off;
+      ts->vp[p] = v + off;
+    }
+    sk__rope_keys(s, sq, ts, rot_next, P + 1);
+    rot_next = P + 1;
+
+    SK__ANGLES(P);
+    for (uint32_t g = 0; g < group; g++) {
+      const uint32_t h = kvh * group + g; /* ggml's broadcast: q head h -> kv h/g */
+      float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
+      sk__rope(qh, qh, c, cs, sn);
+      sk_kernels_scores(qh, ts->kr, hd, P + 1, hd, ts->att);
+      const bool last = i + 1 == sq->in->n;
+      double ent = 0.0;
+      sk_kernels_softmax(ts->att, P + 1, scale, last ? &ent : NULL);
+      /* H2O (kvcache.h): every probability adds to its position's score,
+       * summed over query heads and layers */
+      if (scores)
+        for (uint32_t p = 0; p <= P; p++) kv->score[ts->sp[p]] += ts->att[p];
+      if (last) { /* diagnostics of the sequence's last token */
+        const uint32_t probe = sq->probe < P + 1 ? sq->probe : P + 1;
+        double mass = 0.0;
+        for (uint32_t p = 0; p < probe; p++) mass += (double)ts->att[p];
+        mass_sum += mass;
+        ent_sum += ent;
+      }
+      sk_kernels_wsum(s->att_out + (size_t)row * c->dim + (size_t)h * hd, ts->att, ts->vp, P + 1,
+                      hd);
+    }
+  }
+  s->mass_part[(size_t)si * c->n_kv_head + kvh] = mass_sum;
+  s->ent_part[(size_t)si * c->n_kv_head + kvh] = ent_sum;
+  } /* kv heads */
+#undef SK__ANGLES
+#undef SK__SLOT
+}
+
+/* ---- silu ------------------------------------------------------------ */
+
+struct sk__silu {
+  struct sk_scratch *s;
+  uint32_t n;     /* rows */
+  uint32_t chunk; /* rows per task */
+};
+
+static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  const struct sk__silu *a = ctx;
+  const size_t H = a->s->m->cfg.hidden_dim;
+  size_t i0 = (size_t)task * a->chunk, i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
+  sk_kernels_swiglu(a->s->hb + i0 * H, a->s->hb2 + i0 * H, (i1 - i0) * H);
 }
 
 /* ---- forward -------------------------------------------------------- */
 
-int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
-                     struct sk_kv *kv, const int32_t *tokens, uint32_t n,
-                     float *logits, bool all_logits, struct sk_error *err) {
+/* Formats the error of sequence i (prefixed with its index when the batch
+ * has several). */
+static int sk__seq_error(struct sk_error *err, uint32_t n_seqs, uint32_t i, int code,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int sk__seq_error(struct sk_error *err, uint32_t n_seqs, uint32_t i, int code,
+                         const char *fmt, ...) {
+  char msg[sizeof err->message];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (n_seqs > 1) return sk_error_set(err, code, "sequence %u: %s", i, msg);
+  return sk_error_set(err, code, "%s", msg);
+}
+
+static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
+                         const struct sk_seq *q, uint32_t n_seqs, uint32_t i,
+                         struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
-  /* Every check happens before the cache is touched. */
-  if (s->m != m)
-    return sk_error_set(err, SK_ERR_INTERNAL,
-                        "scratch was made for another model");
+  const struct sk_kv *kv = q->kv;
   if (kv->hdr->n_layer != c->n_layer || kv->hdr->kv_dim != c->kv_dim)
-    return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "cache shape n_layer %u x kv_dim %u does not match "
-                        "the model's %u x %u",
-                        kv->hdr->n_layer, kv->hdr->kv_dim, c->n_layer,
-                        c->kv_dim);
-  if (n == 0)
-    return sk_error_set(err, SK_ERR_BAD_REQUEST, "no tokens to process");
-  if (n > s->max_batch)
-    return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "batch of %u tokens exceeds the maximum batch %u", n,
-                        s->max_batch);
-  for (uint32_t i = 0; i < n; i++)
-    if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->n_vocab)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "token %u of the batch is id %d, outside the "
-                          "vocabulary 0..%u",
-                          i, tokens[i], c->n_vocab - 1);
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                         "cache shape n_layer %u x kv_dim %u does not match "
+                         "the model's %u x %u",
+                         kv->hdr->n_layer, kv->hdr->kv_dim, c->n_layer, c->kv_dim);
+  if (q->n == 0)
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST, "no tokens to process");
+  if (q->n > s->max_batch)
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                         "batch of %u tokens exceeds the maximum batch %u", q->n, s->max_batch);
+  for (uint32_t j = 0; j < q->n; j++)
+    if (q->tokens[j] < 0 || (uint32_t)q->tokens[j] >= c->n_vocab)
+      return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                           "token %u of the batch is id %d, outside the "
+                           "vocabulary 0..%u",
+                           j, q->tokens[j], c->n_vocab - 1);
   const uint32_t nr = kv->hdr->n_resident;
-  if (n > sk_kv_free_slots(kv))
-    return sk_error_set(err, SK_ERR_CONTEXT_FULL,
-                        "context full: needs %u, %u of %u free", n,
-                        sk_kv_free_slots(kv), kv->hdr->capacity);
-  if ((uint64_t)nr + n > s->max_ctx)
+  if (q->n > sk_kv_free_slots(kv))
+    return sk__seq_error(err, n_seqs, i, SK_ERR_CONTEXT_FULL, "context full: needs %u, %u of %u free",
+                         q->n, sk_kv_free_slots(kv), kv->hdr->capacity);
+  if ((uint64_t)nr + q->n > s->max_ctx)
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                         "%u resident + %u new tokens exceed the scratch "
+                         "context %u",
+                         nr, q->n, s->max_ctx);
+  if (q->n_evicted &&
+      (kv->hdr->policy != SK_POLICY_STREAMING || q->n_evicted > q->n ||
+       nr + q->n != kv->hdr->capacity || nr < kv->hdr->n_sink))
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                         "n_evicted %u does not describe a streaming make_room for %u tokens",
+                         q->n_evicted, q->n);
+  return 0;
+}
+
+int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
+                           const struct sk_seq *seqs, uint32_t n_seqs, struct sk_error *err) {
+  const struct sk_model_config *c = &m->cfg;
+  /* Every check happens before any cache is touched. */
+  if (s->m != m)
+    return sk_error_set(err, SK_ERR_INTERNAL, "scratch was made for another model");
+  if (n_seqs == 0) return sk_error_set(err, SK_ERR_BAD_REQUEST, "no sequences to process");
+  uint64_t rows = 0;
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    int rc = sk__check_seq(m, s, &seqs[i], n_seqs, i, err);
+    if (rc < 0) return rc;
+    rows += seqs[i].n;
+  }
+  if (rows > s->max_batch)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "%u resident + %u new tokens exceed the scratch "
-                        "context %u",
-                        nr, n, s->max_ctx);
-
+                        "batch of %llu tokens exceeds the maximum batch %u",
+                        (unsigned long long)rows, s->max_batch);
+  const uint32_t n = (uint32_t)rows;
   const uint32_t dim = c->dim, D = c->kv_dim, H = c->hidden_dim;
-  sk__rope_tables(s, nr + n, c->rope_scale / kv->hdr->rope_scale);
-  /* The new tokens' slots start with no attention score. */
-  if (sk_policy_scores(kv->hdr->policy))
-    for (uint32_t i = 0; i < n; i++) kv->score[sk_kv_slot(kv, nr + i)] = 0.0f;
-  s->attn_probe = kv->hdr->n_sink ? kv->hdr->n_sink : SK_ATTN_PROBE_DEFAULT;
 
-  for (uint32_t i = 0; i < n; i++)
-    memcpy(s->x + (size_t)i * dim, m->tok_embd + (size_t)tokens[i] * dim,
-           dim * sizeof(float));
+  /* Sequence layout, and rope tables for the common scale. */
+  uint32_t max_pos = 0, row = 0;
+  const float common_scale = c->rope_scale / seqs[0].kv->hdr->rope_scale;
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    const struct sk_kv_header *h = seqs[i].kv->hdr;
+    struct sk__seq *sq = &s->seqs[i];
+    sq->in = &seqs[i];
+    sq->row0 = row;
+    sq->nr = h->n_resident;
+    sq->n_sink = h->policy == SK_POLICY_STREAMING ? h->n_sink : 0;
+    sq->freq_scale = c->rope_scale / h->rope_scale;
+    sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
+    row += seqs[i].n;
+    if (sq->freq_scale == common_scale && sq->nr + seqs[i].n > max_pos)
+      max_pos = sq->nr + seqs[i].n;
+  }
+  if (s->rope_freq_scale != common_scale || max_pos > s->rope_valid)
+    sk__rope_tables(s, max_pos, common_scale);
+  /* Attention tasks: one per sequence and KV head, or one per sequence
+   * whose cache accumulates H2O scores. The new tokens' slots start with
+   * no score. */
+  uint32_t n_tasks = 0;
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    const struct sk_kv *kv = seqs[i].kv;
+    if (sk_policy_scores(kv->hdr->policy)) {
+      for (uint32_t j = 0; j < seqs[i].n; j++) kv->score[sk_kv_slot(kv, s->seqs[i].nr + j)] = 0.0f;
+      s->task_seq[n_tasks] = i;
+      s->task_kvh[n_tasks++] = 0;
+    } else {
+      for (uint32_t h = 0; h < c->n_kv_head; h++) {
+        s->task_seq[n_tasks] = i;
+        s->task_kvh[n_tasks++] = h;
+      }
+    }
+  }
+
+  for (uint32_t i = 0; i < n_seqs; i++)
+    for (uint32_t j = 0; j < seqs[i].n; j++)
+      sk_dequantize_row(m->tok_embd.type,
+                        (const uint8_t *)m->tok_embd.data +
+                            (size_t)seqs[i].tokens[j] * m->tok_embd.row_bytes,
+                        dim, s->x + (size_t)(s->seqs[i].row0 + j) * dim);
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
     for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim,
-                  L->attn_norm, dim, c->rms_eps);
-    sk__matmul(s->q, s->xb, L->wq, n, dim, dim);
-    sk__matmul(s->k, s->xb, L->wk, n, dim, D);
-    sk__matmul(s->v, s->xb, L->wv, n, dim, D);
-    for (uint32_t i = 0; i < n; i++) {
-      uint32_t slot = sk_kv_slot(kv, nr + i); /* a free slot until commit */
-      memcpy(sk_kv_k(kv, l, slot), s->k + (size_t)i * D, D * sizeof(float));
-      memcpy(sk_kv_v(kv, l, slot), s->v + (size_t)i * D, D * sizeof(float));
-      float *qi = s->q + (size_t)i * dim;
-      sk__rope(qi, qi, s, nr + i, c->n_head);
+      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->attn_norm, dim, c->rms_eps);
+    const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    struct sk_act a = sk__act(s, s->xb, dim, n, dim, qkv, 3);
+    struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
+                        .y = {sk__rows(s, 0, s->q, dim, n), sk__rows(s, n, s->k, D, n),
+                              sk__rows(s, 2 * n, s->v, D, n)}};
+    sk__matmuls(s, &mm);
+
+    struct sk__att at = {.s = s, .layer = l};
+    sk_pool_run(s->pool, sk__att_task, &at, n_tasks);
+    for (uint32_t i = 0; i < n_seqs; i++) { /* diagnostics: sum over heads, in order */
+      double mass = 0.0, ent = 0.0;
+      for (uint32_t h = 0; h < c->n_kv_head; h++) {
+        mass += s->mass_part[(size_t)i * c->n_kv_head + h];
+        ent += s->ent_part[(size_t)i * c->n_kv_head + h];
+      }
+      s->sink_mass[(size_t)i * c->n_layer + l] = (float)(mass / c->n_head);
+      s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
     }
-    sk__attention(s, kv, l, nr, n);
-    sk__matmul(s->xb2, s->att_out, L->wo, n, dim, dim);
+    /* The new keys and values go into the cache only now: with evictions
+     * inside a chunk, their slots held old keys the queries still read. */
+    for (uint32_t i = 0; i < n_seqs; i++) {
+      const struct sk__seq *sq = &s->seqs[i];
+      const struct sk_kv *kv = seqs[i].kv;
+      for (uint32_t j = 0; j < seqs[i].n; j++) {
+        uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
+        memcpy(sk_kv_k(kv, l, slot), s->k + (size_t)(sq->row0 + j) * D, D * sizeof(float));
+        memcpy(sk_kv_v(kv, l, slot), s->v + (size_t)(sq->row0 + j) * D, D * sizeof(float));
+      }
+    }
+
+    const struct sk_wmat *wo[1] = {&L->wo};
+    a = sk__act(s, s->att_out, dim, n, dim, wo, 1);
+    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->wo}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
+    sk__matmuls(s, &mm);
     for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
 
     for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim,
-                  L->ffn_norm, dim, c->rms_eps);
-    sk__matmul(s->hb, s->xb, L->w_gate, n, dim, H);
-    sk__matmul(s->hb2, s->xb, L->w_up, n, dim, H);
-    for (size_t j = 0; j < (size_t)n * H; j++) {
-      float g = s->hb[j];
-      s->hb[j] = g / (1.0f + expf(-g)) * s->hb2[j];
-    }
-    sk__matmul(s->xb2, s->hb, L->w_down, n, H, dim);
+      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->ffn_norm, dim, c->rms_eps);
+    const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
+    a = sk__act(s, s->xb, dim, n, dim, gu, 2);
+    mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
+                         .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
+    sk__matmuls(s, &mm);
+    struct sk__silu si = {.s = s, .n = n, .chunk = (n + s->n_threads - 1) / s->n_threads};
+    sk_pool_run(s->pool, sk__silu_task, &si, (n + si.chunk - 1) / si.chunk);
+    const struct sk_wmat *wd[1] = {&L->w_down};
+    a = sk__act(s, s->hb, H, n, H, wd, 1);
+    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
+    sk__matmuls(s, &mm);
     for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
   }
 
-  if (logits) {
-    uint32_t first = all_logits ? 0 : n - 1;
-    for (uint32_t i = first; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim,
+  /* Logits of the rows that want them, normed into consecutive rows of xb. */
+  uint32_t n_out = 0;
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    const struct sk_seq *q = &seqs[i];
+    if (!q->logits) continue;
+    uint32_t first = q->all_logits ? 0 : q->n - 1;
+    for (uint32_t j = first; j < q->n; j++) {
+      sk__rmsnorm(s->xb + (size_t)n_out * dim, s->x + (size_t)(s->seqs[i].row0 + j) * dim,
                   m->out_norm, dim, c->rms_eps);
-    sk__matmul(logits, s->xb + (size_t)first * dim, m->output, n - first, dim,
-               c->n_vocab);
+      s->rows[n_out++] = q->logits + (size_t)(j - first) * c->n_vocab;
+    }
   }
-  sk_kv_commit(kv, tokens, n);
-  s->attn_valid = true;
+  if (n_out) {
+    const struct sk_wmat *wout[1] = {&m->output};
+    struct sk_act a = sk__act(s, s->xb, dim, n_out, dim, wout, 1);
+    struct sk__mm mm = {.x = &a, .n_w = 1, .w = {&m->output}, .y = {s->rows}};
+    sk__matmuls(s, &mm);
+  }
+  for (uint32_t i = 0; i < n_seqs; i++) {
+    sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
+    s->probe[i] = s->seqs[i].probe;
+  }
+  s->attn_n_seqs = n_seqs;
   return 0;
 }
 
-bool sk_scratch_attn(const struct sk_scratch *s, const float **ret_sink_mass,
+bool sk_scratch_attn(const struct sk_scratch *s, uint32_t seq, const float **ret_sink_mass,
                      const float **ret_entropy, uint32_t *ret_probe) {
-  if (!s->attn_valid) return false;
-  *ret_sink_mass = s->sink_mass;
-  *ret_entropy = s->entropy;
-  *ret_probe = s->attn_probe;
+  if (seq >= s->attn_n_seqs) return false;
+  const uint32_t L = s->m->cfg.n_layer;
+  *ret_sink_mass = s->sink_mass + (size_t)seq * L;
+  *ret_entropy = s->entropy + (size_t)seq * L;
+  *ret_probe = s->probe[seq];
   return true;
+}
+
+int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
+                     struct sk_kv *kv, const int32_t *tokens, uint32_t n,
+                     float *logits, bool all_logits, struct sk_error *err) {
+  struct sk_seq q = {.kv = kv, .tokens = tokens, .n = n, .logits = logits,
+                     .all_logits = all_logits};
+  return sk_model_forward_batch(m, s, &q, 1, err);
 }

@@ -106,6 +106,16 @@ struct sk_model_info {
                             GGUF linear rope scaling factor (positions
                             are divided by it; 1 = none) */
   uint32_t max_capacity; /* largest cache a session may have, tokens */
+  char weight_type[SK_CLIENT_NAME_MAX]; /* ggml type of the layer matrices,
+                                           e.g. "q8_0" */
+  uint64_t weight_bytes; /* bytes of weights one forward pass reads */
+};
+
+/* How the daemon runs the model (`compute` in hello and stats). */
+struct sk_compute_info {
+  char kernel[SK_CLIENT_NAME_MAX]; /* "avx2-vnni", "avx2" or "generic" */
+  uint32_t threads;   /* compute threads */
+  uint32_t max_batch; /* tokens of one forward pass, all sessions */
 };
 
 /* Session defaults the daemon applies to fields `open` leaves out. */
@@ -126,6 +136,7 @@ struct sk_hello {
   char version[SK_CLIENT_NAME_MAX]; /* e.g. "0.1.0" */
   struct sk_model_info model;
   struct sk_session_defaults defaults;
+  struct sk_compute_info compute;
 };
 
 /* Asks for the daemon's protocol version, model and defaults; fills
@@ -146,6 +157,9 @@ struct sk_daemon_stats {
   uint64_t adopted;          /* sessions adopted from the state dir at start */
   uint64_t set_aside;        /* invalid objects set aside at start */
   uint64_t idle_ttl_s;       /* idle sessions are closed after this; 0 never */
+  uint64_t steps;            /* forward passes since start (each serves
+                                every session that had work) */
+  struct sk_compute_info compute;
 };
 
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,

@@ -1,0 +1,488 @@
+/* Kernels (see kernels.h): the portable variant, the x86 variants from
+ * kernels-x86.inc, and the run-time dispatch. */
+#include "kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SK__X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define SK__X86 0
+#endif
+
+typedef void (*sk__mm_fn)(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                          uint32_t o0, uint32_t o1);
+
+struct sk__kernels {
+  const char *name;
+  sk__mm_fn mm_f32, mm_f16, mm_q8_0, mm_q4_0;
+  void (*quantize_rows)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                        float *d, int32_t *s);
+  bool packs; /* reads quantized weights in the packed layout */
+  float (*dot)(const float *a, const float *b, uint32_t n);
+  void (*axpy)(float *y, float a, const float *x, uint32_t n);
+  void (*scores)(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *out);
+  void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
+  void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
+  void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
+                    uint32_t n, uint32_t rope_dim, uint32_t head_dim);
+  void (*softmax)(float *row, uint32_t n, float scale, double *ret_entropy);
+  void (*swiglu)(float *g, const float *u, size_t n);
+};
+
+/* ---- generic --------------------------------------------------------- */
+
+/* Eight lanes like the vector variants, so that the compiler can keep
+ * them in SIMD registers without reordering any sum. */
+static inline float sk__gen_hsum(const float acc[8]) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* Weights of row `row` from element k, as floats (F16 converted exactly). */
+static inline void sk__gen_load_w(bool f16, const uint8_t *row, uint32_t k, uint32_t len,
+                                  float out[8]) {
+  if (f16) {
+    for (uint32_t l = 0; l < len; l++) {
+      uint16_t h;
+      memcpy(&h, row + 2 * ((size_t)k + l), 2);
+      out[l] = sk_f16_to_f32(h);
+    }
+  } else {
+    memcpy(out, (const float *)(const void *)row + k, 4 * (size_t)len);
+  }
+  for (uint32_t l = len; l < 8; l++) out[l] = 0.0f;
+}
+
+static void sk__gen_mm_f(bool f16, const struct sk_wmat *w, const struct sk_act *x,
+                         float *const *y, uint32_t o0, uint32_t o1) {
+  const uint8_t *base = w->data;
+  for (uint32_t o = o0; o < o1; o++) {
+    const uint8_t *row = base + (size_t)o * w->row_bytes;
+    for (uint32_t i = 0; i < x->n; i++) {
+      const float *xr = x->f + (size_t)i * x->ldf;
+      float acc[8] = {0};
+      for (uint32_t k = 0; k < w->cols; k += 8) {
+        uint32_t len = w->cols - k < 8 ? w->cols - k : 8;
+        float wv[8], xv[8] = {0};
+        sk__gen_load_w(f16, row, k, len, wv);
+        memcpy(xv, xr + k, 4 * (size_t)len);
+        for (int l = 0; l < 8; l++) acc[l] += wv[l] * xv[l];
+      }
+      y[i][o] = sk__gen_hsum(acc);
+    }
+  }
+}
+
+static void sk__gen_mm_f32(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                           uint32_t o0, uint32_t o1) {
+  sk__gen_mm_f(false, w, x, y, o0, o1);
+}
+
+static void sk__gen_mm_f16(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                           uint32_t o0, uint32_t o1) {
+  sk__gen_mm_f(true, w, x, y, o0, o1);
+}
+
+static void sk__gen_mm_q(bool q4, const struct sk_wmat *w, const struct sk_act *x,
+                         float *const *y, uint32_t o0, uint32_t o1) {
+  const uint32_t nb = w->cols / SK_QK;
+  const uint8_t *base = w->data;
+  for (uint32_t o = o0; o < o1; o++) {
+    const uint8_t *row = base + (size_t)o * w->row_bytes;
+    for (uint32_t i = 0; i < x->n; i++) {
+      const int8_t *xq = x->q + (size_t)i * x->cols;
+      const float *xd = x->d + (size_t)i * nb;
+      float acc = 0.0f;
+      for (uint32_t b = 0; b < nb; b++) {
+        const int8_t *xb = xq + (size_t)b * SK_QK;
+        int32_t sum = 0;
+        float dw;
+        if (q4) {
+          const struct sk_block_q4_0 *blk = (const struct sk_block_q4_0 *)(const void *)row + b;
+          dw = sk_f16_to_f32(blk->d);
+          for (uint32_t j = 0; j < SK_QK / 2; j++)
+            sum += ((blk->qs[j] & 15) - 8) * xb[j] + ((blk->qs[j] >> 4) - 8) * xb[j + SK_QK / 2];
+        } else {
+          const struct sk_block_q8_0 *blk = (const struct sk_block_q8_0 *)(const void *)row + b;
+          dw = sk_f16_to_f32(blk->d);
+          for (uint32_t j = 0; j < SK_QK; j++) sum += blk->qs[j] * xb[j];
+        }
+        acc += (dw * xd[b]) * (float)sum;
+      }
+      y[i][o] = acc;
+    }
+  }
+}
+
+static void sk__gen_mm_q8_0(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                            uint32_t o0, uint32_t o1) {
+  sk__gen_mm_q(false, w, x, y, o0, o1);
+}
+
+static void sk__gen_mm_q4_0(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                            uint32_t o0, uint32_t o1) {
+  sk__gen_mm_q(true, w, x, y, o0, o1);
+}
+
+static void sk__gen_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols,
+                                  int8_t *q, float *d, int32_t *s) {
+  const uint32_t nb = cols / SK_QK;
+  for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t b = 0; b < nb; b++) {
+      const float *xb = x + (size_t)i * ldf + (size_t)b * SK_QK;
+      float amax = 0.0f;
+      for (uint32_t j = 0; j < SK_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+      const float dd = amax / 127.0f;
+      const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+      d[(size_t)i * nb + b] = dd;
+      int8_t *qb = q + (size_t)i * cols + (size_t)b * SK_QK;
+      int32_t sum = 0;
+      for (uint32_t j = 0; j < SK_QK; j++) {
+        qb[j] = (int8_t)nearbyintf(xb[j] * id);
+        sum += qb[j];
+      }
+      s[(size_t)i * nb + b] = sum;
+    }
+  }
+}
+
+static float sk__gen_dot(const float *a, const float *b, uint32_t n) {
+  float acc[8] = {0};
+  uint32_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
+  for (int l = 0; k + (uint32_t)l < n; l++) acc[l] += a[k + l] * b[k + l];
+  return sk__gen_hsum(acc);
+}
+
+static void sk__gen_axpy(float *y, float a, const float *x, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) y[k] += a * x[k];
+}
+
+static void sk__gen_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                           float *out) {
+  for (uint32_t p = 0; p < n; p++) out[p] = sk__gen_dot(q, k + (size_t)p * ldk, hd);
+}
+
+static void sk__gen_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                         uint32_t hd) {
+  for (uint32_t j = 0; j < hd; j++) out[j] = 0.0f;
+  for (uint32_t p = 0; p < n; p++) sk__gen_axpy(out, w[p], rows[p], hd);
+}
+
+static void sk__gen_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                         uint32_t rope_dim) {
+  for (uint32_t i = 0; i < rope_dim; i += 2) {
+    const float x0 = x[i], x1 = x[i + 1], c = cos2[i], sn = sin2[i + 1];
+    y[i] = x0 * c - x1 * sn;
+    y[i + 1] = x0 * sn + x1 * c;
+  }
+}
+
+static void sk__gen_rope_rows(float *y, const float *const *x, const float *cos2,
+                              const float *sin2, uint32_t n, uint32_t rope_dim,
+                              uint32_t head_dim) {
+  for (uint32_t r = 0; r < n; r++) {
+    float *yr = y + (size_t)r * head_dim;
+    sk__gen_rope(yr, x[r], cos2 + (size_t)r * rope_dim, sin2 + (size_t)r * rope_dim, rope_dim);
+    if (rope_dim < head_dim)
+      memcpy(yr + rope_dim, x[r] + rope_dim, (head_dim - rope_dim) * sizeof *yr);
+  }
+}
+
+static void sk__gen_softmax(float *row, uint32_t n, float scale, double *ret_entropy) {
+  float max = -INFINITY;
+  for (uint32_t j = 0; j < n; j++) {
+    row[j] *= scale;
+    if (row[j] > max) max = row[j];
+  }
+  double sum = 0.0, wsum = 0.0;
+  for (uint32_t j = 0; j < n; j++) {
+    float e = expf(row[j] - max);
+    if (ret_entropy) wsum += (double)e * (double)(row[j] - max);
+    row[j] = e;
+    sum += (double)e;
+  }
+  if (ret_entropy) *ret_entropy = log(sum) - wsum / sum;
+  const float inv = (float)(1.0 / sum);
+  for (uint32_t j = 0; j < n; j++) row[j] *= inv;
+}
+
+static void sk__gen_swiglu(float *g, const float *u, size_t n) {
+  for (size_t j = 0; j < n; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
+static const struct sk__kernels sk__generic = {
+    .name = "generic",
+    .mm_f32 = sk__gen_mm_f32,
+    .mm_f16 = sk__gen_mm_f16,
+    .mm_q8_0 = sk__gen_mm_q8_0,
+    .mm_q4_0 = sk__gen_mm_q4_0,
+    .quantize_rows = sk__gen_quantize_rows,
+    .dot = sk__gen_dot,
+    .axpy = sk__gen_axpy,
+    .scores = sk__gen_scores,
+    .wsum = sk__gen_wsum,
+    .rope = sk__gen_rope,
+    .rope_rows = sk__gen_rope_rows,
+    .softmax = sk__gen_softmax,
+    .swiglu = sk__gen_swiglu,
+};
+
+/* ---- x86 ------------------------------------------------------------- */
+
+/* Packed layout (kernels-x86.inc): bytes per group of 8 rows per block. */
+#define SK__PQ8_BYTES (16u + 8u * SK_QK)
+#define SK__PQ4_BYTES (16u + 8u * SK_QK / 2)
+
+#if SK__X86
+#define SK__TGT "avx2,fma,f16c"
+#define SK__NAME(x) sk__avx2_##x
+#define SK__VNNI 0
+#include "kernels-x86.inc"
+#undef SK__TGT
+#undef SK__NAME
+#undef SK__VNNI
+
+#define SK__TGT "avx2,fma,f16c,avxvnni"
+#define SK__NAME(x) sk__vnni_##x
+#define SK__VNNI 1
+#include "kernels-x86.inc"
+#undef SK__TGT
+#undef SK__NAME
+#undef SK__VNNI
+
+static const struct sk__kernels sk__avx2 = {
+    .name = "avx2",
+    .mm_f32 = sk__avx2_mm_f32,
+    .mm_f16 = sk__avx2_mm_f16,
+    .mm_q8_0 = sk__avx2_mm_q8_0,
+    .mm_q4_0 = sk__avx2_mm_q4_0,
+    .quantize_rows = sk__avx2_quantize_rows,
+    .dot = sk__avx2_dot,
+    .axpy = sk__avx2_axpy,
+    .scores = sk__avx2_scores,
+    .wsum = sk__avx2_wsum,
+    .rope = sk__avx2_rope,
+    .rope_rows = sk__avx2_rope_rows,
+    .softmax = sk__avx2_softmax,
+    .swiglu = sk__avx2_swiglu,
+};
+
+static const struct sk__kernels sk__avx2_vnni = {
+    .name = "avx2-vnni",
+    .mm_f32 = sk__vnni_mm_f32,
+    .mm_f16 = sk__vnni_mm_f16,
+    .mm_q8_0 = sk__vnni_mm_q8_0,
+    .mm_q4_0 = sk__vnni_mm_q4_0,
+    .quantize_rows = sk__vnni_quantize_rows,
+    .dot = sk__vnni_dot,
+    .axpy = sk__vnni_axpy,
+    .scores = sk__vnni_scores,
+    .wsum = sk__vnni_wsum,
+    .rope = sk__vnni_rope,
+    .rope_rows = sk__vnni_rope_rows,
+    .softmax = sk__vnni_softmax,
+    .swiglu = sk__vnni_swiglu,
+    .packs = true,
+};
+
+/* AVX2 + FMA + F16C with the OS saving ymm state (libgcc's cpu model
+ * checks XGETBV for AVX2); F16C is read from CPUID leaf 1 (ECX bit 29),
+ * which __builtin_cpu_supports does not know in every GCC. */
+static bool sk__cpu_avx2(void) {
+  __builtin_cpu_init();
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && (c >> 29 & 1);
+}
+
+/* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4. */
+static bool sk__cpu_avxvnni(void) {
+  unsigned a, b, c, d;
+  if (!sk__cpu_avx2() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return a >> 4 & 1;
+}
+#endif
+
+/* Best first. */
+static const struct sk__kernels *sk__all[] = {
+#if SK__X86
+    &sk__avx2_vnni,
+    &sk__avx2,
+#endif
+    &sk__generic,
+};
+#define SK__N_ALL (sizeof sk__all / sizeof sk__all[0])
+
+static bool sk__runs(const struct sk__kernels *k) {
+#if SK__X86
+  if (k == &sk__avx2_vnni) return sk__cpu_avxvnni();
+  if (k == &sk__avx2) return sk__cpu_avx2();
+#endif
+  return k == &sk__generic;
+}
+
+/* The selected variant; NULL until the first use or selection, which
+ * picks the best this CPU runs. */
+static _Atomic(const struct sk__kernels *) sk__cur_v;
+
+static const struct sk__kernels *sk__best(void) {
+  for (size_t i = 0; i < SK__N_ALL; i++)
+    if (sk__runs(sk__all[i])) return sk__all[i];
+  return &sk__generic;
+}
+
+static inline const struct sk__kernels *sk__cur(void) {
+  const struct sk__kernels *k = atomic_load_explicit(&sk__cur_v, memory_order_relaxed);
+  if (!k) {
+    k = sk__best();
+    atomic_store_explicit(&sk__cur_v, k, memory_order_relaxed);
+  }
+  return k;
+}
+
+bool sk_kernels_supported(const char *name) {
+  for (size_t i = 0; i < SK__N_ALL; i++)
+    if (strcmp(sk__all[i]->name, name) == 0) return sk__runs(sk__all[i]);
+  return false;
+}
+
+static char sk__avail[64];
+
+static void sk__avail_init(void) {
+  size_t len = 0;
+  for (size_t i = 0; i < SK__N_ALL; i++)
+    if (sk__runs(sk__all[i]))
+      len += (size_t)snprintf(sk__avail + len, sizeof sk__avail - len, "%s%s", len ? " " : "",
+                              sk__all[i]->name);
+}
+
+const char *sk_kernels_available(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, sk__avail_init);
+  return sk__avail;
+}
+
+int sk_kernels_select(const char *name, struct sk_error *err) {
+  bool any = !name || strcmp(name, "auto") == 0;
+  for (size_t i = 0; i < SK__N_ALL; i++) {
+    if (!any && strcmp(sk__all[i]->name, name) != 0) continue;
+    if (!sk__runs(sk__all[i])) {
+      if (any) continue;
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "kernel %s does not run on this CPU (available: %s)", name,
+                          sk_kernels_available());
+    }
+    atomic_store(&sk__cur_v, sk__all[i]);
+    return 0;
+  }
+  return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                      "unknown kernel '%.32s' (auto, or one of: %s)", name,
+                      sk_kernels_available());
+}
+
+const char *sk_kernels_name(void) { return sk__cur()->name; }
+
+bool sk_wmat_needs_q8(const struct sk_wmat *w) {
+  return w->type == SK_GGML_Q8_0 || w->type == SK_GGML_Q4_0;
+}
+
+void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                              float *d, int32_t *s) {
+  sk__cur()->quantize_rows(x, ldf, n, cols, q, d, s);
+}
+
+int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
+  *ret_mem = NULL;
+  if (!sk__cur()->packs || !sk_wmat_needs_q8(w)) return 0;
+  const bool q4 = w->type == SK_GGML_Q4_0;
+  const size_t nb = w->cols / SK_QK, groups = ((size_t)w->rows + 7) / 8;
+  const size_t bs = q4 ? SK__PQ4_BYTES : SK__PQ8_BYTES;
+  const size_t cb = q4 ? 4 : 8; /* chunks of 4 bytes per row per block */
+  if (groups > SIZE_MAX / nb / bs)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                        w->cols);
+  uint8_t *mem = malloc(groups * nb * bs);
+  if (!mem)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix",
+                        groups * nb * bs);
+  const uint8_t *src = w->data;
+  for (size_t g = 0; g < groups; g++) {
+    for (size_t b = 0; b < nb; b++) {
+      uint8_t *dst = mem + (g * nb + b) * bs;
+      for (size_t r = 0; r < 8; r++) {
+        size_t row = g * 8 + r;
+        uint16_t d = 0;
+        uint8_t qs[SK_QK];
+        if (row < w->rows) {
+          const uint8_t *blk = src + row * w->row_bytes + b * (q4 ? 18 : 34);
+          memcpy(&d, blk, 2);
+          if (q4) {
+            memcpy(qs, blk + 2, SK_QK / 2);
+          } else {
+            for (size_t j = 0; j < SK_QK; j++) qs[j] = (uint8_t)(blk[2 + j] ^ 0x80u);
+          }
+        } else { /* padding row: zero scale, weights that decode to 0 */
+          memset(qs, q4 ? 0x88 : 0x80, sizeof qs);
+        }
+        memcpy(dst + 2 * r, &d, 2);
+        for (size_t c = 0; c < cb; c++) memcpy(dst + 16 + 32 * c + 4 * r, qs + 4 * c, 4);
+      }
+    }
+  }
+  w->packed = mem;
+  *ret_mem = mem;
+  return 0;
+}
+
+void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *const *y_rows,
+                       uint32_t o0, uint32_t o1) {
+  if (o0 >= o1 || x->n == 0) return;
+  switch (w->type) {
+  case SK_GGML_F32: sk__cur()->mm_f32(w, x, y_rows, o0, o1); break;
+  case SK_GGML_F16: sk__cur()->mm_f16(w, x, y_rows, o0, o1); break;
+  case SK_GGML_Q8_0: sk__cur()->mm_q8_0(w, x, y_rows, o0, o1); break;
+  case SK_GGML_Q4_0: sk__cur()->mm_q4_0(w, x, y_rows, o0, o1); break;
+  default: break; /* the loader admits no other type */
+  }
+}
+
+float sk_kernels_dot(const float *a, const float *b, uint32_t n) { return sk__cur()->dot(a, b, n); }
+
+void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n) { sk__cur()->axpy(y, a, x, n); }
+
+void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                       float *out) {
+  sk__cur()->scores(q, k, ldk, n, hd, out);
+}
+
+void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                     uint32_t hd) {
+  sk__cur()->wsum(out, w, rows, n, hd);
+}
+
+void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                     uint32_t rope_dim) {
+  sk__cur()->rope(y, x, cos2, sin2, rope_dim);
+}
+
+void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
+                          uint32_t n, uint32_t rope_dim, uint32_t head_dim) {
+  sk__cur()->rope_rows(y, x, cos2, sin2, n, rope_dim, head_dim);
+}
+
+void sk_kernels_softmax(float *row, uint32_t n, float scale, double *ret_entropy) {
+  sk__cur()->softmax(row, n, scale, ret_entropy);
+}
+
+void sk_kernels_swiglu(float *g, const float *u, size_t n) { sk__cur()->swiglu(g, u, n); }

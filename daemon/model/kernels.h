@@ -1,0 +1,142 @@
+/* Compute kernels of the forward pass: matrix products with weights in
+ * F32, F16, Q8_0 or Q4_0 (ggml block formats, quant.h), the activation
+ * quantizer, and the vector primitives of attention.
+ *
+ * Variants (chosen once at run time, sk_kernels_select):
+ *   generic    portable C; the compiler's baseline ISA (SSE2 on x86-64)
+ *   avx2       AVX2 + FMA + F16C (x86-64), compiled with target
+ *              attributes, so the build needs no -march flag
+ *   avx2-vnni  avx2 with the int8 dot products of AVX-VNNI (vpdpbusd)
+ *
+ * Quantized weights are multiplied as ggml does (ggml_vec_dot_q8_0_q8_0,
+ * ggml_vec_dot_q4_0_q8_0): each activation row is first quantized to
+ * 32-element int8 blocks with one float scale per block (ggml's
+ * block_q8_0, except that the scale stays a float), then every block
+ * pair gives an exact int32 dot product, scaled by the two block scales
+ * and summed in float.
+ *
+ * Determinism: within one variant, every output element is computed by
+ * the same sequence of floating-point operations whatever the number of
+ * rows in the product, the output range a thread takes, or the thread.
+ * A session's results therefore do not depend on what else is batched
+ * with it. Variants differ from each other in the last bits (F32/F16:
+ * avx2 and avx2-vnni are identical; quantized: avx2-vnni sums per block
+ * in a different order).
+ */
+#ifndef SK_KERNELS_H
+#define SK_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "sinkd/protocol.h"
+
+/* Selects the variant by name: "auto" or NULL = the best the CPU runs
+ * (avx2-vnni, then avx2, then generic), which is also what is used
+ * without a selection. Process-wide: call before loading a model (the
+ * loader packs weights for the selected variant) and never while a
+ * kernel runs. Errors: -SK_ERR_BAD_REQUEST for an unknown name or a
+ * variant this CPU cannot run (message lists the ones it can). */
+int sk_kernels_select(const char *name, struct sk_error *err);
+/* Name of the selected variant. Static. */
+const char *sk_kernels_name(void);
+/* Whether this CPU can run the variant `name`. */
+bool sk_kernels_supported(const char *name);
+/* The variants this CPU can run, best first, space-separated. Static. */
+const char *sk_kernels_available(void);
+
+/* A weight matrix: rows x cols, row-major, one row = cols elements of
+ * `type` (F32, F16, Q8_0, Q4_0) taking row_bytes bytes. y = W x maps cols
+ * inputs to rows outputs. data is not owned. */
+struct sk_wmat {
+  uint32_t type;      /* enum sk_ggml_type */
+  uint32_t rows;      /* output features */
+  uint32_t cols;      /* input features; a multiple of SK_QK if quantized */
+  size_t row_bytes;   /* sk_quant_row_bytes(type, cols) */
+  const void *data;   /* (rows, row_bytes), the GGUF layout */
+  const void *packed; /* the same weights in the selected kernels' own
+                         layout (sk_kernels_pack), or NULL */
+};
+
+/* Repacks a quantized matrix into the layout the selected kernels read
+ * fastest, if they have one (avx2-vnni: 8 rows interleaved per block,
+ * see kernels-x86.inc): *ret_mem is then a malloc'd buffer the caller
+ * frees after the matrix's last use, and w->packed points into it.
+ * Otherwise *ret_mem is NULL and w is left alone. Call after
+ * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
+int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err);
+
+/* Whether products with weights of this type need quantized activations
+ * (sk_kernels_quantize_rows) rather than floats. */
+bool sk_wmat_needs_q8(const struct sk_wmat *w);
+
+/* Activations: n rows of cols values, as floats and, for quantized
+ * weights, as int8 blocks. Not owned. */
+struct sk_act {
+  uint32_t n;       /* rows */
+  uint32_t cols;
+  const float *f;   /* (n, ldf) floats; F32/F16 weights read these */
+  size_t ldf;       /* stride of f, >= cols */
+  const int8_t *q;  /* (n, cols) quants; Q8_0/Q4_0 weights read these */
+  const float *d;   /* (n, cols / SK_QK) block scales */
+  const int32_t *s; /* (n, cols / SK_QK) block sums of q */
+};
+
+/* Quantizes n rows of cols floats (stride ldf; cols a multiple of SK_QK)
+ * to q (n, cols), d and s (n, cols / SK_QK): per 32-block d = max|x| /
+ * 127, q = x / d rounded to nearest even (0 when the block is all zero),
+ * s = the sum of the block's q. Each row's result depends only on that
+ * row, and is the same for every variant. */
+void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols,
+                              int8_t *q, float *d, int32_t *s);
+
+/* Computes y[i][o] = sum_k W[o][k] * x[i][k] for every row i < x->n and
+ * output o in [o0, o1) (o1 <= w->rows), writing y[i][o] = y_rows[i][o].
+ * Requires x->cols == w->cols, and q/d set for quantized weights. Threads
+ * may run disjoint output ranges at once. */
+void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *const *y_rows,
+                       uint32_t o0, uint32_t o1);
+
+/* sum_i a[i] * b[i] over n floats. */
+float sk_kernels_dot(const float *a, const float *b, uint32_t n);
+/* y[i] += a * x[i] for i < n. */
+void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n);
+
+/* Attention scores: out[p] = sum_j q[j] * k[p * ldk + j] for p < n (k
+ * holds n rows of hd floats, stride ldk). Each score depends only on q
+ * and its row (not on n or p). */
+void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+                       float *out);
+/* Attention output: out[j] = sum over p < n, in order of p, of
+ * w[p] * rows[p][j], for j < hd (out is overwritten). */
+void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
+                     uint32_t hd);
+/* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext: row[j] =
+ * exp(row[j] * scale - max) / sum, the sum accumulated in double. The
+ * vector variants use ggml's vectorized expf (ggml_v_expf, within ~2 ulp
+ * of expf), as llama.cpp does; generic uses expf. If ret_entropy is not
+ * NULL it receives the distribution's entropy in nats, without a log per
+ * entry: with e_j = exp(x_j - max), S = sum e_j,
+ * H = log S - sum e_j (x_j - max) / S. */
+void sk_kernels_softmax(float *row, uint32_t n, float scale, double *ret_entropy);
+/* SwiGLU: g[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n (SiLU of the
+ * gate times the up projection; ggml_v_silu's expf in vector variants). */
+void sk_kernels_swiglu(float *g, const float *u, size_t n);
+/* RoPE on one head (LLAMA_ROPE_TYPE_NORM, adjacent pairs): for each pair
+ * i < rope_dim / 2, with c = cos2[2i] = cos2[2i+1] and s = sin2[2i+1] =
+ * -sin2[2i]:
+ *   y[2i] = x[2i] * c - x[2i+1] * s,  y[2i+1] = x[2i] * s + x[2i+1] * c,
+ * each product rounded, then the sum (no fused multiply-add): the same
+ * bits in every variant. y may equal x; elements from rope_dim on are
+ * not touched. */
+void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *sin2,
+                     uint32_t rope_dim);
+/* sk_kernels_rope of n rows: row r from x[r] (head_dim floats) to
+ * y + r * head_dim with angles cos2/sin2 + r * rope_dim; elements from
+ * rope_dim to head_dim are copied. */
+void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
+                          uint32_t n, uint32_t rope_dim, uint32_t head_dim);
+
+#endif

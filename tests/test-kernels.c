@@ -1,0 +1,515 @@
+/* Kernels (kernels.h), block formats (quant.h) and the pool (pool.h):
+ * every variant this CPU runs against a double-precision reference, the
+ * batch invariance the scheduler relies on (a row's result does not
+ * depend on the other rows or the output range), F16 = F32 of the same
+ * values, and the bit-exact RoPE. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gguf.h"
+#include "kernels.h"
+#include "pool.h"
+#include "quant.h"
+
+static const char *const variants[] = {"generic", "avx2", "avx2-vnni"};
+#define N_VARIANTS (sizeof variants / sizeof variants[0])
+
+static uint64_t rng = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void select_or_fail(const char *name) {
+  struct sk_error err = {0};
+  if (sk_kernels_select(name, &err) < 0) fail_msg("select %s: %s", name, err.message);
+  if (strcmp(name, "auto") != 0) assert_string_equal(sk_kernels_name(), name);
+}
+
+/* A random matrix in `type`, its floats (dequantized), owned buffers. */
+struct mat {
+  struct sk_wmat w;
+  void *data, *packed;
+  float *f; /* (rows, cols) the values the type holds */
+};
+
+static void mat_make(struct mat *m, uint32_t type, uint32_t rows, uint32_t cols) {
+  memset(m, 0, sizeof *m);
+  size_t rb = sk_quant_row_bytes(type, cols);
+  assert_true(rb > 0);
+  m->data = malloc(rb * rows);
+  m->f = malloc((size_t)rows * cols * sizeof *m->f);
+  float *row = malloc(cols * sizeof *row);
+  assert_non_null(m->data);
+  assert_non_null(m->f);
+  assert_non_null(row);
+  for (uint32_t r = 0; r < rows; r++) {
+    for (uint32_t c = 0; c < cols; c++) row[c] = frand();
+    uint8_t *dst = (uint8_t *)m->data + r * rb;
+    switch (type) {
+    case SK_GGML_F32: memcpy(dst, row, rb); break;
+    case SK_GGML_F16:
+      for (uint32_t c = 0; c < cols; c++) {
+        uint16_t h = sk_f32_to_f16(row[c]);
+        memcpy(dst + 2 * c, &h, 2);
+      }
+      break;
+    case SK_GGML_Q8_0: sk_quantize_row_q8_0(row, cols, (void *)dst); break;
+    case SK_GGML_Q4_0: sk_quantize_row_q4_0(row, cols, (void *)dst); break;
+    default: fail();
+    }
+    assert_int_equal(sk_dequantize_row(type, dst, cols, m->f + (size_t)r * cols), 0);
+  }
+  free(row);
+  m->w = (struct sk_wmat){.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
+                          .data = m->data};
+}
+
+static void mat_pack(struct mat *m) {
+  struct sk_error err = {0};
+  free(m->packed);
+  m->w.packed = NULL;
+  assert_int_equal(sk_kernels_pack(&m->w, &m->packed, &err), 0);
+}
+
+static void mat_free(struct mat *m) {
+  free(m->data);
+  free(m->packed);
+  free(m->f);
+}
+
+/* Activations of n rows, with their q8 blocks when cols allows. */
+struct acts {
+  struct sk_act a;
+  float *x;
+  int8_t *q;
+  float *d;
+  int32_t *s;
+};
+
+static void acts_make(struct acts *t, uint32_t n, uint32_t cols, size_t ld) {
+  t->x = malloc(n * ld * sizeof *t->x);
+  t->q = malloc((size_t)n * cols + 1);
+  t->d = malloc(((size_t)n * cols / SK_QK + 1) * sizeof *t->d);
+  t->s = malloc(((size_t)n * cols / SK_QK + 1) * sizeof *t->s);
+  assert_non_null(t->x);
+  for (size_t i = 0; i < n * ld; i++) t->x[i] = frand();
+  if (cols % SK_QK == 0) sk_kernels_quantize_rows(t->x, ld, n, cols, t->q, t->d, t->s);
+  t->a = (struct sk_act){.n = n, .cols = cols, .f = t->x, .ldf = ld, .q = t->q, .d = t->d,
+                         .s = t->s};
+}
+
+static void acts_free(struct acts *t) {
+  free(t->x);
+  free(t->q);
+  free(t->d);
+  free(t->s);
+}
+
+static float **row_ptrs(float *y, uint32_t n, uint32_t ld) {
+  float **r = malloc(n * sizeof *r);
+  assert_non_null(r);
+  for (uint32_t i = 0; i < n; i++) r[i] = y + (size_t)i * ld;
+  return r;
+}
+
+/* The quantizer: per block d = max|x| / 127, q = round-half-even(x / d),
+ * s = sum q; the same bits in every variant. */
+static void test_quantize_rows(void **state) {
+  (void)state;
+  const uint32_t n = 3, cols = 96;
+  float x[3 * 96];
+  for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = frand() * 3.0f;
+  for (size_t j = 0; j < 32; j++) x[32 + j] = 0.0f; /* an all-zero block */
+  x[5] = 127.0f / 2 * (1.0f / 64); /* exact ties are rare; the rule is fixed */
+  int8_t q0[3 * 96];
+  float d0[9];
+  int32_t s0[9];
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    int8_t q[3 * 96];
+    float d[9];
+    int32_t s[9];
+    sk_kernels_quantize_rows(x, cols, n, cols, q, d, s);
+    for (uint32_t b = 0; b < n * cols / SK_QK; b++) {
+      float amax = 0.0f;
+      int32_t sum = 0;
+      for (uint32_t j = 0; j < SK_QK; j++) amax = fmaxf(amax, fabsf(x[b * SK_QK + j]));
+      assert_true(d[b] == amax / 127.0f);
+      for (uint32_t j = 0; j < SK_QK; j++) {
+        float want = d[b] != 0.0f ? nearbyintf(x[b * SK_QK + j] * (1.0f / d[b])) : 0.0f;
+        assert_int_equal(q[b * SK_QK + j], (int)want);
+        sum += q[b * SK_QK + j];
+      }
+      assert_int_equal(s[b], sum);
+    }
+    if (v == 0) {
+      memcpy(q0, q, sizeof q);
+      memcpy(d0, d, sizeof d);
+      memcpy(s0, s, sizeof s);
+    } else {
+      assert_memory_equal(q, q0, sizeof q);
+      assert_memory_equal(d, d0, sizeof d);
+      assert_memory_equal(s, s0, sizeof s);
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* Every variant and type against a double reference over the values the
+ * type holds (and, for quantized weights, the quantized activations). */
+static void test_matmul_reference(void **state) {
+  (void)state;
+  const uint32_t types[] = {SK_GGML_F32, SK_GGML_F16, SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t shapes[][2] = {{37, 64}, {70, 172}, {129, 288}, {16, 96}};
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) {
+      printf("kernel %s: not supported by this CPU, skipped\n", variants[v]);
+      continue;
+    }
+    select_or_fail(variants[v]);
+    for (size_t ti = 0; ti < 4; ti++) {
+      for (size_t si = 0; si < 4; si++) {
+        uint32_t rows = shapes[si][0], cols = shapes[si][1];
+        bool quant = types[ti] == SK_GGML_Q8_0 || types[ti] == SK_GGML_Q4_0;
+        if (quant && cols % SK_QK) continue;
+        struct mat m;
+        mat_make(&m, types[ti], rows, cols);
+        mat_pack(&m);
+        for (uint32_t n = 1; n <= 7; n += 3) {
+          struct acts t;
+          acts_make(&t, n, cols, cols + 3);
+          float *y = malloc((size_t)n * rows * sizeof *y);
+          float **yr = row_ptrs(y, n, rows);
+          sk_kernels_matmul(&m.w, &t.a, yr, 0, rows);
+          double maxd = 0.0;
+          for (uint32_t i = 0; i < n; i++) {
+            for (uint32_t o = 0; o < rows; o++) {
+              double ref = 0.0, mag = 0.0;
+              for (uint32_t k = 0; k < cols; k++) {
+                double xv = quant ? (double)t.d[i * cols / SK_QK + k / SK_QK] * t.q[i * cols + k]
+                                  : (double)t.x[i * (cols + 3) + k];
+                ref += (double)m.f[(size_t)o * cols + k] * xv;
+                mag += fabs((double)m.f[(size_t)o * cols + k] * xv);
+              }
+              double d = fabs(y[i * rows + o] - ref);
+              /* float accumulation over cols terms; scales rounded to f16
+               * in the reference and float in the kernel */
+              if (!(d <= 1e-5 * mag + 1e-6))
+                fail_msg("%s %s %ux%u n=%u [%u][%u]: %.9g vs %.9g", variants[v],
+                         sk_ggml_type_name(types[ti]), rows, cols, n, i, o, y[i * rows + o], ref);
+              if (d > maxd) maxd = d;
+            }
+          }
+          free(yr);
+          free(y);
+          acts_free(&t);
+        }
+        mat_free(&m);
+      }
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* Row i of a product of n rows, and any output range, give the same bits
+ * as row i alone over all outputs: what batching sessions relies on. */
+static void test_matmul_batch_invariance(void **state) {
+  (void)state;
+  const uint32_t types[] = {SK_GGML_F32, SK_GGML_F16, SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t rows = 77, cols = 192;
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    for (size_t ti = 0; ti < 4; ti++) {
+      struct mat m;
+      mat_make(&m, types[ti], rows, cols);
+      mat_pack(&m);
+      const uint32_t N = 11;
+      struct acts t;
+      acts_make(&t, N, cols, cols);
+      float *alone = malloc((size_t)N * rows * sizeof *alone);
+      for (uint32_t i = 0; i < N; i++) {
+        struct sk_act one = t.a;
+        one.n = 1;
+        one.f = t.x + (size_t)i * cols;
+        one.q = t.q + (size_t)i * cols;
+        one.d = t.d + (size_t)i * cols / SK_QK;
+        one.s = t.s + (size_t)i * cols / SK_QK;
+        float *yi = alone + (size_t)i * rows;
+        sk_kernels_matmul(&m.w, &one, &yi, 0, rows);
+      }
+      for (uint32_t n = 1; n <= N; n++) {
+        float *y = calloc((size_t)n * rows, sizeof *y);
+        float **yr = row_ptrs(y, n, rows);
+        struct sk_act part = t.a;
+        part.n = n;
+        /* uneven output ranges, as threads may take them */
+        uint32_t cuts[] = {0, 5, 16, 17, 40, 64, rows};
+        for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++)
+          sk_kernels_matmul(&m.w, &part, yr, cuts[c], cuts[c + 1]);
+        if (memcmp(y, alone, (size_t)n * rows * sizeof *y) != 0)
+          fail_msg("%s %s: a batch of %u rows differs from the rows alone", variants[v],
+                   sk_ggml_type_name(types[ti]), n);
+        free(yr);
+        free(y);
+      }
+      free(alone);
+      acts_free(&t);
+      mat_free(&m);
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* F16 weights give exactly what F32 weights holding the same values give. */
+static void test_f16_equals_f32(void **state) {
+  (void)state;
+  const uint32_t rows = 40, cols = 172, n = 5;
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    struct mat h;
+    mat_make(&h, SK_GGML_F16, rows, cols);
+    struct sk_wmat f = {.type = SK_GGML_F32, .rows = rows, .cols = cols,
+                        .row_bytes = cols * sizeof(float), .data = h.f};
+    struct acts t;
+    acts_make(&t, n, cols, cols);
+    float yh[5 * 40], yf[5 * 40];
+    float **rh = row_ptrs(yh, n, rows), **rf = row_ptrs(yf, n, rows);
+    sk_kernels_matmul(&h.w, &t.a, rh, 0, rows);
+    sk_kernels_matmul(&f, &t.a, rf, 0, rows);
+    assert_memory_equal(yh, yf, sizeof yh);
+    free(rh);
+    free(rf);
+    acts_free(&t);
+    mat_free(&h);
+  }
+  select_or_fail("auto");
+}
+
+/* Vector primitives of attention against plain C. */
+static void test_attention_primitives(void **state) {
+  (void)state;
+  const uint32_t hds[] = {8, 48, 64, 100, 128, 136};
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+      const uint32_t hd = hds[hi], n = 37;
+      float q[136], k[37 * 136], sc[37], w[37], out[136];
+      const float *rows[37];
+      for (uint32_t i = 0; i < hd; i++) q[i] = frand();
+      for (uint32_t i = 0; i < n * hd; i++) k[i] = frand();
+      for (uint32_t p = 0; p < n; p++) {
+        rows[p] = k + (size_t)p * hd;
+        w[p] = frand();
+      }
+      sk_kernels_scores(q, k, hd, n, hd, sc);
+      sk_kernels_wsum(out, w, rows, n, hd);
+      for (uint32_t p = 0; p < n; p++) {
+        double ref = 0.0;
+        for (uint32_t i = 0; i < hd; i++) ref += (double)q[i] * k[p * hd + i];
+        assert_true(fabs(sc[p] - ref) < 1e-5);
+        float one;
+        sk_kernels_scores(q, k + (size_t)p * hd, hd, 1, hd, &one);
+        assert_true(sc[p] == one); /* a score does not depend on its neighbours */
+      }
+      for (uint32_t i = 0; i < hd; i++) {
+        double ref = 0.0;
+        for (uint32_t p = 0; p < n; p++) ref += (double)w[p] * k[p * hd + i];
+        assert_true(fabs(out[i] - ref) < 1e-5);
+      }
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* RoPE: the same bits as the scalar formula (products, then the sum) in
+ * every variant. */
+static void test_rope_exact(void **state) {
+  (void)state;
+  const uint32_t rd = 46; /* not a multiple of 8: the tail too */
+  float x[46], c2[46], s2[46], want[46];
+  for (uint32_t i = 0; i < rd; i += 2) {
+    float a = frand() * 100.0f;
+    c2[i] = c2[i + 1] = cosf(a);
+    s2[i + 1] = sinf(a);
+    s2[i] = -s2[i + 1];
+    x[i] = frand();
+    x[i + 1] = frand();
+    float p0 = x[i] * c2[i], p1 = x[i + 1] * s2[i + 1], p2 = x[i] * s2[i + 1],
+          p3 = x[i + 1] * c2[i];
+    want[i] = p0 - p1;
+    want[i + 1] = p2 + p3;
+  }
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    float y[46];
+    sk_kernels_rope(y, x, c2, s2, rd);
+    assert_memory_equal(y, want, sizeof y);
+    memcpy(y, x, sizeof y);
+    sk_kernels_rope(y, y, c2, s2, rd); /* in place */
+    assert_memory_equal(y, want, sizeof y);
+  }
+  select_or_fail("auto");
+}
+
+/* Softmax and SwiGLU of the vector variants (ggml's vectorized expf)
+ * against expf, including inputs far outside exp's range. */
+static void test_softmax_swiglu(void **state) {
+  (void)state;
+  enum { N = 203 };
+  float base[N];
+  for (int i = 0; i < N; i++) base[i] = frand() * 30.0f;
+  base[7] = -1e4f;  /* exp underflows to 0 */
+  base[8] = 88.0f;  /* near the top of float's range after the max shift */
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    float row[N];
+    memcpy(row, base, sizeof row);
+    double ent = 0.0;
+    sk_kernels_softmax(row, N, 0.7f, &ent);
+    /* the kernel subtracts the max in float, as ggml does */
+    float mx = -INFINITY;
+    double sum = 0.0, total = 0.0;
+    for (int i = 0; i < N; i++) mx = fmaxf(mx, base[i] * 0.7f);
+    for (int i = 0; i < N; i++) sum += exp((double)(base[i] * 0.7f - mx));
+    for (int i = 0; i < N; i++) {
+      double want = exp((double)(base[i] * 0.7f - mx)) / sum;
+      if (!(fabs(row[i] - want) <= 4e-7 * want + 1e-30))
+        fail_msg("%s softmax[%d] = %.9g, want %.9g", variants[v], i, row[i], want);
+      total += row[i];
+    }
+    assert_true(fabs(total - 1.0) < 1e-5);
+    double h = 0.0;
+    for (int i = 0; i < N; i++)
+      if (row[i] > 0) h -= (double)row[i] * log((double)row[i]);
+    assert_true(fabs(ent - h) < 1e-4);
+
+    float g[N], u[N];
+    for (int i = 0; i < N; i++) {
+      g[i] = base[i];
+      u[i] = frand();
+    }
+    g[9] = -200.0f; /* exp(200) overflows: silu -> -0 */
+    g[10] = 200.0f;
+    float g0[N];
+    memcpy(g0, g, sizeof g);
+    sk_kernels_swiglu(g, u, N);
+    for (int i = 0; i < N; i++) {
+      double want = (double)g0[i] / (1.0 + exp(-(double)g0[i])) * u[i];
+      if (!(fabs(g[i] - want) <= 4e-7 * fabs(want) + 1e-30))
+        fail_msg("%s swiglu[%d](%g) = %.9g, want %.9g", variants[v], i, g0[i], g[i], want);
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* Block formats: the reference quantizers round-trip within one step of
+ * their grid, and f16 conversions are exact where they must be. */
+static void test_blocks(void **state) {
+  (void)state;
+  float x[64], y[64];
+  for (int i = 0; i < 64; i++) x[i] = frand() * 5.0f;
+  struct sk_block_q8_0 b8[2];
+  struct sk_block_q4_0 b4[2];
+  sk_quantize_row_q8_0(x, 64, b8);
+  assert_int_equal(sk_dequantize_row(SK_GGML_Q8_0, b8, 64, y), 0);
+  for (int i = 0; i < 64; i++) assert_true(fabsf(x[i] - y[i]) <= sk_f16_to_f32(b8[i / 32].d) * 0.5f + 1e-3f);
+  sk_quantize_row_q4_0(x, 64, b4);
+  assert_int_equal(sk_dequantize_row(SK_GGML_Q4_0, b4, 64, y), 0);
+  /* the grid is d * (-8..7) with d = max / -8: values of the other sign
+   * than the largest reach only 7/8 of it, one step short */
+  for (int i = 0; i < 64; i++)
+    assert_true(fabsf(x[i] - y[i]) <= fabsf(sk_f16_to_f32(b4[i / 32].d)) + 1e-3f);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q8_0, 64), 68);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_0, 64), 36);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q8_0, 48), 0);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_1, 64), 0);
+  for (uint32_t h = 0; h < 0x10000; h++) {
+    float f = sk_f16_to_f32((uint16_t)h);
+    if (isnan(f)) continue;
+    assert_int_equal(sk_f32_to_f16(f), h); /* every half round-trips */
+  }
+  assert_int_equal(sk_f32_to_f16(65520.0f), 0x7c00); /* rounds to inf */
+}
+
+static void test_select(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  assert_int_equal(sk_kernels_select("sse9", &err), -SK_ERR_BAD_REQUEST);
+  assert_non_null(strstr(err.message, "unknown kernel 'sse9'"));
+  assert_true(sk_kernels_supported("generic"));
+  assert_non_null(strstr(sk_kernels_available(), "generic"));
+  assert_int_equal(sk_kernels_select(NULL, &err), 0);
+  printf("kernels on this CPU: %s; auto selects %s\n", sk_kernels_available(), sk_kernels_name());
+}
+
+/* ---- pool ---- */
+
+struct count {
+  atomic_uint hits[1000];
+  atomic_uint threads_seen;
+};
+
+static void count_task(void *ctx, uint32_t task, uint32_t thread) {
+  struct count *c = ctx;
+  atomic_fetch_add(&c->hits[task], 1);
+  atomic_fetch_or(&c->threads_seen, 1u << thread);
+}
+
+static void test_pool(void **state) {
+  (void)state;
+  for (uint32_t n = 1; n <= 4; n++) {
+    struct sk_pool *p = NULL;
+    struct sk_error err = {0};
+    assert_int_equal(sk_pool_new(n, &p, &err), 0);
+    assert_int_equal(sk_pool_threads(p), n);
+    for (uint32_t run = 0; run < 200; run++) {
+      static struct count c;
+      memset(&c, 0, sizeof c);
+      uint32_t tasks = 1 + run * 7 % 1000;
+      sk_pool_run(p, count_task, &c, tasks);
+      for (uint32_t t = 0; t < 1000; t++) assert_int_equal(c.hits[t], t < tasks ? 1 : 0);
+      assert_true(atomic_load(&c.threads_seen) < (1u << n));
+    }
+    sk_pool_free(p);
+  }
+  struct count c;
+  memset(&c, 0, sizeof c);
+  sk_pool_run(NULL, count_task, &c, 5);
+  assert_int_equal(c.hits[4], 1);
+  struct sk_pool *p = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_pool_new(0, &p, &err), -SK_ERR_BAD_REQUEST);
+  assert_int_equal(sk_pool_new(SK_POOL_MAX_THREADS + 1, &p, &err), -SK_ERR_BAD_REQUEST);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_select),
+      cmocka_unit_test(test_blocks),
+      cmocka_unit_test(test_quantize_rows),
+      cmocka_unit_test(test_matmul_reference),
+      cmocka_unit_test(test_matmul_batch_invariance),
+      cmocka_unit_test(test_f16_equals_f32),
+      cmocka_unit_test(test_attention_primitives),
+      cmocka_unit_test(test_rope_exact),
+      cmocka_unit_test(test_softmax_swiglu),
+      cmocka_unit_test(test_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

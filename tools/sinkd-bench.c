@@ -1,0 +1,558 @@
+/* sinkd-bench: measures a live sinkd through libsinkd, as its clients see
+ * it (socket, protocol and scheduling included). Not a test: it prints
+ * numbers, and --json for machines.
+ *
+ *   prefill      tokens/s of one append of --prefill random tokens into a
+ *                fresh session (median of --reps)
+ *   decode       tokens/s of one session generating --gen tokens (greedy,
+ *                EOS ignored): (tokens - 1) / (last event - first event),
+ *                median of --reps
+ *   concurrency  for each C in --concurrency: C sessions, each on its own
+ *                connection and thread, append a 16-token prompt, wait for
+ *                each other, then all generate --gen tokens at once.
+ *                aggregate = (all tokens - C) / (last event - first event);
+ *                p50/p99 of every gap between two events of one session
+ *                (inter-token latency as a client sees it)
+ *   positions    one streaming session (--sinks, --window): append random
+ *                tokens until the stream has seen P tokens, then time
+ *                --pos-gen generated tokens; per-token ms at each P of
+ *                --positions, and its ratio to the first P; also the
+ *                daemon's CPU time per token (all its threads,
+ *                /proc/PID/task/TID/schedstat), which a busy machine
+ *                disturbs far less than wall time
+ *   memory       the daemon's RSS (/proc/PID/status, PID from the socket's
+ *                SO_PEERCRED) idle and with C sessions open, and the KV
+ *                bytes of one session as `open` reports them
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sinkd/client.h"
+
+#define MAX_LIST 16u        /* entries of --concurrency / --positions */
+#define PROMPT_TOKENS 16u   /* prompt of each concurrent session */
+#define APPEND_CHUNK 8192u  /* tokens per append while advancing a stream */
+#define FIRST_NORMAL_ID 259 /* after <unk> <s> </s> and the 256 byte tokens */
+
+static const char *prog = "sinkd-bench";
+
+struct opts {
+  const char *socket;
+  bool json;
+  uint32_t prefill, gen, reps, pos_gen, window, sinks;
+  uint32_t conc[MAX_LIST], n_conc;
+  uint64_t pos[MAX_LIST];
+  uint32_t n_pos;
+  bool no_prefill, no_decode, no_conc, no_pos;
+};
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  exit(1);
+}
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* q-quantile (0..1) of v[0..n), sorting v. */
+static double quantile(double *v, size_t n, double q) {
+  if (n == 0) return 0.0;
+  qsort(v, n, sizeof *v, cmp_double);
+  size_t i = (size_t)ceil(q * (double)n);
+  return v[i == 0 ? 0 : i - 1];
+}
+
+static struct sk_client *connect_or_die(const char *path) {
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  if (sk_client_connect(path, &c, &e) < 0) die("%s", e.message);
+  sk_client_set_timeout(c, 3600u * 1000u, NULL);
+  return c;
+}
+
+/* Random "normal" token ids (after the control and byte tokens). */
+static void random_tokens(int32_t *out, size_t n, uint32_t n_vocab, uint64_t *state) {
+  uint32_t span = n_vocab > FIRST_NORMAL_ID ? n_vocab - FIRST_NORMAL_ID : n_vocab;
+  uint32_t base = n_vocab > FIRST_NORMAL_ID ? FIRST_NORMAL_ID : 0;
+  for (size_t i = 0; i < n; i++) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    out[i] = (int32_t)(base + (uint32_t)((*state >> 33) % span));
+  }
+}
+
+/* ---- daemon memory ---- */
+
+static pid_t daemon_pid(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  struct ucred cred = {0};
+  socklen_t len = sizeof cred;
+  pid_t pid = 0;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+    pid = cred.pid;
+  close(fd);
+  return pid;
+}
+
+/* VmRSS of pid in bytes, or 0 if unreadable (another user's daemon). */
+static uint64_t rss_bytes(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  uint64_t kb = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kb) == 1) break;
+  fclose(f);
+  return kb * 1024;
+}
+
+/* CPU time of every thread of pid in ns (/proc/PID/task/TID/schedstat,
+ * first field), or 0 if unreadable. Unlike wall time it does not count
+ * the time other processes of a busy machine take. */
+static uint64_t cpu_ns(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  uint64_t sum = 0;
+  struct dirent *de;
+  while ((de = readdir(d))) {
+    if (de->d_name[0] == '.') continue;
+    char f[384]; /* path (64) + a name (256) + "/schedstat" */
+    snprintf(f, sizeof f, "%s/%s/schedstat", path, de->d_name);
+    FILE *fp = fopen(f, "r");
+    if (!fp) continue;
+    unsigned long long ns = 0;
+    if (fscanf(fp, "%llu", &ns) == 1) sum += ns;
+    fclose(fp);
+  }
+  closedir(d);
+  return sum;
+}
+
+/* ---- one generate, timed ---- */
+
+struct timing {
+  double *t;     /* (cap) event times */
+  size_t n, cap;
+};
+
+static int on_token(void *user, const struct sk_token_event *ev) {
+  (void)ev;
+  struct timing *tm = user;
+  if (tm->n < tm->cap) tm->t[tm->n++] = now_s();
+  return 0;
+}
+
+static uint64_t open_session(struct sk_client *c, const struct opts *o, bool streaming,
+                             uint64_t *ret_kv_bytes) {
+  struct sk_open_params p = {0};
+  if (streaming) {
+    p.policy = "streaming";
+    p.n_sink = o->sinks;
+    p.window = o->window;
+  }
+  struct sk_open_result r;
+  struct sk_error e = {0};
+  if (sk_client_open(c, &p, &r, &e) < 0) die("open: %s", e.message);
+  if (ret_kv_bytes) *ret_kv_bytes = r.kv_bytes;
+  return r.session;
+}
+
+static void close_session(struct sk_client *c, uint64_t id) {
+  struct sk_error e = {0};
+  if (sk_client_close(c, id, &e) < 0) die("close: %s", e.message);
+}
+
+static void append_or_die(struct sk_client *c, uint64_t id, const int32_t *t, size_t n) {
+  struct sk_error e = {0};
+  if (sk_client_append_tokens(c, id, t, n, SK_BOS_FALSE, NULL, &e) < 0)
+    die("append: %s", e.message);
+}
+
+static void generate_or_die(struct sk_client *c, uint64_t id, uint32_t n, struct timing *tm) {
+  struct sk_generate_params p;
+  sk_generate_params_init(&p);
+  p.max_tokens = n;
+  p.temperature = 0.0;
+  p.ignore_eos = true;
+  struct sk_generate_result r;
+  struct sk_error e = {0};
+  if (sk_client_generate(c, id, &p, on_token, tm, &r, &e) < 0) die("generate: %s", e.message);
+  if (r.n_tokens != n) die("generate: %" PRIu64 " tokens, stop %s", r.n_tokens, r.stop);
+}
+
+/* ---- concurrency ---- */
+
+struct worker {
+  const struct opts *o;
+  uint32_t n_vocab;
+  uint32_t index;
+  pthread_barrier_t *ready;
+  struct sk_client *c;
+  uint64_t session;
+  struct timing tm;
+};
+
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  int32_t prompt[PROMPT_TOKENS];
+  uint64_t st = 1000 + w->index;
+  random_tokens(prompt, PROMPT_TOKENS, w->n_vocab, &st);
+  append_or_die(w->c, w->session, prompt, PROMPT_TOKENS);
+  pthread_barrier_wait(w->ready);
+  generate_or_die(w->c, w->session, w->o->gen, &w->tm);
+  return NULL;
+}
+
+struct conc_result {
+  uint32_t c;
+  double aggregate, p50_ms, p99_ms;
+  uint64_t rss;
+};
+
+static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab, uint32_t n,
+                                          pid_t pid) {
+  struct worker *ws = calloc(n, sizeof *ws);
+  pthread_t *th = calloc(n, sizeof *th);
+  pthread_barrier_t ready;
+  if (!ws || !th) die("out of memory");
+  pthread_barrier_init(&ready, NULL, n);
+  for (uint32_t i = 0; i < n; i++) {
+    ws[i] = (struct worker){.o = o, .n_vocab = n_vocab, .index = i, .ready = &ready};
+    ws[i].c = connect_or_die(o->socket);
+    ws[i].session = open_session(ws[i].c, o, false, NULL);
+    ws[i].tm.cap = o->gen;
+    ws[i].tm.t = calloc(o->gen, sizeof(double));
+    if (!ws[i].tm.t) die("out of memory");
+  }
+  for (uint32_t i = 0; i < n; i++)
+    if (pthread_create(&th[i], NULL, worker_main, &ws[i]) != 0) die("cannot start a thread");
+  for (uint32_t i = 0; i < n; i++) pthread_join(th[i], NULL);
+  struct conc_result r = {.c = n, .rss = pid ? rss_bytes(pid) : 0};
+  double first = INFINITY, last = 0.0;
+  size_t n_gaps = 0, tokens = 0;
+  double *gaps = malloc((size_t)n * o->gen * sizeof *gaps);
+  if (!gaps) die("out of memory");
+  for (uint32_t i = 0; i < n; i++) {
+    const struct timing *tm = &ws[i].tm;
+    if (tm->n == 0) continue;
+    first = fmin(first, tm->t[0]);
+    last = fmax(last, tm->t[tm->n - 1]);
+    tokens += tm->n - 1;
+    for (size_t k = 1; k < tm->n; k++) gaps[n_gaps++] = (tm->t[k] - tm->t[k - 1]) * 1e3;
+  }
+  r.aggregate = last > first ? (double)tokens / (last - first) : 0.0;
+  r.p50_ms = quantile(gaps, n_gaps, 0.50);
+  r.p99_ms = quantile(gaps, n_gaps, 0.99);
+  for (uint32_t i = 0; i < n; i++) {
+    close_session(ws[i].c, ws[i].session);
+    sk_client_free(ws[i].c);
+    free(ws[i].tm.t);
+  }
+  pthread_barrier_destroy(&ready);
+  free(gaps);
+  free(ws);
+  free(th);
+  return r;
+}
+
+/* ---- options ---- */
+
+static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint64_t max) {
+  uint32_t n = 0;
+  const char *p = s;
+  while (*p) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(p, &end); /* accepts 1e6 */
+    if (errno || end == p || v < 1 || v > (double)max || v != floor(v) || n == MAX_LIST)
+      die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
+          MAX_LIST, max);
+    out[n++] = (uint64_t)v;
+    p = end;
+    if (*p == ',') p++;
+    else if (*p) die("%s: '%s': expected numbers separated by commas", flag, s);
+  }
+  if (n == 0) die("%s: empty list", flag);
+  return n;
+}
+
+static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
+  uint64_t v[MAX_LIST];
+  if (parse_list(flag, s, v, max) != 1 || v[0] < min) die("%s: expected one number >= %u", flag, min);
+  return (uint32_t)v[0];
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: %s [OPTIONS]\n"
+          "Benchmark a running sinkd: prefill, decode, concurrent decode with\n"
+          "inter-token latency, per-token time far into a stream, memory.\n"
+          "\n"
+          "  -s, --socket PATH        daemon socket (default: as sinkctl)\n"
+          "  -j, --json               one JSON object on stdout\n"
+          "      --prefill N          tokens of the prefill test (512)\n"
+          "      --gen N              tokens generated per session (128)\n"
+          "      --reps N             repetitions of prefill and decode (3)\n"
+          "      --concurrency LIST   concurrent sessions (1,4,16,64)\n"
+          "      --positions LIST     stream positions (1e3,1e4,1e5,1e6)\n"
+          "      --pos-gen N          tokens timed at each position (64)\n"
+          "      --window N           streaming window of the position test (1024)\n"
+          "      --sinks N            attention sinks of the position test (4)\n"
+          "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
+          "                           skip a part\n"
+          "  -h, --help               this text\n",
+          prog);
+}
+
+static void parse_opts(int argc, char **argv, struct opts *o) {
+  *o = (struct opts){.prefill = 512, .gen = 128, .reps = 3, .pos_gen = 64, .window = 1024,
+                     .sinks = 4, .conc = {1, 4, 16, 64}, .n_conc = 4,
+                     .pos = {1000, 10000, 100000, 1000000}, .n_pos = 4};
+  enum { O_PREFILL = 256, O_GEN, O_REPS, O_CONC, O_POS, O_POS_GEN, O_WINDOW, O_SINKS,
+         O_NO_PREFILL, O_NO_DECODE, O_NO_CONC, O_NO_POS };
+  static const struct option lo[] = {
+      {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
+      {"prefill", required_argument, NULL, O_PREFILL}, {"gen", required_argument, NULL, O_GEN},
+      {"reps", required_argument, NULL, O_REPS}, {"concurrency", required_argument, NULL, O_CONC},
+      {"positions", required_argument, NULL, O_POS},
+      {"pos-gen", required_argument, NULL, O_POS_GEN},
+      {"window", required_argument, NULL, O_WINDOW}, {"sinks", required_argument, NULL, O_SINKS},
+      {"no-prefill", no_argument, NULL, O_NO_PREFILL}, {"no-decode", no_argument, NULL, O_NO_DECODE},
+      {"no-concurrency", no_argument, NULL, O_NO_CONC},
+      {"no-positions", no_argument, NULL, O_NO_POS}, {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  int ch;
+  uint64_t tmp[MAX_LIST];
+  while ((ch = getopt_long(argc, argv, "s:jh", lo, NULL)) != -1) {
+    switch (ch) {
+    case 's': o->socket = optarg; break;
+    case 'j': o->json = true; break;
+    case O_PREFILL: o->prefill = parse_u32("--prefill", optarg, 1, 1u << 20); break;
+    case O_GEN: o->gen = parse_u32("--gen", optarg, 2, 1u << 20); break;
+    case O_REPS: o->reps = parse_u32("--reps", optarg, 1, 100); break;
+    case O_POS_GEN: o->pos_gen = parse_u32("--pos-gen", optarg, 2, 1u << 20); break;
+    case O_WINDOW: o->window = parse_u32("--window", optarg, 1, 1u << 20); break;
+    case O_SINKS: o->sinks = parse_u32("--sinks", optarg, 0, 1u << 20); break;
+    case O_CONC:
+      o->n_conc = parse_list("--concurrency", optarg, tmp, 4096);
+      for (uint32_t i = 0; i < o->n_conc; i++) o->conc[i] = (uint32_t)tmp[i];
+      break;
+    case O_POS: o->n_pos = parse_list("--positions", optarg, o->pos, 1ull << 40); break;
+    case O_NO_PREFILL: o->no_prefill = true; break;
+    case O_NO_DECODE: o->no_decode = true; break;
+    case O_NO_CONC: o->no_conc = true; break;
+    case O_NO_POS: o->no_pos = true; break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); exit(2);
+    }
+  }
+  if (optind < argc) {
+    usage(stderr);
+    exit(2);
+  }
+  if (!o->socket) o->socket = sk_client_default_socket();
+  for (uint32_t i = 1; i < o->n_pos; i++)
+    if (o->pos[i] <= o->pos[i - 1]) die("--positions must increase");
+}
+
+/* ---- main ---- */
+
+int main(int argc, char **argv) {
+  struct opts o;
+  parse_opts(argc, argv, &o);
+  struct sk_client *c = connect_or_die(o.socket);
+  struct sk_hello h;
+  struct sk_error e = {0};
+  if (sk_client_hello(c, &h, &e) < 0) die("hello: %s", e.message);
+  const uint32_t V = h.model.n_vocab;
+  pid_t pid = daemon_pid(o.socket);
+  uint64_t rss_idle = pid ? rss_bytes(pid) : 0;
+  uint64_t st = 42;
+
+  /* prefill */
+  double prefill_tps = 0.0;
+  if (!o.no_prefill) {
+    int32_t *toks = malloc(o.prefill * sizeof *toks);
+    double *v = malloc(o.reps * sizeof *v);
+    if (!toks || !v) die("out of memory");
+    for (uint32_t r = 0; r < o.reps; r++) {
+      random_tokens(toks, o.prefill, V, &st);
+      uint64_t id = open_session(c, &o, true, NULL);
+      double t0 = now_s();
+      append_or_die(c, id, toks, o.prefill);
+      v[r] = (double)o.prefill / (now_s() - t0);
+      close_session(c, id);
+    }
+    prefill_tps = quantile(v, o.reps, 0.5);
+    note("prefill: %.1f tokens/s", prefill_tps);
+    free(toks);
+    free(v);
+  }
+
+  /* one session */
+  double decode_tps = 0.0;
+  if (!o.no_decode) {
+    double *v = malloc(o.reps * sizeof *v);
+    struct timing tm = {.t = calloc(o.gen, sizeof(double)), .cap = o.gen};
+    if (!v || !tm.t) die("out of memory");
+    for (uint32_t r = 0; r < o.reps; r++) {
+      int32_t prompt[PROMPT_TOKENS];
+      random_tokens(prompt, PROMPT_TOKENS, V, &st);
+      uint64_t id = open_session(c, &o, false, NULL);
+      append_or_die(c, id, prompt, PROMPT_TOKENS);
+      tm.n = 0;
+      generate_or_die(c, id, o.gen, &tm);
+      v[r] = (double)(tm.n - 1) / (tm.t[tm.n - 1] - tm.t[0]);
+      close_session(c, id);
+    }
+    decode_tps = quantile(v, o.reps, 0.5);
+    note("decode, one session: %.1f tokens/s", decode_tps);
+    free(v);
+    free(tm.t);
+  }
+
+  /* concurrent sessions */
+  struct conc_result conc[MAX_LIST];
+  uint32_t n_conc = o.no_conc ? 0 : o.n_conc;
+  for (uint32_t i = 0; i < n_conc; i++) {
+    conc[i] = run_concurrency(&o, V, o.conc[i], pid);
+    note("%u sessions: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms", conc[i].c,
+         conc[i].aggregate, conc[i].p50_ms, conc[i].p99_ms);
+  }
+
+  /* positions */
+  double pos_ms[MAX_LIST] = {0}, pos_cpu_ms[MAX_LIST] = {0};
+  uint64_t kv_bytes_stream = 0;
+  uint32_t n_pos = o.no_pos ? 0 : o.n_pos;
+  if (n_pos) {
+    uint64_t id = open_session(c, &o, true, &kv_bytes_stream);
+    int32_t *chunk = malloc(APPEND_CHUNK * sizeof *chunk);
+    struct timing tm = {.t = calloc(o.pos_gen, sizeof(double)), .cap = o.pos_gen};
+    if (!chunk || !tm.t) die("out of memory");
+    uint64_t seen = 0;
+    double t_adv = now_s();
+    for (uint32_t i = 0; i < n_pos; i++) {
+      while (seen < o.pos[i]) {
+        uint64_t n = o.pos[i] - seen < APPEND_CHUNK ? o.pos[i] - seen : APPEND_CHUNK;
+        random_tokens(chunk, (size_t)n, V, &st);
+        append_or_die(c, id, chunk, (size_t)n);
+        seen += n;
+        if (seen % (16 * APPEND_CHUNK) < n)
+          note("positions: stream at %" PRIu64 " tokens (%.0f tokens/s)", seen,
+               (double)seen / (now_s() - t_adv));
+      }
+      tm.n = 0;
+      uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
+      generate_or_die(c, id, o.pos_gen, &tm);
+      uint64_t cpu1 = pid ? cpu_ns(pid) : 0;
+      seen += o.pos_gen;
+      pos_ms[i] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
+      pos_cpu_ms[i] = (double)(cpu1 - cpu0) / 1e6 / (double)o.pos_gen;
+      note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
+           pos_ms[i], pos_cpu_ms[i]);
+    }
+    close_session(c, id);
+    free(chunk);
+    free(tm.t);
+  }
+  uint64_t kv_bytes_default = 0;
+  {
+    uint64_t id = open_session(c, &o, false, &kv_bytes_default);
+    close_session(c, id);
+  }
+
+  if (o.json) {
+    printf("{\"model\": {\"name\": \"%s\", \"weight_type\": \"%s\", \"weight_bytes\": %" PRIu64
+           ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
+           h.model.name, h.model.weight_type, h.model.weight_bytes, h.model.n_layer, h.model.dim,
+           V);
+    printf("\"compute\": {\"kernel\": \"%s\", \"threads\": %u, \"max_batch\": %u}, ",
+           h.compute.kernel, h.compute.threads, h.compute.max_batch);
+    printf("\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, ", prefill_tps,
+           decode_tps);
+    printf("\"concurrency\": [");
+    for (uint32_t i = 0; i < n_conc; i++)
+      printf("%s{\"sessions\": %u, \"aggregate_tokens_per_s\": %.2f, \"itl_p50_ms\": %.3f, "
+             "\"itl_p99_ms\": %.3f, \"rss_bytes\": %" PRIu64 "}",
+             i ? ", " : "", conc[i].c, conc[i].aggregate, conc[i].p50_ms, conc[i].p99_ms,
+             conc[i].rss);
+    printf("], \"positions\": [");
+    for (uint32_t i = 0; i < n_pos; i++)
+      printf("%s{\"position\": %" PRIu64 ", \"ms_per_token\": %.4f, \"ratio\": %.4f, "
+             "\"cpu_ms_per_token\": %.4f, \"cpu_ratio\": %.4f}",
+             i ? ", " : "", o.pos[i], pos_ms[i], pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
+             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
+    printf("], \"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
+           ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
+           rss_idle, kv_bytes_default, kv_bytes_stream, o.sinks, o.window);
+  } else {
+    printf("model          %s: %s weights, %.1f MB read per step\n", h.model.name,
+           h.model.weight_type, (double)h.model.weight_bytes / 1e6);
+    printf("compute        %s kernels, %u threads, %u tokens per forward pass\n",
+           h.compute.kernel, h.compute.threads, h.compute.max_batch);
+    if (!o.no_prefill) printf("prefill        %.1f tokens/s (%u tokens)\n", prefill_tps, o.prefill);
+    if (!o.no_decode) printf("decode         %.1f tokens/s (one session)\n", decode_tps);
+    if (n_conc) printf("sessions   aggregate tok/s   ITL p50 ms   ITL p99 ms   RSS MB\n");
+    for (uint32_t i = 0; i < n_conc; i++)
+      printf("%8u   %15.1f   %10.2f   %10.2f   %6.1f\n", conc[i].c, conc[i].aggregate,
+             conc[i].p50_ms, conc[i].p99_ms, (double)conc[i].rss / 1e6);
+    if (n_pos)
+      printf("position   ms/token   vs first   CPU ms/token   vs first   (streaming, %u sinks + "
+             "window %u)\n",
+             o.sinks, o.window);
+    for (uint32_t i = 0; i < n_pos; i++)
+      printf("%8" PRIu64 "   %8.3f   %8.3f   %12.3f   %8.3f\n", o.pos[i], pos_ms[i],
+             pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
+             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
+    printf("memory         RSS idle %.1f MB; KV bytes per session: %.2f MB default",
+           (double)rss_idle / 1e6, (double)kv_bytes_default / 1e6);
+    if (n_pos) printf(", %.2f MB streaming %u+%u", (double)kv_bytes_stream / 1e6, o.sinks, o.window);
+    printf("\n");
+  }
+  sk_client_free(c);
+  return 0;
+}

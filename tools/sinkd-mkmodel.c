@@ -1,0 +1,448 @@
+/* sinkd-mkmodel: writes a valid GGUF file (v3, llama architecture) with
+ * random weights and the shape of a real model, for benchmarks: decode
+ * speed depends on the shapes and the weight type, not on the values.
+ *
+ * Shapes (karpathy's llama2.c stories models, TinyLlama):
+ *   260K  dim 64,   5 layers,  8 heads, 4 KV heads, hidden 172,  vocab 512
+ *   15M   dim 288,  6 layers,  6 heads,             hidden 768,  vocab 32000
+ *   110M  dim 768, 12 layers, 12 heads,             hidden 2048, vocab 32000
+ *   1B    dim 2048, 22 layers, 32 heads, 4 KV heads, hidden 5632, vocab 32000
+ *
+ * Weight types F32, F16, Q8_0, Q4_0 (ggml block formats, quantized with
+ * ggml's reference quantizers, quant.c). As llama.cpp's quantizer does,
+ * a matrix whose rows are not a multiple of 32 stays F16, and a Q4_0 file
+ * keeps its output matrix at Q8_0 (--output-type changes that). Norm
+ * weights are 1 and F32. The vocabulary is a SentencePiece-style one the
+ * daemon loads and tokenizes with: <unk>, <s>, </s>, the 256 byte tokens
+ * <0x00>..<0xFF>, then pieces built from letters (with and without the
+ * leading U+2581), shorter pieces scoring higher.
+ *
+ * Tensors are streamed to the file row by row, so a 1B-class F32 file
+ * (4.4 GB) needs no more memory than one row.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "quant.h"
+
+#define ALIGN 32u /* general.alignment default */
+/* Every vocabulary has 3 control tokens and 256 byte tokens first. */
+#define N_FIXED_TOKENS (3u + 256u)
+
+struct shape {
+  const char *name;
+  uint32_t dim, n_layer, n_head, n_kv_head, hidden, vocab, ctx;
+};
+
+static const struct shape shapes[] = {
+    {"260K", 64, 5, 8, 4, 172, 512, 2048},
+    {"15M", 288, 6, 6, 6, 768, 32000, 256},
+    {"110M", 768, 12, 12, 12, 2048, 32000, 1024},
+    {"1B", 2048, 22, 32, 4, 5632, 32000, 2048},
+};
+
+/* splitmix64: a seedable stream of 64-bit values. */
+static uint64_t rng_state;
+static uint64_t rng_next(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* Uniform in [-a, a). */
+static float rng_uniform(float a) {
+  return a * (float)((double)(rng_next() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static const char *prog = "sinkd-mkmodel";
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  exit(1);
+}
+
+/* ---- output --------------------------------------------------------- */
+
+struct out {
+  FILE *f;
+  const char *path;
+  uint64_t pos;
+};
+
+static void put(struct out *o, const void *p, size_t n) {
+  if (n && fwrite(p, 1, n, o->f) != n) die("write %s: %s", o->path, strerror(errno));
+  o->pos += n;
+}
+static void put_u32(struct out *o, uint32_t v) { put(o, &v, 4); } /* little-endian hosts */
+static void put_u64(struct out *o, uint64_t v) { put(o, &v, 8); }
+static void put_str(struct out *o, const char *s, size_t n) {
+  put_u64(o, n);
+  put(o, s, n);
+}
+static void put_pad(struct out *o) {
+  static const uint8_t zero[ALIGN];
+  put(o, zero, (ALIGN - o->pos % ALIGN) % ALIGN);
+}
+static void kv_u32(struct out *o, const char *key, uint32_t v) {
+  put_str(o, key, strlen(key));
+  put_u32(o, SK_GGUF_UINT32);
+  put_u32(o, v);
+}
+static void kv_f32(struct out *o, const char *key, float v) {
+  put_str(o, key, strlen(key));
+  put_u32(o, SK_GGUF_FLOAT32);
+  put(o, &v, 4);
+}
+static void kv_str(struct out *o, const char *key, const char *v) {
+  put_str(o, key, strlen(key));
+  put_u32(o, SK_GGUF_STRING);
+  put_str(o, v, strlen(v));
+}
+
+/* ---- vocabulary ----------------------------------------------------- */
+
+#define SPM_SPACE "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+
+struct vocab {
+  char **text;
+  uint32_t n;
+};
+
+/* Piece number k of the letter pieces: lengths 1, 2, 3... in turn, each
+ * length first bare then with the leading space, in order of letter
+ * frequency. Returns false past the last one we can spell (never for
+ * real vocabulary sizes). */
+static bool letter_piece(uint64_t k, char *buf, size_t cap) {
+  static const char letters[] = "etaoinshrdlcumwfgypbvkjxqz";
+  uint64_t count = 26; /* pieces of the current length, per variant */
+  for (unsigned len = 1; len <= 6; len++, count *= 26) {
+    if (k < 2 * count) {
+      bool space = k >= count;
+      uint64_t idx = k % count;
+      size_t pos = 0;
+      if (space) {
+        memcpy(buf, SPM_SPACE, 3);
+        pos = 3;
+      }
+      char tmp[8];
+      for (unsigned i = 0; i < len; i++) {
+        tmp[len - 1 - i] = letters[idx % 26];
+        idx /= 26;
+      }
+      if (pos + len + 1 > cap) return false;
+      memcpy(buf + pos, tmp, len);
+      buf[pos + len] = 0;
+      return true;
+    }
+    k -= 2 * count;
+  }
+  return false;
+}
+
+static void make_vocab(struct vocab *v, uint32_t n) {
+  v->n = n;
+  v->text = calloc(n, sizeof *v->text);
+  if (!v->text) die("out of memory");
+  char buf[32];
+  for (uint32_t i = 0; i < n; i++) {
+    if (i == 0) snprintf(buf, sizeof buf, "<unk>");
+    else if (i == 1) snprintf(buf, sizeof buf, "<s>");
+    else if (i == 2) snprintf(buf, sizeof buf, "</s>");
+    else if (i < N_FIXED_TOKENS) snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+    else if (i == N_FIXED_TOKENS) snprintf(buf, sizeof buf, SPM_SPACE);
+    else if (i <= N_FIXED_TOKENS + 94) { /* printable ASCII other than letters first */
+      char ch = (char)('!' + (i - N_FIXED_TOKENS - 1));
+      snprintf(buf, sizeof buf, "%c", ch);
+    } else {
+      /* letter pieces, skipping the single lowercase letters already
+       * covered by the ASCII run above */
+      static uint64_t k = 0;
+      for (;;) {
+        if (!letter_piece(k++, buf, sizeof buf)) die("vocabulary of %u is too large", n);
+        if (!(strlen(buf) == 1 && buf[0] >= 'a' && buf[0] <= 'z')) break;
+      }
+    }
+    v->text[i] = strdup(buf);
+    if (!v->text[i]) die("out of memory");
+  }
+}
+
+/* ---- tensors -------------------------------------------------------- */
+
+enum init { INIT_ONES, INIT_RANDOM };
+
+struct tensor {
+  char name[64];
+  uint64_t ne0, ne1; /* ne1 == 0: a vector */
+  uint32_t type;
+  enum init init;
+  uint64_t offset;   /* in the data section */
+  uint64_t bytes;
+};
+
+static uint32_t matrix_type(uint32_t want, uint64_t ne0) {
+  if ((want == SK_GGML_Q8_0 || want == SK_GGML_Q4_0) && ne0 % SK_QK != 0) return SK_GGML_F16;
+  return want;
+}
+
+static uint32_t parse_type(const char *s) {
+  if (!strcmp(s, "f32")) return SK_GGML_F32;
+  if (!strcmp(s, "f16")) return SK_GGML_F16;
+  if (!strcmp(s, "q8_0")) return SK_GGML_Q8_0;
+  if (!strcmp(s, "q4_0")) return SK_GGML_Q4_0;
+  die("type '%s': expected f32, f16, q8_0 or q4_0", s);
+}
+
+/* Writes one row of ne0 values in type t. */
+static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, void *tmp) {
+  switch (t) {
+  case SK_GGML_F32: put(o, x, ne0 * 4); break;
+  case SK_GGML_F16: {
+    uint16_t *h = tmp;
+    for (uint64_t i = 0; i < ne0; i++) h[i] = sk_f32_to_f16(x[i]);
+    put(o, h, ne0 * 2);
+    break;
+  }
+  case SK_GGML_Q8_0:
+    sk_quantize_row_q8_0(x, (uint32_t)ne0, tmp);
+    put(o, tmp, sk_quant_row_bytes(t, ne0));
+    break;
+  case SK_GGML_Q4_0:
+    sk_quantize_row_q4_0(x, (uint32_t)ne0, tmp);
+    put(o, tmp, sk_quant_row_bytes(t, ne0));
+    break;
+  default: die("internal: type %u", t);
+  }
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "Usage: %s [OPTIONS] -o FILE\n"
+          "Write a GGUF llama model with random weights and a real model's shape.\n"
+          "\n"
+          "  -s, --shape NAME      260K, 15M, 110M or 1B (default 15M)\n"
+          "  -t, --type TYPE       weights: f32, f16, q8_0 or q4_0 (default f32)\n"
+          "      --output-type T   type of output.weight (default: the weight type;\n"
+          "                        q8_0 for q4_0 files, as llama.cpp writes them)\n"
+          "      --dim N --layers N --heads N --kv-heads N --hidden N --vocab N --ctx N\n"
+          "                        override one dimension of the shape\n"
+          "      --seed N          random seed (default 1)\n"
+          "  -o, --output FILE     where to write (required)\n"
+          "  -h, --help            this text\n",
+          prog);
+}
+
+static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || !end || end == s || *end || v < min || v > max)
+    die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
+  return (uint32_t)v;
+}
+
+int main(int argc, char **argv) {
+  struct shape sh = shapes[1];
+  const char *type_name = "f32", *out_type_name = NULL, *path = NULL;
+  uint64_t seed = 1;
+  enum { O_OUT_TYPE = 256, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_HIDDEN, O_VOCAB, O_CTX, O_SEED };
+  static const struct option opts[] = {
+      {"shape", required_argument, NULL, 's'},   {"type", required_argument, NULL, 't'},
+      {"output-type", required_argument, NULL, O_OUT_TYPE},
+      {"dim", required_argument, NULL, O_DIM},   {"layers", required_argument, NULL, O_LAYERS},
+      {"heads", required_argument, NULL, O_HEADS},
+      {"kv-heads", required_argument, NULL, O_KV_HEADS},
+      {"hidden", required_argument, NULL, O_HIDDEN}, {"vocab", required_argument, NULL, O_VOCAB},
+      {"ctx", required_argument, NULL, O_CTX},   {"seed", required_argument, NULL, O_SEED},
+      {"output", required_argument, NULL, 'o'},  {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  bool kv_heads_set = false;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
+    switch (ch) {
+    case 's': {
+      size_t i = 0;
+      while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
+      if (i == sizeof shapes / sizeof shapes[0])
+        die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
+      sh = shapes[i];
+      break;
+    }
+    case 't': type_name = optarg; break;
+    case O_OUT_TYPE: out_type_name = optarg; break;
+    case O_DIM: sh.dim = parse_u32("--dim", optarg, 1, 65536); break;
+    case O_LAYERS: sh.n_layer = parse_u32("--layers", optarg, 1, 1024); break;
+    case O_HEADS: sh.n_head = parse_u32("--heads", optarg, 1, 1024); break;
+    case O_KV_HEADS:
+      sh.n_kv_head = parse_u32("--kv-heads", optarg, 1, 1024);
+      kv_heads_set = true;
+      break;
+    case O_HIDDEN: sh.hidden = parse_u32("--hidden", optarg, 1, 1u << 20); break;
+    case O_VOCAB: sh.vocab = parse_u32("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22); break;
+    case O_CTX: sh.ctx = parse_u32("--ctx", optarg, 1, 1u << 24); break;
+    case O_SEED: seed = parse_u32("--seed", optarg, 0, UINT32_MAX); break;
+    case 'o': path = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc || !path) {
+    usage(stderr);
+    return 2;
+  }
+  if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
+  if (sh.dim % sh.n_head || sh.n_head % sh.n_kv_head || (sh.dim / sh.n_head) % 2)
+    die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
+        "kv heads",
+        sh.dim, sh.n_head, sh.n_kv_head);
+  const uint32_t wtype = parse_type(type_name);
+  const uint32_t otype = out_type_name ? parse_type(out_type_name)
+                                       : (wtype == SK_GGML_Q4_0 ? SK_GGML_Q8_0 : wtype);
+  const uint32_t head_dim = sh.dim / sh.n_head, kv_dim = sh.n_kv_head * head_dim;
+  rng_state = seed;
+
+  /* Tensor table in file order. */
+  size_t n_t = 3 + 9 * (size_t)sh.n_layer;
+  struct tensor *ts = calloc(n_t, sizeof *ts);
+  if (!ts) die("out of memory");
+  size_t k = 0;
+#define T(NAME, NE0, NE1, TYPE, INIT)                                              \
+  do {                                                                             \
+    struct tensor *t_ = &ts[k++];                                                  \
+    snprintf(t_->name, sizeof t_->name, "%s", NAME);                               \
+    t_->ne0 = (NE0);                                                               \
+    t_->ne1 = (NE1);                                                               \
+    t_->type = (NE1) ? matrix_type((TYPE), (NE0)) : SK_GGML_F32;                   \
+    t_->init = (INIT);                                                             \
+  } while (0)
+  T("token_embd.weight", sh.dim, sh.vocab, wtype, INIT_RANDOM);
+  T("output_norm.weight", sh.dim, 0, SK_GGML_F32, INIT_ONES);
+  T("output.weight", sh.dim, sh.vocab, otype, INIT_RANDOM);
+  for (uint32_t l = 0; l < sh.n_layer; l++) {
+    char n[64];
+#define L(SUFFIX, NE0, NE1, INIT)                               \
+  snprintf(n, sizeof n, "blk.%u." SUFFIX ".weight", l);         \
+  T(n, NE0, NE1, wtype, INIT)
+    L("attn_norm", sh.dim, 0, INIT_ONES);
+    L("attn_q", sh.dim, sh.dim, INIT_RANDOM);
+    L("attn_k", sh.dim, kv_dim, INIT_RANDOM);
+    L("attn_v", sh.dim, kv_dim, INIT_RANDOM);
+    L("attn_output", sh.dim, sh.dim, INIT_RANDOM);
+    L("ffn_norm", sh.dim, 0, INIT_ONES);
+    L("ffn_gate", sh.dim, sh.hidden, INIT_RANDOM);
+    L("ffn_up", sh.dim, sh.hidden, INIT_RANDOM);
+    L("ffn_down", sh.hidden, sh.dim, INIT_RANDOM);
+#undef L
+  }
+#undef T
+  uint64_t off = 0, max_row = 0;
+  for (size_t i = 0; i < n_t; i++) {
+    struct tensor *t = &ts[i];
+    off = (off + ALIGN - 1) / ALIGN * ALIGN;
+    t->offset = off;
+    t->bytes = sk_quant_row_bytes(t->type, t->ne0) * (t->ne1 ? t->ne1 : 1);
+    off += t->bytes;
+    if (t->ne0 > max_row) max_row = t->ne0;
+  }
+
+  struct vocab voc;
+  make_vocab(&voc, sh.vocab);
+
+  struct out o = {.f = fopen(path, "wb"), .path = path};
+  if (!o.f) die("cannot create %s: %s", path, strerror(errno));
+  const uint64_t n_kv = 18;
+  put_u32(&o, 0x46554747u); /* "GGUF" */
+  put_u32(&o, 3);
+  put_u64(&o, n_t);
+  put_u64(&o, n_kv);
+  char name[96];
+  snprintf(name, sizeof name, "random %s %s", sh.name, type_name);
+  kv_str(&o, "general.architecture", "llama");
+  kv_str(&o, "general.name", name);
+  kv_u32(&o, "llama.context_length", sh.ctx);
+  kv_u32(&o, "llama.embedding_length", sh.dim);
+  kv_u32(&o, "llama.feed_forward_length", sh.hidden);
+  kv_u32(&o, "llama.block_count", sh.n_layer);
+  kv_u32(&o, "llama.attention.head_count", sh.n_head);
+  kv_u32(&o, "llama.attention.head_count_kv", sh.n_kv_head);
+  kv_u32(&o, "llama.rope.dimension_count", head_dim);
+  kv_f32(&o, "llama.rope.freq_base", 10000.0f);
+  kv_f32(&o, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  kv_str(&o, "tokenizer.ggml.model", "llama");
+  put_str(&o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
+  put_u32(&o, SK_GGUF_ARRAY);
+  put_u32(&o, SK_GGUF_STRING);
+  put_u64(&o, voc.n);
+  for (uint32_t i = 0; i < voc.n; i++) put_str(&o, voc.text[i], strlen(voc.text[i]));
+  put_str(&o, "tokenizer.ggml.scores", strlen("tokenizer.ggml.scores"));
+  put_u32(&o, SK_GGUF_ARRAY);
+  put_u32(&o, SK_GGUF_FLOAT32);
+  put_u64(&o, voc.n);
+  for (uint32_t i = 0; i < voc.n; i++) {
+    float score = i < N_FIXED_TOKENS ? 0.0f : -(float)(i - N_FIXED_TOKENS);
+    put(&o, &score, 4);
+  }
+  put_str(&o, "tokenizer.ggml.token_type", strlen("tokenizer.ggml.token_type"));
+  put_u32(&o, SK_GGUF_ARRAY);
+  put_u32(&o, SK_GGUF_INT32);
+  put_u64(&o, voc.n);
+  for (uint32_t i = 0; i < voc.n; i++) {
+    int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < N_FIXED_TOKENS ? 6 : 1; /* unk, control, byte, normal */
+    put(&o, &ty, 4);
+  }
+  kv_u32(&o, "tokenizer.ggml.bos_token_id", 1);
+  kv_u32(&o, "tokenizer.ggml.eos_token_id", 2);
+  kv_u32(&o, "tokenizer.ggml.unknown_token_id", 0);
+
+  for (size_t i = 0; i < n_t; i++) {
+    const struct tensor *t = &ts[i];
+    put_str(&o, t->name, strlen(t->name));
+    put_u32(&o, t->ne1 ? 2 : 1);
+    put_u64(&o, t->ne0);
+    if (t->ne1) put_u64(&o, t->ne1);
+    put_u32(&o, t->type);
+    put_u64(&o, t->offset);
+  }
+  put_pad(&o);
+
+  float *row = malloc(max_row * sizeof *row);
+  void *tmp = malloc(max_row * 4 + 64);
+  if (!row || !tmp) die("out of memory");
+  const uint64_t data_start = o.pos;
+  for (size_t i = 0; i < n_t; i++) {
+    const struct tensor *t = &ts[i];
+    while (o.pos - data_start < t->offset) put(&o, "", 1);
+    /* uniform with standard deviation 1/sqrt(in): activations keep their
+     * scale through the layers, as trained weights roughly do */
+    const float a = sqrtf(3.0f / (float)t->ne0);
+    for (uint64_t r = 0; r < (t->ne1 ? t->ne1 : 1); r++) {
+      for (uint64_t j = 0; j < t->ne0; j++) row[j] = t->init == INIT_ONES ? 1.0f : rng_uniform(a);
+      write_row(&o, t->type, row, t->ne0, tmp);
+    }
+  }
+  if (fclose(o.f) != 0) die("write %s: %s", path, strerror(errno));
+  fprintf(stderr, "%s: wrote %s: %s, %s weights (output %s), %.1f MB\n", prog, path, sh.name,
+          type_name, sk_ggml_type_name(otype), (double)o.pos / 1e6);
+  for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);
+  free(voc.text);
+  free(ts);
+  free(row);
+  free(tmp);
+  return 0;
+}
