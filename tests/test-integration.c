@@ -65,6 +65,19 @@ static bool under_tool(void) {
   return t && *t;
 }
 
+/* Memcheck runs the daemon some 50x slower. The longest streams (a
+ * 200,000-token prefill, 10,000 evictions under a pin, 5,000 tokens, 16 x
+ * 200 batched tokens, 2 x 2048 scored tokens, the evaluator with its
+ * gnuplot child) would take it most of an hour; they run in the normal and ASan+UBSan builds, and memcheck covers
+ * the same code paths through the shorter cases. */
+static void skip_under_valgrind(void) {
+  const char *t = getenv("SK_TEST_TOOL");
+  if (t && strcmp(t, "valgrind") == 0) {
+    print_message("skipped under valgrind (too long for memcheck; runs in the other builds)\n");
+    skip();
+  }
+}
+
 static int start_daemon(void **state) {
   (void)state;
   g_dir = sk_test_tmpdir();
@@ -409,6 +422,7 @@ static void *long_generate(void *arg) {
 
 static void test_streaming_5000_tokens(void **state) {
   (void)state;
+  skip_under_valgrind();
   struct sk_client *c = connect_or_fail();
   struct sk_error e = {0};
   struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
@@ -705,6 +719,7 @@ static void *batch_session(void *arg) {
  * daemon serves with shared forward passes (far fewer steps than tokens). */
 static void test_batching_unchanged(void **state) {
   (void)state;
+  skip_under_valgrind();
   enum { NS = 16 };
   struct sk_client *c = connect_or_fail();
   struct sk_error e = {0};
@@ -791,6 +806,7 @@ static void *long_append_main(void *arg) {
  * append ends (it is served every step; the append needs thousands). */
 static void test_long_prefill_does_not_block(void **state) {
   (void)state;
+  skip_under_valgrind();
   struct sk_client *c = connect_or_fail();
   struct sk_error e = {0};
   struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
@@ -906,6 +922,7 @@ static int32_t *ref_ids(json_t *ref, size_t text, size_t *ret_n) {
  * logprobs, 4 requests of 512) equal llama.cpp's for both texts. */
 static void test_logprobs_through_daemon(void **state) {
   (void)state;
+  skip_under_valgrind();
   struct sk_client *c = connect_or_fail();
   json_t *ref = sk_test_load_reference("logprobs.json");
   double maxd = 0.0;
@@ -964,6 +981,7 @@ static void test_logprobs_through_daemon(void **state) {
  * after the stream has evicted 10,000 tokens. */
 static void test_pin_survives_10000_evictions(void **state) {
   (void)state;
+  skip_under_valgrind();
   struct sk_client *c = connect_or_fail();
   json_t *ref = sk_test_load_reference("logprobs.json");
   size_t n;
@@ -1177,6 +1195,7 @@ static void test_open_policies(void **state) {
  * other runs are there and finite; the CSV is written. */
 static void test_eval_short(void **state) {
   (void)state;
+  skip_under_valgrind(); /* memcheck would trace gnuplot too */
   const char *sinkctl = getenv("SK_SINKCTL");
   if (!sinkctl) sinkctl = "./client/sinkctl";
   char *text = sk_test_shared_path("data/stories-sampled.txt");
