@@ -807,6 +807,10 @@ static void *long_append_main(void *arg) {
 static void test_long_prefill_does_not_block(void **state) {
   (void)state;
   skip_under_valgrind();
+  if (under_tool()) { /* 200,000 tokens under ASan+UBSan take minutes */
+    print_message("skipped under %s (runs in the normal build)\n", getenv("SK_TEST_TOOL"));
+    skip();
+  }
   struct sk_client *c = connect_or_fail();
   struct sk_error e = {0};
   struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
