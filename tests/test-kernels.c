@@ -498,6 +498,47 @@ static void test_pool(void **state) {
   assert_int_equal(sk_pool_new(SK_POOL_MAX_THREADS + 1, &p, &err), -SK_ERR_BAD_REQUEST);
 }
 
+/* Runs back to back with task counts that alternate between small and
+ * large: every task must belong to the run in progress (a task index
+ * within that run's count, the run still live), and each run's tasks all
+ * ran exactly once by the time sk_pool_run returns. A worker that took a
+ * task count of the next run while the claim was still the previous
+ * run's would run task indices past the end of the previous run. */
+struct overlap_run {
+  uint32_t n;
+  atomic_uint done;
+  atomic_bool live;
+};
+
+static atomic_uint g_stray; /* tasks that ran outside their run */
+
+static void overlap_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  struct overlap_run *r = ctx;
+  if (task >= r->n || !atomic_load(&r->live)) atomic_fetch_add(&g_stray, 1);
+  atomic_fetch_add(&r->done, 1);
+}
+
+static void test_pool_runs_never_overlap(void **state) {
+  (void)state;
+  struct sk_pool *p = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_pool_new(2, &p, &err), 0);
+  atomic_store(&g_stray, 0);
+  uint32_t bad_counts = 0;
+  for (uint32_t run = 0; run < 200000; run++) {
+    struct overlap_run r = {.n = run % 2 ? 2 : 48};
+    atomic_init(&r.done, 0);
+    atomic_init(&r.live, true);
+    sk_pool_run(p, overlap_task, &r, r.n);
+    atomic_store(&r.live, false);
+    if (atomic_load(&r.done) != r.n) bad_counts++;
+  }
+  sk_pool_free(p);
+  assert_int_equal(atomic_load(&g_stray), 0);
+  assert_int_equal(bad_counts, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_select),
@@ -510,6 +551,7 @@ int main(void) {
       cmocka_unit_test(test_rope_exact),
       cmocka_unit_test(test_softmax_swiglu),
       cmocka_unit_test(test_pool),
+      cmocka_unit_test(test_pool_runs_never_overlap),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,13 +1,21 @@
 /* Thread pool (see pool.h).
  *
- * A run publishes fn, ctx and n_tasks, then a generation number. Tasks
- * are claimed from one 64-bit counter tagged with the generation
- * ((gen << 32) | next task), by compare-and-swap: a worker that wakes up
- * late, after its run is over, cannot claim a task of a later run with
- * stale fn/ctx, because the tag no longer matches. The caller claims
- * tasks too and then waits only until every task is finished, never for
- * a worker that has not claimed anything: a descheduled worker (a busy
- * machine, more threads than cores) costs the run nothing. */
+ * A run publishes fn and ctx, then one 64-bit claim word that holds the
+ * run's generation tag, its task count and the next task to hand out
+ * (SK__CLAIM). Tasks are claimed by compare-and-swap on that word, so a
+ * claim succeeds only if, at that instant, the run it was read for is
+ * still the current one and still has the task: the count comes from the
+ * same word, never from a field a later run may already have rewritten.
+ * (With the count in a field of its own, a worker that read the next
+ * run's larger count while the claim still carried the old tag claimed a
+ * task past the end of the old run, ran it with a stale context and
+ * counted it as finished in the next run: the batched forward pass then
+ * went on while that task still wrote into it.)
+ *
+ * The caller claims tasks too and then waits only until every task is
+ * finished, never for a worker that has not claimed anything: a
+ * descheduled worker (a busy machine, more threads than cores) costs the
+ * run nothing. */
 #include "pool.h"
 
 #include <pthread.h>
@@ -24,6 +32,21 @@
 #else
 #define SK__PAUSE() ((void)0)
 #endif
+
+/* The claim word: a 24-bit generation tag, a 20-bit task count and the
+ * 20-bit index of the next task. Runs of more tasks are run by the
+ * caller alone (no forward pass comes near: its runs have at most a few
+ * hundred tasks). A tag repeats after 2^24 runs, far longer than any
+ * worker stays between reading a claim and trying it. */
+#define SK__IDX_BITS 20u
+#define SK__IDX_MAX ((1u << SK__IDX_BITS) - 1u)
+#define SK__TAG_MASK 0xffffffu
+#define SK__CLAIM(tag, n, next)                                                      \
+  (((uint64_t)((tag) & SK__TAG_MASK) << (2 * SK__IDX_BITS)) | ((uint64_t)(n) << SK__IDX_BITS) | \
+   (uint64_t)(next))
+#define SK__CLAIM_TAG(c) ((uint32_t)((c) >> (2 * SK__IDX_BITS)) & SK__TAG_MASK)
+#define SK__CLAIM_N(c) ((uint32_t)((c) >> SK__IDX_BITS) & SK__IDX_MAX)
+#define SK__CLAIM_NEXT(c) ((uint32_t)(c) & SK__IDX_MAX)
 
 /* How long an idle worker spins before it sleeps: longer than the gap
  * between two runs of a forward pass (a few microseconds of norms and
@@ -44,8 +67,7 @@ struct sk_pool {
   /* The current run; written by the caller before gen is bumped. */
   _Atomic(sk_pool_fn) fn;
   _Atomic(void *) ctx;
-  atomic_uint n_tasks;
-  atomic_uint_fast64_t claim; /* (gen << 32) | next task */
+  atomic_uint_fast64_t claim; /* SK__CLAIM(tag, n_tasks, next task) */
   atomic_uint n_finished;     /* tasks of the current run done */
   atomic_uint gen;            /* bumped to start a run */
   atomic_bool stop;
@@ -61,22 +83,23 @@ static uint64_t sk__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Claims and runs tasks of generation g until none is left. The run's
- * fields are read after a claim value tagged g was acquired: they are g's
- * (or a later run's, and then no claim of g can succeed any more: a run
- * is replaced only once all its tasks were claimed and finished). */
+/* Claims and runs tasks of generation g until none is left. fn and ctx
+ * are read after a claim word tagged g was acquired, so they are g's or
+ * a later run's; a later run starts only once every task of g was
+ * claimed and finished, and then no claim tagged g can succeed, so a
+ * task that is claimed runs with g's fn and ctx. */
 static void sk__run_tasks(struct sk_pool *p, uint32_t g, uint32_t thread) {
+  const uint32_t tag = g & SK__TAG_MASK;
   uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
-  if ((uint32_t)(c >> 32) != g) return;
+  if (SK__CLAIM_TAG(c) != tag) return;
   sk_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
   void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-  const uint32_t n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
   for (;;) {
-    if ((uint32_t)(c >> 32) != g || (uint32_t)c >= n) return;
+    if (SK__CLAIM_TAG(c) != tag || SK__CLAIM_NEXT(c) >= SK__CLAIM_N(c)) return;
     if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
                                                memory_order_acquire))
       continue; /* c now holds the current value */
-    fn(ctx, (uint32_t)c, thread);
+    fn(ctx, SK__CLAIM_NEXT(c), thread);
     atomic_fetch_add_explicit(&p->n_finished, 1, memory_order_release);
     c = atomic_load_explicit(&p->claim, memory_order_acquire);
   }
@@ -130,7 +153,6 @@ int sk_pool_new(uint32_t n_threads, struct sk_pool **ret, struct sk_error *err) 
   pthread_cond_init(&p->cond, NULL);
   atomic_init(&p->fn, NULL);
   atomic_init(&p->ctx, NULL);
-  atomic_init(&p->n_tasks, 0);
   atomic_init(&p->claim, 0);
   atomic_init(&p->n_finished, 0);
   atomic_init(&p->gen, 0);
@@ -175,7 +197,7 @@ uint32_t sk_pool_threads(const struct sk_pool *p) { return p ? p->n_threads : 1;
 
 void sk_pool_run(struct sk_pool *p, sk_pool_fn fn, void *ctx, uint32_t n_tasks) {
   if (n_tasks == 0) return;
-  if (!p || p->n_threads == 1 || n_tasks == 1) {
+  if (!p || p->n_threads == 1 || n_tasks == 1 || n_tasks > SK__IDX_MAX) {
     for (uint32_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
     return;
   }
@@ -184,9 +206,8 @@ void sk_pool_run(struct sk_pool *p, sk_pool_fn fn, void *ctx, uint32_t n_tasks) 
   const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
   atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
   atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-  atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
   atomic_store_explicit(&p->n_finished, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+  atomic_store_explicit(&p->claim, SK__CLAIM(g, n_tasks, 0), memory_order_release);
   atomic_store_explicit(&p->gen, g, memory_order_release);
   pthread_mutex_lock(&p->lock);
   if (p->n_sleeping) pthread_cond_broadcast(&p->cond);
