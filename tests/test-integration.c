@@ -78,6 +78,13 @@ static void skip_under_valgrind(void) {
   }
 }
 
+/* Compute threads of the daemon under test: 2 (the machine's cores), or
+ * SK_TEST_THREADS. */
+static const char *test_threads(void) {
+  const char *t = getenv("SK_TEST_THREADS");
+  return t && *t ? t : "2";
+}
+
 static int start_daemon(void **state) {
   (void)state;
   g_dir = sk_test_tmpdir();
@@ -92,7 +99,7 @@ static int start_daemon(void **state) {
     (void)f;
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
      * change what the test runs. */
-    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", "1",
+    execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", test_threads(),
           "--state-dir", g_state, "--verbose", (char *)NULL);
     _exit(127);
   }
@@ -138,14 +145,14 @@ static void test_hello_ping(void **state) {
   assert_true(h.model.weight_bytes > 0);
   assert_true(strcmp(h.compute.kernel, "generic") == 0 || strcmp(h.compute.kernel, "avx2") == 0 ||
               strcmp(h.compute.kernel, "avx2-vnni") == 0);
-  assert_int_equal(h.compute.threads, 1); /* --threads 1 */
+  assert_int_equal(h.compute.threads, atoi(test_threads())); /* --threads */
   assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");
   assert_int_equal(h.defaults.n_sink, 4);
   struct sk_daemon_stats ds;
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_string_equal(ds.compute.kernel, h.compute.kernel);
-  assert_int_equal(ds.compute.threads, 1);
+  assert_int_equal(ds.compute.threads, atoi(test_threads()));
   assert_int_equal(sk_client_ping(c, &e), 0);
   sk_client_free(c);
 }
@@ -396,7 +403,7 @@ struct long_run {
   int rc;
   struct sk_generate_result gr;
   struct sk_error e;
-  volatile int done;
+  atomic_int done;
 };
 
 static void *long_generate(void *arg) {
