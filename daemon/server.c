@@ -95,6 +95,7 @@ struct sk_server {
   uint64_t next_conn_id;
   uint64_t started_ms;
   bool shutting_down;
+  struct open_work *opens;   /* opens whose object is being made */
   uint32_t n_adopted;        /* sessions adopted at start */
   uint32_t n_set_aside;      /* objects set aside at start */
   uint64_t import_bytes;     /* buffered by imports in progress */
@@ -619,6 +620,57 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
 /* Per-uid limits (every uid, root included): a user cannot take all the
  * sessions or all the memory of a daemon shared by everyone. Sessions
  * still being closed count: their memory is not free yet. */
+/* The object of a closed session is unmapped on libuv's thread pool: its
+ * file is already deleted, and returning its pages (~0.2 ms per MB on
+ * tmpfs) would hold the event loop. */
+struct release_work {
+  uv_work_t req;
+  struct sk_store_obj *obj;
+};
+
+static void release_work_run(uv_work_t *req) {
+  struct release_work *w = req->data;
+  sk_store_obj_free(w->obj);
+  w->obj = NULL;
+}
+
+static void release_work_done(uv_work_t *req, int status) {
+  (void)status;
+  struct release_work *w = req->data;
+  sk_store_obj_free(w->obj); /* not run (cancelled): here */
+  free(w);
+}
+
+static void release_obj(void *user, struct sk_store_obj *obj) {
+  struct sk_server *srv = user;
+  struct release_work *w = malloc(sizeof *w);
+  if (w) {
+    w->obj = obj;
+    w->req.data = w;
+    if (uv_queue_work(srv->loop, &w->req, release_work_run, release_work_done) == 0) return;
+    free(w);
+  }
+  sk_store_obj_free(obj);
+}
+
+/* An open whose object is made on libuv's thread pool: posix_fallocate
+ * of a cache-sized file on tmpfs zeroes its pages, ~0.3 ms per MB, and a
+ * burst of opens on the event loop would hold every other client's
+ * request (a ping) behind it. The reservation holds the limits meanwhile;
+ * the session exists once open_work_done commits it. */
+struct open_work {
+  uv_work_t req;
+  struct sk_server *srv;
+  struct sk_conn *conn;     /* referenced until done */
+  uint64_t id;              /* request id */
+  struct sk_session_reservation res;
+  int32_t *pin;             /* owned */
+  size_t n_pin;
+  int rc;
+  struct sk_error err;
+  struct open_work *prev, *next; /* srv->opens */
+};
+
 static void user_usage(const struct sk_server *srv, uint32_t uid, const struct sk_session *except,
                        uint32_t *ret_n, uint64_t *ret_bytes) {
   uint32_t n = 0;
@@ -629,6 +681,11 @@ static void user_usage(const struct sk_server *srv, uint32_t uid, const struct s
     n++;
     bytes += s->kv_bytes;
   }
+  for (const struct open_work *w = srv->opens; w; w = w->next)
+    if (w->res.owner_uid == uid) {
+      n++;
+      bytes += w->res.bytes;
+    }
   *ret_n = n;
   *ret_bytes = bytes;
 }
@@ -653,6 +710,75 @@ static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
                         "(max_user_memory %llu)",
                         bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
   return 0;
+}
+
+static void open_work_run(uv_work_t *req) {
+  struct open_work *w = req->data;
+  w->rc = sk_session_reservation_create(w->srv->sessions.store, &w->res, &w->err);
+}
+
+/* The session of a finished open: logged, and answered, or its pinned
+ * prefix goes through the model first (the reply is sent once it is in
+ * the cache, on_event). Takes pin. */
+static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
+                        struct sk_session *s, int32_t *pin, size_t n_pin) {
+  s->last_used_ms = now_ms();
+  counts_changed(srv);
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes",
+         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
+         s->params.n_pin, s->kv_bytes);
+  if (n_pin) {
+    const struct request r = {.conn = c, .id = req_id, .map = NULL};
+    struct sk_job *job = job_new(SK_JOB_APPEND, &r, s);
+    if (!job) {
+      free(pin);
+      sk_session_free(&srv->sessions, s);
+      counts_changed(srv);
+      send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+      return;
+    }
+    job->is_pin = true;
+    job->bos = 0;
+    job->tokens = pin;
+    job->n_tokens = n_pin;
+    session_dispatch(srv, s, job);
+    return;
+  }
+  free(pin);
+  struct sk_msgbuf b;
+  if (reply_begin(&b, req_id, SK__OPEN_REPLY_FIELDS) < 0) return;
+  pack_open_reply(&b.pk, s);
+  conn_send_buf(c, &b);
+}
+
+static void open_work_done(uv_work_t *req, int status) {
+  struct open_work *w = req->data;
+  struct sk_server *srv = w->srv;
+  struct sk_conn *c = w->conn;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    srv->opens = w->next;
+  if (w->next) w->next->prev = w->prev;
+  if (status < 0 && w->rc == 0)
+    w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
+  if (w->rc < 0 || c->closing || srv->shutting_down) {
+    /* A client that left never learns the id: nothing to keep. */
+    sk_session_unreserve(&srv->sessions, &w->res);
+    if (w->rc < 0 && !c->closing) send_error(c, w->id, &w->err);
+    free(w->pin);
+  } else {
+    struct sk_session *s = NULL;
+    struct sk_error e;
+    if (sk_session_commit(&srv->sessions, &w->res, &s, &e) < 0) {
+      free(w->pin);
+      send_error(c, w->id, &e);
+    } else {
+      open_finish(srv, c, w->id, s, w->pin, w->n_pin);
+    }
+  }
+  free(w);
+  conn_unref(c);
 }
 
 static void op_open(struct sk_server *srv, const struct request *r) {
@@ -709,37 +835,37 @@ static void op_open(struct sk_server *srv, const struct request *r) {
     goto bad;
   size_t bytes = sk_store_object_size(srv->sessions.store, sk_kv_params_capacity(&p));
   if (bytes && (rc = check_user_limits(srv, r->conn->uid, bytes, NULL, &e)) < 0) goto bad;
-  struct sk_session *s = NULL;
+  struct open_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+    goto bad;
+  }
   uint64_t seed;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = now_ms() ^ r->conn->id;
-  rc = sk_session_open(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid, seed, &s, &e);
-  if (rc < 0) goto bad;
-  s->last_used_ms = now_ms();
-  counts_changed(srv);
-  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes",
-         (unsigned long long)s->id, s->owner_uid, sk_policy_name(p.policy), s->capacity, p.n_pin,
-         s->kv_bytes);
-  if (n_pin) {
-    /* The pinned prefix goes through the model first; the open reply is
-     * sent once it is in the cache (on_event). */
-    struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
-    if (!job) {
-      sk_session_free(&srv->sessions, s);
-      rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
-      goto bad;
-    }
-    job->is_pin = true;
-    job->bos = 0;
-    job->tokens = pin;
-    job->n_tokens = n_pin;
-    pin = NULL;
-    session_dispatch(srv, s, job);
-    return;
+  rc = sk_session_reserve(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid, seed, &w->res,
+                          &e);
+  if (rc < 0) {
+    free(w);
+    goto bad;
   }
-  struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, SK__OPEN_REPLY_FIELDS) < 0) return;
-  pack_open_reply(&b.pk, s);
-  conn_send_buf(r->conn, &b);
+  w->srv = srv;
+  w->conn = r->conn;
+  w->id = r->id;
+  w->pin = pin;
+  w->n_pin = n_pin;
+  pin = NULL;
+  w->req.data = w;
+  if ((rc = uv_queue_work(srv->loop, &w->req, open_work_run, open_work_done)) < 0) {
+    sk_session_unreserve(&srv->sessions, &w->res);
+    pin = w->pin;
+    free(w);
+    rc = sk_error_set(&e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
+    goto bad;
+  }
+  w->next = srv->opens;
+  if (srv->opens) srv->opens->prev = w;
+  srv->opens = w;
+  r->conn->refs++;
   return;
 bad:
   free(pin);
@@ -1755,6 +1881,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
       sk_session_table_init(&srv->sessions, cfg->store, cfg->max_sessions,
                             cfg->max_memory ? cfg->max_memory : UINT64_MAX) < 0)
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  srv->sessions.release_obj = release_obj;
+  srv->sessions.release_user = srv;
   if (rc == 0) {
     struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = srv};
     uint64_t max_id = 0;

@@ -49,18 +49,20 @@ static uint32_t table_slot(struct sk_session_table *t) {
   return t->cap / 2;
 }
 
-/* Limits for one more session of `bytes`. */
+/* Limits for one more session of `bytes`, counting reserved opens. */
 static int check_limits(const struct sk_session_table *t, size_t bytes,
                         struct sk_error *err) {
-  if (t->count >= t->max_sessions)
+  const uint64_t count = (uint64_t)t->count + t->n_reserved;
+  const uint64_t used = t->bytes + t->reserved_bytes;
+  if (count >= t->max_sessions)
     return sk_error_set(err, SK_ERR_BUSY,
-                        "session limit reached: %u sessions open (max_sessions %u)",
-                        t->count, t->max_sessions);
-  if (bytes > t->max_bytes || t->bytes > t->max_bytes - bytes)
+                        "session limit reached: %" PRIu64 " sessions open (max_sessions %u)",
+                        count, t->max_sessions);
+  if (bytes > t->max_bytes || used > t->max_bytes - bytes)
     return sk_error_set(err, SK_ERR_BUSY,
                         "memory limit reached: %" PRIu64 " bytes of sessions + %zu for this "
                         "one exceed max_memory %" PRIu64 " bytes",
-                        t->bytes, bytes, t->max_bytes);
+                        used, bytes, t->max_bytes);
   return 0;
 }
 
@@ -101,7 +103,7 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   return s;
 }
 
-/* Common tail of open/fork/import: obj was created for id t->next_id. */
+/* Common tail of open/fork/import: obj was created for its id. */
 static int session_take(struct sk_session_table *t, struct sk_store_obj *obj,
                         struct sk_session **ret, struct sk_error *err) {
   uint32_t slot = table_slot(t);
@@ -114,9 +116,10 @@ static int session_take(struct sk_session_table *t, struct sk_store_obj *obj,
   return 0;
 }
 
-int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
-                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
-                    struct sk_session **ret, struct sk_error *err) {
+int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
+                       uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
+                       struct sk_session_reservation *res, struct sk_error *err) {
+  memset(res, 0, sizeof *res);
   int rc = sk_kv_params_check(params, max_capacity, err);
   if (rc < 0) return rc;
   size_t bytes = sk_store_object_size(t->store, sk_kv_params_capacity(params));
@@ -124,15 +127,54 @@ int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *param
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u is too large for this machine",
                         sk_kv_params_capacity(params));
   if ((rc = check_limits(t, bytes, err)) < 0) return rc;
+  res->id = t->next_id++;
+  res->owner_uid = owner_uid;
+  res->bytes = bytes;
+  res->params = *params;
   /* The protocol's generate defaults, and a PRNG seeded per session. */
   struct sk_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
                                  .seed = seed};
-  struct sk_sampler_state ss;
-  sk_sampler_state_seed(&ss, &sp);
-  struct sk_store_obj *obj = NULL;
-  rc = sk_store_create(t->store, t->next_id, owner_uid, params, &ss, &obj, err);
-  if (rc < 0) return rc;
+  sk_sampler_state_seed(&res->sampler, &sp);
+  t->n_reserved++;
+  t->reserved_bytes += bytes;
+  return 0;
+}
+
+int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
+                                  struct sk_error *err) {
+  return sk_store_create(store, res->id, res->owner_uid, &res->params, &res->sampler, &res->obj,
+                         err);
+}
+
+static void reservation_end(struct sk_session_table *t, struct sk_session_reservation *res) {
+  t->n_reserved--;
+  t->reserved_bytes -= res->bytes;
+  res->obj = NULL;
+}
+
+int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation *res,
+                      struct sk_session **ret, struct sk_error *err) {
+  struct sk_store_obj *obj = res->obj;
+  reservation_end(t, res);
   return session_take(t, obj, ret, err);
+}
+
+void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res) {
+  sk_store_obj_remove(res->obj);
+  reservation_end(t, res);
+}
+
+int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
+                    struct sk_session **ret, struct sk_error *err) {
+  struct sk_session_reservation res;
+  int rc = sk_session_reserve(t, params, max_capacity, owner_uid, seed, &res, err);
+  if (rc < 0) return rc;
+  if ((rc = sk_session_reservation_create(t->store, &res, err)) < 0) {
+    sk_session_unreserve(t, &res);
+    return rc;
+  }
+  return sk_session_commit(t, &res, ret, err);
 }
 
 int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,
@@ -190,7 +232,11 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
       break;
     }
   }
-  sk_store_obj_remove(s->obj);
+  sk_store_obj_unlink(s->obj);
+  if (t->release_obj)
+    t->release_obj(t->release_user, s->obj);
+  else
+    sk_store_obj_free(s->obj);
   s->obj = NULL;
   free(s->attn.sink_mass);
   free(s->attn.entropy);

@@ -162,8 +162,27 @@ struct sk_session_table {
   uint64_t bytes;            /* sum of the sessions' kv_bytes */
   uint64_t max_bytes;        /* opens beyond this fail with busy */
   uint64_t next_id;
+  uint32_t n_reserved;       /* opens between reserve and commit */
+  uint64_t reserved_bytes;   /* their objects' bytes */
   struct sk_store *store;    /* not owned */
   pthread_mutex_t counters_lock;
+  /* Frees (unmaps) the object of a closed session, whose file is already
+   * deleted; NULL: sk_store_obj_free on the spot. The daemon hands it to
+   * a worker thread so the event loop does not wait for the pages. */
+  void (*release_obj)(void *user, struct sk_store_obj *obj);
+  void *release_user;
+};
+
+/* An open in two halves, so that the object (a file of the cache's size
+ * that the file system allocates and zeroes: ~0.3 ms per MB on tmpfs) is
+ * made off the event loop. Filled by sk_session_reserve. */
+struct sk_session_reservation {
+  uint64_t id;
+  uint32_t owner_uid;
+  size_t bytes;                    /* the object's size, held in the limits */
+  struct sk_kv_params params;
+  struct sk_sampler_state sampler; /* seeded */
+  struct sk_store_obj *obj;        /* made by sk_session_reservation_create */
 };
 
 /* Initialises an empty table whose sessions live in store, for at most
@@ -185,6 +204,26 @@ void sk_session_table_done(struct sk_session_table *t);
 int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
                     uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
                     struct sk_session **ret, struct sk_error *err);
+/* The first half of sk_session_open (loop thread): checks params and the
+ * limits, counting reservations not yet committed, and holds an id and
+ * the object's bytes in *res. Errors as sk_session_open. Every successful
+ * reservation ends in sk_session_commit or sk_session_unreserve. */
+int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
+                       uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
+                       struct sk_session_reservation *res, struct sk_error *err);
+/* Makes the reserved object in store (any thread; touches nothing of the
+ * table). Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO,
+ * -SK_ERR_NO_MEMORY; res->obj stays NULL then. */
+int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
+                                  struct sk_error *err);
+/* Loop thread: the created object becomes a session (*ret) and the
+ * reservation ends. Errors: -SK_ERR_NO_MEMORY (the object is deleted). */
+int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation *res,
+                      struct sk_session **ret, struct sk_error *err);
+/* Loop thread: ends a reservation without a session, deleting its object
+ * if one was made. */
+void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res);
+
 /* A new session for owner_uid holding a copy of src's committed cache and
  * state (no recomputation). src must be idle. Errors as sk_session_open. */
 int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,

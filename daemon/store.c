@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +38,9 @@ struct sk_store {
   char *dir;
   int dirfd;
   int lockfd;         /* "lock": flock'd; holds the next session id */
-  uint64_t next_id;   /* larger than every id ever created here */
+  uint64_t next_id;   /* larger than every id ever created here (id_lock) */
+  pthread_mutex_t id_lock; /* objects are created on the event loop and
+                              on its thread pool */
   uint8_t fp[SK_STORE_FP_SIZE];
   struct sk_kv_shape shape;
   uint32_t n_vocab;
@@ -169,6 +172,7 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
   struct sk_store *st = calloc(1, sizeof *st);
   if (!st) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   st->dirfd = st->lockfd = -1;
+  pthread_mutex_init(&st->id_lock, NULL);
   st->dir = strdup(cfg->dir);
   if (!st->dir) {
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
@@ -224,6 +228,7 @@ void sk_store_close(struct sk_store *st) {
   if (!st) return;
   if (st->lockfd >= 0) close(st->lockfd); /* releases the flock */
   if (st->dirfd >= 0) close(st->dirfd);
+  pthread_mutex_destroy(&st->id_lock);
   free(st->dir);
   free(st);
 }
@@ -528,13 +533,17 @@ void sk_store_obj_free(struct sk_store_obj *obj) {
   free(obj);
 }
 
+void sk_store_obj_unlink(struct sk_store_obj *obj) {
+  if (!obj || !obj->store) return;
+  char name[64];
+  sk__obj_name(name, sizeof name, obj->id, false);
+  unlinkat(obj->store->dirfd, name, 0);
+  obj->store = NULL;
+}
+
 void sk_store_obj_remove(struct sk_store_obj *obj) {
   if (!obj) return;
-  if (obj->store) {
-    char name[64];
-    sk__obj_name(name, sizeof name, obj->id, false);
-    unlinkat(obj->store->dirfd, name, 0);
-  }
+  sk_store_obj_unlink(obj);
   sk_store_obj_free(obj);
 }
 
@@ -733,6 +742,7 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
   obj->hdr = map;
   obj->id = id;
   obj->owner_uid = owner_uid;
+  pthread_mutex_lock(&st->id_lock);
   if (id >= st->next_id) {
     /* Ids are never reused, even after the session is closed and the
      * daemon restarted: the lock file remembers the next one. */
@@ -743,6 +753,7 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
       /* Not fatal: the ids of the objects present still count. */
     }
   }
+  pthread_mutex_unlock(&st->id_lock);
   struct sk_store_header *h = map;
   memcpy(h->magic, SK__STORE_MAGIC, 8);
   h->layout_version = SK_STORE_LAYOUT_VERSION;

@@ -319,8 +319,12 @@ int sk_store_import(struct sk_store *st, const void *buf, size_t len,
 /* Unmaps the object and frees obj; the file stays (the session lives on
  * for the next daemon). NULL is fine. */
 void sk_store_obj_free(struct sk_store_obj *obj);
-/* Deletes the object's file, then frees obj as sk_store_obj_free (the
- * session is closed). NULL is fine. */
+/* Deletes the object's file (the session is closed) and detaches obj from
+ * its store; the mapping stays until sk_store_obj_free, which may run on
+ * another thread (unmapping a large object returns its pages, which takes
+ * a while). NULL is fine. */
+void sk_store_obj_unlink(struct sk_store_obj *obj);
+/* sk_store_obj_unlink, then sk_store_obj_free. NULL is fine. */
 void sk_store_obj_remove(struct sk_store_obj *obj);
 
 /* Starts a step (see the commit protocol): obj->kv, obj->meta and

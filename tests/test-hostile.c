@@ -1048,6 +1048,99 @@ static void test_vanishing_clients(void **state) {
   sk_client_free(c);
 }
 
+/* Opens whose objects are made on the daemon's thread pool still respect
+ * the limits when they arrive together: a burst of opens in one write is
+ * answered with exactly as many sessions as max_memory (then
+ * max_sessions) allows, the rest busy naming the limit. */
+static void open_burst(int fd, uint32_t n, uint32_t capacity, uint64_t id0) {
+  uint8_t *all = NULL;
+  size_t len = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    struct sk_test_req r;
+    sk_test_req_init(&r);
+    msgpack_pack_map(&r.pk, 4);
+    sk_test_req_key(&r, "id");
+    msgpack_pack_uint64(&r.pk, id0 + i);
+    sk_test_req_key(&r, "op");
+    sk_test_req_key(&r, "open");
+    sk_test_req_key(&r, "policy");
+    sk_test_req_key(&r, "dense");
+    sk_test_req_key(&r, "capacity");
+    msgpack_pack_uint32(&r.pk, capacity);
+    size_t fl;
+    const uint8_t *f = sk_test_req_frame(&r, &fl);
+    all = realloc(all, len + fl);
+    assert_non_null(all);
+    memcpy(all + len, f, fl);
+    len += fl;
+    sk_test_req_free(&r);
+  }
+  sk_test_write_all(fd, all, len);
+  free(all);
+}
+
+/* Reads n replies: counts the sessions opened (their ids in ids) and the
+ * busy ones, whose message must contain needle. */
+static uint32_t burst_replies(int fd, uint32_t n, const char *needle, uint64_t *ids,
+                              uint64_t *ret_bytes) {
+  uint32_t ok = 0, busy = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    struct sk_test_reply rep;
+    sk_test_read_reply(fd, &rep);
+    assert_false(rep.closed || rep.timed_out);
+    if (rep.ok) {
+      ids[ok++] = sk_test_reply_u64(&rep, "session");
+      uint64_t b = sk_test_reply_u64(&rep, "kv_bytes");
+      if (*ret_bytes) assert_int_equal(b, *ret_bytes);
+      *ret_bytes = b;
+    } else {
+      assert_string_equal(rep.code, "busy");
+      if (!strstr(rep.message, needle)) fail_msg("busy reply '%s' lacks '%s'", rep.message, needle);
+      busy++;
+    }
+    sk_test_reply_free(&rep);
+  }
+  assert_int_equal(ok + busy, n);
+  return ok;
+}
+
+static void test_open_burst_limits(void **state) {
+  (void)state;
+  struct sk_test_daemon d;
+  const char *args[] = {"--max-sessions", "8", "--max-memory", "1M", NULL};
+  sk_test_daemon_start(&d, args);
+  int fd = sk_test_raw_connect(d.socket, 30000);
+  uint64_t ids[16], bytes = 0;
+  /* 188416 bytes per 128-token dense cache: five fit in 1 MiB. */
+  open_burst(fd, 12, 128, 100);
+  uint32_t ok = burst_replies(fd, 12, "max_memory 1048576", ids, &bytes);
+  assert_int_equal(bytes, 188416);
+  assert_int_equal(ok, 5);
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_connect(d.socket, &c, &e), 0);
+  struct sk_daemon_stats ds;
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.sessions, 5);
+  assert_int_equal(ds.memory_bytes, 5 * bytes);
+  for (uint32_t i = 0; i < ok; i++) assert_int_equal(sk_client_close(c, ids[i], &e), 0);
+  /* Small caches: the session count binds. */
+  uint64_t small = 0;
+  open_burst(fd, 12, 16, 200);
+  ok = burst_replies(fd, 12, "max_sessions 8", ids, &small);
+  assert_int_equal(ok, 8);
+  assert_true(8 * small <= (1u << 20));
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.sessions, 8);
+  assert_int_equal(ds.memory_bytes, 8 * small);
+  printf("figures: open bursts: 12 opens at once -> 5 sessions (max_memory), 12 small -> 8 "
+         "(max_sessions), the rest busy\n");
+  sk_client_free(c);
+  close(fd);
+  int st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static int setup(void **state) {
   (void)state;
   sk_test_daemon_start(&g_d, NULL);
@@ -1070,6 +1163,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hostile_table),
       cmocka_unit_test(test_vanishing_clients),
+      cmocka_unit_test(test_open_burst_limits),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
