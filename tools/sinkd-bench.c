@@ -14,9 +14,13 @@
  *                p50/p99 of every gap between two events of one session
  *                (inter-token latency as a client sees it)
  *   positions    one streaming session (--sinks, --window): append random
- *                tokens until the stream has seen P tokens, then time
- *                --pos-gen generated tokens; per-token ms at each P of
- *                --positions, and its ratio to the first P; also the
+ *                tokens until the stream has seen P tokens, generate
+ *                POS_WARMUP tokens untimed (the first steps after a long
+ *                append pay for cold caches), then time --pos-gen
+ *                generated tokens; per-token ms at each P of --positions
+ *                is the median over segments of POS_SEGMENT tokens (a
+ *                busy machine's stalls land in a few segments), and its
+ *                ratio to the first P; also the
  *                daemon's CPU time per token (all its threads,
  *                /proc/PID/task/TID/schedstat), which a busy machine
  *                disturbs far less than wall time
@@ -45,6 +49,8 @@
 #define MAX_LIST 16u        /* entries of --concurrency / --positions */
 #define PROMPT_TOKENS 16u   /* prompt of each concurrent session */
 #define APPEND_CHUNK 8192u  /* tokens per append while advancing a stream */
+#define POS_WARMUP 32u      /* untimed tokens before each position's timing */
+#define POS_SEGMENT 64u     /* tokens per segment of a position's median */
 #define FIRST_NORMAL_ID 259 /* after <unk> <s> </s> and the 256 byte tokens */
 
 static const char *prog = "sinkd-bench";
@@ -338,7 +344,7 @@ static void usage(FILE *f) {
           "      --reps N             repetitions of prefill and decode (3)\n"
           "      --concurrency LIST   concurrent sessions (1,4,16,64)\n"
           "      --positions LIST     stream positions (1e3,1e4,1e5,1e6)\n"
-          "      --pos-gen N          tokens timed at each position (64)\n"
+          "      --pos-gen N          tokens timed at each position (1024)\n"
           "      --window N           streaming window of the position test (1024)\n"
           "      --sinks N            attention sinks of the position test (4)\n"
           "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
@@ -348,7 +354,7 @@ static void usage(FILE *f) {
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o) {
-  *o = (struct opts){.prefill = 512, .gen = 128, .reps = 3, .pos_gen = 64, .window = 1024,
+  *o = (struct opts){.prefill = 512, .gen = 128, .reps = 3, .pos_gen = 1024, .window = 1024,
                      .sinks = 4, .conc = {1, 4, 16, 64}, .n_conc = 4,
                      .pos = {1000, 10000, 100000, 1000000}, .n_pos = 4};
   enum { O_PREFILL = 256, O_GEN, O_REPS, O_CONC, O_POS, O_POS_GEN, O_WINDOW, O_SINKS,
@@ -472,7 +478,8 @@ int main(int argc, char **argv) {
     uint64_t id = open_session(c, &o, true, &kv_bytes_stream);
     int32_t *chunk = malloc(APPEND_CHUNK * sizeof *chunk);
     struct timing tm = {.t = calloc(o.pos_gen, sizeof(double)), .cap = o.pos_gen};
-    if (!chunk || !tm.t) die("out of memory");
+    double *seg = calloc(o.pos_gen / POS_SEGMENT + 1, sizeof *seg);
+    if (!chunk || !tm.t || !seg) die("out of memory");
     uint64_t seen = 0;
     double t_adv = now_s();
     for (uint32_t i = 0; i < n_pos; i++) {
@@ -486,11 +493,18 @@ int main(int argc, char **argv) {
                (double)seen / (now_s() - t_adv));
       }
       tm.n = 0;
+      generate_or_die(c, id, POS_WARMUP < tm.cap ? POS_WARMUP : tm.cap, &tm);
+      seen += tm.n;
+      tm.n = 0;
       uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
       generate_or_die(c, id, o.pos_gen, &tm);
       uint64_t cpu1 = pid ? cpu_ns(pid) : 0;
       seen += o.pos_gen;
-      pos_ms[i] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
+      size_t n_seg = 0;
+      for (size_t k = 0; k + POS_SEGMENT < tm.n; k += POS_SEGMENT)
+        seg[n_seg++] = (tm.t[k + POS_SEGMENT] - tm.t[k]) / POS_SEGMENT * 1e3;
+      pos_ms[i] = n_seg ? quantile(seg, n_seg, 0.5)
+                        : (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
       pos_cpu_ms[i] = (double)(cpu1 - cpu0) / 1e6 / (double)o.pos_gen;
       note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
            pos_ms[i], pos_cpu_ms[i]);
@@ -498,6 +512,7 @@ int main(int argc, char **argv) {
     close_session(c, id);
     free(chunk);
     free(tm.t);
+    free(seg);
   }
   uint64_t kv_bytes_default = 0;
   {
