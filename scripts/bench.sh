@@ -53,7 +53,7 @@ for part in $parts; do
       for type in f32 q8_0; do
         for t in 1 2; do
           run "decode-$shape-$type-t$t" "$(model $shape $type)" $t \
-            --no-concurrency --no-positions --gen 128 --reps 3
+            --no-concurrency --no-positions --prefill 128 --gen 128 --reps 3
         done
       done
     done
