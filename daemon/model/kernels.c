@@ -27,7 +27,9 @@ struct sk__kernels {
   sk__mm_fn mm_f32, mm_f16, mm_q8_0, mm_q4_0;
   void (*quantize_rows)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
                         float *d, int32_t *s);
-  bool packs; /* reads quantized weights in the packed layout */
+  /* reads quantized weights packed in groups of this many rows
+   * (sk_kernels_pack), or 0: the GGUF layout */
+  uint32_t pack_rows;
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *out);
@@ -240,9 +242,11 @@ static const struct sk__kernels sk__generic = {
 
 /* ---- x86 ------------------------------------------------------------- */
 
-/* Packed layout (kernels-x86.inc): bytes per group of 8 rows per block. */
-#define SK__PQ8_BYTES (16u + 8u * SK_QK)
-#define SK__PQ4_BYTES (16u + 8u * SK_QK / 2)
+/* Packed layout (kernels-x86.inc): bytes per group of gr rows per block
+ * (gr fp16 scales, then the weights). */
+#define SK__PQ_BYTES(q4, gr) (2u * (gr) + (gr) * ((q4) ? SK_QK / 2 : SK_QK))
+#define SK__PQ8_BYTES SK__PQ_BYTES(false, 8u)
+#define SK__PQ4_BYTES SK__PQ_BYTES(true, 8u)
 
 #if SK__X86
 #define SK__TGT "avx2,fma,f16c"
@@ -293,7 +297,7 @@ static const struct sk__kernels sk__avx2_vnni = {
     .rope_rows = sk__vnni_rope_rows,
     .softmax = sk__vnni_softmax,
     .swiglu = sk__vnni_swiglu,
-    .packs = true,
+    .pack_rows = 8,
 };
 
 /* AVX2 + FMA + F16C with the OS saving ymm state (libgcc's cpu model
@@ -404,10 +408,11 @@ void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t c
 
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
-  if (!sk__cur()->packs || !sk_wmat_needs_q8(w)) return 0;
+  const size_t gr = sk__cur()->pack_rows; /* rows per group */
+  if (!gr || !sk_wmat_needs_q8(w)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;
-  const size_t nb = w->cols / SK_QK, groups = ((size_t)w->rows + 7) / 8;
-  const size_t bs = q4 ? SK__PQ4_BYTES : SK__PQ8_BYTES;
+  const size_t nb = w->cols / SK_QK, groups = ((size_t)w->rows + gr - 1) / gr;
+  const size_t bs = SK__PQ_BYTES(q4, gr);
   const size_t cb = q4 ? 4 : 8; /* chunks of 4 bytes per row per block */
   if (groups > SIZE_MAX / nb / bs)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
@@ -420,8 +425,8 @@ int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   for (size_t g = 0; g < groups; g++) {
     for (size_t b = 0; b < nb; b++) {
       uint8_t *dst = mem + (g * nb + b) * bs;
-      for (size_t r = 0; r < 8; r++) {
-        size_t row = g * 8 + r;
+      for (size_t r = 0; r < gr; r++) {
+        size_t row = g * gr + r;
         uint16_t d = 0;
         uint8_t qs[SK_QK];
         if (row < w->rows) {
@@ -436,7 +441,7 @@ int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
           memset(qs, q4 ? 0x88 : 0x80, sizeof qs);
         }
         memcpy(dst + 2 * r, &d, 2);
-        for (size_t c = 0; c < cb; c++) memcpy(dst + 16 + 32 * c + 4 * r, qs + 4 * c, 4);
+        for (size_t c = 0; c < cb; c++) memcpy(dst + 2 * gr + 4 * gr * c + 4 * r, qs + 4 * c, 4);
       }
     }
   }
