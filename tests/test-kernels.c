@@ -20,7 +20,7 @@
 #include "pool.h"
 #include "quant.h"
 
-static const char *const variants[] = {"generic", "avx2", "avx2-vnni"};
+static const char *const variants[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni"};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 static uint64_t rng = 12345;
@@ -267,6 +267,64 @@ static void test_matmul_batch_invariance(void **state) {
       free(alone);
       acts_free(&t);
       mat_free(&m);
+    }
+  }
+  select_or_fail("auto");
+}
+
+/* avx512-vnni (16-row packed groups, 512-bit vpdpbusd) gives the same bits
+ * as avx2-vnni (8-row groups) for quantized weights: integer block sums
+ * are exact, and every output goes through the same float steps. Row
+ * counts that leave partial groups, 1..17 activation rows (every tile
+ * height and remainder), and uneven output ranges. */
+static void test_avx512_equals_avx2_vnni(void **state) {
+  (void)state;
+  if (!sk_kernels_supported("avx512-vnni") || !sk_kernels_supported("avx2-vnni")) {
+    printf("avx512-vnni or avx2-vnni: not supported by this CPU, skipped\n");
+    return;
+  }
+  const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t shapes[][2] = {{37, 64}, {77, 192}, {129, 288}, {16, 96}, {200, 32}};
+  for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      const uint32_t rows = shapes[si][0], cols = shapes[si][1], N = 17;
+      struct mat m8, m16;
+      mat_make(&m8, types[ti], rows, cols);
+      m16 = m8;
+      m16.data = NULL; /* shares m8's weights */
+      m16.f = NULL;
+      m16.packed = NULL;
+      select_or_fail("avx2-vnni");
+      mat_pack(&m8);
+      select_or_fail("avx512-vnni");
+      mat_pack(&m16);
+      assert_non_null(m16.w.packed);
+      struct acts t;
+      acts_make(&t, N, cols, cols);
+      for (uint32_t n = 1; n <= N; n++) {
+        float *ya = calloc((size_t)n * rows, sizeof *ya), *yb = calloc((size_t)n * rows, sizeof *yb);
+        float **ra = row_ptrs(ya, n, rows), **rb = row_ptrs(yb, n, rows);
+        struct sk_act part = t.a;
+        part.n = n;
+        select_or_fail("avx2-vnni");
+        sk_kernels_matmul(&m8.w, &part, ra, 0, rows);
+        select_or_fail("avx512-vnni");
+        uint32_t cuts[] = {0, 3, 16, 17, 33, 64, 70, rows};
+        for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
+          uint32_t a = cuts[c] < rows ? cuts[c] : rows, b = cuts[c + 1] < rows ? cuts[c + 1] : rows;
+          sk_kernels_matmul(&m16.w, &part, rb, a, b);
+        }
+        if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
+          fail_msg("%s %ux%u n=%u: avx512-vnni differs from avx2-vnni",
+                   sk_ggml_type_name(types[ti]), rows, cols, n);
+        free(ra);
+        free(rb);
+        free(ya);
+        free(yb);
+      }
+      acts_free(&t);
+      free(m16.packed);
+      mat_free(&m8);
     }
   }
   select_or_fail("auto");
@@ -546,6 +604,7 @@ int main(void) {
       cmocka_unit_test(test_quantize_rows),
       cmocka_unit_test(test_matmul_reference),
       cmocka_unit_test(test_matmul_batch_invariance),
+      cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_f16_equals_f32),
       cmocka_unit_test(test_attention_primitives),
       cmocka_unit_test(test_rope_exact),

@@ -300,6 +300,28 @@ static const struct sk__kernels sk__avx2_vnni = {
     .pack_rows = 8,
 };
 
+#include "kernels-avx512.inc"
+
+/* avx2 with the quantized products of kernels-avx512.inc; everything
+ * else is avx2's (which avx2-vnni shares bit for bit). */
+static const struct sk__kernels sk__avx512_vnni = {
+    .name = "avx512-vnni",
+    .mm_f32 = sk__avx2_mm_f32,
+    .mm_f16 = sk__avx2_mm_f16,
+    .mm_q8_0 = sk__v512_mm_q8_0,
+    .mm_q4_0 = sk__v512_mm_q4_0,
+    .quantize_rows = sk__avx2_quantize_rows,
+    .dot = sk__avx2_dot,
+    .axpy = sk__avx2_axpy,
+    .scores = sk__avx2_scores,
+    .wsum = sk__avx2_wsum,
+    .rope = sk__avx2_rope,
+    .rope_rows = sk__avx2_rope_rows,
+    .softmax = sk__avx2_softmax,
+    .swiglu = sk__avx2_swiglu,
+    .pack_rows = SK__V512_ROWS,
+};
+
 /* AVX2 + FMA + F16C with the OS saving ymm state (libgcc's cpu model
  * checks XGETBV for AVX2); F16C is read from CPUID leaf 1 (ECX bit 29),
  * which __builtin_cpu_supports does not know in every GCC. */
@@ -316,11 +338,20 @@ static bool sk__cpu_avxvnni(void) {
   if (!sk__cpu_avx2() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
   return a >> 4 & 1;
 }
+
+/* AVX-512 F, BW, VL and VNNI (libgcc's cpu model checks XGETBV for the
+ * zmm and mask state). */
+static bool sk__cpu_avx512vnni(void) {
+  return sk__cpu_avx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
 #endif
 
 /* Best first. */
 static const struct sk__kernels *sk__all[] = {
 #if SK__X86
+    &sk__avx512_vnni,
     &sk__avx2_vnni,
     &sk__avx2,
 #endif
@@ -330,6 +361,7 @@ static const struct sk__kernels *sk__all[] = {
 
 static bool sk__runs(const struct sk__kernels *k) {
 #if SK__X86
+  if (k == &sk__avx512_vnni) return sk__cpu_avx512vnni();
   if (k == &sk__avx2_vnni) return sk__cpu_avxvnni();
   if (k == &sk__avx2) return sk__cpu_avx2();
 #endif

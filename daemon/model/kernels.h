@@ -7,6 +7,9 @@
  *   avx2       AVX2 + FMA + F16C (x86-64), compiled with target
  *              attributes, so the build needs no -march flag
  *   avx2-vnni  avx2 with the int8 dot products of AVX-VNNI (vpdpbusd)
+ *   avx512-vnni  avx2, except for Q8_0/Q4_0 products: 512-bit vpdpbusd
+ *              (AVX-512 F/BW/VL/VNNI) on weights packed 16 rows at a
+ *              time, bit-identical to avx2-vnni (kernels-avx512.inc)
  *
  * Quantized weights are multiplied as ggml does (ggml_vec_dot_q8_0_q8_0,
  * ggml_vec_dot_q4_0_q8_0): each activation row is first quantized to
@@ -20,8 +23,9 @@
  * rows in the product, the output range a thread takes, or the thread.
  * A session's results therefore do not depend on what else is batched
  * with it. Variants differ from each other in the last bits (F32/F16:
- * avx2 and avx2-vnni are identical; quantized: avx2-vnni sums per block
- * in a different order).
+ * avx2, avx2-vnni and avx512-vnni are identical; quantized: avx2-vnni
+ * and avx512-vnni are identical to each other and sum per block in a
+ * different order than avx2).
  */
 #ifndef SK_KERNELS_H
 #define SK_KERNELS_H
@@ -34,7 +38,7 @@
 #include "sinkd/protocol.h"
 
 /* Selects the variant by name: "auto" or NULL = the best the CPU runs
- * (avx2-vnni, then avx2, then generic), which is also what is used
+ * (avx512-vnni, avx2-vnni, avx2, generic), which is also what is used
  * without a selection. Process-wide: call before loading a model (the
  * loader packs weights for the selected variant) and never while a
  * kernel runs. Errors: -SK_ERR_BAD_REQUEST for an unknown name or a
@@ -62,7 +66,8 @@ struct sk_wmat {
 
 /* Repacks a quantized matrix into the layout the selected kernels read
  * fastest, if they have one (avx2-vnni: 8 rows interleaved per block,
- * see kernels-x86.inc): *ret_mem is then a malloc'd buffer the caller
+ * see kernels-x86.inc; avx512-vnni: 16 rows, kernels-avx512.inc; one
+ * variant's packing is not readable by another): *ret_mem is then a malloc'd buffer the caller
  * frees after the matrix's last use, and w->packed points into it.
  * Otherwise *ret_mem is NULL and w is left alone. Call after
  * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
