@@ -1,0 +1,179 @@
+/* sinkd-kbench: times the quantized matrix products of kernel variants
+ * against each other in one process, on one thread. For each weight type
+ * (Q8_0, Q4_0), matrix shape (the 110M model's: 768x768, 2048x768,
+ * 768x2048, 32000x768, rows x cols) and activation row count, the
+ * variants take turns, sample after sample, so that other load on the
+ * machine falls on all of them alike; it prints the median time of one
+ * product per variant, and whether the variants' outputs are identical.
+ *
+ *   sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]
+ *
+ * Defaults: 31 samples, rows 1,16, variants avx2-vnni avx512-vnni (the
+ * ones this CPU runs). A development tool, not a test. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf.h"
+#include "kernels.h"
+#include "quant.h"
+
+#define MAX_VARIANTS 4
+
+static uint64_t rng = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((double)(rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "sinkd-kbench: out of memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+static void select_or_die(const char *name) {
+  struct sk_error err = {0};
+  if (sk_kernels_select(name, &err) < 0) {
+    fprintf(stderr, "sinkd-kbench: %s\n", err.message);
+    exit(1);
+  }
+}
+
+int main(int argc, char **argv) {
+  int samples = 31;
+  uint32_t rows_list[8] = {1, 16}, n_rows = 2;
+  const char *variants[MAX_VARIANTS];
+  int nv = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--samples") == 0 && i + 1 < argc) {
+      samples = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+      n_rows = 0;
+      for (char *t = strtok(argv[++i], ","); t && n_rows < 8; t = strtok(NULL, ","))
+        rows_list[n_rows++] = (uint32_t)atoi(t);
+    } else if (argv[i][0] == '-') {
+      fprintf(stderr, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n");
+      return 2;
+    } else if (nv < MAX_VARIANTS) {
+      variants[nv++] = argv[i];
+    }
+  }
+  if (nv == 0) {
+    variants[nv++] = "avx2-vnni";
+    variants[nv++] = "avx512-vnni";
+  }
+  for (int v = 0; v < nv; v++)
+    if (!sk_kernels_supported(variants[v])) {
+      fprintf(stderr, "sinkd-kbench: this CPU does not run %s (it runs: %s)\n", variants[v],
+              sk_kernels_available());
+      return 1;
+    }
+  if (samples < 1) samples = 1;
+
+  const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
+  printf("%-5s %-10s %4s", "type", "shape", "n");
+  for (int v = 0; v < nv; v++) printf(" %14s", variants[v]);
+  printf("  %-8s %s\n", "ratio", "outputs");
+  double *t = xmalloc((size_t)nv * (size_t)samples * sizeof *t);
+  for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t si = 0; si < 4; si++) {
+      const uint32_t rows = shapes[si][0], cols = shapes[si][1], nb = cols / SK_QK;
+      const size_t rb = sk_quant_row_bytes(types[ti], cols);
+      uint8_t *data = xmalloc(rb * rows);
+      float *row = xmalloc(cols * sizeof *row);
+      for (uint32_t r = 0; r < rows; r++) {
+        for (uint32_t c = 0; c < cols; c++) row[c] = frand();
+        if (types[ti] == SK_GGML_Q8_0) sk_quantize_row_q8_0(row, cols, (void *)(data + r * rb));
+        else sk_quantize_row_q4_0(row, cols, (void *)(data + r * rb));
+      }
+      free(row);
+      struct sk_wmat w[MAX_VARIANTS];
+      void *mem[MAX_VARIANTS];
+      for (int v = 0; v < nv; v++) {
+        struct sk_error err = {0};
+        select_or_die(variants[v]);
+        w[v] = (struct sk_wmat){.type = types[ti], .rows = rows, .cols = cols, .row_bytes = rb,
+                                .data = data};
+        if (sk_kernels_pack(&w[v], &mem[v], &err) < 0) {
+          fprintf(stderr, "sinkd-kbench: %s\n", err.message);
+          return 1;
+        }
+      }
+      for (uint32_t ni = 0; ni < n_rows; ni++) {
+        const uint32_t n = rows_list[ni];
+        float *x = xmalloc((size_t)n * cols * sizeof *x);
+        int8_t *q = xmalloc((size_t)n * cols);
+        float *d = xmalloc((size_t)n * nb * sizeof *d);
+        int32_t *s = xmalloc((size_t)n * nb * sizeof *s);
+        for (size_t k = 0; k < (size_t)n * cols; k++) x[k] = frand();
+        sk_kernels_quantize_rows(x, cols, n, cols, q, d, s);
+        const struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = cols, .q = q, .d = d,
+                                 .s = s};
+        float *y = xmalloc((size_t)nv * n * rows * sizeof *y);
+        float **yr = xmalloc((size_t)nv * n * sizeof *yr);
+        for (int v = 0; v < nv; v++)
+          for (uint32_t i = 0; i < n; i++) yr[v * n + i] = y + ((size_t)v * n + i) * rows;
+        /* calls per sample: about 2 ms of work at ~20 GB/s */
+        const double bytes = (double)rb * rows * (n > 4 ? 4 : 1);
+        int calls = (int)(4e7 / bytes) + 1;
+        for (int v = 0; v < nv; v++) { /* warm up */
+          select_or_die(variants[v]);
+          sk_kernels_matmul(&w[v], &a, yr + v * n, 0, rows);
+        }
+        for (int smp = 0; smp < samples; smp++) {
+          for (int k = 0; k < nv; k++) {
+            int v = (smp + k) % nv; /* alternate which variant goes first */
+            select_or_die(variants[v]);
+            double t0 = now_s();
+            for (int c = 0; c < calls; c++) sk_kernels_matmul(&w[v], &a, yr + v * n, 0, rows);
+            t[v * samples + smp] = (now_s() - t0) / calls;
+          }
+        }
+        bool same = true;
+        for (int v = 1; v < nv; v++)
+          same = same && memcmp(y, y + (size_t)v * n * rows, (size_t)n * rows * sizeof *y) == 0;
+        char shape[32];
+        snprintf(shape, sizeof shape, "%ux%u", rows, cols);
+        printf("%-5s %-10s %4u", sk_ggml_type_name(types[ti]), shape, n);
+        double med[MAX_VARIANTS];
+        for (int v = 0; v < nv; v++) {
+          qsort(t + v * samples, (size_t)samples, sizeof *t, cmp_double);
+          med[v] = t[v * samples + samples / 2];
+          printf(" %11.1f us", med[v] * 1e6);
+        }
+        printf("  %-8.3f %s\n", nv > 1 ? med[0] / med[nv - 1] : 1.0,
+               same ? "identical" : "DIFFER");
+        fflush(stdout);
+        free(yr);
+        free(y);
+        free(x);
+        free(q);
+        free(d);
+        free(s);
+      }
+      for (int v = 0; v < nv; v++) free(mem[v]);
+      free(data);
+    }
+  }
+  free(t);
+  return 0;
+}
