@@ -276,7 +276,8 @@ static void test_matmul_batch_invariance(void **state) {
  * as avx2-vnni (8-row groups) for quantized weights: integer block sums
  * are exact, and every output goes through the same float steps. Row
  * counts that leave partial groups, 1..17 activation rows (every tile
- * height and remainder), and uneven output ranges. */
+ * height and remainder), and uneven output ranges. And weights packed for
+ * one of the two, multiplied by the other: the GGUF data is used. */
 static void test_avx512_equals_avx2_vnni(void **state) {
   (void)state;
   if (!sk_kernels_supported("avx512-vnni") || !sk_kernels_supported("avx2-vnni")) {
@@ -317,6 +318,18 @@ static void test_avx512_equals_avx2_vnni(void **state) {
         if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
           fail_msg("%s %ux%u n=%u: avx512-vnni differs from avx2-vnni",
                    sk_ggml_type_name(types[ti]), rows, cols, n);
+        /* weights packed for the other variant: each reads the GGUF data
+         * then, as it does unpacked weights */
+        struct sk_wmat plain = m8.w;
+        plain.packed = NULL;
+        for (int k = 0; k < 2; k++) {
+          select_or_fail(k ? "avx512-vnni" : "avx2-vnni");
+          sk_kernels_matmul(&plain, &part, ra, 0, rows);
+          sk_kernels_matmul(k ? &m8.w : &m16.w, &part, rb, 0, rows);
+          if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
+            fail_msg("%s %ux%u n=%u: %s on weights packed for the other variant",
+                     sk_ggml_type_name(types[ti]), rows, cols, n, k ? "avx512-vnni" : "avx2-vnni");
+        }
         free(ra);
         free(rb);
         free(ya);

@@ -478,6 +478,7 @@ int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
     }
   }
   w->packed = mem;
+  w->pack_rows = (uint32_t)gr;
   *ret_mem = mem;
   return 0;
 }

@@ -62,12 +62,16 @@ struct sk_wmat {
   const void *data;   /* (rows, row_bytes), the GGUF layout */
   const void *packed; /* the same weights in the selected kernels' own
                          layout (sk_kernels_pack), or NULL */
+  uint32_t pack_rows; /* rows per group of that layout (8: avx2-vnni,
+                         16: avx512-vnni); kernels that read another
+                         layout use data instead */
 };
 
 /* Repacks a quantized matrix into the layout the selected kernels read
  * fastest, if they have one (avx2-vnni: 8 rows interleaved per block,
- * see kernels-x86.inc; avx512-vnni: 16 rows, kernels-avx512.inc; one
- * variant's packing is not readable by another): *ret_mem is then a malloc'd buffer the caller
+ * see kernels-x86.inc; avx512-vnni: 16 rows, kernels-avx512.inc; a
+ * variant selected later that reads another layout, or none, uses the
+ * GGUF data: right results, not the packed speed): *ret_mem is then a malloc'd buffer the caller
  * frees after the matrix's last use, and w->packed points into it.
  * Otherwise *ret_mem is NULL and w is left alone. Call after
  * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
