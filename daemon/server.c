@@ -368,7 +368,9 @@ static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct s
 #define SK__OPEN_REPLY_FIELDS 10u
 
 static void pack_open_reply(msgpack_packer *pk, const struct sk_session *s) {
-  const struct sk_kv_header *h = s->kv->hdr;
+  /* The parameters as the session keeps them: the cache header's pointer
+   * moves between the object's two copies while a step runs. */
+  const struct sk_kv_params *h = &s->params;
   sk_pack_kv_u64(pk, "session", s->id);
   sk_pack_kv_str(pk, "policy", sk_policy_name(h->policy));
   sk_pack_kv_u64(pk, "capacity", s->capacity);
@@ -937,7 +939,10 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
   struct sk_msgbuf b;
-  const struct sk_kv_header *h = s->kv->hdr; /* parameters: never change */
+  /* Parameters from the session, never from the cache header, whose
+   * pointer the compute thread moves between the object's two copies
+   * while a step runs. */
+  const struct sk_kv_params *h = &s->params;
   uint32_t n_layer = s->attn.n_layer, probe = 0;
   float *mass = calloc(2 * (size_t)n_layer, sizeof *mass);
   if (!mass) {
