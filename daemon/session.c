@@ -120,6 +120,7 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
                        uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
                        struct sk_session_reservation *res, struct sk_error *err) {
   memset(res, 0, sizeof *res);
+  res->fd = -1;
   int rc = sk_kv_params_check(params, max_capacity, err);
   if (rc < 0) return rc;
   size_t bytes = sk_store_object_size(t->store, sk_kv_params_capacity(params));
@@ -127,6 +128,9 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u is too large for this machine",
                         sk_kv_params_capacity(params));
   if ((rc = check_limits(t, bytes, err)) < 0) return rc;
+  int fd = sk_store_create_file(t->store, t->next_id, err);
+  if (fd < 0) return fd;
+  res->fd = fd;
   res->id = t->next_id++;
   res->owner_uid = owner_uid;
   res->bytes = bytes;
@@ -142,11 +146,13 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
 
 int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
                                   struct sk_error *err) {
-  return sk_store_create(store, res->id, res->owner_uid, &res->params, &res->sampler, &res->obj,
-                         err);
+  return sk_store_create_in(store, res->fd, res->id, res->owner_uid, &res->params, &res->sampler,
+                            &res->obj, err);
 }
 
 static void reservation_end(struct sk_session_table *t, struct sk_session_reservation *res) {
+  sk_store_create_end(t->store, res->fd, res->id);
+  res->fd = -1;
   t->n_reserved--;
   t->reserved_bytes -= res->bytes;
   res->obj = NULL;

@@ -182,6 +182,7 @@ struct sk_session_reservation {
   size_t bytes;                    /* the object's size, held in the limits */
   struct sk_kv_params params;
   struct sk_sampler_state sampler; /* seeded */
+  int fd;                          /* the object's file, opened by reserve */
   struct sk_store_obj *obj;        /* made by sk_session_reservation_create */
 };
 
@@ -205,14 +206,15 @@ int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *param
                     uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
                     struct sk_session **ret, struct sk_error *err);
 /* The first half of sk_session_open (loop thread): checks params and the
- * limits, counting reservations not yet committed, and holds an id and
- * the object's bytes in *res. Errors as sk_session_open. Every successful
- * reservation ends in sk_session_commit or sk_session_unreserve. */
+ * limits, counting reservations not yet committed, holds an id and the
+ * object's bytes in *res and creates the object's (empty) file. Errors as
+ * sk_session_open. Every successful reservation ends in sk_session_commit
+ * or sk_session_unreserve, which close the file. */
 int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
                        uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
                        struct sk_session_reservation *res, struct sk_error *err);
-/* Makes the reserved object in store (any thread; touches nothing of the
- * table). Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO,
+/* Makes the reserved object in store, in its file (any thread; touches
+ * nothing of the table and opens or closes no descriptor). Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO,
  * -SK_ERR_NO_MEMORY; res->obj stays NULL then. */
 int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
                                   struct sk_error *err);

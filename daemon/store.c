@@ -697,14 +697,7 @@ out:
 
 /* ---- creating objects ------------------------------------------------ */
 
-/* A new object under its temporary name, header written, meta copies and
- * data zero (fresh tmpfs pages). */
-static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
-                          uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
-                          struct sk_error *err) {
-  struct sk__geom g;
-  if (!sk__geom(st, capacity, &g))
-    return sk__bad(err, "capacity %u gives a cache too large for this machine", capacity);
+int sk_store_create_file(struct sk_store *st, uint64_t id, struct sk_error *err) {
   char name[64];
   sk__obj_name(name, sizeof name, id, true);
   int fd = openat(st->dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -715,9 +708,28 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
   if (fd < 0)
     return sk_error_set(err, SK_ERR_IO, "cannot create %s/%s: %s", st->dir, name,
                         strerror(errno));
+  return fd;
+}
+
+void sk_store_create_end(struct sk_store *st, int fd, uint64_t id) {
+  if (fd >= 0) close(fd);
+  char name[64];
+  sk__obj_name(name, sizeof name, id, true);
+  unlinkat(st->dirfd, name, 0); /* gone already once renamed into place */
+}
+
+/* A new object under its temporary name, in the file fd (kept open),
+ * header written, meta copies and data zero (fresh tmpfs pages). */
+static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
+                          uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
+                          struct sk_error *err) {
+  struct sk__geom g;
+  if (!sk__geom(st, capacity, &g))
+    return sk__bad(err, "capacity %u gives a cache too large for this machine", capacity);
+  char name[64];
+  sk__obj_name(name, sizeof name, id, true);
   int e = posix_fallocate(fd, 0, (off_t)g.total);
   if (e != 0) {
-    close(fd);
     unlinkat(st->dirfd, name, 0);
     if (e == ENOSPC)
       return sk_error_set(err, SK_ERR_BUSY,
@@ -728,7 +740,6 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
                         g.total, name, strerror(e));
   }
   void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
   struct sk_store_obj *obj = map == MAP_FAILED ? NULL : calloc(1, sizeof *obj);
   if (!obj) {
     if (map != MAP_FAILED) munmap(map, (size_t)g.total);
@@ -786,6 +797,17 @@ static int sk__create_tmp(struct sk_store *st, uint64_t id, uint32_t owner_uid,
   return 0;
 }
 
+/* sk__create_tmp in a file of its own, opened and closed here. */
+static int sk__create_tmp_own(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+                              uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
+                              struct sk_error *err) {
+  int fd = sk_store_create_file(st, id, err);
+  if (fd < 0) return fd;
+  int rc = sk__create_tmp(st, fd, id, owner_uid, capacity, policy, ret, err);
+  close(fd);
+  return rc;
+}
+
 /* Seals copy 0 with `commit`, shows it, and renames the object into
  * place. On failure the object is deleted and freed. */
 static int sk__finish_create(struct sk_store *st, struct sk_store_obj *obj, uint64_t commit,
@@ -816,14 +838,14 @@ static void sk__discard_tmp(struct sk_store *st, struct sk_store_obj *obj) {
   sk_store_obj_free(obj);
 }
 
-int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
-                    const struct sk_kv_params *params,
-                    const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
-                    struct sk_error *err) {
+int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
+                       const struct sk_kv_params *params,
+                       const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
+                       struct sk_error *err) {
   int rc = sk_kv_params_check(params, SK_KV_MAX_CAPACITY, err);
   if (rc < 0) return rc;
   struct sk_store_obj *obj = NULL;
-  rc = sk__create_tmp(st, id, owner_uid, sk_kv_params_capacity(params), params->policy, &obj,
+  rc = sk__create_tmp(st, fd, id, owner_uid, sk_kv_params_capacity(params), params->policy, &obj,
                       err);
   if (rc < 0) return rc;
   const struct sk_store_header *h = obj->hdr;
@@ -842,6 +864,17 @@ int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
   if (rc < 0) return rc;
   *ret = obj;
   return 0;
+}
+
+int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+                    const struct sk_kv_params *params,
+                    const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
+                    struct sk_error *err) {
+  int fd = sk_store_create_file(st, id, err);
+  if (fd < 0) return fd;
+  int rc = sk_store_create_in(st, fd, id, owner_uid, params, sampler, ret, err);
+  sk_store_create_end(st, fd, id);
+  return rc;
 }
 
 /* Copies meta copy bytes [16, M) from src into copy 0 of a new object of
@@ -863,7 +896,7 @@ static int sk__adopt_meta(struct sk_store_obj *obj, const void *src_copy, struct
 int sk_store_fork(struct sk_store *st, const struct sk_store_obj *src, uint64_t id,
                   uint32_t owner_uid, struct sk_store_obj **ret, struct sk_error *err) {
   struct sk_store_obj *obj = NULL;
-  int rc = sk__create_tmp(st, id, owner_uid, src->hdr->capacity, src->hdr->policy, &obj, err);
+  int rc = sk__create_tmp_own(st, id, owner_uid, src->hdr->capacity, src->hdr->policy, &obj, err);
   if (rc < 0) return rc;
   rc = sk__adopt_meta(obj, sk__copy(src, src->live), err);
   if (rc < 0) {
@@ -1008,7 +1041,7 @@ int sk_store_import(struct sk_store *st, const void *buf, size_t len, uint64_t i
   if (rc < 0) return rc;
   const struct sk_store_image *im = buf;
   struct sk_store_obj *obj = NULL;
-  rc = sk__create_tmp(st, id, owner_uid, im->capacity, im->policy, &obj, err);
+  rc = sk__create_tmp_own(st, id, owner_uid, im->capacity, im->policy, &obj, err);
   if (rc < 0) return rc;
   const char *p = (const char *)buf + sizeof *im;
   rc = sk__adopt_meta(obj, p, err);

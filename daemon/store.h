@@ -281,6 +281,20 @@ int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
                     const struct sk_kv_params *params,
                     const struct sk_sampler_state *sampler,
                     struct sk_store_obj **ret, struct sk_error *err);
+/* sk_store_create in two steps, for a daemon that makes the object off its
+ * event loop while file descriptors are opened and closed only on the loop
+ * (libuv's loop may touch a descriptor number another thread reuses):
+ * sk_store_create_file creates the empty file under the temporary name
+ * and returns its descriptor (>= 0) or a negative error (-SK_ERR_IO);
+ * sk_store_create_in does the rest on that descriptor from any thread,
+ * without closing it; sk_store_create_end closes it and deletes the
+ * temporary file if the object was not made. */
+int sk_store_create_file(struct sk_store *st, uint64_t id, struct sk_error *err);
+int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
+                       const struct sk_kv_params *params,
+                       const struct sk_sampler_state *sampler,
+                       struct sk_store_obj **ret, struct sk_error *err);
+void sk_store_create_end(struct sk_store *st, int fd, uint64_t id);
 /* Creates a new object (id, owner_uid) holding a copy of src's live state:
  * meta copy and the K/V rows of its resident slots. src must not be in a
  * step. Errors as sk_store_create. */
