@@ -21,6 +21,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -827,9 +828,9 @@ static void cases_numbers(void) {
 /* The bystander: generates 64 tokens at a time on its own session until
  * told to stop; every round must succeed in full. */
 struct bystander {
-  volatile int stop;
-  int rounds;
-  int failures;
+  atomic_int stop;
+  atomic_int rounds;
+  atomic_int failures;
   char last_error[320];
 };
 
@@ -995,7 +996,8 @@ static void test_hostile_table(void **state) {
   print_message("figures: hostile frames: %zu cases (%zu error/ok replies, %zu clean closes) in %.2f s\n",
                 g_n_cases, g_n_cases - n_close, n_close, took);
   print_message("figures: hostile frames: bystander generated %d x 64 tokens, %d failures; "
-                "worst ping between cases %.2f ms\n", bs.rounds, bs.failures, worst);
+                "worst ping between cases %.2f ms\n", atomic_load(&bs.rounds),
+                atomic_load(&bs.failures), worst);
   print_message("figures: hostile frames: daemon RSS %ld KiB before, %ld KiB after; fds %ld "
                 "before, %ld after\n", rss0, rss1, fds0, fds1);
   print_message("figures: hostile frames: largest peak over RSS for one hostile case %ld KiB (%s); "

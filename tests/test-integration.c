@@ -95,6 +95,7 @@ static int start_daemon(void **state) {
   if (!sinkd) sinkd = "./daemon/sinkd";
   g_pid = fork();
   if (g_pid == 0) {
+    sk_test_child_setup();
     FILE *f = freopen(g_log, "w", stderr);
     (void)f;
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not

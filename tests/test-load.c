@@ -184,7 +184,6 @@ static void run_normal(uint64_t *rng) {
 
 struct cancel_arg {
   uint64_t session;
-  volatile int go;
 };
 
 static void *cancel_later(void *arg) {
@@ -213,7 +212,7 @@ static void run_canceller(uint64_t *rng) {
     struct sk_error e = {0};
     bool from_other = rng_next(rng) & 1;
     int n = 0;
-    struct cancel_arg ca = {s, 0};
+    struct cancel_arg ca = {s};
     pthread_t th;
     if (from_other) pthread_create(&th, NULL, cancel_later, &ca);
     int rc = sk_client_generate(c, s, &gp, count_tokens, from_other ? NULL : &n, &gr, &e);
@@ -486,7 +485,7 @@ static void *client_thread(void *arg) {
 /* ---- monitor ------------------------------------------------------------- */
 
 struct monitor {
-  volatile int stop;
+  atomic_int stop;
   unsigned long pings;
   double worst_ms;
   double sum_ms;

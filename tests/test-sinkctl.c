@@ -37,6 +37,7 @@ static int start_daemon(void **state) {
   fflush(NULL);
   g_daemon = fork();
   if (g_daemon == 0) {
+    sk_test_child_setup();
     if (!freopen(g_log, "w", stderr)) _exit(126);
     char state_dir[300];
     snprintf(state_dir, sizeof state_dir, "%s/state", g_dir);

@@ -98,6 +98,7 @@ void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra) {
   d->pid = fork();
   assert_true(d->pid >= 0);
   if (d->pid == 0) {
+    sk_test_child_setup();
     if (!freopen(d->log, "w", stderr)) _exit(126);
     execvp(argv[0], (char *const *)argv);
     _exit(127);

@@ -3,9 +3,12 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -98,4 +101,11 @@ char *sk_test_tmpdir(void) {
   char *p = join(env_or("TMPDIR", "/tmp"), "sinkd-test.XXXXXX");
   assert_non_null(mkdtemp(p));
   return p;
+}
+
+void sk_test_child_setup(void) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) _exit(125); /* the test died before the prctl */
+  FILE *f = freopen("/dev/null", "w", stdout);
+  (void)f;
 }

@@ -24,5 +24,10 @@ int32_t *sk_test_json_ids(const json_t *arr, size_t *ret_n);
 char *sk_test_hex_decode(const char *hex, size_t *ret_len);
 /* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp); malloc'd. */
 char *sk_test_tmpdir(void);
+/* In a forked child that will exec a daemon: the kernel kills it with
+ * SIGKILL when the test process dies (a failed assertion, a sanitizer's
+ * exit), and its stdout goes to /dev/null, so that no daemon outlives
+ * its test holding the test runner's pipe. */
+void sk_test_child_setup(void);
 
 #endif
