@@ -66,7 +66,8 @@ for part in $parts; do
     ;;
   positions)
     run "positions-260K-f32-t1" "$(model 260K f32)" 1 \
-      --no-prefill --no-decode --no-concurrency --positions 1e3,1e4,1e5,1e6 --pos-gen 1024
+      --no-prefill --no-decode --no-concurrency --positions 1e3,1e4,1e5,1e6 --pos-gen 1024 \
+      --window 1024 --sinks 4
     ;;
   *)
     echo "unknown part $part (decode, aggregate, positions)" >&2

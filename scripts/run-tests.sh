@@ -6,6 +6,10 @@
 #      then each fuzz target for SK_FUZZ_SECONDS (default 60) seconds;
 #   3. the integration test under valgrind memcheck (no errors, no leaks,
 #      in the test and in the daemon it starts);
+#   4. ./build-tsan (clang, ThreadSanitizer): the tests that run the
+#      daemon's threads (compute pool, event loop, thread-pool work, many
+#      clients); a data race ends the daemon with TSan's exit status, which
+#      the tests check;
 # then prints the figures the tests reported.
 # Arguments go to step 1's `meson test` (a test name, --suite ...) and skip
 # steps 2 and 3; so does SK_TESTS=quick.
@@ -33,10 +37,17 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 echo "== valgrind memcheck: the integration test and the daemon it starts" >&2
 rm -f build/meson-logs/valgrind-*.log
 meson test -C build --setup valgrind --print-errorlogs integration
+echo "== ThreadSanitizer: the threaded parts (pool, daemon, clients)" >&2
+[ -f build-tsan/build.ninja ] ||
+  CC=clang meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dman=disabled >/dev/null
+ninja -C build-tsan
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SK_LOAD_SECONDS=10 \
+  meson test -C build-tsan --print-errorlogs kernels model integration persist hostile sinkctl load
 t1=$(date +%s)
 
 echo "== figures"
-for log in build/meson-logs/testlog.txt build-asan/meson-logs/testlog.txt; do
+for log in build/meson-logs/testlog.txt build-asan/meson-logs/testlog.txt \
+  build-tsan/meson-logs/testlog.txt; do
   grep -h '^figures:' "$log" | sed "s|^figures:|figures ($(dirname "$(dirname "$log")")):|" || true
 done
 cat build-asan/fuzz-out/figures.txt
@@ -63,13 +74,14 @@ print("figures: valgrind memcheck: %d processes (%s), %d errors, %d bytes leaked
 # Every test of the three runs, and the fuzz targets.
 n = {"OK": 0, "FAIL": 0, "SKIP": 0}
 for path in ("build/meson-logs/testlog.json", "build-asan/meson-logs/testlog.json",
-             "build/meson-logs/testlog-valgrind.json"):
+             "build/meson-logs/testlog-valgrind.json", "build-tsan/meson-logs/testlog.json"):
     for line in open(path):
         r = json.loads(line).get("result", "")
         n["OK" if r in ("OK", "EXPECTEDFAIL") else "SKIP" if r == "SKIP" else "FAIL"] += 1
 fuzz = open("build-asan/fuzz-out/figures.txt").read().count(" 0 crashes")
-print("counted: the normal build, the ASan+UBSan build and the valgrind run, plus the "
+print("counted: the normal build, the ASan+UBSan build, the valgrind run and the TSan run, "
+      "plus the "
       "%d fuzz targets that ran without a crash" % fuzz)
 print("tests: %d passed, %d failed, %d skipped" % (n["OK"] + fuzz, n["FAIL"], n["SKIP"]))
 PY
-echo "sanitizer, fuzzing and valgrind steps took $((t1 - t0)) s" >&2
+echo "sanitizer, fuzzing, valgrind and TSan steps took $((t1 - t0)) s" >&2
