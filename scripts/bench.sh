@@ -32,7 +32,7 @@ run() {
   state="$out/state-$name"
   rm -rf "$state"
   "$sinkd" --config /dev/null --model "$m" --socket "$sock" --state-dir "$state" \
-    --threads "$t" --max-sessions 80 2>"$out/$name.log" &
+    --threads "$t" --max-sessions 80 --max-user-sessions 80 2>"$out/$name.log" &
   pid=$!
   i=0
   until [ -S "$sock" ] || [ $i -gt 300 ]; do sleep 0.1; i=$((i + 1)); done

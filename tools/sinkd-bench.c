@@ -13,14 +13,16 @@
  *                aggregate = (all tokens - C) / (last event - first event);
  *                p50/p99 of every gap between two events of one session
  *                (inter-token latency as a client sees it)
- *   positions    one streaming session (--sinks, --window): append random
- *                tokens until the stream has seen P tokens, generate
- *                POS_WARMUP tokens untimed (the first steps after a long
- *                append pay for cold caches), then time --pos-gen
- *                generated tokens; per-token ms at each P of --positions
- *                is the median over segments of POS_SEGMENT tokens (a
- *                busy machine's stalls land in a few segments), and its
- *                ratio to the first P; also the
+ *   positions    for each P of --positions a streaming session
+ *                (--sinks, --window) fed random tokens until its stream
+ *                has seen P tokens, then POS_WARMUP tokens generated
+ *                untimed (the first steps after a long append pay for
+ *                cold caches); then POS_ROUNDS rounds generate --pos-gen
+ *                / POS_ROUNDS tokens in each session in turn (a slow
+ *                spell of a shared machine hits every position alike).
+ *                Per-token ms at P is the median over segments of
+ *                POS_SEGMENT tokens (stalls land in a few segments), and
+ *                its ratio to the first P; also the
  *                daemon's CPU time per token (all its threads,
  *                /proc/PID/task/TID/schedstat), which a busy machine
  *                disturbs far less than wall time
@@ -51,6 +53,7 @@
 #define APPEND_CHUNK 8192u  /* tokens per append while advancing a stream */
 #define POS_WARMUP 32u      /* untimed tokens before each position's timing */
 #define POS_SEGMENT 64u     /* tokens per segment of a position's median */
+#define POS_ROUNDS 4u       /* rounds over the positions, --pos-gen split */
 #define FIRST_NORMAL_ID 259 /* after <unk> <s> </s> and the 256 byte tokens */
 
 static const char *prog = "sinkd-bench";
@@ -485,41 +488,54 @@ int main(int argc, char **argv) {
   uint64_t kv_bytes_stream = 0;
   uint32_t n_pos = o.no_pos ? 0 : o.n_pos;
   if (n_pos) {
-    uint64_t id = open_session(c, &o, true, &kv_bytes_stream);
+    /* One session per position, each advanced to its position first; then
+     * POS_ROUNDS rounds time every position in turn, so that a slow spell
+     * of a shared machine hits all positions alike rather than one. */
+    uint64_t ids[MAX_LIST];
     int32_t *chunk = malloc(APPEND_CHUNK * sizeof *chunk);
-    struct timing tm = {.t = calloc(o.pos_gen, sizeof(double)), .cap = o.pos_gen};
-    double *seg = calloc(o.pos_gen / POS_SEGMENT + 1, sizeof *seg);
+    const uint32_t per_round = (o.pos_gen + POS_ROUNDS - 1) / POS_ROUNDS;
+    struct timing tm = {.t = calloc(per_round, sizeof(double)), .cap = per_round};
+    const size_t seg_cap = (size_t)POS_ROUNDS * (per_round / POS_SEGMENT + 1);
+    double *seg = calloc((size_t)n_pos * seg_cap, sizeof *seg);
+    size_t n_seg[MAX_LIST] = {0};
+    uint64_t cpu[MAX_LIST] = {0};
     if (!chunk || !tm.t || !seg) die("out of memory");
-    uint64_t seen = 0;
     double t_adv = now_s();
     for (uint32_t i = 0; i < n_pos; i++) {
+      ids[i] = open_session(c, &o, true, &kv_bytes_stream);
+      uint64_t seen = 0;
       while (seen < o.pos[i]) {
         uint64_t n = o.pos[i] - seen < APPEND_CHUNK ? o.pos[i] - seen : APPEND_CHUNK;
         random_tokens(chunk, (size_t)n, V, &st);
-        append_or_die(c, id, chunk, (size_t)n);
+        append_or_die(c, ids[i], chunk, (size_t)n);
         seen += n;
         if (seen % (16 * APPEND_CHUNK) < n)
-          note("positions: stream at %" PRIu64 " tokens (%.0f tokens/s)", seen,
+          note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
                (double)seen / (now_s() - t_adv));
       }
       tm.n = 0;
-      generate_or_die(c, id, POS_WARMUP < tm.cap ? POS_WARMUP : tm.cap, &tm);
-      seen += tm.n;
-      tm.n = 0;
-      uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
-      generate_or_die(c, id, o.pos_gen, &tm);
-      uint64_t cpu1 = pid ? cpu_ns(pid) : 0;
-      seen += o.pos_gen;
-      size_t n_seg = 0;
-      for (size_t k = 0; k + POS_SEGMENT < tm.n; k += POS_SEGMENT)
-        seg[n_seg++] = (tm.t[k + POS_SEGMENT] - tm.t[k]) / POS_SEGMENT * 1e3;
-      pos_ms[i] = n_seg ? quantile(seg, n_seg, 0.5)
-                        : (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
-      pos_cpu_ms[i] = (double)(cpu1 - cpu0) / 1e6 / (double)o.pos_gen;
+      generate_or_die(c, ids[i], POS_WARMUP < tm.cap ? POS_WARMUP : (uint32_t)tm.cap, &tm);
+    }
+    for (uint32_t round = 0; round < POS_ROUNDS; round++) {
+      for (uint32_t i = 0; i < n_pos; i++) {
+        tm.n = 0;
+        uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
+        generate_or_die(c, ids[i], per_round, &tm);
+        cpu[i] += pid ? cpu_ns(pid) - cpu0 : 0;
+        double *sg = seg + (size_t)i * seg_cap;
+        for (size_t k = 0; k + POS_SEGMENT < tm.n; k += POS_SEGMENT)
+          sg[n_seg[i]++] = (tm.t[k + POS_SEGMENT] - tm.t[k]) / POS_SEGMENT * 1e3;
+        if (per_round <= POS_SEGMENT)
+          sg[n_seg[i]++] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
+      }
+    }
+    for (uint32_t i = 0; i < n_pos; i++) {
+      pos_ms[i] = quantile(seg + (size_t)i * seg_cap, n_seg[i], 0.5);
+      pos_cpu_ms[i] = (double)cpu[i] / 1e6 / ((double)per_round * POS_ROUNDS);
       note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
            pos_ms[i], pos_cpu_ms[i]);
+      close_session(c, ids[i]);
     }
-    close_session(c, id);
     free(chunk);
     free(tm.t);
     free(seg);
