@@ -1026,6 +1026,8 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
 }
 
 static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s);
+static void enqueue_plain(struct sk_server *srv, const struct request *r, struct sk_session *s,
+                          enum sk_job_kind kind);
 
 static void op_stats(struct sk_server *srv, const struct request *r) {
   struct sk_msgbuf b;
@@ -1067,15 +1069,7 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     send_session_stats(srv, r->conn, r->id, s, false);
     return;
   }
-  struct sk_job *job = job_new(SK_JOB_STATS, r, s);
-  if (!job) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
-  if (session_enqueue(srv, s, job, &e) < 0) {
-    sk_job_free(job);
-    send_error(r->conn, r->id, &e);
-  }
+  enqueue_plain(srv, r, s, SK_JOB_STATS);
 }
 
 /* Reads "text" or "tokens" (exactly one) and "bos" into job. */
@@ -1138,6 +1132,22 @@ static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, st
   atomic_init(&j->cancel, false);
   atomic_init(&j->paused, false);
   return j;
+}
+
+/* Queues a job of `kind` that needs nothing from the request but the
+ * session; answers the error itself. */
+static void enqueue_plain(struct sk_server *srv, const struct request *r, struct sk_session *s,
+                          enum sk_job_kind kind) {
+  struct sk_error e;
+  struct sk_job *job = job_new(kind, r, s);
+  if (!job) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return;
+  }
+  if (session_enqueue(srv, s, job, &e) < 0) {
+    sk_job_free(job);
+    send_error(r->conn, r->id, &e);
+  }
 }
 
 static void op_append(struct sk_server *srv, const struct request *r) {
@@ -1260,17 +1270,7 @@ static void op_resume(struct sk_server *srv, const struct request *r) {
 static void op_queued_inline(struct sk_server *srv, const struct request *r,
                              enum sk_job_kind kind) {
   struct sk_session *s = req_session(srv, r);
-  if (!s) return;
-  struct sk_error e;
-  struct sk_job *job = job_new(kind, r, s);
-  if (!job) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
-  if (session_enqueue(srv, s, job, &e) < 0) {
-    sk_job_free(job);
-    send_error(r->conn, r->id, &e);
-  }
+  if (s) enqueue_plain(srv, r, s, kind);
 }
 
 /* Sends the next data events of the connection's exports while its output
