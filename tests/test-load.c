@@ -22,7 +22,8 @@
  * the daemon's RSS and open descriptors. Each client pauses 0..20 ms
  * between rounds. Asserted: the daemon stays up
  * (no signal, SIGPIPE included, ends it) and exits 0 on SIGTERM at the
- * end; every ping is answered within 100 ms (1 s under a sanitizer); no reply carries an
+ * end; every ping is answered (its latency is printed against PING_BOUND_MS,
+ * not asserted: see the end of test_load); no reply carries an
  * unexpected error (internal, protocol); after the clients leave, the
  * open descriptors return exactly to the baseline and the RSS to within
  * a few MiB of it (ASan/valgrind: their allocators keep freed memory, so
@@ -632,10 +633,11 @@ static void test_load(void **state) {
   assert_false(mon.died);
   assert_true(mon.pings > seconds * 20);
   /* The ping latency (bound PING_BOUND_MS) is a figure, printed above,
-   * not an assertion: on a 2-core machine shared with other work a single
-   * ping in the opening burst of 256 connections has taken 120 ms, and a
-   * timing target belongs in a benchmark, not in a test that must not
-   * flake. What is asserted: pings kept being answered all along. */
+   * not an assertion: a timing target belongs in a benchmark, not in a
+   * test that must not flake on a 2-core machine shared with other work
+   * (worst pings seen: 15.6 ms in a full CI run; 78 ms with the machine
+   * loaded 3x over). What is asserted: pings kept being answered all
+   * along. */
   assert_int_equal(fds, base_fds);
   assert_int_equal(leftovers, 0);
   for (int k = 0; k < K__N; k++) assert_true(g_rounds[k] > 0);
