@@ -8,6 +8,7 @@ pkgs=(build-essential pkg-config meson ninja-build
       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
       libcmocka-dev libinih-dev libjansson-dev libxxhash-dev scdoc
       systemd mandoc groff-base man-db
+      procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
       gnuplot-nox  # sinkctl eval --plot
       # the test suite's other steps: clang with ASan/UBSan and libFuzzer
       # (libclang-rt-14-dev), llvm-symbolizer for readable reports,
