@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "sinkd/client.h"
+#include "tool.h"
 
 #define MAX_LIST 16u        /* entries of --concurrency / --positions */
 #define PROMPT_TOKENS 16u   /* prompt of each concurrent session */
@@ -56,7 +57,6 @@
 #define POS_ROUNDS 4u       /* rounds over the positions, --pos-gen split */
 #define FIRST_NORMAL_ID 259 /* after <unk> <s> </s> and the 256 byte tokens */
 
-static const char *prog = "sinkd-bench";
 
 struct opts {
   const char *socket;
@@ -69,22 +69,12 @@ struct opts {
   bool window_set; /* --window given: never shortened to the model */
 };
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  exit(1);
-}
 
 static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void note(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "%s: ", prog);
+  fprintf(stderr, "%s: ", sk_tool_prog);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
   fputc('\n', stderr);
@@ -112,7 +102,7 @@ static double quantile(double *v, size_t n, double q) {
 static struct sk_client *connect_or_die(const char *path) {
   struct sk_client *c = NULL;
   struct sk_error e = {0};
-  if (sk_client_connect(path, &c, &e) < 0) die("%s", e.message);
+  if (sk_client_connect(path, &c, &e) < 0) sk_tool_die("%s", e.message);
   sk_client_set_timeout(c, 3600u * 1000u, NULL);
   return c;
 }
@@ -205,20 +195,20 @@ static uint64_t open_session(struct sk_client *c, const struct opts *o, bool str
   }
   struct sk_open_result r;
   struct sk_error e = {0};
-  if (sk_client_open(c, &p, &r, &e) < 0) die("open: %s", e.message);
+  if (sk_client_open(c, &p, &r, &e) < 0) sk_tool_die("open: %s", e.message);
   if (ret_kv_bytes) *ret_kv_bytes = r.kv_bytes;
   return r.session;
 }
 
 static void close_session(struct sk_client *c, uint64_t id) {
   struct sk_error e = {0};
-  if (sk_client_close(c, id, &e) < 0) die("close: %s", e.message);
+  if (sk_client_close(c, id, &e) < 0) sk_tool_die("close: %s", e.message);
 }
 
 static void append_or_die(struct sk_client *c, uint64_t id, const int32_t *t, size_t n) {
   struct sk_error e = {0};
   if (sk_client_append_tokens(c, id, t, n, SK_BOS_FALSE, NULL, &e) < 0)
-    die("append: %s", e.message);
+    sk_tool_die("append: %s", e.message);
 }
 
 static void generate_or_die(struct sk_client *c, uint64_t id, uint32_t n, struct timing *tm) {
@@ -229,8 +219,8 @@ static void generate_or_die(struct sk_client *c, uint64_t id, uint32_t n, struct
   p.ignore_eos = true;
   struct sk_generate_result r;
   struct sk_error e = {0};
-  if (sk_client_generate(c, id, &p, on_token, tm, &r, &e) < 0) die("generate: %s", e.message);
-  if (r.n_tokens != n) die("generate: %" PRIu64 " tokens, stop %s", r.n_tokens, r.stop);
+  if (sk_client_generate(c, id, &p, on_token, tm, &r, &e) < 0) sk_tool_die("generate: %s", e.message);
+  if (r.n_tokens != n) sk_tool_die("generate: %" PRIu64 " tokens, stop %s", r.n_tokens, r.stop);
 }
 
 /* ---- concurrency ---- */
@@ -267,7 +257,7 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
   struct worker *ws = calloc(n, sizeof *ws);
   pthread_t *th = calloc(n, sizeof *th);
   pthread_barrier_t ready;
-  if (!ws || !th) die("out of memory");
+  if (!ws || !th) sk_tool_die("out of memory");
   pthread_barrier_init(&ready, NULL, n);
   for (uint32_t i = 0; i < n; i++) {
     ws[i] = (struct worker){.o = o, .n_vocab = n_vocab, .index = i, .ready = &ready};
@@ -275,16 +265,16 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
     ws[i].session = open_session(ws[i].c, o, false, NULL);
     ws[i].tm.cap = o->gen;
     ws[i].tm.t = calloc(o->gen, sizeof(double));
-    if (!ws[i].tm.t) die("out of memory");
+    if (!ws[i].tm.t) sk_tool_die("out of memory");
   }
   for (uint32_t i = 0; i < n; i++)
-    if (pthread_create(&th[i], NULL, worker_main, &ws[i]) != 0) die("cannot start a thread");
+    if (pthread_create(&th[i], NULL, worker_main, &ws[i]) != 0) sk_tool_die("cannot start a thread");
   for (uint32_t i = 0; i < n; i++) pthread_join(th[i], NULL);
   struct conc_result r = {.c = n, .rss = pid ? rss_bytes(pid) : 0};
   double first = INFINITY, last = 0.0;
   size_t n_gaps = 0, tokens = 0;
   double *gaps = malloc((size_t)n * o->gen * sizeof *gaps);
-  if (!gaps) die("out of memory");
+  if (!gaps) sk_tool_die("out of memory");
   for (uint32_t i = 0; i < n; i++) {
     const struct timing *tm = &ws[i].tm;
     if (tm->n == 0) continue;
@@ -318,20 +308,20 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
     errno = 0;
     double v = strtod(p, &end); /* accepts 1e6 */
     if (errno || end == p || v < 1 || v > (double)max || v != floor(v) || n == MAX_LIST)
-      die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
+      sk_tool_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
           MAX_LIST, max);
     out[n++] = (uint64_t)v;
     p = end;
     if (*p == ',') p++;
-    else if (*p) die("%s: '%s': expected numbers separated by commas", flag, s);
+    else if (*p) sk_tool_die("%s: '%s': expected numbers separated by commas", flag, s);
   }
-  if (n == 0) die("%s: empty list", flag);
+  if (n == 0) sk_tool_die("%s: empty list", flag);
   return n;
 }
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
   uint64_t v[MAX_LIST];
-  if (parse_list(flag, s, v, max) != 1 || v[0] < min) die("%s: expected one number >= %u", flag, min);
+  if (parse_list(flag, s, v, max) != 1 || v[0] < min) sk_tool_die("%s: expected one number >= %u", flag, min);
   return (uint32_t)v[0];
 }
 
@@ -355,7 +345,7 @@ static void usage(FILE *f) {
           "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
           "                           skip a part\n"
           "  -h, --help               this text\n",
-          prog);
+          sk_tool_prog);
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o) {
@@ -410,18 +400,19 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
   }
   if (!o->socket) o->socket = sk_client_default_socket();
   for (uint32_t i = 1; i < o->n_pos; i++)
-    if (o->pos[i] <= o->pos[i - 1]) die("--positions must increase");
+    if (o->pos[i] <= o->pos[i - 1]) sk_tool_die("--positions must increase");
 }
 
 /* ---- main ---- */
 
 int main(int argc, char **argv) {
+  sk_tool_prog = "sinkd-bench";
   struct opts o;
   parse_opts(argc, argv, &o);
   struct sk_client *c = connect_or_die(o.socket);
   struct sk_hello h;
   struct sk_error e = {0};
-  if (sk_client_hello(c, &h, &e) < 0) die("hello: %s", e.message);
+  if (sk_client_hello(c, &h, &e) < 0) sk_tool_die("hello: %s", e.message);
   const uint32_t V = h.model.n_vocab;
   /* A model trained on fewer positions than sinks + the default window
    * (stories15M: 256) gets the longest window its positions allow. */
@@ -437,7 +428,7 @@ int main(int argc, char **argv) {
   if (!o.no_prefill) {
     int32_t *toks = malloc(o.prefill * sizeof *toks);
     double *v = malloc(o.reps * sizeof *v);
-    if (!toks || !v) die("out of memory");
+    if (!toks || !v) sk_tool_die("out of memory");
     for (uint32_t r = 0; r < o.reps; r++) {
       random_tokens(toks, o.prefill, V, &st);
       uint64_t id = open_session(c, &o, true, NULL);
@@ -457,7 +448,7 @@ int main(int argc, char **argv) {
   if (!o.no_decode) {
     double *v = malloc(o.reps * sizeof *v);
     struct timing tm = {.t = calloc(o.gen, sizeof(double)), .cap = o.gen};
-    if (!v || !tm.t) die("out of memory");
+    if (!v || !tm.t) sk_tool_die("out of memory");
     for (uint32_t r = 0; r < o.reps; r++) {
       int32_t prompt[PROMPT_TOKENS];
       random_tokens(prompt, PROMPT_TOKENS, V, &st);
@@ -499,7 +490,7 @@ int main(int argc, char **argv) {
     double *seg = calloc((size_t)n_pos * seg_cap, sizeof *seg);
     size_t n_seg[MAX_LIST] = {0};
     uint64_t cpu[MAX_LIST] = {0};
-    if (!chunk || !tm.t || !seg) die("out of memory");
+    if (!chunk || !tm.t || !seg) sk_tool_die("out of memory");
     double t_adv = now_s();
     for (uint32_t i = 0; i < n_pos; i++) {
       ids[i] = open_session(c, &o, true, &kv_bytes_stream);

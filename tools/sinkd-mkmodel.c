@@ -24,7 +24,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +32,7 @@
 
 #include "gguf.h"
 #include "quant.h"
+#include "tool.h"
 
 #define ALIGN 32u /* general.alignment default */
 /* Every vocabulary has 3 control tokens and 256 byte tokens first. */
@@ -63,18 +63,7 @@ static float rng_uniform(float a) {
   return a * (float)((double)(rng_next() >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-static const char *prog = "sinkd-mkmodel";
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-  exit(1);
-}
 
 /* ---- output --------------------------------------------------------- */
 
@@ -85,7 +74,7 @@ struct out {
 };
 
 static void put(struct out *o, const void *p, size_t n) {
-  if (n && fwrite(p, 1, n, o->f) != n) die("write %s: %s", o->path, strerror(errno));
+  if (n && fwrite(p, 1, n, o->f) != n) sk_tool_die("write %s: %s", o->path, strerror(errno));
   o->pos += n;
 }
 static void put_u32(struct out *o, uint32_t v) { put(o, &v, 4); } /* little-endian hosts */
@@ -157,7 +146,7 @@ static bool letter_piece(uint64_t k, char *buf, size_t cap) {
 static void make_vocab(struct vocab *v, uint32_t n) {
   v->n = n;
   v->text = calloc(n, sizeof *v->text);
-  if (!v->text) die("out of memory");
+  if (!v->text) sk_tool_die("out of memory");
   char buf[32];
   for (uint32_t i = 0; i < n; i++) {
     if (i == 0) snprintf(buf, sizeof buf, "<unk>");
@@ -173,12 +162,12 @@ static void make_vocab(struct vocab *v, uint32_t n) {
        * covered by the ASCII run above */
       static uint64_t k = 0;
       for (;;) {
-        if (!letter_piece(k++, buf, sizeof buf)) die("vocabulary of %u is too large", n);
+        if (!letter_piece(k++, buf, sizeof buf)) sk_tool_die("vocabulary of %u is too large", n);
         if (!(strlen(buf) == 1 && buf[0] >= 'a' && buf[0] <= 'z')) break;
       }
     }
     v->text[i] = strdup(buf);
-    if (!v->text[i]) die("out of memory");
+    if (!v->text[i]) sk_tool_die("out of memory");
   }
 }
 
@@ -205,7 +194,7 @@ static uint32_t parse_type(const char *s) {
   if (!strcmp(s, "f16")) return SK_GGML_F16;
   if (!strcmp(s, "q8_0")) return SK_GGML_Q8_0;
   if (!strcmp(s, "q4_0")) return SK_GGML_Q4_0;
-  die("type '%s': expected f32, f16, q8_0 or q4_0", s);
+  sk_tool_die("type '%s': expected f32, f16, q8_0 or q4_0", s);
 }
 
 /* Writes one row of ne0 values in type t. */
@@ -226,7 +215,7 @@ static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, v
     sk_quantize_row_q4_0(x, (uint32_t)ne0, tmp);
     put(o, tmp, sk_quant_row_bytes(t, ne0));
     break;
-  default: die("internal: type %u", t);
+  default: sk_tool_die("internal: type %u", t);
   }
 }
 
@@ -244,7 +233,7 @@ static void usage(FILE *f) {
           "      --seed N          random seed (default 1)\n"
           "  -o, --output FILE     where to write (required)\n"
           "  -h, --help            this text\n",
-          prog);
+          sk_tool_prog);
 }
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
@@ -252,11 +241,12 @@ static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || !end || end == s || *end || v < min || v > max)
-    die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
+    sk_tool_die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
   return (uint32_t)v;
 }
 
 int main(int argc, char **argv) {
+  sk_tool_prog = "sinkd-mkmodel";
   struct shape sh = shapes[1];
   const char *type_name = "f32", *out_type_name = NULL, *path = NULL;
   uint64_t seed = 1;
@@ -280,7 +270,7 @@ int main(int argc, char **argv) {
       size_t i = 0;
       while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
       if (i == sizeof shapes / sizeof shapes[0])
-        die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
+        sk_tool_die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
       sh = shapes[i];
       break;
     }
@@ -308,7 +298,7 @@ int main(int argc, char **argv) {
   }
   if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
   if (sh.dim % sh.n_head || sh.n_head % sh.n_kv_head || (sh.dim / sh.n_head) % 2)
-    die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
+    sk_tool_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
         "kv heads",
         sh.dim, sh.n_head, sh.n_kv_head);
   const uint32_t wtype = parse_type(type_name);
@@ -320,7 +310,7 @@ int main(int argc, char **argv) {
   /* Tensor table in file order. */
   size_t n_t = 3 + 9 * (size_t)sh.n_layer;
   struct tensor *ts = calloc(n_t, sizeof *ts);
-  if (!ts) die("out of memory");
+  if (!ts) sk_tool_die("out of memory");
   size_t k = 0;
 #define T(NAME, NE0, NE1, TYPE, INIT)                                              \
   do {                                                                             \
@@ -365,7 +355,7 @@ int main(int argc, char **argv) {
   make_vocab(&voc, sh.vocab);
 
   struct out o = {.f = fopen(path, "wb"), .path = path};
-  if (!o.f) die("cannot create %s: %s", path, strerror(errno));
+  if (!o.f) sk_tool_die("cannot create %s: %s", path, strerror(errno));
   const uint64_t n_kv = 18;
   put_u32(&o, 0x46554747u); /* "GGUF" */
   put_u32(&o, 3);
@@ -423,7 +413,7 @@ int main(int argc, char **argv) {
 
   float *row = malloc(max_row * sizeof *row);
   void *tmp = malloc(max_row * 4 + 64);
-  if (!row || !tmp) die("out of memory");
+  if (!row || !tmp) sk_tool_die("out of memory");
   const uint64_t data_start = o.pos;
   for (size_t i = 0; i < n_t; i++) {
     const struct tensor *t = &ts[i];
@@ -436,8 +426,8 @@ int main(int argc, char **argv) {
       write_row(&o, t->type, row, t->ne0, tmp);
     }
   }
-  if (fclose(o.f) != 0) die("write %s: %s", path, strerror(errno));
-  fprintf(stderr, "%s: wrote %s: %s, %s weights (output %s), %.1f MB\n", prog, path, sh.name,
+  if (fclose(o.f) != 0) sk_tool_die("write %s: %s", path, strerror(errno));
+  fprintf(stderr, "%s: wrote %s: %s, %s weights (output %s), %.1f MB\n", sk_tool_prog, path, sh.name,
           type_name, sk_ggml_type_name(otype), (double)o.pos / 1e6);
   for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);
   free(voc.text);
