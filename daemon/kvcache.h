@@ -44,11 +44,20 @@
  *
  * Positions are cache positions: the token at cache position p (0-based,
  * in stream order among resident tokens) is rotated by RoPE at p, whatever
- * its index in the stream. An eviction in the middle (h2o) moves every
- * later token one position down; keys are stored before RoPE, so they are
- * simply rotated at their new place. Slots are storage places; `order`
- * maps positions to slots, so an eviction moves O(capacity) integers,
- * never keys or values.
+ * its index in the stream. How keys are stored depends on the policy:
+ *   dense, streaming, window: rotated by RoPE at their stream index t
+ *     (index[] below). RoPE scores depend only on the distance between
+ *     query and key, and within each of these caches' runs of positions
+ *     (the sinks; the window, or all of a dense cache) t - p is one
+ *     number, so the forward pass rotates a query once per run and never
+ *     touches a cached key again (model.c, attention): O(1) rotations a
+ *     token, whatever the window.
+ *   h2o, sink_h2o: before RoPE. An eviction in the middle moves every
+ *     later token one position down, so t - p differs from token to
+ *     token; the keys are rotated at their current position at every
+ *     step, O(resident) rotations a token.
+ * Slots are storage places; `order` maps positions to slots, so an
+ * eviction moves O(capacity) integers, never keys or values.
  *
  * Spare slots and the FIFO free list (what makes a step crash-consistent
  * when the block lives in shared memory, see store.h): a cache of capacity
@@ -85,7 +94,9 @@
  *                                        each slot (h2o, sink_h2o; 0 for
  *                                        the other policies)
  *   data part (offsets still from the block start)
- *   float    k[L][S][D]                  keys, before RoPE
+ *   float    k[L][S][D]                  keys: rotated at their stream
+ *                                        index, or before RoPE (h2o,
+ *                                        sink_h2o), see above
  *   float    v[L][S][D]                  values
  *
  * Memory per session is exactly sk_kv_size(): it depends on the policy's
@@ -101,7 +112,7 @@
 #include "sinkd/protocol.h"
 
 #define SK_KV_MAGIC 0x564b4b53u /* "SKKV" little-endian */
-#define SK_KV_LAYOUT_VERSION 3u
+#define SK_KV_LAYOUT_VERSION 4u /* 4: keys rotated (dense/streaming/window) */
 /* Physical slots beyond the capacity: the most tokens one crash-consistent
  * step may evict (compute.c evicts at most one per step). */
 #define SK_KV_SPARE_SLOTS 1u

@@ -895,9 +895,9 @@ static void layer0_key(const struct model_fx *f, int32_t tok, double *key) {
   }
 }
 
-/* RoPE NORM at position p, in double. */
+/* RoPE NORM at position p (may be negative: rotates back), in double. */
 static void rope_double(const struct sk_model_config *c, double *k,
-                        uint32_t p) {
+                        double p) {
   for (uint32_t h = 0; h < c->n_kv_head; h++)
     for (uint32_t i = 0; i < c->rope_dim / 2; i++) {
       double th = p * pow(c->rope_base, -2.0 * i / c->rope_dim);
@@ -958,25 +958,22 @@ static void test_model_keys_after_evictions(void **state) {
     uint64_t index = kv->index[slot];
     assert_int_equal(index, p < 4 ? p : 84 + p);
     assert_int_equal(kv->token[slot], ids[index]);
-    double want[256], got[256];
+    /* stored rotated at its stream index (kvcache.h) */
+    double want[256];
     layer0_key(&f, kv->token[slot], want);
+    rope_double(c, want, (double)index);
     const float *k = sk_kv_k(kv, 0, slot);
-    for (uint32_t d = 0; d < c->kv_dim; d++) {
-      got[d] = k[d];
-      if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
-    }
-    /* and rotated at its cache position (not its stream index) */
-    rope_double(c, want, p);
-    rope_double(c, got, p);
     for (uint32_t d = 0; d < c->kv_dim; d++)
-      if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
+      if (fabs(k[d] - want[d]) > maxd) maxd = fabs(k[d] - want[d]);
   }
   printf("layer-0 keys after evictions: max abs diff %.3g\n", maxd);
   assert_true(maxd < 1e-4);
 
   /* The next step depends only on what the cache holds and where: a dense
-   * cache holding the same rows in the same positions gives bit-identical
-   * logits, although it never saw the 85 evicted tokens. */
+   * cache holding the same rows in the same positions (keys rotated from
+   * their stream index to their position there, which is also their
+   * stream index in the dense cache) gives the same logits, although it
+   * never saw the 85 evicted tokens. */
   assert_int_equal(sk_kv_make_room(kv, 1, NULL, &err), 0); /* evicts one */
   assert_int_equal(kv->hdr->n_resident, 15);
   struct sk_kv *dense = new_kv(sk_model_kv_shape(f.m), SK_POLICY_DENSE, 0, 0,
@@ -984,8 +981,11 @@ static void test_model_keys_after_evictions(void **state) {
   for (uint32_t p = 0; p < 15; p++) {
     uint32_t from = sk_kv_slot(kv, p), to = sk_kv_slot(dense, p);
     for (uint32_t l = 0; l < c->n_layer; l++) {
-      memcpy(sk_kv_k(dense, l, to), sk_kv_k(kv, l, from),
-             c->kv_dim * sizeof(float));
+      double key[256];
+      const float *k = sk_kv_k(kv, l, from);
+      for (uint32_t d = 0; d < c->kv_dim; d++) key[d] = k[d];
+      rope_double(c, key, (double)p - (double)kv->index[from]);
+      for (uint32_t d = 0; d < c->kv_dim; d++) sk_kv_k(dense, l, to)[d] = (float)key[d];
       memcpy(sk_kv_v(dense, l, to), sk_kv_v(kv, l, from),
              c->kv_dim * sizeof(float));
     }
@@ -995,11 +995,85 @@ static void test_model_keys_after_evictions(void **state) {
   int32_t next = ids[100];
   forward_ok(&f, s, kv, &next, 1, l_stream, NULL);
   forward_ok(&f, s, dense, &next, 1, l_dense, NULL);
-  assert_memory_equal(l_stream, l_dense, sizeof l_stream);
+  double maxl = 0.0;
+  for (uint32_t i = 0; i < 512; i++) maxl = fmax(maxl, fabs((double)l_stream[i] - l_dense[i]));
+  printf("next step, streaming cache vs dense cache holding its rows: max abs "
+         "logit diff %.3g\n", maxl);
+  assert_true(maxl < 1e-4);
+  assert_int_equal(argmax(l_stream, 512), argmax(l_dense, 512));
 
   sk_kv_delete(dense);
   sk_scratch_free(s);
   sk_kv_delete(kv);
+  free(ids);
+  json_decref(ref);
+  sk_model_free(f.m);
+  sk_gguf_close(f.g);
+}
+
+/* Keys are stored rotated at their stream index (kvcache.h), so a
+ * session far into its stream must compute what a fresh one computes:
+ * the same tokens through the same policy give the same logits whether
+ * the stream starts at index 0 or at 10^7 or 2^40 (n_seen set before the
+ * first token, as after a long life). With angles in float (ggml's
+ * formula) the window's keys would drift by ~1e-7 * index radians. */
+static void test_model_far_stream(void **state) {
+  (void)state;
+  struct model_fx f;
+  load_model(&f);
+  const uint32_t V = sk_model_config(f.m)->n_vocab;
+  json_t *ref = sk_test_load_reference("logprobs.json");
+  size_t n_ids;
+  int32_t *ids = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "texts"), 0),
+                      "token_ids"),
+      &n_ids);
+  assert_true(n_ids >= 80);
+  static const struct sk_kv_params ps[] = {
+      {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 12, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_WINDOW, .window = 16, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_DENSE, .capacity = 80, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 28, .rope_scale = 2.0f},
+  };
+  static const uint64_t starts[] = {10000000u, (uint64_t)1 << 40};
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(f.m, 12, 80, &s, &err), 0);
+  static const uint32_t sizes[] = {5, 1, 12, 3, 7, 1, 1, 9, 12, 2};
+  double maxd = 0.0;
+  for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+    float *want = malloc((size_t)80 * V * sizeof *want);
+    assert_non_null(want);
+    for (size_t si = 0; si <= sizeof starts / sizeof starts[0]; si++) {
+      struct sk_kv *kv = NULL;
+      assert_int_equal(sk_kv_new(sk_model_kv_shape(f.m), &ps[pi], &kv, &err), 0);
+      if (si) kv->hdr->n_seen = starts[si - 1];
+      uint32_t done = 0, step = 0;
+      float logits[512];
+      while (done < 80) {
+        uint32_t n = sizes[step++ % 10];
+        if (n > 80 - done) n = 80 - done;
+        if (n > sk_kv_max_room(kv)) n = sk_kv_max_room(kv);
+        forward_ok(&f, s, kv, ids + done, n, logits, NULL);
+        done += n;
+        if (si == 0) {
+          memcpy(want + (size_t)done * V - V, logits, V * sizeof *logits);
+          continue;
+        }
+        for (uint32_t j = 0; j < V; j++)
+          maxd = fmax(maxd, fabs((double)logits[j] - want[(size_t)(done - 1) * V + j]));
+        assert_int_equal(argmax(logits, V), argmax(want + (size_t)(done - 1) * V, V));
+      }
+      if (ps[pi].policy != SK_POLICY_DENSE) assert_true(kv->hdr->n_evicted > 40);
+      assert_int_equal(kv->hdr->n_seen, (si ? starts[si - 1] : 0) + 80);
+      sk_kv_delete(kv);
+    }
+    free(want);
+  }
+  printf("same tokens at stream index 0 vs 10^7 vs 2^40 (streaming, window, "
+         "dense, scaled): max abs logit diff %.3g\n", maxd);
+  assert_true(maxd < 1e-3);
+  sk_scratch_free(s);
   free(ids);
   json_decref(ref);
   sk_model_free(f.m);
@@ -1050,8 +1124,9 @@ static void test_model_long_stream(void **state) {
   sk_gguf_close(f.g);
 }
 
-/* Layer-0 keys of every resident token equal a from-scratch computation at
- * its cache position after evictions, for every evicting policy (h2o
+/* Layer-0 keys of every resident token equal a from-scratch computation
+ * after evictions, for every evicting policy: rotated at its stream index
+ * (window), or unrotated and then rotated at its cache position (h2o
  * evicts from the middle: later tokens move down and are rotated at their
  * new place). */
 static void test_model_keys_all_policies(void **state) {
@@ -1097,8 +1172,12 @@ static void test_model_keys_all_policies(void **state) {
       layer0_key(&f, kv->token[slot], want);
       const float *k = sk_kv_k(kv, 0, slot);
       for (uint32_t d = 0; d < c->kv_dim; d++) got[d] = k[d];
-      rope_double(c, want, p);
-      rope_double(c, got, p);
+      if (sk_policy_scores(ps[pi].policy)) { /* stored before RoPE */
+        rope_double(c, want, p);
+        rope_double(c, got, p);
+      } else { /* stored rotated at its stream index */
+        rope_double(c, want, (double)kv->index[slot]);
+      }
       for (uint32_t d = 0; d < c->kv_dim; d++)
         if (fabs(got[d] - want[d]) > maxd) maxd = fabs(got[d] - want[d]);
     }
@@ -1215,6 +1294,7 @@ int main(void) {
       cmocka_unit_test(test_params_policies),
       cmocka_unit_test(test_pin_streaming),
       cmocka_unit_test(test_model_keys_after_evictions),
+      cmocka_unit_test(test_model_far_stream),
       cmocka_unit_test(test_model_long_stream),
       cmocka_unit_test(test_model_keys_all_policies),
       cmocka_unit_test(test_model_h2o),

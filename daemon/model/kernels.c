@@ -32,7 +32,7 @@ struct sk__kernels {
   uint32_t pack_rows;
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
-  void (*scores)(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd, float *out);
+  void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
   void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
   void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
@@ -170,9 +170,9 @@ static void sk__gen_axpy(float *y, float a, const float *x, uint32_t n) {
   for (uint32_t k = 0; k < n; k++) y[k] += a * x[k];
 }
 
-static void sk__gen_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+static void sk__gen_scores(const float *q, const float *const *rows, uint32_t n, uint32_t hd,
                            float *out) {
-  for (uint32_t p = 0; p < n; p++) out[p] = sk__gen_dot(q, k + (size_t)p * ldk, hd);
+  for (uint32_t p = 0; p < n; p++) out[p] = sk__gen_dot(q, rows[p], hd);
 }
 
 static void sk__gen_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
@@ -499,9 +499,9 @@ float sk_kernels_dot(const float *a, const float *b, uint32_t n) { return sk__cu
 
 void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n) { sk__cur()->axpy(y, a, x, n); }
 
-void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+void sk_kernels_scores(const float *q, const float *const *rows, uint32_t n, uint32_t hd,
                        float *out) {
-  sk__cur()->scores(q, k, ldk, n, hd, out);
+  sk__cur()->scores(q, rows, n, hd, out);
 }
 
 void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,

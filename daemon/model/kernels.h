@@ -113,10 +113,11 @@ float sk_kernels_dot(const float *a, const float *b, uint32_t n);
 /* y[i] += a * x[i] for i < n. */
 void sk_kernels_axpy(float *y, float a, const float *x, uint32_t n);
 
-/* Attention scores: out[p] = sum_j q[j] * k[p * ldk + j] for p < n (k
- * holds n rows of hd floats, stride ldk). Each score depends only on q
- * and its row (not on n or p). */
-void sk_kernels_scores(const float *q, const float *k, size_t ldk, uint32_t n, uint32_t hd,
+/* Attention scores: out[p] = sum_j q[j] * rows[p][j] for p < n, j < hd
+ * (rows: n key rows of hd floats each, anywhere in memory, e.g. in the
+ * slots of a KV cache). Each score depends only on q and its row (not on
+ * n or p). */
+void sk_kernels_scores(const float *q, const float *const *rows, uint32_t n, uint32_t hd,
                        float *out);
 /* Attention output: out[j] = sum over p < n, in order of p, of
  * w[p] * rows[p][j], for j < hd (out is overwritten). */

@@ -75,11 +75,16 @@ struct sk__seq {
   uint32_t n_sink;   /* S: positions that never move (0 unless streaming) */
   float freq_scale;  /* RoPE position scale of this cache */
   uint32_t probe;    /* positions counted as sinks by the diagnostics */
+  bool rotated;      /* keys stored rotated at their stream index (every
+                        policy but h2o / sink_h2o, see kvcache.h) */
 };
 
 /* Attention buffers of one pool thread. */
 struct sk__tscratch {
-  float *kr;        /* (T, head_dim) keys of one KV head, rotated */
+  float *kr;        /* (T, head_dim) keys of one KV head, rotated (h2o) */
+  const float **kq; /* (T) kq[p] = kr + p * head_dim */
+  float *qw;        /* (head_dim) a query rotated for the window's keys */
+  float *qs;        /* (head_dim) the same for the sinks' keys */
   float *att;       /* (T) scores, then probabilities */
   const float **kp; /* (T) key row of each position, at the head */
   const float **vp; /* (T) value row of each position, at the head */
@@ -113,6 +118,12 @@ struct sk_scratch {
   float *rope_sin;        /* (T, rope_dim): -sin, +sin per pair */
   uint32_t rope_valid;    /* rows of the rope tables computed */
   float rope_freq_scale;  /* the scale they were computed for */
+  float *row_cos;         /* (B, rope_dim) angles of each row's stream index
+                             (caches with rotated keys) */
+  float *row_sin;         /* (B, rope_dim) */
+  float *sink_cos;        /* (B, rope_dim) angles at which each row's query
+                             meets the sinks (streaming) */
+  float *sink_sin;        /* (B, rope_dim) */
   struct sk__tscratch *ts; /* (n_threads) */
   uint32_t *task_seq;     /* (B * n_kv_head) attention task -> sequence */
   uint32_t *task_kvh;     /* (B * n_kv_head) attention task -> first KV head */
@@ -542,7 +553,8 @@ void sk_scratch_free(struct sk_scratch *s) {
   if (!s) return;
   float **bufs[] = {&s->x,   &s->xb,      &s->xb2, &s->q,   &s->k,
                     &s->v,   &s->att_out, &s->hb,  &s->hb2, &s->ad,
-                    &s->rope_cos, &s->rope_sin};
+                    &s->rope_cos, &s->rope_sin, &s->row_cos, &s->row_sin,
+                    &s->sink_cos, &s->sink_sin};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
   free(s->aq);
   free(s->as);
@@ -558,6 +570,9 @@ void sk_scratch_free(struct sk_scratch *s) {
   if (s->ts) {
     for (uint32_t t = 0; t < s->n_threads; t++) {
       free(s->ts[t].kr);
+      free(s->ts[t].kq);
+      free(s->ts[t].qw);
+      free(s->ts[t].qs);
       free(s->ts[t].att);
       free(s->ts[t].vp);
       free(s->ts[t].kp);
@@ -613,6 +628,8 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->rows, 3 * B, sizeof(float *)},
       {(void **)&s->seqs, B, sizeof(struct sk__seq)},
       {(void **)&s->rope_cos, T * 2 * half, 4}, {(void **)&s->rope_sin, T * 2 * half, 4},
+      {(void **)&s->row_cos, B * 2 * half, 4},  {(void **)&s->row_sin, B * 2 * half, 4},
+      {(void **)&s->sink_cos, B * 2 * half, 4}, {(void **)&s->sink_sin, B * 2 * half, 4},
       {(void **)&s->ts, s->n_threads, sizeof(struct sk__tscratch)},
       {(void **)&s->task_seq, B * c->n_kv_head, sizeof(uint32_t)},
       {(void **)&s->task_kvh, B * c->n_kv_head, sizeof(uint32_t)},
@@ -630,11 +647,14 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
   for (uint32_t t = 0; t < s->n_threads; t++) {
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
+        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc(c->head_dim * sizeof(float))) ||
+        !(ts->qs = malloc(c->head_dim * sizeof(float))) ||
         !(ts->att = malloc(T * sizeof(float))) || !(ts->vp = malloc(T * sizeof *ts->vp)) ||
         !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
         !(ts->cs = malloc(2 * half * sizeof(float))) ||
         !(ts->sn = malloc(2 * half * sizeof(float))))
       goto nomem;
+    for (size_t p = 0; p < T; p++) ts->kq[p] = ts->kr + p * c->head_dim;
   }
   s->rope_valid = 0;
   s->rope_freq_scale = 0.0f;
@@ -675,6 +695,30 @@ static void sk__rope_angles(const struct sk_model *m, uint32_t p, float freq_sca
     sn[2 * i + 1] = sinf(t);
     sn[2 * i] = -sn[2 * i + 1];
     theta *= theta_scale;
+  }
+}
+
+/* cos/sin of stream index t for freq_scale (layout of sk__rope_angles),
+ * for keys stored rotated (kvcache.h). Below the trained context these
+ * are sk__rope_angles' (ggml's float angles, so that a dense cache gives
+ * llama.cpp's bits); from there on each angle is t * freq_i in double,
+ * reduced by cos/sin in double: ggml's float products drift by ~1e-7 * t
+ * radians, a whole turn by t ~ 10^7, and an endless stream's keys must
+ * keep their angles exact relative to every later query. */
+static void sk__rope_angles_at(const struct sk_model *m, uint64_t t, float freq_scale, float *cs,
+                               float *sn) {
+  if (t < m->cfg.n_ctx_train) {
+    sk__rope_angles(m, (uint32_t)t, freq_scale, cs, sn);
+    return;
+  }
+  const uint32_t half = m->cfg.rope_dim / 2;
+  for (uint32_t i = 0; i < half; i++) {
+    double ff = m->rope_freqs ? (double)m->rope_freqs[i] : 1.0;
+    double freq = pow((double)m->cfg.rope_base, -2.0 * i / (double)m->cfg.rope_dim);
+    double a = (double)t * (freq / ff * (double)freq_scale);
+    cs[2 * i] = cs[2 * i + 1] = (float)cos(a);
+    sn[2 * i + 1] = (float)sin(a);
+    sn[2 * i] = -sn[2 * i + 1];
   }
 }
 
@@ -771,10 +815,22 @@ static float *const *sk__rows(struct sk_scratch *s, uint32_t off, float *base, s
  *   the sinks, indices 0 .. S-1, at positions 0 .. S-1;
  *   indices S + shift .. A (A is itself), at positions index - shift.
  *
- * Without evictions shift is 0 and every token sits at its index. Keys
- * are rotated at their position into kr, and rotated again only when
- * the shift changes (an eviction inside the chunk moved every window key
- * down one place). */
+ * Without evictions shift is 0 and every token sits at its index.
+ *
+ * Rotated keys (every policy but h2o / sink_h2o; kvcache.h): a key is
+ * stored rotated at its stream index t. RoPE scores depend only on the
+ * distance, <R(a) q, R(b) k> = <q, R(b - a) k>, so query P meets a key at
+ * position p when it is rotated at P + (t - p). Within the window (and
+ * the whole of a dense cache) t - p is the query's own T - P, so the
+ * query is rotated once at its stream index T; the sinks, whose t - p is
+ * t0 (the stream index of position 0), get a second rotation at P + t0.
+ * No cached key is touched: a step costs O(1) rotations, not
+ * O(context).
+ *
+ * Unrotated keys (h2o, sink_h2o: an eviction in the middle moves later
+ * tokens down, so t - p differs from token to token): keys are rotated
+ * at their position into kr, and rotated again only when the shift
+ * changes. */
 struct sk__att {
   struct sk_scratch *s;
   uint32_t layer;
@@ -807,7 +863,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const uint32_t si = s->task_seq[task];
   const struct sk__seq *sq = &s->seqs[si];
   const struct sk_kv *kv = sq->in->kv;
-  const bool scores = sk_policy_scores(kv->hdr->policy);
+  const bool scores = sk_policy_scores(kv->hdr->policy), rot = sq->rotated;
   const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
   const uint32_t cap = kv->hdr->capacity - 1;
@@ -842,7 +898,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     ts->vp[p] = sk_kv_v(kv, a->layer, slot) + off;
     ts->sp[p] = slot;
   }
-  sk__rope_keys(s, sq, ts, 0, sr);
+  if (!rot) sk__rope_keys(s, sq, ts, 0, sr);
   uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
   for (uint32_t i = 0; i < sq->in->n; i++) {
     const uint32_t row = sq->row0 + i;
@@ -867,15 +923,24 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       ts->kp[p] = k + off;
       ts->vp[p] = v + off;
     }
-    sk__rope_keys(s, sq, ts, rot_next, P + 1);
+    if (!rot) sk__rope_keys(s, sq, ts, rot_next, P + 1);
     rot_next = P + 1;
 
     SK__ANGLES(P);
     for (uint32_t g = 0; g < group; g++) {
       const uint32_t h = kvh * group + g; /* ggml's broadcast: q head h -> kv h/g */
       float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
-      sk__rope(qh, qh, c, cs, sn);
-      sk_kernels_scores(qh, ts->kr, hd, P + 1, hd, ts->att);
+      if (rot) {
+        sk__rope(ts->qw, qh, c, s->row_cos + (size_t)row * rd, s->row_sin + (size_t)row * rd);
+        if (sr) {
+          sk__rope(ts->qs, qh, c, s->sink_cos + (size_t)row * rd, s->sink_sin + (size_t)row * rd);
+          sk_kernels_scores(ts->qs, ts->kp, sr, hd, ts->att);
+        }
+        sk_kernels_scores(ts->qw, ts->kp + sr, P + 1 - sr, hd, ts->att + sr);
+      } else {
+        sk__rope(qh, qh, c, cs, sn);
+        sk_kernels_scores(qh, ts->kq, P + 1, hd, ts->att);
+      }
       const bool last = i + 1 == sq->in->n;
       double ent = 0.0;
       sk_kernels_softmax(ts->att, P + 1, scale, last ? &ent : NULL);
@@ -1005,6 +1070,20 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sq->n_sink = h->policy == SK_POLICY_STREAMING ? h->n_sink : 0;
     sq->freq_scale = c->rope_scale / h->rope_scale;
     sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
+    sq->rotated = !sk_policy_scores(h->policy);
+    if (sq->rotated) { /* the angles of each row (see the attention above) */
+      const struct sk_kv *kv = seqs[i].kv;
+      const uint32_t nb = sq->nr + seqs[i].n_evicted, cap = h->capacity - 1;
+      const uint64_t t0 = sq->nr ? sk_kv_index_at(kv, 0) : h->n_seen;
+      for (uint32_t j = 0; j < seqs[i].n; j++) {
+        const size_t r = (size_t)(row + j) * c->rope_dim;
+        sk__rope_angles_at(m, h->n_seen + j, sq->freq_scale, s->row_cos + r, s->row_sin + r);
+        if (sq->n_sink && sq->nr) {
+          const uint32_t P = nb + j > cap ? cap : nb + j;
+          sk__rope_angles_at(m, P + t0, sq->freq_scale, s->sink_cos + r, s->sink_sin + r);
+        }
+      }
+    }
     row += seqs[i].n;
     if (sq->freq_scale == common_scale && sq->nr + seqs[i].n > max_pos)
       max_pos = sq->nr + seqs[i].n;
@@ -1046,6 +1125,17 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                         .y = {sk__rows(s, 0, s->q, dim, n), sk__rows(s, n, s->k, D, n),
                               sk__rows(s, 2 * n, s->v, D, n)}};
     sk__matmuls(s, &mm);
+    for (uint32_t i = 0; i < n_seqs; i++) { /* rotated keys: at their stream index */
+      const struct sk__seq *sq = &s->seqs[i];
+      if (!sq->rotated) continue;
+      for (uint32_t j = 0; j < seqs[i].n; j++) {
+        const size_t r = sq->row0 + j;
+        for (uint32_t h = 0; h < c->n_kv_head; h++) {
+          float *kh = s->k + r * D + (size_t)h * c->head_dim;
+          sk__rope(kh, kh, c, s->row_cos + r * c->rope_dim, s->row_sin + r * c->rope_dim);
+        }
+      }
+    }
 
     struct sk__att at = {.s = s, .layer = l};
     sk_pool_run(s->pool, sk__att_task, &at, n_tasks);

@@ -10,8 +10,10 @@
  * RoPE is llama.cpp's LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i],
  * x[2i+1]) rotated by pos * base^(-2i/rope_dim) (Su et al. 2021, RoFormer
  * eq. 34). Positions are cache positions (StreamingLLM, Xiao et al. 2023
- * sec. 3.2): keys are stored unrotated and rotated at attention time by
- * their current position in the cache.
+ * sec. 3.2). Dense, streaming and window caches store keys rotated at
+ * their stream index and rotate each query once per run of positions
+ * (kvcache.h); h2o caches store keys unrotated and rotate them at
+ * attention time by their current position in the cache.
  */
 #ifndef SK_MODEL_H
 #define SK_MODEL_H
