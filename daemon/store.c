@@ -1015,8 +1015,13 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   const struct sk_store_meta *m = meta;
   const struct sk_kv_header *kh =
       (const struct sk_kv_header *)(const void *)((const char *)meta + m->off_kv);
-  if (kh->magic != SK_KV_MAGIC || kh->layout_version != SK_KV_LAYOUT_VERSION ||
-      kh->capacity != im->capacity || kh->policy != im->policy ||
+  if (kh->magic == SK_KV_MAGIC && kh->layout_version != SK_KV_LAYOUT_VERSION) {
+    rc = sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd reads "
+                 "version %u (export it again with the sinkd that wrote it, or start over)",
+                 kh->layout_version, SK_KV_LAYOUT_VERSION);
+    goto out;
+  }
+  if (kh->magic != SK_KV_MAGIC || kh->capacity != im->capacity || kh->policy != im->policy ||
       kh->n_resident != im->n_resident || kh->n_layer != im->n_layer ||
       kh->kv_dim != im->kv_dim) {
     rc = sk__bad(err, "export file: its cache header disagrees with the file header");
