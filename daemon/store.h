@@ -49,7 +49,7 @@
  *      view (obj->kv, logits, meta) now shows that working copy;
  *   2. the caller evicts (at most SK_KV_SPARE_SLOTS tokens) and runs the
  *      forward pass: keys and values go only into slots that are free in
- *      the live copy (kvcache.h: spare slot, FIFO free list), bookkeeping
+ *      the live copy (kvcache.h: spare slots, FIFO free list), bookkeeping
  *      and logits into the working copy;
  *   3. sk_store_commit: the new slots' kv_sum are computed, the checksum
  *      is written, a fence, then commit = live commit + 1. The working

@@ -1113,10 +1113,10 @@ static void test_open_burst_limits(void **state) {
   sk_test_daemon_start(&d, args);
   int fd = sk_test_raw_connect(d.socket, 30000);
   uint64_t ids[16], bytes = 0;
-  /* 188416 bytes per 128-token dense cache: five fit in 1 MiB. */
+  /* 204800 bytes per 128-token dense cache: five fit in 1 MiB. */
   open_burst(fd, 12, 128, 100);
   uint32_t ok = burst_replies(fd, 12, "max_memory 1048576", ids, &bytes);
-  assert_int_equal(bytes, 188416);
+  assert_int_equal(bytes, 204800);
   assert_int_equal(ok, 5);
   struct sk_client *c = NULL;
   struct sk_error e = {0};

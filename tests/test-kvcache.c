@@ -217,8 +217,8 @@ static void test_size(void **state) {
   struct sk_kv_shape sh = {.n_layer = 5, .kv_dim = 32};
   size_t s = sk_kv_size(sh, 64);
   /* 64 slots + SK_KV_SPARE_SLOTS spare ones */
-  size_t kv_bytes = 5u * 2 * 32 * 65 * sizeof(float);
-  size_t meta = 65 * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t) +
+  size_t kv_bytes = 5u * 2 * 32 * (64 + SK_KV_SPARE_SLOTS) * sizeof(float);
+  size_t meta = (64 + SK_KV_SPARE_SLOTS) * (sizeof(int32_t) + sizeof(uint64_t) + sizeof(uint32_t) +
                      sizeof(float)); /* token, index, order, score */
   assert_true(s >= kv_bytes + meta + sizeof(struct sk_kv_header));
   assert_true(s <= kv_bytes + meta + sizeof(struct sk_kv_header) + 6 * 64);
@@ -241,10 +241,10 @@ static void test_size(void **state) {
     assert_int_equal(off[i] % 64, 0);
     if (i) assert_true(off[i] > off[i - 1]);
   }
-  assert_int_equal(h->off_v - h->off_k, 5u * 65 * 32 * sizeof(float));
+  assert_int_equal(h->off_v - h->off_k, 5u * (64 + SK_KV_SPARE_SLOTS) * 32 * sizeof(float));
   assert_int_equal(h->size, s);
   assert_true((char *)kv->k == (char *)h + h->off_k);
-  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * 65 + 2) * 32);
+  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * (64 + SK_KV_SPARE_SLOTS) + 2) * 32);
   size_t meta_size = 0, data_size = 0;
   assert_true(sk_kv_part_sizes(sh, 64, &meta_size, &data_size));
   assert_int_equal(meta_size, h->off_k);
@@ -719,7 +719,7 @@ static void test_attach(void **state) {
   } while (0)
   CORRUPT(h->magic ^= 1, "magic");
   CORRUPT(h->layout_version = 1, "layout_version");
-  CORRUPT(h->n_slots = h->capacity, "n_slots is 8, expected 9");
+  CORRUPT(h->n_slots = h->capacity, "n_slots is 8, expected 24");
   CORRUPT(h->off_score = h->off_order, "off_score");
   CORRUPT(h->n_pin = 3, "pinned");
   CORRUPT(h->heavy = 2, "heavy");

@@ -928,7 +928,7 @@ static void test_limits(void **state) {
   const char *args[] = {"--max-sessions", "3", "--max-memory", "1M", NULL};
   start_daemon_args(args);
   struct sk_client *c = conn();
-  /* 188416 bytes each: three fit in 1 MiB, four would too */
+  /* 204800 bytes each: three fit in 1 MiB, four would too */
   struct sk_open_params op = {.policy = "dense", .capacity = 128};
   struct sk_open_result o[4];
   struct sk_error e = {0};
@@ -939,7 +939,7 @@ static void test_limits(void **state) {
   assert_non_null(strstr(e.message, "max_sessions 3"));
   struct sk_daemon_stats ds;
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
-  assert_int_equal(o[0].kv_bytes, 188416);
+  assert_int_equal(o[0].kv_bytes, 204800);
   assert_int_equal(ds.memory_bytes, o[0].kv_bytes * 3);
   assert_int_equal(ds.memory_bytes, state_dir_bytes());
   assert_int_equal(ds.max_memory, 1u << 20);

@@ -311,7 +311,7 @@ static void test_memory_and_session_limits(void **state) {
   char notify_env[160];
   snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
   /* A streaming session of the test model (4 + 1020 tokens) holds
-   * 1384448 bytes (its shared-memory object): two do not fit in 2M. */
+   * 1400832 bytes (its shared-memory object): two do not fit in 2M. */
   write_text(conf, "[limits]\nmax_memory = 2M\nmax_sessions = 2\n");
   drain_messages();
   struct child d;
@@ -323,9 +323,9 @@ static void test_memory_and_session_limits(void **state) {
   struct sk_error e = {0};
   struct sk_open_result a, b;
   assert_int_equal(sk_client_open(c, NULL, &a, &e), 0);
-  assert_int_equal(a.kv_bytes, 1384448);
+  assert_int_equal(a.kv_bytes, 1400832);
   assert_int_equal(sk_client_open(c, NULL, &b, &e), -SK_ERR_BUSY);
-  assert_string_equal(e.message, "memory limit reached: 1384448 bytes of sessions + 1384448 "
+  assert_string_equal(e.message, "memory limit reached: 1400832 bytes of sessions + 1400832 "
                                  "for this one exceed max_memory 2097152 bytes");
   /* A smaller session still fits. */
   struct sk_open_params small = {.policy = "dense", .capacity = 64};
