@@ -1096,6 +1096,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
         out_str(&k, "kernel", s.compute.kernel);
         out_u64(&k, "threads", s.compute.threads);
         out_u64(&k, "max_batch", s.compute.max_batch);
+        if (s.compute.kv_type[0]) out_str(&k, "kv_type", s.compute.kv_type);
       }
       out_end(&k);
       return 0;
@@ -1110,6 +1111,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     if (s.compute.kernel[0]) {
       printf("%-17s %s kernels, %" PRIu32 " threads, %" PRIu32 " tokens per pass\n", "compute",
              s.compute.kernel, s.compute.threads, s.compute.max_batch);
+      if (s.compute.kv_type[0]) printf("%-17s %s\n", "KV cache type", s.compute.kv_type);
       printf("%-17s %" PRIu64 "\n", "forward passes", s.steps);
     }
     char mem[32], maxmem[32];
@@ -1321,6 +1323,7 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
       json_kv_str(stdout, &f2, "kernel", h.compute.kernel);
       json_kv_u64(stdout, &f2, "threads", h.compute.threads);
       json_kv_u64(stdout, &f2, "max_batch", h.compute.max_batch);
+      if (h.compute.kv_type[0]) json_kv_str(stdout, &f2, "kv_type", h.compute.kv_type);
       fputc('}', stdout);
     }
     json_key(stdout, &first, "defaults");
@@ -1357,6 +1360,7 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
     printf("compute.kernel: %s\n", h.compute.kernel);
     printf("compute.threads: %" PRIu32 "\n", h.compute.threads);
     printf("compute.max_batch: %" PRIu32 "\n", h.compute.max_batch);
+    if (h.compute.kv_type[0]) printf("compute.kv_type: %s\n", h.compute.kv_type);
   }
   printf("defaults.policy: %s\n", h.defaults.policy);
   printf("defaults.n_sink: %" PRIu32 "\n", h.defaults.n_sink);

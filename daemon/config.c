@@ -23,6 +23,7 @@ enum key_type {
   T_SIZE_AUTO, /* T_SIZE or "auto" (stored as 0) */
   T_POLICY,    /* a policy name */
   T_LOG_LEVEL, /* err, warning, notice, info, debug */
+  T_KV_TYPE,   /* f32, f16 */
 };
 
 struct key_desc {
@@ -48,6 +49,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     [SK_CFG_BATCH] = {"daemon", "batch", "--batch", T_U32, F(batch), 1, SK_LIMIT_MAX_BATCH, false},
     [SK_CFG_LOG_LEVEL] = {"daemon", "log_level", "--log-level", T_LOG_LEVEL, F(log_level), 0, 0,
                           true},
+    /* fixed for the store's life: sessions of another type are set aside */
+    [SK_CFG_KV_TYPE] = {"daemon", "kv_type", "--kv-type", T_KV_TYPE, F(kv_type), 0, 0, false},
     [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
     [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
                       true},
@@ -305,6 +308,14 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
     c->policy = p;
     break;
   }
+  case T_KV_TYPE: {
+    uint32_t t;
+    struct sk_error te;
+    if (sk_kv_type_parse(value, strlen(value), &t, &te) < 0)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "%s", te.message);
+    c->kv_type = t;
+    break;
+  }
   case T_LOG_LEVEL: {
     uint32_t level = 0;
     for (uint32_t l = SK_LOG_ERR; l <= SK_LOG_DEBUG; l++)
@@ -335,6 +346,8 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src) {
       dst->policy = src->policy;
     } else if (keys[k].type == T_LOG_LEVEL) {
       dst->log_level = src->log_level;
+    } else if (keys[k].type == T_KV_TYPE) {
+      dst->kv_type = src->kv_type;
     } else {
       field_num_set(dst, (enum sk_config_key)k, field_num(src, (enum sk_config_key)k));
     }
@@ -376,6 +389,7 @@ void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *b
     break;
   }
   case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(c->log_level)); break;
+  case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(c->kv_type)); break;
   }
 }
 

@@ -23,6 +23,25 @@ static const char *const sk__policy_names[] = {
 };
 #define SK__N_POLICIES (sizeof sk__policy_names / sizeof sk__policy_names[0])
 
+static const char *const sk__kv_type_names[] = {[SK_KV_F32] = "f32", [SK_KV_F16] = "f16"};
+#define SK__N_KV_TYPES (sizeof sk__kv_type_names / sizeof sk__kv_type_names[0])
+
+const char *sk_kv_type_name(uint32_t kv_type) {
+  return kv_type < SK__N_KV_TYPES ? sk__kv_type_names[kv_type] : NULL;
+}
+
+int sk_kv_type_parse(const char *name, size_t len, uint32_t *ret, struct sk_error *err) {
+  for (uint32_t i = 0; i < SK__N_KV_TYPES; i++) {
+    const char *s = sk__kv_type_names[i];
+    if (strlen(s) == len && memcmp(s, name, len) == 0) {
+      *ret = i;
+      return 0;
+    }
+  }
+  return sk_error_set(err, SK_ERR_BAD_REQUEST, "unknown KV type \"%.*s\"%s (expected f32 or f16)",
+                      (int)(len > 32 ? 32 : len), name, len > 32 ? "..." : "");
+}
+
 const char *sk_policy_name(uint32_t policy) {
   return policy < SK__N_POLICIES ? sk__policy_names[policy] : NULL;
 }
@@ -215,16 +234,17 @@ struct sk__kv_layout {
   uint64_t off_token, off_index, off_order, off_score, off_k, off_v, size;
 };
 
-static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
-                          struct sk__kv_layout *ret) {
+static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t kv_type,
+                          uint32_t capacity, struct sk__kv_layout *ret) {
   if (n_layer == 0 || kv_dim == 0 || capacity == 0 ||
-      capacity > SK_KV_MAX_CAPACITY)
+      capacity > SK_KV_MAX_CAPACITY || !sk_kv_type_name(kv_type))
     return false;
+  const uint64_t es = sk_kv_type_size(kv_type);
   uint64_t slots = (uint64_t)capacity + SK_KV_SPARE_SLOTS;
-  /* rows = L * S < 2^53; floats = rows * D: check before multiplying. */
+  /* rows = L * S < 2^53; elements = rows * D: check before multiplying. */
   uint64_t rows = (uint64_t)n_layer * slots;
-  if (rows > UINT64_MAX / kv_dim / sizeof(float)) return false;
-  uint64_t kv_bytes = rows * kv_dim * sizeof(float);
+  if (rows > UINT64_MAX / kv_dim / es) return false;
+  uint64_t kv_bytes = rows * kv_dim * es;
   struct sk__kv_layout l;
   l.off_token = sk__align_up(sizeof(struct sk_kv_header));
   l.off_index = sk__align_up(l.off_token + slots * sizeof(int32_t));
@@ -241,14 +261,14 @@ static bool sk__kv_layout(uint32_t n_layer, uint32_t kv_dim, uint32_t capacity,
 
 size_t sk_kv_size(struct sk_kv_shape shape, uint32_t capacity) {
   struct sk__kv_layout l;
-  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l)) return 0;
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, shape.kv_type, capacity, &l)) return 0;
   return (size_t)l.size;
 }
 
 bool sk_kv_part_sizes(struct sk_kv_shape shape, uint32_t capacity,
                       size_t *ret_meta, size_t *ret_data) {
   struct sk__kv_layout l;
-  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l)) return false;
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, shape.kv_type, capacity, &l)) return false;
   *ret_meta = (size_t)l.off_k;
   *ret_data = (size_t)(l.size - l.off_k);
   return true;
@@ -267,8 +287,8 @@ static void sk__kv_view(struct sk_kv *kv, void *meta, void *data) {
   kv->index = (uint64_t *)(void *)(base + h->off_index);
   kv->order = (uint32_t *)(void *)(base + h->off_order);
   kv->score = (float *)(void *)(base + h->off_score);
-  kv->k = (float *)(void *)(dbase + h->off_k);
-  kv->v = (float *)(void *)(dbase + h->off_v);
+  kv->k = dbase + h->off_k;
+  kv->v = dbase + h->off_v;
 }
 
 void sk_kv_rebind_meta(struct sk_kv *kv, void *meta) {
@@ -300,11 +320,11 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
   if (rc < 0) return rc;
   uint32_t capacity = sk_kv_params_capacity(p);
   struct sk__kv_layout l;
-  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, capacity, &l))
+  if (!sk__kv_layout(shape.n_layer, shape.kv_dim, shape.kv_type, capacity, &l))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "cache shape n_layer %u x kv_dim %u x capacity %u is "
-                        "empty or too large",
-                        shape.n_layer, shape.kv_dim, capacity);
+                        "cache shape n_layer %u x kv_dim %u x capacity %u (kv_type %u) is "
+                        "empty, too large or of an unknown type",
+                        shape.n_layer, shape.kv_dim, capacity, shape.kv_type);
   if (meta_size < l.off_k || data_size < l.size - l.off_k)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache block of %zu bytes is smaller than the %llu "
@@ -325,6 +345,7 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
   h->layout_version = SK_KV_LAYOUT_VERSION;
   h->n_layer = shape.n_layer;
   h->kv_dim = shape.kv_dim;
+  h->kv_type = shape.kv_type;
   h->capacity = capacity;
   h->n_slots = capacity + SK_KV_SPARE_SLOTS;
   h->policy = p->policy;
@@ -435,8 +456,11 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
   if (h->n_slots != h->capacity + SK_KV_SPARE_SLOTS)
     return sk__bad_field(err, "n_slots", h->n_slots,
                          (unsigned long long)h->capacity + SK_KV_SPARE_SLOTS);
+  if (!sk_kv_type_name(h->kv_type))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "cache header: kv_type %u is unknown",
+                        h->kv_type);
   struct sk__kv_layout l;
-  if (!sk__kv_layout(h->n_layer, h->kv_dim, h->capacity, &l))
+  if (!sk__kv_layout(h->n_layer, h->kv_dim, h->kv_type, h->capacity, &l))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: shape n_layer %u x kv_dim %u x "
                         "capacity %u is too large",

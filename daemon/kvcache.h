@@ -93,11 +93,14 @@
  *   float    score[S]                    accumulated attention score of
  *                                        each slot (h2o, sink_h2o; 0 for
  *                                        the other policies)
- *   data part (offsets still from the block start)
- *   float    k[L][S][D]                  keys: rotated at their stream
+ *   data part (offsets still from the block start); E = the element
+ *   type, kv_type: float (f32) or IEEE binary16 (f16, as llama.cpp's
+ *   default F16 cache: half the memory and half the bytes attention
+ *   reads, keys and values rounded to 11 significant bits)
+ *   E        k[L][S][D]                  keys: rotated at their stream
  *                                        index, or before RoPE (h2o,
  *                                        sink_h2o), see above
- *   float    v[L][S][D]                  values
+ *   E        v[L][S][D]                  values
  *
  * Memory per session is exactly sk_kv_size(): it depends on the policy's
  * budget, never on how many tokens have streamed through.
@@ -136,6 +139,18 @@ enum sk_policy {
   SK_POLICY_SINK_H2O = 4,
 };
 
+/* Element type of the cached keys and values. */
+enum sk_kv_type {
+  SK_KV_F32 = 0,
+  SK_KV_F16 = 1, /* IEEE binary16 */
+};
+/* "f32", "f16"; NULL for unknown values. */
+const char *sk_kv_type_name(uint32_t kv_type);
+/* Parses a type name of len bytes. Returns 0 or -SK_ERR_BAD_REQUEST. */
+int sk_kv_type_parse(const char *name, size_t len, uint32_t *ret, struct sk_error *err);
+/* Bytes of one element: 4 (f32) or 2 (f16). */
+static inline uint32_t sk_kv_type_size(uint32_t kv_type) { return kv_type == SK_KV_F16 ? 2u : 4u; }
+
 /* "dense", "streaming", "window", "h2o", "sink_h2o"; NULL for unknown
  * values. */
 const char *sk_policy_name(uint32_t policy);
@@ -162,10 +177,12 @@ static inline bool sk_policy_scores(uint32_t policy) {
   return policy == SK_POLICY_H2O || policy == SK_POLICY_SINK_H2O;
 }
 
-/* Shape of the cached tensors, from the model. */
+/* Shape of the cached tensors: from the model, and the element type the
+ * daemon stores (sinkd.conf kv_type). */
 struct sk_kv_shape {
   uint32_t n_layer;
-  uint32_t kv_dim; /* n_kv_head * head_dim */
+  uint32_t kv_dim;  /* n_kv_head * head_dim */
+  uint32_t kv_type; /* enum sk_kv_type (0: f32) */
 };
 
 struct sk_kv_header {
@@ -183,6 +200,7 @@ struct sk_kv_header {
   uint32_t n_pin;          /* pinned prefix (never evicted) */
   float rope_scale;
   uint32_t n_resident;     /* tokens in the cache, <= C */
+  uint32_t kv_type;        /* enum sk_kv_type of k and v */
   uint64_t n_seen;         /* tokens appended over the session's life */
   uint64_t n_evicted;      /* tokens evicted over the session's life */
   uint64_t off_token;      /* byte offsets from the block start */
@@ -201,8 +219,8 @@ struct sk_kv {
   uint64_t *index; /* (S) */
   uint32_t *order; /* (S) */
   float *score;    /* (S) */
-  float *k;        /* (L, S, D) */
-  float *v;        /* (L, S, D) */
+  void *k;         /* (L, S, D) elements of kv_type */
+  void *v;         /* (L, S, D) */
 };
 
 /* Evicted stream indices, merged into ranges of consecutive indices.
@@ -307,14 +325,25 @@ int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
 static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
   return kv->order[pos];
 }
-/* Key / value row of (layer, slot): D floats. */
+/* Bytes of one key or value row: D elements of kv_type. */
+static inline size_t sk_kv_row_bytes(const struct sk_kv *kv) {
+  return (size_t)kv->hdr->kv_dim * sk_kv_type_size(kv->hdr->kv_type);
+}
+/* Key / value row of (layer, slot), any kv_type: D elements. */
+static inline void *sk_kv_krow(const struct sk_kv *kv, uint32_t layer, uint32_t slot) {
+  return (char *)kv->k + ((size_t)layer * kv->hdr->n_slots + slot) * sk_kv_row_bytes(kv);
+}
+static inline void *sk_kv_vrow(const struct sk_kv *kv, uint32_t layer, uint32_t slot) {
+  return (char *)kv->v + ((size_t)layer * kv->hdr->n_slots + slot) * sk_kv_row_bytes(kv);
+}
+/* The same as floats, for f32 caches only: D floats. */
 static inline float *sk_kv_k(const struct sk_kv *kv, uint32_t layer,
                              uint32_t slot) {
-  return kv->k + ((size_t)layer * kv->hdr->n_slots + slot) * kv->hdr->kv_dim;
+  return (float *)sk_kv_krow(kv, layer, slot);
 }
 static inline float *sk_kv_v(const struct sk_kv *kv, uint32_t layer,
                              uint32_t slot) {
-  return kv->v + ((size_t)layer * kv->hdr->n_slots + slot) * kv->hdr->kv_dim;
+  return (float *)sk_kv_vrow(kv, layer, slot);
 }
 
 /* Stream index of the token at cache position pos (< n_resident). */

@@ -70,6 +70,8 @@ static void usage(FILE *f) {
           "      --idle-ttl SECONDS  close sessions idle this long (0 = never, default)\n"
           "      --batch N           tokens per forward pass: one per generating session\n"
           "                          plus prefill chunks (64)\n"
+          "      --kv-type TYPE      element type of the KV caches: f32 (default) or f16\n"
+          "                          (half the memory; keys and values rounded)\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -138,6 +140,7 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->max_user_kv_bytes = c->max_user_memory;
   s->max_batch = c->batch;
   s->threads = c->threads;
+  s->kv_type = c->kv_type;
   s->defaults.policy = c->policy;
   s->defaults.n_sink = c->n_sink;
   s->defaults.window = c->window;
@@ -346,6 +349,7 @@ int main(int argc, char **argv) {
       KEY_OPT("idle-ttl", SK_CFG_IDLE_TTL),
       KEY_OPT("batch", SK_CFG_BATCH),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
+      KEY_OPT("kv-type", SK_CFG_KV_TYPE),
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -476,7 +480,9 @@ int main(int argc, char **argv) {
 
   /* The session store: every session of an earlier run is adopted by
    * sk_server_start. */
-  struct sk_store_config stc = {.dir = d.cfg.state_dir, .shape = sk_model_kv_shape(model),
+  struct sk_kv_shape kv_shape = sk_model_kv_shape(model);
+  kv_shape.kv_type = d.cfg.kv_type;
+  struct sk_store_config stc = {.dir = d.cfg.state_dir, .shape = kv_shape,
                                 .n_vocab = d.mc->n_vocab};
   sk_store_fingerprint(gguf, stc.model_fp);
   bool tmpfs = false;

@@ -529,13 +529,15 @@ static void op_ping(struct sk_server *srv, const struct request *r) {
   if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
 }
 
-/* "compute": {"kernel", "threads", "max_batch"} of hello and stats. */
+/* "compute": {"kernel", "threads", "max_batch", "kv_type"} of hello and
+ * stats. */
 static void pack_compute(struct sk_server *srv, msgpack_packer *pk) {
   sk_pack_cstr(pk, "compute");
-  msgpack_pack_map(pk, 3);
+  msgpack_pack_map(pk, 4);
   sk_pack_kv_str(pk, "kernel", sk_kernels_name());
   sk_pack_kv_u64(pk, "threads", sk_compute_threads(srv->compute));
   sk_pack_kv_u64(pk, "max_batch", srv->cfg.max_batch);
+  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(srv->cfg.kv_type));
 }
 
 static void op_hello(struct sk_server *srv, const struct request *r) {

@@ -35,6 +35,7 @@ struct sk_server_config {
   uint64_t max_user_kv_bytes; /* KV bytes of all sessions of one uid; 0 = none */
   uint32_t max_batch;         /* rows (tokens) of one forward pass */
   uint32_t threads;           /* compute threads (0 = 1) */
+  uint32_t kv_type;           /* enum sk_kv_type of the caches (reported) */
   struct sk_kv_params defaults; /* for `open` without parameters */
   /* Called on the loop thread after the number of sessions or clients
    * changed (e.g. to update the service manager's STATUS=). May be NULL. */

@@ -1,5 +1,5 @@
 # bash completion for sinkd(8): options, files, and the values of the
-# options that take a word (policy, log level, auto).
+# options that take a word (policy, log level, KV type, auto).
 
 _sinkd() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
@@ -8,7 +8,8 @@ _sinkd() {
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --state-dir)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur")); return ;;
-    --policy) COMPREPLY=($(compgen -W "streaming dense" -- "$cur")); return ;;
+    --policy) COMPREPLY=($(compgen -W "streaming window h2o sink_h2o dense" -- "$cur")); return ;;
+    --kv-type) COMPREPLY=($(compgen -W "f32 f16" -- "$cur")); return ;;
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
     -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
@@ -18,7 +19,7 @@ _sinkd() {
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
     --max-memory --max-user-sessions --max-user-memory --max-frame --idle-ttl --batch
-    --log-level --verbose --help --version" -- "$cur"))
+    --kv-type --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

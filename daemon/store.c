@@ -96,12 +96,12 @@ static uint64_t sk__meta_sum(const void *copy, uint64_t meta_size,
 }
 
 static uint64_t sk__slot_sum(const struct sk_kv *kv, uint32_t slot) {
-  const size_t row = (size_t)kv->hdr->kv_dim * sizeof(float);
+  const size_t row = sk_kv_row_bytes(kv);
   uint64_t h = slot;
   for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
-    h = XXH3_64bits_withSeed(sk_kv_k(kv, l, slot), row, h);
+    h = XXH3_64bits_withSeed(sk_kv_krow(kv, l, slot), row, h);
   for (uint32_t l = 0; l < kv->hdr->n_layer; l++)
-    h = XXH3_64bits_withSeed(sk_kv_v(kv, l, slot), row, h);
+    h = XXH3_64bits_withSeed(sk_kv_vrow(kv, l, slot), row, h);
   return h;
 }
 
@@ -395,6 +395,12 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
                    "%u, %u, %u",
                    h->n_vocab, h->n_layer, h->kv_dim, st->n_vocab, st->shape.n_layer,
                    st->shape.kv_dim);
+  if (h->kv_type != st->shape.kv_type) {
+    const char *t = sk_kv_type_name(h->kv_type);
+    return sk__bad(err, "its KV cache is of type %s%s, this daemon stores %s (kv_type in "
+                   "sinkd.conf)", t ? t : "unknown", t ? "" : " (corrupted)",
+                   sk_kv_type_name(st->shape.kv_type));
+  }
   if (!sk_policy_name(h->policy)) return sk__bad(err, "policy %u is unknown", h->policy);
   if (!sk__geom(st, h->capacity, g))
     return sk__bad(err, "capacity %u is invalid", h->capacity);
@@ -422,7 +428,7 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
   if (rc < 0) return sk__bad(err, "live meta copy: %s", kerr.message);
   const struct sk_kv_header *kh = obj->kv.hdr;
   if (kh->capacity != h->capacity || kh->policy != h->policy ||
-      kh->n_layer != h->n_layer || kh->kv_dim != h->kv_dim)
+      kh->n_layer != h->n_layer || kh->kv_dim != h->kv_dim || kh->kv_type != h->kv_type)
     return sk__bad(err, "live meta copy: cache header (capacity %u, policy %u) disagrees "
                    "with the object header (capacity %u, policy %u)",
                    kh->capacity, kh->policy, h->capacity, h->policy);
@@ -776,6 +782,7 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
   h->n_vocab = st->n_vocab;
   h->n_layer = st->shape.n_layer;
   h->kv_dim = st->shape.kv_dim;
+  h->kv_type = st->shape.kv_type;
   h->capacity = capacity;
   h->policy = policy;
   h->created_unix = (uint64_t)time(NULL);
@@ -905,12 +912,12 @@ int sk_store_fork(struct sk_store *st, const struct sk_store_obj *src, uint64_t 
   }
   /* The K/V rows of the resident slots (same slots: the order is kept). */
   const struct sk_kv *skv = &src->kv;
-  const size_t row = (size_t)st->shape.kv_dim * sizeof(float);
+  const size_t row = sk_kv_row_bytes(skv);
   for (uint32_t l = 0; l < st->shape.n_layer; l++)
     for (uint32_t p = 0; p < skv->hdr->n_resident; p++) {
       uint32_t slot = skv->order[p];
-      memcpy(sk_kv_k(&obj->kv, l, slot), sk_kv_k(skv, l, slot), row);
-      memcpy(sk_kv_v(&obj->kv, l, slot), sk_kv_v(skv, l, slot), row);
+      memcpy(sk_kv_krow(&obj->kv, l, slot), sk_kv_krow(skv, l, slot), row);
+      memcpy(sk_kv_vrow(&obj->kv, l, slot), sk_kv_vrow(skv, l, slot), row);
     }
   obj->meta->steps = 0;
   rc = sk__finish_create(st, obj, 1, err);
@@ -928,7 +935,7 @@ static uint64_t sk__image_header_sum(const struct sk_store_image *im) {
 size_t sk_store_export_size(const struct sk_store_obj *src) {
   const struct sk_kv_header *kh = src->kv.hdr;
   return sizeof(struct sk_store_image) + (size_t)src->hdr->meta_size +
-         2 * (size_t)kh->n_layer * kh->n_resident * kh->kv_dim * sizeof(float);
+         2 * (size_t)kh->n_layer * kh->n_resident * sk_kv_row_bytes(&src->kv);
 }
 
 void sk_store_export(const struct sk_store_obj *src, void *buf, size_t size) {
@@ -948,16 +955,16 @@ void sk_store_export(const struct sk_store_obj *src, void *buf, size_t size) {
   im->policy = h->policy;
   im->n_resident = nr;
   im->meta_size = h->meta_size;
-  im->rows_size = 2 * (uint64_t)h->n_layer * nr * h->kv_dim * sizeof(float);
+  im->rows_size = 2 * (uint64_t)h->n_layer * nr * sk_kv_row_bytes(kv);
   im->total_size = size;
   char *p = (char *)buf + sizeof *im;
   memcpy(p, sk__copy(src, src->live), (size_t)h->meta_size);
   p += h->meta_size;
-  const size_t row = (size_t)h->kv_dim * sizeof(float);
+  const size_t row = sk_kv_row_bytes(kv);
   for (uint32_t l = 0; l < h->n_layer; l++)
-    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_k(kv, l, kv->order[q]), row);
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_krow(kv, l, kv->order[q]), row);
   for (uint32_t l = 0; l < h->n_layer; l++)
-    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_v(kv, l, kv->order[q]), row);
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(p, sk_kv_vrow(kv, l, kv->order[q]), row);
   im->body_checksum = XXH3_64bits((const char *)buf + sizeof *im, size - sizeof *im);
   im->header_checksum = sk__image_header_sum(im);
 }
@@ -996,7 +1003,8 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
                    "does not fit the loaded model",
                    im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
   if (im->n_resident > im->capacity ||
-      im->rows_size != 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim * sizeof(float) ||
+      im->rows_size != 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim *
+                           sk_kv_type_size(st->shape.kv_type) ||
       im->total_size != sizeof *im + im->meta_size + im->rows_size)
     return sk__bad(err, "export file sizes are inconsistent");
   const char *copy = (const char *)buf + sizeof *im;
@@ -1019,6 +1027,12 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     rc = sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd reads "
                  "version %u (export it again with the sinkd that wrote it, or start over)",
                  kh->layout_version, SK_KV_LAYOUT_VERSION);
+    goto out;
+  }
+  if (kh->magic == SK_KV_MAGIC && kh->kv_type != st->shape.kv_type) {
+    const char *t = sk_kv_type_name(kh->kv_type);
+    rc = sk__bad(err, "export file holds a KV cache of type %s, this daemon stores %s (kv_type "
+                 "in sinkd.conf)", t ? t : "unknown", sk_kv_type_name(st->shape.kv_type));
     goto out;
   }
   if (kh->magic != SK_KV_MAGIC || kh->capacity != im->capacity || kh->policy != im->policy ||
@@ -1054,11 +1068,11 @@ int sk_store_import(struct sk_store *st, const void *buf, size_t len, uint64_t i
   p += im->meta_size;
   struct sk_kv *kv = &obj->kv;
   const uint32_t nr = kv->hdr->n_resident;
-  const size_t row = (size_t)im->kv_dim * sizeof(float);
+  const size_t row = sk_kv_row_bytes(kv);
   for (uint32_t l = 0; l < im->n_layer; l++)
-    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_k(kv, l, kv->order[q]), p, row);
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_krow(kv, l, kv->order[q]), p, row);
   for (uint32_t l = 0; l < im->n_layer; l++)
-    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_v(kv, l, kv->order[q]), p, row);
+    for (uint32_t q = 0; q < nr; q++, p += row) memcpy(sk_kv_vrow(kv, l, kv->order[q]), p, row);
   /* Check the result exactly as adoption would. */
   uint64_t commit = ((const struct sk_store_meta *)(const void *)((const char *)buf +
                                                                   sizeof *im))->commit;

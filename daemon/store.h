@@ -123,7 +123,7 @@ struct sk_store_header {
   uint32_t kv_dim;           /* D */
   uint32_t capacity;         /* C: tokens the cache holds */
   uint32_t policy;           /* enum sk_policy, fixed for the session */
-  uint32_t reserved0;
+  uint32_t kv_type;          /* enum sk_kv_type of the data part (0: f32) */
   uint64_t created_unix;     /* seconds since the epoch */
   uint64_t meta_size;        /* M: bytes of one meta copy, multiple of P */
   uint64_t off_meta[2];      /* byte offsets of the meta copies */

@@ -532,7 +532,8 @@ static int sk__reply_compute(struct sk_client *c, const msgpack_object *r,
   if (rc < 0 || !m) return rc;
   if ((rc = sk__reply_name(c, m, "kernel", ret->kernel, sizeof ret->kernel, err)) < 0 ||
       (rc = sk__reply_u32(c, m, "threads", &ret->threads, err)) < 0 ||
-      (rc = sk__reply_u32(c, m, "max_batch", &ret->max_batch, err)) < 0)
+      (rc = sk__reply_u32(c, m, "max_batch", &ret->max_batch, err)) < 0 ||
+      (rc = sk__reply_name(c, m, "kv_type", ret->kv_type, sizeof ret->kv_type, err)) < 0)
     return rc;
   return 0;
 }

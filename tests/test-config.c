@@ -84,6 +84,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.threads, 0);
   assert_int_equal(c.batch, 64);
   assert_int_equal(c.log_level, SK_LOG_INFO);
+  assert_int_equal(c.kv_type, SK_KV_F32);
   assert_int_equal(c.policy, SK_POLICY_STREAMING);
   assert_int_equal(c.n_sink, 4);
   assert_int_equal(c.window, 0);
@@ -122,6 +123,7 @@ static void test_full_file(void **state) {
         "  threads = 3\n"
         "batch = 32\n"
         "log_level = debug\n"
+        "kv_type = f16\n"
         "\n"
         "[session]\n"
         "policy = dense\n"
@@ -146,6 +148,7 @@ static void test_full_file(void **state) {
   assert_int_equal(c.threads, 3);
   assert_int_equal(c.batch, 32);
   assert_int_equal(c.log_level, SK_LOG_DEBUG);
+  assert_int_equal(c.kv_type, SK_KV_F16);
   assert_int_equal(c.policy, SK_POLICY_DENSE);
   assert_int_equal(c.n_sink, 0);
   assert_int_equal(c.window, 0);
@@ -158,7 +161,8 @@ static void test_full_file(void **state) {
   assert_int_equal(c.origin[SK_CFG_MODEL].from, SK_CONFIG_FROM_FILE);
   assert_int_equal(c.origin[SK_CFG_MODEL].line, 3);
   assert_int_equal(c.origin[SK_CFG_THREADS].line, 6);
-  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 21);
+  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 22);
+  assert_int_equal(c.origin[SK_CFG_KV_TYPE].line, 9);
 
   /* The command line overrides the file, key by key. */
   struct sk_config cli;
@@ -201,12 +205,14 @@ static void test_errors(void **state) {
                "characters)");
   expect_error("[daemon]\nstate_dir = run/x\n",
                ":2: [daemon] state_dir: 'run/x' is not an absolute path");
+  expect_error("[daemon]\nkv_type = q8_0\n",
+               ":2: [daemon] kv_type: unknown KV type \"q8_0\" (expected f32 or f16)");
   expect_error("[daemon]\nlog_level = loud\n",
                ":2: [daemon] log_level: 'loud' is not a log level (err, warning, notice, info, "
                "debug)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, log_level)");
+               "threads, batch, log_level, kv_type)");
   expect_error("[daemon]\nmodel = /a\nmodel = /b\n",
                ":3: [daemon] model: given again (first on line 2)");
   /* An indented line is a line of its own, not a continuation. */
@@ -487,13 +493,13 @@ static void test_key_table(void **state) {
     assert_int_equal(strncmp(opt, "--", 2), 0);
     for (size_t i = 0; name[i]; i++) assert_int_equal(opt[2 + i] == '-' ? '_' : opt[2 + i], name[i]);
   }
-  static const enum sk_config_key fixed[] = {SK_CFG_MODEL, SK_CFG_SOCKET, SK_CFG_STATE_DIR,
-                                              SK_CFG_THREADS, SK_CFG_BATCH};
+  static const enum sk_config_key fixed[] = {SK_CFG_MODEL,   SK_CFG_SOCKET, SK_CFG_STATE_DIR,
+                                              SK_CFG_THREADS, SK_CFG_BATCH,  SK_CFG_KV_TYPE};
   int n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)
     if (!sk_config_key_reloadable((enum sk_config_key)k)) n_fixed++;
-  assert_int_equal(n_fixed, 5);
-  for (size_t i = 0; i < 5; i++) assert_false(sk_config_key_reloadable(fixed[i]));
+  assert_int_equal(n_fixed, 6);
+  for (size_t i = 0; i < 6; i++) assert_false(sk_config_key_reloadable(fixed[i]));
   assert_string_equal(sk_config_log_level_name(SK_LOG_WARNING), "warning");
   assert_string_equal(sk_config_log_level_name(99), "?");
 }

@@ -401,7 +401,62 @@ static void test_attention_primitives(void **state) {
         for (uint32_t p = 0; p < n; p++) ref += (double)w[p] * k[p * hd + i];
         assert_true(fabs(out[i] - ref) < 1e-5);
       }
+      /* the same over f16 rows (an f16 KV cache): exact conversion, then
+       * the same sums */
+      uint16_t k16[37 * 136];
+      const uint16_t *rows16[37];
+      sk_kernels_to_f16(k16, k, (size_t)n * hd);
+      for (uint32_t p = 0; p < n; p++) rows16[p] = k16 + (size_t)p * hd;
+      sk_kernels_scores_f16(q, rows16, n, hd, sc);
+      sk_kernels_wsum_f16(out, w, rows16, n, hd);
+      for (uint32_t p = 0; p < n; p++) {
+        double ref = 0.0;
+        for (uint32_t i = 0; i < hd; i++) ref += (double)q[i] * sk_f16_to_f32(k16[p * hd + i]);
+        assert_true(fabs(sc[p] - ref) < 1e-5);
+        float one;
+        sk_kernels_scores_f16(q, rows16 + p, 1, hd, &one);
+        assert_true(sc[p] == one);
+      }
+      for (uint32_t i = 0; i < hd; i++) {
+        double ref = 0.0;
+        for (uint32_t p = 0; p < n; p++) ref += (double)w[p] * sk_f16_to_f32(k16[p * hd + i]);
+        assert_true(fabs(out[i] - ref) < 1e-5);
+      }
     }
+  }
+  select_or_fail("auto");
+}
+
+/* Floats to f16: every variant gives sk_f32_to_f16's bits (round to
+ * nearest even), over normal, subnormal, overflowing and special values,
+ * in vector bodies and scalar tails. */
+static void test_to_f16(void **state) {
+  (void)state;
+  enum { N = 4099 };
+  static float x[N];
+  static uint16_t y[N];
+  for (uint32_t i = 0; i < N; i++) {
+    float m = frand();
+    switch (i % 6) {
+    case 0: x[i] = m; break;
+    case 1: x[i] = m * 1e-5f; break;  /* f16 subnormals */
+    case 2: x[i] = m * 7e4f; break;   /* past 65504: infinity */
+    case 3: x[i] = m * 1e-9f; break;  /* to zero */
+    case 4: x[i] = m * 2048.0f; break;
+    default: x[i] = ldexpf(1.0f + (float)(i % 1024) / 1024.0f + 0x1p-11f, (int)(i % 30) - 15); break; /* ties */
+    }
+  }
+  x[7] = INFINITY;
+  x[13] = -INFINITY;
+  x[19] = -0.0f;
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    sk_kernels_to_f16(y, x, N);
+    for (uint32_t i = 0; i < N; i++)
+      if (y[i] != sk_f32_to_f16(x[i]))
+        fail_msg("%s: to_f16(%a) = 0x%04x, expected 0x%04x", variants[v], (double)x[i], y[i],
+                 sk_f32_to_f16(x[i]));
   }
   select_or_fail("auto");
 }
@@ -620,6 +675,7 @@ int main(void) {
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_f16_equals_f32),
       cmocka_unit_test(test_attention_primitives),
+      cmocka_unit_test(test_to_f16),
       cmocka_unit_test(test_rope_exact),
       cmocka_unit_test(test_softmax_swiglu),
       cmocka_unit_test(test_pool),

@@ -227,9 +227,10 @@ static void test_size(void **state) {
   assert_int_equal(sk_kv_size(sh, 128) - sk_kv_size(sh, 64),
                    sk_kv_size(sh, 192) - sk_kv_size(sh, 128));
   assert_int_equal(sk_kv_size(sh, 0), 0);
-  assert_int_equal(sk_kv_size((struct sk_kv_shape){0, 32}, 64), 0);
+  assert_int_equal(sk_kv_size((struct sk_kv_shape){0, 32, SK_KV_F32}, 64), 0);
+  assert_int_equal(sk_kv_size((struct sk_kv_shape){5, 32, 2}, 64), 0); /* unknown type */
   assert_int_equal(
-      sk_kv_size((struct sk_kv_shape){UINT32_MAX, UINT32_MAX}, SK_KV_MAX_CAPACITY),
+      sk_kv_size((struct sk_kv_shape){UINT32_MAX, UINT32_MAX, SK_KV_F32}, SK_KV_MAX_CAPACITY),
       0);
 
   /* offsets are 64-byte aligned and in order */
@@ -244,7 +245,7 @@ static void test_size(void **state) {
   assert_int_equal(h->off_v - h->off_k, 5u * (64 + SK_KV_SPARE_SLOTS) * 32 * sizeof(float));
   assert_int_equal(h->size, s);
   assert_true((char *)kv->k == (char *)h + h->off_k);
-  assert_true(sk_kv_k(kv, 1, 2) == kv->k + (1 * (64 + SK_KV_SPARE_SLOTS) + 2) * 32);
+  assert_true(sk_kv_k(kv, 1, 2) == (float *)kv->k + (1 * (64 + SK_KV_SPARE_SLOTS) + 2) * 32);
   size_t meta_size = 0, data_size = 0;
   assert_true(sk_kv_part_sizes(sh, 64, &meta_size, &data_size));
   assert_int_equal(meta_size, h->off_k);

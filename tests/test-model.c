@@ -68,6 +68,20 @@ static int teardown(void **state) {
   return 0;
 }
 
+static struct sk_kv *new_cache_t(const struct sk_model *m, uint32_t policy, uint32_t n_sink,
+                                 uint32_t window, uint32_t capacity, uint32_t kv_type) {
+  struct sk_kv_params p = {.policy = policy, .n_sink = n_sink,
+                           .window = window, .capacity = capacity,
+                           .rope_scale = 1.0f};
+  struct sk_kv *kv = NULL;
+  struct sk_error err = {0};
+  struct sk_kv_shape shape = sk_model_kv_shape(m);
+  shape.kv_type = kv_type;
+  int rc = sk_kv_new(shape, &p, &kv, &err);
+  if (rc < 0) fail_msg("sk_kv_new: %s", err.message);
+  return kv;
+}
+
 static struct sk_kv *new_cache(const struct sk_model *m, uint32_t policy,
                                uint32_t n_sink, uint32_t window,
                                uint32_t capacity) {
@@ -894,15 +908,14 @@ static void test_batch_errors(void **state) {
 /* A streaming chunk that evicts inside itself (sk_seq.n_evicted) computes
  * exactly what token-by-token streaming computes: same logits for every
  * token, same cache afterwards. 300 tokens through 4 sinks + 40. */
-static void test_streaming_chunks_exact(void **state) {
-  (void)state;
+static void streaming_chunks_exact(uint32_t kv_type) {
   enum { N = 300 };
   const uint32_t V = fx.c->n_vocab;
   int32_t ids[N];
   ids[0] = 1;
   for (int i = 1; i < N; i++) ids[i] = (int32_t)(3 + (i * 7919) % 500);
-  struct sk_kv *one = new_cache(fx.m, SK_POLICY_STREAMING, 4, 40, 0);
-  struct sk_kv *chk = new_cache(fx.m, SK_POLICY_STREAMING, 4, 40, 0);
+  struct sk_kv *one = new_cache_t(fx.m, SK_POLICY_STREAMING, 4, 40, 0, kv_type);
+  struct sk_kv *chk = new_cache_t(fx.m, SK_POLICY_STREAMING, 4, 40, 0, kv_type);
   struct sk_scratch *s = new_scratch(fx.m, 64, 64);
   float *l1 = malloc((size_t)N * V * sizeof *l1), *l2 = malloc((size_t)N * V * sizeof *l2);
   assert_non_null(l1);
@@ -934,20 +947,109 @@ static void test_streaming_chunks_exact(void **state) {
   assert_int_equal(one->hdr->n_resident, chk->hdr->n_resident);
   assert_int_equal(one->hdr->n_evicted, chk->hdr->n_evicted);
   assert_int_equal(log1.n_evicted, log2.n_evicted);
-  const uint32_t D = fx.c->kv_dim;
+  const size_t row = sk_kv_row_bytes(one);
   for (uint32_t l = 0; l < fx.c->n_layer; l++)
     for (uint32_t p = 0; p < one->hdr->n_resident; p++) {
       assert_int_equal(one->token[sk_kv_slot(one, p)], chk->token[sk_kv_slot(chk, p)]);
-      assert_memory_equal(sk_kv_k(one, l, sk_kv_slot(one, p)), sk_kv_k(chk, l, sk_kv_slot(chk, p)),
-                          D * sizeof(float));
-      assert_memory_equal(sk_kv_v(one, l, sk_kv_slot(one, p)), sk_kv_v(chk, l, sk_kv_slot(chk, p)),
-                          D * sizeof(float));
+      assert_memory_equal(sk_kv_krow(one, l, sk_kv_slot(one, p)),
+                          sk_kv_krow(chk, l, sk_kv_slot(chk, p)), row);
+      assert_memory_equal(sk_kv_vrow(one, l, sk_kv_slot(one, p)),
+                          sk_kv_vrow(chk, l, sk_kv_slot(chk, p)), row);
     }
   free(l1);
   free(l2);
   sk_scratch_free(s);
   sk_kv_delete(one);
   sk_kv_delete(chk);
+}
+
+static void test_streaming_chunks_exact(void **state) {
+  (void)state;
+  streaming_chunks_exact(SK_KV_F32);
+  streaming_chunks_exact(SK_KV_F16);
+}
+
+/* An f16 KV cache (kv_type f16, llama.cpp's default cache type) against
+ * the f32 one on the same model: layer-0 keys and values, which depend on
+ * the tokens alone, are exactly the f32 ones rounded to binary16; then
+ * 256 greedy steps fed the f32 cache's tokens (max |logit difference|,
+ * top-1 agreement) and free-running greedy decoding, dense and
+ * streaming 4 + 60 (evicting). */
+static void test_f16_cache_vs_f32(void **state) {
+  (void)state;
+  enum { STEPS = 256 };
+  json_t *ref = sk_test_load_reference("greedy.json");
+  size_t n_prompt;
+  int32_t *prompt = sk_test_json_ids(
+      json_object_get(json_array_get(json_object_get(ref, "prompts"), 0), "prompt_ids"), &n_prompt);
+  const uint32_t V = fx.c->n_vocab, D = fx.c->kv_dim;
+  struct sk_scratch *s = new_scratch(fx.m, 64, 512);
+  float *lf = malloc(V * sizeof *lf), *lh = malloc(V * sizeof *lh);
+  assert_non_null(lf);
+  assert_non_null(lh);
+  for (int streaming = 0; streaming < 2; streaming++) {
+    const uint32_t pol = streaming ? SK_POLICY_STREAMING : SK_POLICY_DENSE;
+    struct sk_kv *kf = new_cache_t(fx.m, pol, 4 * streaming, 60 * streaming, 512 * !streaming,
+                                   SK_KV_F32);
+    struct sk_kv *kh = new_cache_t(fx.m, pol, 4 * streaming, 60 * streaming, 512 * !streaming,
+                                   SK_KV_F16);
+    assert_int_equal(kh->hdr->kv_type, SK_KV_F16);
+    assert_int_equal(sk_kv_row_bytes(kh) * 2, sk_kv_row_bytes(kf));
+    forward_ok(fx.m, s, kf, prompt, (uint32_t)n_prompt, lf, false);
+    forward_ok(fx.m, s, kh, prompt, (uint32_t)n_prompt, lh, false);
+    for (uint32_t p = 0; p < kf->hdr->n_resident; p++) {
+      const float *k = sk_kv_krow(kf, 0, sk_kv_slot(kf, p)), *v = sk_kv_vrow(kf, 0, sk_kv_slot(kf, p));
+      const uint16_t *k16 = sk_kv_krow(kh, 0, sk_kv_slot(kh, p));
+      const uint16_t *v16 = sk_kv_vrow(kh, 0, sk_kv_slot(kh, p));
+      for (uint32_t d = 0; d < D; d++) {
+        assert_int_equal(k16[d], sk_f32_to_f16(k[d]));
+        assert_int_equal(v16[d], sk_f32_to_f16(v[d]));
+      }
+    }
+    double maxd = 0.0;
+    int agree = 0;
+    for (int t = 0; t < STEPS; t++) {
+      for (uint32_t j = 0; j < V; j++) maxd = fmax(maxd, fabs((double)lf[j] - lh[j]));
+      int32_t next = argmax(lf, V);
+      agree += argmax(lh, V) == next;
+      if (streaming) {
+        struct sk_error err = {0};
+        assert_int_equal(sk_kv_make_room(kf, 1, NULL, &err), 0);
+        assert_int_equal(sk_kv_make_room(kh, 1, NULL, &err), 0);
+      }
+      forward_ok(fx.m, s, kf, &next, 1, lf, false);
+      forward_ok(fx.m, s, kh, &next, 1, lh, false);
+    }
+    if (streaming) assert_int_equal(kh->hdr->n_evicted, kf->hdr->n_evicted);
+    if (streaming) assert_true(kh->hdr->n_evicted > 100);
+    sk_kv_clear(kf);
+    sk_kv_clear(kh);
+    forward_ok(fx.m, s, kf, prompt, (uint32_t)n_prompt, lf, false);
+    forward_ok(fx.m, s, kh, prompt, (uint32_t)n_prompt, lh, false);
+    int same = 0;
+    for (int t = 0; t < STEPS && !streaming; t++) {
+      int32_t a = argmax(lf, V), b = argmax(lh, V);
+      if (a != b) break;
+      same++;
+      forward_ok(fx.m, s, kf, &a, 1, lf, false);
+      forward_ok(fx.m, s, kh, &b, 1, lh, false);
+    }
+    printf("f16 KV cache vs f32 (%s) over %d greedy steps: max abs logit diff %.4f, top-1 "
+           "agreement %d/%d (%.1f%%)",
+           streaming ? "streaming 4+60" : "dense", STEPS, maxd, agree, STEPS,
+           100.0 * agree / STEPS);
+    if (!streaming) printf(", free-running greedy identical for %d tokens", same);
+    printf("\n");
+    assert_true(maxd > 0.0 && maxd < 0.1);
+    assert_true((double)agree / STEPS >= 0.97);
+    sk_kv_delete(kf);
+    sk_kv_delete(kh);
+  }
+  free(lf);
+  free(lh);
+  sk_scratch_free(s);
+  free(prompt);
+  json_decref(ref);
 }
 
 /* ---- quantized weights --------------------------------------------------- */
@@ -1043,6 +1145,7 @@ int main(void) {
       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_batch_errors),
       cmocka_unit_test(test_streaming_chunks_exact),
+      cmocka_unit_test(test_f16_cache_vs_f32),
       cmocka_unit_test(test_q8_0_vs_f32),
       cmocka_unit_test(test_q4_0_vs_f32),
   };

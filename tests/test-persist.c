@@ -707,6 +707,108 @@ static void test_corrupted_set_aside(void **state) {
   kill9();
 }
 
+/* ---- kv_type f16 ---- */
+
+/* A daemon with --kv-type f16: every session's object is the store's
+ * exact f16 size (half the keys and values), greedy decoding of
+ * llama.cpp's reference prompts gives llama.cpp's tokens (its reference
+ * cache is f32: the rounding does not change a greedy token of this
+ * model), and sessions survive a SIGKILL as f32 ones do. A daemon started
+ * with the other type sets them aside with a log line naming both types. */
+static void test_kv_f16(void **state) {
+  (void)state;
+  fresh_state("kvf16");
+  start_daemon_args((const char *const[]){"--kv-type", "f16", NULL});
+  struct sk_client *c = conn();
+  struct sk_error e = {0};
+  struct sk_daemon_stats ds;
+  /* exact object sizes from the store's own geometry */
+  size_t want16, want32;
+  {
+    struct sk_gguf *g = NULL;
+    struct sk_model *m = NULL;
+    assert_int_equal(sk_gguf_open(sk_test_model_path(), &g, &e), 0);
+    assert_int_equal(sk_model_load(g, &m, &e), 0);
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/geom", g_dir);
+    struct sk_store_config cfg = {.dir = dir, .shape = sk_model_kv_shape(m),
+                                  .n_vocab = sk_model_config(m)->n_vocab};
+    sk_store_fingerprint(g, cfg.model_fp);
+    struct sk_store *st = NULL;
+    assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
+    want32 = sk_store_object_size(st, 512);
+    sk_store_close(st);
+    cfg.shape.kv_type = SK_KV_F16;
+    assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
+    want16 = sk_store_object_size(st, 512);
+    sk_store_close(st);
+    const struct sk_model_config *mc = sk_model_config(m);
+    /* the data parts differ by half the keys and values, to the page */
+    size_t half = (size_t)mc->n_layer * 2 * mc->kv_dim * (512 + SK_KV_SPARE_SLOTS) * 2;
+    assert_true(want32 - want16 >= half - 4096 && want32 - want16 <= half + 4096);
+    sk_model_free(m);
+    sk_gguf_close(g);
+  }
+  json_t *ref = sk_test_load_reference("greedy.json");
+  json_t *prompts = json_object_get(ref, "prompts");
+  uint64_t ids[8];
+  size_t n_prompts = json_array_size(prompts);
+  assert_true(n_prompts >= 1 && n_prompts <= 8);
+  for (size_t i = 0; i < n_prompts; i++) {
+    json_t *p = json_array_get(prompts, i);
+    ids[i] = open_session(c, "dense", 0, 0, 512);
+    assert_int_equal(sstats(c, ids[i]).kv_bytes, want16);
+    size_t n_p = 0, n_ref = 0;
+    int32_t *prompt = sk_test_json_ids(json_object_get(p, "prompt_ids"), &n_p);
+    int32_t *want = sk_test_json_ids(json_object_get(p, "generated_ids"), &n_ref);
+    if (sk_client_append_tokens(c, ids[i], prompt, n_p, SK_BOS_DEFAULT, NULL, &e) < 0)
+      fail_msg("append: %s", e.message);
+    struct ids *got = calloc(1, sizeof *got);
+    gen(c, ids[i], (uint32_t)n_ref, 0, false, 0, got, NULL);
+    assert_int_equal(got->n, n_ref);
+    for (size_t j = 0; j < n_ref; j++)
+      if (got->v[j] != want[j])
+        fail_msg("prompt %zu, token %zu: f16 cache gives %d, llama.cpp (f32 cache) %d", i, j,
+                 got->v[j], want[j]);
+    free(got);
+    free(prompt);
+    free(want);
+  }
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.memory_bytes, want16 * n_prompts);
+  sk_client_free(c);
+  /* SIGKILL: the f16 sessions come back and go on */
+  kill9();
+  start_daemon_args((const char *const[]){"--kv-type", "f16", NULL});
+  c = conn();
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.adopted, n_prompts);
+  assert_int_equal(ds.set_aside, 0);
+  struct ids *more = calloc(1, sizeof *more);
+  gen(c, ids[0], 5, 0, false, 0, more, NULL);
+  assert_int_equal(more->n, 5);
+  free(more);
+  sk_client_free(c);
+  kill9();
+  /* an f32 daemon on the same store sets them aside, saying why */
+  start_daemon();
+  c = conn();
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.adopted, 0);
+  assert_int_equal(ds.set_aside, n_prompts);
+  if (!log_has("its KV cache is of type f16, this daemon stores f32 (kv_type in sinkd.conf)")) {
+    dump_log();
+    fail_msg("no set-aside line naming the KV types");
+  }
+  printf("kv_type f16: %zu-byte objects for 512 tokens (f32: %zu); greedy tokens of the %zu "
+         "reference prompts equal llama.cpp's; adopted after SIGKILL; an f32 daemon sets "
+         "them aside\n",
+         want16, want32, n_prompts);
+  sk_client_free(c);
+  json_decref(ref);
+  kill9();
+}
+
 /* ---- fork ---- */
 
 static void test_fork_300(void **state) {
@@ -1036,6 +1138,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_kill_mid_generate, test_teardown),
       cmocka_unit_test_teardown(test_kill_50, test_teardown),
       cmocka_unit_test_teardown(test_corrupted_set_aside, test_teardown),
+      cmocka_unit_test_teardown(test_kv_f16, test_teardown),
       cmocka_unit_test_teardown(test_fork_300, test_teardown),
       cmocka_unit_test_teardown(test_export_import, test_teardown),
       cmocka_unit_test_teardown(test_limits, test_teardown),

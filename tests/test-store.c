@@ -126,7 +126,7 @@ static void assert_same_cache(const struct sk_kv *a, const struct sk_kv *b) {
   assert_int_equal(a->hdr->n_resident, b->hdr->n_resident);
   assert_int_equal(a->hdr->n_seen, b->hdr->n_seen);
   assert_int_equal(a->hdr->n_evicted, b->hdr->n_evicted);
-  const size_t row = a->hdr->kv_dim * sizeof(float);
+  const size_t row = sk_kv_row_bytes(a);
   for (uint32_t p = 0; p < a->hdr->n_resident; p++) {
     uint32_t sa = sk_kv_slot(a, p), sb = sk_kv_slot(b, p);
     assert_int_equal(a->token[sa], b->token[sb]);
@@ -364,7 +364,7 @@ static void test_set_aside(void **state) {
   const uint64_t data = objs[1]->hdr->off_data;
   int live6 = objs[6]->live;
   /* 7: the K/V row of a resident token changed behind the store's back */
-  objs[7]->kv.k[objs[7]->kv.order[5] * fx.cfg.shape.kv_dim] += 1.0f;
+  sk_kv_k(&objs[7]->kv, 0, objs[7]->kv.order[5])[0] += 1.0f;
   for (uint64_t id = 1; id <= 7; id++) sk_store_obj_free(objs[id]);
   sk_store_close(st);
 

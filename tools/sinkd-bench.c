@@ -542,8 +542,10 @@ int main(int argc, char **argv) {
            ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
            h.model.name, h.model.weight_type, h.model.weight_bytes, h.model.n_layer, h.model.dim,
            V);
-    printf("\"compute\": {\"kernel\": \"%s\", \"threads\": %u, \"max_batch\": %u}, ",
-           h.compute.kernel, h.compute.threads, h.compute.max_batch);
+    printf("\"compute\": {\"kernel\": \"%s\", \"threads\": %u, \"max_batch\": %u, "
+           "\"kv_type\": \"%s\"}, ",
+           h.compute.kernel, h.compute.threads, h.compute.max_batch,
+           h.compute.kv_type[0] ? h.compute.kv_type : "f32");
     printf("\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, ", prefill_tps,
            decode_tps);
     printf("\"concurrency\": [");
@@ -564,8 +566,9 @@ int main(int argc, char **argv) {
   } else {
     printf("model          %s: %s weights, %.1f MB read per step\n", h.model.name,
            h.model.weight_type, (double)h.model.weight_bytes / 1e6);
-    printf("compute        %s kernels, %u threads, %u tokens per forward pass\n",
-           h.compute.kernel, h.compute.threads, h.compute.max_batch);
+    printf("compute        %s kernels, %u threads, %u tokens per forward pass, %s KV cache\n",
+           h.compute.kernel, h.compute.threads, h.compute.max_batch,
+           h.compute.kv_type[0] ? h.compute.kv_type : "f32");
     if (!o.no_prefill) printf("prefill        %.1f tokens/s (%u tokens)\n", prefill_tps, o.prefill);
     if (!o.no_decode) printf("decode         %.1f tokens/s (one session)\n", decode_tps);
     if (n_conc) printf("sessions   aggregate tok/s   ITL p50 ms   ITL p99 ms   RSS MB\n");

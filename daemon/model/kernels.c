@@ -34,6 +34,11 @@ struct sk__kernels {
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
   void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
+  void (*scores_f16)(const float *q, const uint16_t *const *rows, uint32_t n, uint32_t hd,
+                     float *out);
+  void (*wsum_f16)(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                   uint32_t hd);
+  void (*to_f16)(uint16_t *y, const float *x, size_t n);
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
   void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
                     uint32_t n, uint32_t rope_dim, uint32_t head_dim);
@@ -181,6 +186,29 @@ static void sk__gen_wsum(float *out, const float *w, const float *const *rows, u
   for (uint32_t p = 0; p < n; p++) sk__gen_axpy(out, w[p], rows[p], hd);
 }
 
+static void sk__gen_scores_f16(const float *q, const uint16_t *const *rows, uint32_t n,
+                               uint32_t hd, float *out) {
+  for (uint32_t p = 0; p < n; p++) {
+    float acc[8] = {0};
+    uint32_t k = 0;
+    for (; k + 8 <= hd; k += 8)
+      for (int l = 0; l < 8; l++) acc[l] += q[k + l] * sk_f16_to_f32(rows[p][k + l]);
+    for (int l = 0; k + (uint32_t)l < hd; l++) acc[l] += q[k + l] * sk_f16_to_f32(rows[p][k + l]);
+    out[p] = sk__gen_hsum(acc);
+  }
+}
+
+static void sk__gen_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                             uint32_t hd) {
+  for (uint32_t j = 0; j < hd; j++) out[j] = 0.0f;
+  for (uint32_t p = 0; p < n; p++)
+    for (uint32_t j = 0; j < hd; j++) out[j] += w[p] * sk_f16_to_f32(rows[p][j]);
+}
+
+static void sk__gen_to_f16(uint16_t *y, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] = sk_f32_to_f16(x[i]);
+}
+
 static void sk__gen_rope(float *y, const float *x, const float *cos2, const float *sin2,
                          uint32_t rope_dim) {
   for (uint32_t i = 0; i < rope_dim; i += 2) {
@@ -234,6 +262,9 @@ static const struct sk__kernels sk__generic = {
     .axpy = sk__gen_axpy,
     .scores = sk__gen_scores,
     .wsum = sk__gen_wsum,
+    .scores_f16 = sk__gen_scores_f16,
+    .wsum_f16 = sk__gen_wsum_f16,
+    .to_f16 = sk__gen_to_f16,
     .rope = sk__gen_rope,
     .rope_rows = sk__gen_rope_rows,
     .softmax = sk__gen_softmax,
@@ -276,6 +307,9 @@ static const struct sk__kernels sk__avx2 = {
     .axpy = sk__avx2_axpy,
     .scores = sk__avx2_scores,
     .wsum = sk__avx2_wsum,
+    .scores_f16 = sk__avx2_scores_f16,
+    .wsum_f16 = sk__avx2_wsum_f16,
+    .to_f16 = sk__avx2_to_f16,
     .rope = sk__avx2_rope,
     .rope_rows = sk__avx2_rope_rows,
     .softmax = sk__avx2_softmax,
@@ -293,6 +327,9 @@ static const struct sk__kernels sk__avx2_vnni = {
     .axpy = sk__vnni_axpy,
     .scores = sk__vnni_scores,
     .wsum = sk__vnni_wsum,
+    .scores_f16 = sk__vnni_scores_f16,
+    .wsum_f16 = sk__vnni_wsum_f16,
+    .to_f16 = sk__vnni_to_f16,
     .rope = sk__vnni_rope,
     .rope_rows = sk__vnni_rope_rows,
     .softmax = sk__vnni_softmax,
@@ -315,6 +352,9 @@ static const struct sk__kernels sk__avx512_vnni = {
     .axpy = sk__avx2_axpy,
     .scores = sk__avx2_scores,
     .wsum = sk__avx2_wsum,
+    .scores_f16 = sk__avx2_scores_f16,
+    .wsum_f16 = sk__avx2_wsum_f16,
+    .to_f16 = sk__avx2_to_f16,
     .rope = sk__avx2_rope,
     .rope_rows = sk__avx2_rope_rows,
     .softmax = sk__avx2_softmax,
@@ -503,6 +543,18 @@ void sk_kernels_scores(const float *q, const float *const *rows, uint32_t n, uin
                        float *out) {
   sk__cur()->scores(q, rows, n, hd, out);
 }
+
+void sk_kernels_scores_f16(const float *q, const uint16_t *const *rows, uint32_t n, uint32_t hd,
+                           float *out) {
+  sk__cur()->scores_f16(q, rows, n, hd, out);
+}
+
+void sk_kernels_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                         uint32_t hd) {
+  sk__cur()->wsum_f16(out, w, rows, n, hd);
+}
+
+void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n) { sk__cur()->to_f16(y, x, n); }
 
 void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
                      uint32_t hd) {

@@ -123,6 +123,15 @@ void sk_kernels_scores(const float *q, const float *const *rows, uint32_t n, uin
  * w[p] * rows[p][j], for j < hd (out is overwritten). */
 void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
                      uint32_t hd);
+/* The same two over rows of IEEE binary16 (an f16 KV cache): each
+ * element is converted exactly to float, then as above. */
+void sk_kernels_scores_f16(const float *q, const uint16_t *const *rows, uint32_t n, uint32_t hd,
+                           float *out);
+void sk_kernels_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                         uint32_t hd);
+/* y[i] = x[i] rounded to IEEE binary16 (nearest even), i < n: the same
+ * bits in every variant (sk_f32_to_f16). */
+void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n);
 /* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext: row[j] =
  * exp(row[j] * scale - max) / sum, the sum accumulated in double. The
  * vector variants use ggml's vectorized expf (ggml_v_expf, within ~2 ulp

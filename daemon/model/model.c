@@ -77,6 +77,7 @@ struct sk__seq {
   uint32_t probe;    /* positions counted as sinks by the diagnostics */
   bool rotated;      /* keys stored rotated at their stream index (every
                         policy but h2o / sink_h2o, see kvcache.h) */
+  bool f16;          /* the cache stores halves (kv_type f16) */
 };
 
 /* Attention buffers of one pool thread. */
@@ -86,8 +87,9 @@ struct sk__tscratch {
   float *qw;        /* (head_dim) a query rotated for the window's keys */
   float *qs;        /* (head_dim) the same for the sinks' keys */
   float *att;       /* (T) scores, then probabilities */
-  const float **kp; /* (T) key row of each position, at the head */
-  const float **vp; /* (T) value row of each position, at the head */
+  const void **kp;  /* (T) key row of each position, at the head: floats, or
+                       halves for an f16 cache */
+  const void **vp;  /* (T) value row of each position, at the head */
   uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
   float *cs;        /* (rope_dim) angles computed off the tables */
   float *sn;        /* (rope_dim) */
@@ -103,8 +105,11 @@ struct sk_scratch {
   float *xb;              /* (B, dim) normed input of a block */
   float *xb2;             /* (B, dim) output of a projection */
   float *q;               /* (B, dim) queries */
-  float *k;               /* (B, kv_dim) new keys, unrotated */
+  float *k;               /* (B, kv_dim) new keys (rotated for caches that
+                             store them so, see attention) */
   float *v;               /* (B, kv_dim) new values */
+  uint16_t *k16;          /* (B, kv_dim) the new keys of f16 caches as stored */
+  uint16_t *v16;          /* (B, kv_dim) */
   float *att_out;         /* (B, dim) attention output, heads side by side */
   float *hb;              /* (B, hidden_dim) gate, then silu(gate) * up */
   float *hb2;             /* (B, hidden_dim) up */
@@ -557,6 +562,8 @@ void sk_scratch_free(struct sk_scratch *s) {
                     &s->sink_cos, &s->sink_sin};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
   free(s->aq);
+  free(s->k16);
+  free(s->v16);
   free(s->as);
   free(s->rows);
   free(s->seqs);
@@ -623,6 +630,7 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->k, B * c->kv_dim, 4},    {(void **)&s->v, B * c->kv_dim, 4},
       {(void **)&s->att_out, B * c->dim, 4}, {(void **)&s->hb, B * c->hidden_dim, 4},
       {(void **)&s->hb2, B * c->hidden_dim, 4},
+      {(void **)&s->k16, B * c->kv_dim, 2},  {(void **)&s->v16, B * c->kv_dim, 2},
       {(void **)&s->aq, B * wide, 1},        {(void **)&s->ad, B * (wide / SK_QK + 1), 4},
       {(void **)&s->as, B * (wide / SK_QK + 1), 4},
       {(void **)&s->rows, 3 * B, sizeof(float *)},
@@ -841,14 +849,22 @@ static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
                           struct sk__tscratch *ts, uint32_t p0, uint32_t p1) {
   const struct sk_model_config *c = &s->m->cfg;
   const uint32_t hd = c->head_dim, rd = c->rope_dim;
+  const float *const *src = (const float *const *)ts->kp;
+  if (sq->f16) { /* halves to floats in kr, then rotated in place */
+    for (uint32_t p = p0; p < p1; p++) {
+      const uint16_t *h = ts->kp[p];
+      for (uint32_t j = 0; j < hd; j++) ts->kr[(size_t)p * hd + j] = sk_f16_to_f32(h[j]);
+    }
+    src = ts->kq;
+  }
   if (sq->freq_scale == s->rope_freq_scale) {
-    sk_kernels_rope_rows(ts->kr + (size_t)p0 * hd, ts->kp + p0, s->rope_cos + (size_t)p0 * rd,
+    sk_kernels_rope_rows(ts->kr + (size_t)p0 * hd, src + p0, s->rope_cos + (size_t)p0 * rd,
                          s->rope_sin + (size_t)p0 * rd, p1 - p0, rd, hd);
     return;
   }
   for (uint32_t p = p0; p < p1; p++) { /* a cache with its own scale */
     sk__rope_angles(s->m, p, sq->freq_scale, ts->cs, ts->sn);
-    sk_kernels_rope_rows(ts->kr + (size_t)p * hd, ts->kp + p, ts->cs, ts->sn, 1, rd, hd);
+    sk_kernels_rope_rows(ts->kr + (size_t)p * hd, src + p, ts->cs, ts->sn, 1, rd, hd);
   }
 }
 
@@ -873,7 +889,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
    * thread adds to its score array, in head order) */
   const uint32_t kvh0 = s->task_kvh[task], kvh1 = scores ? c->n_kv_head : kvh0 + 1;
   for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
-  const size_t off = (size_t)kvh * hd;
+  const size_t off = (size_t)kvh * hd * (sq->f16 ? 2 : 4); /* bytes into a row */
   double mass_sum = 0.0, ent_sum = 0.0;
 
 /* cos/sin of position p into cs/sn */
@@ -894,8 +910,8 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
 
   for (uint32_t p = 0; p < sr; p++) {
     const uint32_t slot = kv->order[p];
-    ts->kp[p] = sk_kv_k(kv, a->layer, slot) + off;
-    ts->vp[p] = sk_kv_v(kv, a->layer, slot) + off;
+    ts->kp[p] = (const char *)sk_kv_krow(kv, a->layer, slot) + off;
+    ts->vp[p] = (const char *)sk_kv_vrow(kv, a->layer, slot) + off;
     ts->sp[p] = slot;
   }
   if (!rot) sk__rope_keys(s, sq, ts, 0, sr);
@@ -909,19 +925,20 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     }
     for (uint32_t p = rot_next; p <= P; p++) {
       const uint32_t idx = p + shift;
-      const float *k, *v;
+      const void *k, *v;
       if (idx < nb) {
         const uint32_t slot = SK__SLOT(idx);
-        k = sk_kv_k(kv, a->layer, slot);
-        v = sk_kv_v(kv, a->layer, slot);
+        k = sk_kv_krow(kv, a->layer, slot);
+        v = sk_kv_vrow(kv, a->layer, slot);
         ts->sp[p] = slot;
-      } else {
-        k = s->k + (size_t)(sq->row0 + idx - nb) * D;
-        v = s->v + (size_t)(sq->row0 + idx - nb) * D;
+      } else { /* this chunk's rows, as the cache will hold them */
+        const size_t r = (size_t)(sq->row0 + idx - nb) * D;
+        k = sq->f16 ? (const void *)(s->k16 + r) : (const void *)(s->k + r);
+        v = sq->f16 ? (const void *)(s->v16 + r) : (const void *)(s->v + r);
         ts->sp[p] = kv->order[nr + (idx - nb)]; /* the slot it is written to */
       }
-      ts->kp[p] = k + off;
-      ts->vp[p] = v + off;
+      ts->kp[p] = (const char *)k + off;
+      ts->vp[p] = (const char *)v + off;
     }
     if (!rot) sk__rope_keys(s, sq, ts, rot_next, P + 1);
     rot_next = P + 1;
@@ -934,9 +951,17 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
         sk__rope(ts->qw, qh, c, s->row_cos + (size_t)row * rd, s->row_sin + (size_t)row * rd);
         if (sr) {
           sk__rope(ts->qs, qh, c, s->sink_cos + (size_t)row * rd, s->sink_sin + (size_t)row * rd);
-          sk_kernels_scores(ts->qs, ts->kp, sr, hd, ts->att);
+          if (sq->f16)
+            sk_kernels_scores_f16(ts->qs, (const uint16_t *const *)ts->kp, sr, hd, ts->att);
+          else
+            sk_kernels_scores(ts->qs, (const float *const *)ts->kp, sr, hd, ts->att);
         }
-        sk_kernels_scores(ts->qw, ts->kp + sr, P + 1 - sr, hd, ts->att + sr);
+        if (sq->f16)
+          sk_kernels_scores_f16(ts->qw, (const uint16_t *const *)ts->kp + sr, P + 1 - sr, hd,
+                                ts->att + sr);
+        else
+          sk_kernels_scores(ts->qw, (const float *const *)ts->kp + sr, P + 1 - sr, hd,
+                            ts->att + sr);
       } else {
         sk__rope(qh, qh, c, cs, sn);
         sk_kernels_scores(qh, ts->kq, P + 1, hd, ts->att);
@@ -955,8 +980,11 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
         mass_sum += mass;
         ent_sum += ent;
       }
-      sk_kernels_wsum(s->att_out + (size_t)row * c->dim + (size_t)h * hd, ts->att, ts->vp, P + 1,
-                      hd);
+      float *out = s->att_out + (size_t)row * c->dim + (size_t)h * hd;
+      if (sq->f16)
+        sk_kernels_wsum_f16(out, ts->att, (const uint16_t *const *)ts->vp, P + 1, hd);
+      else
+        sk_kernels_wsum(out, ts->att, (const float *const *)ts->vp, P + 1, hd);
     }
   }
   s->mass_part[(size_t)si * c->n_kv_head + kvh] = mass_sum;
@@ -1071,6 +1099,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sq->freq_scale = c->rope_scale / h->rope_scale;
     sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
     sq->rotated = !sk_policy_scores(h->policy);
+    sq->f16 = h->kv_type == SK_KV_F16;
     if (sq->rotated) { /* the angles of each row (see the attention above) */
       const struct sk_kv *kv = seqs[i].kv;
       const uint32_t nb = sq->nr + seqs[i].n_evicted, cap = h->capacity - 1;
@@ -1125,15 +1154,19 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                         .y = {sk__rows(s, 0, s->q, dim, n), sk__rows(s, n, s->k, D, n),
                               sk__rows(s, 2 * n, s->v, D, n)}};
     sk__matmuls(s, &mm);
-    for (uint32_t i = 0; i < n_seqs; i++) { /* rotated keys: at their stream index */
+    for (uint32_t i = 0; i < n_seqs; i++) {
       const struct sk__seq *sq = &s->seqs[i];
-      if (!sq->rotated) continue;
-      for (uint32_t j = 0; j < seqs[i].n; j++) {
+      for (uint32_t j = 0; j < seqs[i].n && sq->rotated; j++) { /* at their stream index */
         const size_t r = sq->row0 + j;
         for (uint32_t h = 0; h < c->n_kv_head; h++) {
           float *kh = s->k + r * D + (size_t)h * c->head_dim;
           sk__rope(kh, kh, c, s->row_cos + r * c->rope_dim, s->row_sin + r * c->rope_dim);
         }
+      }
+      if (sq->f16) { /* as an f16 cache will hold them; attention reads these */
+        const size_t r0 = (size_t)sq->row0 * D, len = (size_t)seqs[i].n * D;
+        sk_kernels_to_f16(s->k16 + r0, s->k + r0, len);
+        sk_kernels_to_f16(s->v16 + r0, s->v + r0, len);
       }
     }
 
@@ -1155,8 +1188,14 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       const struct sk_kv *kv = seqs[i].kv;
       for (uint32_t j = 0; j < seqs[i].n; j++) {
         uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
-        memcpy(sk_kv_k(kv, l, slot), s->k + (size_t)(sq->row0 + j) * D, D * sizeof(float));
-        memcpy(sk_kv_v(kv, l, slot), s->v + (size_t)(sq->row0 + j) * D, D * sizeof(float));
+        const size_t r = (size_t)(sq->row0 + j) * D;
+        if (sq->f16) {
+          memcpy(sk_kv_krow(kv, l, slot), s->k16 + r, D * sizeof(uint16_t));
+          memcpy(sk_kv_vrow(kv, l, slot), s->v16 + r, D * sizeof(uint16_t));
+        } else {
+          memcpy(sk_kv_krow(kv, l, slot), s->k + r, D * sizeof(float));
+          memcpy(sk_kv_vrow(kv, l, slot), s->v + r, D * sizeof(float));
+        }
       }
     }
 
