@@ -973,8 +973,9 @@ static void test_streaming_chunks_exact(void **state) {
  * the f32 one on the same model: layer-0 keys and values, which depend on
  * the tokens alone, are exactly the f32 ones rounded to binary16; then
  * 256 greedy steps fed the f32 cache's tokens (max |logit difference|,
- * top-1 agreement) and free-running greedy decoding, dense and
- * streaming 4 + 60 (evicting). */
+ * top-1 agreement) and free-running greedy decoding, dense, and
+ * streaming 4 + 60 and h2o 24 + 40 (evicting; h2o's keys are stored
+ * unrotated). */
 static void test_f16_cache_vs_f32(void **state) {
   (void)state;
   enum { STEPS = 256 };
@@ -987,12 +988,19 @@ static void test_f16_cache_vs_f32(void **state) {
   float *lf = malloc(V * sizeof *lf), *lh = malloc(V * sizeof *lh);
   assert_non_null(lf);
   assert_non_null(lh);
-  for (int streaming = 0; streaming < 2; streaming++) {
-    const uint32_t pol = streaming ? SK_POLICY_STREAMING : SK_POLICY_DENSE;
-    struct sk_kv *kf = new_cache_t(fx.m, pol, 4 * streaming, 60 * streaming, 512 * !streaming,
-                                   SK_KV_F32);
-    struct sk_kv *kh = new_cache_t(fx.m, pol, 4 * streaming, 60 * streaming, 512 * !streaming,
-                                   SK_KV_F16);
+  static const struct sk_kv_params ps[] = {
+      {.policy = SK_POLICY_DENSE, .capacity = 512, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 60, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_H2O, .heavy = 24, .recent = 40, .rope_scale = 1.0f},
+  };
+  for (int pi = 0; pi < 3; pi++) {
+    const bool streaming = pi > 0; /* evicting */
+    struct sk_kv *kf = NULL, *kh = NULL;
+    struct sk_error kerr = {0};
+    struct sk_kv_shape shape = sk_model_kv_shape(fx.m);
+    assert_int_equal(sk_kv_new(shape, &ps[pi], &kf, &kerr), 0);
+    shape.kv_type = SK_KV_F16;
+    assert_int_equal(sk_kv_new(shape, &ps[pi], &kh, &kerr), 0);
     assert_int_equal(kh->hdr->kv_type, SK_KV_F16);
     assert_int_equal(sk_kv_row_bytes(kh) * 2, sk_kv_row_bytes(kf));
     forward_ok(fx.m, s, kf, prompt, (uint32_t)n_prompt, lf, false);
@@ -1036,7 +1044,7 @@ static void test_f16_cache_vs_f32(void **state) {
     }
     printf("f16 KV cache vs f32 (%s) over %d greedy steps: max abs logit diff %.4f, top-1 "
            "agreement %d/%d (%.1f%%)",
-           streaming ? "streaming 4+60" : "dense", STEPS, maxd, agree, STEPS,
+           pi == 0 ? "dense" : pi == 1 ? "streaming 4+60" : "h2o 24+40", STEPS, maxd, agree, STEPS,
            100.0 * agree / STEPS);
     if (!streaming) printf(", free-running greedy identical for %d tokens", same);
     printf("\n");

@@ -784,10 +784,23 @@ static void test_kv_f16(void **state) {
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.adopted, n_prompts);
   assert_int_equal(ds.set_aside, 0);
-  struct ids *more = calloc(1, sizeof *more);
-  gen(c, ids[0], 5, 0, false, 0, more, NULL);
-  assert_int_equal(more->n, 5);
-  free(more);
+  /* fork and export/import copy f16 rows: all three go on alike */
+  struct sk_session_summary fk, im;
+  assert_int_equal(sk_client_fork(c, ids[0], &fk, &e), 0);
+  void *img = NULL;
+  size_t img_len = 0;
+  assert_int_equal(sk_client_export(c, ids[0], &img, &img_len, &e), 0);
+  assert_int_equal(sk_client_import(c, img, img_len, &im, &e), 0);
+  free(img);
+  uint64_t three[3] = {ids[0], fk.session, im.session};
+  struct ids *more[3];
+  for (int i = 0; i < 3; i++) {
+    more[i] = calloc(1, sizeof *more[i]);
+    gen(c, three[i], 20, 0, false, 0, more[i], NULL);
+    assert_int_equal(more[i]->n, 20);
+  }
+  for (int i = 1; i < 3; i++) assert_memory_equal(more[i]->v, more[0]->v, 20 * sizeof(int32_t));
+  for (int i = 0; i < 3; i++) free(more[i]);
   sk_client_free(c);
   kill9();
   /* an f32 daemon on the same store sets them aside, saying why */
@@ -795,14 +808,14 @@ static void test_kv_f16(void **state) {
   c = conn();
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.adopted, 0);
-  assert_int_equal(ds.set_aside, n_prompts);
+  assert_int_equal(ds.set_aside, n_prompts + 2); /* and the fork and the import */
   if (!log_has("its KV cache is of type f16, this daemon stores f32 (kv_type in sinkd.conf)")) {
     dump_log();
     fail_msg("no set-aside line naming the KV types");
   }
   printf("kv_type f16: %zu-byte objects for 512 tokens (f32: %zu); greedy tokens of the %zu "
-         "reference prompts equal llama.cpp's; adopted after SIGKILL; an f32 daemon sets "
-         "them aside\n",
+         "reference prompts equal llama.cpp's; adopted after SIGKILL; fork and "
+         "export/import continue alike; an f32 daemon sets them aside\n",
          want16, want32, n_prompts);
   sk_client_free(c);
   json_decref(ref);
