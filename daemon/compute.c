@@ -344,11 +344,11 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i, int
 
 /* Before the pass, for a job with input left: begins the session's step,
  * makes room for a chunk of at most `want` tokens and fills seq.
- * Streaming caches evict inside the chunk exactly as token-by-token
- * streaming would (sk_seq.n_evicted), up to the store's spare slots per
- * step (a crash must leave the last commit's keys intact), so a full
- * cache advances SK_KV_SPARE_SLOTS tokens per pass; other policies evict
- * one token per step once full (dense never: job_start checked that the
+ * Streaming and window caches evict inside the chunk exactly as
+ * token-by-token streaming would (sk_seq.n_evicted), up to the store's
+ * spare slots per step (a crash must leave the last commit's keys
+ * intact), so a full cache advances SK_KV_SPARE_SLOTS tokens per pass;
+ * h2o evicts one token per step once full (dense never: job_start checked that the
  * input fits). Returns 0 or -code with job->err set (step aborted). */
 static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
                         uint32_t row, struct sk_seq *seq, struct sk_evict_log *log) {
@@ -360,7 +360,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
   uint32_t evicted = 0;
   sk_evict_log_reset(log);
   sk_store_begin(s->obj);
-  if (kv->hdr->policy == SK_POLICY_STREAMING) {
+  if (kv->hdr->policy == SK_POLICY_STREAMING || kv->hdr->policy == SK_POLICY_WINDOW) {
     uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
     if (n > room) n = room;
     if (n > sk_kv_max_room(kv)) n = sk_kv_max_room(kv);

@@ -10,9 +10,9 @@
  * thread and n_threads - 1 workers). Results go back to the loop thread as
  * events through a uv_async_t.
  *
- * Once a streaming session's cache is full, its prefill goes
+ * Once a streaming or window session's cache is full, its prefill goes
  * SK_KV_SPARE_SLOTS tokens per pass (the store's crash-consistent budget),
- * other policies one token per pass with one eviction each; before that,
+ * h2o one token per pass with one eviction each; before that,
  * in chunks of the free slots. An append with want_logprobs also scores
  * every token by the logits that preceded it. After each pass every
  * session's attention diagnostics are recorded (sk_session_attn_record).

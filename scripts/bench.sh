@@ -24,7 +24,7 @@ model() { # shape type -> path
   echo "$f"
 }
 
-# run NAME MODEL THREADS BENCH_ARGS...
+# run NAME MODEL THREADS BENCH_ARGS... (daemon options in $DAEMON_ARGS)
 run() {
   name=$1 m=$2 t=$3
   shift 3
@@ -32,7 +32,8 @@ run() {
   state="$out/state-$name"
   rm -rf "$state"
   "$sinkd" --config /dev/null --model "$m" --socket "$sock" --state-dir "$state" \
-    --threads "$t" --max-sessions 80 --max-user-sessions 80 2>"$out/$name.log" &
+    --threads "$t" --max-sessions 80 --max-user-sessions 80 ${DAEMON_ARGS:-} \
+    2>"$out/$name.log" &
   pid=$!
   i=0
   until [ -S "$sock" ] || [ $i -gt 300 ]; do sleep 0.1; i=$((i + 1)); done
@@ -59,9 +60,12 @@ for part in $parts; do
     done
     ;;
   aggregate)
-    for t in 1 2; do
-      run "aggregate-110M-q8_0-t$t" "$(model 110M q8_0)" $t \
-        --no-prefill --no-positions --concurrency 1,4,16,64 --gen 128
+    # f32 KV caches (the default), then f16 (llama.cpp's default cache)
+    for kv in f32 f16; do
+      for t in 1 2; do
+        DAEMON_ARGS="--kv-type $kv" run "aggregate-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \
+          --no-prefill --no-positions --concurrency 1,4,16,64 --gen 128
+      done
     done
     ;;
   positions)

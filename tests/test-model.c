@@ -908,14 +908,15 @@ static void test_batch_errors(void **state) {
 /* A streaming chunk that evicts inside itself (sk_seq.n_evicted) computes
  * exactly what token-by-token streaming computes: same logits for every
  * token, same cache afterwards. 300 tokens through 4 sinks + 40. */
-static void streaming_chunks_exact(uint32_t kv_type) {
+static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
   enum { N = 300 };
   const uint32_t V = fx.c->n_vocab;
   int32_t ids[N];
   ids[0] = 1;
   for (int i = 1; i < N; i++) ids[i] = (int32_t)(3 + (i * 7919) % 500);
-  struct sk_kv *one = new_cache_t(fx.m, SK_POLICY_STREAMING, 4, 40, 0, kv_type);
-  struct sk_kv *chk = new_cache_t(fx.m, SK_POLICY_STREAMING, 4, 40, 0, kv_type);
+  const uint32_t n_sink = policy == SK_POLICY_STREAMING ? 4 : 0;
+  struct sk_kv *one = new_cache_t(fx.m, policy, n_sink, 44 - n_sink, 0, kv_type);
+  struct sk_kv *chk = new_cache_t(fx.m, policy, n_sink, 44 - n_sink, 0, kv_type);
   struct sk_scratch *s = new_scratch(fx.m, 64, 64);
   float *l1 = malloc((size_t)N * V * sizeof *l1), *l2 = malloc((size_t)N * V * sizeof *l2);
   assert_non_null(l1);
@@ -965,8 +966,9 @@ static void streaming_chunks_exact(uint32_t kv_type) {
 
 static void test_streaming_chunks_exact(void **state) {
   (void)state;
-  streaming_chunks_exact(SK_KV_F32);
-  streaming_chunks_exact(SK_KV_F16);
+  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F32);
+  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F16);
+  streaming_chunks_exact(SK_POLICY_WINDOW, SK_KV_F32);
 }
 
 /* An f16 KV cache (kv_type f16, llama.cpp's default cache type) against

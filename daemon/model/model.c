@@ -1058,10 +1058,12 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
                          "context %u",
                          nr, q->n, s->max_ctx);
   if (q->n_evicted &&
-      (kv->hdr->policy != SK_POLICY_STREAMING || q->n_evicted > q->n ||
+      ((kv->hdr->policy != SK_POLICY_STREAMING && kv->hdr->policy != SK_POLICY_WINDOW) ||
+       q->n_evicted > q->n ||
        nr + q->n != kv->hdr->capacity || nr < kv->hdr->n_sink))
     return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
-                         "n_evicted %u does not describe a streaming make_room for %u tokens",
+                         "n_evicted %u does not describe a streaming or window make_room "
+                         "for %u tokens",
                          q->n_evicted, q->n);
   return 0;
 }

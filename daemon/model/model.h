@@ -86,8 +86,8 @@ struct sk_seq {
   struct sk_kv *kv;      /* at most one sequence per cache in a batch */
   const int32_t *tokens; /* (n) */
   uint32_t n;
-  /* Streaming caches only: how many tokens the sk_kv_make_room(kv, n)
-   * just before this call evicted (0 otherwise). Their keys stay readable
+  /* Streaming and window caches only: how many tokens the
+   * sk_kv_make_room(kv, n) just before this call evicted (0 otherwise). Their keys stay readable
    * until the pass ends, so the chunk computes exactly what n calls of
    * one token, each after make_room(1), would: token i still sees the
    * evicted tokens that one-by-one processing would not yet have dropped. */
