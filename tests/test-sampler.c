@@ -52,7 +52,26 @@ static void test_greedy(void **state) {
   assert_int_equal(sk_sampler_sample(&s, last), 3);
   const float inf[4] = {0.0f, -INFINITY, INFINITY, 1.0f};
   assert_int_equal(sk_sampler_sample(&s, inf), 2);
+  /* NaN (a broken model) never wins, wherever it is; all NaN gives 0 */
+  const float nan0[4] = {NAN, 2.0f, NAN, 1.0f};
+  assert_int_equal(sk_sampler_sample(&s, nan0), 1);
+  const float allnan[4] = {NAN, NAN, NAN, NAN};
+  assert_int_equal(sk_sampler_sample(&s, allnan), 0);
+  const float neginf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  assert_int_equal(sk_sampler_sample(&s, neginf), 0);
   sk_sampler_free(&s);
+  /* lengths around the 8 lanes: the maximum in the tail, ties across lanes */
+  for (uint32_t n = 1; n <= 19; n++) {
+    float v[19];
+    init_ok(&s, 0.0f, 0, 1.0f, 1, n);
+    for (uint32_t at = 0; at < n; at++) {
+      for (uint32_t i = 0; i < n; i++) v[i] = -(float)i;
+      v[at] = 3.0f;
+      if (at + 9 < n) v[at + 9] = 3.0f; /* a tie 9 ids later: the lower id wins */
+      assert_int_equal(sk_sampler_sample(&s, v), (int32_t)at);
+    }
+    sk_sampler_free(&s);
+  }
 
   float l[NV];
   init_ok(&s, 0.0f, 40, 0.9f, 7, NV); /* top-k/p do not matter at T=0 */

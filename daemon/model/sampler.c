@@ -94,11 +94,22 @@ void sk_sampler_free(struct sk_sampler *s) {
 
 /* ---- sampling ------------------------------------------------------- */
 
+/* The lowest id of the largest logit (NaNs never win; all NaN: 0). Two
+ * passes: the maximum over 8 independent lanes (which the compiler turns
+ * into vector max instructions, no dependency from one logit to the
+ * next), then the first id holding it. */
 static int32_t sk__argmax(const float *logits, uint32_t n) {
-  uint32_t best = 0;
-  for (uint32_t i = 1; i < n; i++)
-    if (logits[i] > logits[best]) best = i; /* strict: lowest id on ties */
-  return (int32_t)best;
+  float lane[8];
+  for (int l = 0; l < 8; l++) lane[l] = -INFINITY;
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) lane[l] = logits[i + l] > lane[l] ? logits[i + l] : lane[l];
+  float max = -INFINITY;
+  for (int l = 0; l < 8; l++) max = lane[l] > max ? lane[l] : max;
+  for (; i < n; i++) max = logits[i] > max ? logits[i] : max;
+  for (i = 0; i < n; i++)
+    if (logits[i] == max) return (int32_t)i;
+  return 0; /* every logit NaN */
 }
 
 /* Candidate order: logit descending, id ascending (a total order, so the
