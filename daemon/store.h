@@ -19,8 +19,9 @@
  *   [off_meta[0], +M)     meta copy 0              struct sk_store_meta + ...
  *   [off_meta[1], +M)     meta copy 1              ... the same layout
  *   [off_data, +data_size) data part               K then V of the KV block
- *                                                  (kvcache.h): float
- *                                                  k[L][S][D], v[L][S][D]
+ *                                                  (kvcache.h): k[L][S][D],
+ *                                                  v[L][S][D] of kv_type
+ *                                                  (float or binary16)
  *
  * A meta copy (M = meta_size bytes, offsets from the copy's start):
  *
