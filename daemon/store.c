@@ -1002,9 +1002,13 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u, capacity %u) "
                    "does not fit the loaded model",
                    im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
+  /* The rows may be of either KV type here (the image header does not
+   * name it): an image of the other type is refused below with its type,
+   * once the meta copy's cache header says which. */
+  const uint64_t rows_elems = 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim;
   if (im->n_resident > im->capacity ||
-      im->rows_size != 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim *
-                           sk_kv_type_size(st->shape.kv_type) ||
+      (im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F32) &&
+       im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F16)) ||
       im->total_size != sizeof *im + im->meta_size + im->rows_size)
     return sk__bad(err, "export file sizes are inconsistent");
   const char *copy = (const char *)buf + sizeof *im;
@@ -1039,6 +1043,10 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
       kh->n_resident != im->n_resident || kh->n_layer != im->n_layer ||
       kh->kv_dim != im->kv_dim) {
     rc = sk__bad(err, "export file: its cache header disagrees with the file header");
+    goto out;
+  }
+  if (im->rows_size != rows_elems * sk_kv_type_size(st->shape.kv_type)) {
+    rc = sk__bad(err, "export file sizes are inconsistent");
     goto out;
   }
   if (ret) {

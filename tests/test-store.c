@@ -591,6 +591,38 @@ static void test_export_import(void **state) {
     rm_rf(odir);
     free(odir);
   }
+  /* the other KV type, both ways: refused naming the types (not as a size
+   * problem) */
+  {
+    struct sk_store_config c16 = fx.cfg;
+    c16.shape.kv_type = SK_KV_F16;
+    char *hdir = new_dir();
+    c16.dir = hdir;
+    struct sk_store *hst = NULL;
+    assert_int_equal(sk_store_open(&c16, &hst, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(hst, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "holds a KV cache of type f32, this daemon stores f16"))
+      fail_msg("f32 image into an f16 store: \"%s\"", err.message);
+    struct sk_store_obj *h = create(hst, 1, &streaming16);
+    step(h, 16);
+    step(h, 1);
+    size_t hsize = sk_store_export_size(h);
+    char *himg = malloc(hsize);
+    assert_non_null(himg);
+    sk_store_export(h, himg, hsize);
+    assert_int_equal(sk_store_image_check(hst, himg, hsize, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(st, himg, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "holds a KV cache of type f16, this daemon stores f32"))
+      fail_msg("f16 image into an f32 store: \"%s\"", err.message);
+    struct sk_store_obj *d = NULL;
+    assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
+    assert_null(d);
+    free(himg);
+    sk_store_obj_free(h);
+    sk_store_close(hst);
+    rm_rf(hdir);
+    free(hdir);
+  }
   free(img);
   sk_store_obj_free(a);
   sk_store_obj_free(b);
