@@ -995,6 +995,28 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "export file is for another model (fingerprint %s, loaded model %s)",
                    a, b);
   }
+  /* An image of another KV layout version (an older sinkd: other slot
+   * counts, so other offsets and sizes) is named as such before its
+   * geometry is compared with this daemon's. The body checksum matched, so
+   * the bytes are the exporter's; bounds are checked all the same. */
+  {
+    struct sk_store_meta m0;
+    struct sk_kv_header k0;
+    const uint64_t body = len - sizeof *im;
+    const uint64_t room = im->meta_size < body ? im->meta_size : body;
+    if (room >= sizeof m0) {
+      memcpy(&m0, (const char *)buf + sizeof *im, sizeof m0);
+      if (m0.magic == SK_STORE_META_MAGIC && room >= sizeof k0 &&
+          m0.off_kv <= room - sizeof k0) {
+        memcpy(&k0, (const char *)buf + sizeof *im + m0.off_kv, sizeof k0);
+        if (k0.magic == SK_KV_MAGIC && k0.layout_version != SK_KV_LAYOUT_VERSION)
+          return sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd "
+                         "reads version %u (export it again with the sinkd that wrote it, or "
+                         "start over)",
+                         k0.layout_version, SK_KV_LAYOUT_VERSION);
+      }
+    }
+  }
   struct sk__geom g;
   if (im->n_vocab != st->n_vocab || im->n_layer != st->shape.n_layer ||
       im->kv_dim != st->shape.kv_dim || !sk__geom(st, im->capacity, &g) ||
@@ -1027,12 +1049,6 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   const struct sk_store_meta *m = meta;
   const struct sk_kv_header *kh =
       (const struct sk_kv_header *)(const void *)((const char *)meta + m->off_kv);
-  if (kh->magic == SK_KV_MAGIC && kh->layout_version != SK_KV_LAYOUT_VERSION) {
-    rc = sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd reads "
-                 "version %u (export it again with the sinkd that wrote it, or start over)",
-                 kh->layout_version, SK_KV_LAYOUT_VERSION);
-    goto out;
-  }
   if (kh->magic == SK_KV_MAGIC && kh->kv_type != st->shape.kv_type) {
     const char *t = sk_kv_type_name(kh->kv_type);
     rc = sk__bad(err, "export file holds a KV cache of type %s, this daemon stores %s (kv_type "

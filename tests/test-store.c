@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include "gguf.h"
 #include "kvcache.h"
@@ -590,6 +591,28 @@ static void test_export_import(void **state) {
     sk_store_close(ost);
     rm_rf(odir);
     free(odir);
+  }
+  /* an image of an older KV layout (other slot counts: other offsets in
+   * its meta copy), checksums intact: refused naming the layout version,
+   * not as an invalid meta copy */
+  {
+    char *old = malloc(size);
+    assert_non_null(old);
+    memcpy(old, img, size);
+    struct sk_store_image *oim = (struct sk_store_image *)(void *)old;
+    char *copy = old + sizeof *oim;
+    struct sk_store_meta *om = (struct sk_store_meta *)(void *)copy;
+    struct sk_kv_header *okh = (struct sk_kv_header *)(void *)(copy + om->off_kv);
+    okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
+    om->off_logits += 64;
+    om->off_sum += 64;
+    om->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)oim->meta_size - 16, om->commit);
+    oim->body_checksum = XXH3_64bits(copy, size - sizeof *oim);
+    oim->header_checksum = XXH3_64bits(oim, offsetof(struct sk_store_image, header_checksum));
+    assert_int_equal(sk_store_image_check(st, old, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "layout version"))
+      fail_msg("older KV layout: \"%s\"", err.message);
+    free(old);
   }
   /* the other KV type, both ways: refused naming the types (not as a size
    * problem) */
