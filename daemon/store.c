@@ -443,7 +443,17 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
   sk__view(obj, obj->live);
   const uint64_t *sums = sk__sums(obj);
   uint64_t prev = 0;
-  for (uint32_t p = 0; p < kh->n_resident; p++) {
+  /* Keys stored rotated at their stream index (every policy but h2o /
+   * sink_h2o, kvcache.h) are read assuming the sinks are consecutive
+   * stream indices, and so is the rest, ending at n_seen - 1: the forward
+   * pass derives every distance from n_seen and the first sink's index. */
+  const bool rotated = !sk_policy_scores(kh->policy);
+  const uint32_t nr = kh->n_resident;
+  const uint32_t sr = kh->policy == SK_POLICY_STREAMING && kh->n_sink < nr ? kh->n_sink
+                      : kh->policy == SK_POLICY_STREAMING                ? nr
+                                                                         : 0;
+  const uint64_t t0 = nr ? obj->kv.index[obj->kv.order[0]] : 0;
+  for (uint32_t p = 0; p < nr; p++) {
     uint32_t slot = obj->kv.order[p];
     int32_t tok = obj->kv.token[slot];
     uint64_t idx = obj->kv.index[slot];
@@ -453,6 +463,10 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
       return sk__bad(err, "cache position %u holds stream index %" PRIu64
                      " (out of order or beyond n_seen %" PRIu64 ")",
                      p, idx, kh->n_seen);
+    if (rotated && idx != (p < sr ? t0 + p : kh->n_seen - nr + p))
+      return sk__bad(err, "cache position %u holds stream index %" PRIu64 ", but its key is "
+                     "stored rotated and n_seen %" PRIu64 " puts it at %" PRIu64,
+                     p, idx, kh->n_seen, p < sr ? t0 + p : kh->n_seen - nr + p);
     prev = idx;
     if (sums[slot] != sk__slot_sum(&obj->kv, slot))
       return sk__bad(err, "K/V of cache position %u (slot %u, stream index %" PRIu64
