@@ -17,12 +17,6 @@
  * every token by the logits that preceded it. After each pass every
  * session's attention diagnostics are recorded (sk_session_attn_record).
  *
- * Once a session's cache is full, a prefill goes one token per step with
- * one eviction each (StreamingLLM's setting); before that, in chunks of
- * the free slots. An append with want_logprobs also scores every token by
- * the logits that preceded it. After each forward the session's attention
- * diagnostics are recorded (sk_session_attn_record).
- *
  * A job's session must have no other job submitted (the loop serializes
  * jobs per session).
  */

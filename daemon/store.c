@@ -443,7 +443,17 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
   sk__view(obj, obj->live);
   const uint64_t *sums = sk__sums(obj);
   uint64_t prev = 0;
-  for (uint32_t p = 0; p < kh->n_resident; p++) {
+  /* Keys stored rotated at their stream index (every policy but h2o /
+   * sink_h2o, kvcache.h) are read assuming the sinks are consecutive
+   * stream indices, and so is the rest, ending at n_seen - 1: the forward
+   * pass derives every distance from n_seen and the first sink's index. */
+  const bool rotated = !sk_policy_scores(kh->policy);
+  const uint32_t nr = kh->n_resident;
+  const uint32_t sr = kh->policy == SK_POLICY_STREAMING && kh->n_sink < nr ? kh->n_sink
+                      : kh->policy == SK_POLICY_STREAMING                ? nr
+                                                                         : 0;
+  const uint64_t t0 = nr ? obj->kv.index[obj->kv.order[0]] : 0;
+  for (uint32_t p = 0; p < nr; p++) {
     uint32_t slot = obj->kv.order[p];
     int32_t tok = obj->kv.token[slot];
     uint64_t idx = obj->kv.index[slot];
@@ -453,6 +463,10 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
       return sk__bad(err, "cache position %u holds stream index %" PRIu64
                      " (out of order or beyond n_seen %" PRIu64 ")",
                      p, idx, kh->n_seen);
+    if (rotated && idx != (p < sr ? t0 + p : kh->n_seen - nr + p))
+      return sk__bad(err, "cache position %u holds stream index %" PRIu64 ", but its key is "
+                     "stored rotated and n_seen %" PRIu64 " puts it at %" PRIu64,
+                     p, idx, kh->n_seen, p < sr ? t0 + p : kh->n_seen - nr + p);
     prev = idx;
     if (sums[slot] != sk__slot_sum(&obj->kv, slot))
       return sk__bad(err, "K/V of cache position %u (slot %u, stream index %" PRIu64
@@ -995,6 +1009,28 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "export file is for another model (fingerprint %s, loaded model %s)",
                    a, b);
   }
+  /* An image of another KV layout version (an older sinkd: other slot
+   * counts, so other offsets and sizes) is named as such before its
+   * geometry is compared with this daemon's. The body checksum matched, so
+   * the bytes are the exporter's; bounds are checked all the same. */
+  {
+    struct sk_store_meta m0;
+    struct sk_kv_header k0;
+    const uint64_t body = len - sizeof *im;
+    const uint64_t room = im->meta_size < body ? im->meta_size : body;
+    if (room >= sizeof m0) {
+      memcpy(&m0, (const char *)buf + sizeof *im, sizeof m0);
+      if (m0.magic == SK_STORE_META_MAGIC && room >= sizeof k0 &&
+          m0.off_kv <= room - sizeof k0) {
+        memcpy(&k0, (const char *)buf + sizeof *im + m0.off_kv, sizeof k0);
+        if (k0.magic == SK_KV_MAGIC && k0.layout_version != SK_KV_LAYOUT_VERSION)
+          return sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd "
+                         "reads version %u (export it again with the sinkd that wrote it, or "
+                         "start over)",
+                         k0.layout_version, SK_KV_LAYOUT_VERSION);
+      }
+    }
+  }
   struct sk__geom g;
   if (im->n_vocab != st->n_vocab || im->n_layer != st->shape.n_layer ||
       im->kv_dim != st->shape.kv_dim || !sk__geom(st, im->capacity, &g) ||
@@ -1002,9 +1038,13 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u, capacity %u) "
                    "does not fit the loaded model",
                    im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
+  /* The rows may be of either KV type here (the image header does not
+   * name it): an image of the other type is refused below with its type,
+   * once the meta copy's cache header says which. */
+  const uint64_t rows_elems = 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim;
   if (im->n_resident > im->capacity ||
-      im->rows_size != 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim *
-                           sk_kv_type_size(st->shape.kv_type) ||
+      (im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F32) &&
+       im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F16)) ||
       im->total_size != sizeof *im + im->meta_size + im->rows_size)
     return sk__bad(err, "export file sizes are inconsistent");
   const char *copy = (const char *)buf + sizeof *im;
@@ -1023,12 +1063,6 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   const struct sk_store_meta *m = meta;
   const struct sk_kv_header *kh =
       (const struct sk_kv_header *)(const void *)((const char *)meta + m->off_kv);
-  if (kh->magic == SK_KV_MAGIC && kh->layout_version != SK_KV_LAYOUT_VERSION) {
-    rc = sk__bad(err, "export file holds a KV cache of layout version %u, this sinkd reads "
-                 "version %u (export it again with the sinkd that wrote it, or start over)",
-                 kh->layout_version, SK_KV_LAYOUT_VERSION);
-    goto out;
-  }
   if (kh->magic == SK_KV_MAGIC && kh->kv_type != st->shape.kv_type) {
     const char *t = sk_kv_type_name(kh->kv_type);
     rc = sk__bad(err, "export file holds a KV cache of type %s, this daemon stores %s (kv_type "
@@ -1039,6 +1073,10 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
       kh->n_resident != im->n_resident || kh->n_layer != im->n_layer ||
       kh->kv_dim != im->kv_dim) {
     rc = sk__bad(err, "export file: its cache header disagrees with the file header");
+    goto out;
+  }
+  if (im->rows_size != rows_elems * sk_kv_type_size(st->shape.kv_type)) {
+    rc = sk__bad(err, "export file sizes are inconsistent");
     goto out;
   }
   if (ret) {

@@ -79,8 +79,8 @@
  *                           header
  *   meta copy               M bytes: the live meta copy, verbatim
  *   rows                    for l: for p < n_resident: K row of the slot
- *                           at cache position p (D floats); then the same
- *                           for V: 2 * L * n_resident * D floats
+ *                           at cache position p (D elements of kv_type); then the same
+ *                           for V: 2 * L * n_resident * D elements
  * Import checks everything (sizes, both checksums, the fingerprint, the
  * meta copy's own checksum and consistency, every row against kv_sum)
  * before a session exists.
@@ -170,7 +170,7 @@ struct sk_store_image {
   uint32_t policy;
   uint32_t n_resident;       /* rows per layer that follow */
   uint64_t meta_size;        /* M */
-  uint64_t rows_size;        /* 2 * L * n_resident * D * 4 */
+  uint64_t rows_size;        /* 2 * L * n_resident * D * E (E: 4 f32, 2 f16) */
   uint64_t total_size;       /* header + M + rows_size */
   uint64_t body_checksum;    /* XXH3-64 of bytes [header_size, total_size) */
   uint8_t reserved[32];

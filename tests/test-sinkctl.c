@@ -224,8 +224,9 @@ static void test_chat_keeps_history(void **state) {
   assert_int_equal(run("hi\n", &out, &err, (const char *const[]){"chat", "--session", "999", NULL}),
                    1);
   assert_string_equal(err, "sinkctl: no_such_session: no session 999 (sessions end when closed "
-                           "or after the idle TTL, not at a daemon restart; `sinkctl list` "
-                           "shows yours)\n");
+                           "or after the idle TTL; a restart keeps them unless sinkd set them "
+                           "aside at start, e.g. for another kv_type: see its log and invalid/ "
+                           "in its state directory; `sinkctl list` shows yours)\n");
   free(out);
   free(err);
 }

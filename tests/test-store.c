@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include "gguf.h"
 #include "kvcache.h"
@@ -152,9 +153,11 @@ static struct snap take_snap(const struct sk_store_obj *obj) {
                            .window = obj->kv.hdr->window, .capacity = obj->kv.hdr->capacity,
                            .rope_scale = obj->kv.hdr->rope_scale};
   struct sk_error err = {0};
-  assert_int_equal(sk_kv_new(fx.cfg.shape, &p, &s.kv, &err), 0);
+  struct sk_kv_shape shape = fx.cfg.shape;
+  shape.kv_type = obj->kv.hdr->kv_type;
+  assert_int_equal(sk_kv_new(shape, &p, &s.kv, &err), 0);
   size_t meta = 0, data = 0;
-  assert_true(sk_kv_part_sizes(fx.cfg.shape, obj->kv.hdr->capacity, &meta, &data));
+  assert_true(sk_kv_part_sizes(shape, obj->kv.hdr->capacity, &meta, &data));
   memcpy(s.kv->hdr, obj->kv.hdr, meta);
   memcpy(s.kv->k, obj->kv.k, data);
   s.logits = malloc(fx.n_vocab * sizeof(float));
@@ -334,6 +337,72 @@ static void test_uncommitted_step(void **state) {
   sk_store_close(st);
   rm_rf(dir);
   free(dir);
+}
+
+/* A window cache's chunk of SK_KV_SPARE_SLOTS tokens that evicts as many
+ * (compute.c's plan_prefill once the cache is full), on the store's view;
+ * committed or not. */
+static void chunk_step(struct sk_store_obj *obj, bool commit) {
+  struct sk_kv *kv = &obj->kv;
+  struct sk_error err = {0};
+  sk_store_begin(obj);
+  const uint32_t n = SK_KV_SPARE_SLOTS;
+  uint64_t before = kv->hdr->n_evicted;
+  assert_int_equal(sk_kv_make_room(kv, n, NULL, &err), 0);
+  int32_t toks[SK_KV_SPARE_SLOTS];
+  for (uint32_t i = 0; i < n; i++) toks[i] = tok_at(kv->hdr->n_seen + i);
+  struct sk_seq q = {.kv = kv, .tokens = toks, .n = n,
+                     .n_evicted = (uint32_t)(kv->hdr->n_evicted - before),
+                     .logits = obj->logits};
+  assert_int_equal(q.n_evicted, n);
+  if (sk_model_forward_batch(fx.m, fx.scr, &q, 1, &err) < 0) fail_msg("forward: %s", err.message);
+  obj->meta->flags |= SK_STORE_HAS_LOGITS;
+  if (commit) sk_store_commit(obj);
+}
+
+/* The same for a chunk that evicts SK_KV_SPARE_SLOTS tokens at once (a
+ * full window cache), f32 and f16: the daemon dying inside it leaves the
+ * last commit, every resident key and value intact. */
+static void test_uncommitted_chunk(void **state) {
+  (void)state;
+  static const struct sk_kv_params window17 = {.policy = SK_POLICY_WINDOW, .window = 17,
+                                               .rope_scale = 1.0f};
+  for (uint32_t type = SK_KV_F32; type <= SK_KV_F16; type++) {
+    char *dir = new_dir();
+    struct sk_store_config c = fx.cfg;
+    c.shape.kv_type = type;
+    c.dir = dir;
+    struct sk_store *st = NULL;
+    struct sk_error err = {0};
+    assert_int_equal(sk_store_open(&c, &st, NULL, &err), 0);
+    struct sk_store_obj *obj = create(st, 7, &window17);
+    step(obj, 16);
+    step(obj, 1); /* full */
+    chunk_step(obj, true);
+    chunk_step(obj, true);
+    struct snap before = take_snap(obj);
+    for (int variant = 0; variant < 2; variant++) {
+      chunk_step(obj, false);
+      if (variant == 1) obj->meta->checksum ^= 0xffff; /* torn commit */
+      sk_store_obj_free(obj); /* died here */
+      sk_store_close(st);
+      assert_int_equal(sk_store_open(&c, &st, NULL, &err), 0);
+      struct scan s;
+      do_scan(st, &s, NULL);
+      assert_int_equal(s.n_adopted, 1);
+      assert_int_equal(s.n_skipped, 0);
+      obj = s.adopted[0];
+      assert_true(obj->dropped_step);
+      assert_snap(&before, obj);
+    }
+    chunk_step(obj, true);
+    assert_int_equal(obj->kv.hdr->n_seen, before.kv->hdr->n_seen + SK_KV_SPARE_SLOTS);
+    free_snap(&before);
+    sk_store_obj_free(obj);
+    sk_store_close(st);
+    rm_rf(dir);
+    free(dir);
+  }
 }
 
 /* Writes `byte ^= mask` at off of a file. */
@@ -591,6 +660,81 @@ static void test_export_import(void **state) {
     rm_rf(odir);
     free(odir);
   }
+  /* an image of an older KV layout (other slot counts: other offsets in
+   * its meta copy), checksums intact: refused naming the layout version,
+   * not as an invalid meta copy */
+  {
+    char *old = malloc(size);
+    assert_non_null(old);
+    memcpy(old, img, size);
+    struct sk_store_image *oim = (struct sk_store_image *)(void *)old;
+    char *copy = old + sizeof *oim;
+    struct sk_store_meta *om = (struct sk_store_meta *)(void *)copy;
+    struct sk_kv_header *okh = (struct sk_kv_header *)(void *)(copy + om->off_kv);
+    okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
+    om->off_logits += 64;
+    om->off_sum += 64;
+    om->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)oim->meta_size - 16, om->commit);
+    oim->body_checksum = XXH3_64bits(copy, size - sizeof *oim);
+    oim->header_checksum = XXH3_64bits(oim, offsetof(struct sk_store_image, header_checksum));
+    assert_int_equal(sk_store_image_check(st, old, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "layout version"))
+      fail_msg("older KV layout: \"%s\"", err.message);
+    free(old);
+  }
+  /* n_seen out of step with the resident stream indices (checksums
+   * intact): the keys are stored rotated at their stream index and the
+   * forward pass derives distances from n_seen, so import refuses it */
+  {
+    char *bad = malloc(size);
+    assert_non_null(bad);
+    memcpy(bad, img, size);
+    struct sk_store_image *bim = (struct sk_store_image *)(void *)bad;
+    char *copy = bad + sizeof *bim;
+    struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
+    ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->n_seen += 1;
+    bm->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)bim->meta_size - 16, bm->commit);
+    bim->body_checksum = XXH3_64bits(copy, size - sizeof *bim);
+    bim->header_checksum = XXH3_64bits(bim, offsetof(struct sk_store_image, header_checksum));
+    struct sk_store_obj *d = NULL;
+    assert_int_equal(sk_store_import(st, bad, size, 5, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "stored rotated"))
+      fail_msg("n_seen out of step: \"%s\"", err.message);
+    assert_null(d);
+    free(bad);
+  }
+  /* the other KV type, both ways: refused naming the types (not as a size
+   * problem) */
+  {
+    struct sk_store_config c16 = fx.cfg;
+    c16.shape.kv_type = SK_KV_F16;
+    char *hdir = new_dir();
+    c16.dir = hdir;
+    struct sk_store *hst = NULL;
+    assert_int_equal(sk_store_open(&c16, &hst, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(hst, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "holds a KV cache of type f32, this daemon stores f16"))
+      fail_msg("f32 image into an f16 store: \"%s\"", err.message);
+    struct sk_store_obj *h = create(hst, 1, &streaming16);
+    step(h, 16);
+    step(h, 1);
+    size_t hsize = sk_store_export_size(h);
+    char *himg = malloc(hsize);
+    assert_non_null(himg);
+    sk_store_export(h, himg, hsize);
+    assert_int_equal(sk_store_image_check(hst, himg, hsize, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(st, himg, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "holds a KV cache of type f16, this daemon stores f32"))
+      fail_msg("f16 image into an f32 store: \"%s\"", err.message);
+    struct sk_store_obj *d = NULL;
+    assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
+    assert_null(d);
+    free(himg);
+    sk_store_obj_free(h);
+    sk_store_close(hst);
+    rm_rf(hdir);
+    free(hdir);
+  }
   free(img);
   sk_store_obj_free(a);
   sk_store_obj_free(b);
@@ -666,6 +810,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_as_plain_cache),
       cmocka_unit_test(test_uncommitted_step),
+      cmocka_unit_test(test_uncommitted_chunk),
       cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_fork),
       cmocka_unit_test(test_export_import),
