@@ -224,7 +224,7 @@ static void sk__gen_rope_rows(float *y, const float *const *x, const float *cos2
   for (uint32_t r = 0; r < n; r++) {
     float *yr = y + (size_t)r * head_dim;
     sk__gen_rope(yr, x[r], cos2 + (size_t)r * rope_dim, sin2 + (size_t)r * rope_dim, rope_dim);
-    if (rope_dim < head_dim)
+    if (rope_dim < head_dim && yr != x[r]) /* in place: nothing to copy */
       memcpy(yr + rope_dim, x[r] + rope_dim, (head_dim - rope_dim) * sizeof *yr);
   }
 }

@@ -154,7 +154,7 @@ void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *s
                      uint32_t rope_dim);
 /* sk_kernels_rope of n rows: row r from x[r] (head_dim floats) to
  * y + r * head_dim with angles cos2/sin2 + r * rope_dim; elements from
- * rope_dim to head_dim are copied. */
+ * rope_dim to head_dim are copied (x[r] may be row r of y: in place). */
 void sk_kernels_rope_rows(float *y, const float *const *x, const float *cos2, const float *sin2,
                           uint32_t n, uint32_t rope_dim, uint32_t head_dim);
 
