@@ -36,7 +36,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,31 +69,11 @@ struct opts {
 };
 
 
-static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void note(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", sk_tool_prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fputc('\n', stderr);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 /* q-quantile (0..1) of v[0..n), sorting v. */
 static double quantile(double *v, size_t n, double q) {
   if (n == 0) return 0.0;
-  qsort(v, n, sizeof *v, cmp_double);
+  qsort(v, n, sizeof *v, sk_tool_cmp_double);
   size_t i = (size_t)ceil(q * (double)n);
   return v[i == 0 ? 0 : i - 1];
 }
@@ -181,7 +160,7 @@ struct timing {
 static int on_token(void *user, const struct sk_token_event *ev) {
   (void)ev;
   struct timing *tm = user;
-  if (tm->n < tm->cap) tm->t[tm->n++] = now_s();
+  if (tm->n < tm->cap) tm->t[tm->n++] = sk_tool_now_s();
   return 0;
 }
 
@@ -432,13 +411,13 @@ int main(int argc, char **argv) {
     for (uint32_t r = 0; r < o.reps; r++) {
       random_tokens(toks, o.prefill, V, &st);
       uint64_t id = open_session(c, &o, true, NULL);
-      double t0 = now_s();
+      double t0 = sk_tool_now_s();
       append_or_die(c, id, toks, o.prefill);
-      v[r] = (double)o.prefill / (now_s() - t0);
+      v[r] = (double)o.prefill / (sk_tool_now_s() - t0);
       close_session(c, id);
     }
     prefill_tps = quantile(v, o.reps, 0.5);
-    note("prefill: %.1f tokens/s", prefill_tps);
+    sk_tool_note("prefill: %.1f tokens/s", prefill_tps);
     free(toks);
     free(v);
   }
@@ -460,7 +439,7 @@ int main(int argc, char **argv) {
       close_session(c, id);
     }
     decode_tps = quantile(v, o.reps, 0.5);
-    note("decode, one session: %.1f tokens/s", decode_tps);
+    sk_tool_note("decode, one session: %.1f tokens/s", decode_tps);
     free(v);
     free(tm.t);
   }
@@ -470,7 +449,7 @@ int main(int argc, char **argv) {
   uint32_t n_conc = o.no_conc ? 0 : o.n_conc;
   for (uint32_t i = 0; i < n_conc; i++) {
     conc[i] = run_concurrency(&o, V, o.conc[i], pid);
-    note("%u sessions: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms", conc[i].c,
+    sk_tool_note("%u sessions: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms", conc[i].c,
          conc[i].aggregate, conc[i].p50_ms, conc[i].p99_ms);
   }
 
@@ -491,7 +470,7 @@ int main(int argc, char **argv) {
     size_t n_seg[MAX_LIST] = {0};
     uint64_t cpu[MAX_LIST] = {0};
     if (!chunk || !tm.t || !seg) sk_tool_die("out of memory");
-    double t_adv = now_s();
+    double t_adv = sk_tool_now_s();
     for (uint32_t i = 0; i < n_pos; i++) {
       ids[i] = open_session(c, &o, true, &kv_bytes_stream);
       uint64_t seen = 0;
@@ -501,8 +480,8 @@ int main(int argc, char **argv) {
         append_or_die(c, ids[i], chunk, (size_t)n);
         seen += n;
         if (seen % (16 * APPEND_CHUNK) < n)
-          note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
-               (double)seen / (now_s() - t_adv));
+          sk_tool_note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
+               (double)seen / (sk_tool_now_s() - t_adv));
       }
       tm.n = 0;
       generate_or_die(c, ids[i], POS_WARMUP < tm.cap ? POS_WARMUP : (uint32_t)tm.cap, &tm);
@@ -523,7 +502,7 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < n_pos; i++) {
       pos_ms[i] = quantile(seg + (size_t)i * seg_cap, n_seg[i], 0.5);
       pos_cpu_ms[i] = (double)cpu[i] / 1e6 / ((double)per_round * POS_ROUNDS);
-      note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
+      sk_tool_note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
            pos_ms[i], pos_cpu_ms[i]);
       close_session(c, ids[i]);
     }

@@ -20,6 +20,7 @@
 #include "gguf.h"
 #include "kernels.h"
 #include "quant.h"
+#include "tool.h"
 
 #define MAX_VARIANTS 4
 
@@ -29,16 +30,6 @@ static float frand(void) { /* uniform in [-1, 1) */
   return (float)((double)(rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -143,9 +134,9 @@ int main(int argc, char **argv) {
           for (int k = 0; k < nv; k++) {
             int v = (smp + k) % nv; /* alternate which variant goes first */
             select_or_die(variants[v]);
-            double t0 = now_s();
+            double t0 = sk_tool_now_s();
             for (int c = 0; c < calls; c++) sk_kernels_matmul(&w[v], &a, yr + v * n, 0, rows);
-            t[v * samples + smp] = (now_s() - t0) / calls;
+            t[v * samples + smp] = (sk_tool_now_s() - t0) / calls;
           }
         }
         bool same = true;
@@ -156,7 +147,7 @@ int main(int argc, char **argv) {
         printf("%-5s %-10s %4u", sk_ggml_type_name(types[ti]), shape, n);
         double med[MAX_VARIANTS];
         for (int v = 0; v < nv; v++) {
-          qsort(t + v * samples, (size_t)samples, sizeof *t, cmp_double);
+          qsort(t + v * samples, (size_t)samples, sizeof *t, sk_tool_cmp_double);
           med[v] = t[v * samples + samples / 2];
           printf(" %11.1f us", med[v] * 1e6);
         }
