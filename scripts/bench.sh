@@ -1,7 +1,17 @@
 #!/bin/sh
 # Benchmarks sinkd on synthetic models (README, "Performance").
 #
-#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions]...
+#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside]...
+#
+# sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench (README,
+# "Side by side with llama.cpp"): for each shape, weight type and thread
+# count it runs llama-bench tg64 and sinkd-bench's one-session decode of 64
+# tokens in ROUNDS rounds (default 3), the two taking turns at going first,
+# and prints one line per round and the median ratio, with the weight
+# bytes each decoded token reads times tokens/s (GB/s; both engines read
+# the same file's weights once per token), and the machine's sequential
+# read bandwidth (sinkd-kbench --membw) before and after.
+# SHAPES (default "15M 110M") and TYPES (default "f32 q8_0") narrow it.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -29,7 +39,8 @@ run() {
   name=$1 m=$2 t=$3
   shift 3
   sock="$out/sinkd.sock"
-  state="$out/state-$name"
+  # session caches on tmpfs, as a service keeps them (DESIGN: shared memory)
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then state="/dev/shm/sinkd-bench-$name"; else state="$out/state-$name"; fi
   rm -rf "$state"
   "$sinkd" --config /dev/null --model "$m" --socket "$sock" --state-dir "$state" \
     --threads "$t" --max-sessions 80 --max-user-sessions 80 ${DAEMON_ARGS:-} \
@@ -73,8 +84,47 @@ for part in $parts; do
       --no-prefill --no-decode --no-concurrency --positions 1e3,1e4,1e5,1e6 --pos-gen 1024 \
       --window 1024 --sinks 4
     ;;
+  sidebyside)
+    : "${LLAMA_BENCH:?set LLAMA_BENCH to llama.cpp's llama-bench}"
+    rounds=${ROUNDS:-3}
+    "$build/tools/sinkd-kbench" --membw 1024 --samples 5
+    printf '%-6s %-5s %-7s %-5s %10s %10s %7s %8s %8s\n' shape type threads round sinkd llama.cpp \
+      ratio 'GB/s' 'GB/s'
+    for shape in ${SHAPES:-15M 110M}; do
+      for type in ${TYPES:-f32 q8_0}; do
+        for t in 1 2; do
+          m=$(model $shape $type)
+          ratios=""
+          r=1
+          while [ $r -le "$rounds" ]; do
+            for who in $( [ $((r % 2)) -eq 1 ] && echo "llama sinkd" || echo "sinkd llama"); do
+              if [ "$who" = llama ]; then
+                # csv: the last field of the data row is stddev_ts, the one before avg_ts
+                l_tps=$("$LLAMA_BENCH" -m "$m" -p 0 -n 64 -t "$t" -r 3 -o csv 2>/dev/null |
+                  tail -n 1 | tr -d '"' | awk -F, '{print $(NF-1)}')
+              else
+                json=$(run "sidebyside-$shape-$type-t$t-r$r" "$m" "$t" --no-prefill \
+                  --no-concurrency --no-positions --gen 64 --reps 3)
+                s_tps=$(echo "$json" | sed -n 's/.*"decode_tokens_per_s": \([0-9.]*\).*/\1/p')
+                bytes=$(echo "$json" | sed -n 's/.*"weight_bytes": \([0-9]*\).*/\1/p')
+              fi
+            done
+            ratio=$(awk -v a="$s_tps" -v b="$l_tps" 'BEGIN { printf "%.2f", a / b }')
+            ratios="$ratios $ratio"
+            printf '%-6s %-5s %-7s %-5s %10.1f %10.1f %7s %8.1f %8.1f\n' $shape $type $t $r "$s_tps" \
+              "$l_tps" "$ratio" "$(awk -v a="$s_tps" -v b="$bytes" 'BEGIN { print a * b / 1e9 }')" \
+              "$(awk -v a="$l_tps" -v b="$bytes" 'BEGIN { print a * b / 1e9 }')"
+            r=$((r + 1))
+          done
+          echo "$shape $type t$t median ratio: $(echo $ratios | tr ' ' '\n' | sort -n |
+            awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')"
+        done
+      done
+    done
+    "$build/tools/sinkd-kbench" --membw 1024 --samples 5
+    ;;
   *)
-    echo "unknown part $part (decode, aggregate, positions)" >&2
+    echo "unknown part $part (decode, aggregate, positions, sidebyside)" >&2
     exit 2
     ;;
   esac
