@@ -248,7 +248,9 @@ static void reload(struct daemon *d) {
   server_config_from(&next, &sc);
   sk_server_reconfigure(d->server, &sc);
   sk_log_set_level((int)next.log_level);
-  sk_log(SK_LOG_NOTICE, "reloaded %s: %s", d->src.path, *changed ? changed : "nothing changed");
+  sk_log(SK_LOG_NOTICE, "reloaded %s: %s", d->src.path,
+         *changed ? changed
+                  : *restart ? "nothing that applies without a restart changed" : "nothing changed");
   sk_config_done(&d->cfg);
   d->cfg = next;
 done:

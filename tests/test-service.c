@@ -293,6 +293,16 @@ static void test_notify_lifecycle(void **state) {
   sk_client_free(c);
   assert_true(log_has(&d, "<7>client "));
 
+  /* Only a restart-only key changed: the reload says so, and that nothing
+   * else did. */
+  write_text(conf, "[daemon]\nlog_level = debug\nkv_type = f16\n[limits]\nmax_sessions = 2\n");
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "RELOADING=1", NULL, 0);
+  wait_message(&d, "READY=1", NULL, 0);
+  assert_true(log_has(&d, "<4>reload: kv_type changed; restart sinkd to apply"));
+  snprintf(want, sizeof want, "reloaded %s: nothing that applies without a restart changed", conf);
+  assert_true(log_has(&d, want));
+
   /* SIGTERM: STOPPING=1, exit 0, the socket file removed. */
   kill(d.pid, SIGTERM);
   wait_message(&d, "STOPPING=1", NULL, 0);
