@@ -700,6 +700,31 @@ static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
   for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
+/* sk__rmsnorm of rows rows of x (stride ld) into y (stride ld): the sums of 8 rows side by side, each in its own order,
+ * as 8 chains of double additions instead of one (a row's sum alone is
+ * bound by the latency of its additions). */
+static void sk__rmsnorm_rows(float *y, const float *x, size_t ld, const float *w, uint32_t rows,
+                             uint32_t n, float eps) {
+  uint32_t i = 0;
+  for (; i + 8 <= rows; i += 8) {
+    double sum[8] = {0};
+    for (uint32_t j = 0; j < n; j++)
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) {
+        const float v = x[(i + (uint32_t)r) * ld + j];
+        sum[r] += (double)(v * v);
+      }
+    for (int r = 0; r < 8; r++) {
+      const float mean = (float)(sum[r] / n);
+      const float scale = 1.0f / sqrtf(mean + eps);
+      const float *xr = x + (i + (uint32_t)r) * ld;
+      float *yr = y + (i + (uint32_t)r) * ld;
+      for (uint32_t j = 0; j < n; j++) yr[j] = (xr[j] * scale) * w[j];
+    }
+  }
+  for (; i < rows; i++) sk__rmsnorm(y + i * ld, x + i * ld, w, n, eps);
+}
+
 /* cos/sin of position p for freq_scale, as ggml_rope_cache_init:
  * theta = pos; theta *= theta_scale per pair, all in float; divided by
  * the frequency factor, times freq_scale. Laid out for sk_kernels_rope:
@@ -1311,8 +1336,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
-    for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->attn_norm, dim, c->rms_eps);
+    sk__rmsnorm_rows(s->xb, s->x, dim, L->attn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
     struct sk_act a = sk__act(s, s->xb, dim, n, dim, qkv, 3);
     struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
@@ -1371,8 +1395,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sk__matmuls(s, &mm);
     for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
 
-    for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->ffn_norm, dim, c->rms_eps);
+    sk__rmsnorm_rows(s->xb, s->x, dim, L->ffn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
     a = sk__act(s, s->xb, dim, n, dim, gu, 2);
     mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
