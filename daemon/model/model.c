@@ -84,13 +84,14 @@ struct sk__seq {
 struct sk__tscratch {
   float *kr;        /* (T, head_dim) keys of one KV head, rotated (h2o) */
   const float **kq; /* (T) kq[p] = kr + p * head_dim */
-  float *qw;        /* (n_head, head_dim) queries rotated for the window's
-                       keys */
-  float *qs;        /* (n_head, head_dim) the same for the sinks' keys */
+  float *qw;        /* (att_heads, head_dim) queries rotated for the
+                       window's keys */
+  float *qs;        /* (att_heads, head_dim) the same for the sinks' keys */
   float *att;       /* (att_heads, T) scores, then probabilities */
-  const void **kp;  /* (T) key row of each position, at the head: floats, or
-                       halves for an f16 cache */
-  const void **vp;  /* (T) value row of each position, at the head */
+  const void **kp;  /* (T) key row of each position, at the head
+                       (sk__att_task) or whole (sk__att_rot_task): floats,
+                       or halves for an f16 cache */
+  const void **vp;  /* (T) value row of each position, the same */
   uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
   float *cs;        /* (rope_dim) angles computed off the tables */
   float *sn;        /* (rope_dim) */
@@ -667,8 +668,8 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
   for (uint32_t t = 0; t < s->n_threads; t++) {
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
-        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc(c->dim * sizeof(float))) ||
-        !(ts->qs = malloc(c->dim * sizeof(float))) ||
+        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
+        !(ts->qs = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
         !(ts->att = malloc(T * s->att_heads * sizeof(float))) ||
         !(ts->vp = malloc(T * sizeof *ts->vp)) ||
         !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
@@ -700,9 +701,10 @@ static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
   for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
-/* sk__rmsnorm of rows rows of x (stride ld) into y (stride ld): the sums of 8 rows side by side, each in its own order,
- * as 8 chains of double additions instead of one (a row's sum alone is
- * bound by the latency of its additions). */
+/* sk__rmsnorm of rows rows of x (stride ld) into y (stride ld): the sums
+ * of 8 rows side by side, each in its own order, as 8 chains of double
+ * additions instead of one (a row's sum alone is bound by the latency of
+ * its additions). */
 static void sk__rmsnorm_rows(float *y, const float *x, size_t ld, const float *w, uint32_t rows,
                              uint32_t n, float eps) {
   uint32_t i = 0;
