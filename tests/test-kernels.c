@@ -401,6 +401,11 @@ static void test_attention_primitives(void **state) {
         for (uint32_t p = 0; p < n; p++) ref += (double)w[p] * k[p * hd + i];
         assert_true(fabs(out[i] - ref) < 1e-5);
       }
+      /* in two pieces, the second going on from the first: the same bits */
+      float part[136];
+      sk_kernels_wsum(part, w, rows, 13, hd);
+      sk_kernels_wsum_add(part, w + 13, rows + 13, n - 13, hd);
+      assert_memory_equal(part, out, hd * sizeof *out);
       /* the same over f16 rows (an f16 KV cache): exact conversion, then
        * the same sums */
       uint16_t k16[37 * 136];
@@ -422,6 +427,9 @@ static void test_attention_primitives(void **state) {
         for (uint32_t p = 0; p < n; p++) ref += (double)w[p] * sk_f16_to_f32(k16[p * hd + i]);
         assert_true(fabs(out[i] - ref) < 1e-5);
       }
+      sk_kernels_wsum_f16(part, w, rows16, 13, hd);
+      sk_kernels_wsum_add_f16(part, w + 13, rows16 + 13, n - 13, hd);
+      assert_memory_equal(part, out, hd * sizeof *out);
     }
   }
   select_or_fail("auto");

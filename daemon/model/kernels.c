@@ -33,11 +33,12 @@ struct sk__kernels {
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
-  void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd);
+  void (*wsum)(float *out, const float *w, const float *const *rows, uint32_t n, uint32_t hd,
+               bool add);
   void (*scores_f16)(const float *q, const uint16_t *const *rows, uint32_t n, uint32_t hd,
                      float *out);
   void (*wsum_f16)(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
-                   uint32_t hd);
+                   uint32_t hd, bool add);
   void (*to_f16)(uint16_t *y, const float *x, size_t n);
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
   void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
@@ -181,8 +182,8 @@ static void sk__gen_scores(const float *q, const float *const *rows, uint32_t n,
 }
 
 static void sk__gen_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
-                         uint32_t hd) {
-  for (uint32_t j = 0; j < hd; j++) out[j] = 0.0f;
+                         uint32_t hd, bool add) {
+  for (uint32_t j = 0; j < hd && !add; j++) out[j] = 0.0f;
   for (uint32_t p = 0; p < n; p++) sk__gen_axpy(out, w[p], rows[p], hd);
 }
 
@@ -199,8 +200,8 @@ static void sk__gen_scores_f16(const float *q, const uint16_t *const *rows, uint
 }
 
 static void sk__gen_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
-                             uint32_t hd) {
-  for (uint32_t j = 0; j < hd; j++) out[j] = 0.0f;
+                             uint32_t hd, bool add) {
+  for (uint32_t j = 0; j < hd && !add; j++) out[j] = 0.0f;
   for (uint32_t p = 0; p < n; p++)
     for (uint32_t j = 0; j < hd; j++) out[j] += w[p] * sk_f16_to_f32(rows[p][j]);
 }
@@ -551,14 +552,24 @@ void sk_kernels_scores_f16(const float *q, const uint16_t *const *rows, uint32_t
 
 void sk_kernels_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
                          uint32_t hd) {
-  sk__cur()->wsum_f16(out, w, rows, n, hd);
+  sk__cur()->wsum_f16(out, w, rows, n, hd, false);
+}
+
+void sk_kernels_wsum_add_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                             uint32_t hd) {
+  sk__cur()->wsum_f16(out, w, rows, n, hd, true);
 }
 
 void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n) { sk__cur()->to_f16(y, x, n); }
 
 void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
                      uint32_t hd) {
-  sk__cur()->wsum(out, w, rows, n, hd);
+  sk__cur()->wsum(out, w, rows, n, hd, false);
+}
+
+void sk_kernels_wsum_add(float *out, const float *w, const float *const *rows, uint32_t n,
+                         uint32_t hd) {
+  sk__cur()->wsum(out, w, rows, n, hd, true);
 }
 
 void sk_kernels_rope(float *y, const float *x, const float *cos2, const float *sin2,

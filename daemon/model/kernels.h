@@ -129,6 +129,14 @@ void sk_kernels_scores_f16(const float *q, const uint16_t *const *rows, uint32_t
                            float *out);
 void sk_kernels_wsum_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
                          uint32_t hd);
+/* wsum and wsum_f16 going on from out instead of overwriting it: the
+ * sums of each element continue in the same order, so wsum over rows
+ * [0, n) gives the bits of wsum over [0, m) then wsum_add over [m, n)
+ * (attention walks a cache in blocks of slots this way). */
+void sk_kernels_wsum_add(float *out, const float *w, const float *const *rows, uint32_t n,
+                         uint32_t hd);
+void sk_kernels_wsum_add_f16(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
+                             uint32_t hd);
 /* y[i] = x[i] rounded to IEEE binary16 (nearest even), i < n: the same
  * bits in every variant (sk_f32_to_f16). */
 void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n);

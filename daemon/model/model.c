@@ -84,12 +84,14 @@ struct sk__seq {
 struct sk__tscratch {
   float *kr;        /* (T, head_dim) keys of one KV head, rotated (h2o) */
   const float **kq; /* (T) kq[p] = kr + p * head_dim */
-  float *qw;        /* (head_dim) a query rotated for the window's keys */
-  float *qs;        /* (head_dim) the same for the sinks' keys */
-  float *att;       /* (T) scores, then probabilities */
-  const void **kp;  /* (T) key row of each position, at the head: floats, or
-                       halves for an f16 cache */
-  const void **vp;  /* (T) value row of each position, at the head */
+  float *qw;        /* (att_heads, head_dim) queries rotated for the
+                       window's keys */
+  float *qs;        /* (att_heads, head_dim) the same for the sinks' keys */
+  float *att;       /* (att_heads, T) scores, then probabilities */
+  const void **kp;  /* (T) key row of each position, at the head
+                       (sk__att_task) or whole (sk__att_rot_task): floats,
+                       or halves for an f16 cache */
+  const void **vp;  /* (T) value row of each position, the same */
   uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
   float *cs;        /* (rope_dim) angles computed off the tables */
   float *sn;        /* (rope_dim) */
@@ -101,6 +103,9 @@ struct sk_scratch {
   uint32_t n_threads;
   uint32_t max_batch;     /* B: rows of one forward call */
   uint32_t max_ctx;       /* T */
+  uint32_t att_heads;     /* query heads whose scores a thread holds at
+                             once: n_head, or fewer for long contexts (a
+                             multiple of n_head / n_kv_head) */
   float *x;               /* (B, dim) residual stream */
   float *xb;              /* (B, dim) normed input of a block */
   float *xb2;             /* (B, dim) output of a projection */
@@ -652,12 +657,21 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
         !(*want[i].dst = calloc(want[i].n, want[i].size)))
       goto nomem;
   }
+  /* all the query heads' scores at once, unless that takes over 4 MB a
+   * thread (long contexts): then as many KV heads' as fit, at least one */
+  const uint32_t group = c->n_head / c->n_kv_head;
+  s->att_heads = c->n_head;
+  if ((size_t)c->n_head * T * sizeof(float) > ((size_t)4 << 20)) {
+    size_t fit = ((size_t)4 << 20) / (T * sizeof(float)) / group * group;
+    s->att_heads = fit > group ? (uint32_t)fit : group;
+  }
   for (uint32_t t = 0; t < s->n_threads; t++) {
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
-        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc(c->head_dim * sizeof(float))) ||
-        !(ts->qs = malloc(c->head_dim * sizeof(float))) ||
-        !(ts->att = malloc(T * sizeof(float))) || !(ts->vp = malloc(T * sizeof *ts->vp)) ||
+        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
+        !(ts->qs = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
+        !(ts->att = malloc(T * s->att_heads * sizeof(float))) ||
+        !(ts->vp = malloc(T * sizeof *ts->vp)) ||
         !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
         !(ts->cs = malloc(2 * half * sizeof(float))) ||
         !(ts->sn = malloc(2 * half * sizeof(float))))
@@ -685,6 +699,32 @@ static void sk__rmsnorm(float *y, const float *x, const float *w, uint32_t n,
   const float mean = (float)(sum / n);
   const float scale = 1.0f / sqrtf(mean + eps);
   for (uint32_t i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
+}
+
+/* sk__rmsnorm of rows rows of x (stride ld) into y (stride ld): the sums
+ * of 8 rows side by side, each in its own order, as 8 chains of double
+ * additions instead of one (a row's sum alone is bound by the latency of
+ * its additions). */
+static void sk__rmsnorm_rows(float *y, const float *x, size_t ld, const float *w, uint32_t rows,
+                             uint32_t n, float eps) {
+  uint32_t i = 0;
+  for (; i + 8 <= rows; i += 8) {
+    double sum[8] = {0};
+    for (uint32_t j = 0; j < n; j++)
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; r++) {
+        const float v = x[(i + (uint32_t)r) * ld + j];
+        sum[r] += (double)(v * v);
+      }
+    for (int r = 0; r < 8; r++) {
+      const float mean = (float)(sum[r] / n);
+      const float scale = 1.0f / sqrtf(mean + eps);
+      const float *xr = x + (i + (uint32_t)r) * ld;
+      float *yr = y + (i + (uint32_t)r) * ld;
+      for (uint32_t j = 0; j < n; j++) yr[j] = (xr[j] * scale) * w[j];
+    }
+  }
+  for (; i < rows; i++) sk__rmsnorm(y + i * ld, x + i * ld, w, n, eps);
 }
 
 /* cos/sin of position p for freq_scale, as ggml_rope_cache_init:
@@ -842,6 +882,7 @@ static float *const *sk__rows(struct sk_scratch *s, uint32_t off, float *base, s
 struct sk__att {
   struct sk_scratch *s;
   uint32_t layer;
+  uint32_t kvh_per; /* KV heads per task of a cache with rotated keys */
 };
 
 /* Rotates the keys ts->kp[p] for positions p0 <= p < p1 into ts->kr. */
@@ -868,6 +909,8 @@ static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
   }
 }
 
+/* The attention of a cache that accumulates H2O scores (unrotated keys):
+ * one task per sequence, all KV heads in order. */
 static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__att *a = ctx;
   struct sk_scratch *s = a->s;
@@ -879,7 +922,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const uint32_t si = s->task_seq[task];
   const struct sk__seq *sq = &s->seqs[si];
   const struct sk_kv *kv = sq->in->kv;
-  const bool scores = sk_policy_scores(kv->hdr->policy), rot = sq->rotated;
+  const bool scores = sk_policy_scores(kv->hdr->policy);
   const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
   const uint32_t cap = kv->hdr->capacity - 1;
@@ -914,7 +957,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     ts->vp[p] = (const char *)sk_kv_vrow(kv, a->layer, slot) + off;
     ts->sp[p] = slot;
   }
-  if (!rot) sk__rope_keys(s, sq, ts, 0, sr);
+  sk__rope_keys(s, sq, ts, 0, sr);
   uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
   for (uint32_t i = 0; i < sq->in->n; i++) {
     const uint32_t row = sq->row0 + i;
@@ -940,32 +983,15 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       ts->kp[p] = (const char *)k + off;
       ts->vp[p] = (const char *)v + off;
     }
-    if (!rot) sk__rope_keys(s, sq, ts, rot_next, P + 1);
+    sk__rope_keys(s, sq, ts, rot_next, P + 1);
     rot_next = P + 1;
 
     SK__ANGLES(P);
     for (uint32_t g = 0; g < group; g++) {
       const uint32_t h = kvh * group + g; /* ggml's broadcast: q head h -> kv h/g */
       float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
-      if (rot) {
-        sk__rope(ts->qw, qh, c, s->row_cos + (size_t)row * rd, s->row_sin + (size_t)row * rd);
-        if (sr) {
-          sk__rope(ts->qs, qh, c, s->sink_cos + (size_t)row * rd, s->sink_sin + (size_t)row * rd);
-          if (sq->f16)
-            sk_kernels_scores_f16(ts->qs, (const uint16_t *const *)ts->kp, sr, hd, ts->att);
-          else
-            sk_kernels_scores(ts->qs, (const float *const *)ts->kp, sr, hd, ts->att);
-        }
-        if (sq->f16)
-          sk_kernels_scores_f16(ts->qw, (const uint16_t *const *)ts->kp + sr, P + 1 - sr, hd,
-                                ts->att + sr);
-        else
-          sk_kernels_scores(ts->qw, (const float *const *)ts->kp + sr, P + 1 - sr, hd,
-                            ts->att + sr);
-      } else {
-        sk__rope(qh, qh, c, cs, sn);
-        sk_kernels_scores(qh, ts->kq, P + 1, hd, ts->att);
-      }
+      sk__rope(qh, qh, c, cs, sn);
+      sk_kernels_scores(qh, ts->kq, P + 1, hd, ts->att);
       const bool last = i + 1 == sq->in->n;
       double ent = 0.0;
       sk_kernels_softmax(ts->att, P + 1, scale, last ? &ent : NULL);
@@ -992,6 +1018,162 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   } /* kv heads */
 #undef SK__ANGLES
 #undef SK__SLOT
+}
+
+/* Cache slots a rotated-keys task walks at a time, all its heads over
+ * one block before the next (sk__att_rot_task). */
+#define SK__ATT_BLOCK 32u
+
+/* The attention of a cache with rotated keys over KV heads [task_kvh,
+ * + kvh_per) of one sequence: the scores of every query head, block by
+ * block of slots, then the softmaxes, then the weighted sums block by
+ * block, each going on from the last block's (sk_kernels_wsum_add). The
+ * same bits as one head's walk over all slots: a score depends only on
+ * its query and key, and each sum adds in slot order. The rows of a
+ * block are read whole (heads side by side) while they are in cache;
+ * one head at a time read 256 of every 3 KB row, 3 KB apart, from DRAM
+ * (16 sessions of the 110M model: attention took ~14% less CPU time
+ * with blocks of 32, measured; prefetching the next block did not
+ * help). */
+static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
+  const struct sk__att *a = ctx;
+  struct sk_scratch *s = a->s;
+  const struct sk_model_config *c = &s->m->cfg;
+  const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim, T = s->max_ctx;
+  const uint32_t group = c->n_head / c->n_kv_head;
+  const float scale = 1.0f / sqrtf((float)hd);
+  const uint32_t si = s->task_seq[task];
+  const struct sk__seq *sq = &s->seqs[si];
+  const struct sk_kv *kv = sq->in->kv;
+  const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
+  const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
+  const uint32_t cap = kv->hdr->capacity - 1;
+  struct sk__tscratch *ts = &s->ts[thread];
+  const uint32_t kvh0 = s->task_kvh[task];
+  const uint32_t kvh1 = kvh0 + a->kvh_per < c->n_kv_head ? kvh0 + a->kvh_per : c->n_kv_head;
+  const uint32_t h0 = kvh0 * group, nh = (kvh1 - kvh0) * group; /* query heads */
+  const size_t esz = sq->f16 ? sizeof(uint16_t) : sizeof(float);
+  const size_t b0 = (size_t)kvh0 * hd * esz, b1 = (size_t)kvh1 * hd * esz; /* of a row */
+  const void *bp[SK__ATT_BLOCK]; /* one head's slice of a block's rows */
+
+  for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
+    s->mass_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
+    s->ent_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
+  }
+  /* ts->kp / ts->vp: whole rows, as sk__att_task's at offset 0 */
+  for (uint32_t p = 0; p < sr; p++) {
+    const uint32_t slot = kv->order[p];
+    ts->kp[p] = sk_kv_krow(kv, a->layer, slot);
+    ts->vp[p] = sk_kv_vrow(kv, a->layer, slot);
+  }
+  uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
+  for (uint32_t i = 0; i < sq->in->n; i++) {
+    const uint32_t row = sq->row0 + i;
+    const uint32_t A = nb + i, shift = A > cap ? A - cap : 0, P = A - shift, np = P + 1;
+    if (shift != rot_shift) {
+      rot_shift = shift;
+      rot_next = sr;
+    }
+    for (uint32_t p = rot_next; p <= P; p++) {
+      const uint32_t idx = p + shift;
+      if (idx < nb) {
+        const uint32_t slot = idx - sr < e ? kv->order[kv->hdr->n_slots - e + (idx - sr)]
+                                           : kv->order[idx - e];
+        ts->kp[p] = sk_kv_krow(kv, a->layer, slot);
+        ts->vp[p] = sk_kv_vrow(kv, a->layer, slot);
+      } else { /* this chunk's rows, as the cache will hold them */
+        const size_t r = (size_t)(sq->row0 + idx - nb) * D;
+        ts->kp[p] = sq->f16 ? (const void *)(s->k16 + r) : (const void *)(s->k + r);
+        ts->vp[p] = sq->f16 ? (const void *)(s->v16 + r) : (const void *)(s->v + r);
+      }
+    }
+    rot_next = P + 1;
+
+    for (uint32_t g = 0; g < nh; g++) {
+      const float *qh = s->q + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
+      sk__rope(ts->qw + (size_t)g * hd, qh, c, s->row_cos + (size_t)row * rd,
+               s->row_sin + (size_t)row * rd);
+      if (sr)
+        sk__rope(ts->qs + (size_t)g * hd, qh, c, s->sink_cos + (size_t)row * rd,
+                 s->sink_sin + (size_t)row * rd);
+    }
+    for (uint32_t p0 = 0; p0 < np; p0 += SK__ATT_BLOCK) {
+      const uint32_t p1 = np - p0 < SK__ATT_BLOCK ? np : p0 + SK__ATT_BLOCK;
+      for (uint32_t g = 0; g < nh; g++) {
+        const size_t off = (size_t)((h0 + g) / group) * hd * esz;
+        for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->kp[p] + off;
+        float *att = ts->att + (size_t)g * T;
+        /* sinks (p < sr) meet the query rotated for them; each score
+         * depends only on its query and key, not on its neighbours */
+        const uint32_t ps = sr < p0 ? p0 : sr < p1 ? sr : p1;
+        if (ps > p0) {
+          if (sq->f16)
+            sk_kernels_scores_f16(ts->qs + (size_t)g * hd, (const uint16_t *const *)bp, ps - p0,
+                                  hd, att + p0);
+          else
+            sk_kernels_scores(ts->qs + (size_t)g * hd, (const float *const *)bp, ps - p0, hd,
+                              att + p0);
+        }
+        if (p1 > ps) {
+          if (sq->f16)
+            sk_kernels_scores_f16(ts->qw + (size_t)g * hd,
+                                  (const uint16_t *const *)bp + (ps - p0), p1 - ps, hd, att + ps);
+          else
+            sk_kernels_scores(ts->qw + (size_t)g * hd, (const float *const *)bp + (ps - p0),
+                              p1 - ps, hd, att + ps);
+        }
+      }
+    }
+    const bool last = i + 1 == sq->in->n;
+    for (uint32_t g = 0; g < nh; g++) {
+      float *att = ts->att + (size_t)g * T;
+      double ent = 0.0;
+      sk_kernels_softmax(att, np, scale, last ? &ent : NULL);
+      if (last) { /* diagnostics of the sequence's last token */
+        const uint32_t probe = sq->probe < np ? sq->probe : np;
+        double mass = 0.0;
+        for (uint32_t p = 0; p < probe; p++) mass += (double)att[p];
+        const size_t kh = (size_t)si * c->n_kv_head + (h0 + g) / group;
+        s->mass_part[kh] += mass;
+        s->ent_part[kh] += ent;
+      }
+    }
+    for (uint32_t p0 = 0; p0 < np; p0 += SK__ATT_BLOCK) {
+      const uint32_t p1 = np - p0 < SK__ATT_BLOCK ? np : p0 + SK__ATT_BLOCK;
+      for (uint32_t g = 0; g < nh; g++) {
+        const size_t off = (size_t)((h0 + g) / group) * hd * esz;
+        for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->vp[p] + off;
+        const float *att = ts->att + (size_t)g * T + p0;
+        float *out = s->att_out + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
+        if (sq->f16) {
+          if (p0) sk_kernels_wsum_add_f16(out, att, (const uint16_t *const *)bp, p1 - p0, hd);
+          else sk_kernels_wsum_f16(out, att, (const uint16_t *const *)bp, p1 - p0, hd);
+        } else {
+          if (p0) sk_kernels_wsum_add(out, att, (const float *const *)bp, p1 - p0, hd);
+          else sk_kernels_wsum(out, att, (const float *const *)bp, p1 - p0, hd);
+        }
+      }
+    }
+  }
+  /* The new keys and values go into the cache only now, this task's heads
+   * of them (no other task reads those): with evictions inside a chunk,
+   * their slots held old keys the queries still read. */
+  const char *k = sq->f16 ? (const char *)s->k16 : (const char *)s->k;
+  const char *v = sq->f16 ? (const char *)s->v16 : (const char *)s->v;
+  for (uint32_t j = 0; j < sq->in->n; j++) {
+    const uint32_t slot = sk_kv_slot(kv, nr + j); /* a free slot until commit */
+    const size_t r = (size_t)(sq->row0 + j) * D * esz;
+    memcpy((char *)sk_kv_krow(kv, a->layer, slot) + b0, k + r + b0, b1 - b0);
+    memcpy((char *)sk_kv_vrow(kv, a->layer, slot) + b0, v + r + b0, b1 - b0);
+  }
+}
+
+/* One attention task: sk__att_rot_task's for a cache with rotated keys,
+ * sk__att_task's for one that accumulates scores. */
+static void sk__att_any_task(void *ctx, uint32_t task, uint32_t thread) {
+  const struct sk__att *a = ctx;
+  if (a->s->seqs[a->s->task_seq[task]].rotated) sk__att_rot_task(ctx, task, thread);
+  else sk__att_task(ctx, task, thread);
 }
 
 /* ---- silu ------------------------------------------------------------ */
@@ -1124,6 +1306,14 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   /* Attention tasks: one per sequence and KV head, or one per sequence
    * whose cache accumulates H2O scores. The new tokens' slots start with
    * no score. */
+  /* Rotated-keys tasks take kvh_per KV heads each: as many as keep about
+   * eight tasks per thread, so that rows are read whole yet the threads
+   * stay busy. */
+  uint32_t kvh_per = n_seqs * c->n_kv_head / (8 * s->n_threads);
+  if (kvh_per > s->att_heads / (c->n_head / c->n_kv_head))
+    kvh_per = s->att_heads / (c->n_head / c->n_kv_head);
+  if (kvh_per < 1) kvh_per = 1;
+  if (kvh_per > c->n_kv_head) kvh_per = c->n_kv_head;
   uint32_t n_tasks = 0;
   for (uint32_t i = 0; i < n_seqs; i++) {
     const struct sk_kv *kv = seqs[i].kv;
@@ -1132,7 +1322,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       s->task_seq[n_tasks] = i;
       s->task_kvh[n_tasks++] = 0;
     } else {
-      for (uint32_t h = 0; h < c->n_kv_head; h++) {
+      for (uint32_t h = 0; h < c->n_kv_head; h += kvh_per) {
         s->task_seq[n_tasks] = i;
         s->task_kvh[n_tasks++] = h;
       }
@@ -1148,8 +1338,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
-    for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->attn_norm, dim, c->rms_eps);
+    sk__rmsnorm_rows(s->xb, s->x, dim, L->attn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
     struct sk_act a = sk__act(s, s->xb, dim, n, dim, qkv, 3);
     struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
@@ -1172,8 +1361,8 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       }
     }
 
-    struct sk__att at = {.s = s, .layer = l};
-    sk_pool_run(s->pool, sk__att_task, &at, n_tasks);
+    struct sk__att at = {.s = s, .layer = l, .kvh_per = kvh_per};
+    sk_pool_run(s->pool, sk__att_any_task, &at, n_tasks);
     for (uint32_t i = 0; i < n_seqs; i++) { /* diagnostics: sum over heads, in order */
       double mass = 0.0, ent = 0.0;
       for (uint32_t h = 0; h < c->n_kv_head; h++) {
@@ -1184,11 +1373,12 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
     }
     /* The new keys and values go into the cache only now: with evictions
-     * inside a chunk, their slots held old keys the queries still read. */
+     * inside a chunk, their slots held old keys the queries still read
+     * (sk__att_rot_task wrote those of rotated-keys caches). */
     for (uint32_t i = 0; i < n_seqs; i++) {
       const struct sk__seq *sq = &s->seqs[i];
       const struct sk_kv *kv = seqs[i].kv;
-      for (uint32_t j = 0; j < seqs[i].n; j++) {
+      for (uint32_t j = 0; j < seqs[i].n && !sq->rotated; j++) {
         uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
         const size_t r = (size_t)(sq->row0 + j) * D;
         if (sq->f16) {
@@ -1207,8 +1397,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sk__matmuls(s, &mm);
     for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
 
-    for (uint32_t i = 0; i < n; i++)
-      sk__rmsnorm(s->xb + (size_t)i * dim, s->x + (size_t)i * dim, L->ffn_norm, dim, c->rms_eps);
+    sk__rmsnorm_rows(s->xb, s->x, dim, L->ffn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
     a = sk__act(s, s->xb, dim, n, dim, gu, 2);
     mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
