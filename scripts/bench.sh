@@ -1,7 +1,7 @@
 #!/bin/sh
 # Benchmarks sinkd on synthetic models (README, "Performance").
 #
-#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside]...
+#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench (README,
 # "Side by side with llama.cpp"): for each shape, weight type and thread
@@ -12,6 +12,11 @@
 # the same file's weights once per token), and the machine's sequential
 # read bandwidth (sinkd-kbench --membw) before and after.
 # SHAPES (default "15M 110M") and TYPES (default "f32 q8_0") narrow it.
+#
+# ratio: 16 sessions against one on the 110M Q8_0 shape, taking turns
+# (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per thread
+# count and KV type, so that the VM's swings fall on both; prints the
+# medians, their ratio and the ratio of each round.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -123,8 +128,31 @@ for part in $parts; do
     done
     "$build/tools/sinkd-kbench" --membw 1024 --samples 5
     ;;
+  ratio)
+    list=""
+    r=0
+    while [ $r -lt "${ROUNDS:-6}" ]; do list="$list${list:+,}1,16"; r=$((r + 1)); done
+    for kv in f32 f16; do
+      for t in 1 2; do
+        DAEMON_ARGS="--kv-type $kv" run "ratio-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \
+          --no-prefill --no-decode --no-positions --concurrency "$list" --gen 128 |
+          tr '{' '\n' | sed -n 's/.*"sessions": \([0-9]*\), "aggregate_tokens_per_s": \([0-9.]*\).*/\1 \2/p' |
+          awk -v name="110M q8_0, $t thread(s), $kv KV" '
+            function median(a, n,   i, j, t) {
+              for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+                t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+              return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+            $1 == 1 { one[++n1] = $2; last = $2 }
+            $1 == 16 { sixteen[++n16] = $2; rounds = rounds sprintf(" %.2f", $2 / last) }
+            END {
+              m1 = median(one, n1); m16 = median(sixteen, n16)
+              printf "%s: one session %.1f, 16 sessions %.1f tokens/s (medians of %d), 16 / one %.2fx; rounds:%s\n",
+                name, m1, m16, n16, m16 / m1, rounds }'
+      done
+    done
+    ;;
   *)
-    echo "unknown part $part (decode, aggregate, positions, sidebyside)" >&2
+    echo "unknown part $part (decode, aggregate, positions, sidebyside, ratio)" >&2
     exit 2
     ;;
   esac

@@ -1055,6 +1055,17 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
   const size_t esz = sq->f16 ? sizeof(uint16_t) : sizeof(float);
   const size_t b0 = (size_t)kvh0 * hd * esz, b1 = (size_t)kvh1 * hd * esz; /* of a row */
   const void *bp[SK__ATT_BLOCK]; /* one head's slice of a block's rows */
+  /* A task of one KV head reads only its slice of each row, so there is
+   * no block to share: its pointers point at the slice and it walks all
+   * the slots in one go (small heads pay for every kernel call). */
+  const bool one = kvh1 - kvh0 == 1;
+  const size_t at = one ? b0 : 0; /* bytes into a row of ts->kp / ts->vp */
+  /* the layer's rows, read once: the cache header is shared memory, which
+   * the compiler would reload at every pointer stored */
+  const char *kl = (const char *)sk_kv_krow(kv, a->layer, 0) + at;
+  const char *vl = (const char *)sk_kv_vrow(kv, a->layer, 0) + at;
+  const size_t rb = sk_kv_row_bytes(kv);
+  const uint32_t *order = kv->order, n_slots = kv->hdr->n_slots;
 
   for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
     s->mass_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
@@ -1062,9 +1073,8 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
   }
   /* ts->kp / ts->vp: whole rows, as sk__att_task's at offset 0 */
   for (uint32_t p = 0; p < sr; p++) {
-    const uint32_t slot = kv->order[p];
-    ts->kp[p] = sk_kv_krow(kv, a->layer, slot);
-    ts->vp[p] = sk_kv_vrow(kv, a->layer, slot);
+    ts->kp[p] = kl + order[p] * rb;
+    ts->vp[p] = vl + order[p] * rb;
   }
   uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
   for (uint32_t i = 0; i < sq->in->n; i++) {
@@ -1077,17 +1087,17 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
     for (uint32_t p = rot_next; p <= P; p++) {
       const uint32_t idx = p + shift;
       if (idx < nb) {
-        const uint32_t slot = idx - sr < e ? kv->order[kv->hdr->n_slots - e + (idx - sr)]
-                                           : kv->order[idx - e];
-        ts->kp[p] = sk_kv_krow(kv, a->layer, slot);
-        ts->vp[p] = sk_kv_vrow(kv, a->layer, slot);
+        const uint32_t slot = idx - sr < e ? order[n_slots - e + (idx - sr)] : order[idx - e];
+        ts->kp[p] = kl + slot * rb;
+        ts->vp[p] = vl + slot * rb;
       } else { /* this chunk's rows, as the cache will hold them */
         const size_t r = (size_t)(sq->row0 + idx - nb) * D;
-        ts->kp[p] = sq->f16 ? (const void *)(s->k16 + r) : (const void *)(s->k + r);
-        ts->vp[p] = sq->f16 ? (const void *)(s->v16 + r) : (const void *)(s->v + r);
+        ts->kp[p] = (sq->f16 ? (const char *)(s->k16 + r) : (const char *)(s->k + r)) + at;
+        ts->vp[p] = (sq->f16 ? (const char *)(s->v16 + r) : (const char *)(s->v + r)) + at;
       }
     }
     rot_next = P + 1;
+    const uint32_t blk = one ? np : SK__ATT_BLOCK;
 
     for (uint32_t g = 0; g < nh; g++) {
       const float *qh = s->q + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
@@ -1097,29 +1107,33 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
         sk__rope(ts->qs + (size_t)g * hd, qh, c, s->sink_cos + (size_t)row * rd,
                  s->sink_sin + (size_t)row * rd);
     }
-    for (uint32_t p0 = 0; p0 < np; p0 += SK__ATT_BLOCK) {
-      const uint32_t p1 = np - p0 < SK__ATT_BLOCK ? np : p0 + SK__ATT_BLOCK;
+    for (uint32_t p0 = 0; p0 < np; p0 += blk) {
+      const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
       for (uint32_t g = 0; g < nh; g++) {
         const size_t off = (size_t)((h0 + g) / group) * hd * esz;
-        for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->kp[p] + off;
+        const void *const *bk = ts->kp + p0;
+        if (!one) {
+          for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->kp[p] + off;
+          bk = bp;
+        }
         float *att = ts->att + (size_t)g * T;
         /* sinks (p < sr) meet the query rotated for them; each score
          * depends only on its query and key, not on its neighbours */
         const uint32_t ps = sr < p0 ? p0 : sr < p1 ? sr : p1;
         if (ps > p0) {
           if (sq->f16)
-            sk_kernels_scores_f16(ts->qs + (size_t)g * hd, (const uint16_t *const *)bp, ps - p0,
+            sk_kernels_scores_f16(ts->qs + (size_t)g * hd, (const uint16_t *const *)bk, ps - p0,
                                   hd, att + p0);
           else
-            sk_kernels_scores(ts->qs + (size_t)g * hd, (const float *const *)bp, ps - p0, hd,
+            sk_kernels_scores(ts->qs + (size_t)g * hd, (const float *const *)bk, ps - p0, hd,
                               att + p0);
         }
         if (p1 > ps) {
           if (sq->f16)
             sk_kernels_scores_f16(ts->qw + (size_t)g * hd,
-                                  (const uint16_t *const *)bp + (ps - p0), p1 - ps, hd, att + ps);
+                                  (const uint16_t *const *)bk + (ps - p0), p1 - ps, hd, att + ps);
           else
-            sk_kernels_scores(ts->qw + (size_t)g * hd, (const float *const *)bp + (ps - p0),
+            sk_kernels_scores(ts->qw + (size_t)g * hd, (const float *const *)bk + (ps - p0),
                               p1 - ps, hd, att + ps);
         }
       }
@@ -1138,19 +1152,23 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
         s->ent_part[kh] += ent;
       }
     }
-    for (uint32_t p0 = 0; p0 < np; p0 += SK__ATT_BLOCK) {
-      const uint32_t p1 = np - p0 < SK__ATT_BLOCK ? np : p0 + SK__ATT_BLOCK;
+    for (uint32_t p0 = 0; p0 < np; p0 += blk) {
+      const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
       for (uint32_t g = 0; g < nh; g++) {
         const size_t off = (size_t)((h0 + g) / group) * hd * esz;
-        for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->vp[p] + off;
+        const void *const *bv = ts->vp + p0;
+        if (!one) {
+          for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->vp[p] + off;
+          bv = bp;
+        }
         const float *att = ts->att + (size_t)g * T + p0;
         float *out = s->att_out + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
         if (sq->f16) {
-          if (p0) sk_kernels_wsum_add_f16(out, att, (const uint16_t *const *)bp, p1 - p0, hd);
-          else sk_kernels_wsum_f16(out, att, (const uint16_t *const *)bp, p1 - p0, hd);
+          if (p0) sk_kernels_wsum_add_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
+          else sk_kernels_wsum_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
         } else {
-          if (p0) sk_kernels_wsum_add(out, att, (const float *const *)bp, p1 - p0, hd);
-          else sk_kernels_wsum(out, att, (const float *const *)bp, p1 - p0, hd);
+          if (p0) sk_kernels_wsum_add(out, att, (const float *const *)bv, p1 - p0, hd);
+          else sk_kernels_wsum(out, att, (const float *const *)bv, p1 - p0, hd);
         }
       }
     }
