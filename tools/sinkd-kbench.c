@@ -1,6 +1,6 @@
-/* sinkd-kbench: times the quantized matrix products of kernel variants
- * against each other in one process, on one thread. For each weight type
- * (Q8_0, Q4_0), matrix shape (the 110M model's: 768x768, 2048x768,
+/* sinkd-kbench: times the matrix products of kernel variants against
+ * each other in one process, on one thread. For each weight type (Q8_0,
+ * Q4_0, F32), matrix shape (the 110M model's: 768x768, 2048x768,
  * 768x2048, 32000x768, rows x cols) and activation row count, the
  * variants take turns, sample after sample, so that other load on the
  * machine falls on all of them alike; it prints the median time of one
@@ -181,13 +181,13 @@ int main(int argc, char **argv) {
     }
   if (samples < 1) samples = 1;
 
-  const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
   printf("%-5s %-10s %4s", "type", "shape", "n");
   for (int v = 0; v < nv; v++) printf(" %14s", variants[v]);
   printf("  %-8s %s\n", "ratio", "outputs");
   double *t = xmalloc((size_t)nv * (size_t)samples * sizeof *t);
-  for (size_t ti = 0; ti < 2; ti++) {
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     for (size_t si = 0; si < 4; si++) {
       const uint32_t rows = shapes[si][0], cols = shapes[si][1], nb = cols / SK_QK;
       const size_t rb = sk_quant_row_bytes(types[ti], cols);
@@ -196,7 +196,8 @@ int main(int argc, char **argv) {
       for (uint32_t r = 0; r < rows; r++) {
         for (uint32_t c = 0; c < cols; c++) row[c] = frand();
         if (types[ti] == SK_GGML_Q8_0) sk_quantize_row_q8_0(row, cols, (void *)(data + r * rb));
-        else sk_quantize_row_q4_0(row, cols, (void *)(data + r * rb));
+        else if (types[ti] == SK_GGML_Q4_0) sk_quantize_row_q4_0(row, cols, (void *)(data + r * rb));
+        else memcpy(data + r * rb, row, rb);
       }
       free(row);
       struct sk_wmat w[MAX_VARIANTS];
