@@ -1024,6 +1024,16 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
  * one block before the next (sk__att_rot_task). */
 #define SK__ATT_BLOCK 32u
 
+/* Pointers to one head's slice (off bytes into each row) of the rows
+ * rows[p0..p1): rows + p0 itself when the rows already point at the
+ * slice (one: a task of one KV head), else written into bp. */
+static const void *const *sk__att_slices(const void **rows, uint32_t p0, uint32_t p1, bool one,
+                                        size_t off, const void **bp) {
+  if (one) return rows + p0;
+  for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)rows[p] + off;
+  return bp;
+}
+
 /* The attention of a cache with rotated keys over KV heads [task_kvh,
  * + kvh_per) of one sequence: the scores of every query head, block by
  * block of slots, then the softmaxes, then the weighted sums block by
@@ -1110,12 +1120,8 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
     for (uint32_t p0 = 0; p0 < np; p0 += blk) {
       const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
       for (uint32_t g = 0; g < nh; g++) {
-        const size_t off = (size_t)((h0 + g) / group) * hd * esz;
-        const void *const *bk = ts->kp + p0;
-        if (!one) {
-          for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->kp[p] + off;
-          bk = bp;
-        }
+        const void *const *bk =
+            sk__att_slices(ts->kp, p0, p1, one, (size_t)((h0 + g) / group) * hd * esz, bp);
         float *att = ts->att + (size_t)g * T;
         /* sinks (p < sr) meet the query rotated for them; each score
          * depends only on its query and key, not on its neighbours */
@@ -1155,12 +1161,8 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
     for (uint32_t p0 = 0; p0 < np; p0 += blk) {
       const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
       for (uint32_t g = 0; g < nh; g++) {
-        const size_t off = (size_t)((h0 + g) / group) * hd * esz;
-        const void *const *bv = ts->vp + p0;
-        if (!one) {
-          for (uint32_t p = p0; p < p1; p++) bp[p - p0] = (const char *)ts->vp[p] + off;
-          bv = bp;
-        }
+        const void *const *bv =
+            sk__att_slices(ts->vp, p0, p1, one, (size_t)((h0 + g) / group) * hd * esz, bp);
         const float *att = ts->att + (size_t)g * T + p0;
         float *out = s->att_out + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
         if (sq->f16) {
