@@ -909,6 +909,25 @@ static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
   }
 }
 
+/* Writes bytes [b0, b1) of each of sequence sq's new key and value rows
+ * (this layer's, as attention read them: floats or halves) into the
+ * cache slots they take. Called by the attention task that read those
+ * bytes, after its last query: with evictions inside a chunk, the slots
+ * held old keys the queries still read. */
+static void sk__kv_write(const struct sk_scratch *s, const struct sk__seq *sq, uint32_t layer,
+                         size_t b0, size_t b1) {
+  const struct sk_kv *kv = sq->in->kv;
+  const size_t esz = sq->f16 ? sizeof(uint16_t) : sizeof(float);
+  const char *k = sq->f16 ? (const char *)s->k16 : (const char *)s->k;
+  const char *v = sq->f16 ? (const char *)s->v16 : (const char *)s->v;
+  for (uint32_t j = 0; j < sq->in->n; j++) {
+    const uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
+    const size_t r = (size_t)(sq->row0 + j) * s->m->cfg.kv_dim * esz;
+    memcpy((char *)sk_kv_krow(kv, layer, slot) + b0, k + r + b0, b1 - b0);
+    memcpy((char *)sk_kv_vrow(kv, layer, slot) + b0, v + r + b0, b1 - b0);
+  }
+}
+
 /* The attention of a cache that accumulates H2O scores (unrotated keys):
  * one task per sequence, all KV heads in order. */
 static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
@@ -1016,6 +1035,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   s->mass_part[(size_t)si * c->n_kv_head + kvh] = mass_sum;
   s->ent_part[(size_t)si * c->n_kv_head + kvh] = ent_sum;
   } /* kv heads */
+  sk__kv_write(s, sq, a->layer, 0, sk_kv_row_bytes(kv));
 #undef SK__ANGLES
 #undef SK__SLOT
 }
@@ -1175,17 +1195,9 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
       }
     }
   }
-  /* The new keys and values go into the cache only now, this task's heads
-   * of them (no other task reads those): with evictions inside a chunk,
-   * their slots held old keys the queries still read. */
-  const char *k = sq->f16 ? (const char *)s->k16 : (const char *)s->k;
-  const char *v = sq->f16 ? (const char *)s->v16 : (const char *)s->v;
-  for (uint32_t j = 0; j < sq->in->n; j++) {
-    const uint32_t slot = sk_kv_slot(kv, nr + j); /* a free slot until commit */
-    const size_t r = (size_t)(sq->row0 + j) * D * esz;
-    memcpy((char *)sk_kv_krow(kv, a->layer, slot) + b0, k + r + b0, b1 - b0);
-    memcpy((char *)sk_kv_vrow(kv, a->layer, slot) + b0, v + r + b0, b1 - b0);
-  }
+  /* this task's heads of the new keys and values (no other task reads
+   * those bytes) */
+  sk__kv_write(s, sq, a->layer, b0, b1);
 }
 
 /* One attention task: sk__att_rot_task's for a cache with rotated keys,
@@ -1392,25 +1404,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       s->sink_mass[(size_t)i * c->n_layer + l] = (float)(mass / c->n_head);
       s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
     }
-    /* The new keys and values go into the cache only now: with evictions
-     * inside a chunk, their slots held old keys the queries still read
-     * (sk__att_rot_task wrote those of rotated-keys caches). */
-    for (uint32_t i = 0; i < n_seqs; i++) {
-      const struct sk__seq *sq = &s->seqs[i];
-      const struct sk_kv *kv = seqs[i].kv;
-      for (uint32_t j = 0; j < seqs[i].n && !sq->rotated; j++) {
-        uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
-        const size_t r = (size_t)(sq->row0 + j) * D;
-        if (sq->f16) {
-          memcpy(sk_kv_krow(kv, l, slot), s->k16 + r, D * sizeof(uint16_t));
-          memcpy(sk_kv_vrow(kv, l, slot), s->v16 + r, D * sizeof(uint16_t));
-        } else {
-          memcpy(sk_kv_krow(kv, l, slot), s->k + r, D * sizeof(float));
-          memcpy(sk_kv_vrow(kv, l, slot), s->v + r, D * sizeof(float));
-        }
-      }
-    }
-
+    /* (each attention task wrote its part of the new keys and values) */
     const struct sk_wmat *wo[1] = {&L->wo};
     a = sk__act(s, s->att_out, dim, n, dim, wo, 1);
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->wo}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
