@@ -8,6 +8,7 @@
  *
  *   sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]
  *   sinkd-kbench --membw MIB [--samples N]
+ *   sinkd-kbench --decode [--samples N] [VARIANT...]
  *
  * Defaults: 31 samples, rows 1,16, variants avx2-vnni avx512-vnni (the
  * ones this CPU runs). --membw instead times a sequential read of a
@@ -139,9 +140,94 @@ static int membw(size_t mib, int samples) {
   return 0;
 }
 
+/* ---- one decode token's products (--decode) ---- */
+
+#define DECODE_LAYERS 12
+#define DECODE_MATS (DECODE_LAYERS * 7 + 1)
+
+/* The matrices of one decode token of the 110M shape, in the order a
+ * forward pass multiplies them, with random weights of the given type,
+ * packed for the selected variant. */
+static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **data) {
+  const uint32_t layer[7][2] = {{768, 768},  {768, 768},  {768, 768}, {768, 768},
+                                {2048, 768}, {2048, 768}, {768, 2048}};
+  for (int i = 0; i < DECODE_MATS; i++) {
+    const uint32_t rows = i < DECODE_LAYERS * 7 ? layer[i % 7][0] : 32000;
+    const uint32_t cols = i < DECODE_LAYERS * 7 ? layer[i % 7][1] : 768;
+    const size_t rb = sk_quant_row_bytes(type, cols);
+    data[i] = xmalloc(rb * rows);
+    float *row = xmalloc(cols * sizeof *row);
+    for (uint32_t r = 0; r < rows; r++) {
+      for (uint32_t c = 0; c < cols; c++) row[c] = frand();
+      if (type == SK_GGML_Q8_0) sk_quantize_row_q8_0(row, cols, (void *)(data[i] + r * rb));
+      else memcpy(data[i] + r * rb, row, rb);
+    }
+    free(row);
+    w[i] = (struct sk_wmat){.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
+                            .data = data[i]};
+    struct sk_error err = {0};
+    if (sk_kernels_pack(&w[i], &mem[i], &err) < 0) {
+      fprintf(stderr, "sinkd-kbench: %s\n", err.message);
+      exit(1);
+    }
+  }
+}
+
+static int decode(const char *const *variants, int nv, int samples) {
+  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0};
+  for (size_t ti = 0; ti < 2; ti++) {
+    static struct sk_wmat w[MAX_VARIANTS][DECODE_MATS];
+    static void *mem[MAX_VARIANTS][DECODE_MATS];
+    static uint8_t *data[MAX_VARIANTS][DECODE_MATS];
+    double bytes = 0;
+    for (int v = 0; v < nv; v++) { /* each variant its own copy: none reads warm data */
+      select_or_die(variants[v]);
+      decode_mats(types[ti], w[v], mem[v], data[v]);
+    }
+    for (int i = 0; i < DECODE_MATS; i++) bytes += (double)w[0][i].row_bytes * w[0][i].rows;
+    float x[2048], y[32000], *yr[1] = {y};
+    int8_t q[2048];
+    float d[2048 / SK_QK];
+    int32_t qs[2048 / SK_QK];
+    for (int k = 0; k < 2048; k++) x[k] = frand();
+    double *t = xmalloc((size_t)nv * (size_t)samples * sizeof *t);
+    for (int smp = -1; smp < samples; smp++) { /* -1: warm-up */
+      for (int k = 0; k < nv; k++) {
+        int v = (smp + 1 + k) % nv;
+        select_or_die(variants[v]);
+        double t0 = sk_tool_now_s();
+        for (int i = 0; i < DECODE_MATS; i++) {
+          const uint32_t cols = w[v][i].cols;
+          if (types[ti] != SK_GGML_F32) sk_kernels_quantize_rows(x, cols, 1, cols, q, d, qs);
+          const struct sk_act a = {.n = 1, .cols = cols, .f = x, .ldf = cols, .q = q, .d = d,
+                                   .s = qs};
+          sk_kernels_matmul(&w[v][i], &a, yr, 0, w[v][i].rows);
+        }
+        if (smp >= 0) t[v * samples + smp] = sk_tool_now_s() - t0;
+      }
+    }
+    printf("decode %s, 110M shape, %.1f MB per token, one thread:\n",
+           sk_ggml_type_name(types[ti]), bytes / 1e6);
+    for (int v = 0; v < nv; v++) {
+      qsort(t + v * samples, (size_t)samples, sizeof *t, sk_tool_cmp_double);
+      double med = t[v * samples + samples / 2], best = t[v * samples];
+      printf("  %-12s median %.2f ms (%.1f GB/s), best %.2f ms (%.1f GB/s)\n", variants[v],
+             med * 1e3, bytes / med / 1e9, best * 1e3, bytes / best / 1e9);
+      for (int i = 0; i < DECODE_MATS; i++) {
+        free(mem[v][i]);
+        free(data[v][i]);
+      }
+    }
+    fflush(stdout);
+    free(t);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int samples = 31;
   size_t membw_mib = 0;
+  bool decode_mode = false;
   uint32_t rows_list[8] = {1, 16}, n_rows = 2;
   const char *variants[MAX_VARIANTS];
   int nv = 0;
@@ -159,9 +245,12 @@ int main(int argc, char **argv) {
         return 2;
       }
       membw_mib = (size_t)v;
+    } else if (strcmp(argv[i], "--decode") == 0) {
+      decode_mode = true;
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
-                      "       sinkd-kbench --membw MIB [--samples N]\n");
+                      "       sinkd-kbench --membw MIB [--samples N]\n"
+                      "       sinkd-kbench --decode [--samples N] [VARIANT...]\n");
       return 2;
     } else if (nv < MAX_VARIANTS) {
       variants[nv++] = argv[i];
@@ -169,6 +258,9 @@ int main(int argc, char **argv) {
   }
   if (samples < 1) samples = 1;
   if (membw_mib) return membw(membw_mib, samples);
+  static char best[32]; /* --decode: the first variant this CPU runs, the fastest */
+  if (decode_mode && nv == 0 && sscanf(sk_kernels_available(), "%31s", best) == 1)
+    variants[nv++] = best;
   if (nv == 0) {
     variants[nv++] = "avx2-vnni";
     variants[nv++] = "avx512-vnni";
@@ -179,7 +271,7 @@ int main(int argc, char **argv) {
               sk_kernels_available());
       return 1;
     }
-  if (samples < 1) samples = 1;
+  if (decode_mode) return decode(variants, nv, samples);
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
