@@ -450,12 +450,24 @@ struct gen_state {
   double first_token_ms;
   bool ends_with_newline; /* the last text printed ended a line */
   bool printed;           /* some text was printed */
+  const char *echo;       /* (echo_len) the prompt, printed before the first
+                             token's text, so that a refused request (no such
+                             session, ...) prints its error alone */
+  size_t echo_len;
 };
+
+/* Prints the prompt still to echo, once. */
+static void gen_echo(struct gen_state *g) {
+  if (g->echo_len == 0) return;
+  fwrite(g->echo, 1, g->echo_len, stdout);
+  g->echo_len = 0;
+}
 
 static int on_token(void *user, const struct sk_token_event *ev) {
   struct gen_state *g = user;
   if (g->first_token_ms == 0) g->first_token_ms = now_ms();
   if (!g->json) {
+    gen_echo(g);
     fwrite(ev->text, 1, ev->text_len, stdout);
     fflush(stdout);
     if (ev->text_len) {
@@ -640,14 +652,14 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   }
 
   if (!o->json && !o->no_echo && prompt_len) {
-    fwrite(prompt, 1, prompt_len, stdout);
-    fflush(stdout);
+    g.echo = prompt;
+    g.echo_len = prompt_len;
   }
   rc = sk_client_generate(c, session, &p, on_token, &g, &res, &e);
+  if (rc == 0 && !o->json) gen_echo(&g); /* no token came: the prompt still */
   if (rc < 0) {
-    /* End the partial line of output before the error. */
-    if (!o->json && (g.first_token_ms != 0 || (!o->no_echo && prompt_len)))
-      fputc('\n', stdout);
+    /* End the partial line of output (echo and tokens) before the error. */
+    if (!o->json && g.first_token_ms != 0) fputc('\n', stdout);
     fflush(stdout);
     status = report(c, &e);
   }
