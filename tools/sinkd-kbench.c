@@ -8,7 +8,7 @@
  *
  *   sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]
  *   sinkd-kbench --membw MIB [--samples N]
- *   sinkd-kbench --decode [--samples N] [VARIANT...]
+ *   sinkd-kbench --decode [--threads N] [--samples N] [VARIANT...]
  *
  * Defaults: 31 samples, rows 1,16, variants avx2-vnni avx512-vnni (the
  * ones this CPU runs). --membw instead times a sequential read of a
@@ -19,7 +19,8 @@
  * shape (12 layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the
  * 32000x768 output; 438 MB in F32, 116 MB in Q8_0) in the model's order,
  * each matrix in its own buffer, and prints ms per token and GB/s
- * (default variant: the best this CPU runs): how close a kernel streams
+ * (default variant: the best this CPU runs; --threads N: on a pool of N
+ * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise. A
  * development tool, not a test. */
 #include <pthread.h>
@@ -32,6 +33,7 @@
 
 #include "gguf.h"
 #include "kernels.h"
+#include "pool.h"
 #include "quant.h"
 #include "tool.h"
 
@@ -179,7 +181,31 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
   }
 }
 
-static int decode(const char *const *variants, int nv, int samples) {
+/* One product of a decode token, cut as the daemon's forward pass cuts
+ * it: tasks of SK__MM_ALIGN-multiple output rows, about four per thread
+ * (model.c, sk__matmuls). */
+struct decode_mm {
+  const struct sk_wmat *w;
+  const struct sk_act *a;
+  float *const *y;
+  uint32_t chunk;
+};
+
+static void decode_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  const struct decode_mm *mm = ctx;
+  uint32_t o0 = task * mm->chunk, o1 = o0 + mm->chunk < mm->w->rows ? o0 + mm->chunk : mm->w->rows;
+  sk_kernels_matmul(mm->w, mm->a, mm->y, o0, o1);
+}
+
+static int decode(const char *const *variants, int nv, int samples, uint32_t threads) {
+  struct sk_pool *pool = NULL;
+  struct sk_error perr = {0};
+  if (threads > 1 && sk_pool_new(threads, &pool, &perr) < 0) {
+    fprintf(stderr, "sinkd-kbench: %s\n", perr.message);
+    return 1;
+  }
+  const uint32_t per_thread = 4;
   const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0};
   for (size_t ti = 0; ti < 2; ti++) {
     static struct sk_wmat w[MAX_VARIANTS][DECODE_MATS];
@@ -207,13 +233,18 @@ static int decode(const char *const *variants, int nv, int samples) {
           if (types[ti] != SK_GGML_F32) sk_kernels_quantize_rows(x, cols, 1, cols, q, d, qs);
           const struct sk_act a = {.n = 1, .cols = cols, .f = x, .ldf = cols, .q = q, .d = d,
                                    .s = qs};
-          sk_kernels_matmul(&w[v][i], &a, yr, 0, w[v][i].rows);
+          struct decode_mm mm = {.w = &w[v][i], .a = &a, .y = yr, .chunk = w[v][i].rows};
+          if (threads > 1) {
+            uint32_t per = w[v][i].rows / (per_thread * threads) + 1;
+            mm.chunk = (per + 15) / 16 * 16;
+          }
+          sk_pool_run(pool, decode_task, &mm, (w[v][i].rows + mm.chunk - 1) / mm.chunk);
         }
         if (smp >= 0) t[v * samples + smp] = sk_tool_now_s() - t0;
       }
     }
-    printf("decode %s, 110M shape, %.1f MB per token, one thread:\n",
-           sk_ggml_type_name(types[ti]), bytes / 1e6);
+    printf("decode %s, 110M shape, %.1f MB per token, %u thread%s:\n",
+           sk_ggml_type_name(types[ti]), bytes / 1e6, threads, threads > 1 ? "s" : "");
     for (int v = 0; v < nv; v++) {
       qsort(t + v * samples, (size_t)samples, sizeof *t, sk_tool_cmp_double);
       double med = t[v * samples + samples / 2], best = t[v * samples];
@@ -227,6 +258,7 @@ static int decode(const char *const *variants, int nv, int samples) {
     fflush(stdout);
     free(t);
   }
+  sk_pool_free(pool);
   return 0;
 }
 
@@ -234,6 +266,7 @@ int main(int argc, char **argv) {
   int samples = 31;
   size_t membw_mib = 0;
   bool decode_mode = false;
+  uint32_t threads = 1;
   uint32_t rows_list[8] = {1, 16}, n_rows = 2;
   const char *variants[MAX_VARIANTS];
   int nv = 0;
@@ -251,12 +284,19 @@ int main(int argc, char **argv) {
         return 2;
       }
       membw_mib = (size_t)v;
+    } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      long v = atol(argv[++i]);
+      if (v < 1 || v > 64) {
+        fprintf(stderr, "sinkd-kbench: --threads takes 1..64\n");
+        return 2;
+      }
+      threads = (uint32_t)v;
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
                       "       sinkd-kbench --membw MIB [--samples N]\n"
-                      "       sinkd-kbench --decode [--samples N] [VARIANT...]\n");
+                      "       sinkd-kbench --decode [--threads N] [--samples N] [VARIANT...]\n");
       return 2;
     } else if (nv < MAX_VARIANTS) {
       variants[nv++] = argv[i];
@@ -277,7 +317,7 @@ int main(int argc, char **argv) {
               sk_kernels_available());
       return 1;
     }
-  if (decode_mode) return decode(variants, nv, samples);
+  if (decode_mode) return decode(variants, nv, samples, threads);
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
