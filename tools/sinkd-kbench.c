@@ -23,6 +23,7 @@
  * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise. A
  * development tool, not a test. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -262,6 +263,18 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
   return 0;
 }
 
+/* The value of option flag, a whole number in [lo, hi]; exits 2 otherwise. */
+static uint32_t arg_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi) {
+    fprintf(stderr, "sinkd-kbench: %s takes a number in %u..%u, not '%s'\n", flag, lo, hi, s);
+    exit(2);
+  }
+  return (uint32_t)v;
+}
+
 int main(int argc, char **argv) {
   int samples = 31;
   size_t membw_mib = 0;
@@ -272,25 +285,15 @@ int main(int argc, char **argv) {
   int nv = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--samples") == 0 && i + 1 < argc) {
-      samples = atoi(argv[++i]);
+      samples = (int)arg_u32("--samples", argv[++i], 1, 100000);
     } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
       n_rows = 0;
       for (char *t = strtok(argv[++i], ","); t && n_rows < 8; t = strtok(NULL, ","))
-        rows_list[n_rows++] = (uint32_t)atoi(t);
+        rows_list[n_rows++] = arg_u32("--rows", t, 1, 4096);
     } else if (strcmp(argv[i], "--membw") == 0 && i + 1 < argc) {
-      long v = atol(argv[++i]);
-      if (v < 1 || v > 65536) {
-        fprintf(stderr, "sinkd-kbench: --membw takes 1..65536 (MiB)\n");
-        return 2;
-      }
-      membw_mib = (size_t)v;
+      membw_mib = arg_u32("--membw", argv[++i], 1, 65536);
     } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      long v = atol(argv[++i]);
-      if (v < 1 || v > 64) {
-        fprintf(stderr, "sinkd-kbench: --threads takes 1..64\n");
-        return 2;
-      }
-      threads = (uint32_t)v;
+      threads = arg_u32("--threads", argv[++i], 1, 64);
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (argv[i][0] == '-') {
