@@ -390,7 +390,9 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
                        const struct sk_open_params *op) {
   struct sk_error e;
   struct sk_open_result o;
-  if (sk_client_open(c, op, &o, &e) < 0) return eval_report(c, &e, r->label);
+  struct sk_open_params tmp = *op;
+  tmp.temporary = true; /* closed by the daemon even if eval dies */
+  if (sk_client_open(c, &tmp, &o, &e) < 0) return eval_report(c, &e, r->label);
   r->capacity_used = o.capacity;
   size_t n = ev->n_tokens, total = n;
   if (r->kind == RUN_DENSE && total > o.capacity) total = (size_t)o.capacity;
@@ -445,7 +447,9 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
     }
     size_t start = t > W ? t - W : 0;
     struct sk_open_result o;
-    if (sk_client_open(c, op, &o, &e) < 0) {
+    struct sk_open_params tmp = *op;
+    tmp.temporary = true;
+    if (sk_client_open(c, &tmp, &o, &e) < 0) {
       status = eval_report(c, &e, r->label);
       break;
     }

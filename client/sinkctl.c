@@ -617,7 +617,9 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   uint64_t session = o->session;
   if (!o->has_session) {
     struct sk_open_result opened;
-    if (sk_client_open(c, &o->open, &opened, &e) < 0) {
+    struct sk_open_params op = o->open;
+    op.temporary = true; /* closed by the daemon even if we die */
+    if (sk_client_open(c, &op, &opened, &e) < 0) {
       free(prompt);
       return report(c, &e);
     }
@@ -792,7 +794,9 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   bool opened = false;
   if (!o->has_session) {
     struct sk_open_result r;
-    if (sk_client_open(c, &o->open, &r, &e) < 0) return report(c, &e);
+    struct sk_open_params op = o->open;
+    op.temporary = !o->given[OPT_KEEP]; /* closed by the daemon even if we die */
+    if (sk_client_open(c, &op, &r, &e) < 0) return report(c, &e);
     session = r.session;
     opened = true;
     if (tty)

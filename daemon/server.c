@@ -267,6 +267,8 @@ static void on_conn_closed(uv_handle_t *h) {
   conn_unref(c);
 }
 
+static void session_close(struct sk_server *srv, struct sk_session *s);
+
 static void conn_close(struct sk_conn *c) {
   if (c->closing) return;
   struct sk_server *srv = c->srv;
@@ -287,6 +289,13 @@ static void conn_close(struct sk_conn *c) {
         if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
       }
   }
+  /* Sessions opened "temporary" on this connection end with it (not at
+   * shutdown: the daemon keeps every session across a restart). */
+  if (!srv->shutting_down)
+    for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+      struct sk_session *s = srv->sessions.items[i];
+      if (s && s->temp_conn == c->id && !s->closing) session_close(srv, s);
+    }
   if (srv->compute) sk_compute_wake(srv->compute);
   if (c->import_buf) import_drop(c);
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
@@ -670,6 +679,7 @@ struct open_work {
   struct sk_session_reservation res;
   int32_t *pin;             /* owned */
   size_t n_pin;
+  bool temporary;           /* closed when conn ends */
   int rc;
   struct sk_error err;
   struct open_work *prev, *next; /* srv->opens */
@@ -705,13 +715,15 @@ static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
    * daemon's check (sk_session_open) then names the limit that binds. */
   uint32_t max_n = srv->cfg.max_user_sessions;
   if (max_n && max_n < srv->sessions.max_sessions && n >= max_n)
-    return sk_error_set(e, SK_ERR_BUSY, "uid %u already has %u sessions (max_user_sessions %u)",
+    return sk_error_set(e, SK_ERR_BUSY,
+                        "uid %u already has %u sessions (max_user_sessions %u; close one: "
+                        "`sinkctl list` shows them)",
                         uid, n, max_n);
   uint64_t max = srv->cfg.max_user_kv_bytes;
   if (max && max < srv->sessions.max_bytes && (bytes > max || used > max - bytes))
     return sk_error_set(e, SK_ERR_BUSY,
                         "a session of %zu bytes would bring uid %u to %llu bytes "
-                        "(max_user_memory %llu)",
+                        "(max_user_memory %llu; close one: `sinkctl list` shows them)",
                         bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
   return 0;
 }
@@ -778,6 +790,7 @@ static void open_work_done(uv_work_t *req, int status) {
       free(w->pin);
       send_error(c, w->id, &e);
     } else {
+      if (w->temporary) s->temp_conn = c->id;
       open_finish(srv, c, w->id, s, w->pin, w->n_pin);
     }
   }
@@ -794,7 +807,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   double d;
   int32_t *pin = NULL;
   size_t n_pin = 0;
-  bool has_sink = false;
+  bool has_sink = false, temporary = false;
   int rc = sk_msg_get_str(r->map, "policy", &pol, &pol_len, &e);
   if (rc < 0) goto bad;
   if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
@@ -817,6 +830,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
     }
     p.rope_scale = (float)d;
   }
+  if ((rc = sk_msg_get_bool(r->map, "temporary", &temporary, &e)) < 0) goto bad;
   if ((rc = read_pin(srv, r, &pin, &n_pin, &e)) < 0) goto bad;
   if (n_pin > UINT32_MAX) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "pin of %zu tokens is too long", n_pin);
@@ -857,6 +871,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   w->id = r->id;
   w->pin = pin;
   w->n_pin = n_pin;
+  w->temporary = temporary;
   pin = NULL;
   w->req.data = w;
   if ((rc = uv_queue_work(srv->loop, &w->req, open_work_run, open_work_done)) < 0) {
@@ -876,11 +891,9 @@ bad:
   send_error(r->conn, r->id, &e);
 }
 
-static void op_close(struct sk_server *srv, const struct request *r) {
-  struct sk_session *s = req_session(srv, r);
-  if (!s) return;
-  /* Queued requests are answered `cancelled`; a running one is cancelled
-   * and the session is freed when it ends. */
+/* Closes s: queued requests are answered `cancelled`, a running one is
+ * cancelled and s is freed when it ends (else now). */
+static void session_close(struct sk_server *srv, struct sk_session *s) {
   while (s->queue_head) {
     struct sk_job *j = s->queue_head;
     s->queue_head = j->next;
@@ -900,6 +913,12 @@ static void op_close(struct sk_server *srv, const struct request *r) {
     sk_session_free(&srv->sessions, s);
     counts_changed(srv);
   }
+}
+
+static void op_close(struct sk_server *srv, const struct request *r) {
+  struct sk_session *s = req_session(srv, r);
+  if (!s) return;
+  session_close(srv, s);
   struct sk_msgbuf b;
   if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
 }

@@ -147,6 +147,8 @@ struct sk_session {
   struct sk_job *queue_tail;
   uint32_t n_queued;
   bool closing;              /* close requested: free when idle */
+  uint64_t temp_conn;        /* id of the connection whose end closes the
+                                session (open's "temporary"), 0: none */
 
   /* Published by the compute thread (under the table's lock). */
   struct sk_session_counters pub;

@@ -667,7 +667,7 @@ int sk_client_open(struct sk_client *client,
   uint32_t n = (p->policy != NULL) + (p->n_sink != 0 || p->has_n_sink) +
                (p->window != 0) + (p->heavy != 0) + (p->recent != 0) +
                (p->capacity != 0) + (p->rope_scale != 0) + (p->pin != NULL) +
-               has_pin_tokens;
+               has_pin_tokens + p->temporary;
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
@@ -679,6 +679,7 @@ int sk_client_open(struct sk_client *client,
   if (p->capacity) sk_pack_kv_u64(&b.pk, "capacity", p->capacity);
   if (p->rope_scale != 0) sk_pack_kv_f64(&b.pk, "rope_scale", p->rope_scale);
   if (p->pin) sk_pack_kv_strn(&b.pk, "pin", p->pin, pin_len);
+  if (p->temporary) sk_pack_kv_bool(&b.pk, "temporary", true);
   if (has_pin_tokens) {
     sk_pack_cstr(&b.pk, "pin_tokens");
     msgpack_pack_array(&b.pk, p->n_pin_tokens);

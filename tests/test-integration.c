@@ -926,6 +926,65 @@ static void test_sinkctl(void **state) {
 
 /* ---- issue 3: policies, pins, eviction reports, logprobs, eval ---- */
 
+/* Sessions the daemon lists for this uid. */
+static size_t count_sessions(struct sk_client *c) {
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  struct sk_error e = {0};
+  if (sk_client_list(c, &rows, &n, &e) < 0) fail_msg("list: %s", e.message);
+  free(rows);
+  return n;
+}
+
+/* Polls until the daemon lists `want` sessions (the close of a finished
+ * connection happens on the daemon's side, a moment later); fails after
+ * 20 s. */
+static void wait_sessions(struct sk_client *c, size_t want) {
+  double t0 = now_s();
+  size_t n;
+  while ((n = count_sessions(c)) != want) {
+    if (now_s() - t0 > 20) fail_msg("%zu sessions listed, expected %zu", n, want);
+    usleep(20000);
+  }
+}
+
+/* A session opened temporary ends with the connection that opened it,
+ * however the client ends; others outlive their connection. */
+static void test_temporary_sessions(void **state) {
+  (void)state;
+  struct sk_error e = {0};
+  struct sk_client *b = connect_or_fail();
+  const size_t n0 = count_sessions(b);
+  struct sk_client *a = connect_or_fail();
+  struct sk_open_result tmp, keep;
+  struct sk_open_params op = {.temporary = true};
+  assert_int_equal(sk_client_open(a, &op, &tmp, &e), 0);
+  assert_int_equal(sk_client_open(a, NULL, &keep, &e), 0);
+  assert_int_equal(count_sessions(b), n0 + 2);
+  sk_client_free(a);
+  wait_sessions(b, n0 + 1);
+  struct sk_session_stats st;
+  assert_int_equal(sk_client_session_stats(b, tmp.session, &st, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(sk_client_session_stats(b, keep.session, &st, &e), 0);
+  assert_int_equal(sk_client_close(b, keep.session, &e), 0);
+  assert_int_equal(count_sessions(b), n0);
+
+  /* sinkctl generate without --session, killed by SIGPIPE mid-stream:
+   * its session goes too */
+  const char *sinkctl = getenv("SK_SINKCTL");
+  if (!sinkctl) sinkctl = "./client/sinkctl";
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s generate --ignore-eos -n 100000 Once 2>/dev/null | head -c 1",
+           sinkctl, g_socket);
+  int status;
+  char *out = run_capture(cmd, &status);
+  assert_string_equal(out, "O");
+  free(out);
+  wait_sessions(b, n0);
+  sk_client_free(b);
+}
+
 static int32_t *ref_ids(json_t *ref, size_t text, size_t *ret_n) {
   return sk_test_json_ids(
       json_object_get(json_array_get(json_object_get(ref, "texts"), text), "token_ids"), ret_n);
@@ -1313,6 +1372,7 @@ int main(void) {
       cmocka_unit_test(test_batching_unchanged),
       cmocka_unit_test(test_long_prefill_does_not_block),
       cmocka_unit_test(test_sinkctl),
+      cmocka_unit_test(test_temporary_sessions),
       cmocka_unit_test(test_logprobs_through_daemon),
       cmocka_unit_test(test_pin_survives_10000_evictions),
       cmocka_unit_test(test_h2o_through_daemon),

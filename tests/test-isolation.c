@@ -501,7 +501,9 @@ static void test_user_limits(void **state) {
   struct open_arg a = {"streaming", 60, 0};
   char *out = as_user(&g_a, child_open, &a);
   char want[256];
-  snprintf(want, sizeof want, "open busy uid %u already has %d sessions (max_user_sessions %d)",
+  snprintf(want, sizeof want,
+           "open busy uid %u already has %d sessions (max_user_sessions %d; close one: "
+           "`sinkctl list` shows them)",
            (unsigned)g_a.uid, MAX_USER_SESSIONS, MAX_USER_SESSIONS);
   assert_string_equal(line(out, "open"), want);
   free(out);
@@ -527,7 +529,7 @@ static void test_user_limits(void **state) {
   out = as_user(&g_a, child_open, &a);
   snprintf(want, sizeof want,
            "open busy a session of %llu bytes would bring uid %u to %llu bytes "
-           "(max_user_memory %u)",
+           "(max_user_memory %u; close one: `sinkctl list` shows them)",
            (unsigned long long)kv, (unsigned)g_a.uid, (unsigned long long)(kv * (fit + 1)),
            MAX_USER_MEMORY);
   assert_string_equal(line(out, "open"), want);

@@ -1126,7 +1126,7 @@ static void test_client_ops(void **state) {
   assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
   assert_int_equal(o.session, 7);
   assert_int_equal(o.kv_bytes, 1234);
-  struct sk_open_params op = {.policy = "dense", .capacity = 64};
+  struct sk_open_params op = {.policy = "dense", .capacity = 64, .temporary = true};
   assert_int_equal(sk_client_open(c, &op, NULL, &e), 0);
 
   struct sk_session_info *rows = NULL;
@@ -1208,12 +1208,15 @@ static void test_client_ops(void **state) {
   fake_request(f, 2, &m); /* open, all defaults */
   assert_int_equal(m.root.via.map.size, 2);
   sk_msg_free(&m);
-  fake_request(f, 3, &m); /* open dense, capacity 64 */
-  assert_int_equal(m.root.via.map.size, 4);
+  fake_request(f, 3, &m); /* open dense, capacity 64, temporary */
+  assert_int_equal(m.root.via.map.size, 5);
   assert_null(sk_msg_get(&m.root, "n_sink"));
   uint64_t u;
   assert_int_equal(sk_msg_get_u64(&m.root, "capacity", UINT64_MAX, &u, NULL), 1);
   assert_int_equal(u, 64);
+  bool temporary = false;
+  assert_int_equal(sk_msg_get_bool(&m.root, "temporary", &temporary, NULL), 1);
+  assert_true(temporary);
   sk_msg_free(&m);
   fake_request(f, 8, &m); /* append text, bos default: no bos field */
   assert_null(sk_msg_get(&m.root, "bos"));

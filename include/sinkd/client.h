@@ -188,6 +188,10 @@ struct sk_open_params {
   size_t pin_len;
   const int32_t *pin_tokens; /* or as n_pin_tokens token ids */
   size_t n_pin_tokens;
+  bool temporary;     /* the daemon closes the session when this
+                         connection ends, however the client ends (a
+                         session for one request: sinkctl generate
+                         without --session) */
 };
 
 /* Reply to `open`. */
@@ -208,7 +212,7 @@ struct sk_open_result {
  * call returns once the pinned tokens are in the cache (for streaming and
  * sink_h2o they are the sink region: n_sink is their count). On success
  * *ret describes the session; close it with sk_client_close (sessions
- * outlive the connection). Invalid combinations of parameters give
+ * outlive the connection, unless opened temporary). Invalid combinations of parameters give
  * -SK_ERR_BAD_REQUEST with the daemon's message naming the limit. */
 int sk_client_open(struct sk_client *client,
                    const struct sk_open_params *params,
