@@ -115,8 +115,8 @@ static void help(void) {
       "\n"
       "generate:\n"
       "  -n, --max-tokens N    tokens to generate, 1..%u (default 128)\n"
-      "  -t, --temperature T   >= 0, 0 = greedy (default 0.8)\n"
-      "      --top-k K         0 = off (default 40)\n"
+      "  -t, --temperature T   0..100, 0 = greedy (default 0.8)\n"
+      "      --top-k K         0 or >= the vocabulary = off (default 40)\n"
       "      --top-p P         in (0, 1] (default 0.95)\n"
       "      --seed N          sampling seed (default: random)\n"
       "      --stop TEXT       stop when the output contains TEXT (repeatable)\n"
@@ -137,7 +137,7 @@ static void help(void) {
       "      --heavy N         heavy hitters kept (h2o, sink_h2o)\n"
       "      --recent N        newest tokens always kept (h2o, sink_h2o)\n"
       "      --capacity N      cache size in tokens (dense)\n"
-      "      --rope-scale R    position interpolation: positions / R\n"
+      "      --rope-scale R    position interpolation: positions / R (0 < R <= 64)\n"
       "      --pin TEXT        pinned prefix (system prompt), never evicted:\n"
       "                        the sink region of streaming and sink_h2o\n"
       "      --pin-file FILE   the same, read from FILE\n"
@@ -1467,7 +1467,8 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       break;
     case OPT_TEMPERATURE: {
       double t = parse_double("--temperature", optarg);
-      if (t < 0) usage_error("--temperature: '%s' is not >= 0", optarg);
+      if (!(t >= 0 && t <= SK_MAX_TEMPERATURE))
+        usage_error("--temperature: '%s' is not in [0, %g]", optarg, SK_MAX_TEMPERATURE);
       o->gen.temperature = t;
       break;
     }
@@ -1515,7 +1516,8 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       break;
     case OPT_ROPE_SCALE: {
       double r = parse_double("--rope-scale", optarg);
-      if (!(r > 0)) usage_error("--rope-scale: '%s' is not > 0", optarg);
+      if (!(r > 0 && r <= SK_MAX_ROPE_SCALE))
+        usage_error("--rope-scale: '%s' is not in (0, %g]", optarg, SK_MAX_ROPE_SCALE);
       o->open.rope_scale = r;
       break;
     }

@@ -129,7 +129,7 @@
 /* Largest rope_scale (position interpolation factor) a session may ask
  * for: Chen et al. 2023 stretch contexts by 2-32x; past 64 neighbouring
  * positions differ by less than float precision in the slow dimensions. */
-#define SK_KV_MAX_ROPE_SCALE 64.0f
+#define SK_KV_MAX_ROPE_SCALE ((float)SK_MAX_ROPE_SCALE)
 
 enum sk_policy {
   SK_POLICY_DENSE = 0,

@@ -1211,8 +1211,8 @@ static void op_generate(struct sk_server *srv, const struct request *r) {
   if (rc == 1) job->max_tokens = (uint32_t)u;
   if ((rc = sk_msg_get_f64(r->map, "temperature", &d, &e)) < 0) goto bad;
   if (rc == 1) job->sampling.temperature = (float)d;
-  if ((rc = sk_msg_get_u64(r->map, "top_k", n_vocab, &u, &e)) < 0) goto bad;
-  if (rc == 1) job->sampling.top_k = (uint32_t)u;
+  if ((rc = sk_msg_get_u64(r->map, "top_k", UINT32_MAX, &u, &e)) < 0) goto bad;
+  if (rc == 1) job->sampling.top_k = u < n_vocab ? (uint32_t)u : 0; /* all: off */
   if ((rc = sk_msg_get_f64(r->map, "top_p", &d, &e)) < 0) goto bad;
   if (rc == 1) job->sampling.top_p = (float)d;
   if ((rc = sk_msg_get_u64(r->map, "seed", UINT64_MAX, &u, &e)) < 0) goto bad;

@@ -719,7 +719,9 @@ static void cases_numbers(void) {
       {{"top_p", P_D, 0, 0, 1e-30, NULL}, "", NULL},
       {{"top_k", P_U, 0, 0, 0, NULL}, "", NULL},
       {{"top_k", P_U, N_VOCAB, 0, 0, NULL}, "", NULL},
-      {{"top_k", P_U, N_VOCAB + 1, 0, 0, NULL}, "bad_request", "top_k"},
+      {{"top_k", P_U, N_VOCAB + 1, 0, 0, NULL}, "", NULL}, /* every token, as 0 */
+      {{"top_k", P_U, UINT32_MAX, 0, 0, NULL}, "", NULL},
+      {{"top_k", P_U, (uint64_t)UINT32_MAX + 1, 0, 0, NULL}, "bad_request", "top_k"},
       {{"top_k", P_U, UINT64_MAX, 0, 0, NULL}, "bad_request", "top_k"},
       {{"top_k", P_I, 0, -1, 0, NULL}, "bad_request", "top_k"},
       {{"seed", P_U, UINT64_MAX, 0, 0, NULL}, "", NULL},

@@ -918,6 +918,27 @@ static void test_sinkctl(void **state) {
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-p 1.5 x 2>/dev/null", sinkctl, g_socket);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* the daemon's limits, checked by sinkctl: usage errors */
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate -t 150 x 2>/dev/null", sinkctl, g_socket);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --rope-scale 65 x 2>/dev/null", sinkctl,
+           g_socket);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
+  /* a top_k beyond the vocabulary (512) keeps every token, as 0 does */
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 100000 --seed 7 -n 12 Once",
+           sinkctl, g_socket);
+  char *wide = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 0 --seed 7 -n 12 Once", sinkctl,
+           g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_string_equal(wide, out);
+  assert_true(strlen(out) > strlen("Once\n"));
+  free(wide);
+  free(out);
   snprintf(cmd, sizeof cmd, "%s --socket %s/nope.sock ping 2>/dev/null", sinkctl, g_dir);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 3);

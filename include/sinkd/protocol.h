@@ -32,6 +32,11 @@ extern "C" {
  * scalars, arrays of ints or strings), so 16 is generous. */
 #define SK_MSG_MAX_DEPTH 16u
 
+/* Largest sampling temperature `generate` takes, and largest rope_scale
+ * (position interpolation) `open` takes. */
+#define SK_MAX_TEMPERATURE 100.0
+#define SK_MAX_ROPE_SCALE 64.0
+
 /* X(NAME, "wire_code", "description") */
 #define SK_ERROR_LIST(X)                                                      \
   X(BAD_REQUEST, "bad_request", "malformed or invalid request")               \
