@@ -54,15 +54,28 @@ const char *sk_client_default_socket(void) {
 }
 
 /* The message for a socket nobody answers on: how to start the daemon
- * that owns that path (the per-user one under $XDG_RUNTIME_DIR). */
+ * that owns that path (the system one at the default path, the per-user
+ * one under $XDG_RUNTIME_DIR, else one of the caller's own); a path that
+ * is there but no socket says what it is. */
 static int sk__client_not_running(const char *path, int e, struct sk_error *err) {
+  struct stat st;
+  if (e == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+    return sk_error_set(err, SK_ERR_IO, "cannot connect to %s: not a socket but a %s", path,
+                        S_ISDIR(st.st_mode) ? "folder" : S_ISREG(st.st_mode) ? "file"
+                                                                              : "special file");
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   size_t xl = xdg ? strlen(xdg) : 0;
   bool user = xl && strncmp(path, xdg, xl) == 0 && path[xl] == '/';
+  const char *why = e == ENOENT ? "no such file" : "connection refused";
+  if (!user && strcmp(path, SK_CLIENT_DEFAULT_SOCKET) != 0)
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: %s (is sinkd running? start one there with "
+                        "`sinkd --model FILE --socket %s`)",
+                        path, why, path);
   return sk_error_set(err, SK_ERR_IO,
                       "cannot connect to %s: %s (is sinkd running? start it with %s, "
                       "or run `sinkd --model FILE`)",
-                      path, e == ENOENT ? "no such file" : "connection refused",
+                      path, why,
                       user ? "`systemctl --user start sinkd.socket`"
                            : "`sudo systemctl start sinkd.socket`");
 }
@@ -117,6 +130,12 @@ static int sk__client_denied(const char *path, struct sk_error *err) {
                         "'%s'): you were added to group '%s' after this session "
                         "started; log in again (or run `newgrp %s`)",
                         path, mode, gname, gname, gname);
+  if (st.st_gid == 0) /* no user should join root's group to connect */
+    return sk_error_set(err, SK_ERR_IO,
+                        "cannot connect to %s: permission denied (mode %04o, group "
+                        "'%s'): only its owner and group may connect; ask them for "
+                        "another group, or run your own sinkd with --socket",
+                        path, mode, gname);
   return sk_error_set(err, SK_ERR_IO,
                       "cannot connect to %s: permission denied (mode %04o, group "
                       "'%s'): join the group with `sudo usermod -aG %s $USER`, "

@@ -1547,10 +1547,25 @@ static void check_permission_denied(const char *dir) {
     assert_int_equal(chown(path, 0, 0), 0);
     connect_denied(path, msg, sizeof msg);
     snprintf(want, sizeof want,
-             "%d cannot connect to %s: permission denied (mode 0660, group 'root'): join "
-             "the group with `sudo usermod -aG root $USER`, then log in again",
+             "%d cannot connect to %s: permission denied (mode 0660, group 'root'): only "
+             "its owner and group may connect; ask them for another group, or run your own "
+             "sinkd with --socket",
              -SK_ERR_IO, path);
     assert_string_equal(msg, want);
+    /* Another group: join it (daemon, gid 1, as the sinkd group would be). */
+    struct group *ng = getgrgid(1);
+    if (ng) {
+      char gname[64];
+      snprintf(gname, sizeof gname, "%s", ng->gr_name);
+      assert_int_equal(chown(path, 0, 1), 0);
+      connect_denied(path, msg, sizeof msg);
+      snprintf(want, sizeof want,
+               "%d cannot connect to %s: permission denied (mode 0660, group '%s'): join "
+               "the group with `sudo usermod -aG %s $USER`, then log in again",
+               -SK_ERR_IO, path, gname, gname);
+      assert_string_equal(msg, want);
+      assert_int_equal(chown(path, 0, 0), 0);
+    }
     /* No group access at all. */
     assert_int_equal(chmod(path, 0600), 0);
     connect_denied(path, msg, sizeof msg);
@@ -1580,12 +1595,16 @@ static void test_client_connect(void **state) {
   struct sk_error e = {0};
   assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
   assert_null(c);
-  char want[768];
+  char want[1400];
+  /* a path of the caller's choosing: start a daemon there */
   snprintf(want, sizeof want,
-           "cannot connect to %s: no such file (is sinkd running? start it "
-           "with `sudo systemctl start sinkd.socket`, or run `sinkd --model "
-           "FILE`)",
-           path);
+           "cannot connect to %s: no such file (is sinkd running? start one "
+           "there with `sinkd --model FILE --socket %s`)",
+           path, path);
+  assert_string_equal(e.message, want);
+  /* a path that is there but no socket */
+  assert_int_equal(sk_client_connect(dir, &c, &e), -SK_ERR_IO);
+  snprintf(want, sizeof want, "cannot connect to %s: not a socket but a folder", dir);
   assert_string_equal(e.message, want);
 
   /* A socket file nobody listens on: refused, same hint. */
