@@ -1108,6 +1108,12 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
       out_u64(&k, "adopted", s.adopted);
       out_u64(&k, "set_aside", s.set_aside);
       out_u64(&k, "idle_ttl_s", s.idle_ttl_s);
+      if (s.has_user) {
+        out_u64(&k, "user_sessions", s.user_sessions);
+        out_u64(&k, "user_memory_bytes", s.user_memory_bytes);
+        out_u64(&k, "max_user_sessions", s.max_user_sessions);
+        out_u64(&k, "max_user_memory", s.max_user_memory);
+      }
       if (s.compute.kernel[0]) { /* daemons before 0.2 do not report these */
         out_u64(&k, "steps", s.steps);
         out_str(&k, "kernel", s.compute.kernel);
@@ -1139,6 +1145,19 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     else
       printf("%-17s %s, no limit\n", "session memory", mem);
     printf("%-17s %" PRIu64 "\n", "max sessions", s.max_sessions);
+    if (s.has_user) { /* the caller's uid against its limits */
+      if (s.max_user_sessions)
+        printf("%-17s %" PRIu64 " of %" PRIu64 "\n", "your sessions", s.user_sessions,
+               s.max_user_sessions);
+      else
+        printf("%-17s %" PRIu64 ", no limit of your own\n", "your sessions", s.user_sessions);
+      human_bytes(s.user_memory_bytes, mem, sizeof mem);
+      human_bytes(s.max_user_memory, maxmem, sizeof maxmem);
+      if (s.max_user_memory)
+        printf("%-17s %s of %s\n", "your memory", mem, maxmem);
+      else
+        printf("%-17s %s, no limit of your own\n", "your memory", mem);
+    }
     printf("%-17s %" PRIu64 " adopted, %" PRIu64 " set aside\n", "at start", s.adopted,
            s.set_aside);
     if (s.idle_ttl_s)

@@ -656,8 +656,14 @@ int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
       (rc = sk__reply_u64(client, r, "set_aside", &s.set_aside, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "idle_ttl_s", &s.idle_ttl_s, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "steps", &s.steps, err)) == 0 &&
-      (rc = sk__reply_compute(client, r, &s.compute, err)) == 0)
+      (rc = sk__reply_compute(client, r, &s.compute, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "user_sessions", &s.user_sessions, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "user_memory_bytes", &s.user_memory_bytes, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "max_user_sessions", &s.max_user_sessions, err)) == 0 &&
+      (rc = sk__reply_u64(client, r, "max_user_memory", &s.max_user_memory, err)) == 0) {
+    s.has_user = sk_msg_get(r, "user_sessions") != NULL;
     *ret = s;
+  }
   sk_msg_free(&reply);
   return rc;
 }

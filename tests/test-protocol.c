@@ -892,7 +892,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     }
     fake_write(fd, &b);
   } else if (OP("stats")) {
-    fake_begin(&b, id, 7);
+    fake_begin(&b, id, 11);
     sk_pack_kv_u64(&b.pk, "sessions", 2);
     sk_pack_kv_u64(&b.pk, "clients", 1);
     sk_pack_kv_u64(&b.pk, "uptime_s", 60);
@@ -900,6 +900,10 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_kv_u64(&b.pk, "tokens_generated", 456);
     sk_pack_kv_u64(&b.pk, "memory_bytes", 8192);
     sk_pack_kv_u64(&b.pk, "adopted", 1);
+    sk_pack_kv_u64(&b.pk, "user_sessions", 1);
+    sk_pack_kv_u64(&b.pk, "user_memory_bytes", 4096);
+    sk_pack_kv_u64(&b.pk, "max_user_sessions", 16);
+    sk_pack_kv_u64(&b.pk, "max_user_memory", 0);
     fake_write(fd, &b);
   } else if (OP("append")) {
     fake_begin(&b, id, 5);
@@ -1805,6 +1809,8 @@ static void test_sinkctl(void **state) {
                       "tokens generated  456\n"
                       "session memory    8.0 KiB, no limit\n"
                       "max sessions      0\n"
+                      "your sessions     1 of 16\n"
+                      "your memory       4.0 KiB, no limit of your own\n"
                       "at start          1 adopted, 0 set aside\n"
                       "idle ttl          never\n");
   assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
@@ -1813,7 +1819,8 @@ static void test_sinkctl(void **state) {
                       "\"tokens_prefilled\": 123, \"tokens_generated\": "
                       "456, \"max_sessions\": 0, \"memory_bytes\": 8192, "
                       "\"max_memory\": 0, \"adopted\": 1, \"set_aside\": 0, "
-                      "\"idle_ttl_s\": 0}\n");
+                      "\"idle_ttl_s\": 0, \"user_sessions\": 1, \"user_memory_bytes\": 4096, "
+                      "\"max_user_sessions\": 16, \"max_user_memory\": 0}\n");
   assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
   assert_memory_equal(out, "pong (", 6);
   assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);

@@ -162,6 +162,11 @@ struct sk_daemon_stats {
   uint64_t steps;            /* forward passes since start (each serves
                                 every session that had work) */
   struct sk_compute_info compute;
+  bool has_user;             /* the daemon reported the caller's use: */
+  uint64_t user_sessions;    /* sessions of the caller's uid */
+  uint64_t user_memory_bytes; /* their bytes */
+  uint64_t max_user_sessions; /* per-uid limits; 0: none */
+  uint64_t max_user_memory;
 };
 
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
