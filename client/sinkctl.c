@@ -1587,6 +1587,41 @@ static void parse_options(int argc, char **argv, struct opts *o) {
   }
 }
 
+/* The options that shape a new session (open, and generate / chat without
+ * --session): a known policy, only the parameters it has (sinkd(8),
+ * "Sessions and policies"); with --session none of them, since the
+ * session exists already. Usage errors, before connecting. */
+static void check_open_options(const struct opts *o, const char *cmd) {
+  static const int shaping[] = {OPT_POLICY, OPT_SINKS,      OPT_WINDOW, OPT_CAPACITY, OPT_HEAVY,
+                                OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,    OPT_PIN_FILE};
+  if (o->has_session)
+    for (size_t i = 0; i < sizeof shaping / sizeof shaping[0]; i++)
+      if (o->given[shaping[i]])
+        usage_error("--%s: shapes a new session; %s --session %" PRIu64 " uses one that exists",
+                    opt_name(shaping[i]), cmd, o->session);
+  const char *pol = o->open.policy;
+  if (!pol) return; /* the daemon's default policy: it checks the rest */
+  static const struct {
+    const char *name;
+    bool sinks, window, heavy, capacity; /* recent goes with heavy */
+  } policies[] = {{"streaming", true, true, false, false}, {"window", false, true, false, false},
+                  {"h2o", false, false, true, false},      {"sink_h2o", true, false, true, false},
+                  {"dense", false, false, false, true}};
+  size_t i = 0;
+  while (i < sizeof policies / sizeof policies[0] && strcmp(policies[i].name, pol) != 0) i++;
+  if (i == sizeof policies / sizeof policies[0])
+    usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
+  const struct {
+    int opt;
+    bool has;
+  } params[] = {{OPT_SINKS, policies[i].sinks},     {OPT_WINDOW, policies[i].window},
+                {OPT_HEAVY, policies[i].heavy},     {OPT_RECENT, policies[i].heavy},
+                {OPT_CAPACITY, policies[i].capacity}};
+  for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
+    if (o->given[params[j].opt] && !params[j].has)
+      usage_error("--%s: policy %s has no such part", opt_name(params[j].opt), pol);
+}
+
 /* Index of the command word in argv (the first argument that is neither
  * an option nor the value of --socket), or argc. */
 static int find_command(int argc, char **argv) {
@@ -1640,6 +1675,7 @@ int main(int argc, char **argv) {
     for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;
     if (!ok) usage_error("--%s: not an option of '%s'", opt_name(id), name);
   }
+  check_open_options(&o, name);
   if (nargs < commands[ci].min_args)
     usage_error("%s: missing %s", name, commands[ci].arg_name);
   if (commands[ci].max_args >= 0 && nargs > commands[ci].max_args)

@@ -813,14 +813,27 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
   if ((rc = sk_msg_get_u64(r->map, "n_sink", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.n_sink = (uint32_t)v, has_sink = true;
+  /* parameters given with a non-zero value, which the policy must have */
+  const char *foreign = NULL;
+  const bool window_ok = p.policy == SK_POLICY_STREAMING || p.policy == SK_POLICY_WINDOW;
+  const bool h2o_ok = p.policy == SK_POLICY_H2O || p.policy == SK_POLICY_SINK_H2O;
   if ((rc = sk_msg_get_u64(r->map, "window", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.window = (uint32_t)v;
+  if (rc == 1 && v && !window_ok) foreign = "window";
   if ((rc = sk_msg_get_u64(r->map, "heavy", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.heavy = (uint32_t)v;
+  if (rc == 1 && v && !h2o_ok) foreign = "heavy";
   if ((rc = sk_msg_get_u64(r->map, "recent", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.recent = (uint32_t)v;
+  if (rc == 1 && v && !h2o_ok) foreign = "recent";
   if ((rc = sk_msg_get_u64(r->map, "capacity", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.capacity = (uint32_t)v;
+  if (rc == 1 && v && p.policy != SK_POLICY_DENSE) foreign = "capacity";
+  if (foreign) {
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s has no such part", foreign,
+                      sk_policy_name(p.policy));
+    goto bad;
+  }
   if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
   if (rc == 1) {
     if (!(d > 0.0 && d <= SK_KV_MAX_ROPE_SCALE)) {

@@ -926,6 +926,15 @@ static void test_sinkctl(void **state) {
            g_socket);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* session shapes: a known policy, its own parts, none with --session */
+  const char *shapes[] = {"open --policy bogus", "open --policy streaming --heavy 10",
+                          "open --policy dense --window 10",
+                          "generate --session 1 --policy dense x"};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>/dev/null", sinkctl, g_socket, shapes[i]);
+    free(run_capture(cmd, &status));
+    if (status != 2) fail_msg("'%s': exit %d, expected 2", shapes[i], status);
+  }
   /* a top_k beyond the vocabulary (512) keeps every token, as 0 does */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 100000 --seed 7 -n 12 Once",
            sinkctl, g_socket);
@@ -1236,6 +1245,11 @@ static void test_open_policies(void **state) {
       {{.policy = "dense", .capacity = 4097, .rope_scale = 2}, "= 4096 positions"},
       {{.policy = "dense", .capacity = 64, .rope_scale = 100}, "rope_scale 100"},
       {{.policy = "window", .window = 8, .n_sink = 2}, "policy window has no sinks"},
+      {{.policy = "streaming", .heavy = 10}, "heavy: policy streaming has no such part"},
+      {{.policy = "dense", .window = 10}, "window: policy dense has no such part"},
+      {{.policy = "h2o", .window = 10}, "window: policy h2o has no such part"},
+      {{.policy = "window", .recent = 10}, "recent: policy window has no such part"},
+      {{.policy = "sink_h2o", .capacity = 10}, "capacity: policy sink_h2o has no such part"},
       {{.policy = "lru"}, "unknown policy"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
