@@ -610,6 +610,13 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   char *prompt = NULL;
   if (argc > 0 || !o->has_session) {
     prompt = text_from_args(argc, argv, &prompt_len);
+    /* `echo TEXT | sinkctl generate`: the line's end is not part of the
+     * prompt (the text goes on where TEXT stops) */
+    if ((argc == 0 || (argc == 1 && strcmp(argv[0], "-") == 0)) && prompt_len &&
+        prompt[prompt_len - 1] == '\n') {
+      prompt_len--;
+      if (prompt_len && prompt[prompt_len - 1] == '\r') prompt_len--;
+    }
     if (prompt_len == 0 && !o->has_session)
       usage_error("generate: the prompt is empty");
   }

@@ -1738,7 +1738,7 @@ static void test_sinkctl(void **state) {
   assert_int_equal(RUN("Once\n", "generate", "-", "--socket", P, "-n", "3",
                        "--verbose"),
                    0);
-  assert_string_equal(out, "Once\na\xc3\xbc\n");
+  assert_string_equal(out, "Oncea\xc3\xbc\n"); /* stdin's final newline dropped */
   assert_non_null(strstr(err, "stop length; 4 prompt + 3 generated tokens"));
   assert_int_equal(RUN(NULL, "--socket", P, "--json", "generate", "-n", "3",
                        "--session", "7"),
