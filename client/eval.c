@@ -700,6 +700,22 @@ static char *eval_read_file(const char *path, size_t *ret_len) {
   return buf;
 }
 
+/* Exits with a usage error unless output file path (--csv, --plot) can be
+ * written: found before the evaluation runs, not after it. Opened for
+ * appending (nothing in it changes) and removed again if it was not
+ * there. */
+static void eval_check_output(const char *flag, const char *path) {
+  if (!path) return;
+  bool existed = access(path, F_OK) == 0;
+  FILE *f = fopen(path, "a");
+  if (!f) {
+    fprintf(stderr, "sinkctl: eval: %s: cannot write %s: %s\n", flag, path, strerror(errno));
+    exit(EVAL_EXIT_USAGE);
+  }
+  fclose(f);
+  if (!existed) unlink(path);
+}
+
 int sk_eval_main(int argc, char **argv, const char *global_socket,
                  bool global_json) {
   struct eval *ev = calloc(1, sizeof *ev);
@@ -711,6 +727,8 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   ev->chunk = EVAL_DEFAULT_CHUNK;
   ev->stride = 1;
   eval_parse_args(argc, argv, ev);
+  eval_check_output("--csv", ev->csv);
+  eval_check_output("--plot", ev->plot);
 
   size_t text_len;
   char *text = eval_read_file(ev->file, &text_len);

@@ -1550,8 +1550,11 @@ int sk_client_load(struct sk_client *client, const char *path,
   if (fstat(fileno(f), &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 ||
       (uint64_t)sb.st_size > SK__LOAD_MAX) {
     fclose(f);
-    return sk_error_set(err, SK_ERR_IO, "%s is not a regular file of at most %llu bytes",
-                        path, (unsigned long long)SK__LOAD_MAX);
+    if (S_ISREG(sb.st_mode))
+      return sk_error_set(err, SK_ERR_IO, "%s is larger than an exported session can be (%llu bytes)",
+                          path, (unsigned long long)SK__LOAD_MAX);
+    return sk_error_set(err, SK_ERR_IO, "%s is %s, not an exported session file", path,
+                        S_ISDIR(sb.st_mode) ? "a folder" : "no regular file");
   }
   size_t len = (size_t)sb.st_size;
   char *data = malloc(len ? len : 1);

@@ -926,6 +926,19 @@ static void test_sinkctl(void **state) {
            g_socket);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* an eval output that cannot be written: refused before the run */
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
+           g_socket, g_dir, getenv("SK_MODEL"));
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 2);
+  assert_non_null(strstr(out, "--csv: cannot write "));
+  free(out);
+  /* a folder to load */
+  snprintf(cmd, sizeof cmd, "%s --socket %s load %s 2>&1", sinkctl, g_socket, g_dir);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 1);
+  assert_non_null(strstr(out, " is a folder, not an exported session file"));
+  free(out);
   /* session shapes: a known policy, its own parts, none with --session */
   const char *shapes[] = {"open --policy bogus", "open --policy streaming --heavy 10",
                           "open --policy dense --window 10",
