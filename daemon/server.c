@@ -96,6 +96,7 @@ struct sk_server {
   uint64_t started_ms;
   bool shutting_down;
   struct open_work *opens;   /* opens whose object is being made */
+  struct copy_work *copies;  /* forks, exports and imports being copied */
   uint32_t n_adopted;        /* sessions adopted at start */
   uint32_t n_set_aside;      /* objects set aside at start */
   uint64_t import_bytes;     /* buffered by imports in progress */
@@ -311,7 +312,9 @@ static void conn_close(struct sk_conn *c) {
 /* ---- session work ---- */
 
 static void submit_next(struct sk_server *srv, struct sk_session *s);
-static void run_inline(struct sk_server *srv, struct sk_session *s, struct sk_job *job);
+static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *job);
+static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
+                               struct sk_session *s, bool tokens);
 
 static bool job_is_inline(const struct sk_job *j) {
   return j->kind == SK_JOB_FORK || j->kind == SK_JOB_EXPORT || j->kind == SK_JOB_STATS;
@@ -319,8 +322,14 @@ static bool job_is_inline(const struct sk_job *j) {
 
 static void session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
   if (job_is_inline(job)) {
-    /* The session is idle: its committed state may be read here. */
-    if (job->conn) run_inline(srv, s, job);
+    /* The session is idle: its committed state may be read here (stats),
+     * or in a worker while the session is held (fork, export). */
+    if (job->conn) {
+      if (job->kind == SK_JOB_STATS)
+        send_session_stats(srv, job->conn, job->req_id, s, true);
+      else if (copy_start(srv, s, job))
+        return; /* the job is the copy's until it is done */
+    }
     sk_job_free(job);
     return;
   }
@@ -685,6 +694,36 @@ struct open_work {
   struct open_work *prev, *next; /* srv->opens */
 };
 
+/* fork, export and import copy up to a whole cache (tens of MB; a 73 MiB
+ * fork held every client ~60 ms on the event loop): the copy runs in
+ * libuv's thread pool. fork and export hold their source session
+ * meanwhile (its `running` is the job: later requests queue behind it,
+ * the compute thread never sees it, close and the idle TTL wait); fork
+ * and import hold their new session's id and limits (sk_session_hold);
+ * import owns the bytes it received. */
+enum copy_kind { COPY_FORK, COPY_EXPORT, COPY_IMPORT };
+
+struct copy_work {
+  uv_work_t req;
+  struct sk_server *srv;
+  enum copy_kind kind;
+  struct sk_session *src;   /* fork, export: held */
+  struct sk_job *job;       /* fork, export: src->running (conn, req_id) */
+  struct sk_conn *conn;     /* import: referenced until done */
+  uint64_t req_id;          /* import */
+  uint32_t uid;             /* the new session's owner */
+  uint64_t id;              /* fork, import: the new session's id */
+  size_t bytes;             /* fork: held in the limits; import: 0 */
+  uint32_t max_capacity;    /* import */
+  char *buf;                /* export: the image (len bytes, made in the
+                               worker); import: the bytes received */
+  size_t len, cap;          /* import: cap counts in srv->import_bytes */
+  struct sk_store_obj *obj; /* fork, import: made */
+  int rc;
+  struct sk_error err;
+  struct copy_work *prev, *next; /* srv->copies */
+};
+
 static void user_usage(const struct sk_server *srv, uint32_t uid, const struct sk_session *except,
                        uint32_t *ret_n, uint64_t *ret_bytes) {
   uint32_t n = 0;
@@ -699,6 +738,11 @@ static void user_usage(const struct sk_server *srv, uint32_t uid, const struct s
     if (w->res.owner_uid == uid) {
       n++;
       bytes += w->res.bytes;
+    }
+  for (const struct copy_work *w = srv->copies; w; w = w->next)
+    if (w->kind != COPY_EXPORT && w->uid == uid) {
+      n++;
+      bytes += w->bytes;
     }
   *ret_n = n;
   *ret_bytes = bytes;
@@ -1340,54 +1384,184 @@ static void export_pump(struct sk_conn *c) {
   }
 }
 
-static void run_inline(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
-  struct sk_conn *c = job->conn;
+/* The copy of a fork, export or import, in a worker thread: reads only
+ * the held source session's object or the import's bytes, and makes a new
+ * object under the held id (store.c: file creation is per id). */
+static void copy_work_run(uv_work_t *req) {
+  struct copy_work *w = req->data;
+  struct sk_store *st = w->srv->sessions.store;
+  switch (w->kind) {
+  case COPY_FORK:
+    w->rc = sk_store_fork(st, w->src->obj, w->id, w->uid, &w->obj, &w->err);
+    break;
+  case COPY_EXPORT:
+    w->buf = malloc(w->len);
+    if (!w->buf)
+      w->rc = sk_error_set(&w->err, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte export",
+                           w->len);
+    else
+      sk_store_export(w->src->obj, w->buf, w->len);
+    break;
+  case COPY_IMPORT: {
+    struct sk_store_image_info info;
+    w->rc = sk_store_image_check(st, w->buf, w->len, &info, &w->err);
+    if (w->rc == 0 && info.capacity > w->max_capacity)
+      w->rc = sk_error_set(&w->err, SK_ERR_BAD_REQUEST,
+                           "the exported session's capacity %u exceeds the maximum capacity %u",
+                           info.capacity, w->max_capacity);
+    if (w->rc == 0)
+      w->rc = sk_store_import(st, w->buf, w->len, w->id, w->uid, &w->obj, &w->err);
+    break;
+  }
+  }
+}
+
+/* The new session of a fork or import (w->obj) into the table, with the
+ * reply; or the error. */
+static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct sk_conn *c,
+                            uint64_t req_id) {
   struct sk_error e;
-  if (job->kind == SK_JOB_STATS) {
-    send_session_stats(srv, c, job->req_id, s, true);
+  struct sk_session *ns = NULL;
+  if (w->rc < 0) {
+    sk_session_unhold(&srv->sessions, w->bytes);
+    if (c) send_error(c, req_id, &w->err);
     return;
   }
-  if (job->kind == SK_JOB_FORK) {
-    struct sk_session *ns = NULL;
-    if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, &e) < 0 ||
-        sk_session_fork(&srv->sessions, s, c->uid, &ns, &e) < 0) {
-      send_error(c, job->req_id, &e);
-      return;
-    }
-    ns->last_used_ms = now_ms();
-    counts_changed(srv);
+  if (!c) { /* the client left: it never learns the id */
+    sk_session_unhold(&srv->sessions, w->bytes);
+    sk_store_obj_remove(w->obj);
+    return;
+  }
+  if (sk_session_take_held(&srv->sessions, w->bytes, w->obj, &ns, &e) < 0) {
+    send_error(c, req_id, &e);
+    return;
+  }
+  /* An import's size is known once it is in: over the user's limits, it
+   * goes (a fork's was checked before the copy). */
+  if (w->kind == COPY_IMPORT && check_user_limits(srv, c->uid, ns->kv_bytes, ns, &e) < 0) {
+    sk_session_free(&srv->sessions, ns);
+    send_error(c, req_id, &e);
+    return;
+  }
+  ns->last_used_ms = now_ms();
+  counts_changed(srv);
+  struct sk_msgbuf b;
+  if (w->kind == COPY_FORK) {
     sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
            "copied, %zu bytes",
-           (unsigned long long)ns->id, (unsigned long long)s->id, c->uid,
+           (unsigned long long)ns->id, (unsigned long long)w->src->id, c->uid,
            ns->kv->hdr->n_resident, ns->kv_bytes);
-    struct sk_msgbuf b;
-    if (reply_begin(&b, job->req_id, 10) < 0) return;
+    if (reply_begin(&b, req_id, 10) < 0) return;
     pack_session_summary(srv, &b.pk, ns);
-    sk_pack_kv_u64(&b.pk, "from", s->id);
-    conn_send_buf(c, &b);
-    return;
+    sk_pack_kv_u64(&b.pk, "from", w->src->id);
+  } else {
+    sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
+           (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
+    if (reply_begin(&b, req_id, 10) < 0) return;
+    pack_session_summary(srv, &b.pk, ns);
+    sk_pack_kv_u64(&b.pk, "received", w->len);
   }
-  /* export: a snapshot of the committed state, streamed as output drains */
-  struct export_stream *x = calloc(1, sizeof *x);
-  size_t size = sk_store_export_size(s->obj);
-  char *buf = x ? malloc(size) : NULL;
-  if (!buf) {
-    free(x);
-    send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte export", size);
-    return;
+  conn_send_buf(c, &b);
+}
+
+static void copy_work_done(uv_work_t *req, int status) {
+  struct copy_work *w = req->data;
+  struct sk_server *srv = w->srv;
+  if (w->prev) w->prev->next = w->next; else srv->copies = w->next;
+  if (w->next) w->next->prev = w->prev;
+  if (status < 0 && w->rc == 0) {
+    w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
+    if (w->obj) sk_store_obj_remove(w->obj);
   }
-  sk_store_export(s->obj, buf, size);
-  x->req_id = job->req_id;
-  x->session = s->id;
-  x->buf = buf;
-  x->len = size;
-  x->resident = s->kv->hdr->n_resident;
-  x->seen = s->kv->hdr->n_seen;
-  struct export_stream **tail = &c->exports;
-  while (*tail) tail = &(*tail)->next;
-  *tail = x;
-  sk_log(SK_LOG_DEBUG, "session %llu exported: %zu bytes", (unsigned long long)s->id, size);
-  export_pump(c);
+  /* The client, unless it left (or the daemon is stopping: nothing new). */
+  struct sk_conn *c = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
+  if (c && (c->closing || srv->shutting_down)) c = NULL;
+  uint64_t req_id = w->kind == COPY_IMPORT ? w->req_id : w->job->req_id;
+  if (w->kind == COPY_EXPORT) {
+    struct export_stream *x = NULL;
+    if (w->rc < 0) {
+      if (c) send_error(c, req_id, &w->err);
+    } else if (c && (x = calloc(1, sizeof *x)) != NULL) {
+      /* streamed as the output drains */
+      x->req_id = req_id;
+      x->session = w->src->id;
+      x->buf = w->buf;
+      x->len = w->len;
+      x->resident = w->src->kv->hdr->n_resident;
+      x->seen = w->src->kv->hdr->n_seen;
+      w->buf = NULL;
+      struct export_stream **tail = &c->exports;
+      while (*tail) tail = &(*tail)->next;
+      *tail = x;
+      sk_log(SK_LOG_DEBUG, "session %llu exported: %zu bytes", (unsigned long long)x->session,
+             x->len);
+      export_pump(c);
+    } else if (c) {
+      send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+    }
+    free(w->buf);
+  } else {
+    copy_finish_new(srv, w, c, req_id);
+  }
+  if (w->kind == COPY_IMPORT) {
+    srv->import_bytes -= w->cap;
+    free(w->buf);
+    conn_unref(w->conn);
+  } else { /* the source session goes on with its queue (or closes) */
+    w->src->running = NULL;
+    w->src->last_used_ms = now_ms();
+    sk_job_free(w->job);
+    submit_next(srv, w->src);
+  }
+  free(w);
+}
+
+/* Queues w's copy. Errors: -SK_ERR_INTERNAL (thread pool). */
+static int copy_queue(struct sk_server *srv, struct copy_work *w, struct sk_error *e) {
+  w->srv = srv;
+  w->req.data = w;
+  int rc = uv_queue_work(srv->loop, &w->req, copy_work_run, copy_work_done);
+  if (rc < 0) return sk_error_set(e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
+  w->next = srv->copies;
+  if (srv->copies) srv->copies->prev = w;
+  srv->copies = w;
+  return 0;
+}
+
+/* Starts job (fork or export of the idle session s) in a worker, holding
+ * s; true if started. Else the error is answered and the caller frees
+ * job. */
+static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
+  struct sk_conn *c = job->conn;
+  struct sk_error e;
+  struct copy_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory");
+    return false;
+  }
+  w->kind = job->kind == SK_JOB_FORK ? COPY_FORK : COPY_EXPORT;
+  w->src = s;
+  w->job = job;
+  w->uid = c->uid;
+  if (w->kind == COPY_FORK) {
+    w->bytes = s->kv_bytes;
+    if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, &e) < 0 ||
+        sk_session_hold(&srv->sessions, w->bytes, &w->id, &e) < 0) {
+      free(w);
+      send_error(c, job->req_id, &e);
+      return false;
+    }
+  } else {
+    w->len = sk_store_export_size(s->obj);
+  }
+  if (copy_queue(srv, w, &e) < 0) {
+    if (w->kind == COPY_FORK) sk_session_unhold(&srv->sessions, w->bytes);
+    free(w);
+    send_error(c, job->req_id, &e);
+    return false;
+  }
+  s->running = job;
+  return true;
 }
 
 /* import: the file comes in chunks {total, offset, data}; one import per
@@ -1460,25 +1634,34 @@ static void op_import(struct sk_server *srv, const struct request *r) {
     }
     return;
   }
-  struct sk_session *s = NULL;
-  int rc = sk_session_import(&srv->sessions, c->import_buf, c->import_len,
-                             srv->cfg.max_capacity, c->uid, &s, &e);
-  size_t got = c->import_len;
-  import_drop(c);
-  if (rc < 0) goto bad;
-  /* Its size is known once it is in: over the user's limits, it goes. */
-  if (check_user_limits(srv, c->uid, s->kv_bytes, s, &e) < 0) {
-    sk_session_free(&srv->sessions, s);
-    goto bad;
+  /* All in: checked and copied into a new session in a worker, which
+   * takes the bytes over (still counted in import_bytes until done). */
+  struct copy_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+    goto bad_drop;
   }
-  s->last_used_ms = now_ms();
-  counts_changed(srv);
-  sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
-         (unsigned long long)s->id, c->uid, got, s->kv->hdr->n_resident);
-  if (reply_begin(&b, r->id, 10) < 0) return;
-  pack_session_summary(srv, &b.pk, s);
-  sk_pack_kv_u64(&b.pk, "received", got);
-  conn_send_buf(c, &b);
+  if (sk_session_hold(&srv->sessions, 0, &w->id, &e) < 0) {
+    free(w);
+    goto bad_drop;
+  }
+  w->kind = COPY_IMPORT;
+  w->conn = c;
+  w->req_id = r->id;
+  w->uid = c->uid;
+  w->max_capacity = srv->cfg.max_capacity;
+  w->buf = c->import_buf;
+  w->len = c->import_len;
+  w->cap = c->import_cap;
+  if (copy_queue(srv, w, &e) < 0) {
+    sk_session_unhold(&srv->sessions, 0);
+    free(w);
+    goto bad_drop;
+  }
+  c->refs++;
+  c->import_buf = NULL; /* w's now */
+  c->import_len = c->import_cap = 0;
+  c->import_total = 0;
   return;
 bad_drop:
   import_drop(c);

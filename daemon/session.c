@@ -183,30 +183,29 @@ int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *param
   return sk_session_commit(t, &res, ret, err);
 }
 
-int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,
-                    uint32_t owner_uid, struct sk_session **ret, struct sk_error *err) {
-  int rc = check_limits(t, src->kv_bytes, err);
+int sk_session_hold(struct sk_session_table *t, size_t bytes, uint64_t *ret_id,
+                    struct sk_error *err) {
+  int rc = check_limits(t, bytes, err);
   if (rc < 0) return rc;
-  struct sk_store_obj *obj = NULL;
-  rc = sk_store_fork(t->store, src->obj, t->next_id, owner_uid, &obj, err);
-  if (rc < 0) return rc;
-  return session_take(t, obj, ret, err);
+  *ret_id = t->next_id++;
+  t->n_reserved++;
+  t->reserved_bytes += bytes;
+  return 0;
 }
 
-int sk_session_import(struct sk_session_table *t, const void *image, size_t len,
-                      uint32_t max_capacity, uint32_t owner_uid, struct sk_session **ret,
-                      struct sk_error *err) {
-  struct sk_store_image_info info;
-  int rc = sk_store_image_check(t->store, image, len, &info, err);
-  if (rc < 0) return rc;
-  if (info.capacity > max_capacity)
-    return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "the exported session's capacity %u exceeds the maximum capacity %u",
-                        info.capacity, max_capacity);
-  if ((rc = check_limits(t, info.object_size, err)) < 0) return rc;
-  struct sk_store_obj *obj = NULL;
-  rc = sk_store_import(t->store, image, len, t->next_id, owner_uid, &obj, err);
-  if (rc < 0) return rc;
+void sk_session_unhold(struct sk_session_table *t, size_t bytes) {
+  t->n_reserved--;
+  t->reserved_bytes -= bytes;
+}
+
+int sk_session_take_held(struct sk_session_table *t, size_t bytes, struct sk_store_obj *obj,
+                         struct sk_session **ret, struct sk_error *err) {
+  sk_session_unhold(t, bytes);
+  int rc = bytes ? 0 : check_limits(t, obj->size, err);
+  if (rc < 0) {
+    sk_store_obj_remove(obj);
+    return rc;
+  }
   return session_take(t, obj, ret, err);
 }
 

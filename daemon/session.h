@@ -228,17 +228,20 @@ int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation 
  * if one was made. */
 void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res);
 
-/* A new session for owner_uid holding a copy of src's committed cache and
- * state (no recomputation). src must be idle. Errors as sk_session_open. */
-int sk_session_fork(struct sk_session_table *t, const struct sk_session *src,
-                    uint32_t owner_uid, struct sk_session **ret,
+/* The loop-thread halves of fork and import around their copy, which the
+ * daemon runs in a worker thread (sk_store_fork, sk_store_import):
+ * sk_session_hold checks the limits for one more session of `bytes` (0:
+ * not known yet) and holds them, giving the id the new object must get;
+ * sk_session_take_held ends the hold and puts obj, made for that id, into
+ * the table, checking the limits first when bytes was 0 (on error obj is
+ * removed: file and memory); sk_session_unhold ends a hold without a
+ * session. Errors: -SK_ERR_BUSY (limits, message names the one that
+ * binds), -SK_ERR_NO_MEMORY. */
+int sk_session_hold(struct sk_session_table *t, size_t bytes, uint64_t *ret_id,
                     struct sk_error *err);
-/* A new session for owner_uid from an export image of len bytes (checked
- * whole first; its capacity against max_capacity). Errors: those of
- * sk_store_image_check / sk_session_open. */
-int sk_session_import(struct sk_session_table *t, const void *image, size_t len,
-                      uint32_t max_capacity, uint32_t owner_uid,
-                      struct sk_session **ret, struct sk_error *err);
+int sk_session_take_held(struct sk_session_table *t, size_t bytes, struct sk_store_obj *obj,
+                         struct sk_session **ret, struct sk_error *err);
+void sk_session_unhold(struct sk_session_table *t, size_t bytes);
 /* Takes an object found by sk_store_scan as a session (ownership of obj
  * passes to the table). Errors: -SK_ERR_NO_MEMORY (obj is freed, its file
  * kept). */

@@ -1028,6 +1028,84 @@ static void test_temporary_sessions(void **state) {
   sk_client_free(b);
 }
 
+/* A request {id, op, session} as one frame on fd. */
+static void send_session_op(int fd, uint64_t id, const char *op, uint64_t session) {
+  struct sk_msgbuf b;
+  assert_int_equal(sk_msgbuf_init(&b), 0);
+  msgpack_pack_map(&b.pk, 3);
+  sk_pack_kv_u64(&b.pk, "id", id);
+  sk_pack_kv_str(&b.pk, "op", op);
+  sk_pack_kv_u64(&b.pk, "session", session);
+  int64_t n = sk_msgbuf_finish(&b);
+  assert_true(n > 0);
+  write_all(fd, b.sbuf.data, (size_t)n);
+  sk_msgbuf_free(&b);
+}
+
+/* fork and export copy in a worker thread while their session is held: a
+ * close sent behind a fork answers at once, the request queued between
+ * them is cancelled or served, and the fork still comes out whole (the
+ * source's tokens) while the source goes; a client that leaves during an
+ * export leaves nothing behind and the daemon serves on. */
+static void test_copies_hold_their_session(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  const size_t n0 = count_sessions(c);
+  struct sk_open_result src;
+  assert_int_equal(sk_client_open(c, NULL, &src, &e), 0);
+  const char *text = "Once upon a time, there was a little dog named Spot.";
+  assert_int_equal(sk_client_append_text(c, src.session, text, strlen(text), SK_BOS_TRUE, NULL, &e),
+                   0);
+  struct sk_session_stats st0;
+  assert_int_equal(sk_client_session_stats(c, src.session, &st0, &e), 0);
+  assert_true(st0.resident > 10);
+
+  int fd = raw_connect();
+  send_session_op(fd, 1, "fork", src.session);
+  send_session_op(fd, 2, "stats", src.session);
+  send_session_op(fd, 3, "close", src.session);
+  bool seen[4] = {false};
+  for (int i = 0; i < 3; i++) {
+    uint64_t id;
+    char code[64];
+    read_reply(fd, &id, code, sizeof code);
+    assert_true(id >= 1 && id <= 3 && !seen[id]);
+    seen[id] = true;
+    if (id == 2) {
+      if (code[0] && strcmp(code, "cancelled") != 0) fail_msg("stats: %s", code);
+    } else if (code[0]) {
+      fail_msg("request %llu: %s", (unsigned long long)id, code);
+    }
+  }
+  close(fd);
+  wait_sessions(c, n0 + 1); /* the fork, not the source */
+  assert_int_equal(sk_client_session_stats(c, src.session, &st0, &e), -SK_ERR_NO_SUCH_SESSION);
+  struct sk_session_info *rows = NULL;
+  size_t n = 0;
+  assert_int_equal(sk_client_list(c, &rows, &n, &e), 0);
+  uint64_t fork_id = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].session > src.session) fork_id = rows[i].session;
+  free(rows);
+  assert_true(fork_id > src.session);
+  struct sk_session_stats st1;
+  assert_int_equal(sk_client_session_stats(c, fork_id, &st1, &e), 0);
+  assert_int_equal(st1.resident, st0.resident);
+  assert_int_equal(st1.seen, st0.seen);
+
+  /* an export whose client leaves at once */
+  fd = raw_connect();
+  send_session_op(fd, 1, "export", fork_id);
+  close(fd);
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  assert_int_equal(sk_client_session_stats(c, fork_id, &st1, &e), 0);
+  assert_int_equal(st1.resident, st0.resident);
+  assert_int_equal(sk_client_close(c, fork_id, &e), 0);
+  assert_int_equal(count_sessions(c), n0);
+  sk_client_free(c);
+}
+
 static int32_t *ref_ids(json_t *ref, size_t text, size_t *ret_n) {
   return sk_test_json_ids(
       json_object_get(json_array_get(json_object_get(ref, "texts"), text), "token_ids"), ret_n);
@@ -1421,6 +1499,7 @@ int main(void) {
       cmocka_unit_test(test_long_prefill_does_not_block),
       cmocka_unit_test(test_sinkctl),
       cmocka_unit_test(test_temporary_sessions),
+      cmocka_unit_test(test_copies_hold_their_session),
       cmocka_unit_test(test_logprobs_through_daemon),
       cmocka_unit_test(test_pin_survives_10000_evictions),
       cmocka_unit_test(test_h2o_through_daemon),
