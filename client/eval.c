@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "eval.h"
@@ -46,6 +47,20 @@ static const char *const run_kind_names[] = {
     [RUN_DENSE] = "dense",         [RUN_STREAMING] = "streaming",
     [RUN_WINDOW] = "window",       [RUN_H2O] = "h2o",
     [RUN_SINK_H2O] = "sink_h2o",   [RUN_RECOMPUTE] = "recompute",
+};
+
+/* The parameters each run takes (bits of run_param_names); rope_scale
+ * goes with every run. */
+static const char *const run_param_names[] = {"sinks", "window", "heavy", "recent", "capacity",
+                                              "rope_scale"};
+enum { P_SINKS = 1, P_WINDOW = 2, P_HEAVY = 4, P_RECENT = 8, P_CAPACITY = 16, P_ROPE = 32 };
+static const unsigned run_params[] = {
+    [RUN_DENSE] = P_CAPACITY | P_ROPE,
+    [RUN_STREAMING] = P_SINKS | P_WINDOW | P_ROPE,
+    [RUN_WINDOW] = P_WINDOW | P_ROPE,
+    [RUN_H2O] = P_HEAVY | P_RECENT | P_ROPE,
+    [RUN_SINK_H2O] = P_SINKS | P_HEAVY | P_RECENT | P_ROPE,
+    [RUN_RECOMPUTE] = P_WINDOW | P_CAPACITY | P_ROPE,
 };
 
 /* One column of the table: a policy with its parameters (0 = derived from
@@ -126,7 +141,8 @@ static void eval_help(void) {
       "  recompute[:window=W]        sliding window with re-computation: a\n"
       "                              fresh dense session of the W tokens\n"
       "                              before each scored token (W = budget)\n"
-      "  Any run also takes rope_scale=R and capacity=N (dense).\n"
+      "  Any run also takes rope_scale=R; dense and recompute capacity=N;\n"
+      "  a parameter a run has not is a usage error.\n"
       "  Default set: dense, dense:rope_scale=2, dense:rope_scale=4, window,\n"
       "  streaming:sinks=1, streaming:sinks=2, streaming:sinks=4,\n"
       "  streaming:sinks=8, h2o, sink_h2o, recompute.\n"
@@ -198,6 +214,9 @@ static void eval_parse_run(const char *spec, struct run *r) {
     if (!eq) eval_usage_error("--run %s: '%s' is not key=value", spec, kv);
     *eq = 0;
     const char *key = kv, *val = eq + 1;
+    for (size_t i = 0; i < sizeof run_param_names / sizeof run_param_names[0]; i++)
+      if (strcmp(key, run_param_names[i]) == 0 && !(run_params[k] & (1u << i)))
+        eval_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
     if (strcmp(key, "sinks") == 0) {
       r->n_sink = (uint32_t)eval_parse_u64("sinks", val, 0, UINT32_MAX);
       r->has_sink = true;
@@ -700,20 +719,49 @@ static char *eval_read_file(const char *path, size_t *ret_len) {
   return buf;
 }
 
-/* Exits with a usage error unless output file path (--csv, --plot) can be
- * written: found before the evaluation runs, not after it. Opened for
- * appending (nothing in it changes) and removed again if it was not
- * there. */
+/* Exits with a usage error unless output file path (--csv, --plot, the
+ * CSV beside a plot) looks writable: found before the evaluation runs, not
+ * after it. Nothing is opened or made: an existing path must be no folder
+ * and writable, a new one needs a writable folder. */
 static void eval_check_output(const char *flag, const char *path) {
   if (!path) return;
-  bool existed = access(path, F_OK) == 0;
-  FILE *f = fopen(path, "a");
-  if (!f) {
-    fprintf(stderr, "sinkctl: eval: %s: cannot write %s: %s\n", flag, path, strerror(errno));
+  struct stat st;
+  const char *why = NULL;
+  if (stat(path, &st) == 0) {
+    if (S_ISDIR(st.st_mode)) why = "it is a folder";
+    else if (access(path, W_OK) != 0) why = strerror(errno);
+  } else if (errno != ENOENT) {
+    why = strerror(errno);
+  } else {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 1;
+    if (slash && n == 0) n = 1; /* "/x" */
+    if (n >= sizeof dir) n = sizeof dir - 1;
+    memcpy(dir, slash ? path : ".", n);
+    dir[n] = 0;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) why = "its folder does not exist";
+    else if (access(dir, W_OK | X_OK) != 0) why = strerror(errno);
+  }
+  if (why) {
+    fprintf(stderr, "sinkctl: eval: %s: cannot write %s: %s\n", flag, path, why);
     exit(EVAL_EXIT_USAGE);
   }
-  fclose(f);
-  if (!existed) unlink(path);
+}
+
+/* The CSV written with a plot when --csv is not given: the plot's path
+ * with .csv for its extension, in buf. */
+static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
+  size_t len = strlen(plot);
+  const char *dot = strrchr(plot, '.');
+  if (dot && !strchr(dot, '/')) len = (size_t)(dot - plot);
+  if (len + 5 > size) {
+    fprintf(stderr, "sinkctl: eval: --plot path too long\n");
+    exit(EVAL_EXIT_USAGE);
+  }
+  memcpy(buf, plot, len);
+  memcpy(buf + len, ".csv", 5);
+  return buf;
 }
 
 int sk_eval_main(int argc, char **argv, const char *global_socket,
@@ -727,7 +775,10 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   ev->chunk = EVAL_DEFAULT_CHUNK;
   ev->stride = 1;
   eval_parse_args(argc, argv, ev);
-  eval_check_output("--csv", ev->csv);
+  char csv_buf[4096];
+  const char *csv = ev->csv;
+  if (!csv && ev->plot) csv = eval_plot_csv(ev->plot, csv_buf, sizeof csv_buf);
+  eval_check_output(ev->csv ? "--csv" : "--plot (its CSV)", csv);
   eval_check_output("--plot", ev->plot);
 
   size_t text_len;
@@ -791,21 +842,6 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
     eval_print_json(ev);
   else
     eval_print_table(ev);
-  char csv_buf[4096];
-  const char *csv = ev->csv;
-  if (!csv && ev->plot) {
-    size_t len = strlen(ev->plot);
-    const char *dot = strrchr(ev->plot, '.');
-    if (dot && !strchr(dot, '/')) len = (size_t)(dot - ev->plot);
-    if (len + 5 > sizeof csv_buf) {
-      fprintf(stderr, "sinkctl: eval: --plot path too long\n");
-      status = EVAL_EXIT_USAGE;
-      goto out;
-    }
-    memcpy(csv_buf, ev->plot, len);
-    memcpy(csv_buf + len, ".csv", 5);
-    csv = csv_buf;
-  }
   if (csv && (status = eval_write_csv(ev, csv)) != 0) goto out;
   if (ev->plot && (status = eval_plot(ev, csv)) != 0) goto out;
   if (!ev->json && (csv || ev->plot))

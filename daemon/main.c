@@ -491,9 +491,9 @@ int main(int argc, char **argv) {
   if (sk_store_open(&stc, &store, &tmpfs, &err) < 0) {
     sk_log(SK_LOG_ERR, "%s", err.message);
     if (err.code == SK_ERR_IO && getuid() != 0)
-      sk_log(SK_LOG_ERR, "as a user, give a state directory you may write: --state-dir DIR "
-                         "(the default is $XDG_RUNTIME_DIR/sinkd/state, or /run/sinkd/state "
-                         "when XDG_RUNTIME_DIR is unset)");
+      sk_log(SK_LOG_ERR, "as a user, give a state directory and a socket you may write: "
+                         "--state-dir DIR --socket PATH (the defaults are under "
+                         "$XDG_RUNTIME_DIR/sinkd, or /run/sinkd when XDG_RUNTIME_DIR is unset)");
     goto out;
   }
   char fp_hex[33];

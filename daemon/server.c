@@ -290,13 +290,12 @@ static void conn_close(struct sk_conn *c) {
         if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
       }
   }
-  /* Sessions opened "temporary" on this connection end with it (not at
-   * shutdown: the daemon keeps every session across a restart). */
-  if (!srv->shutting_down)
-    for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-      struct sk_session *s = srv->sessions.items[i];
-      if (s && s->temp_conn == c->id && !s->closing) session_close(srv, s);
-    }
+  /* Sessions opened "temporary" on this connection end with it, at
+   * shutdown too (a restart would adopt them with nobody to close them). */
+  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
+    struct sk_session *s = srv->sessions.items[i];
+    if (s && s->temp_conn == c->id && !s->closing) session_close(srv, s);
+  }
   if (srv->compute) sk_compute_wake(srv->compute);
   if (c->import_buf) import_drop(c);
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
@@ -874,8 +873,8 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1) p.capacity = (uint32_t)v;
   if (rc == 1 && v && p.policy != SK_POLICY_DENSE) foreign = "capacity";
   if (foreign) {
-    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s has no such part", foreign,
-                      sk_policy_name(p.policy));
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s%s has no such part", foreign,
+                      sk_policy_name(p.policy), pol ? "" : " (the daemon's default)");
     goto bad;
   }
   if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
@@ -965,10 +964,10 @@ static void session_close(struct sk_server *srv, struct sk_session *s) {
   if (s->running) {
     s->closing = true;
     atomic_store(&s->running->cancel, true);
-    sk_compute_wake(srv->compute);
+    if (srv->compute) sk_compute_wake(srv->compute); /* NULL once stopping */
   } else {
     sk_session_free(&srv->sessions, s);
-    counts_changed(srv);
+    if (!srv->shutting_down) counts_changed(srv);
   }
 }
 

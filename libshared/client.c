@@ -10,6 +10,7 @@
 #include "sinkd/client.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <pwd.h>
@@ -65,7 +66,7 @@ static int sk__client_not_running(const char *path, int e, struct sk_error *err)
                                                                               : "special file");
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   size_t xl = xdg ? strlen(xdg) : 0;
-  bool user = xl && strncmp(path, xdg, xl) == 0 && path[xl] == '/';
+  bool user = xl && strncmp(path, xdg, xl) == 0 && strcmp(path + xl, "/sinkd/sinkd.sock") == 0;
   const char *why = e == ENOENT ? "no such file" : "connection refused";
   if (!user && strcmp(path, SK_CLIENT_DEFAULT_SOCKET) != 0)
     return sk_error_set(err, SK_ERR_IO,
@@ -111,6 +112,7 @@ static int sk__client_denied(const char *path, struct sk_error *err) {
                         "cannot connect to %s: permission denied on a folder of "
                         "the path (%s)",
                         path, strerror(errno));
+  if (!S_ISSOCK(st.st_mode)) return sk__client_not_running(path, ECONNREFUSED, err);
   char gbuf[4096];
   struct group gr, *grp = NULL;
   char gname[64];
@@ -1544,8 +1546,14 @@ int sk_client_save(struct sk_client *client, uint64_t session, const char *path,
 
 int sk_client_load(struct sk_client *client, const char *path,
                    struct sk_session_summary *ret, struct sk_error *err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return sk_error_set(err, SK_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO with no writer is refused below, not waited on */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+  if (!f) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return sk_error_set(err, SK_ERR_IO, "cannot open %s: %s", path, strerror(e));
+  }
   struct stat sb;
   if (fstat(fileno(f), &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 ||
       (uint64_t)sb.st_size > SK__LOAD_MAX) {

@@ -1114,12 +1114,21 @@ static void test_sigterm_keeps(void **state) {
   uint64_t a = open_session(c, "streaming", 4, 28, 0);
   append_text(c, a, "Once upon a time");
   struct sk_session_stats s0 = sstats(c, a);
+  /* a temporary session whose connection is open when the daemon stops:
+   * it ends with the connection, it is not kept for the restart */
+  struct sk_client *tc = conn();
+  struct sk_open_params tp = {.temporary = true};
+  struct sk_open_result to;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_open(tc, &tp, &to, &e), 0);
+  append_text(tc, to.session, "One day");
   sk_client_free(c);
   stop_term();
+  sk_client_free(tc);
   start_daemon();
   c = conn();
   struct sk_session_summary sum;
-  struct sk_error e = {0};
+  assert_int_equal(sk_client_resume(c, to.session, NULL, &e), -SK_ERR_NO_SUCH_SESSION);
   assert_int_equal(sk_client_resume(c, a, &sum, &e), 0);
   assert_true(sum.adopted);
   assert_int_equal(sum.seen, s0.seen);
@@ -1133,7 +1142,7 @@ static void test_sigterm_keeps(void **state) {
   start_daemon();
   c = conn();
   assert_int_equal(sk_client_resume(c, a, NULL, &e), -SK_ERR_NO_SUCH_SESSION);
-  assert_int_equal(open_session(c, "dense", 0, 0, 64), a + 1);
+  assert_int_equal(open_session(c, "dense", 0, 0, 64), to.session + 1);
   sk_client_free(c);
   kill9();
 }

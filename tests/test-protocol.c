@@ -1620,9 +1620,14 @@ static void test_client_connect(void **state) {
   assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
   assert_non_null(strstr(e.message, "connection refused (is sinkd running?"));
   unlink(path);
-  /* Under $XDG_RUNTIME_DIR: the per-user daemon's hint. */
+  /* $XDG_RUNTIME_DIR/sinkd/sinkd.sock: the per-user daemon's hint; another
+   * path under $XDG_RUNTIME_DIR: start one there */
   setenv("XDG_RUNTIME_DIR", dir, 1);
   assert_int_equal(sk_client_connect(path, &c, &e), -SK_ERR_IO);
+  assert_non_null(strstr(e.message, "start one there with `sinkd --model FILE --socket "));
+  char upath[600];
+  snprintf(upath, sizeof upath, "%s/sinkd/sinkd.sock", dir);
+  assert_int_equal(sk_client_connect(upath, &c, &e), -SK_ERR_IO);
   assert_non_null(strstr(e.message, "start it with `systemctl --user start sinkd.socket`"));
   unsetenv("XDG_RUNTIME_DIR");
 
