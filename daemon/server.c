@@ -454,6 +454,8 @@ static void on_event(void *user, struct sk_event *ev) {
         pack_open_reply(&b.pk, s);
         conn_send_buf(c, &b);
       }
+    } else { /* the client left before it learned the id: nothing to keep */
+      s->closing = true;
     }
   } else if (c) {
     if (job->err.code != 0) {
