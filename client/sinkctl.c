@@ -86,6 +86,7 @@ static void help(void) {
       "Commands:\n"
       "  generate [PROMPT...]  generate text; the prompt comes from the\n"
       "                        arguments, or from stdin if absent or '-'\n"
+      "                        (with --session: none goes on where it stopped)\n"
       "  chat                  talk with the model, line by line, in one\n"
       "                        session (Ctrl-C stops a reply, Ctrl-D quits)\n"
       "  tokenize TEXT         print the token ids of TEXT ('-': stdin)\n"
@@ -148,7 +149,8 @@ static void help(void) {
       "\n"
       "Exit status:\n"
       "  0  success\n"
-      "  1  the daemon answered with an error (stderr: CODE: MESSAGE)\n"
+      "  1  the daemon answered with an error (stderr: CODE: MESSAGE),\n"
+      "     or a file could not be read or written (load, save, eval)\n"
       "  2  usage error (bad option or argument)\n"
       "  3  cannot connect (daemon not running, permission denied)\n"
       "  4  connection lost or protocol error\n"
@@ -699,11 +701,15 @@ close:;
               prog, session, res.stop, res.prompt_tokens,
               res.completion_tokens, res.resident, res.seen, res.evicted,
               t1 - t0);
-      if (res.completion_tokens > 1 && gen_ms > 0)
+      /* tokens come in bursts: a rate over a few ms would say nothing */
+      if (res.completion_tokens > 1 && gen_ms >= 20)
         fprintf(stderr, ", %.1f tokens/s",
                 (double)(res.completion_tokens - 1) * 1e3 / gen_ms);
       fputc('\n', stderr);
     }
+    if (!o->json && strcmp(res.stop, "context_full") == 0)
+      fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
+              "open one with --policy streaming to keep going\n", prog, res.resident);
     if (interrupted && strcmp(res.stop, "cancelled") == 0 && status == 0)
       status = EXIT_INTERRUPTED;
   }
@@ -1618,15 +1624,20 @@ static void check_open_options(const struct opts *o, const char *cmd) {
   while (i < sizeof policies / sizeof policies[0] && strcmp(policies[i].name, pol) != 0) i++;
   if (i == sizeof policies / sizeof policies[0])
     usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
+  const bool pin_ok = policies[i].sinks || policies[i].capacity; /* a sink region, or dense */
   const struct {
     int opt;
     bool has;
   } params[] = {{OPT_SINKS, policies[i].sinks},     {OPT_WINDOW, policies[i].window},
                 {OPT_HEAVY, policies[i].heavy},     {OPT_RECENT, policies[i].heavy},
-                {OPT_CAPACITY, policies[i].capacity}};
+                {OPT_CAPACITY, policies[i].capacity}, {OPT_PIN, pin_ok},
+                {OPT_PIN_FILE, pin_ok}};
   for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
     if (o->given[params[j].opt] && !params[j].has)
-      usage_error("--%s: policy %s has no such part", opt_name(params[j].opt), pol);
+      usage_error(params[j].opt == OPT_PIN || params[j].opt == OPT_PIN_FILE
+                      ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
+                      : "--%s: policy %s has no such part",
+                  opt_name(params[j].opt), pol);
 }
 
 /* Index of the command word in argv (the first argument that is neither

@@ -2112,8 +2112,9 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     rc = sk_store_scan(cfg->store, &cb, &max_id, err);
     if (rc == 0 && max_id >= srv->sessions.next_id) srv->sessions.next_id = max_id + 1;
     if (rc == 0)
-      sk_log(SK_LOG_NOTICE, "state directory %s: %u sessions adopted, %u set aside, %llu bytes",
-             sk_store_dir(cfg->store), srv->n_adopted, srv->n_set_aside,
+      sk_log(SK_LOG_NOTICE, "state directory %s: %u session%s adopted, %u set aside, %llu bytes",
+             sk_store_dir(cfg->store), srv->n_adopted, srv->n_adopted == 1 ? "" : "s",
+             srv->n_set_aside,
              (unsigned long long)srv->sessions.bytes);
   }
   if (rc == 0)

@@ -926,6 +926,22 @@ static void test_sinkctl(void **state) {
            g_socket);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* a dense session that fills: generate says why it stopped (stderr) */
+  snprintf(cmd, sizeof cmd, "%s --socket %s open --policy dense --capacity 8", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  unsigned long long full_id = strtoull(out, NULL, 10);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --session %llu -n 50 Once 2>&1 >/dev/null",
+           sinkctl, g_socket, full_id);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_string_equal(out, "sinkctl: the session is full (8 tokens, dense policy): open one "
+                           "with --policy streaming to keep going\n");
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket, full_id);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 0);
   /* an eval output that cannot be written: refused before the run */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
            g_socket, g_dir, getenv("SK_MODEL"));
@@ -942,7 +958,8 @@ static void test_sinkctl(void **state) {
   /* session shapes: a known policy, its own parts, none with --session */
   const char *shapes[] = {"open --policy bogus", "open --policy streaming --heavy 10",
                           "open --policy dense --window 10",
-                          "generate --session 1 --policy dense x"};
+                          "generate --session 1 --policy dense x",
+                          "open --policy window --pin x"};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>/dev/null", sinkctl, g_socket, shapes[i]);
     free(run_capture(cmd, &status));
