@@ -1101,6 +1101,17 @@ static void human_duration(uint64_t s, char *buf, size_t size) {
     snprintf(buf, size, "%" PRIu64 "s", s);
 }
 
+/* "LABEL  USED of MAX", or "LABEL  USED, NONE" when max is 0 (no limit). */
+static void print_bytes_of(const char *label, uint64_t used, uint64_t max, const char *none) {
+  char u[32], m[32];
+  human_bytes(used, u, sizeof u);
+  human_bytes(max, m, sizeof m);
+  if (max)
+    printf("%-17s %s of %s\n", label, u, m);
+  else
+    printf("%-17s %s, %s\n", label, u, none);
+}
+
 static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
                      uint64_t id) {
   struct sk_error e;
@@ -1150,13 +1161,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
       if (s.compute.kv_type[0]) printf("%-17s %s\n", "KV cache type", s.compute.kv_type);
       printf("%-17s %" PRIu64 "\n", "forward passes", s.steps);
     }
-    char mem[32], maxmem[32];
-    human_bytes(s.memory_bytes, mem, sizeof mem);
-    human_bytes(s.max_memory, maxmem, sizeof maxmem);
-    if (s.max_memory)
-      printf("%-17s %s of %s\n", "session memory", mem, maxmem);
-    else
-      printf("%-17s %s, no limit\n", "session memory", mem);
+    print_bytes_of("session memory", s.memory_bytes, s.max_memory, "no limit");
     printf("%-17s %" PRIu64 "\n", "max sessions", s.max_sessions);
     if (s.has_user) { /* the caller's uid against its limits */
       if (s.max_user_sessions)
@@ -1164,12 +1169,8 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
                s.max_user_sessions);
       else
         printf("%-17s %" PRIu64 ", no limit of your own\n", "your sessions", s.user_sessions);
-      human_bytes(s.user_memory_bytes, mem, sizeof mem);
-      human_bytes(s.max_user_memory, maxmem, sizeof maxmem);
-      if (s.max_user_memory)
-        printf("%-17s %s of %s\n", "your memory", mem, maxmem);
-      else
-        printf("%-17s %s, no limit of your own\n", "your memory", mem);
+      print_bytes_of("your memory", s.user_memory_bytes, s.max_user_memory,
+                     "no limit of your own");
     }
     printf("%-17s %" PRIu64 " adopted, %" PRIu64 " set aside\n", "at start", s.adopted,
            s.set_aside);
