@@ -289,12 +289,9 @@ static void conn_close(struct sk_conn *c) {
         j->conn = NULL;
         if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
       }
-  }
-  /* Sessions opened "temporary" on this connection end with it, at
-   * shutdown too (a restart would adopt them with nobody to close them). */
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
-    if (s && s->temp_conn == c->id && !s->closing) session_close(srv, s);
+    /* Sessions opened "temporary" on this connection end with it, at
+     * shutdown too (a restart would adopt them with nobody to close them). */
+    if (s->temp_conn == c->id && !s->closing) session_close(srv, s);
   }
   if (srv->compute) sk_compute_wake(srv->compute);
   if (c->import_buf) import_drop(c);

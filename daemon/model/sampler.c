@@ -10,7 +10,7 @@
 
 /* Temperatures above this make the distribution flat to float precision;
  * a larger value is more likely a client bug than a wish. */
-#define SK__MAX_TEMPERATURE ((float)SK_MAX_TEMPERATURE)
+#define SK__MAX_TEMPERATURE ((float)SK_MAX_TEMPERATURE) /* sinkd/protocol.h */
 
 /* ---- PRNG: xoshiro256** seeded by splitmix64 (Blackman & Vigna) ------ */
 
