@@ -1340,8 +1340,11 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
    * no score. */
   /* Rotated-keys tasks take kvh_per KV heads each: as many as keep about
    * eight tasks per thread, so that rows are read whole yet the threads
-   * stay busy. */
-  uint32_t kvh_per = n_seqs * c->n_kv_head / (8 * s->n_threads);
+   * stay busy; with one thread there is nobody to keep busy, so all the
+   * heads (one session of the 110M Q8_0 model at position 1000, 4
+   * alternated rounds: 15.4-19.6 -> 14.4-16.6 ms per token). */
+  uint32_t kvh_per =
+      s->n_threads == 1 ? c->n_kv_head : n_seqs * c->n_kv_head / (8 * s->n_threads);
   if (kvh_per > s->att_heads / (c->n_head / c->n_kv_head))
     kvh_per = s->att_heads / (c->n_head / c->n_kv_head);
   if (kvh_per < 1) kvh_per = 1;
