@@ -49,19 +49,26 @@ static const char *const run_kind_names[] = {
     [RUN_SINK_H2O] = "sink_h2o",   [RUN_RECOMPUTE] = "recompute",
 };
 
-/* The parameters each run takes (bits of run_param_names); rope_scale
- * goes with every run. */
-static const char *const run_param_names[] = {"sinks", "window", "heavy", "recent", "capacity",
-                                              "rope_scale"};
-enum { P_SINKS = 1, P_WINDOW = 2, P_HEAVY = 4, P_RECENT = 8, P_CAPACITY = 16, P_ROPE = 32 };
-static const unsigned run_params[] = {
-    [RUN_DENSE] = P_CAPACITY | P_ROPE,
-    [RUN_STREAMING] = P_SINKS | P_WINDOW | P_ROPE,
-    [RUN_WINDOW] = P_WINDOW | P_ROPE,
-    [RUN_H2O] = P_HEAVY | P_RECENT | P_ROPE,
-    [RUN_SINK_H2O] = P_SINKS | P_HEAVY | P_RECENT | P_ROPE,
-    [RUN_RECOMPUTE] = P_WINDOW | P_CAPACITY | P_ROPE,
-};
+/* Whether a run of kind k takes the parameter key: a policy's run the
+ * parts its policy has (sk_policy_parts, the table the daemon checks
+ * against), recompute a window and a capacity; rope_scale goes with every
+ * run, and a key that is none of these is left to the caller. */
+static bool run_takes(enum run_kind k, const char *key) {
+  static const struct {
+    const char *key;
+    unsigned part;
+  } keys[] = {{"sinks", SK_PART_SINKS},
+              {"window", SK_PART_WINDOW},
+              {"heavy", SK_PART_HEAVY},
+              {"recent", SK_PART_HEAVY},
+              {"capacity", SK_PART_CAPACITY}};
+  const unsigned parts = k == RUN_RECOMPUTE
+                             ? SK_PART_WINDOW | SK_PART_CAPACITY
+                             : sk_policy_parts(run_kind_names[k], strlen(run_kind_names[k]));
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (strcmp(key, keys[i].key) == 0) return parts & keys[i].part;
+  return true;
+}
 
 /* One column of the table: a policy with its parameters (0 = derived from
  * the budget or the model), and what it scored. */
@@ -214,9 +221,8 @@ static void eval_parse_run(const char *spec, struct run *r) {
     if (!eq) eval_usage_error("--run %s: '%s' is not key=value", spec, kv);
     *eq = 0;
     const char *key = kv, *val = eq + 1;
-    for (size_t i = 0; i < sizeof run_param_names / sizeof run_param_names[0]; i++)
-      if (strcmp(key, run_param_names[i]) == 0 && !(run_params[k] & (1u << i)))
-        eval_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
+    if (!run_takes(r->kind, key))
+      eval_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
     if (strcmp(key, "sinks") == 0) {
       r->n_sink = (uint32_t)eval_parse_u64("sinks", val, 0, UINT32_MAX);
       r->has_sink = true;

@@ -1615,27 +1615,18 @@ static void check_open_options(const struct opts *o, const char *cmd) {
                     opt_name(shaping[i]), cmd, o->session);
   const char *pol = o->open.policy;
   if (!pol) return; /* the daemon's default policy: it checks the rest */
-  static const struct {
-    const char *name;
-    bool sinks, window, heavy, capacity; /* recent goes with heavy */
-  } policies[] = {{"streaming", true, true, false, false}, {"window", false, true, false, false},
-                  {"h2o", false, false, true, false},      {"sink_h2o", true, false, true, false},
-                  {"dense", false, false, false, true}};
-  size_t i = 0;
-  while (i < sizeof policies / sizeof policies[0] && strcmp(policies[i].name, pol) != 0) i++;
-  if (i == sizeof policies / sizeof policies[0])
-    usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
-  const bool pin_ok = policies[i].sinks || policies[i].capacity; /* a sink region, or dense */
+  const unsigned parts = sk_policy_parts(pol, strlen(pol));
+  if (!parts) usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
   const struct {
     int opt;
-    bool has;
-  } params[] = {{OPT_SINKS, policies[i].sinks},     {OPT_WINDOW, policies[i].window},
-                {OPT_HEAVY, policies[i].heavy},     {OPT_RECENT, policies[i].heavy},
-                {OPT_CAPACITY, policies[i].capacity}, {OPT_PIN, pin_ok},
-                {OPT_PIN_FILE, pin_ok}};
+    unsigned part;
+  } params[] = {{OPT_SINKS, SK_PART_SINKS},       {OPT_WINDOW, SK_PART_WINDOW},
+                {OPT_HEAVY, SK_PART_HEAVY},       {OPT_RECENT, SK_PART_HEAVY},
+                {OPT_CAPACITY, SK_PART_CAPACITY}, {OPT_PIN, SK_PART_PIN},
+                {OPT_PIN_FILE, SK_PART_PIN}};
   for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
-    if (o->given[params[j].opt] && !params[j].has)
-      usage_error(params[j].opt == OPT_PIN || params[j].opt == OPT_PIN_FILE
+    if (o->given[params[j].opt] && !(parts & params[j].part))
+      usage_error(params[j].part == SK_PART_PIN
                       ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
                       : "--%s: policy %s has no such part",
                   opt_name(params[j].opt), pol);

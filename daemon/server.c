@@ -857,8 +857,9 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1) p.n_sink = (uint32_t)v, has_sink = true;
   /* parameters given with a non-zero value, which the policy must have */
   const char *foreign = NULL;
-  const bool window_ok = p.policy == SK_POLICY_STREAMING || p.policy == SK_POLICY_WINDOW;
-  const bool h2o_ok = p.policy == SK_POLICY_H2O || p.policy == SK_POLICY_SINK_H2O;
+  const char *name = sk_policy_name(p.policy);
+  const unsigned parts = sk_policy_parts(name, strlen(name));
+  const bool window_ok = parts & SK_PART_WINDOW, h2o_ok = parts & SK_PART_HEAVY;
   if ((rc = sk_msg_get_u64(r->map, "window", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.window = (uint32_t)v;
   if (rc == 1 && v && !window_ok) foreign = "window";
@@ -870,10 +871,10 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if (rc == 1 && v && !h2o_ok) foreign = "recent";
   if ((rc = sk_msg_get_u64(r->map, "capacity", UINT32_MAX, &v, &e)) < 0) goto bad;
   if (rc == 1) p.capacity = (uint32_t)v;
-  if (rc == 1 && v && p.policy != SK_POLICY_DENSE) foreign = "capacity";
+  if (rc == 1 && v && !(parts & SK_PART_CAPACITY)) foreign = "capacity";
   if (foreign) {
-    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s%s has no such part", foreign,
-                      sk_policy_name(p.policy), pol ? "" : " (the daemon's default)");
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s%s has no such part", foreign, name,
+                      pol ? "" : " (the daemon's default)");
     goto bad;
   }
   if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
@@ -893,11 +894,9 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   }
   p.n_pin = (uint32_t)n_pin;
   /* The pin is the sink region of the policies that have one. */
-  if (n_pin && !has_sink && (p.policy == SK_POLICY_STREAMING || p.policy == SK_POLICY_SINK_H2O))
-    p.n_sink = (uint32_t)n_pin;
-  if (p.policy != SK_POLICY_STREAMING && p.policy != SK_POLICY_SINK_H2O && has_sink && p.n_sink) {
-    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "n_sink %u: policy %s has no sinks", p.n_sink,
-                      sk_policy_name(p.policy));
+  if (n_pin && !has_sink && (parts & SK_PART_SINKS)) p.n_sink = (uint32_t)n_pin;
+  if (!(parts & SK_PART_SINKS) && has_sink && p.n_sink) {
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "n_sink %u: policy %s has no sinks", p.n_sink, name);
     goto bad;
   }
 
@@ -1934,8 +1933,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     int rc = sk_frame_reader_next(&c->rd, &body, &len);
     if (rc == 0) break;
     if (rc == -SK_ERR_TOO_LARGE) {
-      send_errorf(c, 0, SK_ERR_TOO_LARGE, "frame of %zu bytes exceeds the limit of %u bytes",
-                  len, c->rd.max_frame);
+      send_errorf(c, 0, SK_ERR_TOO_LARGE,
+                  "frame of %zu bytes exceeds the limit of %u bytes (the daemon's max_frame, up "
+                  "to %u)",
+                  len, c->rd.max_frame, (unsigned)SK_FRAME_MAX_CEILING);
       continue;
     }
     if (rc < 0) {

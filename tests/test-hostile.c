@@ -185,7 +185,8 @@ static void cases_length_prefix(void) {
   assert_non_null(f);
   sk_frame_header_put(f, (uint32_t)n);
   f[4] = 0x80;
-  expect_err(add_case(f, n + 4, "length max_frame+1 with body"), 0, "too_large", "exceeds");
+  expect_err(add_case(f, n + 4, "length max_frame+1 with body"), 0, "too_large",
+             "bytes (the daemon's max_frame, up to 16777216)");
   free(f);
 
   /* Exactly max_frame: a tokenize of ~1 MiB of text is served. */

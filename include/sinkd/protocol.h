@@ -37,6 +37,22 @@ extern "C" {
 #define SK_MAX_TEMPERATURE 100.0
 #define SK_MAX_ROPE_SCALE 64.0
 
+/* The parts of a session's cache each policy of `open` has, and so the
+ * request fields it takes (sinkd-protocol(7), "open"): a field of a part
+ * the policy has not is refused (bad_request). rope_scale goes with every
+ * policy. */
+#define SK_PART_SINKS 0x01u    /* n_sink: attention sinks */
+#define SK_PART_WINDOW 0x02u   /* window: the newest tokens */
+#define SK_PART_HEAVY 0x04u    /* heavy and recent: H2O's heavy hitters */
+#define SK_PART_CAPACITY 0x08u /* capacity: a dense cache's limit */
+#define SK_PART_PIN 0x10u      /* pin / pin_tokens: the sink region, or a
+                                  dense cache's start */
+
+/* The parts (SK_PART_* bits) of the policy named by the len bytes at name
+ * (streaming, window, h2o, sink_h2o or dense; no NUL needed), or 0 for any
+ * other name and for NULL. */
+unsigned sk_policy_parts(const char *name, size_t len);
+
 /* X(NAME, "wire_code", "description") */
 #define SK_ERROR_LIST(X)                                                      \
   X(BAD_REQUEST, "bad_request", "malformed or invalid request")               \
