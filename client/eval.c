@@ -317,6 +317,28 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     if (paths[i] && (strchr(paths[i], '\'') || strchr(paths[i], '\n')))
       eval_usage_error("the path '%s' may not contain quotes or newlines",
                        paths[i]);
+  /* A part a run leaves to the budget must get some of it: sinks=300
+   * with --budget 256 would leave a window of one token and a cache
+   * larger than the budget the runs are compared at. (The default runs
+   * below are not checked: a tiny --budget gives them a one-token part.) */
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    const struct run *r = &ev->runs[i];
+    const uint32_t B = ev->budget;
+    const uint64_t sinks = r->has_sink ? r->n_sink : EVAL_DEFAULT_SINKS;
+    const char *left = NULL;
+    uint64_t taken = 0;
+    if (r->kind == RUN_STREAMING && !r->window && sinks >= B)
+      left = "window", taken = sinks;
+    else if (r->kind == RUN_H2O && !r->recent && r->heavy >= B)
+      left = "recent", taken = r->heavy;
+    else if (r->kind == RUN_SINK_H2O && !r->heavy &&
+             sinks + (r->recent ? r->recent : B - B / 2) >= B)
+      left = "heavy", taken = sinks + (r->recent ? r->recent : B - B / 2);
+    if (left)
+      eval_usage_error("--run %s: its other parts take %" PRIu64 " of --budget %u and leave "
+                       "no %s (give %s=N or a larger --budget)",
+                       r->label, taken, B, left, left);
+  }
   if (ev->n_runs == 0) {
     static const char *const defaults[] = {
         "dense", "dense:rope_scale=2", "dense:rope_scale=4", "window",

@@ -1502,6 +1502,28 @@ static void test_eval_short(void **state) {
            g_dir);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* given parts that leave the budget nothing for the derived one */
+  const struct {
+    const char *args, *msg;
+  } no_room[] = {
+      {"--run streaming:sinks=64 --budget 64", "take 64 of --budget 64 and leave no window"},
+      {"--budget 32 --run h2o:heavy=40", "take 40 of --budget 32 and leave no recent"},
+      {"--run sink_h2o:sinks=4,recent=60 --budget 64", "take 64 of --budget 64 and leave no heavy"},
+  };
+  for (size_t i = 0; i < sizeof no_room / sizeof no_room[0]; i++) {
+    snprintf(cmd, sizeof cmd, "%s --socket %s eval %s %s 2>&1", sinkctl, g_socket,
+             no_room[i].args, text);
+    char *msg = run_capture(cmd, &status);
+    assert_int_equal(status, 2);
+    assert_non_null(strstr(msg, no_room[i].msg));
+    free(msg);
+  }
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --run window:sinks=1 %s 2>&1", sinkctl, g_socket,
+           text);
+  char *msg = run_capture(cmd, &status);
+  assert_int_equal(status, 2);
+  assert_non_null(strstr(msg, "window has no parameter 'sinks'"));
+  free(msg);
   /* a run the daemon refuses: exit 1 */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --tokens 10 --run dense:capacity=99999 %s 2>/dev/null",
            sinkctl, g_socket, text);
