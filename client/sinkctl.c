@@ -698,7 +698,7 @@ close:;
               " prompt + %" PRIu64 " generated tokens; %" PRIu64
               " resident, %" PRIu64 " seen, %" PRIu64
               " evicted; %.1f ms total",
-              prog, session, res.stop, res.prompt_tokens,
+              prog, session, strcmp(res.stop, "stop") == 0 ? "string" : res.stop, res.prompt_tokens,
               res.completion_tokens, res.resident, res.seen, res.evicted,
               t1 - t0);
       /* tokens come in bursts: a rate over a few ms would say nothing */

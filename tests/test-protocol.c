@@ -782,7 +782,8 @@ static void fake_generate(struct fake *f, int fd, uint64_t id,
     fake_token(fd, id, 10, "a", n_top > 0);
     fake_token(fd, id, 11, "", n_top > 0);
     fake_token(fd, id, 12, "\xc3\xbc", n_top > 0);
-    fake_generate_final(fd, id, "length", 3);
+    /* as if the last token ended in one of the stop strings */
+    fake_generate_final(fd, id, sk_msg_get(req, "stop") ? "stop" : "length", 3);
     return;
   }
   /* Otherwise stream until a cancel arrives. */
@@ -1366,7 +1367,7 @@ static void test_client_generate(void **state) {
   assert_string_equal(t.text, "a\xc3\xbc");
   assert_int_equal(t.n_top[0], 2);
   assert_true(t.top_logit[0] == -2.25);
-  assert_string_equal(r.stop, "length");
+  assert_string_equal(r.stop, "stop"); /* the fake stops on a stop string if given any */
   assert_int_equal(r.n_tokens, 3);
   assert_int_equal(r.prompt_tokens, 4);
   assert_int_equal(r.completion_tokens, 3);
@@ -1736,9 +1737,10 @@ static void test_sinkctl(void **state) {
   assert_string_equal(out, "Once upona\xc3\xbc\n");
   assert_string_equal(err, "");
   assert_int_equal(RUN(NULL, "--socket", P, "generate", "-n", "3", "--no-echo",
-                       "--seed", "42", "--stop", "x", "--stop", "y", "Once"),
+                       "--seed", "42", "--stop", "x", "--stop", "y", "-v", "Once"),
                    0);
   assert_string_equal(out, "a\xc3\xbc\n");
+  assert_non_null(strstr(err, ": stop string; 4 prompt + 3 generated tokens"));
   /* Prompt from stdin; options after the command; --verbose summary. */
   assert_int_equal(RUN("Once\n", "generate", "-", "--socket", P, "-n", "3",
                        "--verbose"),
