@@ -99,6 +99,7 @@ struct sk_server {
   struct copy_work *copies;  /* forks, exports and imports being copied */
   uint32_t n_adopted;        /* sessions adopted at start */
   uint32_t n_set_aside;      /* objects set aside at start */
+  uint32_t n_temp_closed;    /* temporary sessions found at start, closed */
   uint64_t import_bytes;     /* buffered by imports in progress */
   uv_timer_t ttl_timer;
   bool ttl_running;
@@ -754,7 +755,7 @@ static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
   uint64_t used;
   user_usage(srv, uid, except, &n, &used);
   /* A per-user limit at or above the daemon's is implied by it: the
-   * daemon's check (sk_session_open) then names the limit that binds. */
+   * daemon's check (sk_session_reserve) then names the limit that binds. */
   uint32_t max_n = srv->cfg.max_user_sessions;
   if (max_n && max_n < srv->sessions.max_sessions && n >= max_n)
     return sk_error_set(e, SK_ERR_BUSY,
@@ -901,7 +902,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   }
 
   /* The budget against the daemon's limit, then against the positions the
-   * model can handle (sk_session_open repeats the first check). */
+   * model can handle (sk_session_reserve repeats the first check). */
   if ((rc = sk_kv_params_check(&p, srv->cfg.max_capacity, &e)) < 0 ||
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
@@ -914,8 +915,8 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   }
   uint64_t seed;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = now_ms() ^ r->conn->id;
-  rc = sk_session_reserve(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid, seed, &w->res,
-                          &e);
+  rc = sk_session_reserve(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid,
+                          temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, &e);
   if (rc < 0) {
     free(w);
     goto bad;
@@ -2050,6 +2051,16 @@ static int open_passed_socket(struct sk_server *srv, struct sk_error *err) {
 static void on_adopt(void *user, struct sk_store_obj *obj) {
   struct sk_server *srv = user;
   struct sk_session *s = NULL;
+  if (obj->flags & SK_STORE_TEMPORARY) {
+    /* Its connection ended with the daemon that made it (which died:
+     * a shutdown closes temporary sessions), so nobody can use it. */
+    sk_log(SK_LOG_NOTICE, "session %llu of uid %u closed: temporary, and its connection ended "
+           "with the previous daemon",
+           (unsigned long long)obj->id, obj->owner_uid);
+    srv->n_temp_closed++;
+    sk_store_obj_remove(obj);
+    return;
+  }
   if (sk_session_adopt(&srv->sessions, obj, &s) < 0) {
     sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
     return;
@@ -2110,10 +2121,11 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     rc = sk_store_scan(cfg->store, &cb, &max_id, err);
     if (rc == 0 && max_id >= srv->sessions.next_id) srv->sessions.next_id = max_id + 1;
     if (rc == 0)
-      sk_log(SK_LOG_NOTICE, "state directory %s: %u session%s adopted, %u set aside, %llu bytes",
+      sk_log(SK_LOG_NOTICE,
+             "state directory %s: %u session%s adopted, %u set aside, %u temporary closed, %llu "
+             "bytes",
              sk_store_dir(cfg->store), srv->n_adopted, srv->n_adopted == 1 ? "" : "s",
-             srv->n_set_aside,
-             (unsigned long long)srv->sessions.bytes);
+             srv->n_set_aside, srv->n_temp_closed, (unsigned long long)srv->sessions.bytes);
   }
   if (rc == 0)
     rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,

@@ -117,8 +117,9 @@ static int session_take(struct sk_session_table *t, struct sk_store_obj *obj,
 }
 
 int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
-                       uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
-                       struct sk_session_reservation *res, struct sk_error *err) {
+                       uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
+                       uint64_t seed, struct sk_session_reservation *res,
+                       struct sk_error *err) {
   memset(res, 0, sizeof *res);
   res->fd = -1;
   int rc = sk_kv_params_check(params, max_capacity, err);
@@ -133,6 +134,7 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
   res->fd = fd;
   res->id = t->next_id++;
   res->owner_uid = owner_uid;
+  res->store_flags = store_flags;
   res->bytes = bytes;
   res->params = *params;
   /* The protocol's generate defaults, and a PRNG seeded per session. */
@@ -146,7 +148,8 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
 
 int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
                                   struct sk_error *err) {
-  return sk_store_create_in(store, res->fd, res->id, res->owner_uid, &res->params, &res->sampler,
+  return sk_store_create_in(store, res->fd, res->id, res->owner_uid, res->store_flags,
+                            &res->params, &res->sampler,
                             &res->obj, err);
 }
 
@@ -168,19 +171,6 @@ int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation 
 void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res) {
   sk_store_obj_remove(res->obj);
   reservation_end(t, res);
-}
-
-int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
-                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
-                    struct sk_session **ret, struct sk_error *err) {
-  struct sk_session_reservation res;
-  int rc = sk_session_reserve(t, params, max_capacity, owner_uid, seed, &res, err);
-  if (rc < 0) return rc;
-  if ((rc = sk_session_reservation_create(t->store, &res, err)) < 0) {
-    sk_session_unreserve(t, &res);
-    return rc;
-  }
-  return sk_session_commit(t, &res, ret, err);
 }
 
 int sk_session_hold(struct sk_session_table *t, size_t bytes, uint64_t *ret_id,

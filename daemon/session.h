@@ -181,6 +181,7 @@ struct sk_session_table {
 struct sk_session_reservation {
   uint64_t id;
   uint32_t owner_uid;
+  uint32_t store_flags;            /* the object header's */
   size_t bytes;                    /* the object's size, held in the limits */
   struct sk_kv_params params;
   struct sk_sampler_state sampler; /* seeded */
@@ -197,24 +198,22 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
  * sessions' objects stay in the state directory. */
 void sk_session_table_done(struct sk_session_table *t);
 
-/* Creates a session with params (checked against max_capacity) and its
- * object; the PRNG of its sampler is seeded with seed. Ids start at 1 and
- * are never reused (also across restarts: they continue after the largest
- * id found in the state directory). Errors: -SK_ERR_BAD_REQUEST (params,
- * message names the limit), -SK_ERR_BUSY (max_sessions or max_memory
- * reached, message names the limit; or the file system is full),
- * -SK_ERR_IO, -SK_ERR_NO_MEMORY. */
-int sk_session_open(struct sk_session_table *t, const struct sk_kv_params *params,
-                    uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
-                    struct sk_session **ret, struct sk_error *err);
-/* The first half of sk_session_open (loop thread): checks params and the
- * limits, counting reservations not yet committed, holds an id and the
- * object's bytes in *res and creates the object's (empty) file. Errors as
- * sk_session_open. Every successful reservation ends in sk_session_commit
- * or sk_session_unreserve, which close the file. */
+/* Opens a session in two steps (loop thread, then any): checks params
+ * (against max_capacity) and the limits, counting reservations not yet
+ * committed, holds an id and the object's bytes in *res and creates the
+ * object's (empty) file; store_flags go into its header
+ * (SK_STORE_TEMPORARY or 0); the session's PRNG is seeded with seed. Ids
+ * start at 1 and are never reused (also across restarts: they continue
+ * after the largest id found in the state directory). Errors:
+ * -SK_ERR_BAD_REQUEST (params, message names the limit), -SK_ERR_BUSY
+ * (max_sessions or max_memory reached, message names the limit; or the
+ * file system is full), -SK_ERR_IO, -SK_ERR_NO_MEMORY. Every successful
+ * reservation ends in sk_session_commit or sk_session_unreserve, which
+ * close the file. */
 int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
-                       uint32_t max_capacity, uint32_t owner_uid, uint64_t seed,
-                       struct sk_session_reservation *res, struct sk_error *err);
+                       uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
+                       uint64_t seed, struct sk_session_reservation *res,
+                       struct sk_error *err);
 /* Makes the reserved object in store, in its file (any thread; touches
  * nothing of the table and opens or closes no descriptor). Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO,
  * -SK_ERR_NO_MEMORY; res->obj stays NULL then. */

@@ -504,6 +504,7 @@ static int sk__validate(const struct sk_store *st, struct sk_store_obj *obj,
   obj->dropped_step = state[1 - live] == 0 && commit[live] > 1;
   obj->id = h->session_id;
   obj->owner_uid = h->owner_uid;
+  obj->flags = h->flags;
   int rc2 = sk__check_live(st, obj, err);
   if (rc2 == 0 && obj->dropped_step) {
     /* Tidy the dropped step's copy: make it a sealed copy of the live
@@ -741,8 +742,8 @@ void sk_store_create_end(struct sk_store *st, int fd, uint64_t id) {
 /* A new object under its temporary name, in the file fd (kept open),
  * header written, meta copies and data zero (fresh tmpfs pages). */
 static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
-                          uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
-                          struct sk_error *err) {
+                          uint32_t flags, uint32_t capacity, uint32_t policy,
+                          struct sk_store_obj **ret, struct sk_error *err) {
   struct sk__geom g;
   if (!sk__geom(st, capacity, &g))
     return sk__bad(err, "capacity %u gives a cache too large for this machine", capacity);
@@ -773,6 +774,7 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
   obj->hdr = map;
   obj->id = id;
   obj->owner_uid = owner_uid;
+  obj->flags = flags;
   pthread_mutex_lock(&st->id_lock);
   if (id >= st->next_id) {
     /* Ids are never reused, even after the session is closed and the
@@ -806,6 +808,7 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
   h->off_data = g.off_data;
   h->data_size = g.kv_data;
   h->total_size = g.total;
+  h->flags = flags;
   h->header_checksum = sk__header_sum(h);
   for (int i = 0; i < 2; i++) {
     struct sk_store_meta *m = (struct sk_store_meta *)(void *)sk__copy(obj, i);
@@ -824,7 +827,7 @@ static int sk__create_tmp_own(struct sk_store *st, uint64_t id, uint32_t owner_u
                               struct sk_error *err) {
   int fd = sk_store_create_file(st, id, err);
   if (fd < 0) return fd;
-  int rc = sk__create_tmp(st, fd, id, owner_uid, capacity, policy, ret, err);
+  int rc = sk__create_tmp(st, fd, id, owner_uid, 0, capacity, policy, ret, err);
   close(fd);
   return rc;
 }
@@ -860,14 +863,14 @@ static void sk__discard_tmp(struct sk_store *st, struct sk_store_obj *obj) {
 }
 
 int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
-                       const struct sk_kv_params *params,
+                       uint32_t flags, const struct sk_kv_params *params,
                        const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
                        struct sk_error *err) {
   int rc = sk_kv_params_check(params, SK_KV_MAX_CAPACITY, err);
   if (rc < 0) return rc;
   struct sk_store_obj *obj = NULL;
-  rc = sk__create_tmp(st, fd, id, owner_uid, sk_kv_params_capacity(params), params->policy, &obj,
-                      err);
+  rc = sk__create_tmp(st, fd, id, owner_uid, flags, sk_kv_params_capacity(params), params->policy,
+                      &obj, err);
   if (rc < 0) return rc;
   const struct sk_store_header *h = obj->hdr;
   char *c = sk__copy(obj, 0);
@@ -887,13 +890,13 @@ int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_
   return 0;
 }
 
-int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid, uint32_t flags,
                     const struct sk_kv_params *params,
                     const struct sk_sampler_state *sampler, struct sk_store_obj **ret,
                     struct sk_error *err) {
   int fd = sk_store_create_file(st, id, err);
   if (fd < 0) return fd;
-  int rc = sk_store_create_in(st, fd, id, owner_uid, params, sampler, ret, err);
+  int rc = sk_store_create_in(st, fd, id, owner_uid, flags, params, sampler, ret, err);
   sk_store_create_end(st, fd, id);
   return rc;
 }

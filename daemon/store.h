@@ -131,9 +131,17 @@ struct sk_store_header {
   uint64_t off_data;         /* byte offset of the data part */
   uint64_t data_size;        /* bytes of the data part (K and V) */
   uint64_t total_size;       /* bytes of the file */
-  uint8_t reserved[120];     /* zero */
+  uint32_t flags;            /* SK_STORE_TEMPORARY (0 in files of
+                                versions before it: the field was
+                                reserved, zero) */
+  uint8_t reserved[116];     /* zero */
   uint64_t header_checksum;  /* XXH3-64 of the 248 bytes before it */
 };
+
+/* Flags of the fixed header. A temporary session ends with the
+ * connection that opened it (sinkd-protocol(7), "open"), so one found at
+ * a start outlived its connection: the daemon that made it died. */
+#define SK_STORE_TEMPORARY 1u
 
 /* Flags of a meta copy. */
 #define SK_STORE_HAS_LOGITS 1u
@@ -186,6 +194,7 @@ struct sk_store_obj {
   struct sk_store *store;
   uint64_t id;
   uint32_t owner_uid;
+  uint32_t flags;                 /* the header's (SK_STORE_TEMPORARY) */
   size_t size;                    /* bytes of the file (= of tmpfs memory) */
   /* View of the copy being shown: the live one between steps, the working
    * one between sk_store_begin and sk_store_commit/abort. */
@@ -275,10 +284,11 @@ int sk_store_obj_check(struct sk_store *st, const char *path,
 /* Creates the object of a new, empty session: file created 0600 under a
  * temporary name, its pages reserved (posix_fallocate), formatted,
  * committed (commit 1) and renamed into place, so it exists whole or not
- * at all. sampler: the session's initial sampler state.
+ * at all. sampler: the session's initial sampler state; flags: the
+ * header's (SK_STORE_TEMPORARY or 0).
  * Errors: -SK_ERR_BAD_REQUEST (params), -SK_ERR_BUSY (the state
  * directory's file system is full), -SK_ERR_IO, -SK_ERR_NO_MEMORY. */
-int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
+int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid, uint32_t flags,
                     const struct sk_kv_params *params,
                     const struct sk_sampler_state *sampler,
                     struct sk_store_obj **ret, struct sk_error *err);
@@ -292,7 +302,7 @@ int sk_store_create(struct sk_store *st, uint64_t id, uint32_t owner_uid,
  * temporary file if the object was not made. */
 int sk_store_create_file(struct sk_store *st, uint64_t id, struct sk_error *err);
 int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
-                       const struct sk_kv_params *params,
+                       uint32_t flags, const struct sk_kv_params *params,
                        const struct sk_sampler_state *sampler,
                        struct sk_store_obj **ret, struct sk_error *err);
 void sk_store_create_end(struct sk_store *st, int fd, uint64_t id);

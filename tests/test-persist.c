@@ -659,7 +659,7 @@ static void test_corrupted_set_aside(void **state) {
     struct sk_sampler_state ss = {0};
     ss.params.top_p = 1.0f;
     struct sk_store_obj *o = NULL;
-    assert_int_equal(sk_store_create(st, 100, 0, &p, &ss, &o, &e), 0);
+    assert_int_equal(sk_store_create(st, 100, 0, 0, &p, &ss, &o, &e), 0);
     sk_store_obj_free(o);
     sk_store_close(st);
     sk_model_free(m);
@@ -1147,6 +1147,41 @@ static void test_sigterm_keeps(void **state) {
   kill9();
 }
 
+/* A daemon killed outright cannot close a temporary session; the next
+ * one does, since the connection that owned it is gone. */
+static void test_kill_closes_temporary(void **state) {
+  (void)state;
+  fresh_state("killtemp");
+  start_daemon();
+  struct sk_client *c = conn();
+  uint64_t keep = open_session(c, "streaming", 4, 28, 0);
+  append_text(c, keep, "Once upon a time");
+  struct sk_session_stats s0 = sstats(c, keep);
+  struct sk_open_params tp = {.temporary = true};
+  struct sk_open_result to;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_open(c, &tp, &to, &e), 0);
+  append_text(c, to.session, "One day");
+  assert_int_equal(state_dir_bytes(), s0.kv_bytes + sstats(c, to.session).kv_bytes);
+  kill9(); /* the connection is still open */
+  sk_client_free(c);
+  start_daemon();
+  c = conn();
+  assert_int_equal(sk_client_resume(c, to.session, NULL, &e), -SK_ERR_NO_SUCH_SESSION);
+  struct sk_session_summary sum;
+  assert_int_equal(sk_client_resume(c, keep, &sum, &e), 0);
+  assert_true(sum.adopted);
+  assert_int_equal(sum.seen, s0.seen);
+  assert_int_equal(state_dir_bytes(), s0.kv_bytes); /* its file is gone */
+  char line[96];
+  snprintf(line, sizeof line, "session %llu of uid %u closed: temporary",
+           (unsigned long long)to.session, (unsigned)getuid());
+  assert_true(log_has(line));
+  assert_true(log_has("1 session adopted, 0 set aside, 1 temporary closed"));
+  sk_client_free(c);
+  kill9();
+}
+
 /* Whatever happened in a test, its daemon does not outlive it. */
 static int test_teardown(void **state) {
   (void)state;
@@ -1157,6 +1192,7 @@ static int test_teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_greedy_kill_resume, test_teardown),
+      cmocka_unit_test_teardown(test_kill_closes_temporary, test_teardown),
       cmocka_unit_test_teardown(test_kill_mid_generate, test_teardown),
       cmocka_unit_test_teardown(test_kill_50, test_teardown),
       cmocka_unit_test_teardown(test_corrupted_set_aside, test_teardown),

@@ -90,7 +90,7 @@ static struct sk_store_obj *create(struct sk_store *st, uint64_t id,
   sk_sampler_state_seed(&ss, &sp);
   struct sk_store_obj *obj = NULL;
   struct sk_error err = {0};
-  if (sk_store_create(st, id, 1000, p, &ss, &obj, &err) < 0)
+  if (sk_store_create(st, id, 1000, 0, p, &ss, &obj, &err) < 0)
     fail_msg("sk_store_create: %s", err.message);
   return obj;
 }
