@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 model=${MODEL:-../shared/models/stories260K.gguf}
 prompt=${PROMPT:-Once upon a time}
-dir=$(mktemp -d /tmp/sinkd-demo.XXXXXX)
+dir=$(mktemp -d "${TMPDIR:-/tmp}/sinkd-demo.XXXXXX")
 sock="$dir/sinkd.sock"
 ./build/daemon/sinkd --model "$model" --socket "$sock" --state-dir "$dir/state" 2>"$dir/sinkd.log" &
 pid=$!
