@@ -760,7 +760,13 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
     return sk_error_set(err, SK_ERR_IO, "cannot reserve %" PRIu64 " bytes for %s: %s",
                         g.total, name, strerror(e));
   }
-  void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* Mapped whole at once (the pages exist already: fallocate made them):
+   * creation runs off the event loop and the compute thread, which would
+   * otherwise take a page fault for every 4 KB the cache grows into,
+   * stalling every session of its batch (16 sessions of the 110M Q8_0
+   * model, two threads, 6 alternated rounds: median 713 -> 745 tokens/s). */
+  void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                   0);
   struct sk_store_obj *obj = map == MAP_FAILED ? NULL : calloc(1, sizeof *obj);
   if (!obj) {
     if (map != MAP_FAILED) munmap(map, (size_t)g.total);
