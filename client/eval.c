@@ -20,6 +20,7 @@
 
 enum {
   EVAL_EXIT_DAEMON = 1,
+  EVAL_EXIT_FILE = 1, /* the text cannot be read, an output not written */
   EVAL_EXIT_USAGE = 2,
   EVAL_EXIT_CONNECT = 3,
   EVAL_EXIT_CONNECTION = 4,
@@ -714,7 +715,7 @@ static char *eval_read_file(const char *path, size_t *ret_len) {
   if (!f) {
     fprintf(stderr, "sinkctl: eval: cannot open %s: %s\n", path,
             strerror(errno));
-    exit(EVAL_EXIT_USAGE);
+    exit(EVAL_EXIT_FILE);
   }
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);
@@ -730,7 +731,7 @@ static char *eval_read_file(const char *path, size_t *ret_len) {
       if (cap >= EVAL_MAX_FILE) {
         fprintf(stderr, "sinkctl: eval: %s is larger than %u bytes\n", path,
                 EVAL_MAX_FILE);
-        exit(EVAL_EXIT_USAGE);
+        exit(EVAL_EXIT_FILE);
       }
       cap *= 2;
       char *nb = realloc(buf, cap);
@@ -740,7 +741,7 @@ static char *eval_read_file(const char *path, size_t *ret_len) {
   }
   if (ferror(f)) {
     fprintf(stderr, "sinkctl: eval: cannot read %s\n", path);
-    exit(EVAL_EXIT_USAGE);
+    exit(EVAL_EXIT_FILE);
   }
   fclose(f);
   *ret_len = len;
@@ -773,7 +774,7 @@ static void eval_check_output(const char *flag, const char *path) {
   }
   if (why) {
     fprintf(stderr, "sinkctl: eval: %s: cannot write %s: %s\n", flag, path, why);
-    exit(EVAL_EXIT_USAGE);
+    exit(EVAL_EXIT_FILE);
   }
 }
 
@@ -835,7 +836,7 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
     ev->n_tokens = (size_t)ev->max_tokens + 1;
   if (ev->n_tokens < 2) {
     fprintf(stderr, "sinkctl: eval: %s has no token to score\n", ev->file);
-    status = EVAL_EXIT_USAGE;
+    status = EVAL_EXIT_FILE;
     goto out;
   }
 
