@@ -150,7 +150,8 @@ static void help(void) {
       "Exit status:\n"
       "  0  success\n"
       "  1  the daemon answered with an error (stderr: CODE: MESSAGE),\n"
-      "     or a file could not be read or written (load, save, eval)\n"
+      "     or a file could not be read or written (load, save, eval),\n"
+      "     or the daemon cancelled a generation (stopping, or another client)\n"
       "  2  usage error (bad option or argument)\n"
       "  3  cannot connect (daemon not running, permission denied)\n"
       "  4  connection lost or protocol error\n"
@@ -679,8 +680,11 @@ close:;
   signal(SIGINT, SIG_DFL);
 
   if (!o->has_session && sk_client_connected(c)) {
+    /* A close that loses the connection needs no report: the daemon
+     * closes a temporary session when its connection ends (a daemon that
+     * stops answers the generation `cancelled`, then hangs up). */
     struct sk_error ce;
-    if (sk_client_close(c, session, &ce) < 0 && status == 0)
+    if (sk_client_close(c, session, &ce) < 0 && status == 0 && sk_client_connected(c))
       status = report(c, &ce);
   }
 
@@ -710,8 +714,15 @@ close:;
     if (!o->json && strcmp(res.stop, "context_full") == 0)
       fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
               "open one with --policy streaming to keep going\n", prog, res.resident);
-    if (interrupted && strcmp(res.stop, "cancelled") == 0 && status == 0)
-      status = EXIT_INTERRUPTED;
+    if (strcmp(res.stop, "cancelled") == 0 && status == 0) {
+      if (interrupted) {
+        status = EXIT_INTERRUPTED;
+      } else { /* not by us: the generation did not do what was asked */
+        fprintf(stderr, "%s: the daemon cancelled the generation (it is stopping, or another "
+                "client closed the session or cancelled it)\n", prog);
+        status = EXIT_FAILURE;
+      }
+    }
   }
   gen_state_free(&g);
   free(prompt);

@@ -942,11 +942,46 @@ static void test_sinkctl(void **state) {
   snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket, full_id);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 0);
+  /* a generation another client cancels (by closing its session): exit 1,
+   * and stderr says why */
+  snprintf(cmd, sizeof cmd, "%s --socket %s open", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  const uint64_t long_id = strtoull(out, NULL, 10);
+  free(out);
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s generate --session %" PRIu64 " -n 1000000 Once 2>&1 >/dev/null",
+           sinkctl, g_socket, long_id);
+  FILE *gen = popen(cmd, "r");
+  assert_non_null(gen);
+  struct sk_client *cc = connect_or_fail();
+  struct sk_error ce;
+  uint64_t seen = 0;
+  for (int i = 0; i < 500 && seen < 16; i++) { /* at most 10 s: until it generates */
+    struct sk_session_info *l = NULL;
+    size_t n = 0;
+    assert_int_equal(sk_client_list(cc, &l, &n, &ce), 0);
+    for (size_t k = 0; k < n; k++)
+      if (l[k].session == long_id) seen = l[k].seen;
+    free(l);
+    if (seen < 16) usleep(20000);
+  }
+  assert_true(seen >= 16);
+  assert_int_equal(sk_client_close(cc, long_id, &ce), 0);
+  sk_client_free(cc);
+  char msg[512];
+  size_t got = fread(msg, 1, sizeof msg - 1, gen);
+  msg[got] = 0;
+  status = pclose(gen);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 1);
+  assert_string_equal(msg, "sinkctl: the daemon cancelled the generation (it is stopping, or "
+                           "another client closed the session or cancelled it)\n");
   /* an eval output that cannot be written: refused before the run */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
            g_socket, g_dir, getenv("SK_MODEL"));
   out = run_capture(cmd, &status);
-  assert_int_equal(status, 2);
+  assert_int_equal(status, 1); /* a file that cannot be written, as save's */
   assert_non_null(strstr(out, "--csv: cannot write "));
   free(out);
   /* a folder to load */
@@ -1498,10 +1533,11 @@ static void test_eval_short(void **state) {
            g_socket, text);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* a text that cannot be read: exit 1, as load's */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval %s/missing.txt 2>/dev/null", sinkctl, g_socket,
            g_dir);
   free(run_capture(cmd, &status));
-  assert_int_equal(status, 2);
+  assert_int_equal(status, 1);
   /* given parts that leave the budget nothing for the derived one */
   const struct {
     const char *args, *msg;
