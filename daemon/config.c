@@ -632,12 +632,15 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
     c->capacity = ctx < c->max_capacity ? ctx : c->max_capacity;
     c->origin[SK_CFG_CAPACITY].automatic = true;
   }
-  /* The defaults must themselves open, for every policy. */
+  /* The defaults must themselves open, for every policy: within the
+   * largest capacity and the positions the model handles (as `open`
+   * checks them). */
   struct sk_kv_params p = {.n_sink = c->n_sink, .window = c->window, .capacity = c->capacity,
                            .rope_scale = 1.0f};
   struct sk_error e;
   p.policy = SK_POLICY_STREAMING;
-  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0) {
+  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0 ||
+      sk_kv_params_check_context(&p, mc->n_ctx_train, &e) < 0) {
     enum sk_config_key k = c->origin[SK_CFG_WINDOW].from >= c->origin[SK_CFG_SINKS].from
                                ? SK_CFG_WINDOW
                                : SK_CFG_SINKS;
@@ -646,7 +649,8 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
                         e.message);
   }
   p.policy = SK_POLICY_DENSE;
-  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0) {
+  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0 ||
+      sk_kv_params_check_context(&p, mc->n_ctx_train, &e) < 0) {
     where(c, SK_CFG_CAPACITY, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "%sdefault dense session: %s", at, e.message);
   }

@@ -438,6 +438,22 @@ static void test_resolve(void **state) {
   snprintf(want, sizeof want, "%s:2: [session] capacity: default dense session: ", g_path);
   assert_memory_equal(e.message, want, strlen(want));
   sk_config_done(&c);
+  /* ... also when they fit max_capacity but not the model's context
+   * (mc: 100 positions), which every open would refuse */
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_WINDOW, "97", SK_CONFIG_FROM_COMMAND_LINE, 0, &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--window: default streaming session: n_sink + window = 4 + 97 = "
+                                 "101 exceeds the model's context: n_ctx_train 100 x rope_scale 1 "
+                                 "= 100 positions");
+  sk_config_done(&c);
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_CAPACITY, "101", SK_CONFIG_FROM_COMMAND_LINE, 0, &e),
+                   0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--capacity: default dense session: capacity 101 exceeds the "
+                                 "model's context: n_ctx_train 100 x rope_scale 1 = 100 positions");
+  sk_config_done(&c);
   sk_config_done(&c2);
 }
 
