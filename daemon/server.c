@@ -978,19 +978,34 @@ static void op_close(struct sk_server *srv, const struct request *r) {
   if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
 }
 
+static int session_id_cmp(const void *a, const void *b) {
+  const struct sk_session *x = *(const struct sk_session *const *)a;
+  const struct sk_session *y = *(const struct sk_session *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The caller's sessions, in ascending id order. */
 static void op_list(struct sk_server *srv, const struct request *r) {
+  struct sk_session **list = malloc((srv->sessions.cap ? srv->sessions.cap : 1) * sizeof *list);
+  if (!list) {
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
+    return;
+  }
   uint32_t n = 0;
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
     struct sk_session *s = srv->sessions.items[i];
-    if (s && !s->closing && may_use(r->conn, s)) n++;
+    if (s && !s->closing && may_use(r->conn, s)) list[n++] = s;
   }
+  qsort(list, n, sizeof *list, session_id_cmp);
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 1) < 0) return;
+  if (reply_begin(&b, r->id, 1) < 0) {
+    free(list);
+    return;
+  }
   sk_pack_cstr(&b.pk, "sessions");
   msgpack_pack_array(&b.pk, n);
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
-    if (!s || s->closing || !may_use(r->conn, s)) continue;
+  for (uint32_t i = 0; i < n; i++) {
+    const struct sk_session *s = list[i];
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
     msgpack_pack_map(&b.pk, 8);
@@ -1003,6 +1018,7 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
     sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
   }
+  free(list);
   conn_send_buf(r->conn, &b);
 }
 

@@ -1146,6 +1146,22 @@ static void test_copies_hold_their_session(void **state) {
   assert_int_equal(st1.resident, st0.resident);
   assert_int_equal(st1.seen, st0.seen);
 
+  /* list is in id order, also when a new session takes a closed one's
+   * place in the daemon's table */
+  struct sk_open_params lp = {.policy = "dense", .capacity = 16};
+  struct sk_open_result la, lb, lc;
+  assert_int_equal(sk_client_open(c, &lp, &la, &e), 0);
+  assert_int_equal(sk_client_open(c, &lp, &lb, &e), 0);
+  assert_int_equal(sk_client_close(c, la.session, &e), 0);
+  assert_int_equal(sk_client_open(c, &lp, &lc, &e), 0);
+  assert_int_equal(sk_client_list(c, &rows, &n, &e), 0);
+  assert_true(n >= 2);
+  for (size_t i = 1; i < n; i++) assert_true(rows[i].session > rows[i - 1].session);
+  assert_int_equal(rows[n - 1].session, lc.session);
+  free(rows);
+  assert_int_equal(sk_client_close(c, lb.session, &e), 0);
+  assert_int_equal(sk_client_close(c, lc.session, &e), 0);
+
   /* an open whose client leaves during its pin's prefill (~2000 tokens):
    * nobody learned the id, nothing is kept (not under valgrind: its
    * prefill takes a minute there) */
