@@ -248,7 +248,8 @@ static void reload(struct daemon *d) {
   server_config_from(&next, &sc);
   sk_server_reconfigure(d->server, &sc);
   sk_log_set_level((int)next.log_level);
-  sk_log(SK_LOG_NOTICE, "reloaded %s: %s", d->src.path,
+  sk_log(SK_LOG_NOTICE, "reloaded %s%s: %s", d->src.path,
+         next.file ? "" : " (missing: built-in defaults and options)",
          *changed ? changed
                   : *restart ? "nothing that applies without a restart changed" : "nothing changed");
   sk_config_done(&d->cfg);
