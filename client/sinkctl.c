@@ -620,8 +620,6 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
       prompt_len--;
       if (prompt_len && prompt[prompt_len - 1] == '\r') prompt_len--;
     }
-    if (prompt_len == 0 && !o->has_session)
-      usage_error("generate: the prompt is empty");
   }
 
   uint64_t session = o->session;
@@ -634,6 +632,15 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
       return report(c, &e);
     }
     session = opened.session;
+    if (prompt_len == 0) {
+      /* No prompt: the model starts from BOS alone, as llama.cpp's does
+       * (the BOS rule gives nothing to a session a pin has filled). */
+      struct sk_append_result ar;
+      if (sk_client_append_text(c, session, "", 0, SK_BOS_DEFAULT, &ar, &e) < 0) {
+        free(prompt);
+        return report(c, &e);
+      }
+    }
   }
 
   struct sk_generate_params p = o->gen;

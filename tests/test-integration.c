@@ -942,6 +942,34 @@ static void test_sinkctl(void **state) {
   snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket, full_id);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 0);
+  /* an empty prompt: the model starts from BOS alone, as through libsinkd
+   * with the one token BOS */
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate -n 24 -t 0 '' 2>&1", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  {
+    struct sk_client *bc = connect_or_fail();
+    struct sk_error be;
+    struct sk_open_result bo;
+    assert_int_equal(sk_client_open(bc, NULL, &bo, &be), 0);
+    const int32_t bos = 1;
+    assert_int_equal(sk_client_append_tokens(bc, bo.session, &bos, 1, SK_BOS_FALSE, NULL, &be), 0);
+    struct sk_generate_params gp;
+    sk_generate_params_init(&gp);
+    gp.max_tokens = 24;
+    gp.temperature = 0;
+    struct collect *col = calloc(1, sizeof *col);
+    struct sk_generate_result gr;
+    assert_int_equal(sk_client_generate(bc, bo.session, &gp, collect_cb, col, &gr, &be), 0);
+    assert_int_equal(col->n, 24);
+    assert_true(strlen(out) == col->text_len + 1 && out[col->text_len] == '\n');
+    assert_memory_equal(out, col->text, col->text_len);
+    assert_int_equal(sk_client_close(bc, bo.session, &be), 0);
+    free(col->text);
+    free(col);
+    sk_client_free(bc);
+  }
+  free(out);
   /* a generation another client cancels (by closing its session): exit 1,
    * and stderr says why */
   snprintf(cmd, sizeof cmd, "%s --socket %s open", sinkctl, g_socket);
