@@ -623,6 +623,14 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   }
 
   uint64_t session = o->session;
+  if (o->has_session && isatty(STDERR_FILENO)) {
+    /* requests on one session run one after another: say why nothing
+     * comes yet */
+    struct sk_session_stats st;
+    if (sk_client_session_stats(c, session, &st, NULL) == 0 && st.busy)
+      fprintf(stderr, "%s: session %" PRIu64 " is busy with another request; this one waits "
+              "for it (Ctrl-C gives up)\n", prog, session);
+  }
   if (!o->has_session) {
     struct sk_open_result opened;
     struct sk_open_params op = o->open;
