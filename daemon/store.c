@@ -10,6 +10,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,6 +402,13 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
                    "sinkd.conf)", t ? t : "unknown", t ? "" : " (corrupted)",
                    sk_kv_type_name(st->shape.kv_type));
   }
+  if (h->flags & ~SK_STORE_TEMPORARY)
+    return sk__bad(err, "unknown header flags 0x%x (a newer sinkd's file?)",
+                   h->flags & ~SK_STORE_TEMPORARY);
+  for (size_t i = 0; i < sizeof h->reserved; i++)
+    if (h->reserved[i])
+      return sk__bad(err, "reserved header byte %zu is not zero (a newer sinkd's file?)",
+                     offsetof(struct sk_store_header, reserved) + i);
   if (!sk_policy_name(h->policy)) return sk__bad(err, "policy %u is unknown", h->policy);
   if (!sk__geom(st, h->capacity, g))
     return sk__bad(err, "capacity %u is invalid", h->capacity);
@@ -1127,6 +1135,11 @@ int sk_store_import(struct sk_store *st, const void *buf, size_t len, uint64_t i
   sk__seal(obj, 0, commit);
   rc = sk__check_live(st, obj, err);
   if (rc < 0) goto fail;
+  /* Copy 1 a sealed copy of copy 0 (same commit), as adoption tidies a
+   * dropped step's copy: left at commit 0 beside a commit above 1, it
+   * would read as a step the daemon died in. */
+  memcpy(sk__copy(obj, 1) + 16, sk__copy(obj, 0) + 16, (size_t)obj->hdr->meta_size - 16);
+  sk__seal(obj, 1, commit);
   rc = sk__finish_create(st, obj, commit, err);
   if (rc < 0) return rc;
   *ret = obj;
