@@ -143,14 +143,17 @@ static void eval_help(void) {
       "                              (the model's context x R)\n"
       "  window[:window=W]           no sinks (W = budget)\n"
       "  streaming[:sinks=S,window=W] S sinks (4) + W recent (budget - S)\n"
-      "  h2o[:heavy=H,recent=R]      H2O, H = R = budget / 2\n"
+      "  h2o[:heavy=H,recent=R]      H2O, H = R = budget / 2 (one given:\n"
+      "                              the other is the rest)\n"
       "  sink_h2o[:sinks=S,heavy=H,recent=R]  4 sinks + H2O (recent =\n"
       "                              budget / 2, heavy the rest)\n"
       "  recompute[:window=W]        sliding window with re-computation: a\n"
       "                              fresh dense session of the W tokens\n"
       "                              before each scored token (W = budget)\n"
-      "  Any run also takes rope_scale=R; dense and recompute capacity=N;\n"
-      "  a parameter a run has not is a usage error.\n"
+      "  Any run also takes rope_scale=R (<= 64); dense and recompute\n"
+      "  capacity=N (recompute: above W). A parameter a run has not, or\n"
+      "  given ones that leave nothing of the budget for a derived one, is\n"
+      "  a usage error; a default run the budget cannot hold is left out.\n"
       "  Default set: dense, dense:rope_scale=2, dense:rope_scale=4, window,\n"
       "  streaming:sinks=1, streaming:sinks=2, streaming:sinks=4,\n"
       "  streaming:sinks=8, h2o, sink_h2o, recompute.\n"
@@ -224,25 +227,90 @@ static void eval_parse_run(const char *spec, struct run *r) {
     const char *key = kv, *val = eq + 1;
     if (!run_takes(r->kind, key))
       eval_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
+    char what[sizeof r->label + 32];
+    snprintf(what, sizeof what, "--run %s: %s", spec, key);
     if (strcmp(key, "sinks") == 0) {
-      r->n_sink = (uint32_t)eval_parse_u64("sinks", val, 0, UINT32_MAX);
+      r->n_sink = (uint32_t)eval_parse_u64(what, val, 0, UINT32_MAX);
       r->has_sink = true;
     } else if (strcmp(key, "window") == 0) {
-      r->window = (uint32_t)eval_parse_u64("window", val, 1, UINT32_MAX);
+      r->window = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "heavy") == 0) {
-      r->heavy = (uint32_t)eval_parse_u64("heavy", val, 1, UINT32_MAX);
+      r->heavy = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "recent") == 0) {
-      r->recent = (uint32_t)eval_parse_u64("recent", val, 1, UINT32_MAX);
+      r->recent = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "capacity") == 0) {
-      r->capacity = (uint32_t)eval_parse_u64("capacity", val, 1, UINT32_MAX);
+      r->capacity = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "rope_scale") == 0) {
-      r->rope_scale = eval_parse_double("rope_scale", val);
+      r->rope_scale = eval_parse_double(what, val);
+      if (r->rope_scale > SK_MAX_ROPE_SCALE)
+        eval_usage_error("%s: '%s' is above %g", what, val, SK_MAX_ROPE_SCALE);
     } else {
       eval_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
                        "heavy, recent, capacity, rope_scale)",
                        spec, key);
     }
   }
+}
+
+/* Fills in the parts run r leaves to the budget: each part not given
+ * takes what the given ones leave (streaming: window = budget - sinks;
+ * h2o: half each, or the rest of the one given; sink_h2o: recent half,
+ * heavy the rest, or the rest of whichever is given; window and
+ * recompute: window = budget), sinks default to EVAL_DEFAULT_SINKS.
+ * Returns false, with the reason in why, if the given parts leave
+ * nothing for one that is not, or if a recompute capacity does not exceed
+ * its window. Dense capacities wait for the model (eval_derive). */
+static bool eval_fit(const struct eval *ev, struct run *r, char *why, size_t n) {
+  const uint64_t B = ev->budget;
+  const uint64_t S = r->has_sink ? r->n_sink : EVAL_DEFAULT_SINKS;
+  const char *none = NULL; /* the part left with nothing */
+  uint64_t used = 0;       /* by the others */
+  switch (r->kind) {
+  case RUN_STREAMING:
+  case RUN_SINK_H2O:
+    r->n_sink = (uint32_t)S;
+    r->has_sink = true;
+    if (r->kind == RUN_STREAMING) {
+      if (!r->window) {
+        if (S >= B) none = "window", used = S;
+        else r->window = (uint32_t)(B - S);
+      }
+    } else if (!r->heavy) {
+      const uint64_t R = r->recent ? r->recent : B - B / 2;
+      if (S + R >= B) none = "heavy", used = S + R;
+      else r->heavy = (uint32_t)(B - S - R), r->recent = (uint32_t)R;
+    } else if (!r->recent) {
+      if (S + r->heavy >= B) none = "recent", used = S + r->heavy;
+      else r->recent = (uint32_t)(B - S - r->heavy);
+    }
+    break;
+  case RUN_H2O:
+    if (!r->heavy && !r->recent) {
+      r->heavy = (uint32_t)(B / 2); /* B >= 2: both get one at least */
+      r->recent = (uint32_t)(B - B / 2);
+    } else if (!r->heavy) {
+      if (r->recent >= B) none = "heavy", used = r->recent;
+      else r->heavy = (uint32_t)(B - r->recent);
+    } else if (!r->recent) {
+      if (r->heavy >= B) none = "recent", used = r->heavy;
+      else r->recent = (uint32_t)(B - r->heavy);
+    }
+    break;
+  case RUN_WINDOW:
+  case RUN_RECOMPUTE:
+    if (!r->window) r->window = (uint32_t)B;
+    if (r->kind == RUN_RECOMPUTE && r->capacity && r->capacity <= r->window) {
+      snprintf(why, n, "capacity %u must exceed its window %u (the window and the scored token)",
+               r->capacity, r->window);
+      return false;
+    }
+    break;
+  case RUN_DENSE: break;
+  }
+  if (none)
+    snprintf(why, n, "%" PRIu64 " of --budget %" PRIu64 " go to its other parts, which leaves "
+             "none for its %s (take less, or a larger --budget)", used, B, none);
+  return !none;
 }
 
 static void eval_add_run(struct eval *ev, const char *spec) {
@@ -252,6 +320,7 @@ static void eval_add_run(struct eval *ev, const char *spec) {
 }
 
 static void eval_parse_args(int argc, char **argv, struct eval *ev) {
+  bool defaults_used = false;
   enum {
     O_RUN = 256, O_BUDGET, O_TOKENS, O_SPAN, O_CHUNK, O_STRIDE, O_CSV,
     O_PLOT, O_PROGRESS, O_NO_PROGRESS, O_HELP
@@ -318,28 +387,6 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     if (paths[i] && (strchr(paths[i], '\'') || strchr(paths[i], '\n')))
       eval_usage_error("the path '%s' may not contain quotes or newlines",
                        paths[i]);
-  /* A part a run leaves to the budget must get some of it: sinks=300
-   * with --budget 256 would leave a window of one token and a cache
-   * larger than the budget the runs are compared at. (The default runs
-   * below are not checked: a tiny --budget gives them a one-token part.) */
-  for (size_t i = 0; i < ev->n_runs; i++) {
-    const struct run *r = &ev->runs[i];
-    const uint32_t B = ev->budget;
-    const uint64_t sinks = r->has_sink ? r->n_sink : EVAL_DEFAULT_SINKS;
-    const char *left = NULL;
-    uint64_t taken = 0;
-    if (r->kind == RUN_STREAMING && !r->window && sinks >= B)
-      left = "window", taken = sinks;
-    else if (r->kind == RUN_H2O && !r->recent && r->heavy >= B)
-      left = "recent", taken = r->heavy;
-    else if (r->kind == RUN_SINK_H2O && !r->heavy &&
-             sinks + (r->recent ? r->recent : B - B / 2) >= B)
-      left = "heavy", taken = sinks + (r->recent ? r->recent : B - B / 2);
-    if (left)
-      eval_usage_error("--run %s: its other parts take %" PRIu64 " of --budget %u and leave "
-                       "no %s (give %s=N or a larger --budget)",
-                       r->label, taken, B, left, left);
-  }
   if (ev->n_runs == 0) {
     static const char *const defaults[] = {
         "dense", "dense:rope_scale=2", "dense:rope_scale=4", "window",
@@ -347,7 +394,24 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
         "streaming:sinks=8", "h2o", "sink_h2o", "recompute"};
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
       eval_add_run(ev, defaults[i]);
+    defaults_used = true;
   }
+  /* The parts each run leaves to the budget, before connecting. A run
+   * whose given parts leave none for another is a usage error; a default
+   * run a small --budget cannot hold is left out, with a note. */
+  size_t kept = 0;
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    char why[160];
+    if (eval_fit(ev, &ev->runs[i], why, sizeof why)) {
+      ev->runs[kept++] = ev->runs[i];
+    } else if (defaults_used) {
+      fprintf(stderr, "sinkctl: eval: run %s left out: %s\n", ev->runs[i].label, why);
+    } else {
+      eval_usage_error("--run %s: %s", ev->runs[i].label, why);
+    }
+  }
+  ev->n_runs = kept;
+  if (kept == 0) eval_usage_error("--budget %u holds none of the runs", ev->budget);
 }
 
 /* ---- running ---------------------------------------------------------- */
@@ -375,38 +439,29 @@ static void eval_progress(struct eval *ev, const struct run *r, size_t done,
   fflush(stderr);
 }
 
-/* Fills in the parameters the run left to the budget and the model. */
+/* The open parameters of run r, whose parts eval_fit filled in; a dense
+ * or recompute capacity left to the model is worked out here. */
 static void eval_derive(const struct eval *ev, struct run *r,
                         struct sk_open_params *op) {
-  uint32_t B = ev->budget;
   memset(op, 0, sizeof *op);
   op->rope_scale = r->rope_scale;
   switch (r->kind) {
-  case RUN_STREAMING:
-    if (!r->has_sink) r->n_sink = EVAL_DEFAULT_SINKS;
-    if (!r->window) r->window = B > r->n_sink ? B - r->n_sink : 1;
+  case RUN_STREAMING: /* parts from eval_fit */
     op->policy = "streaming";
     op->n_sink = r->n_sink;
     op->has_n_sink = true;
     op->window = r->window;
     break;
   case RUN_WINDOW:
-    if (!r->window) r->window = B;
     op->policy = "window";
     op->window = r->window;
     break;
   case RUN_H2O:
-    if (!r->heavy) r->heavy = B / 2;
-    if (!r->recent) r->recent = B > r->heavy ? B - r->heavy : 1;
     op->policy = "h2o";
     op->heavy = r->heavy;
     op->recent = r->recent;
     break;
   case RUN_SINK_H2O:
-    if (!r->has_sink) r->n_sink = EVAL_DEFAULT_SINKS;
-    if (!r->recent) r->recent = B - B / 2;
-    if (!r->heavy)
-      r->heavy = B > r->n_sink + r->recent ? B - r->n_sink - r->recent : 1;
     op->policy = "sink_h2o";
     op->n_sink = r->n_sink;
     op->has_n_sink = true;
@@ -415,7 +470,6 @@ static void eval_derive(const struct eval *ev, struct run *r,
     break;
   case RUN_DENSE:
   case RUN_RECOMPUTE:
-    if (r->kind == RUN_RECOMPUTE && !r->window) r->window = B;
     if (!r->capacity) {
       /* dense: as far as the model's context (stretched by rope_scale)
        * and the daemon allow; recompute: the window and the token. */

@@ -1582,13 +1582,27 @@ static void test_eval_short(void **state) {
            g_dir);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 1);
-  /* given parts that leave the budget nothing for the derived one */
+  /* given parts that leave the budget nothing for a derived one */
   const struct {
     const char *args, *msg;
   } no_room[] = {
-      {"--run streaming:sinks=64 --budget 64", "take 64 of --budget 64 and leave no window"},
-      {"--budget 32 --run h2o:heavy=40", "take 40 of --budget 32 and leave no recent"},
-      {"--run sink_h2o:sinks=4,recent=60 --budget 64", "take 64 of --budget 64 and leave no heavy"},
+      {"--run streaming:sinks=64 --budget 64",
+       "--run streaming:sinks=64: 64 of --budget 64 go to its other parts, which leaves none "
+       "for its window (take less, or a larger --budget)"},
+      {"--budget 32 --run h2o:heavy=40", "40 of --budget 32 go to its other parts, which leaves "
+                                         "none for its recent"},
+      {"--budget 10 --run h2o:recent=10", "10 of --budget 10 go to its other parts, which leaves "
+                                          "none for its heavy"},
+      {"--run sink_h2o:sinks=4,recent=60 --budget 64", "64 of --budget 64 go to its other "
+                                                       "parts, which leaves none for its heavy"},
+      {"--budget 10 --run sink_h2o:heavy=10", "14 of --budget 10 go to its other parts, which "
+                                              "leaves none for its recent"},
+      {"--budget 4 --run streaming", "4 of --budget 4 go to its other parts, which leaves none "
+                                     "for its window"},
+      {"--run recompute:window=2,capacity=2", "--run recompute:window=2,capacity=2: capacity 2 "
+                                              "must exceed its window 2"},
+      {"--run window:rope_scale=65", "--run window:rope_scale=65: rope_scale: '65' is above 64"},
+      {"--run window:window=0", "--run window:window=0: window: '0' is not a number in [1, "},
   };
   for (size_t i = 0; i < sizeof no_room / sizeof no_room[0]; i++) {
     snprintf(cmd, sizeof cmd, "%s --socket %s eval %s %s 2>&1", sinkctl, g_socket,
@@ -1598,6 +1612,22 @@ static void test_eval_short(void **state) {
     assert_non_null(strstr(msg, no_room[i].msg));
     free(msg);
   }
+  /* the default runs a small budget cannot hold are left out, saying so */
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s eval --budget 4 --tokens 20 --no-progress %s 2>&1 >/dev/null", sinkctl,
+           g_socket, text);
+  char *notes = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_string_equal(notes,
+                      "sinkctl: eval: run streaming:sinks=4 left out: 4 of --budget 4 go to its "
+                      "other parts, which leaves none for its window (take less, or a larger "
+                      "--budget)\n"
+                      "sinkctl: eval: run streaming:sinks=8 left out: 8 of --budget 4 go to its "
+                      "other parts, which leaves none for its window (take less, or a larger "
+                      "--budget)\n"
+                      "sinkctl: eval: run sink_h2o left out: 6 of --budget 4 go to its other "
+                      "parts, which leaves none for its heavy (take less, or a larger --budget)\n");
+  free(notes);
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --run window:sinks=1 %s 2>&1", sinkctl, g_socket,
            text);
   char *msg = run_capture(cmd, &status);
