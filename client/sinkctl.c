@@ -1643,15 +1643,20 @@ static void check_open_options(const struct opts *o, const char *cmd) {
   if (!pol) return; /* the daemon's default policy: it checks the rest */
   const unsigned parts = sk_policy_parts(pol, strlen(pol));
   if (!parts) usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
+  /* a zero is "none of it", which any policy takes (as the daemon does) */
   const struct {
     int opt;
     unsigned part;
-  } params[] = {{OPT_SINKS, SK_PART_SINKS},       {OPT_WINDOW, SK_PART_WINDOW},
-                {OPT_HEAVY, SK_PART_HEAVY},       {OPT_RECENT, SK_PART_HEAVY},
-                {OPT_CAPACITY, SK_PART_CAPACITY}, {OPT_PIN, SK_PART_PIN},
-                {OPT_PIN_FILE, SK_PART_PIN}};
+    bool nonzero;
+  } params[] = {{OPT_SINKS, SK_PART_SINKS, o->open.n_sink != 0},
+                {OPT_WINDOW, SK_PART_WINDOW, o->open.window != 0},
+                {OPT_HEAVY, SK_PART_HEAVY, o->open.heavy != 0},
+                {OPT_RECENT, SK_PART_HEAVY, o->open.recent != 0},
+                {OPT_CAPACITY, SK_PART_CAPACITY, o->open.capacity != 0},
+                {OPT_PIN, SK_PART_PIN, true},
+                {OPT_PIN_FILE, SK_PART_PIN, true}};
   for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
-    if (o->given[params[j].opt] && !(parts & params[j].part))
+    if (o->given[params[j].opt] && params[j].nonzero && !(parts & params[j].part))
       usage_error(params[j].part == SK_PART_PIN
                       ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
                       : "--%s: policy %s has no such part",

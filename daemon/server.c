@@ -880,9 +880,11 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   }
   if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
   if (rc == 1) {
-    if (!(d > 0.0 && d <= SK_KV_MAX_ROPE_SCALE)) {
-      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "rope_scale %g must be finite, > 0 and <= %g", d,
-                        (double)SK_KV_MAX_ROPE_SCALE);
+    /* kept as a float: a value that rounds to 0 (1e-50) is refused as 0 */
+    if (!(d > 0.0 && d <= SK_KV_MAX_ROPE_SCALE) || !((float)d > 0.0f)) {
+      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                        "rope_scale %.10g must be finite, > 0 (also as a 32-bit float) and <= %g",
+                        d, (double)SK_KV_MAX_ROPE_SCALE);
       goto bad;
     }
     p.rope_scale = (float)d;

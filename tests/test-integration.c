@@ -926,6 +926,20 @@ static void test_sinkctl(void **state) {
            g_socket);
   free(run_capture(cmd, &status));
   assert_int_equal(status, 2);
+  /* a zero of a part the policy has not is none of it: taken, as the
+   * daemon takes it; a nonzero one is a usage error */
+  snprintf(cmd, sizeof cmd, "%s --socket %s open --policy window --sinks 0", sinkctl, g_socket);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket,
+           strtoull(out, NULL, 10));
+  free(out);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 0);
+  snprintf(cmd, sizeof cmd, "%s --socket %s open --policy window --sinks 1 2>/dev/null", sinkctl,
+           g_socket);
+  free(run_capture(cmd, &status));
+  assert_int_equal(status, 2);
   /* a dense session that fills: generate says why it stopped (stderr) */
   snprintf(cmd, sizeof cmd, "%s --socket %s open --policy dense --capacity 8", sinkctl, g_socket);
   out = run_capture(cmd, &status);
@@ -1460,6 +1474,10 @@ static void test_open_policies(void **state) {
        "exceeds the model's context: n_ctx_train 2048 x rope_scale 1 = 2048"},
       {{.policy = "dense", .capacity = 4097, .rope_scale = 2}, "= 4096 positions"},
       {{.policy = "dense", .capacity = 64, .rope_scale = 100}, "rope_scale 100"},
+      {{.policy = "dense", .capacity = 64, .rope_scale = 64.0000001},
+       "rope_scale 64.0000001 must be"},
+      {{.policy = "window", .rope_scale = 1e-50},
+       "rope_scale 1e-50 must be finite, > 0 (also as a 32-bit float) and <= 64"},
       {{.policy = "window", .window = 8, .n_sink = 2}, "policy window has no sinks"},
       {{.policy = "streaming", .heavy = 10}, "heavy: policy streaming has no such part"},
       {{.policy = "dense", .window = 10}, "window: policy dense has no such part"},
