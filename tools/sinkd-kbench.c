@@ -8,7 +8,7 @@
  *
  *   sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]
  *   sinkd-kbench --membw MIB [--samples N]
- *   sinkd-kbench --decode [--threads N] [--samples N] [VARIANT...]
+ *   sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]
  *
  * Defaults: 31 samples, rows 1,16, variants avx2-vnni avx512-vnni (the
  * ones this CPU runs). --membw instead times a sequential read of a
@@ -21,7 +21,8 @@
  * each matrix in its own buffer, and prints ms per token and GB/s
  * (default variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
- * weights from DRAM to --membw's figure, without a daemon's noise. A
+ * weights from DRAM to --membw's figure, without a daemon's noise; with
+ * --rows N, products of N activation rows each (a step of N sessions). A
  * development tool, not a test. */
 #include <errno.h>
 #include <pthread.h>
@@ -199,7 +200,7 @@ static void decode_task(void *ctx, uint32_t task, uint32_t thread) {
   sk_kernels_matmul(mm->w, mm->a, mm->y, o0, o1);
 }
 
-static int decode(const char *const *variants, int nv, int samples, uint32_t threads) {
+static int decode(const char *const *variants, int nv, int samples, uint32_t threads, uint32_t n) {
   struct sk_pool *pool = NULL;
   struct sk_error perr = {0};
   if (threads > 1 && sk_pool_new(threads, &pool, &perr) < 0) {
@@ -218,11 +219,14 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
       decode_mats(types[ti], w[v], mem[v], data[v]);
     }
     for (int i = 0; i < DECODE_MATS; i++) bytes += (double)w[0][i].row_bytes * w[0][i].rows;
-    float x[2048], y[32000], *yr[1] = {y};
-    int8_t q[2048];
-    float d[2048 / SK_QK];
-    int32_t qs[2048 / SK_QK];
-    for (int k = 0; k < 2048; k++) x[k] = frand();
+    /* n activation rows of up to 2048 columns (row stride 2048) */
+    float *x = xmalloc((size_t)n * 2048 * sizeof *x), *y = xmalloc((size_t)n * 32000 * sizeof *y);
+    float **yr = xmalloc(n * sizeof *yr);
+    int8_t *q = xmalloc((size_t)n * 2048);
+    float *d = xmalloc((size_t)n * (2048 / SK_QK) * sizeof *d);
+    int32_t *qs = xmalloc((size_t)n * (2048 / SK_QK) * sizeof *qs);
+    for (uint32_t r = 0; r < n; r++) yr[r] = y + (size_t)r * 32000;
+    for (size_t k = 0; k < (size_t)n * 2048; k++) x[k] = frand();
     double *t = xmalloc((size_t)nv * (size_t)samples * sizeof *t);
     for (int smp = -1; smp < samples; smp++) { /* -1: warm-up */
       for (int k = 0; k < nv; k++) {
@@ -231,8 +235,8 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
         double t0 = sk_tool_now_s();
         for (int i = 0; i < DECODE_MATS; i++) {
           const uint32_t cols = w[v][i].cols;
-          if (types[ti] != SK_GGML_F32) sk_kernels_quantize_rows(x, cols, 1, cols, q, d, qs);
-          const struct sk_act a = {.n = 1, .cols = cols, .f = x, .ldf = cols, .q = q, .d = d,
+          if (types[ti] != SK_GGML_F32) sk_kernels_quantize_rows(x, 2048, n, cols, q, d, qs);
+          const struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = 2048, .q = q, .d = d,
                                    .s = qs};
           struct decode_mm mm = {.w = &w[v][i], .a = &a, .y = yr, .chunk = w[v][i].rows};
           if (threads > 1) {
@@ -244,8 +248,9 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
         if (smp >= 0) t[v * samples + smp] = sk_tool_now_s() - t0;
       }
     }
-    printf("decode %s, 110M shape, %.1f MB per token, %u thread%s:\n",
-           sk_ggml_type_name(types[ti]), bytes / 1e6, threads, threads > 1 ? "s" : "");
+    printf("decode %s, 110M shape, %.1f MB per step, %u row%s, %u thread%s:\n",
+           sk_ggml_type_name(types[ti]), bytes / 1e6, n, n > 1 ? "s" : "", threads,
+           threads > 1 ? "s" : "");
     for (int v = 0; v < nv; v++) {
       qsort(t + v * samples, (size_t)samples, sizeof *t, sk_tool_cmp_double);
       double med = t[v * samples + samples / 2], best = t[v * samples];
@@ -258,6 +263,12 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     }
     fflush(stdout);
     free(t);
+    free(x);
+    free(y);
+    free(yr);
+    free(q);
+    free(d);
+    free(qs);
   }
   sk_pool_free(pool);
   return 0;
@@ -299,7 +310,7 @@ int main(int argc, char **argv) {
     } else if (argv[i][0] == '-') {
       fprintf(stderr, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
                       "       sinkd-kbench --membw MIB [--samples N]\n"
-                      "       sinkd-kbench --decode [--threads N] [--samples N] [VARIANT...]\n");
+                      "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]\n");
       return 2;
     } else if (nv < MAX_VARIANTS) {
       variants[nv++] = argv[i];
@@ -320,7 +331,7 @@ int main(int argc, char **argv) {
               sk_kernels_available());
       return 1;
     }
-  if (decode_mode) return decode(variants, nv, samples, threads);
+  if (decode_mode) return decode(variants, nv, samples, threads, rows_list[0]);
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
