@@ -146,7 +146,8 @@ static void test_hello_ping(void **state) {
   assert_true(h.model.weight_bytes > 0);
   assert_true(strcmp(h.compute.kernel, "generic") == 0 || strcmp(h.compute.kernel, "avx2") == 0 ||
               strcmp(h.compute.kernel, "avx2-vnni") == 0 ||
-              strcmp(h.compute.kernel, "avx512-vnni") == 0);
+              strcmp(h.compute.kernel, "avx512-vnni") == 0 ||
+              strcmp(h.compute.kernel, "amx") == 0);
   assert_int_equal(h.compute.threads, atoi(test_threads())); /* --threads */
   assert_int_equal(h.compute.max_batch, 64);
   assert_string_equal(h.defaults.policy, "streaming");

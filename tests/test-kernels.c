@@ -20,7 +20,7 @@
 #include "pool.h"
 #include "quant.h"
 
-static const char *const variants[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni"};
+static const char *const variants[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni", "amx"};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 static uint64_t rng = 12345;
@@ -276,23 +276,24 @@ static void test_matmul_batch_invariance(void **state) {
   select_or_fail("auto");
 }
 
-/* avx512-vnni (16-row packed groups, 512-bit vpdpbusd) gives the same bits
- * as avx2-vnni (8-row groups) for quantized weights: integer block sums
- * are exact, and every output goes through the same float steps. Row
- * counts that leave partial groups, 1..17 activation rows (every tile
- * height and remainder), and uneven output ranges. And weights packed for
- * one of the two, multiplied by the other: the GGUF data is used. */
-static void test_avx512_equals_avx2_vnni(void **state) {
-  (void)state;
-  if (!sk_kernels_supported("avx512-vnni") || !sk_kernels_supported("avx2-vnni")) {
-    printf("avx512-vnni or avx2-vnni: not supported by this CPU, skipped\n");
+/* avx512-vnni (16-row packed groups, 512-bit vpdpbusd) and amx (the
+ * same groups, AMX tiles of 16 activation rows) give the same bits as
+ * avx2-vnni (8-row groups) for quantized weights: integer block sums are
+ * exact, and every output goes through the same float steps. Row counts
+ * that leave partial groups, 1..64 activation rows (every tile height and
+ * remainder, several AMX tiles), and uneven output ranges. And weights
+ * packed for one variant, multiplied by another: the GGUF data is used
+ * unless the layouts agree (avx512-vnni and amx share theirs). */
+static void check_equals_avx2_vnni(const char *variant) {
+  if (!sk_kernels_supported(variant) || !sk_kernels_supported("avx2-vnni")) {
+    printf("%s or avx2-vnni: not supported by this CPU, skipped\n", variant);
     return;
   }
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0};
-  const uint32_t shapes[][2] = {{37, 64}, {77, 192}, {129, 288}, {16, 96}, {200, 32}};
+  const uint32_t shapes[][2] = {{37, 64}, {77, 192}, {129, 288}, {16, 96}, {200, 32}, {45, 2080}};
   for (size_t ti = 0; ti < 2; ti++) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-      const uint32_t rows = shapes[si][0], cols = shapes[si][1], N = 17;
+      const uint32_t rows = shapes[si][0], cols = shapes[si][1], N = 64;
       struct mat m8, m16;
       mat_make(&m8, types[ti], rows, cols);
       m16 = m8;
@@ -301,7 +302,7 @@ static void test_avx512_equals_avx2_vnni(void **state) {
       m16.packed = NULL;
       select_or_fail("avx2-vnni");
       mat_pack(&m8);
-      select_or_fail("avx512-vnni");
+      select_or_fail(variant);
       mat_pack(&m16);
       assert_non_null(m16.w.packed);
       struct acts t;
@@ -313,26 +314,26 @@ static void test_avx512_equals_avx2_vnni(void **state) {
         part.n = n;
         select_or_fail("avx2-vnni");
         sk_kernels_matmul(&m8.w, &part, ra, 0, rows);
-        select_or_fail("avx512-vnni");
+        select_or_fail(variant);
         uint32_t cuts[] = {0, 3, 16, 17, 33, 64, 70, rows};
         for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
           uint32_t a = cuts[c] < rows ? cuts[c] : rows, b = cuts[c + 1] < rows ? cuts[c + 1] : rows;
           sk_kernels_matmul(&m16.w, &part, rb, a, b);
         }
         if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
-          fail_msg("%s %ux%u n=%u: avx512-vnni differs from avx2-vnni",
-                   sk_ggml_type_name(types[ti]), rows, cols, n);
+          fail_msg("%s %ux%u n=%u: %s differs from avx2-vnni", sk_ggml_type_name(types[ti]),
+                   rows, cols, n, variant);
         /* weights packed for the other variant: each reads the GGUF data
          * then, as it does unpacked weights */
         struct sk_wmat plain = m8.w;
         plain.packed = NULL;
         for (int k = 0; k < 2; k++) {
-          select_or_fail(k ? "avx512-vnni" : "avx2-vnni");
+          select_or_fail(k ? variant : "avx2-vnni");
           sk_kernels_matmul(&plain, &part, ra, 0, rows);
           sk_kernels_matmul(k ? &m8.w : &m16.w, &part, rb, 0, rows);
           if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
             fail_msg("%s %ux%u n=%u: %s on weights packed for the other variant",
-                     sk_ggml_type_name(types[ti]), rows, cols, n, k ? "avx512-vnni" : "avx2-vnni");
+                     sk_ggml_type_name(types[ti]), rows, cols, n, k ? variant : "avx2-vnni");
         }
         free(ra);
         free(rb);
@@ -344,6 +345,69 @@ static void test_avx512_equals_avx2_vnni(void **state) {
       mat_free(&m8);
     }
   }
+  select_or_fail("auto");
+}
+
+static void test_avx512_equals_avx2_vnni(void **state) {
+  (void)state;
+  check_equals_avx2_vnni("avx512-vnni");
+}
+
+static void test_amx_equals_avx2_vnni(void **state) {
+  (void)state;
+  check_equals_avx2_vnni("amx");
+}
+
+/* amx on weights packed by avx512-vnni (the same layout) and the other
+ * way round, and on pool threads (each loads the tile configuration on
+ * its first AMX product; threads that never use AMX are unaffected). */
+struct amx_job {
+  const struct sk_wmat *w;
+  const struct sk_act *a;
+  float *const *y;
+  uint32_t rows;
+};
+
+static void amx_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  const struct amx_job *j = ctx;
+  uint32_t o0 = task * 40, o1 = o0 + 40 < j->rows ? o0 + 40 : j->rows;
+  sk_kernels_matmul(j->w, j->a, j->y, o0, o1);
+}
+
+static void test_amx_shared_layout_and_threads(void **state) {
+  (void)state;
+  if (!sk_kernels_supported("amx")) {
+    printf("amx: not supported by this CPU (or not granted by the OS), skipped\n");
+    return;
+  }
+  const uint32_t rows = 300, cols = 768, n = 37;
+  struct mat m;
+  mat_make(&m, SK_GGML_Q8_0, rows, cols);
+  select_or_fail("avx512-vnni");
+  mat_pack(&m);
+  struct acts t;
+  acts_make(&t, n, cols, cols);
+  float *ya = calloc((size_t)n * rows, sizeof *ya), *yb = calloc((size_t)n * rows, sizeof *yb);
+  float **ra = row_ptrs(ya, n, rows), **rb = row_ptrs(yb, n, rows);
+  sk_kernels_matmul(&m.w, &t.a, ra, 0, rows);
+  select_or_fail("amx");
+  struct sk_pool *p = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_pool_new(3, &p, &err), 0);
+  struct amx_job j = {&m.w, &t.a, rb, rows};
+  for (int run = 0; run < 3; run++) {
+    memset(yb, 0, (size_t)n * rows * sizeof *yb);
+    sk_pool_run(p, amx_task, &j, (rows + 39) / 40);
+    assert_memory_equal(ya, yb, (size_t)n * rows * sizeof *ya);
+  }
+  sk_pool_free(p);
+  free(ra);
+  free(rb);
+  free(ya);
+  free(yb);
+  acts_free(&t);
+  mat_free(&m);
   select_or_fail("auto");
 }
 
@@ -685,6 +749,8 @@ int main(void) {
       cmocka_unit_test(test_matmul_reference),
       cmocka_unit_test(test_matmul_batch_invariance),
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
+      cmocka_unit_test(test_amx_equals_avx2_vnni),
+      cmocka_unit_test(test_amx_shared_layout_and_threads),
       cmocka_unit_test(test_f16_equals_f32),
       cmocka_unit_test(test_attention_primitives),
       cmocka_unit_test(test_to_f16),

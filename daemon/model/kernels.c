@@ -1,5 +1,6 @@
 /* Kernels (see kernels.h): the portable variant, the x86 variants from
- * kernels-x86.inc, and the run-time dispatch. */
+ * kernels-x86.inc, kernels-avx512.inc and kernels-amx.inc, and the
+ * run-time dispatch. */
 #include "kernels.h"
 
 #include <math.h>
@@ -15,6 +16,10 @@
 #define SK__X86 1
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #else
 #define SK__X86 0
 #endif
@@ -363,6 +368,35 @@ static const struct sk__kernels sk__avx512_vnni = {
     .pack_rows = SK__V512_ROWS,
 };
 
+#if defined(__x86_64__)
+#define SK__AMX 1
+#include "kernels-amx.inc"
+
+/* avx512-vnni with the batched Q8_0 products of kernels-amx.inc. */
+static const struct sk__kernels sk__amx = {
+    .name = "amx",
+    .mm_f32 = sk__avx2_mm_f32,
+    .mm_f16 = sk__avx2_mm_f16,
+    .mm_q8_0 = sk__amx_mm_q8_0,
+    .mm_q4_0 = sk__amx_mm_q4_0,
+    .quantize_rows = sk__avx2_quantize_rows,
+    .dot = sk__avx2_dot,
+    .axpy = sk__avx2_axpy,
+    .scores = sk__avx2_scores,
+    .wsum = sk__avx2_wsum,
+    .scores_f16 = sk__avx2_scores_f16,
+    .wsum_f16 = sk__avx2_wsum_f16,
+    .to_f16 = sk__avx2_to_f16,
+    .rope = sk__avx2_rope,
+    .rope_rows = sk__avx2_rope_rows,
+    .softmax = sk__avx2_softmax,
+    .swiglu = sk__avx2_swiglu,
+    .pack_rows = SK__V512_ROWS,
+};
+#else
+#define SK__AMX 0
+#endif
+
 /* AVX2 + FMA + F16C with the OS saving ymm state (libgcc's cpu model
  * checks XGETBV for AVX2); F16C is read from CPUID leaf 1 (ECX bit 29),
  * which __builtin_cpu_supports does not know in every GCC. */
@@ -387,11 +421,48 @@ static bool sk__cpu_avx512vnni(void) {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512vnni");
 }
+
+#if SK__AMX
+/* avx512-vnni, AMX-TILE and AMX-INT8 (CPUID leaf 7 EDX bits 24 and 25),
+ * the OS enabling the tile state in XCR0 (bits 17 XTILECFG and 18
+ * XTILEDATA), and on Linux the process's permission to use the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, which the
+ * kernel requires before the first tile instruction; idempotent).
+ * Checked once. */
+static bool sk__cpu_amx_check(void) {
+  unsigned a, b, c, d;
+  if (!sk__cpu_avx512vnni() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d >> 24 & 1) || !(d >> 25 & 1)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false; /* OSXSAVE */
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  (void)hi;
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+  return false;
+#endif
+}
+
+static bool sk__cpu_amx(void) {
+  static _Atomic int state; /* 0 unknown, 1 yes, 2 no */
+  int s = atomic_load(&state);
+  if (!s) {
+    s = sk__cpu_amx_check() ? 1 : 2;
+    atomic_store(&state, s);
+  }
+  return s == 1;
+}
+#endif
 #endif
 
 /* Best first. */
 static const struct sk__kernels *sk__all[] = {
 #if SK__X86
+#if SK__AMX
+    &sk__amx,
+#endif
     &sk__avx512_vnni,
     &sk__avx2_vnni,
     &sk__avx2,
@@ -402,6 +473,9 @@ static const struct sk__kernels *sk__all[] = {
 
 static bool sk__runs(const struct sk__kernels *k) {
 #if SK__X86
+#if SK__AMX
+  if (k == &sk__amx) return sk__cpu_amx();
+#endif
   if (k == &sk__avx512_vnni) return sk__cpu_avx512vnni();
   if (k == &sk__avx2_vnni) return sk__cpu_avxvnni();
   if (k == &sk__avx2) return sk__cpu_avx2();

@@ -10,6 +10,16 @@
  *   avx512-vnni  avx2, except for Q8_0/Q4_0 products: 512-bit vpdpbusd
  *              (AVX-512 F/BW/VL/VNNI) on weights packed 16 rows at a
  *              time, bit-identical to avx2-vnni (kernels-avx512.inc)
+ *   amx        avx512-vnni, except for Q8_0 products of 16 and more
+ *              activation rows: tiles of 16 rows x 16 outputs x one
+ *              32-byte block multiplied by AMX (TDPBSUD, AMX-TILE +
+ *              AMX-INT8) in avx512-vnni's packed weights, then avx512-vnni's
+ *              float steps per block; bit-identical to avx2-vnni
+ *              (kernels-amx.inc; Q4_0 stays avx512-vnni's: on AMX it
+ *              measured slower). Chosen only where CPUID reports AMX, XCR0
+ *              enables the tile state and the OS grants it (Linux:
+ *              arch_prctl ARCH_REQ_XCOMP_PERM); each thread loads the tile
+ *              configuration on its first AMX product
  *
  * Quantized weights are multiplied as ggml does (ggml_vec_dot_q8_0_q8_0,
  * ggml_vec_dot_q4_0_q8_0): each activation row is first quantized to
@@ -23,9 +33,9 @@
  * rows in the product, the output range a thread takes, or the thread.
  * A session's results therefore do not depend on what else is batched
  * with it. Variants differ from each other in the last bits (F32/F16:
- * avx2, avx2-vnni and avx512-vnni are identical; quantized: avx2-vnni
- * and avx512-vnni are identical to each other and sum per block in a
- * different order than avx2).
+ * avx2, avx2-vnni, avx512-vnni and amx are identical; quantized:
+ * avx2-vnni, avx512-vnni and amx are identical to each other and sum per
+ * block in a different order than avx2).
  */
 #ifndef SK_KERNELS_H
 #define SK_KERNELS_H
@@ -38,7 +48,7 @@
 #include "sinkd/protocol.h"
 
 /* Selects the variant by name: "auto" or NULL = the best the CPU runs
- * (avx512-vnni, avx2-vnni, avx2, generic), which is also what is used
+ * (amx, avx512-vnni, avx2-vnni, avx2, generic), which is also what is used
  * without a selection. Process-wide: call before loading a model (the
  * loader packs weights for the selected variant) and never while a
  * kernel runs. Errors: -SK_ERR_BAD_REQUEST for an unknown name or a
@@ -63,13 +73,14 @@ struct sk_wmat {
   const void *packed; /* the same weights in the selected kernels' own
                          layout (sk_kernels_pack), or NULL */
   uint32_t pack_rows; /* rows per group of that layout (8: avx2-vnni,
-                         16: avx512-vnni); kernels that read another
+                         16: avx512-vnni and amx, which share theirs);
+                         kernels that read another
                          layout use data instead */
 };
 
 /* Repacks a quantized matrix into the layout the selected kernels read
  * fastest, if they have one (avx2-vnni: 8 rows interleaved per block,
- * see kernels-x86.inc; avx512-vnni: 16 rows, kernels-avx512.inc; a
+ * see kernels-x86.inc; avx512-vnni and amx: 16 rows, kernels-avx512.inc; a
  * variant selected later that reads another layout, or none, uses the
  * GGUF data: right results, not the packed speed): *ret_mem is then a malloc'd buffer the caller
  * frees after the matrix's last use, and w->packed points into it.
