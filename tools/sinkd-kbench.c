@@ -15,14 +15,14 @@
  * buffer of MIB MiB by 1 and by 2 threads (each reads its half) and prints
  * the median and best GB/s: the ceiling of a decode step that reads every
  * weight once, for weights that do not stay in the CPU's caches.
- * --decode times the one-row products of one decode token of the 110M
- * shape (12 layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the
+ * --decode times the products of one decode step of the 110M shape (12 layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the
  * 32000x768 output; 438 MB in F32, 116 MB in Q8_0) in the model's order,
- * each matrix in its own buffer, and prints ms per token and GB/s
+ * each matrix in its own buffer, and prints ms per step and GB/s
  * (default variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise; with
- * --rows N, products of N activation rows each (a step of N sessions). A
+ * --rows N (one number; default 1), products of N activation rows each
+ * (a step of N sessions). A
  * development tool, not a test. */
 #include <errno.h>
 #include <pthread.h>
@@ -292,6 +292,7 @@ int main(int argc, char **argv) {
   bool decode_mode = false;
   uint32_t threads = 1;
   uint32_t rows_list[8] = {1, 16}, n_rows = 2;
+  bool rows_given = false;
   const char *variants[MAX_VARIANTS];
   int nv = 0;
   for (int i = 1; i < argc; i++) {
@@ -299,6 +300,7 @@ int main(int argc, char **argv) {
       samples = (int)arg_u32("--samples", argv[++i], 1, 100000);
     } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
       n_rows = 0;
+      rows_given = true;
       for (char *t = strtok(argv[++i], ","); t && n_rows < 8; t = strtok(NULL, ","))
         rows_list[n_rows++] = arg_u32("--rows", t, 1, 4096);
     } else if (strcmp(argv[i], "--membw") == 0 && i + 1 < argc) {
@@ -331,7 +333,13 @@ int main(int argc, char **argv) {
               sk_kernels_available());
       return 1;
     }
-  if (decode_mode) return decode(variants, nv, samples, threads, rows_list[0]);
+  if (decode_mode) {
+    if (rows_given && n_rows != 1) {
+      fprintf(stderr, "sinkd-kbench: --decode takes one --rows number, not a list\n");
+      return 2;
+    }
+    return decode(variants, nv, samples, threads, rows_list[0]);
+  }
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
