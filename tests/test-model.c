@@ -793,16 +793,15 @@ static void test_bad_models(void **state) {
  * and all together (one batched call per step, on a pool of 2 threads,
  * prompts of different lengths so that prefill chunks and decode rows
  * share passes): the same logits, bit for bit, hence the same tokens. */
-static void test_batch_invariance(void **state) {
-  (void)state;
+static void batch_invariance(const struct sk_model *m) {
   enum { NS = 16, STEPS = 40 };
   const uint32_t V = fx.c->n_vocab;
   struct sk_error err = {0};
   struct sk_pool *pool = NULL;
   assert_int_equal(sk_pool_new(2, &pool, &err), 0);
-  struct sk_scratch *alone = new_scratch(fx.m, 64, 256);
+  struct sk_scratch *alone = new_scratch(m, 64, 256);
   struct sk_scratch *batch = NULL;
-  assert_int_equal(sk_scratch_new_pool(fx.m, 64, 256, pool, &batch, &err), 0);
+  assert_int_equal(sk_scratch_new_pool(m, 64, 256, pool, &batch, &err), 0);
   struct sk_kv *ka[NS], *kb[NS];
   int32_t prompt[NS][24], ta[NS][STEPS], tb[NS][STEPS];
   uint32_t plen[NS];
@@ -811,10 +810,10 @@ static void test_batch_invariance(void **state) {
   assert_non_null(lb);
   for (int i = 0; i < NS; i++) {
     /* half streaming with a window that fills and evicts during the run */
-    ka[i] = i % 2 ? new_cache(fx.m, SK_POLICY_STREAMING, 4, 24, 0)
-                  : new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 128);
-    kb[i] = i % 2 ? new_cache(fx.m, SK_POLICY_STREAMING, 4, 24, 0)
-                  : new_cache(fx.m, SK_POLICY_DENSE, 0, 0, 128);
+    ka[i] = i % 2 ? new_cache(m, SK_POLICY_STREAMING, 4, 24, 0)
+                  : new_cache(m, SK_POLICY_DENSE, 0, 0, 128);
+    kb[i] = i % 2 ? new_cache(m, SK_POLICY_STREAMING, 4, 24, 0)
+                  : new_cache(m, SK_POLICY_DENSE, 0, 0, 128);
     plen[i] = 1 + (uint32_t)(i * 5) % 23;
     prompt[i][0] = 1;
     for (uint32_t j = 1; j < plen[i]; j++) prompt[i][j] = (int32_t)(3 + (i * 37 + j * 11) % 500);
@@ -822,11 +821,11 @@ static void test_batch_invariance(void **state) {
   /* alone */
   for (int i = 0; i < NS; i++) {
     float *l = la + (size_t)i * V;
-    forward_ok(fx.m, alone, ka[i], prompt[i], plen[i], l, false);
+    forward_ok(m, alone, ka[i], prompt[i], plen[i], l, false);
     for (int t = 0; t < STEPS; t++) {
       ta[i][t] = argmax(l, V);
       assert_int_equal(sk_kv_make_room(ka[i], 1, NULL, &err), 0);
-      forward_ok(fx.m, alone, ka[i], &ta[i][t], 1, l, false);
+      forward_ok(m, alone, ka[i], &ta[i][t], 1, l, false);
     }
   }
   /* together: step k runs every session's next piece of work */
@@ -852,7 +851,7 @@ static void test_batch_invariance(void **state) {
     }
     if (n == 0) break;
     assert_true(rows <= 64);
-    if (sk_model_forward_batch(fx.m, batch, seqs, n, &err) < 0)
+    if (sk_model_forward_batch(m, batch, seqs, n, &err) < 0)
       fail_msg("batch step %d: %s", step, err.message);
     for (int i = 0; i < NS; i++) {
       if (done[i] < plen[i]) done[i] += plen[i] - done[i] < 3 ? plen[i] - done[i] : 3;
@@ -871,6 +870,27 @@ static void test_batch_invariance(void **state) {
   sk_scratch_free(alone);
   sk_scratch_free(batch);
   sk_pool_free(pool);
+}
+
+static void test_batch_invariance(void **state) {
+  (void)state;
+  batch_invariance(fx.m);
+}
+
+/* The same with Q8_0 weights: batched rows take the int8 products of 16
+ * rows at a time (amx, avx512-vnni) and quantize their activations on
+ * the pool, one row alone takes the one-row products. */
+static void test_batch_invariance_q8_0(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  struct sk_gguf *gq = NULL;
+  struct sk_model *mq = NULL;
+  struct variant vq = {.mat_type = SK_GGML_Q8_0};
+  if (load_variant(&vq, &gq, &mq, &err) < 0) fail_msg("load q8_0 model: %s", err.message);
+  assert_string_equal(sk_model_weight_type(mq), "q8_0");
+  batch_invariance(mq);
+  sk_model_free(mq);
+  sk_gguf_close(gq);
 }
 
 /* A batch with an error anywhere commits nothing anywhere. */
@@ -1153,6 +1173,7 @@ int main(void) {
       cmocka_unit_test(test_bad_models),
       cmocka_unit_test(test_rope_scaling),
       cmocka_unit_test(test_batch_invariance),
+      cmocka_unit_test(test_batch_invariance_q8_0),
       cmocka_unit_test(test_batch_errors),
       cmocka_unit_test(test_streaming_chunks_exact),
       cmocka_unit_test(test_f16_cache_vs_f32),

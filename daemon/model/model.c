@@ -827,18 +827,77 @@ static void sk__matmuls(struct sk_scratch *s, struct sk__mm *mm) {
   sk_pool_run(s->pool, sk__mm_task, mm, mm->first[mm->n_w]);
 }
 
+/* Whether any of ws[0..n_w) multiplies int8 activations. */
+static bool sk__any_q8(const struct sk_wmat *const *ws, uint32_t n_w) {
+  for (uint32_t j = 0; j < n_w; j++)
+    if (sk_wmat_needs_q8(ws[j])) return true;
+  return false;
+}
+
 /* Prepares the activations of n rows of x (stride ld, cols wide) for the
  * products with ws[0..n_w): floats, plus int8 blocks if any is quantized. */
 static struct sk_act sk__act(struct sk_scratch *s, const float *x, size_t ld, uint32_t n,
                              uint32_t cols, const struct sk_wmat *const *ws, uint32_t n_w) {
   struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = ld, .q = s->aq, .d = s->ad, .s = s->as};
-  for (uint32_t j = 0; j < n_w; j++) {
-    if (sk_wmat_needs_q8(ws[j])) {
-      sk_kernels_quantize_rows(x, ld, n, cols, s->aq, s->ad, s->as);
-      break;
-    }
-  }
+  if (sk__any_q8(ws, n_w)) sk_kernels_quantize_rows(x, ld, n, cols, s->aq, s->ad, s->as);
   return a;
+}
+
+/* Rows per task of the row-wise work done on the pool (sk__prep, silu):
+ * 8, the rows sk__rmsnorm_rows sums side by side. */
+#define SK__PREP_ROWS 8u
+
+/* The row-wise work before a product, on the pool: for each of the n
+ * rows (independent of one another; each row gets exactly the operations
+ * of the one-thread code, in its order), x += add (the residual, when add
+ * is set), y = rmsnorm(x) * w (when w is set), then the product's input
+ * (y, or x without w) quantized into s->aq/ad/as (when q). x, add and y
+ * are (n, ld); the rows are cols wide. */
+struct sk__prep {
+  struct sk_scratch *s;
+  float *x;
+  const float *add;
+  const float *w;
+  float *y;
+  size_t ld;
+  uint32_t n, cols;
+  bool q;
+};
+
+static void sk__prep_task(void *ctx, uint32_t task, uint32_t thread) {
+  (void)thread;
+  const struct sk__prep *p = ctx;
+  const struct sk_scratch *s = p->s;
+  const uint32_t r0 = task * SK__PREP_ROWS;
+  const uint32_t r1 = r0 + SK__PREP_ROWS < p->n ? r0 + SK__PREP_ROWS : p->n;
+  float *x = p->x + (size_t)r0 * p->ld;
+  if (p->add) {
+    const float *add = p->add + (size_t)r0 * p->ld;
+    for (size_t j = 0; j < (size_t)(r1 - r0) * p->ld; j++) x[j] += add[j];
+  }
+  const float *in = x;
+  if (p->w) {
+    sk__rmsnorm_rows(p->y + (size_t)r0 * p->ld, x, p->ld, p->w, r1 - r0, p->cols,
+                     s->m->cfg.rms_eps);
+    in = p->y + (size_t)r0 * p->ld;
+  }
+  if (p->q) {
+    const size_t nb = p->cols / SK_QK;
+    sk_kernels_quantize_rows(in, p->ld, r1 - r0, p->cols, s->aq + (size_t)r0 * p->cols,
+                             s->ad + r0 * nb, s->as + r0 * nb);
+  }
+}
+
+/* Runs p (s, x, add, w, y, ld, n, cols set; q from ws) on the pool and
+ * returns the activations of the products with ws[0..n_w): the normed
+ * rows y (x without w), quantized if any of ws wants int8. */
+static struct sk_act sk__prep(struct sk__prep *p, const struct sk_wmat *const *ws,
+                              uint32_t n_w) {
+  struct sk_scratch *s = p->s;
+  p->q = sk__any_q8(ws, n_w);
+  sk_pool_run(s->pool, sk__prep_task, p, (p->n + SK__PREP_ROWS - 1) / SK__PREP_ROWS);
+  return (struct sk_act){.n = p->n, .cols = p->cols, .f = p->w ? p->y : p->x, .ldf = p->ld,
+                         .q = s->aq, .d = s->ad, .s = s->as};
 }
 
 /* Row pointers base + i * ld for i < n, in s->rows + off. */
@@ -1210,18 +1269,25 @@ static void sk__att_any_task(void *ctx, uint32_t task, uint32_t thread) {
 
 /* ---- silu ------------------------------------------------------------ */
 
+/* hb = silu(hb) * hb2 for SK__PREP_ROWS rows per task, then those rows
+ * quantized for the down product (when q). */
 struct sk__silu {
   struct sk_scratch *s;
-  uint32_t n;     /* rows */
-  uint32_t chunk; /* rows per task */
+  uint32_t n; /* rows */
+  bool q;
 };
 
 static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   (void)thread;
   const struct sk__silu *a = ctx;
-  const size_t H = a->s->m->cfg.hidden_dim;
-  size_t i0 = (size_t)task * a->chunk, i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
-  sk_kernels_swiglu(a->s->hb + i0 * H, a->s->hb2 + i0 * H, (i1 - i0) * H);
+  const struct sk_scratch *s = a->s;
+  const uint32_t H = s->m->cfg.hidden_dim, nb = H / SK_QK;
+  const uint32_t i0 = task * SK__PREP_ROWS;
+  const uint32_t i1 = i0 + SK__PREP_ROWS < a->n ? i0 + SK__PREP_ROWS : a->n;
+  sk_kernels_swiglu(s->hb + (size_t)i0 * H, s->hb2 + (size_t)i0 * H, (size_t)(i1 - i0) * H);
+  if (a->q)
+    sk_kernels_quantize_rows(s->hb + (size_t)i0 * H, H, i1 - i0, H, s->aq + (size_t)i0 * H,
+                             s->ad + (size_t)i0 * nb, s->as + (size_t)i0 * nb);
 }
 
 /* ---- forward -------------------------------------------------------- */
@@ -1373,9 +1439,11 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
 
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
-    sk__rmsnorm_rows(s->xb, s->x, dim, L->attn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    struct sk_act a = sk__act(s, s->xb, dim, n, dim, qkv, 3);
+    /* the last layer's residual (its down product), then this one's norm */
+    struct sk__prep pr = {.s = s, .x = s->x, .add = l ? s->xb2 : NULL, .w = L->attn_norm,
+                          .y = s->xb, .ld = dim, .n = n, .cols = dim};
+    struct sk_act a = sk__prep(&pr, qkv, 3);
     struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
                         .y = {sk__rows(s, 0, s->q, dim, n), sk__rows(s, n, s->k, D, n),
                               sk__rows(s, 2 * n, s->v, D, n)}};
@@ -1409,25 +1477,27 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     }
     /* (each attention task wrote its part of the new keys and values) */
     const struct sk_wmat *wo[1] = {&L->wo};
-    a = sk__act(s, s->att_out, dim, n, dim, wo, 1);
+    pr = (struct sk__prep){.s = s, .x = s->att_out, .ld = dim, .n = n, .cols = dim};
+    a = sk__prep(&pr, wo, 1);
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->wo}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
     sk__matmuls(s, &mm);
-    for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
 
-    sk__rmsnorm_rows(s->xb, s->x, dim, L->ffn_norm, n, dim, c->rms_eps);
     const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
-    a = sk__act(s, s->xb, dim, n, dim, gu, 2);
+    pr = (struct sk__prep){.s = s, .x = s->x, .add = s->xb2, .w = L->ffn_norm, .y = s->xb,
+                           .ld = dim, .n = n, .cols = dim};
+    a = sk__prep(&pr, gu, 2);
     mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
                          .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
     sk__matmuls(s, &mm);
-    struct sk__silu si = {.s = s, .n = n, .chunk = (n + s->n_threads - 1) / s->n_threads};
-    sk_pool_run(s->pool, sk__silu_task, &si, (n + si.chunk - 1) / si.chunk);
     const struct sk_wmat *wd[1] = {&L->w_down};
-    a = sk__act(s, s->hb, H, n, H, wd, 1);
+    struct sk__silu si = {.s = s, .n = n, .q = sk__any_q8(wd, 1)};
+    sk_pool_run(s->pool, sk__silu_task, &si, (n + SK__PREP_ROWS - 1) / SK__PREP_ROWS);
+    a = (struct sk_act){.n = n, .cols = H, .f = s->hb, .ldf = H, .q = s->aq, .d = s->ad,
+                        .s = s->as};
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
     sk__matmuls(s, &mm);
-    for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j];
   }
+  for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j]; /* the last residual */
 
   /* Logits of the rows that want them, normed into consecutive rows of xb. */
   uint32_t n_out = 0;
