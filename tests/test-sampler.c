@@ -68,6 +68,7 @@ static void test_greedy(void **state) {
       for (uint32_t i = 0; i < n; i++) v[i] = -(float)i;
       v[at] = 3.0f;
       if (at + 9 < n) v[at + 9] = 3.0f; /* a tie 9 ids later: the lower id wins */
+      if (at + 3 < n) v[at + 3] = 3.0f; /* and 3 later, often in the same block of 8 */
       assert_int_equal(sk_sampler_sample(&s, v), (int32_t)at);
     }
     sk_sampler_free(&s);
