@@ -358,26 +358,23 @@ static const struct sk__kernels sk__avx2_vnni = {
 
 #include "kernels-avx512.inc"
 
+/* The fields avx512-vnni and amx take from avx2: everything but the name,
+ * the quantized products and the packed layout, written once so that the
+ * two tables cannot drift apart. */
+#define SK__AVX2_REST                                                                    \
+  .mm_f32 = sk__avx2_mm_f32, .mm_f16 = sk__avx2_mm_f16,                                  \
+  .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
+  .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
+  .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
+  .rope_rows = sk__avx2_rope_rows, .softmax = sk__avx2_softmax, .swiglu = sk__avx2_swiglu
+
 /* avx2 with the quantized products of kernels-avx512.inc; everything
  * else is avx2's (which avx2-vnni shares bit for bit). */
 static const struct sk__kernels sk__avx512_vnni = {
     .name = "avx512-vnni",
-    .mm_f32 = sk__avx2_mm_f32,
-    .mm_f16 = sk__avx2_mm_f16,
     .mm_q8_0 = sk__v512_mm_q8_0,
     .mm_q4_0 = sk__v512_mm_q4_0,
-    .quantize_rows = sk__avx2_quantize_rows,
-    .dot = sk__avx2_dot,
-    .axpy = sk__avx2_axpy,
-    .scores = sk__avx2_scores,
-    .wsum = sk__avx2_wsum,
-    .scores_f16 = sk__avx2_scores_f16,
-    .wsum_f16 = sk__avx2_wsum_f16,
-    .to_f16 = sk__avx2_to_f16,
-    .rope = sk__avx2_rope,
-    .rope_rows = sk__avx2_rope_rows,
-    .softmax = sk__avx2_softmax,
-    .swiglu = sk__avx2_swiglu,
+    SK__AVX2_REST,
     .pack_rows = SK__V512_ROWS,
 };
 
@@ -388,22 +385,9 @@ static const struct sk__kernels sk__avx512_vnni = {
 /* avx512-vnni with the batched Q8_0 products of kernels-amx.inc. */
 static const struct sk__kernels sk__amx = {
     .name = "amx",
-    .mm_f32 = sk__avx2_mm_f32,
-    .mm_f16 = sk__avx2_mm_f16,
     .mm_q8_0 = sk__amx_mm_q8_0,
     .mm_q4_0 = sk__amx_mm_q4_0,
-    .quantize_rows = sk__avx2_quantize_rows,
-    .dot = sk__avx2_dot,
-    .axpy = sk__avx2_axpy,
-    .scores = sk__avx2_scores,
-    .wsum = sk__avx2_wsum,
-    .scores_f16 = sk__avx2_scores_f16,
-    .wsum_f16 = sk__avx2_wsum_f16,
-    .to_f16 = sk__avx2_to_f16,
-    .rope = sk__avx2_rope,
-    .rope_rows = sk__avx2_rope_rows,
-    .softmax = sk__avx2_softmax,
-    .swiglu = sk__avx2_swiglu,
+    SK__AVX2_REST,
     .pack_rows = SK__V512_ROWS,
 };
 #else
