@@ -60,6 +60,25 @@ static void test_greedy(void **state) {
   const float neginf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
   assert_int_equal(sk_sampler_sample(&s, neginf), 0);
   sk_sampler_free(&s);
+  /* the same over whole blocks of 8 and a tail (19 logits) */
+  {
+    float v[19];
+    init_ok(&s, 0.0f, 0, 1.0f, 1, 19);
+    for (int i = 0; i < 19; i++) v[i] = NAN;
+    v[17] = -1.0f; /* the only number, in the tail */
+    assert_int_equal(sk_sampler_sample(&s, v), 17);
+    v[17] = NAN;
+    assert_int_equal(sk_sampler_sample(&s, v), 0); /* all NaN */
+    for (int i = 0; i < 19; i++) v[i] = -INFINITY;
+    assert_int_equal(sk_sampler_sample(&s, v), 0);
+    v[11] = NAN;
+    v[12] = -INFINITY;
+    v[13] = 2.0f; /* NaN beside the maximum; the same maximum in the tail */
+    v[18] = 2.0f;
+    v[0] = NAN;
+    assert_int_equal(sk_sampler_sample(&s, v), 13);
+    sk_sampler_free(&s);
+  }
   /* lengths around the 8 lanes: the maximum in the tail, ties across lanes */
   for (uint32_t n = 1; n <= 19; n++) {
     float v[19];

@@ -844,8 +844,12 @@ static struct sk_act sk__act(struct sk_scratch *s, const float *x, size_t ld, ui
 }
 
 /* Rows per task of the row-wise work done on the pool (sk__prep, silu):
- * 8, the rows sk__rmsnorm_rows sums side by side. */
-#define SK__PREP_ROWS 8u
+ * the rows spread over the threads, at most 8 (the rows sk__rmsnorm_rows
+ * sums side by side; fewer give the same bits, sk__rmsnorm's). */
+static uint32_t sk__prep_rows(const struct sk_scratch *s, uint32_t n) {
+  const uint32_t per = (n + s->n_threads - 1) / s->n_threads;
+  return per < 1 ? 1 : per > 8 ? 8 : per;
+}
 
 /* The row-wise work before a product, on the pool: for each of the n
  * rows (independent of one another; each row gets exactly the operations
@@ -862,14 +866,15 @@ struct sk__prep {
   size_t ld;
   uint32_t n, cols;
   bool q;
+  uint32_t chunk; /* rows per task */
 };
 
 static void sk__prep_task(void *ctx, uint32_t task, uint32_t thread) {
   (void)thread;
   const struct sk__prep *p = ctx;
   const struct sk_scratch *s = p->s;
-  const uint32_t r0 = task * SK__PREP_ROWS;
-  const uint32_t r1 = r0 + SK__PREP_ROWS < p->n ? r0 + SK__PREP_ROWS : p->n;
+  const uint32_t r0 = task * p->chunk;
+  const uint32_t r1 = r0 + p->chunk < p->n ? r0 + p->chunk : p->n;
   float *x = p->x + (size_t)r0 * p->ld;
   if (p->add) {
     const float *add = p->add + (size_t)r0 * p->ld;
@@ -888,14 +893,16 @@ static void sk__prep_task(void *ctx, uint32_t task, uint32_t thread) {
   }
 }
 
-/* Runs p (s, x, add, w, y, ld, n, cols set; q from ws) on the pool and
+/* Runs p (s, x, add, w, y, ld, n, cols set; q from ws, chunk here) on the pool and
  * returns the activations of the products with ws[0..n_w): the normed
  * rows y (x without w), quantized if any of ws wants int8. */
 static struct sk_act sk__prep(struct sk__prep *p, const struct sk_wmat *const *ws,
                               uint32_t n_w) {
   struct sk_scratch *s = p->s;
   p->q = sk__any_q8(ws, n_w);
-  sk_pool_run(s->pool, sk__prep_task, p, (p->n + SK__PREP_ROWS - 1) / SK__PREP_ROWS);
+  p->chunk = sk__prep_rows(s, p->n);
+  if (p->add || p->w || p->q) /* (F32 weights after attention: nothing to do) */
+    sk_pool_run(s->pool, sk__prep_task, p, (p->n + p->chunk - 1) / p->chunk);
   return (struct sk_act){.n = p->n, .cols = p->cols, .f = p->w ? p->y : p->x, .ldf = p->ld,
                          .q = s->aq, .d = s->ad, .s = s->as};
 }
@@ -1269,11 +1276,12 @@ static void sk__att_any_task(void *ctx, uint32_t task, uint32_t thread) {
 
 /* ---- silu ------------------------------------------------------------ */
 
-/* hb = silu(hb) * hb2 for SK__PREP_ROWS rows per task, then those rows
+/* hb = silu(hb) * hb2 for chunk rows per task, then those rows
  * quantized for the down product (when q). */
 struct sk__silu {
   struct sk_scratch *s;
-  uint32_t n; /* rows */
+  uint32_t n;     /* rows */
+  uint32_t chunk; /* rows per task (sk__prep_rows) */
   bool q;
 };
 
@@ -1282,8 +1290,8 @@ static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__silu *a = ctx;
   const struct sk_scratch *s = a->s;
   const uint32_t H = s->m->cfg.hidden_dim, nb = H / SK_QK;
-  const uint32_t i0 = task * SK__PREP_ROWS;
-  const uint32_t i1 = i0 + SK__PREP_ROWS < a->n ? i0 + SK__PREP_ROWS : a->n;
+  const uint32_t i0 = task * a->chunk;
+  const uint32_t i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
   sk_kernels_swiglu(s->hb + (size_t)i0 * H, s->hb2 + (size_t)i0 * H, (size_t)(i1 - i0) * H);
   if (a->q)
     sk_kernels_quantize_rows(s->hb + (size_t)i0 * H, H, i1 - i0, H, s->aq + (size_t)i0 * H,
@@ -1440,7 +1448,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
     const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    /* the last layer's residual (its down product), then this one's norm */
+    /* the previous layer's residual (its down product), then this layer's norm */
     struct sk__prep pr = {.s = s, .x = s->x, .add = l ? s->xb2 : NULL, .w = L->attn_norm,
                           .y = s->xb, .ld = dim, .n = n, .cols = dim};
     struct sk_act a = sk__prep(&pr, qkv, 3);
@@ -1490,14 +1498,16 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                          .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
     sk__matmuls(s, &mm);
     const struct sk_wmat *wd[1] = {&L->w_down};
-    struct sk__silu si = {.s = s, .n = n, .q = sk__any_q8(wd, 1)};
-    sk_pool_run(s->pool, sk__silu_task, &si, (n + SK__PREP_ROWS - 1) / SK__PREP_ROWS);
+    struct sk__silu si = {.s = s, .n = n, .chunk = sk__prep_rows(s, n), .q = sk__any_q8(wd, 1)};
+    sk_pool_run(s->pool, sk__silu_task, &si, (n + si.chunk - 1) / si.chunk);
     a = (struct sk_act){.n = n, .cols = H, .f = s->hb, .ldf = H, .q = s->aq, .d = s->ad,
                         .s = s->as};
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
     sk__matmuls(s, &mm);
   }
-  for (size_t j = 0; j < (size_t)n * dim; j++) s->x[j] += s->xb2[j]; /* the last residual */
+  /* the last layer's residual */
+  struct sk__prep pr = {.s = s, .x = s->x, .add = s->xb2, .ld = dim, .n = n, .cols = dim};
+  sk__prep(&pr, NULL, 0);
 
   /* Logits of the rows that want them, normed into consecutive rows of xb. */
   uint32_t n_out = 0;
