@@ -834,15 +834,6 @@ static bool sk__any_q8(const struct sk_wmat *const *ws, uint32_t n_w) {
   return false;
 }
 
-/* Prepares the activations of n rows of x (stride ld, cols wide) for the
- * products with ws[0..n_w): floats, plus int8 blocks if any is quantized. */
-static struct sk_act sk__act(struct sk_scratch *s, const float *x, size_t ld, uint32_t n,
-                             uint32_t cols, const struct sk_wmat *const *ws, uint32_t n_w) {
-  struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = ld, .q = s->aq, .d = s->ad, .s = s->as};
-  if (sk__any_q8(ws, n_w)) sk_kernels_quantize_rows(x, ld, n, cols, s->aq, s->ad, s->as);
-  return a;
-}
-
 /* Rows per task of the row-wise work done on the pool (sk__prep, silu):
  * the rows spread over the threads, at most 8 (the rows sk__rmsnorm_rows
  * sums side by side; fewer give the same bits, sk__rmsnorm's). */
@@ -1523,7 +1514,8 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   }
   if (n_out) {
     const struct sk_wmat *wout[1] = {&m->output};
-    struct sk_act a = sk__act(s, s->xb, dim, n_out, dim, wout, 1);
+    pr = (struct sk__prep){.s = s, .x = s->xb, .ld = dim, .n = n_out, .cols = dim};
+    struct sk_act a = sk__prep(&pr, wout, 1);
     struct sk__mm mm = {.x = &a, .n_w = 1, .w = {&m->output}, .y = {s->rows}};
     sk__matmuls(s, &mm);
   }
