@@ -838,8 +838,18 @@ static bool sk__any_q8(const struct sk_wmat *const *ws, uint32_t n_w) {
  * the rows spread over the threads, at most 8 (the rows sk__rmsnorm_rows
  * sums side by side; fewer give the same bits, sk__rmsnorm's). */
 static uint32_t sk__prep_rows(const struct sk_scratch *s, uint32_t n) {
-  const uint32_t per = (n + s->n_threads - 1) / s->n_threads;
-  return per < 1 ? 1 : per > 8 ? 8 : per;
+  const uint32_t per = (n + s->n_threads - 1) / s->n_threads; /* >= 1: n >= 1 */
+  return per > 8 ? 8 : per;
+}
+
+/* Quantizes rows r0..r1 of in (row i at in + i * ld, cols wide) into the
+ * scratch's int8 activations s->aq/ad/as at the same rows: the int8
+ * products' input (kernels.h, sk_kernels_quantize_rows). */
+static void sk__quantize_scratch(const struct sk_scratch *s, const float *in, size_t ld,
+                                 uint32_t r0, uint32_t r1, uint32_t cols) {
+  const size_t nb = cols / SK_QK;
+  sk_kernels_quantize_rows(in + (size_t)r0 * ld, ld, r1 - r0, cols, s->aq + (size_t)r0 * cols,
+                           s->ad + r0 * nb, s->as + r0 * nb);
 }
 
 /* The row-wise work before a product, on the pool: for each of the n
@@ -871,17 +881,10 @@ static void sk__prep_task(void *ctx, uint32_t task, uint32_t thread) {
     const float *add = p->add + (size_t)r0 * p->ld;
     for (size_t j = 0; j < (size_t)(r1 - r0) * p->ld; j++) x[j] += add[j];
   }
-  const float *in = x;
-  if (p->w) {
+  if (p->w)
     sk__rmsnorm_rows(p->y + (size_t)r0 * p->ld, x, p->ld, p->w, r1 - r0, p->cols,
                      s->m->cfg.rms_eps);
-    in = p->y + (size_t)r0 * p->ld;
-  }
-  if (p->q) {
-    const size_t nb = p->cols / SK_QK;
-    sk_kernels_quantize_rows(in, p->ld, r1 - r0, p->cols, s->aq + (size_t)r0 * p->cols,
-                             s->ad + r0 * nb, s->as + r0 * nb);
-  }
+  if (p->q) sk__quantize_scratch(s, p->w ? p->y : p->x, p->ld, r0, r1, p->cols);
 }
 
 /* Runs p (s, x, add, w, y, ld, n, cols set; q from ws, chunk here) on the pool and
@@ -1280,13 +1283,11 @@ static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   (void)thread;
   const struct sk__silu *a = ctx;
   const struct sk_scratch *s = a->s;
-  const uint32_t H = s->m->cfg.hidden_dim, nb = H / SK_QK;
+  const uint32_t H = s->m->cfg.hidden_dim;
   const uint32_t i0 = task * a->chunk;
   const uint32_t i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
   sk_kernels_swiglu(s->hb + (size_t)i0 * H, s->hb2 + (size_t)i0 * H, (size_t)(i1 - i0) * H);
-  if (a->q)
-    sk_kernels_quantize_rows(s->hb + (size_t)i0 * H, H, i1 - i0, H, s->aq + (size_t)i0 * H,
-                             s->ad + (size_t)i0 * nb, s->as + (size_t)i0 * nb);
+  if (a->q) sk__quantize_scratch(s, s->hb, H, i0, i1, H);
 }
 
 /* ---- forward -------------------------------------------------------- */
