@@ -411,6 +411,62 @@ static void test_amx_shared_layout_and_threads(void **state) {
   select_or_fail("auto");
 }
 
+/* F32 weights packed for a variant (8-row groups of 8-column blocks;
+ * avx512-vnni and amx multiply two outputs per 512-bit register) give
+ * the bits avx2 gives on the GGUF layout: row counts that leave a
+ * partial group, columns that leave a tail block, 1..20 activation rows
+ * (every tile height and remainder), output ranges cutting groups. */
+static void test_f32_packed_equals_gguf(void **state) {
+  (void)state;
+  if (!sk_kernels_supported("avx2")) {
+    printf("avx2: not supported by this CPU, skipped\n");
+    return;
+  }
+  const uint32_t shapes[][2] = {{37, 64}, {77, 192}, {129, 172}, {16, 96}, {200, 36}, {45, 2080}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const uint32_t rows = shapes[si][0], cols = shapes[si][1], N = 20;
+    struct mat m;
+    mat_make(&m, SK_GGML_F32, rows, cols);
+    struct acts t;
+    acts_make(&t, N, cols, cols + 5);
+    float *ya = calloc((size_t)N * rows, sizeof *ya), *yb = calloc((size_t)N * rows, sizeof *yb);
+    float **ra = row_ptrs(ya, N, rows), **rb = row_ptrs(yb, N, rows);
+    for (size_t v = 1; v < N_VARIANTS; v++) { /* the x86 ones */
+      if (!sk_kernels_supported(variants[v])) continue;
+      select_or_fail(variants[v]);
+      mat_pack(&m);
+      assert_non_null(m.w.packed);
+      assert_int_equal(m.w.pack_rows, 8);
+      for (uint32_t n = 1; n <= N; n++) {
+        struct sk_act part = t.a;
+        part.n = n;
+        struct sk_wmat plain = m.w;
+        plain.packed = NULL;
+        plain.pack_rows = 0;
+        select_or_fail("avx2");
+        sk_kernels_matmul(&plain, &part, ra, 0, rows);
+        select_or_fail(variants[v]);
+        memset(yb, 0, (size_t)N * rows * sizeof *yb);
+        const uint32_t cuts[] = {0, 3, 16, 21, 40, 64, 70, rows};
+        for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
+          uint32_t a = cuts[c] < rows ? cuts[c] : rows, b = cuts[c + 1] < rows ? cuts[c + 1] : rows;
+          sk_kernels_matmul(&m.w, &part, rb, a, b);
+        }
+        if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
+          fail_msg("f32 %ux%u n=%u: %s on packed weights differs from avx2 on the GGUF layout",
+                   rows, cols, n, variants[v]);
+      }
+    }
+    free(ra);
+    free(rb);
+    free(ya);
+    free(yb);
+    acts_free(&t);
+    mat_free(&m);
+  }
+  select_or_fail("auto");
+}
+
 /* F16 weights give exactly what F32 weights holding the same values give. */
 static void test_f16_equals_f32(void **state) {
   (void)state;
@@ -751,6 +807,7 @@ int main(void) {
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_amx_equals_avx2_vnni),
       cmocka_unit_test(test_amx_shared_layout_and_threads),
+      cmocka_unit_test(test_f32_packed_equals_gguf),
       cmocka_unit_test(test_f16_equals_f32),
       cmocka_unit_test(test_attention_primitives),
       cmocka_unit_test(test_to_f16),

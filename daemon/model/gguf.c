@@ -673,6 +673,15 @@ int sk_gguf_open(const char *path, struct sk_gguf **ret, struct sk_error *err) {
   return sk__open_common(g, ret, err);
 }
 
+void sk_gguf_release(const struct sk_gguf *g, const void *p, size_t n) {
+  if (!g->map || n == 0) return;
+  const uintptr_t lo = (uintptr_t)g->base, hi = lo + g->size, a = (uintptr_t)p;
+  if (a < lo || a >= hi || n > hi - a) return;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t start = (a + page - 1) / page * page, end = (a + n) / page * page;
+  if (start < end) (void)madvise((void *)start, end - start, MADV_DONTNEED); /* advice only */
+}
+
 void sk_gguf_close(struct sk_gguf *g) {
   if (!g) return;
   if (g->kv)

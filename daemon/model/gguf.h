@@ -73,6 +73,13 @@ int sk_gguf_open_buffer(const void *buf, size_t size, struct sk_gguf **ret,
                         struct sk_error *err);
 /* Unmaps and frees; NULL is fine. */
 void sk_gguf_close(struct sk_gguf *g);
+/* Advice: this process will not read bytes [p, p + n) of the mapping
+ * soon (a copy of them is kept elsewhere, e.g. packed weights). The whole
+ * pages inside the range leave the process's memory (madvise
+ * MADV_DONTNEED: they stay in the page cache, and a later read faults
+ * them back in unchanged, the mapping being read-only). A no-op for a
+ * buffer (sk_gguf_open_buffer) and for bytes outside the mapping. */
+void sk_gguf_release(const struct sk_gguf *g, const void *p, size_t n);
 
 uint32_t sk_gguf_version(const struct sk_gguf *g);
 /* The whole file's bytes (valid while g lives) and their count. */

@@ -35,6 +35,8 @@ struct sk__kernels {
   /* reads quantized weights packed in groups of this many rows
    * (sk_kernels_pack), or 0: the GGUF layout */
   uint32_t pack_rows;
+  /* reads F32 weights packed in groups of SK__PF_ROWS rows (sk__pack_f32) */
+  bool pack_f32;
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
@@ -284,6 +286,8 @@ static const struct sk__kernels sk__generic = {
 #define SK__PQ_BYTES(q4, gr) (2u * (gr) + (gr) * ((q4) ? SK_QK / 2 : SK_QK))
 #define SK__PQ8_BYTES SK__PQ_BYTES(false, 8u)
 #define SK__PQ4_BYTES SK__PQ_BYTES(true, 8u)
+/* Rows per group of the packed F32 layout (kernels-x86.inc, mm_pf). */
+#define SK__PF_ROWS 8u
 
 #if SK__X86
 #define SK__TGT "avx2,fma,f16c"
@@ -333,6 +337,7 @@ static const struct sk__kernels sk__avx2 = {
     .rope_rows = sk__avx2_rope_rows,
     .softmax = sk__avx2_softmax,
     .swiglu = sk__avx2_swiglu,
+    .pack_f32 = true,
 };
 
 static const struct sk__kernels sk__avx2_vnni = {
@@ -354,6 +359,7 @@ static const struct sk__kernels sk__avx2_vnni = {
     .softmax = sk__vnni_softmax,
     .swiglu = sk__vnni_swiglu,
     .pack_rows = 8,
+    .pack_f32 = true,
 };
 
 #include "kernels-avx512.inc"
@@ -362,7 +368,7 @@ static const struct sk__kernels sk__avx2_vnni = {
  * the quantized products and the packed layout, written once so that the
  * two tables cannot drift apart. */
 #define SK__AVX2_REST                                                                    \
-  .mm_f32 = sk__avx2_mm_f32, .mm_f16 = sk__avx2_mm_f16,                                  \
+  .mm_f16 = sk__avx2_mm_f16,                                                             \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
   .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
   .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
@@ -374,8 +380,10 @@ static const struct sk__kernels sk__avx512_vnni = {
     .name = "avx512-vnni",
     .mm_q8_0 = sk__v512_mm_q8_0,
     .mm_q4_0 = sk__v512_mm_q4_0,
+    .mm_f32 = sk__v512_mm_f32,
     SK__AVX2_REST,
     .pack_rows = SK__V512_ROWS,
+    .pack_f32 = true,
 };
 
 #if defined(__x86_64__)
@@ -387,8 +395,10 @@ static const struct sk__kernels sk__amx = {
     .name = "amx",
     .mm_q8_0 = sk__amx_mm_q8_0,
     .mm_q4_0 = sk__amx_mm_q4_0,
+    .mm_f32 = sk__v512_mm_f32,
     SK__AVX2_REST,
     .pack_rows = SK__V512_ROWS,
+    .pack_f32 = true,
 };
 #else
 #define SK__AMX 0
@@ -550,8 +560,42 @@ void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t c
   sk__cur()->quantize_rows(x, ldf, n, cols, q, d, s);
 }
 
+#if SK__X86
+/* F32 weights into the packed F32 layout (kernels-x86.inc, above
+ * tile_pf): groups of SK__PF_ROWS rows, blocks of 8 columns, zero
+ * padding. */
+static int sk__pack_f32(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
+  const size_t nb8 = ((size_t)w->cols + 7) / 8;
+  const size_t groups = ((size_t)w->rows + SK__PF_ROWS - 1) / SK__PF_ROWS;
+  const size_t gf = nb8 * SK__PF_ROWS * 8; /* floats per group */
+  if (groups > SIZE_MAX / sizeof(float) / gf)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                        w->cols);
+  float *mem = aligned_alloc(64, groups * gf * sizeof(float));
+  if (!mem)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix",
+                        groups * gf * sizeof(float));
+  memset(mem, 0, groups * gf * sizeof(float));
+  for (size_t r = 0; r < w->rows; r++) {
+    const float *src = (const float *)(const void *)((const uint8_t *)w->data + r * w->row_bytes);
+    float *dst = mem + (r / SK__PF_ROWS) * gf + (r % SK__PF_ROWS) * 8;
+    for (size_t b = 0; b < nb8; b++) {
+      const size_t k = b * 8, len = w->cols - k < 8 ? w->cols - k : 8;
+      memcpy(dst + b * SK__PF_ROWS * 8, src + k, len * sizeof(float));
+    }
+  }
+  w->packed = mem;
+  w->pack_rows = SK__PF_ROWS;
+  *ret_mem = mem;
+  return 0;
+}
+#endif
+
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
+#if SK__X86
+  if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
+#endif
   const size_t gr = sk__cur()->pack_rows; /* rows per group */
   if (!gr || !sk_wmat_needs_q8(w)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;

@@ -439,6 +439,8 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
     void *mem = NULL;
     if ((rc = sk_kernels_pack(&w, &mem, err)) < 0) return rc;
     if (mem && (rc = sk__own(m, mem, name, err)) < 0) return rc;
+    /* products read the packed copy: the file's pages need not stay */
+    if (mem && w.data == t->data) sk_gguf_release(g, t->data, t->n_bytes);
     m->weight_bytes += (uint64_t)w.row_bytes * w.rows;
   }
   *ret = w;
@@ -471,6 +473,8 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
     void *mem = NULL;
     if ((rc = sk_kernels_pack(&m->output, &mem, err)) < 0) return rc;
     if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
+    /* token lookups fault back in only the rows they read */
+    if (mem && m->output.data == te->data) sk_gguf_release(g, te->data, te->n_bytes);
     m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
