@@ -72,19 +72,24 @@ struct sk_wmat {
   const void *data;   /* (rows, row_bytes), the GGUF layout */
   const void *packed; /* the same weights in the selected kernels' own
                          layout (sk_kernels_pack), or NULL */
-  uint32_t pack_rows; /* rows per group of that layout (8: avx2-vnni,
-                         16: avx512-vnni and amx, which share theirs);
-                         kernels that read another
-                         layout use data instead */
+  uint32_t pack_rows; /* rows per group of that layout (quantized: 8
+                         avx2-vnni, 16 avx512-vnni and amx, which share
+                         theirs; F32: 8, every x86 variant); kernels that
+                         read another layout use data instead */
 };
 
-/* Repacks a quantized matrix into the layout the selected kernels read
- * fastest, if they have one (avx2-vnni: 8 rows interleaved per block,
- * see kernels-x86.inc; avx512-vnni and amx: 16 rows, kernels-avx512.inc; a
- * variant selected later that reads another layout, or none, uses the
- * GGUF data: right results, not the packed speed): *ret_mem is then a malloc'd buffer the caller
- * frees after the matrix's last use, and w->packed points into it.
- * Otherwise *ret_mem is NULL and w is left alone. Call after
+/* Repacks a matrix into the layout the selected kernels read fastest, if
+ * they have one: quantized weights for avx2-vnni (8 rows interleaved per
+ * block, see kernels-x86.inc) and avx512-vnni and amx (16 rows,
+ * kernels-avx512.inc); F32 weights for every x86 variant (8-row groups of
+ * 8-column blocks, kernels-x86.inc above tile_pf, the same bits as the
+ * GGUF layout). A variant selected later that reads another layout, or
+ * none, uses the GGUF data: right results, not the packed speed. When it
+ * packs, *ret_mem is a malloc'd buffer the caller frees after the
+ * matrix's last use (free), w->packed points into it and w->pack_rows is
+ * set; the packed copy has the same size as the data, plus the padding of
+ * a partial last group (and, for F32, of a partial last block of 8
+ * columns). Otherwise *ret_mem is NULL and w is left alone. Call after
  * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err);
 
