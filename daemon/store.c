@@ -40,6 +40,7 @@ struct sk_store {
   int dirfd;
   int lockfd;         /* "lock": flock'd; holds the next session id */
   uint64_t next_id;   /* larger than every id ever created here (id_lock) */
+  bool tmpfs;         /* the directory is on tmpfs (sk__populate_write) */
   pthread_mutex_t id_lock; /* objects are created on the event loop and
                               on its thread pool */
   uint8_t fp[SK_STORE_FP_SIZE];
@@ -216,8 +217,8 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
   ssize_t got = pread(st->lockfd, idbuf, sizeof idbuf - 1, 0);
   st->next_id = got > 0 ? strtoull(idbuf, NULL, 10) : 0;
   struct statfs fs;
-  if (ret_tmpfs)
-    *ret_tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
+  st->tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
+  if (ret_tmpfs) *ret_tmpfs = st->tmpfs;
   *ret = st;
   return 0;
 fail:
@@ -748,7 +749,8 @@ void sk_store_create_end(struct sk_store *st, int fd, uint64_t id) {
 }
 
 /* Makes every page of a new object's mapping (size bytes at map, nobody
- * else's yet) ready to be written. Creation runs off the event loop and
+ * else's yet, on tmpfs: the writes would otherwise go to disk) ready to
+ * be written. Creation runs off the event loop and
  * the compute thread, which would otherwise take a fault for every 4 KB
  * the cache grows into, stalling every session of its batch.
  * - MAP_POPULATE is not enough for a shared mapping: it maps the pages
@@ -794,8 +796,11 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
     return sk_error_set(err, SK_ERR_IO, "cannot reserve %" PRIu64 " bytes for %s: %s",
                         g.total, name, strerror(e));
   }
-  void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (map != MAP_FAILED) sk__populate_write(map, (size_t)g.total);
+  /* On another file system the writes would put the whole cache on disk:
+   * there the pages are only read in (the faults stay) */
+  void *map = mmap(NULL, (size_t)g.total, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (st->tmpfs ? 0 : MAP_POPULATE), fd, 0);
+  if (map != MAP_FAILED && st->tmpfs) sk__populate_write(map, (size_t)g.total);
   struct sk_store_obj *obj = map == MAP_FAILED ? NULL : calloc(1, sizeof *obj);
   if (!obj) {
     if (map != MAP_FAILED) munmap(map, (size_t)g.total);

@@ -26,6 +26,39 @@ static void check_u32(const struct sk_gguf *g, const char *key, uint32_t want) {
   assert_int_equal(v, want);
 }
 
+/* sk_gguf_release drops a tensor's pages from a mapped file, which reads
+ * back unchanged; on a caller's buffer it does nothing (there, dropping
+ * the pages of anonymous memory would zero them). */
+static void test_release(void **state) {
+  (void)state;
+  size_t size = 0;
+  uint8_t *file = sk_test_read_file(sk_test_model_path(), &size);
+  uint8_t *copy = malloc(size);
+  assert_non_null(file);
+  assert_non_null(copy);
+  memcpy(copy, file, size);
+  struct sk_error err = {0};
+  for (int mapped = 0; mapped < 2; mapped++) {
+    struct sk_gguf *g = NULL;
+    if (mapped) assert_int_equal(sk_gguf_open(sk_test_model_path(), &g, &err), 0);
+    else assert_int_equal(sk_gguf_open_buffer(copy, size, &g, &err), 0);
+    const struct sk_gguf_tensor *t = sk_gguf_find_tensor(g, "token_embd.weight");
+    assert_non_null(t);
+    assert_true(t->n_bytes >= 8 * 4096); /* whole pages inside */
+    sk_gguf_release(g, t->data, t->n_bytes);
+    sk_gguf_release(g, file, 4096);              /* outside the file's bytes: no-op */
+    sk_gguf_release(g, t->data, (size_t)-4096);  /* past the end: no-op */
+    size_t n = 0;
+    const void *bytes = sk_gguf_bytes(g, &n);
+    assert_int_equal(n, size);
+    assert_memory_equal(bytes, file, size);
+    sk_gguf_close(g);
+  }
+  assert_memory_equal(copy, file, size);
+  free(copy);
+  free(file);
+}
+
 static void test_real_metadata(void **state) {
   (void)state;
   struct sk_gguf *g = NULL;
@@ -796,6 +829,7 @@ static void test_crafted_files_on_disk(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_release),
     cmocka_unit_test(test_real_metadata),
     cmocka_unit_test(test_real_tensors),
     cmocka_unit_test(test_real_buffer_and_truncation),

@@ -455,6 +455,13 @@ static void test_f32_packed_equals_gguf(void **state) {
         if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
           fail_msg("f32 %ux%u n=%u: %s on packed weights differs from avx2 on the GGUF layout",
                    rows, cols, n, variants[v]);
+        /* generic selected later reads the GGUF data of a packed matrix */
+        select_or_fail("generic");
+        sk_kernels_matmul(&plain, &part, ra, 0, rows);
+        sk_kernels_matmul(&m.w, &part, rb, 0, rows);
+        if (memcmp(ya, yb, (size_t)n * rows * sizeof *ya) != 0)
+          fail_msg("f32 %ux%u n=%u: generic on weights packed for %s", rows, cols, n,
+                   variants[v]);
       }
     }
     free(ra);

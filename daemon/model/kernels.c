@@ -365,8 +365,8 @@ static const struct sk__kernels sk__avx2_vnni = {
 #include "kernels-avx512.inc"
 
 /* The fields avx512-vnni and amx take from avx2: everything but the name,
- * the quantized products and the packed layout, written once so that the
- * two tables cannot drift apart. */
+ * the quantized and F32 products, the packed layouts, written once so
+ * that the two tables cannot drift apart. */
 #define SK__AVX2_REST                                                                    \
   .mm_f16 = sk__avx2_mm_f16,                                                             \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
@@ -374,8 +374,9 @@ static const struct sk__kernels sk__avx2_vnni = {
   .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
   .rope_rows = sk__avx2_rope_rows, .softmax = sk__avx2_softmax, .swiglu = sk__avx2_swiglu
 
-/* avx2 with the quantized products of kernels-avx512.inc; everything
- * else is avx2's (which avx2-vnni shares bit for bit). */
+/* avx2 with the quantized and packed F32 products of kernels-avx512.inc
+ * (the same bits as avx2's); everything else is avx2's (which avx2-vnni
+ * shares bit for bit). */
 static const struct sk__kernels sk__avx512_vnni = {
     .name = "avx512-vnni",
     .mm_q8_0 = sk__v512_mm_q8_0,
@@ -567,10 +568,10 @@ void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t c
 static int sk__pack_f32(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   const size_t nb8 = ((size_t)w->cols + 7) / 8;
   const size_t groups = ((size_t)w->rows + SK__PF_ROWS - 1) / SK__PF_ROWS;
-  const size_t gf = nb8 * SK__PF_ROWS * 8; /* floats per group */
-  if (groups > SIZE_MAX / sizeof(float) / gf)
+  if (groups && nb8 > SIZE_MAX / sizeof(float) / (SK__PF_ROWS * 8) / groups)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
                         w->cols);
+  const size_t gf = nb8 * SK__PF_ROWS * 8; /* floats per group */
   float *mem = aligned_alloc(64, groups * gf * sizeof(float));
   if (!mem)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix",

@@ -421,6 +421,7 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
     if ((rc = sk__to_f32(m, t, name, ne0 * ne1, &f, err)) < 0) return rc;
     w.type = SK_GGML_F32;
     w.data = f;
+    sk_gguf_release(g, t->data, t->n_bytes); /* read again only by the fingerprint */
     break;
   }
   default:
@@ -435,14 +436,16 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
                         "tensor %s: %llu bytes of %s data for %llu x %llu elements", name,
                         (unsigned long long)t->n_bytes, sk_ggml_type_name(t->type),
                         (unsigned long long)ne1, (unsigned long long)ne0);
-  if (product) {
+  /* (not a matrix converted from BF16: its F32 copy is the model's own
+   * and stays, so packing would hold it twice) */
+  if (product && w.data == t->data) {
     void *mem = NULL;
     if ((rc = sk_kernels_pack(&w, &mem, err)) < 0) return rc;
     if (mem && (rc = sk__own(m, mem, name, err)) < 0) return rc;
     /* products read the packed copy: the file's pages need not stay */
-    if (mem && w.data == t->data) sk_gguf_release(g, t->data, t->n_bytes);
-    m->weight_bytes += (uint64_t)w.row_bytes * w.rows;
+    if (mem) sk_gguf_release(g, t->data, t->n_bytes);
   }
+  if (product) m->weight_bytes += (uint64_t)w.row_bytes * w.rows;
   *ret = w;
   return 0;
 }
@@ -471,10 +474,12 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
   } else { /* tied embeddings: the same data, packed for products if need be */
     m->output = m->tok_embd;
     void *mem = NULL;
-    if ((rc = sk_kernels_pack(&m->output, &mem, err)) < 0) return rc;
+    /* (not embeddings converted from BF16: token lookups read that copy) */
+    if (m->tok_embd.data == te->data && (rc = sk_kernels_pack(&m->output, &mem, err)) < 0)
+      return rc;
     if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
     /* token lookups fault back in only the rows they read */
-    if (mem && m->output.data == te->data) sk_gguf_release(g, te->data, te->n_bytes);
+    if (mem) sk_gguf_release(g, te->data, te->n_bytes);
     m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
