@@ -263,7 +263,7 @@ static void child_long_generate(FILE *out, void *arg) {
   if (!c) return;
   struct sk_generate_params gp;
   sk_generate_params_init(&gp);
-  gp.max_tokens = 3000;
+  gp.max_tokens = 1000000; /* outlasts B's probes on a loaded machine; root cancels it */
   gp.prompt = "Once upon a time";
   gp.temperature = 0;
   gp.ignore_eos = true;
@@ -434,12 +434,19 @@ static void test_other_user_is_forbidden(void **state) {
     if (waitpid(gen, NULL, WNOHANG) == 0) cancels_while_running++;
   }
   assert_true(cancels_while_running >= 1);
+  /* Root may cancel it (B could not): it stops short of its length. */
+  bool cancelled = false;
+  assert_int_equal(sk_client_cancel(root, sa, &cancelled, &e), 0);
+  assert_true(cancelled);
   char gen_out[256] = {0};
   ssize_t got = read(p_gen[0], gen_out, sizeof gen_out - 1);
   close(p_gen[0]);
   waitpid(gen, NULL, 0);
   assert_true(got > 0);
-  assert_string_equal(gen_out, "generate ok length 3000\n");
+  unsigned long long n_gen = 0;
+  if (sscanf(gen_out, "generate ok cancelled %llu", &n_gen) != 1)
+    fail_msg("A's generation: '%s', want 'generate ok cancelled N'", gen_out);
+  assert_true(n_gen > 0 && n_gen < 1000000);
 
   /* Root may use every session: stats, append, close B's. */
   assert_int_equal(sk_client_append_text(root, sa, " The end.", 9, SK_BOS_DEFAULT, NULL, &e), 0);
