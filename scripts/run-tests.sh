@@ -12,7 +12,7 @@
 #      the tests check;
 # then prints the figures the tests reported.
 # Arguments go to step 1's `meson test` (a test name, --suite ...) and skip
-# steps 2 and 3; so does SK_TESTS=quick.
+# steps 2 to 4; so does SK_TESTS=quick.
 # The shared material (test model, llama.cpp reference values) is read from
 # ../shared beside the checkout unless SK_SHARED_DIR names another folder.
 set -euo pipefail
