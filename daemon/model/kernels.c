@@ -286,7 +286,7 @@ static const struct sk__kernels sk__generic = {
 #define SK__PQ_BYTES(q4, gr) (2u * (gr) + (gr) * ((q4) ? SK_QK / 2 : SK_QK))
 #define SK__PQ8_BYTES SK__PQ_BYTES(false, 8u)
 #define SK__PQ4_BYTES SK__PQ_BYTES(true, 8u)
-/* Rows per group of the packed F32 layout (kernels-x86.inc, mm_pf). */
+/* Rows per group of the packed F32 layout (kernels-x86.inc, tile_pf). */
 #define SK__PF_ROWS 8u
 
 #if SK__X86
