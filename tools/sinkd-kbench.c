@@ -16,7 +16,8 @@
  * the median and best GB/s: the ceiling of a decode step that reads every
  * weight once, for weights that do not stay in the CPU's caches.
  * --decode times the products of one decode step of the 110M shape (12 layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the
- * 32000x768 output; 438 MB in F32, 116 MB in Q8_0) in the model's order,
+ * 32000x768 output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0) in the
+ * model's order,
  * each matrix in its own buffer, and prints ms per step and GB/s
  * (default variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
@@ -170,6 +171,7 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
     for (uint32_t r = 0; r < rows; r++) {
       for (uint32_t c = 0; c < cols; c++) row[c] = frand();
       if (type == SK_GGML_Q8_0) sk_quantize_row_q8_0(row, cols, (void *)(data[i] + r * rb));
+      else if (type == SK_GGML_Q4_0) sk_quantize_row_q4_0(row, cols, (void *)(data[i] + r * rb));
       else memcpy(data[i] + r * rb, row, rb);
     }
     free(row);
@@ -208,8 +210,8 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     return 1;
   }
   const uint32_t per_thread = 4;
-  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0};
-  for (size_t ti = 0; ti < 2; ti++) {
+  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0};
+  for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
     static struct sk_wmat w[MAX_VARIANTS][DECODE_MATS];
     static void *mem[MAX_VARIANTS][DECODE_MATS];
     static uint8_t *data[MAX_VARIANTS][DECODE_MATS];
