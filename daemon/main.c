@@ -539,9 +539,9 @@ int main(int argc, char **argv) {
            (unsigned long long)d.watchdog.interval_ms);
 
   sk_log(SK_LOG_NOTICE,
-         "sinkd %s listening on %s (default policy %s, sinks %u, window %u, %u threads)",
+         "sinkd %s listening on %s (default policy %s, sinks %u, window %u, %u thread%s)",
          SK_VERSION, scfg.socket_path, sk_policy_name(d.cfg.policy), d.cfg.n_sink, d.cfg.window,
-         d.cfg.threads);
+         d.cfg.threads, d.cfg.threads == 1 ? "" : "s");
   /* Serving for real: the model is loaded and the socket accepts. */
   sk_notify("READY=1");
   send_status(&d);

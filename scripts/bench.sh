@@ -1,5 +1,5 @@
 #!/bin/sh
-# Benchmarks sinkd on synthetic models (README, "Performance").
+# Benchmarks sinkd on synthetic models (README, "Benchmark").
 #
 #   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
 #
