@@ -185,16 +185,25 @@ static void run_normal(uint64_t *rng) {
 
 struct cancel_arg {
   uint64_t session;
+  atomic_bool done; /* the generate returned */
 };
 
+/* Cancels a's generate from a second connection. The generate may not
+ * have reached the daemon yet (a loaded machine), and a cancel that
+ * finds nothing running cancels nothing: try every 20 ms until one
+ * finds it or the generate returned, at most 10 s. */
 static void *cancel_later(void *arg) {
   struct cancel_arg *a = arg;
-  usleep(20000);
   struct sk_client *c = client_connect();
   if (!c) return NULL;
-  bool any = false;
-  struct sk_error e = {0};
-  check_rc(sk_client_cancel(c, a->session, &any, &e), &e, "cancel");
+  for (int i = 0; i < 500 && !atomic_load(&a->done); i++) {
+    usleep(20000);
+    bool any = false;
+    struct sk_error e = {0};
+    int rc = sk_client_cancel(c, a->session, &any, &e);
+    check_rc(rc, &e, "cancel");
+    if (rc != 0 || any) break;
+  }
   sk_client_free(c);
   return NULL;
 }
@@ -213,10 +222,12 @@ static void run_canceller(uint64_t *rng) {
     struct sk_error e = {0};
     bool from_other = rng_next(rng) & 1;
     int n = 0;
-    struct cancel_arg ca = {s};
+    struct cancel_arg ca = {.session = s};
+    atomic_init(&ca.done, false);
     pthread_t th;
     if (from_other) pthread_create(&th, NULL, cancel_later, &ca);
     int rc = sk_client_generate(c, s, &gp, count_tokens, from_other ? NULL : &n, &gr, &e);
+    atomic_store(&ca.done, true);
     if (from_other) pthread_join(th, NULL);
     check_rc(rc, &e, "generate");
     if (rc == 0 && strcmp(gr.stop, "cancelled") != 0)
