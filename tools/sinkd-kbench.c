@@ -15,10 +15,10 @@
  * buffer of MIB MiB by 1 and by 2 threads (each reads its half) and prints
  * the median and best GB/s: the ceiling of a decode step that reads every
  * weight once, for weights that do not stay in the CPU's caches.
- * --decode times the products of one decode step of the 110M shape (12 layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the
- * 32000x768 output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0) in the
- * model's order,
- * each matrix in its own buffer, and prints ms per step and GB/s
+ * --decode times the products of one decode step of the 110M shape (12
+ * layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the 32000x768
+ * output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0) in the model's
+ * order, each matrix in its own buffer, and prints ms per step and GB/s
  * (default variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise; with
