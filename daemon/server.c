@@ -2043,6 +2043,16 @@ static int bind_socket(struct sk_server *srv, struct sk_error *err) {
   if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
   if (rc < 0) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
+    /* libuv reports a missing directory as EACCES (as Windows would):
+     * say which it is. */
+    char dir[sizeof a.sun_path];
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 1;
+    memcpy(dir, slash ? path : ".", dl);
+    dir[dl] = '\0';
+    if (rc == UV_EACCES && stat(dir, &st) < 0 && errno == ENOENT)
+      return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: directory %s does not exist", path,
+                          dir);
     return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
   }
   srv->listening = true;
@@ -2157,6 +2167,9 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     }
   }
   if (rc < 0) {
+    /* A listener that failed is closing: let the loop finish that
+     * (and the compute thread's handles) before srv goes away. */
+    uv_run(loop, UV_RUN_NOWAIT);
     sk_session_table_done(&srv->sessions);
     free(srv->socket_path);
     free(srv);

@@ -474,6 +474,19 @@ static void test_stale_and_live_socket(void **state) {
   snprintf(want, sizeof want, "<3>%s exists and is not a socket; not replacing it", plain);
   assert_true(log_has(&d2, want));
 
+  /* In a folder whose parent does not exist either (sinkd makes one
+   * level): said so (libuv calls it EACCES). */
+  char *nodir = path_in_dir("no-such-folder/sub/s.sock");
+  spawn(&d2, "nodir.log", NULL,
+        (const char *const[]){getenv("SK_SINKD"), "--config", "/dev/null", "--model",
+                              sk_test_model_path(), "--socket", nodir, "--threads", "1", NULL});
+  assert_int_equal(wait_exit(&d2), 1);
+  char want_dir[1200];
+  snprintf(want_dir, sizeof want_dir, "<3>cannot listen on %s: directory %.*s does not exist",
+           nodir, (int)(strlen(nodir) - strlen("/s.sock")), nodir);
+  assert_true(log_has(&d2, want_dir));
+  free(nodir);
+
   kill(d.pid, SIGTERM);
   assert_int_equal(wait_exit(&d), 0);
   free(plain);
