@@ -81,7 +81,10 @@ static double quantile(double *v, size_t n, double q) {
 static struct sk_client *connect_or_die(const char *path) {
   struct sk_client *c = NULL;
   struct sk_error e = {0};
-  if (sk_client_connect(path, &c, &e) < 0) sk_tool_die("%s", e.message);
+  if (sk_client_connect(path, &c, &e) < 0) { /* exit 3, as sinkctl's "cannot connect" */
+    sk_tool_note("%s", e.message);
+    exit(3);
+  }
   sk_client_set_timeout(c, 3600u * 1000u, NULL);
   return c;
 }
@@ -287,20 +290,20 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
     errno = 0;
     double v = strtod(p, &end); /* accepts 1e6 */
     if (errno || end == p || v < 1 || v > (double)max || v != floor(v) || n == MAX_LIST)
-      sk_tool_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
+      sk_tool_usage_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
           MAX_LIST, max);
     out[n++] = (uint64_t)v;
     p = end;
     if (*p == ',') p++;
-    else if (*p) sk_tool_die("%s: '%s': expected numbers separated by commas", flag, s);
+    else if (*p) sk_tool_usage_die("%s: '%s': expected numbers separated by commas", flag, s);
   }
-  if (n == 0) sk_tool_die("%s: empty list", flag);
+  if (n == 0) sk_tool_usage_die("%s: empty list", flag);
   return n;
 }
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
   uint64_t v[MAX_LIST];
-  if (parse_list(flag, s, v, max) != 1 || v[0] < min) sk_tool_die("%s: expected one number >= %u", flag, min);
+  if (parse_list(flag, s, v, max) != 1 || v[0] < min) sk_tool_usage_die("%s: expected one number >= %u", flag, min);
   return (uint32_t)v[0];
 }
 
@@ -323,7 +326,10 @@ static void usage(FILE *f) {
           "      --sinks N            attention sinks of the position test (4)\n"
           "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
           "                           skip a part\n"
-          "  -h, --help               this text\n",
+          "  -h, --help               this text\n"
+          "\n"
+          "Exit status: 0 done, 1 the daemon answered with an error, 2 usage error,\n"
+          "3 cannot connect.\n",
           sk_tool_prog);
 }
 
@@ -379,7 +385,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
   }
   if (!o->socket) o->socket = sk_client_default_socket();
   for (uint32_t i = 1; i < o->n_pos; i++)
-    if (o->pos[i] <= o->pos[i - 1]) sk_tool_die("--positions must increase");
+    if (o->pos[i] <= o->pos[i - 1]) sk_tool_usage_die("--positions must increase");
 }
 
 /* ---- main ---- */

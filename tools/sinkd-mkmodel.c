@@ -194,7 +194,7 @@ static uint32_t parse_type(const char *s) {
   if (!strcmp(s, "f16")) return SK_GGML_F16;
   if (!strcmp(s, "q8_0")) return SK_GGML_Q8_0;
   if (!strcmp(s, "q4_0")) return SK_GGML_Q4_0;
-  sk_tool_die("type '%s': expected f32, f16, q8_0 or q4_0", s);
+  sk_tool_usage_die("type '%s': expected f32, f16, q8_0 or q4_0", s);
 }
 
 /* Writes one row of ne0 values in type t. */
@@ -232,7 +232,9 @@ static void usage(FILE *f) {
           "                        override one dimension of the shape\n"
           "      --seed N          random seed (default 1)\n"
           "  -o, --output FILE     where to write (required)\n"
-          "  -h, --help            this text\n",
+          "  -h, --help            this text\n"
+          "\n"
+          "Exit status: 0 written, 1 could not write, 2 usage error.\n",
           sk_tool_prog);
 }
 
@@ -241,7 +243,7 @@ static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || !end || end == s || *end || v < min || v > max)
-    sk_tool_die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
+    sk_tool_usage_die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
   return (uint32_t)v;
 }
 
@@ -270,7 +272,7 @@ int main(int argc, char **argv) {
       size_t i = 0;
       while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
       if (i == sizeof shapes / sizeof shapes[0])
-        sk_tool_die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
+        sk_tool_usage_die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
       sh = shapes[i];
       break;
     }
@@ -292,13 +294,11 @@ int main(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (optind < argc || !path) {
-    usage(stderr);
-    return 2;
-  }
+  if (optind < argc) sk_tool_usage_die("unexpected argument '%s' (see --help)", argv[optind]);
+  if (!path) sk_tool_usage_die("no output file: give -o FILE (see --help)");
   if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
   if (sh.dim % sh.n_head || sh.n_head % sh.n_kv_head || (sh.dim / sh.n_head) % 2)
-    sk_tool_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
+    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
         "kv heads",
         sh.dim, sh.n_head, sh.n_kv_head);
   const uint32_t wtype = parse_type(type_name);

@@ -21,6 +21,14 @@ void sk_tool_die(const char *fmt, ...) {
   exit(1);
 }
 
+void sk_tool_usage_die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sk__vnote(fmt, ap);
+  va_end(ap);
+  exit(2);
+}
+
 void sk_tool_note(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
