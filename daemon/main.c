@@ -275,14 +275,21 @@ static void on_signal(uv_signal_t *h, int signum) {
     if (!uv_is_closing((uv_handle_t *)all[i])) uv_close((uv_handle_t *)all[i], NULL);
 }
 
-/* Creates the socket's folder if missing (one level, 0755). */
-static void make_socket_dir(const char *path) {
+/* Creates the socket's folder if missing (one level, 0755). Returns -1
+ * after logging why when its parent is missing too (libuv would report
+ * the bind as EACCES), else 0: other failures are the bind's to report. */
+static int make_socket_dir(const char *path) {
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return;
+  if (!slash || slash == dir) return 0;
   *slash = 0;
   if (mkdir(dir, 0755) == 0) sk_log(SK_LOG_INFO, "created %s", dir);
+  else if (errno == ENOENT) {
+    sk_log(SK_LOG_ERR, "cannot listen on %s: directory %s does not exist", path, dir);
+    return -1;
+  }
+  return 0;
 }
 
 /* The socket the service manager passed (socket activation), if any:
@@ -516,15 +523,14 @@ int main(int argc, char **argv) {
     sk_log(SK_LOG_INFO, "using the socket passed by the service manager: %s (fd %d)", passed_path,
            scfg.listen_fd);
     scfg.socket_path = passed_path;
-  } else {
-    make_socket_dir(d.cfg.socket);
+  } else if (make_socket_dir(d.cfg.socket) < 0) {
+    goto out;
   }
 
   uv_loop_t *loop = uv_default_loop();
   rc = sk_server_start(loop, &scfg, model, tok, &d.server, &err);
   if (rc < 0) {
     sk_log(SK_LOG_ERR, "%s", err.message);
-    uv_run(loop, UV_RUN_NOWAIT);
     goto out;
   }
   uv_signal_t *sigs[3] = {&d.sig_int, &d.sig_term, &d.sig_hup};

@@ -2043,16 +2043,6 @@ static int bind_socket(struct sk_server *srv, struct sk_error *err) {
   if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
   if (rc < 0) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
-    /* libuv reports a missing directory as EACCES (as Windows would):
-     * say which it is. */
-    char dir[sizeof a.sun_path];
-    const char *slash = strrchr(path, '/');
-    size_t dl = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 1;
-    memcpy(dir, slash ? path : ".", dl);
-    dir[dl] = '\0';
-    if (rc == UV_EACCES && stat(dir, &st) < 0 && errno == ENOENT)
-      return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: directory %s does not exist", path,
-                          dir);
     return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
   }
   srv->listening = true;

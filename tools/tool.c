@@ -13,20 +13,22 @@ static void sk__vnote(const char *fmt, va_list ap) {
   fputc('\n', stderr);
 }
 
+static void sk__vdie(int status, const char *fmt, va_list ap) __attribute__((noreturn));
+static void sk__vdie(int status, const char *fmt, va_list ap) {
+  sk__vnote(fmt, ap);
+  exit(status);
+}
+
 void sk_tool_die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  sk__vnote(fmt, ap);
-  va_end(ap);
-  exit(1);
+  sk__vdie(1, fmt, ap);
 }
 
 void sk_tool_usage_die(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  sk__vnote(fmt, ap);
-  va_end(ap);
-  exit(2);
+  sk__vdie(2, fmt, ap);
 }
 
 void sk_tool_note(const char *fmt, ...) {
