@@ -290,8 +290,8 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
     errno = 0;
     double v = strtod(p, &end); /* accepts 1e6 */
     if (errno || end == p || v < 1 || v > (double)max || v != floor(v) || n == MAX_LIST)
-      sk_tool_usage_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]", flag, s,
-          MAX_LIST, max);
+      sk_tool_usage_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]",
+                        flag, s, MAX_LIST, max);
     out[n++] = (uint64_t)v;
     p = end;
     if (*p == ',') p++;
@@ -303,7 +303,8 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
   uint64_t v[MAX_LIST];
-  if (parse_list(flag, s, v, max) != 1 || v[0] < min) sk_tool_usage_die("%s: expected one number >= %u", flag, min);
+  if (parse_list(flag, s, v, max) != 1 || v[0] < min)
+    sk_tool_usage_die("%s: expected one number >= %u", flag, min);
   return (uint32_t)v[0];
 }
 

@@ -298,9 +298,9 @@ int main(int argc, char **argv) {
   if (!path) sk_tool_usage_die("no output file: give -o FILE (see --help)");
   if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
   if (sh.dim % sh.n_head || sh.n_head % sh.n_kv_head || (sh.dim / sh.n_head) % 2)
-    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, heads into "
-        "kv heads",
-        sh.dim, sh.n_head, sh.n_kv_head);
+    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, "
+                      "heads into kv heads",
+                      sh.dim, sh.n_head, sh.n_kv_head);
   const uint32_t wtype = parse_type(type_name);
   const uint32_t otype = out_type_name ? parse_type(out_type_name)
                                        : (wtype == SK_GGML_Q4_0 ? SK_GGML_Q8_0 : wtype);
