@@ -444,6 +444,21 @@ int main(int argc, char **argv) {
     goto out;
   }
   status = EXIT_START;
+  /* The socket before the model: a daemon that cannot listen says so at
+   * once, not after loading the weights. */
+  char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
+  int listen_fd = 0;
+  if (!check_only) {
+    listen_fd = passed_socket(passed_path, sizeof passed_path);
+    if (listen_fd < 0) goto out;
+    if (listen_fd == 0) {
+      if (make_socket_dir(d.cfg.socket) < 0) goto out;
+      if (sk_server_check_socket(d.cfg.socket, &err) < 0) {
+        sk_log(SK_LOG_ERR, "%s", err.message);
+        goto out;
+      }
+    }
+  }
   int rc = sk_gguf_open(d.cfg.model, &gguf, &err);
   if (rc == 0) rc = sk_model_load(gguf, &model, &err);
   if (rc == 0) rc = sk_tokenizer_load(gguf, &tok, &err);
@@ -516,15 +531,11 @@ int main(int argc, char **argv) {
   scfg.store = store;
   scfg.on_change = on_counts;
   scfg.user = &d;
-  char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
-  scfg.listen_fd = passed_socket(passed_path, sizeof passed_path);
-  if (scfg.listen_fd < 0) goto out;
-  if (scfg.listen_fd > 0) {
+  scfg.listen_fd = listen_fd;
+  if (listen_fd > 0) {
     sk_log(SK_LOG_INFO, "using the socket passed by the service manager: %s (fd %d)", passed_path,
-           scfg.listen_fd);
+           listen_fd);
     scfg.socket_path = passed_path;
-  } else if (make_socket_dir(d.cfg.socket) < 0) {
-    goto out;
   }
 
   uv_loop_t *loop = uv_default_loop();

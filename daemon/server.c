@@ -2021,8 +2021,7 @@ static bool socket_is_live(const char *path) {
   return live;
 }
 
-static int bind_socket(struct sk_server *srv, struct sk_error *err) {
-  const char *path = srv->socket_path;
+int sk_server_check_socket(const char *path, struct sk_error *err) {
   struct sockaddr_un a;
   if (strlen(path) >= sizeof a.sun_path)
     return sk_error_set(err, SK_ERR_IO, "socket path '%s' is longer than %zu bytes", path,
@@ -2033,13 +2032,23 @@ static int bind_socket(struct sk_server *srv, struct sk_error *err) {
       return sk_error_set(err, SK_ERR_IO, "%s exists and is not a socket; not replacing it", path);
     if (socket_is_live(path))
       return sk_error_set(err, SK_ERR_BUSY, "%s is in use by a running daemon", path);
+  }
+  return 0;
+}
+
+static int bind_socket(struct sk_server *srv, struct sk_error *err) {
+  const char *path = srv->socket_path;
+  int rc = sk_server_check_socket(path, err);
+  if (rc < 0) return rc;
+  struct stat st;
+  if (lstat(path, &st) == 0) { /* a stale socket, by the check above */
     if (unlink(path) < 0)
       return sk_error_set(err, SK_ERR_IO, "cannot remove stale socket %s: %s", path, strerror(errno));
     sk_log(SK_LOG_NOTICE, "removed stale socket %s", path);
   }
   uv_pipe_init(srv->loop, &srv->listener, 0);
   srv->listener.data = srv;
-  int rc = uv_pipe_bind(&srv->listener, path);
+  rc = uv_pipe_bind(&srv->listener, path);
   if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
   if (rc < 0) {
     uv_close((uv_handle_t *)&srv->listener, NULL);

@@ -451,7 +451,8 @@ static void test_stale_and_live_socket(void **state) {
   snprintf(want, sizeof want, "<5>removed stale socket %s", sock);
   assert_true(log_has(&d, want));
 
-  /* A live one is not stolen: a second daemon refuses it and exits 1. */
+  /* A live one is not stolen: a second daemon refuses it and exits 1,
+   * before it loads the model (as for the two cases below). */
   struct child d2;
   spawn(&d2, "live.log", NULL,
         (const char *const[]){getenv("SK_SINKD"), "--config", "/dev/null", "--model",
@@ -459,6 +460,8 @@ static void test_stale_and_live_socket(void **state) {
   assert_int_equal(wait_exit(&d2), 1);
   snprintf(want, sizeof want, "<3>%s is in use by a running daemon", sock);
   assert_true(log_has(&d2, want));
+  assert_true(log_has(&d2, "starting (configuration: "));
+  assert_false(log_has(&d2, "model loaded"));
   struct sk_client *c = connect_now(sock);
   struct sk_error e = {0};
   assert_int_equal(sk_client_ping(c, &e), 0);
@@ -473,6 +476,7 @@ static void test_stale_and_live_socket(void **state) {
   assert_int_equal(wait_exit(&d2), 1);
   snprintf(want, sizeof want, "<3>%s exists and is not a socket; not replacing it", plain);
   assert_true(log_has(&d2, want));
+  assert_false(log_has(&d2, "model loaded"));
 
   /* In a folder whose parent does not exist either (sinkd makes one
    * level): said so (libuv calls it EACCES). */
@@ -485,6 +489,7 @@ static void test_stale_and_live_socket(void **state) {
   snprintf(want_dir, sizeof want_dir, "<3>cannot listen on %s: directory %.*s does not exist",
            nodir, (int)(strlen(nodir) - strlen("/s.sock")), nodir);
   assert_true(log_has(&d2, want_dir));
+  assert_false(log_has(&d2, "model loaded"));
   free(nodir);
 
   kill(d.pid, SIGTERM);
