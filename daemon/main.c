@@ -444,19 +444,18 @@ int main(int argc, char **argv) {
     goto out;
   }
   status = EXIT_START;
-  /* The socket before the model: a daemon that cannot listen says so at
-   * once, not after loading the weights. */
+  /* The socket before the model: a daemon that cannot listen on it (in
+   * use, not a socket) says so at once, not after loading the weights.
+   * Its folder is made later, after the store's: the socket may live in
+   * a folder the store creates. */
   char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
   int listen_fd = 0;
   if (!check_only) {
     listen_fd = passed_socket(passed_path, sizeof passed_path);
     if (listen_fd < 0) goto out;
-    if (listen_fd == 0) {
-      if (make_socket_dir(d.cfg.socket) < 0) goto out;
-      if (sk_server_check_socket(d.cfg.socket, &err) < 0) {
-        sk_log(SK_LOG_ERR, "%s", err.message);
-        goto out;
-      }
+    if (listen_fd == 0 && sk_server_check_socket(d.cfg.socket, &err) < 0) {
+      sk_log(SK_LOG_ERR, "%s", err.message);
+      goto out;
     }
   }
   int rc = sk_gguf_open(d.cfg.model, &gguf, &err);
@@ -536,6 +535,8 @@ int main(int argc, char **argv) {
     sk_log(SK_LOG_INFO, "using the socket passed by the service manager: %s (fd %d)", passed_path,
            listen_fd);
     scfg.socket_path = passed_path;
+  } else if (make_socket_dir(d.cfg.socket) < 0) {
+    goto out;
   }
 
   uv_loop_t *loop = uv_default_loop();
