@@ -302,10 +302,12 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
 }
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
-  uint64_t v[MAX_LIST];
-  if (parse_list(flag, s, v, max) != 1 || v[0] < min)
-    sk_tool_usage_die("%s: expected one number >= %u", flag, min);
-  return (uint32_t)v[0];
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end); /* accepts 1e6 */
+  if (errno || end == s || *end || v < min || v > max || v != floor(v))
+    sk_tool_usage_die("%s: '%s' is not a whole number in [%u, %u]", flag, s, min, max);
+  return (uint32_t)v;
 }
 
 static void usage(FILE *f) {
@@ -456,8 +458,9 @@ int main(int argc, char **argv) {
   uint32_t n_conc = o.no_conc ? 0 : o.n_conc;
   for (uint32_t i = 0; i < n_conc; i++) {
     conc[i] = run_concurrency(&o, V, o.conc[i], pid);
-    sk_tool_note("%u sessions: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms", conc[i].c,
-         conc[i].aggregate, conc[i].p50_ms, conc[i].p99_ms);
+    sk_tool_note("%u session%s: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms",
+                 conc[i].c, conc[i].c == 1 ? "" : "s", conc[i].aggregate, conc[i].p50_ms,
+                 conc[i].p99_ms);
   }
 
   /* positions */

@@ -288,6 +288,22 @@ static uint32_t arg_u32(const char *flag, const char *s, uint32_t lo, uint32_t h
   return (uint32_t)v;
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
+             "       sinkd-kbench --membw MIB [--samples N]\n"
+             "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]\n"
+             "VARIANT: generic, avx2, avx2-vnni, avx512-vnni or amx. Exit status: 0 done,\n"
+             "1 a variant this CPU does not run, 2 usage error.\n");
+}
+
+/* The kernel variants sk_kernels_select knows (kernels.h), on any CPU. */
+static bool known_variant(const char *name) {
+  static const char *const known[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni", "amx"};
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+    if (strcmp(known[i], name) == 0) return true;
+  return false;
+}
+
 int main(int argc, char **argv) {
   int samples = 31;
   size_t membw_mib = 0;
@@ -311,10 +327,19 @@ int main(int argc, char **argv) {
       threads = arg_u32("--threads", argv[++i], 1, 64);
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
+    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return 0;
     } else if (argv[i][0] == '-') {
-      fprintf(stderr, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
-                      "       sinkd-kbench --membw MIB [--samples N]\n"
-                      "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]\n");
+      bool takes = strcmp(argv[i], "--samples") == 0 || strcmp(argv[i], "--rows") == 0 ||
+                   strcmp(argv[i], "--membw") == 0 || strcmp(argv[i], "--threads") == 0;
+      fprintf(stderr, takes ? "sinkd-kbench: %s needs a value\n" : "sinkd-kbench: unknown option %s\n",
+              argv[i]);
+      usage(stderr);
+      return 2;
+    } else if (!known_variant(argv[i])) {
+      fprintf(stderr, "sinkd-kbench: unknown kernel variant '%s'\n", argv[i]);
+      usage(stderr);
       return 2;
     } else if (nv < MAX_VARIANTS) {
       variants[nv++] = argv[i];

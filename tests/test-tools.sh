@@ -1,0 +1,45 @@
+#!/bin/sh
+# The development tools' command lines: help on stdout with status 0,
+# usage errors with a message naming the problem and status 2, a daemon
+# that is not there with status 3 (sinkd-bench), as their --help says.
+#   test-tools.sh MKMODEL BENCH KBENCH
+mk=$1 bench=$2 kbench=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+
+# expect STATUS STREAM TEXT CMD...: CMD exits STATUS and STREAM (out or
+# err) contains TEXT.
+expect() {
+  want=$1 stream=$2 text=$3
+  shift 3
+  "$@" >"$dir/out" 2>"$dir/err"
+  got=$?
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $*: status $got, expected $want"; cat "$dir/err"; fail=1; return
+  fi
+  if ! grep -qF -- "$text" "$dir/$stream"; then
+    echo "FAIL: $*: std$stream lacks '$text':"; cat "$dir/$stream"; fail=1; return
+  fi
+  echo "ok: $* -> $got"
+}
+
+expect 0 out "Usage:" "$mk" --help
+expect 2 err "shape '7B': expected 260K, 15M, 110M or 1B" "$mk" --shape 7B --type f32 -o "$dir/m.gguf"
+expect 2 err "no output file: give -o FILE" "$mk" --shape 15M --type f32
+[ ! -e "$dir/m.gguf" ] || { echo "FAIL: a file was written"; fail=1; }
+
+expect 0 out "Usage:" "$bench" --help
+expect 2 err "--gen: 'abc' is not a whole number in [2, 1048576]" "$bench" --gen abc
+expect 2 err "--gen: '1' is not a whole number in [2, 1048576]" "$bench" --gen 1
+expect 2 err "--reps: '2.5' is not a whole number in [1, 100]" "$bench" --reps 2.5
+expect 2 err "--concurrency: '0' is not a list" "$bench" --concurrency 0
+expect 3 err "cannot connect to $dir/none.sock" "$bench" --socket "$dir/none.sock" --sinks 0
+
+expect 0 out "usage: sinkd-kbench" "$kbench" --help
+expect 2 err "sinkd-kbench: unknown option --bogus" "$kbench" --bogus
+expect 2 err "sinkd-kbench: --membw needs a value" "$kbench" --membw
+expect 2 err "sinkd-kbench: --samples takes a number in 1..100000, not 'x'" "$kbench" --samples x
+expect 2 err "sinkd-kbench: unknown kernel variant 'fast'" "$kbench" --decode fast
+expect 2 err "--decode takes one --rows number" "$kbench" --decode --rows 1,16 generic
+exit $fail
