@@ -296,14 +296,6 @@ static void usage(FILE *f) {
              "1 a variant this CPU does not run, 2 usage error.\n");
 }
 
-/* The kernel variants sk_kernels_select knows (kernels.h), on any CPU. */
-static bool known_variant(const char *name) {
-  static const char *const known[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni", "amx"};
-  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-    if (strcmp(known[i], name) == 0) return true;
-  return false;
-}
-
 int main(int argc, char **argv) {
   int samples = 31;
   size_t membw_mib = 0;
@@ -337,7 +329,7 @@ int main(int argc, char **argv) {
               argv[i]);
       usage(stderr);
       return 2;
-    } else if (!known_variant(argv[i])) {
+    } else if (!sk_kernels_known(argv[i])) {
       fprintf(stderr, "sinkd-kbench: unknown kernel variant '%s'\n", argv[i]);
       usage(stderr);
       return 2;

@@ -516,6 +516,12 @@ bool sk_kernels_supported(const char *name) {
   return false;
 }
 
+bool sk_kernels_known(const char *name) {
+  for (size_t i = 0; i < SK__N_ALL; i++)
+    if (strcmp(sk__all[i]->name, name) == 0) return true;
+  return false;
+}
+
 static char sk__avail[64];
 
 static void sk__avail_init(void) {

@@ -58,6 +58,9 @@ int sk_kernels_select(const char *name, struct sk_error *err);
 const char *sk_kernels_name(void);
 /* Whether this CPU can run the variant `name`. */
 bool sk_kernels_supported(const char *name);
+/* Whether `name` is a variant of this build, whether or not this CPU
+ * runs it. */
+bool sk_kernels_known(const char *name);
 /* The variants this CPU can run, best first, space-separated. Static. */
 const char *sk_kernels_available(void);
 
