@@ -30,9 +30,9 @@ expect 2 err "no output file: give -o FILE" "$mk" --shape 15M --type f32
 [ ! -e "$dir/m.gguf" ] || { echo "FAIL: a file was written"; fail=1; }
 
 expect 0 out "Usage:" "$bench" --help
-expect 2 err "--gen: 'abc' is not a whole number in [2, 1048576]" "$bench" --gen abc
-expect 2 err "--gen: '1' is not a whole number in [2, 1048576]" "$bench" --gen 1
-expect 2 err "--reps: '2.5' is not a whole number in [1, 100]" "$bench" --reps 2.5
+expect 2 err "--gen: expected a whole number in [2, 1048576], not 'abc'" "$bench" --gen abc
+expect 2 err "--gen: expected a whole number in [2, 1048576], not '1'" "$bench" --gen 1
+expect 2 err "--reps: expected a whole number in [1, 100], not '2.5'" "$bench" --reps 2.5
 expect 2 err "--concurrency: '0' is not a list" "$bench" --concurrency 0
 expect 3 err "cannot connect to $dir/none.sock" "$bench" --socket "$dir/none.sock" --sinks 0
 

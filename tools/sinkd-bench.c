@@ -306,7 +306,7 @@ static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_
   errno = 0;
   double v = strtod(s, &end); /* accepts 1e6 */
   if (errno || end == s || *end || v < min || v > max || v != floor(v))
-    sk_tool_usage_die("%s: '%s' is not a whole number in [%u, %u]", flag, s, min, max);
+    sk_tool_usage_die("%s: expected a whole number in [%u, %u], not '%s'", flag, min, max, s);
   return (uint32_t)v;
 }
 
