@@ -282,14 +282,22 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
 
 /* ---- options ---- */
 
+/* The whole number in [min, max] at the start of p (1e6 accepted), its
+ * end in *end; false if there is none. */
+static bool whole_number(const char *p, char **end, double min, double max, double *ret) {
+  errno = 0;
+  double v = strtod(p, end);
+  *ret = v;
+  return !errno && *end != p && v >= min && v <= max && v == floor(v);
+}
+
 static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint64_t max) {
   uint32_t n = 0;
   const char *p = s;
   while (*p) {
     char *end = NULL;
-    errno = 0;
-    double v = strtod(p, &end); /* accepts 1e6 */
-    if (errno || end == p || v < 1 || v > (double)max || v != floor(v) || n == MAX_LIST)
+    double v;
+    if (!whole_number(p, &end, 1, (double)max, &v) || n == MAX_LIST)
       sk_tool_usage_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]",
                         flag, s, MAX_LIST, max);
     out[n++] = (uint64_t)v;
@@ -303,9 +311,8 @@ static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint6
 
 static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
   char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end); /* accepts 1e6 */
-  if (errno || end == s || *end || v < min || v > max || v != floor(v))
+  double v;
+  if (!whole_number(s, &end, min, max, &v) || *end)
     sk_tool_usage_die("%s: expected a whole number in [%u, %u], not '%s'", flag, min, max, s);
   return (uint32_t)v;
 }

@@ -292,8 +292,20 @@ static void usage(FILE *f) {
   fprintf(f, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
              "       sinkd-kbench --membw MIB [--samples N]\n"
              "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]\n"
-             "VARIANT: generic, avx2, avx2-vnni, avx512-vnni or amx. Exit status: 0 done,\n"
-             "1 a variant this CPU does not run, 2 usage error.\n");
+             "VARIANT: a kernel variant (as SINKD_KERNEL names it); this CPU runs: %s.\n"
+             "Exit status: 0 done, 1 a variant this CPU does not run, 2 usage error.\n",
+          sk_kernels_available());
+}
+
+/* The value of the option at argv[*i], the next argument; exits 2 when
+ * there is none. */
+static const char *opt_value(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "sinkd-kbench: %s needs a value\n", argv[*i]);
+    usage(stderr);
+    exit(2);
+  }
+  return argv[++*i];
 }
 
 int main(int argc, char **argv) {
@@ -306,27 +318,25 @@ int main(int argc, char **argv) {
   const char *variants[MAX_VARIANTS];
   int nv = 0;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--samples") == 0 && i + 1 < argc) {
-      samples = (int)arg_u32("--samples", argv[++i], 1, 100000);
-    } else if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+    if (strcmp(argv[i], "--samples") == 0) {
+      samples = (int)arg_u32("--samples", opt_value(argc, argv, &i), 1, 100000);
+    } else if (strcmp(argv[i], "--rows") == 0) {
       n_rows = 0;
       rows_given = true;
-      for (char *t = strtok(argv[++i], ","); t && n_rows < 8; t = strtok(NULL, ","))
+      char *list = (char *)opt_value(argc, argv, &i);
+      for (char *t = strtok(list, ","); t && n_rows < 8; t = strtok(NULL, ","))
         rows_list[n_rows++] = arg_u32("--rows", t, 1, 4096);
-    } else if (strcmp(argv[i], "--membw") == 0 && i + 1 < argc) {
-      membw_mib = arg_u32("--membw", argv[++i], 1, 65536);
-    } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-      threads = arg_u32("--threads", argv[++i], 1, 64);
+    } else if (strcmp(argv[i], "--membw") == 0) {
+      membw_mib = arg_u32("--membw", opt_value(argc, argv, &i), 1, 65536);
+    } else if (strcmp(argv[i], "--threads") == 0) {
+      threads = arg_u32("--threads", opt_value(argc, argv, &i), 1, 64);
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
       return 0;
     } else if (argv[i][0] == '-') {
-      bool takes = strcmp(argv[i], "--samples") == 0 || strcmp(argv[i], "--rows") == 0 ||
-                   strcmp(argv[i], "--membw") == 0 || strcmp(argv[i], "--threads") == 0;
-      fprintf(stderr, takes ? "sinkd-kbench: %s needs a value\n" : "sinkd-kbench: unknown option %s\n",
-              argv[i]);
+      fprintf(stderr, "sinkd-kbench: unknown option %s\n", argv[i]);
       usage(stderr);
       return 2;
     } else if (!sk_kernels_known(argv[i])) {
