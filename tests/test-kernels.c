@@ -415,14 +415,17 @@ static void test_amx_shared_layout_and_threads(void **state) {
  * avx512-vnni and amx multiply two outputs per 512-bit register) give
  * the bits avx2 gives on the GGUF layout: row counts that leave a
  * partial group, columns that leave a tail block, 1..20 activation rows
- * (every tile height and remainder), output ranges cutting groups. */
+ * (every tile height and remainder), output ranges cutting groups, and
+ * ranges long enough for one row's 8 groups side by side (200 and 300
+ * rows: the cut from 70 holds 2 and 3 such spans, then single groups). */
 static void test_f32_packed_equals_gguf(void **state) {
   (void)state;
   if (!sk_kernels_supported("avx2")) {
     printf("avx2: not supported by this CPU, skipped\n");
     return;
   }
-  const uint32_t shapes[][2] = {{37, 64}, {77, 192}, {129, 172}, {16, 96}, {200, 36}, {45, 2080}};
+  const uint32_t shapes[][2] = {{37, 64},  {77, 192},  {129, 172},
+                                {16, 96},  {200, 36},  {45, 2080}, {300, 200}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     const uint32_t rows = shapes[si][0], cols = shapes[si][1], N = 20;
     struct mat m;
