@@ -444,16 +444,22 @@ int main(int argc, char **argv) {
     goto out;
   }
   status = EXIT_START;
-  /* The socket before the model: a daemon that cannot listen on it (in
-   * use, not a socket) says so at once, not after loading the weights.
-   * Its folder is made later, after the store's: the socket may live in
-   * a folder the store creates. */
+  /* The socket and the state directory before the model: a daemon that
+   * cannot listen on the socket (in use, not a socket) or whose state
+   * directory another daemon holds says so at once, not after loading
+   * the weights. The socket's folder is made later, after the store's:
+   * the socket may live in a folder the store creates. */
   char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
   int listen_fd = 0;
   if (!check_only) {
     listen_fd = passed_socket(passed_path, sizeof passed_path);
     if (listen_fd < 0) goto out;
     if (listen_fd == 0 && sk_server_check_socket(d.cfg.socket, &err) < 0) {
+      sk_log(SK_LOG_ERR, "%s", err.message);
+      goto out;
+    }
+    /* Likewise a state directory that another daemon holds. */
+    if (sk_store_check_busy(d.cfg.state_dir, &err) < 0) {
       sk_log(SK_LOG_ERR, "%s", err.message);
       goto out;
     }

@@ -167,6 +167,19 @@ static int sk__mkdirs(const char *path, struct sk_error *err) {
   return 0;
 }
 
+int sk_store_check_busy(const char *dir, struct sk_error *err) {
+  char path[PATH_MAX];
+  if ((size_t)snprintf(path, sizeof path, "%s/lock", dir) >= sizeof path)
+    return 0; /* sk_store_open reports the path */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return 0; /* no lock file yet, or one sk_store_open will report */
+  int rc = 0;
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK)
+    rc = sk_error_set(err, SK_ERR_BUSY, "state directory %s is in use by another sinkd", dir);
+  close(fd); /* releases the lock if it was taken */
+  return rc;
+}
+
 int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
                   bool *ret_tmpfs, struct sk_error *err) {
   int rc = sk__mkdirs(cfg->dir, err);

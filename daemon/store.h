@@ -227,6 +227,14 @@ void sk_store_fingerprint(const struct sk_gguf *g,
 /* Lowercase hex of a fingerprint into out (33 bytes). */
 void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]);
 
+/* Whether another process holds the lock of the state directory dir (as
+ * sk_store_open takes it), without creating or changing anything: for a
+ * daemon to say so before it loads its model. The answer can be stale
+ * by the time sk_store_open runs, which still decides. Returns 0 (free,
+ * or no lock file yet; other problems are left to sk_store_open) or
+ * -SK_ERR_BUSY (message: the directory). */
+int sk_store_check_busy(const char *dir, struct sk_error *err);
+
 /* Opens the state directory cfg->dir (created 0700, missing parents 0755,
  * if absent; it must be a directory owned by the effective uid; an
  * existing one keeps its mode, objects are 0600 anyway) and takes

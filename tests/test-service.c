@@ -467,6 +467,23 @@ static void test_stale_and_live_socket(void **state) {
   assert_int_equal(sk_client_ping(c, &e), 0);
   sk_client_free(c);
 
+  /* Another socket but the first daemon's state directory: refused, and
+   * also before the model is loaded. */
+  char *other = path_in_dir("other.sock");
+  char held[600];
+  snprintf(held, sizeof held, "%s.state", d.log);
+  spawn(&d2, "held.log", NULL,
+        (const char *const[]){getenv("SK_SINKD"), "--config", "/dev/null", "--model",
+                              sk_test_model_path(), "--socket", other, "--threads", "1",
+                              "--state-dir", held, NULL});
+  assert_int_equal(wait_exit(&d2), 1);
+  char want_held[700];
+  snprintf(want_held, sizeof want_held, "<3>state directory %s is in use by another sinkd", held);
+  assert_true(log_has(&d2, want_held));
+  assert_false(log_has(&d2, "model loaded"));
+  assert_false(file_exists(other));
+  free(other);
+
   /* Not a socket: never replaced. */
   char *plain = path_in_dir("plain-file");
   write_text(plain, "data\n");

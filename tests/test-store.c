@@ -847,9 +847,22 @@ static void test_lock(void **state) {
   struct sk_error err = {0};
   assert_int_equal(sk_store_open(&c, &st2, NULL, &err), -SK_ERR_BUSY);
   assert_non_null(strstr(err.message, "in use by another sinkd"));
+  /* the check a daemon makes before loading its model says the same,
+   * and leaves the lock with its holder */
+  assert_int_equal(sk_store_check_busy(dir, &err), -SK_ERR_BUSY);
+  char want[700];
+  snprintf(want, sizeof want, "state directory %s is in use by another sinkd", dir);
+  assert_string_equal(err.message, want);
+  assert_int_equal(sk_store_open(&c, &st2, NULL, &err), -SK_ERR_BUSY);
   sk_store_close(st);
+  assert_int_equal(sk_store_check_busy(dir, &err), 0);
   assert_int_equal(sk_store_open(&c, &st2, NULL, &err), 0);
   sk_store_close(st2);
+  /* a directory not made yet: nothing to say, nothing made */
+  char none[600];
+  snprintf(none, sizeof none, "%s/not-yet", dir);
+  assert_int_equal(sk_store_check_busy(none, &err), 0);
+  assert_int_equal(stat(none, &sb), -1);
   /* nested directories are created */
   char sub[600];
   snprintf(sub, sizeof sub, "%s/a/b/state", dir);
