@@ -12,9 +12,12 @@
  *
  * Defaults: 31 samples, rows 1,16, variants avx2-vnni avx512-vnni (the
  * ones this CPU runs). --membw instead times a sequential read of a
- * buffer of MIB MiB by 1 and by 2 threads (each reads its half) and prints
- * the median and best GB/s: the ceiling of a decode step that reads every
- * weight once, for weights that do not stay in the CPU's caches.
+ * buffer of MIB MiB by 1 and by 2 threads (each reads its half), then the
+ * same read in 8 streams per thread (each thread's half cut in 8, read
+ * side by side), and prints the median and best GB/s: the ceiling of a
+ * decode step that reads every weight once, for weights that do not stay
+ * in the CPU's caches (on Intel CPUs the one-row products read 4 or 8
+ * streams, and several streams read faster there than one).
  * --decode times the products of one decode step of the 110M shape (12
  * layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the 32000x768
  * output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0) in the model's
@@ -70,26 +73,33 @@ static void select_or_die(const char *name) {
 
 struct membw_part {
   const void *p;
-  size_t n; /* 64-byte lines */
+  size_t n;       /* 64-byte lines */
+  size_t streams; /* contiguous shares of the lines, read side by side */
   uint64_t sum;
 };
 
 /* Sum of the words of part's lines, V bytes per vector (GNU C vector
  * extension), four accumulators: the loop the compiler keeps in registers.
  * Wide loads matter: one thread reads ~30% faster with 64-byte vectors
- * than with 16-byte ones on the project's machine. */
+ * than with 16-byte ones on the project's machine. The lines are cut into
+ * part->streams contiguous shares read side by side, 4 vectors of each
+ * in turn: one stream is a plain sequential read; on Intel CPUs several
+ * read faster (kernels-avx512.inc, sk__v512_streams). */
 #define MEMBW_READ(name, V, attr)                                            \
   attr static void *name(void *arg) {                                       \
     typedef uint64_t vec __attribute__((vector_size(V)));                   \
     struct membw_part *part = arg;                                          \
     const vec *p = part->p;                                                 \
-    const size_t n = part->n * (64 / (V));                                  \
+    const size_t per = part->n / part->streams * (64 / (V));                \
     vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};                             \
-    for (size_t i = 0; i + 4 <= n; i += 4) {                                \
-      s0 += p[i];                                                           \
-      s1 += p[i + 1];                                                       \
-      s2 += p[i + 2];                                                       \
-      s3 += p[i + 3];                                                       \
+    for (size_t i = 0; i + 4 <= per; i += 4) {                              \
+      for (size_t k = 0; k < part->streams; k++) {                          \
+        const vec *q = p + k * per + i;                                     \
+        s0 += q[0];                                                         \
+        s1 += q[1];                                                         \
+        s2 += q[2];                                                         \
+        s3 += q[3];                                                         \
+      }                                                                     \
     }                                                                       \
     s0 += s1 + s2 + s3;                                                     \
     uint64_t sum = 0;                                                       \
@@ -105,8 +115,8 @@ MEMBW_READ(membw_read64, 64, __attribute__((target("avx512f"))))
 static volatile uint64_t membw_sink;
 
 /* Median and best GB/s of `samples` reads of buf (n 64-byte lines) by `threads`
- * threads, each reading a contiguous share. */
-static void membw_run(const uint8_t *buf, size_t n, int threads, int samples) {
+ * threads, each reading a contiguous share in `streams` streams. */
+static void membw_run(const uint8_t *buf, size_t n, int threads, size_t streams, int samples) {
   void *(*read)(void *) = membw_read16;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f")) read = membw_read64;
@@ -118,7 +128,8 @@ static void membw_run(const uint8_t *buf, size_t n, int threads, int samples) {
     pthread_t th[2];
     double t0 = sk_tool_now_s();
     for (int k = 0; k < threads; k++) {
-      part[k] = (struct membw_part){.p = buf + (size_t)64 * (n / threads * k), .n = n / threads};
+      part[k] = (struct membw_part){
+          .p = buf + (size_t)64 * (n / threads * k), .n = n / threads, .streams = streams};
       if (pthread_create(&th[k], NULL, read, &part[k]) != 0) {
         fprintf(stderr, "sinkd-kbench: cannot start a thread\n");
         exit(1);
@@ -128,13 +139,15 @@ static void membw_run(const uint8_t *buf, size_t n, int threads, int samples) {
       pthread_join(th[k], NULL);
       check += part[k].sum;
     }
-    gbs[smp] = (double)(n / threads * threads) * 64 / (sk_tool_now_s() - t0) / 1e9;
+    const size_t lines = n / threads / streams * streams * threads; /* read (whole shares) */
+    gbs[smp] = (double)lines * 64 / (sk_tool_now_s() - t0) / 1e9;
   }
   qsort(gbs, (size_t)samples, sizeof *gbs, sk_tool_cmp_double);
   membw_sink = check; /* the sums are used: the reads stay */
-  printf("read %zu MiB, %d thread%s: median %.1f GB/s, best %.1f GB/s\n",
-         n * 64 >> 20, threads, threads > 1 ? "s" : "", gbs[samples / 2],
-         gbs[samples - 1]);
+  char each[32] = "";
+  if (streams > 1) snprintf(each, sizeof each, ", %zu streams each", streams);
+  printf("read %zu MiB, %d thread%s%s: median %.1f GB/s, best %.1f GB/s\n", n * 64 >> 20,
+         threads, threads > 1 ? "s" : "", each, gbs[samples / 2], gbs[samples - 1]);
   free(gbs);
 }
 
@@ -146,7 +159,8 @@ static int membw(size_t mib, int samples) {
     exit(1);
   }
   for (size_t i = 0; i < n * 64; i++) buf[i] = (uint8_t)i; /* touch every page */
-  for (int threads = 1; threads <= 2; threads++) membw_run(buf, n, threads, samples);
+  for (size_t streams = 1; streams <= 8; streams += 7)
+    for (int threads = 1; threads <= 2; threads++) membw_run(buf, n, threads, streams, samples);
   free(buf);
   return 0;
 }
