@@ -167,17 +167,24 @@ static int sk__mkdirs(const char *path, struct sk_error *err) {
   return 0;
 }
 
+/* Takes the flock of dir's lock file (open as fd) without waiting.
+ * Errors: -SK_ERR_BUSY (another process holds it), -SK_ERR_IO. */
+static int sk__lock(int fd, const char *dir, struct sk_error *err) {
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+  if (errno == EWOULDBLOCK)
+    return sk_error_set(err, SK_ERR_BUSY, "state directory %s is in use by another sinkd", dir);
+  return sk_error_set(err, SK_ERR_IO, "cannot lock %s/lock: %s", dir, strerror(errno));
+}
+
 int sk_store_check_busy(const char *dir, struct sk_error *err) {
   char path[PATH_MAX];
   if ((size_t)snprintf(path, sizeof path, "%s/lock", dir) >= sizeof path)
     return 0; /* sk_store_open reports the path */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) return 0; /* no lock file yet, or one sk_store_open will report */
-  int rc = 0;
-  if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK)
-    rc = sk_error_set(err, SK_ERR_BUSY, "state directory %s is in use by another sinkd", dir);
+  int rc = sk__lock(fd, dir, err);
   close(fd); /* releases the lock if it was taken */
-  return rc;
+  return rc == -SK_ERR_BUSY ? rc : 0; /* other errors: sk_store_open's to report */
 }
 
 int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
@@ -218,14 +225,8 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
     rc = sk_error_set(err, SK_ERR_IO, "cannot open %s/lock: %s", cfg->dir, strerror(errno));
     goto fail;
   }
-  if (flock(st->lockfd, LOCK_EX | LOCK_NB) < 0) {
-    rc = errno == EWOULDBLOCK
-             ? sk_error_set(err, SK_ERR_BUSY,
-                            "state directory %s is in use by another sinkd", cfg->dir)
-             : sk_error_set(err, SK_ERR_IO, "cannot lock %s/lock: %s", cfg->dir,
-                            strerror(errno));
-    goto fail;
-  }
+  rc = sk__lock(st->lockfd, cfg->dir, err);
+  if (rc < 0) goto fail;
   char idbuf[32] = {0};
   ssize_t got = pread(st->lockfd, idbuf, sizeof idbuf - 1, 0);
   st->next_id = got > 0 ? strtoull(idbuf, NULL, 10) : 0;
