@@ -4,7 +4,7 @@
 #   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench (README,
-# "Side by side with llama.cpp"): for each shape, weight type and thread
+# "Benchmark", which says how to build it): for each shape, weight type and thread
 # count it runs llama-bench tg64 and sinkd-bench's one-session decode of 64
 # tokens in ROUNDS rounds (default 3), the two taking turns at going first,
 # and prints one line per round and the median ratio, with the weight
