@@ -290,14 +290,33 @@ static void sk__seal(struct sk_store_obj *obj, int i, uint64_t commit) {
   sk__publish_u64(&m->commit, commit);
 }
 
-void sk_store_begin(struct sk_store_obj *obj) {
+/* sk_store_begin, with or without the logits (the bytes [off_logits,
+ * off_sum) of the copy, padding included). */
+static void sk__begin(struct sk_store_obj *obj, bool logits) {
   int w = 1 - obj->live;
   char *dst = sk__copy(obj, w), *src = sk__copy(obj, obj->live);
+  const struct sk_store_meta *m = (const struct sk_store_meta *)(const void *)src;
   sk__publish_u64(&((struct sk_store_meta *)(void *)dst)->commit, 0);
-  memcpy(dst + 16, src + 16, (size_t)obj->hdr->meta_size - 16);
+  if (logits) {
+    memcpy(dst + 16, src + 16, (size_t)obj->hdr->meta_size - 16);
+  } else {
+    memcpy(dst + 16, src + 16, (size_t)m->off_logits - 16);
+    memcpy(dst + m->off_sum, src + m->off_sum, (size_t)(obj->hdr->meta_size - m->off_sum));
+  }
   obj->step_seen = obj->kv.hdr->n_seen;
   sk__view(obj, w);
   obj->in_step = true;
+}
+
+void sk_store_begin(struct sk_store_obj *obj) { sk__begin(obj, true); }
+
+void sk_store_begin_decode(struct sk_store_obj *obj) { sk__begin(obj, false); }
+
+void sk_store_keep_logits(struct sk_store_obj *obj) {
+  if (!obj->in_step) return;
+  const char *src = sk__copy(obj, obj->live);
+  const struct sk_store_meta *m = (const struct sk_store_meta *)(const void *)src;
+  memcpy((char *)obj->meta + m->off_logits, src + m->off_logits, (size_t)(m->off_sum - m->off_logits));
 }
 
 void sk_store_commit(struct sk_store_obj *obj) {

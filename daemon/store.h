@@ -47,7 +47,9 @@
  * [16, M) of the copy seeded with the commit counter). A step:
  *   1. sk_store_begin: the other copy's commit is set to 0 (it stops being
  *      valid), then the live copy's bytes [16, M) are copied over it; the
- *      view (obj->kv, logits, meta) now shows that working copy;
+ *      view (obj->kv, logits, meta) now shows that working copy
+ *      (sk_store_begin_decode copies all but the logits, which the
+ *      forward pass then writes whole);
  *   2. the caller evicts (at most SK_KV_SPARE_SLOTS tokens) and runs the
  *      forward pass: keys and values go only into slots that are free in
  *      the live copy (kvcache.h: spare slots, FIFO free list), bookkeeping
@@ -363,6 +365,19 @@ void sk_store_obj_remove(struct sk_store_obj *obj);
 /* Starts a step (see the commit protocol): obj->kv, obj->meta and
  * obj->logits show a working copy equal to the live one. */
 void sk_store_begin(struct sk_store_obj *obj);
+/* sk_store_begin for a step whose forward pass writes every logit
+ * (obj->logits, n_vocab floats) before sk_store_commit: the working copy
+ * keeps its own, stale logits instead of a copy of the live ones, which
+ * spares a copy of n_vocab floats a step (128 KB for a vocabulary of
+ * 32000; 16 sessions decoding spent ~0.3 ms a step copying them on one
+ * thread). A step that commits without writing them (an end of stream
+ * found by sampling) calls sk_store_keep_logits first. Read the live
+ * logits (obj->logits) before this call. */
+void sk_store_begin_decode(struct sk_store_obj *obj);
+/* In a step begun with sk_store_begin_decode: copies the live copy's
+ * logits into the working copy (the step then commits the logits it
+ * started from). No-op outside a step. */
+void sk_store_keep_logits(struct sk_store_obj *obj);
 /* Commits the step begun: the working copy becomes live. */
 void sk_store_commit(struct sk_store_obj *obj);
 /* Drops the step begun: the view shows the live copy again. */

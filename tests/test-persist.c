@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -715,6 +716,123 @@ static void test_corrupted_set_aside(void **state) {
  * cache is f32: the rounding does not change a greedy token of this
  * model), and sessions survive a SIGKILL as f32 ones do. A daemon started
  * with the other type sets them aside with a log line naming both types. */
+/* A copy of the test model at path whose end-of-sequence token is eos
+ * (tokenizer.ggml.eos_token_id patched in place: key, type u32, value). */
+static void write_model_with_eos(const char *path, uint32_t eos) {
+  FILE *f = fopen(sk_test_model_path(), "rb");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, 0, SEEK_END), 0);
+  long len = ftell(f);
+  assert_true(len > 0);
+  rewind(f);
+  char *buf = malloc((size_t)len);
+  assert_non_null(buf);
+  assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  static const char key[] = "tokenizer.ggml.eos_token_id";
+  char *at = memmem(buf, (size_t)len, key, sizeof key - 1);
+  assert_non_null(at);
+  at += sizeof key - 1;
+  uint32_t type;
+  memcpy(&type, at, 4);
+  assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
+  memcpy(at + 4, &eos, 4);
+  f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(buf, 1, (size_t)len, f), (size_t)len);
+  assert_int_equal(fclose(f), 0);
+  free(buf);
+}
+
+/* The first token event's top-10 (ids, logits) and token. */
+struct top10 {
+  int32_t token, id[10];
+  double logit[10];
+  size_t n;
+};
+
+static int top10_cb(void *user, const struct sk_token_event *ev) {
+  struct top10 *t = user;
+  if (t->n++ == 0 && ev->n_top == 10) {
+    t->token = ev->token;
+    for (int k = 0; k < 10; k++) {
+      t->id[k] = ev->top[k].token;
+      t->logit[k] = ev->top[k].logit;
+    }
+  }
+  return 0;
+}
+
+/* A generate that stops at the end-of-sequence token runs no forward
+ * pass for it, yet commits its step (the sampler moved): that commit
+ * keeps the logits the token was drawn from. With a model whose
+ * end-of-sequence token is the 6th greedy token of the first reference
+ * prompt, greedy generation stops after 5 tokens, and after a SIGKILL
+ * the resumed session's next top-10 is llama.cpp's at that step. */
+static void test_eos_step_committed(void **state) {
+  (void)state;
+  fresh_state("eos");
+  json_t *ref = sk_test_load_reference("greedy.json");
+  json_t *p = json_array_get(json_object_get(ref, "prompts"), 0);
+  size_t n_prompt = 0, n_gen = 0;
+  int32_t *prompt = sk_test_json_ids(json_object_get(p, "prompt_ids"), &n_prompt);
+  int32_t *want = sk_test_json_ids(json_object_get(p, "generated_ids"), &n_gen);
+  enum { K = 5 };
+  assert_true(n_gen > K);
+  for (int i = 0; i < K; i++) assert_int_not_equal(want[i], want[K]);
+  char model[400];
+  snprintf(model, sizeof model, "%s/eos.gguf", g_dir);
+  write_model_with_eos(model, (uint32_t)want[K]);
+  start_daemon_args((const char *const[]){"--model", model, NULL});
+  struct sk_client *c = conn();
+  struct sk_error e = {0};
+  uint64_t s = open_session(c, "streaming", 4, 252, 0);
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, s, prompt, n_prompt, SK_BOS_DEFAULT, &ar, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.max_tokens = 64;
+  gp.temperature = 0;
+  struct ids *got = calloc(1, sizeof *got);
+  assert_non_null(got);
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_generate(c, s, &gp, ids_cb, got, &gr, &e), 0);
+  assert_string_equal(gr.stop, "eos");
+  assert_int_equal(gr.n_tokens, K);
+  assert_int_equal(got->n, K);
+  for (int i = 0; i < K; i++) assert_int_equal(got->v[i], want[i]);
+  sk_client_free(c);
+  kill9();
+  start_daemon_args((const char *const[]){"--model", model, NULL});
+  c = conn();
+  struct sk_session_summary sum;
+  assert_int_equal(sk_client_resume(c, s, &sum, &e), 0);
+  assert_true(sum.adopted);
+  assert_int_equal(sum.seen, n_prompt + K);
+  /* one more token past the end of sequence, with its top-10 */
+  struct top10 top = {0};
+  gp.max_tokens = 1;
+  gp.ignore_eos = true;
+  gp.n_top = 10;
+  assert_int_equal(sk_client_generate(c, s, &gp, top10_cb, &top, &gr, &e), 0);
+  assert_int_equal(top.n, 1);
+  assert_int_equal(top.token, want[K]);
+  json_t *top10 = json_object_get(json_array_get(json_object_get(p, "steps"), K), "top10");
+  assert_int_equal(json_array_size(top10), 10);
+  for (size_t k = 0; k < 10; k++) {
+    json_t *pair = json_array_get(top10, k);
+    assert_int_equal(top.id[k], json_integer_value(json_array_get(pair, 0)));
+    double w = json_number_value(json_array_get(pair, 1));
+    if (fabs(top.logit[k] - w) > 1e-4)
+      fail_msg("top %zu: logit %.7f, llama.cpp %.7f", k, top.logit[k], w);
+  }
+  free(got);
+  free(want);
+  free(prompt);
+  json_decref(ref);
+  sk_client_free(c);
+}
+
 static void test_kv_f16(void **state) {
   (void)state;
   fresh_state("kvf16");
@@ -1196,6 +1314,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_kill_mid_generate, test_teardown),
       cmocka_unit_test_teardown(test_kill_50, test_teardown),
       cmocka_unit_test_teardown(test_corrupted_set_aside, test_teardown),
+      cmocka_unit_test_teardown(test_eos_step_committed, test_teardown),
       cmocka_unit_test_teardown(test_kv_f16, test_teardown),
       cmocka_unit_test_teardown(test_fork_300, test_teardown),
       cmocka_unit_test_teardown(test_export_import, test_teardown),

@@ -339,6 +339,81 @@ static void test_uncommitted_step(void **state) {
   free(dir);
 }
 
+/* reopen: closes obj and st, opens the directory again and returns the
+ * one object adopted (st set to the new store). */
+static struct sk_store_obj *reopen(const char *dir, struct sk_store **st, struct sk_store_obj *obj) {
+  sk_store_obj_free(obj);
+  sk_store_close(*st);
+  *st = open_store(dir);
+  struct scan s;
+  do_scan(*st, &s, NULL);
+  assert_int_equal(s.n_adopted, 1);
+  assert_int_equal(s.n_skipped, 0);
+  return s.adopted[0];
+}
+
+/* sk_store_begin_decode leaves the working copy's logits as they were
+ * (the copy two commits back), copies everything else; sk_store_keep_logits
+ * brings the live ones over. Both commit with a valid checksum: the
+ * store adopts them after a restart with exactly the logits committed. */
+static void test_begin_decode(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *obj = create(st, 9, &streaming16);
+  const size_t lb = fx.n_vocab * sizeof(float);
+  float *older = malloc(lb), *last = malloc(lb);
+  assert_non_null(older);
+  assert_non_null(last);
+  step(obj, 4);
+  memcpy(older, obj->logits, lb); /* the copy that is about to stop being live */
+  step(obj, 1);
+  memcpy(last, obj->logits, lb);
+  assert_memory_not_equal(older, last, lb);
+
+  /* a decode step: stale logits in the working copy, the rest copied */
+  struct snap live = take_snap(obj);
+  sk_store_begin_decode(obj);
+  assert_memory_equal(obj->logits, older, lb);
+  assert_same_cache(live.kv, &obj->kv);
+  assert_memory_equal(obj->meta->rng, live.rng, sizeof live.rng);
+  run_chunk(&obj->kv, obj->logits, 1); /* writes every logit */
+  obj->meta->rng[1] ^= 0x55;
+  sk_store_commit(obj);
+  struct snap after = take_snap(obj);
+  obj = reopen(dir, &st, obj);
+  assert_snap(&after, obj);
+  assert_int_equal(sk_store_commit_count(obj), live.commit + 1);
+  free_snap(&after);
+
+  /* a step that ends without a pass (end of stream): keep_logits, then
+   * the committed logits are the live ones it started from */
+  memcpy(last, obj->logits, lb);
+  sk_store_begin_decode(obj);
+  assert_memory_not_equal(obj->logits, last, lb);
+  sk_store_keep_logits(obj);
+  assert_memory_equal(obj->logits, last, lb);
+  obj->meta->rng[2] ^= 0x77;
+  sk_store_commit(obj);
+  struct snap eos = take_snap(obj);
+  obj = reopen(dir, &st, obj);
+  assert_snap(&eos, obj);
+  assert_memory_equal(obj->logits, last, lb);
+  assert_int_equal(sk_store_commit_count(obj), live.commit + 2);
+  free_snap(&eos);
+
+  /* outside a step keep_logits changes nothing */
+  sk_store_keep_logits(obj);
+  assert_memory_equal(obj->logits, last, lb);
+  free_snap(&live);
+  free(older);
+  free(last);
+  sk_store_obj_free(obj);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
 /* A window cache's chunk of SK_KV_SPARE_SLOTS tokens that evicts as many
  * (compute.c's plan_prefill once the cache is full), on the store's view;
  * committed or not. */
@@ -882,6 +957,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_as_plain_cache),
       cmocka_unit_test(test_uncommitted_step),
+      cmocka_unit_test(test_begin_decode),
       cmocka_unit_test(test_uncommitted_chunk),
       cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_header_flags),
