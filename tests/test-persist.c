@@ -719,27 +719,20 @@ static void test_corrupted_set_aside(void **state) {
 /* A copy of the test model at path whose end-of-sequence token is eos
  * (tokenizer.ggml.eos_token_id patched in place: key, type u32, value). */
 static void write_model_with_eos(const char *path, uint32_t eos) {
-  FILE *f = fopen(sk_test_model_path(), "rb");
-  assert_non_null(f);
-  assert_int_equal(fseek(f, 0, SEEK_END), 0);
-  long len = ftell(f);
-  assert_true(len > 0);
-  rewind(f);
-  char *buf = malloc((size_t)len);
+  size_t len = 0;
+  char *buf = sk_test_read_file(sk_test_model_path(), &len);
   assert_non_null(buf);
-  assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-  fclose(f);
   static const char key[] = "tokenizer.ggml.eos_token_id";
-  char *at = memmem(buf, (size_t)len, key, sizeof key - 1);
+  char *at = memmem(buf, len, key, sizeof key - 1);
   assert_non_null(at);
   at += sizeof key - 1;
   uint32_t type;
   memcpy(&type, at, 4);
   assert_int_equal(type, 4); /* GGUF_TYPE_UINT32 */
   memcpy(at + 4, &eos, 4);
-  f = fopen(path, "wb");
+  FILE *f = fopen(path, "wb");
   assert_non_null(f);
-  assert_int_equal(fwrite(buf, 1, (size_t)len, f), (size_t)len);
+  assert_int_equal(fwrite(buf, 1, len, f), len);
   assert_int_equal(fclose(f), 0);
   free(buf);
 }
