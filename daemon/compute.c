@@ -23,7 +23,7 @@ struct sk_compute {
   struct sk_evict_log *seq_log; /* (max_batch) evictions of the step */
   float *batch_logits;      /* (max_batch, n_vocab): appends with logprobs */
   struct sk_job **dec;      /* (max_batch) jobs decoding this step */
-  struct sk__draw *draw;    /* (max_batch) their draws, taken on the pool */
+  struct sk__draw *draw;    /* (max_batch) their draws (as dec), on the pool */
   struct sk_job **pre;      /* (max_batch) jobs prefilling this step */
   uint64_t turn;            /* steps taken; rotates who goes first */
   sk_compute_event_cb cb;
@@ -48,13 +48,11 @@ struct sk_compute {
 };
 
 /* The draw of a decoding job, taken before its step (draw_task): the
- * token sampled from the live logits, the top logits asked for, and the
- * step begun. */
+ * token sampled from the live logits and the job's n_top top logits, the
+ * step begun; or why the job stops instead. */
 struct sk__draw {
-  struct sk_job *job;
-  bool ready; /* false: the job stops before a draw (plan_decode says why) */
+  const char *stop; /* non-NULL: no draw, the job stops (decode_stop) */
   int32_t token;
-  uint32_t n_top;
   int32_t top_id[SK_TOP_MAX];
   float top_logit[SK_TOP_MAX];
 };
@@ -308,8 +306,8 @@ static const char *decode_stop(const struct sk_job *job) {
   return NULL;
 }
 
-/* Draw i of a step, one task per decoding job on the pool (each touches
- * only its own job and session): the top logits and the token from the
+/* Draw i of a step (of c->dec[i]), one task per decoding job on the pool
+ * (each touches only its own job and session): the top logits and the token from the
  * live logits, then the step begun (sk_store_begin_decode) with the
  * sampler's new state. On the compute thread alone, the plan of 16
  * decoding sessions of the 110M model took 0.53-0.68 ms a step (two
@@ -319,11 +317,10 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
   struct sk_compute *c = ctx;
   struct sk__draw *d = &c->draw[i];
-  struct sk_job *job = d->job;
+  struct sk_job *job = c->dec[i];
   struct sk_store_obj *obj = job->sess->obj;
-  d->ready = decode_stop(job) == NULL;
-  if (!d->ready) return;
-  d->n_top = job->n_top;
+  d->stop = decode_stop(job);
+  if (d->stop) return;
   if (job->n_top) top_logits(obj->logits, c->n_vocab, job->n_top, d->top_id, d->top_logit);
   d->token = sk_sampler_sample(&job->sampler, obj->logits);
   sk_store_begin_decode(obj); /* the pass writes every logit */
@@ -338,8 +335,8 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
                        const struct sk__draw *d, int32_t *token) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
-  if (!d->ready) {
-    job->stop_reason = decode_stop(job);
+  if (d->stop) {
+    job->stop_reason = d->stop;
     return 1;
   }
   *token = d->token;
@@ -362,9 +359,9 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
     return sk_error_set(&job->err, SK_ERR_NO_MEMORY, "out of memory for a token event");
   }
   ev->token = *token;
-  ev->n_top = d->n_top;
-  memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * d->n_top);
-  memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * d->n_top);
+  ev->n_top = job->n_top;
+  memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * job->n_top);
+  memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * job->n_top);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
   sk_evict_log_reset(&c->seq_log[i]);
   if (sk_kv_free_slots(kv) == 0) {
@@ -518,7 +515,6 @@ static void step(struct sk_compute *c) {
   /* the draws of every job the loop below visits (each takes one row at
    * most; a job that stops leaves its row unused this step) */
   const uint32_t n_draw = n_dec < dec_cap ? n_dec : dec_cap;
-  for (uint32_t t = 0; t < n_draw; t++) c->draw[t].job = c->dec[t];
   sk_pool_run(c->pool, draw_task, c, n_draw);
   for (uint32_t t = 0; t < n_draw && rows < dec_cap; t++) {
     struct sk_job *j = c->dec[t];
