@@ -316,7 +316,8 @@ void sk_store_keep_logits(struct sk_store_obj *obj) {
   if (!obj->in_step) return;
   const char *src = sk__copy(obj, obj->live);
   const struct sk_store_meta *m = (const struct sk_store_meta *)(const void *)src;
-  memcpy((char *)obj->meta + m->off_logits, src + m->off_logits, (size_t)(m->off_sum - m->off_logits));
+  memcpy((char *)obj->meta + m->off_logits, src + m->off_logits,
+         (size_t)(m->off_sum - m->off_logits));
 }
 
 void sk_store_commit(struct sk_store_obj *obj) {
