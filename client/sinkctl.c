@@ -70,7 +70,7 @@ static int report(const struct sk_client *c, const struct sk_error *e) {
   const char *hint = "";
   if (e->code == SK_ERR_NO_SUCH_SESSION)
     hint = " (sessions end when closed or after the idle TTL; a restart keeps them unless "
-           "sinkd set them aside at start, e.g. for another kv_type: see its log and "
+           "sinkd set them aside at start, e.g. for another model: see its log and "
            "invalid/ in its state directory; `sinkctl list` shows yours)";
   else if (e->code == SK_ERR_FORBIDDEN)
     hint = " (only its owner and root may use it)";

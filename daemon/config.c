@@ -49,7 +49,7 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     [SK_CFG_BATCH] = {"daemon", "batch", "--batch", T_U32, F(batch), 1, SK_LIMIT_MAX_BATCH, false},
     [SK_CFG_LOG_LEVEL] = {"daemon", "log_level", "--log-level", T_LOG_LEVEL, F(log_level), 0, 0,
                           true},
-    /* fixed for the store's life: sessions of another type are set aside */
+    /* fixed for the store's life (its new sessions' type; any type is adopted) */
     [SK_CFG_KV_TYPE] = {"daemon", "kv_type", "--kv-type", T_KV_TYPE, F(kv_type), 0, 0, false},
     [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
     [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
@@ -154,6 +154,7 @@ int sk_config_init(struct sk_config *c) {
   }
   c->batch = SK_CONFIG_DEFAULT_BATCH;
   c->log_level = SK_LOG_INFO;
+  c->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
   c->policy = SK_POLICY_STREAMING;
   c->n_sink = SK_CONFIG_DEFAULT_N_SINK;
   c->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;

@@ -96,7 +96,7 @@ struct sk_config {
   uint32_t threads;   /* compute threads; 0 = auto (online CPUs) */
   uint32_t batch;     /* tokens per forward pass, all sessions */
   uint32_t log_level; /* SK_LOG_ERR .. SK_LOG_DEBUG */
-  uint32_t kv_type;   /* enum sk_kv_type of every session's cache */
+  uint32_t kv_type;   /* enum sk_kv_type of new sessions' caches (default f16) */
   /* [session]: defaults for `open` */
   uint32_t policy;    /* enum sk_policy */
   uint32_t n_sink;    /* attention sinks */

@@ -59,10 +59,15 @@ struct sk__geom {
 
 static uint64_t sk__align(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-static bool sk__geom(const struct sk_store *st, uint32_t capacity,
+/* The geometry of an object of this store's model whose cache holds
+ * capacity tokens of kv_type (enum sk_kv_type: the store's own for new
+ * sessions, the source's for forks, imports and adopted objects). */
+static bool sk__geom(const struct sk_store *st, uint32_t kv_type, uint32_t capacity,
                      struct sk__geom *g) {
+  struct sk_kv_shape shape = st->shape;
+  shape.kv_type = kv_type;
   size_t km, kd;
-  if (!sk_kv_part_sizes(st->shape, capacity, &km, &kd)) return false;
+  if (!sk_kv_part_sizes(shape, capacity, &km, &kd)) return false;
   g->capacity = capacity;
   g->n_slots = capacity + SK_KV_SPARE_SLOTS;
   g->kv_meta = km;
@@ -82,7 +87,7 @@ static bool sk__geom(const struct sk_store *st, uint32_t capacity,
 
 size_t sk_store_object_size(const struct sk_store *st, uint32_t capacity) {
   struct sk__geom g;
-  return sk__geom(st, capacity, &g) ? (size_t)g.total : 0;
+  return sk__geom(st, st->shape.kv_type, capacity, &g) ? (size_t)g.total : 0;
 }
 
 /* ---- checksums and fingerprint -------------------------------------- */
@@ -431,12 +436,9 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
                    "%u, %u, %u",
                    h->n_vocab, h->n_layer, h->kv_dim, st->n_vocab, st->shape.n_layer,
                    st->shape.kv_dim);
-  if (h->kv_type != st->shape.kv_type) {
-    const char *t = sk_kv_type_name(h->kv_type);
-    return sk__bad(err, "its KV cache is of type %s%s, this daemon stores %s (kv_type in "
-                   "sinkd.conf)", t ? t : "unknown", t ? "" : " (corrupted)",
-                   sk_kv_type_name(st->shape.kv_type));
-  }
+  /* Either type is adopted, whatever kv_type new sessions get. */
+  if (!sk_kv_type_name(h->kv_type))
+    return sk__bad(err, "its KV cache is of unknown type %u (corrupted?)", h->kv_type);
   if (h->flags & ~SK_STORE_TEMPORARY)
     return sk__bad(err, "unknown header flags 0x%x (a newer sinkd's file?)",
                    h->flags & ~SK_STORE_TEMPORARY);
@@ -445,7 +447,7 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
       return sk__bad(err, "reserved header byte %zu is not zero (a newer sinkd's file?)",
                      offsetof(struct sk_store_header, reserved) + i);
   if (!sk_policy_name(h->policy)) return sk__bad(err, "policy %u is unknown", h->policy);
-  if (!sk__geom(st, h->capacity, g))
+  if (!sk__geom(st, h->kv_type, h->capacity, g))
     return sk__bad(err, "capacity %u is invalid", h->capacity);
   if (h->meta_size != g->meta_size || h->off_meta[0] != g->off_meta[0] ||
       h->off_meta[1] != g->off_meta[1] || h->off_data != g->off_data ||
@@ -810,12 +812,13 @@ static void sk__populate_write(void *map, size_t size) {
 }
 
 /* A new object under its temporary name, in the file fd (kept open),
- * header written, meta copies and data zero (fresh tmpfs pages). */
+ * header written, meta copies and data zero (fresh tmpfs pages); its
+ * cache holds kv_type elements. */
 static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t owner_uid,
-                          uint32_t flags, uint32_t capacity, uint32_t policy,
+                          uint32_t flags, uint32_t kv_type, uint32_t capacity, uint32_t policy,
                           struct sk_store_obj **ret, struct sk_error *err) {
   struct sk__geom g;
-  if (!sk__geom(st, capacity, &g))
+  if (!sk__geom(st, kv_type, capacity, &g))
     return sk__bad(err, "capacity %u gives a cache too large for this machine", capacity);
   char name[64];
   sk__obj_name(name, sizeof name, id, true);
@@ -872,7 +875,7 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
   h->n_vocab = st->n_vocab;
   h->n_layer = st->shape.n_layer;
   h->kv_dim = st->shape.kv_dim;
-  h->kv_type = st->shape.kv_type;
+  h->kv_type = kv_type;
   h->capacity = capacity;
   h->policy = policy;
   h->created_unix = (uint64_t)time(NULL);
@@ -897,11 +900,11 @@ static int sk__create_tmp(struct sk_store *st, int fd, uint64_t id, uint32_t own
 
 /* sk__create_tmp in a file of its own, opened and closed here. */
 static int sk__create_tmp_own(struct sk_store *st, uint64_t id, uint32_t owner_uid,
-                              uint32_t capacity, uint32_t policy, struct sk_store_obj **ret,
-                              struct sk_error *err) {
+                              uint32_t kv_type, uint32_t capacity, uint32_t policy,
+                              struct sk_store_obj **ret, struct sk_error *err) {
   int fd = sk_store_create_file(st, id, err);
   if (fd < 0) return fd;
-  int rc = sk__create_tmp(st, fd, id, owner_uid, 0, capacity, policy, ret, err);
+  int rc = sk__create_tmp(st, fd, id, owner_uid, 0, kv_type, capacity, policy, ret, err);
   close(fd);
   return rc;
 }
@@ -943,8 +946,8 @@ int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_
   int rc = sk_kv_params_check(params, SK_KV_MAX_CAPACITY, err);
   if (rc < 0) return rc;
   struct sk_store_obj *obj = NULL;
-  rc = sk__create_tmp(st, fd, id, owner_uid, flags, sk_kv_params_capacity(params), params->policy,
-                      &obj, err);
+  rc = sk__create_tmp(st, fd, id, owner_uid, flags, st->shape.kv_type,
+                      sk_kv_params_capacity(params), params->policy, &obj, err);
   if (rc < 0) return rc;
   const struct sk_store_header *h = obj->hdr;
   char *c = sk__copy(obj, 0);
@@ -994,7 +997,8 @@ static int sk__adopt_meta(struct sk_store_obj *obj, const void *src_copy, struct
 int sk_store_fork(struct sk_store *st, const struct sk_store_obj *src, uint64_t id,
                   uint32_t owner_uid, struct sk_store_obj **ret, struct sk_error *err) {
   struct sk_store_obj *obj = NULL;
-  int rc = sk__create_tmp_own(st, id, owner_uid, src->hdr->capacity, src->hdr->policy, &obj, err);
+  int rc = sk__create_tmp_own(st, id, owner_uid, src->hdr->kv_type, src->hdr->capacity,
+                              src->hdr->policy, &obj, err);
   if (rc < 0) return rc;
   rc = sk__adopt_meta(obj, sk__copy(src, src->live), err);
   if (rc < 0) {
@@ -1110,14 +1114,14 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   }
   struct sk__geom g;
   if (im->n_vocab != st->n_vocab || im->n_layer != st->shape.n_layer ||
-      im->kv_dim != st->shape.kv_dim || !sk__geom(st, im->capacity, &g) ||
+      im->kv_dim != st->shape.kv_dim || !sk__geom(st, SK_KV_F32, im->capacity, &g) ||
       im->meta_size != g.meta_size || !sk_policy_name(im->policy))
     return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u, capacity %u) "
                    "does not fit the loaded model",
                    im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
-  /* The rows may be of either KV type here (the image header does not
-   * name it): an image of the other type is refused below with its type,
-   * once the meta copy's cache header says which. */
+  /* The rows may be of either KV type (the image header does not name
+   * it; the meta copy's cache header does, below), and so may the
+   * session imported: the meta part's geometry is the same for both. */
   const uint64_t rows_elems = 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim;
   if (im->n_resident > im->capacity ||
       (im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F32) &&
@@ -1140,19 +1144,17 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   const struct sk_store_meta *m = meta;
   const struct sk_kv_header *kh =
       (const struct sk_kv_header *)(const void *)((const char *)meta + m->off_kv);
-  if (kh->magic == SK_KV_MAGIC && kh->kv_type != st->shape.kv_type) {
-    const char *t = sk_kv_type_name(kh->kv_type);
-    rc = sk__bad(err, "export file holds a KV cache of type %s, this daemon stores %s (kv_type "
-                 "in sinkd.conf)", t ? t : "unknown", sk_kv_type_name(st->shape.kv_type));
+  if (kh->magic == SK_KV_MAGIC && !sk_kv_type_name(kh->kv_type)) {
+    rc = sk__bad(err, "export file holds a KV cache of unknown type %u", kh->kv_type);
     goto out;
   }
   if (kh->magic != SK_KV_MAGIC || kh->capacity != im->capacity || kh->policy != im->policy ||
       kh->n_resident != im->n_resident || kh->n_layer != im->n_layer ||
-      kh->kv_dim != im->kv_dim) {
+      kh->kv_dim != im->kv_dim || !sk__geom(st, kh->kv_type, im->capacity, &g)) {
     rc = sk__bad(err, "export file: its cache header disagrees with the file header");
     goto out;
   }
-  if (im->rows_size != rows_elems * sk_kv_type_size(st->shape.kv_type)) {
+  if (im->rows_size != rows_elems * sk_kv_type_size(kh->kv_type)) {
     rc = sk__bad(err, "export file sizes are inconsistent");
     goto out;
   }
@@ -1161,6 +1163,7 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     ret->capacity = im->capacity;
     ret->n_resident = im->n_resident;
     ret->n_seen = kh->n_seen;
+    ret->kv_type = kh->kv_type;
     ret->object_size = (size_t)g.total;
   }
 out:
@@ -1175,7 +1178,7 @@ int sk_store_import(struct sk_store *st, const void *buf, size_t len, uint64_t i
   if (rc < 0) return rc;
   const struct sk_store_image *im = buf;
   struct sk_store_obj *obj = NULL;
-  rc = sk__create_tmp_own(st, id, owner_uid, im->capacity, im->policy, &obj, err);
+  rc = sk__create_tmp_own(st, id, owner_uid, info.kv_type, im->capacity, im->policy, &obj, err);
   if (rc < 0) return rc;
   const char *p = (const char *)buf + sizeof *im;
   rc = sk__adopt_meta(obj, p, err);

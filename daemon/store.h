@@ -218,7 +218,9 @@ struct sk_store_obj {
 struct sk_store_config {
   const char *dir;                /* state directory */
   uint8_t model_fp[SK_STORE_FP_SIZE];
-  struct sk_kv_shape shape;
+  struct sk_kv_shape shape;       /* kv_type: that of new sessions; objects of
+                                     either type are adopted, forked and
+                                     imported as they are */
   uint32_t n_vocab;
 };
 
@@ -335,6 +337,7 @@ struct sk_store_image_info {
   uint32_t capacity;
   uint32_t n_resident;
   uint64_t n_seen;
+  uint32_t kv_type;    /* enum sk_kv_type of its rows (kept by the import) */
   size_t object_size;  /* bytes an imported session will take */
 };
 /* Checks an export image of len bytes (the whole file): magic, version,

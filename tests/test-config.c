@@ -84,7 +84,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.threads, 0);
   assert_int_equal(c.batch, 64);
   assert_int_equal(c.log_level, SK_LOG_INFO);
-  assert_int_equal(c.kv_type, SK_KV_F32);
+  assert_int_equal(c.kv_type, SK_KV_F16);
   assert_int_equal(c.policy, SK_POLICY_STREAMING);
   assert_int_equal(c.n_sink, 4);
   assert_int_equal(c.window, 0);
@@ -123,7 +123,7 @@ static void test_full_file(void **state) {
         "  threads = 3\n"
         "batch = 32\n"
         "log_level = debug\n"
-        "kv_type = f16\n"
+        "kv_type = f32\n"
         "\n"
         "[session]\n"
         "policy = dense\n"
@@ -148,7 +148,7 @@ static void test_full_file(void **state) {
   assert_int_equal(c.threads, 3);
   assert_int_equal(c.batch, 32);
   assert_int_equal(c.log_level, SK_LOG_DEBUG);
-  assert_int_equal(c.kv_type, SK_KV_F16);
+  assert_int_equal(c.kv_type, SK_KV_F32);
   assert_int_equal(c.policy, SK_POLICY_DENSE);
   assert_int_equal(c.n_sink, 0);
   assert_int_equal(c.window, 0);

@@ -1112,7 +1112,8 @@ static uint32_t burst_replies(int fd, uint32_t n, const char *needle, uint64_t *
 static void test_open_burst_limits(void **state) {
   (void)state;
   struct sk_test_daemon d;
-  const char *args[] = {"--max-sessions", "8", "--max-memory", "1M", NULL};
+  /* f32 caches: the sizes below are theirs */
+  const char *args[] = {"--max-sessions", "8", "--max-memory", "1M", "--kv-type", "f32", NULL};
   sk_test_daemon_start(&d, args);
   int fd = sk_test_raw_connect(d.socket, 30000);
   uint64_t ids[16], bytes = 0;

@@ -100,8 +100,10 @@ static int start_daemon(void **state) {
     (void)f;
     /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
      * change what the test runs. */
+    /* --kv-type f32: llama.cpp's reference values were taken with an f32
+     * cache (its f16 default moves logits by ~0.016). */
     execl(sinkd, sinkd, "--config", "/dev/null", "--model", sk_test_model_path(), "--socket", g_socket, "--threads", test_threads(),
-          "--state-dir", g_state, "--verbose", (char *)NULL);
+          "--state-dir", g_state, "--kv-type", "f32", "--verbose", (char *)NULL);
     _exit(127);
   }
   /* Ready when the socket accepts (valgrind takes seconds to start). */

@@ -565,7 +565,9 @@ static int setup(void **state) {
   char max_sess[16], max_mem[32];
   snprintf(max_sess, sizeof max_sess, "%d", MAX_USER_SESSIONS);
   snprintf(max_mem, sizeof max_mem, "%u", MAX_USER_MEMORY);
-  const char *extra[] = {"--max-user-sessions", max_sess, "--max-user-memory", max_mem, NULL};
+  /* f32 caches: the memory limit is sized for theirs */
+  const char *extra[] = {"--max-user-sessions", max_sess, "--max-user-memory", max_mem,
+                         "--kv-type",           "f32",    NULL};
   sk_test_daemon_start(&g_d, extra);
   /* What systemd's SocketGroup=/SocketMode=0660 and a 0710 runtime
    * directory give: members of the group may connect, nobody else. */

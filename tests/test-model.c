@@ -792,7 +792,9 @@ static void test_bad_models(void **state) {
 /* Greedy decode of 16 sessions, each alone (one forward call per token)
  * and all together (one batched call per step, on a pool of 2 threads,
  * prompts of different lengths so that prefill chunks and decode rows
- * share passes): the same logits, bit for bit, hence the same tokens. */
+ * share passes; half the caches f16, half f32, as a daemon holds after
+ * adopting sessions of the other kv_type): the same logits, bit for bit,
+ * hence the same tokens. */
 static void batch_invariance(const struct sk_model *m) {
   enum { NS = 16, STEPS = 40 };
   const uint32_t V = fx.c->n_vocab;
@@ -810,10 +812,12 @@ static void batch_invariance(const struct sk_model *m) {
   assert_non_null(lb);
   for (int i = 0; i < NS; i++) {
     /* half streaming with a window that fills and evicts during the run */
-    ka[i] = i % 2 ? new_cache(m, SK_POLICY_STREAMING, 4, 24, 0)
-                  : new_cache(m, SK_POLICY_DENSE, 0, 0, 128);
-    kb[i] = i % 2 ? new_cache(m, SK_POLICY_STREAMING, 4, 24, 0)
-                  : new_cache(m, SK_POLICY_DENSE, 0, 0, 128);
+    const uint32_t type = i % 4 < 2 ? SK_KV_F32 : SK_KV_F16;
+    ka[i] = i % 2 ? new_cache_t(m, SK_POLICY_STREAMING, 4, 24, 0, type)
+                  : new_cache_t(m, SK_POLICY_DENSE, 0, 0, 128, type);
+    kb[i] = i % 2 ? new_cache_t(m, SK_POLICY_STREAMING, 4, 24, 0, type)
+                  : new_cache_t(m, SK_POLICY_DENSE, 0, 0, 128, type);
+    assert_int_equal(kb[i]->hdr->kv_type, type);
     plen[i] = 1 + (uint32_t)(i * 5) % 23;
     prompt[i][0] = 1;
     for (uint32_t j = 1; j < plen[i]; j++) prompt[i][j] = (int32_t)(3 + (i * 37 + j * 11) % 500);

@@ -86,6 +86,11 @@ static void start_daemon_args(const char *const *extra) {
   argv[n++] = g_state;
   argv[n++] = "--threads";
   argv[n++] = "1";
+  /* llama.cpp's reference values were taken with an f32 cache (its f16
+   * default moves logits by ~0.016); extra may name another type (the
+   * last one given counts) */
+  argv[n++] = "--kv-type";
+  argv[n++] = "f32";
   for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   fflush(NULL); /* the child must not flush our buffers a second time */
@@ -715,7 +720,9 @@ static void test_corrupted_set_aside(void **state) {
  * llama.cpp's reference prompts gives llama.cpp's tokens (its reference
  * cache is f32: the rounding does not change a greedy token of this
  * model), and sessions survive a SIGKILL as f32 ones do. A daemon started
- * with the other type sets them aside with a log line naming both types. */
+ * with the other type adopts them as they are (f16), continues them
+ * exactly as the f16 daemon would, forks and imports them as f16, and
+ * gives its new sessions its own type. */
 /* A copy of the test model at path whose end-of-sequence token is eos
  * (tokenizer.ggml.eos_token_id patched in place: key, type u32, value). */
 static void write_model_with_eos(const char *path, uint32_t eos) {
@@ -895,14 +902,15 @@ static void test_kv_f16(void **state) {
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.adopted, n_prompts);
   assert_int_equal(ds.set_aside, 0);
-  /* fork and export/import copy f16 rows: all three go on alike */
-  struct sk_session_summary fk, im;
+  /* fork and export/import copy f16 rows: all three go on alike; a
+   * second fork and the export wait for the f32 daemon */
+  struct sk_session_summary fk, im, fk2;
   assert_int_equal(sk_client_fork(c, ids[0], &fk, &e), 0);
+  assert_int_equal(sk_client_fork(c, ids[0], &fk2, &e), 0);
   void *img = NULL;
   size_t img_len = 0;
   assert_int_equal(sk_client_export(c, ids[0], &img, &img_len, &e), 0);
   assert_int_equal(sk_client_import(c, img, img_len, &im, &e), 0);
-  free(img);
   uint64_t three[3] = {ids[0], fk.session, im.session};
   struct ids *more[3];
   for (int i = 0; i < 3; i++) {
@@ -911,23 +919,43 @@ static void test_kv_f16(void **state) {
     assert_int_equal(more[i]->n, 20);
   }
   for (int i = 1; i < 3; i++) assert_memory_equal(more[i]->v, more[0]->v, 20 * sizeof(int32_t));
-  for (int i = 0; i < 3; i++) free(more[i]);
   sk_client_free(c);
   kill9();
-  /* an f32 daemon on the same store sets them aside, saying why */
-  start_daemon();
+  /* an f32 daemon on the same store adopts them all as f16 sessions */
+  start_daemon_args((const char *const[]){"--kv-type", "f32", NULL});
   c = conn();
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
-  assert_int_equal(ds.adopted, 0);
-  assert_int_equal(ds.set_aside, n_prompts + 2); /* and the fork and the import */
-  if (!log_has("its KV cache is of type f16, this daemon stores f32 (kv_type in sinkd.conf)")) {
-    dump_log();
-    fail_msg("no set-aside line naming the KV types");
-  }
+  assert_int_equal(ds.adopted, n_prompts + 3); /* and the forks and the import */
+  assert_int_equal(ds.set_aside, 0);
+  assert_int_equal(ds.memory_bytes, want16 * (n_prompts + 3));
+  assert_int_equal(sstats(c, fk2.session).kv_bytes, want16);
+  /* the untouched fork gives the f16 daemon's 20 tokens */
+  struct ids *again = calloc(1, sizeof *again);
+  gen(c, fk2.session, 20, 0, false, 0, again, NULL);
+  assert_int_equal(again->n, 20);
+  assert_memory_equal(again->v, more[0]->v, 20 * sizeof(int32_t));
+  /* a fork, and an import of the f16 daemon's export, stay f16 */
+  struct sk_session_summary fk3, im2;
+  assert_int_equal(sk_client_fork(c, ids[1], &fk3, &e), 0);
+  assert_int_equal(sstats(c, fk3.session).kv_bytes, want16);
+  assert_int_equal(sk_client_import(c, img, img_len, &im2, &e), 0);
+  assert_int_equal(sstats(c, im2.session).kv_bytes, want16);
+  memset(again, 0, sizeof *again);
+  gen(c, im2.session, 20, 0, false, 0, again, NULL);
+  assert_memory_equal(again->v, more[0]->v, 20 * sizeof(int32_t));
+  /* new sessions get the daemon's own type */
+  uint64_t s32 = open_session(c, "dense", 0, 0, 512);
+  assert_int_equal(sstats(c, s32).kv_bytes, want32);
+  assert_int_equal(sk_client_stats(c, &ds, &e), 0);
+  assert_int_equal(ds.memory_bytes, want16 * (n_prompts + 5) + want32);
   printf("kv_type f16: %zu-byte objects for 512 tokens (f32: %zu); greedy tokens of the %zu "
          "reference prompts equal llama.cpp's; adopted after SIGKILL; fork and "
-         "export/import continue alike; an f32 daemon sets them aside\n",
+         "export/import continue alike; an f32 daemon adopts, continues, forks and imports "
+         "them as f16 and opens f32 sessions\n",
          want16, want32, n_prompts);
+  for (int i = 0; i < 3; i++) free(more[i]);
+  free(again);
+  free(img);
   sk_client_free(c);
   json_decref(ref);
   kill9();

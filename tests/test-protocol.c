@@ -1761,7 +1761,7 @@ static void test_sinkctl(void **state) {
   assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
   assert_string_equal(err, "sinkctl: no_such_session: no session 99 (sessions end when closed "
                            "or after the idle TTL; a restart keeps them unless sinkd set them "
-                           "aside at start, e.g. for another kv_type: see its log and invalid/ "
+                           "aside at start, e.g. for another model: see its log and invalid/ "
                            "in its state directory; `sinkctl list` shows yours)\n");
   assert_int_equal(RUN(NULL, "--socket", P, "generate", "--session", "99",
                        "hi"),

@@ -295,7 +295,7 @@ static void test_notify_lifecycle(void **state) {
 
   /* Only a restart-only key changed: the reload says so, and that nothing
    * else did. */
-  write_text(conf, "[daemon]\nlog_level = debug\nkv_type = f16\n[limits]\nmax_sessions = 2\n");
+  write_text(conf, "[daemon]\nlog_level = debug\nkv_type = f32\n[limits]\nmax_sessions = 2\n");
   kill(d.pid, SIGHUP);
   wait_message(&d, "RELOADING=1", NULL, 0);
   wait_message(&d, "READY=1", NULL, 0);
@@ -320,9 +320,10 @@ static void test_memory_and_session_limits(void **state) {
   char *conf = path_in_dir("limits.conf");
   char notify_env[160];
   snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
-  /* A streaming session of the test model (4 + 1020 tokens) holds
-   * 1400832 bytes (its shared-memory object): two do not fit in 2M. */
-  write_text(conf, "[limits]\nmax_memory = 2M\nmax_sessions = 2\n");
+  /* A streaming session of the test model (4 + 1020 tokens), with the
+   * default f16 cache, holds 737280 bytes (its shared-memory object): two
+   * do not fit in 1M. */
+  write_text(conf, "[limits]\nmax_memory = 1M\nmax_sessions = 2\n");
   drain_messages();
   struct child d;
   spawn(&d, "limits.log", (const char *const[]){notify_env, NULL},
@@ -331,12 +332,15 @@ static void test_memory_and_session_limits(void **state) {
   wait_message(&d, "READY=1", NULL, 0);
   struct sk_client *c = connect_now(sock);
   struct sk_error e = {0};
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_string_equal(h.compute.kv_type, "f16"); /* the default */
   struct sk_open_result a, b;
   assert_int_equal(sk_client_open(c, NULL, &a, &e), 0);
-  assert_int_equal(a.kv_bytes, 1400832);
+  assert_int_equal(a.kv_bytes, 737280);
   assert_int_equal(sk_client_open(c, NULL, &b, &e), -SK_ERR_BUSY);
-  assert_string_equal(e.message, "memory limit reached: 1400832 bytes of sessions + 1400832 "
-                                 "for this one exceed max_memory 2097152 bytes");
+  assert_string_equal(e.message, "memory limit reached: 737280 bytes of sessions + 737280 "
+                                 "for this one exceed max_memory 1048576 bytes");
   /* A smaller session still fits. */
   struct sk_open_params small = {.policy = "dense", .capacity = 64};
   assert_int_equal(sk_client_open(c, &small, &b, &e), 0);
@@ -354,7 +358,7 @@ static void test_memory_and_session_limits(void **state) {
   assert_string_equal(e.message, "session limit reached: 2 sessions open (max_sessions 2)");
   assert_true(log_has(&d, "<4>reload: max_sessions 10 above 2: raising a size fixed at start "
                           "needs a restart; capped"));
-  assert_true(log_has(&d, "max_memory 2M -> 3M"));
+  assert_true(log_has(&d, "max_memory 1M -> 3M"));
   sk_client_free(c);
   kill(d.pid, SIGTERM);
   assert_int_equal(wait_exit(&d), 0);

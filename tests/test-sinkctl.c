@@ -225,7 +225,7 @@ static void test_chat_keeps_history(void **state) {
                    1);
   assert_string_equal(err, "sinkctl: no_such_session: no session 999 (sessions end when closed "
                            "or after the idle TTL; a restart keeps them unless sinkd set them "
-                           "aside at start, e.g. for another kv_type: see its log and invalid/ "
+                           "aside at start, e.g. for another model: see its log and invalid/ "
                            "in its state directory; `sinkctl list` shows yours)\n");
   free(out);
   free(err);

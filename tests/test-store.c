@@ -837,8 +837,8 @@ static void test_export_import(void **state) {
     assert_null(d);
     free(bad);
   }
-  /* the other KV type, both ways: refused naming the types (not as a size
-   * problem) */
+  /* the other KV type, both ways: imported as it is, the type kept (a
+   * store's kv_type is only that of its new sessions) */
   {
     struct sk_store_config c16 = fx.cfg;
     c16.shape.kv_type = SK_KV_F16;
@@ -846,24 +846,72 @@ static void test_export_import(void **state) {
     c16.dir = hdir;
     struct sk_store *hst = NULL;
     assert_int_equal(sk_store_open(&c16, &hst, NULL, &err), 0);
-    assert_int_equal(sk_store_image_check(hst, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
-    if (!strstr(err.message, "holds a KV cache of type f32, this daemon stores f16"))
-      fail_msg("f32 image into an f16 store: \"%s\"", err.message);
+    /* f32 image into the f16 store: an f32 object of a's size, rows equal
+     * to another import of the same image into the f32 store */
+    struct sk_store_image_info i32;
+    assert_int_equal(sk_store_image_check(hst, img, size, &i32, &err), 0);
+    assert_int_equal(i32.kv_type, SK_KV_F32);
+    assert_int_equal(i32.object_size, a->size);
+    struct sk_store_obj *x = NULL, *y = NULL;
+    assert_int_equal(sk_store_import(hst, img, size, 7, 3000, &x, &err), 0);
+    assert_int_equal(sk_store_import(st, img, size, 8, 3000, &y, &err), 0);
+    assert_int_equal(x->hdr->kv_type, SK_KV_F32);
+    assert_int_equal(x->kv.hdr->kv_type, SK_KV_F32);
+    assert_int_equal(x->size, a->size);
+    assert_same_cache(&x->kv, &y->kv);
+    for (int i = 0; i < 3; i++) {
+      step(x, 1);
+      step(y, 1);
+    }
+    assert_same_cache(&x->kv, &y->kv);
+    assert_memory_equal(x->logits, y->logits, fx.n_vocab * sizeof(float));
+    /* f16 image into the f32 store: an f16 object of h's size and rows */
     struct sk_store_obj *h = create(hst, 1, &streaming16);
     step(h, 16);
     step(h, 1);
+    assert_true(h->size < a->size);
     size_t hsize = sk_store_export_size(h);
     char *himg = malloc(hsize);
     assert_non_null(himg);
     sk_store_export(h, himg, hsize);
-    assert_int_equal(sk_store_image_check(hst, himg, hsize, NULL, &err), 0);
-    assert_int_equal(sk_store_image_check(st, himg, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
-    if (!strstr(err.message, "holds a KV cache of type f16, this daemon stores f32"))
-      fail_msg("f16 image into an f32 store: \"%s\"", err.message);
-    struct sk_store_obj *d = NULL;
-    assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
-    assert_null(d);
+    struct sk_store_image_info i16;
+    assert_int_equal(sk_store_image_check(st, himg, hsize, &i16, &err), 0);
+    assert_int_equal(i16.kv_type, SK_KV_F16);
+    assert_int_equal(i16.object_size, h->size);
+    struct sk_store_obj *z = NULL;
+    assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &z, &err), 0);
+    assert_int_equal(z->hdr->kv_type, SK_KV_F16);
+    assert_int_equal(z->size, h->size);
+    assert_same_cache(&h->kv, &z->kv);
+    /* read back as a restart adopts it: whole, f16 */
+    char zpath[512];
+    snprintf(zpath, sizeof zpath, "%s/session-4.skv", dir);
+    struct sk_store_obj *chk = NULL;
+    assert_int_equal(sk_store_obj_check(st, zpath, &chk, &err), 0);
+    assert_int_equal(chk->kv.hdr->kv_type, SK_KV_F16);
+    assert_same_cache(&h->kv, &chk->kv);
+    sk_store_obj_free(chk);
+    /* an unknown type in the image's cache header is named */
+    {
+      char *bad = malloc(hsize);
+      assert_non_null(bad);
+      memcpy(bad, himg, hsize);
+      struct sk_store_image *bim = (struct sk_store_image *)(void *)bad;
+      char *copy = bad + sizeof *bim;
+      struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
+      ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->kv_type = 7;
+      bm->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)bim->meta_size - 16, bm->commit);
+      bim->body_checksum = XXH3_64bits(copy, hsize - sizeof *bim);
+      bim->header_checksum = XXH3_64bits(bim, offsetof(struct sk_store_image, header_checksum));
+      assert_int_equal(sk_store_image_check(st, bad, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
+      if (!strstr(err.message, "holds a KV cache of unknown type 7"))
+        fail_msg("unknown kv_type: \"%s\"", err.message);
+      free(bad);
+    }
     free(himg);
+    sk_store_obj_free(x);
+    sk_store_obj_free(y);
+    sk_store_obj_free(z);
     sk_store_obj_free(h);
     sk_store_close(hst);
     rm_rf(hdir);

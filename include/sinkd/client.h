@@ -116,8 +116,9 @@ struct sk_compute_info {
   char kernel[SK_CLIENT_NAME_MAX]; /* "avx2-vnni", "avx2" or "generic" */
   uint32_t threads;   /* compute threads */
   uint32_t max_batch; /* tokens of one forward pass, all sessions */
-  char kv_type[SK_CLIENT_NAME_MAX]; /* KV cache elements: "f32" or "f16"
-                                       ("" from older daemons) */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* new sessions' KV cache elements:
+                                       "f16" or "f32" ("" from older
+                                       daemons) */
 };
 
 /* Session defaults the daemon applies to fields `open` leaves out. */
