@@ -15,8 +15,9 @@
 #
 # ratio: 16 sessions against one on the 110M Q8_0 shape, taking turns
 # (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per thread
-# count and KV type, so that the VM's swings fall on both; prints the
-# medians, their ratio and the ratio of each round.
+# count and KV type (f16, the default, then f32), so that the VM's swings
+# fall on both; prints the medians, their ratio and the ratio of each
+# round.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -77,7 +78,7 @@ for part in $parts; do
     ;;
   aggregate)
     # f32 KV caches (the default), then f16 (llama.cpp's default cache)
-    for kv in f32 f16; do
+    for kv in f16 f32; do
       for t in 1 2; do
         DAEMON_ARGS="--kv-type $kv" run "aggregate-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \
           --no-prefill --no-positions --concurrency 1,4,16,64 --gen 128
@@ -132,7 +133,7 @@ for part in $parts; do
     list=""
     r=0
     while [ $r -lt "${ROUNDS:-6}" ]; do list="$list${list:+,}1,16"; r=$((r + 1)); done
-    for kv in f32 f16; do
+    for kv in f16 f32; do
       for t in 1 2; do
         DAEMON_ARGS="--kv-type $kv" run "ratio-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \
           --no-prefill --no-decode --no-positions --concurrency "$list" --gen 128 |
