@@ -781,7 +781,10 @@ static void print_session_stats(const struct sk_session_stats *s) {
   printf("%-10s %" PRIu64 " tokens\n", "resident", s->resident);
   printf("%-10s %" PRIu64 " tokens\n", "seen", s->seen);
   printf("%-10s %" PRIu64 " tokens\n", "evicted", s->evicted);
-  printf("%-10s %s (%" PRIu64 " bytes)\n", "kv cache", kv, s->kv_bytes);
+  if (s->kv_type[0])
+    printf("%-10s %s (%" PRIu64 " bytes, %s)\n", "kv cache", kv, s->kv_bytes, s->kv_type);
+  else
+    printf("%-10s %s (%" PRIu64 " bytes)\n", "kv cache", kv, s->kv_bytes);
   printf("%-10s %" PRIu64 "\n", "commit", s->commit);
   printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
   printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
@@ -1015,6 +1018,7 @@ static int cmd_open(struct sk_client *c, const struct opts *o) {
     json_kv_str(stdout, &first, "policy", r.policy);
     json_kv_u64(stdout, &first, "capacity", r.capacity);
     json_kv_u64(stdout, &first, "kv_bytes", r.kv_bytes);
+    if (r.kv_type[0]) json_kv_str(stdout, &first, "kv_type", r.kv_type);
     json_kv_u64(stdout, &first, "n_sink", r.n_sink);
     json_kv_u64(stdout, &first, "window", r.window);
     json_kv_u64(stdout, &first, "heavy", r.heavy);
@@ -1053,17 +1057,18 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
       json_kv_u64(stdout, &first, "seen", s[i].seen);
       json_key(stdout, &first, "adopted");
       fputs(s[i].adopted ? "true" : "false", stdout);
+      if (s[i].kv_type[0]) json_kv_str(stdout, &first, "kv_type", s[i].kv_type);
       fputc('}', stdout);
     }
     fputs("]}\n", stdout);
   } else {
-    printf("%-10s %-12s %10s %10s %14s %s\n", "SESSION", "POLICY", "CAPACITY",
-           "RESIDENT", "SEEN", "ADOPTED");
+    printf("%-10s %-12s %10s %10s %14s %-7s %s\n", "SESSION", "POLICY", "CAPACITY",
+           "RESIDENT", "SEEN", "ADOPTED", "KV");
     for (size_t i = 0; i < n; i++)
       printf("%-10" PRIu64 " %-12s %10" PRIu64 " %10" PRIu64 " %14" PRIu64
-             " %s\n",
+             " %-7s %s\n",
              s[i].session, s[i].policy, s[i].capacity, s[i].resident,
-             s[i].seen, s[i].adopted ? "yes" : "no");
+             s[i].seen, s[i].adopted ? "yes" : "no", s[i].kv_type[0] ? s[i].kv_type : "-");
   }
   free(s);
   return 0;
@@ -1184,7 +1189,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     if (s.compute.kernel[0]) {
       printf("%-17s %s kernels, %" PRIu32 " threads, %" PRIu32 " tokens per pass\n", "compute",
              s.compute.kernel, s.compute.threads, s.compute.max_batch);
-      if (s.compute.kv_type[0]) printf("%-17s %s\n", "KV cache type", s.compute.kv_type);
+      if (s.compute.kv_type[0]) printf("%-17s %s\n", "new sessions' KV", s.compute.kv_type);
       printf("%-17s %" PRIu64 "\n", "forward passes", s.steps);
     }
     print_bytes_of("session memory", s.memory_bytes, s.max_memory, "no limit");
@@ -1236,6 +1241,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
   out_u64(&k, "seen", s.seen);
   out_u64(&k, "evicted", s.evicted);
   out_u64(&k, "kv_bytes", s.kv_bytes);
+  if (s.kv_type[0]) out_str(&k, "kv_type", s.kv_type);
   json_key(stdout, &k.first, "positions");
   if (s.has_positions)
     printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
@@ -1294,6 +1300,7 @@ static void print_summary(const struct opts *o, const struct sk_session_summary 
   out_str(&k, "policy", s->policy);
   out_u64(&k, "capacity", s->capacity);
   out_u64(&k, "kv_bytes", s->kv_bytes);
+  if (s->kv_type[0]) out_str(&k, "kv_type", s->kv_type);
   out_u64(&k, "resident", s->resident);
   out_u64(&k, "seen", s->seen);
   out_u64(&k, "evicted", s->evicted);

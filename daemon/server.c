@@ -380,7 +380,7 @@ static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct s
 }
 
 /* Fields of an open reply (after id and ok). */
-#define SK__OPEN_REPLY_FIELDS 10u
+#define SK__OPEN_REPLY_FIELDS 11u
 
 static void pack_open_reply(msgpack_packer *pk, const struct sk_session *s) {
   /* The parameters as the session keeps them: the cache header's pointer
@@ -390,6 +390,7 @@ static void pack_open_reply(msgpack_packer *pk, const struct sk_session *s) {
   sk_pack_kv_str(pk, "policy", sk_policy_name(h->policy));
   sk_pack_kv_u64(pk, "capacity", s->capacity);
   sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
+  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(s->kv_type));
   sk_pack_kv_u64(pk, "n_sink", h->n_sink);
   sk_pack_kv_u64(pk, "window", h->window);
   sk_pack_kv_u64(pk, "heavy", h->heavy);
@@ -783,9 +784,9 @@ static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_i
                         struct sk_session *s, int32_t *pin, size_t n_pin) {
   s->last_used_ms = now_ms();
   counts_changed(srv);
-  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes",
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes (%s)",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
-         s->params.n_pin, s->kv_bytes);
+         s->params.n_pin, s->kv_bytes, sk_kv_type_name(s->kv_type));
   if (n_pin) {
     const struct request r = {.conn = c, .id = req_id, .map = NULL};
     struct sk_job *job = job_new(SK_JOB_APPEND, &r, s);
@@ -1010,11 +1011,12 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     const struct sk_session *s = list[i];
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
-    msgpack_pack_map(&b.pk, 8);
+    msgpack_pack_map(&b.pk, 9);
     sk_pack_kv_u64(&b.pk, "session", s->id);
     sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
     sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
     sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
+    sk_pack_kv_str(&b.pk, "kv_type", sk_kv_type_name(s->kv_type));
     sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
     sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
     sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
@@ -1048,7 +1050,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   /* The resident set itself is read only while no job runs on the
    * session (the compute thread owns the cache meanwhile). */
   bool idle = tokens || s->running == NULL;
-  if (reply_begin(&b, req_id, 21 + idle + tokens) < 0) {
+  if (reply_begin(&b, req_id, 22 + idle + tokens) < 0) {
     free(mass);
     return;
   }
@@ -1066,6 +1068,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
   sk_pack_kv_u64(&b.pk, "evicted", cnt.evicted);
   sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+  sk_pack_kv_str(&b.pk, "kv_type", sk_kv_type_name(s->kv_type));
   sk_pack_cstr(&b.pk, "positions");
   if (cnt.resident) {
     msgpack_pack_array(&b.pk, 2);
@@ -1332,8 +1335,8 @@ bad:
 
 /* ---- persistence: resume, fork, export, import ---- */
 
-/* Nine fields describing a session: id, policy, capacity, kv_bytes,
- * resident, seen, evicted, commit, adopted. */
+/* Ten fields describing a session: id, policy, capacity, kv_bytes,
+ * kv_type, resident, seen, evicted, commit, adopted. */
 static void pack_session_summary(struct sk_server *srv, msgpack_packer *pk,
                                  const struct sk_session *s) {
   struct sk_session_counters cnt;
@@ -1342,6 +1345,7 @@ static void pack_session_summary(struct sk_server *srv, msgpack_packer *pk,
   sk_pack_kv_str(pk, "policy", sk_policy_name(s->params.policy));
   sk_pack_kv_u64(pk, "capacity", s->capacity);
   sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
+  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(s->kv_type));
   sk_pack_kv_u64(pk, "resident", cnt.resident);
   sk_pack_kv_u64(pk, "seen", cnt.seen);
   sk_pack_kv_u64(pk, "evicted", cnt.evicted);
@@ -1355,7 +1359,7 @@ static void op_resume(struct sk_server *srv, const struct request *r) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 9) < 0) return;
+  if (reply_begin(&b, r->id, 10) < 0) return;
   pack_session_summary(srv, &b.pk, s);
   conn_send_buf(r->conn, &b);
 }
@@ -1467,13 +1471,13 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
            "copied, %zu bytes",
            (unsigned long long)ns->id, (unsigned long long)w->src->id, c->uid,
            ns->kv->hdr->n_resident, ns->kv_bytes);
-    if (reply_begin(&b, req_id, 10) < 0) return;
+    if (reply_begin(&b, req_id, 11) < 0) return;
     pack_session_summary(srv, &b.pk, ns);
     sk_pack_kv_u64(&b.pk, "from", w->src->id);
   } else {
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
            (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
-    if (reply_begin(&b, req_id, 10) < 0) return;
+    if (reply_begin(&b, req_id, 11) < 0) return;
     pack_session_summary(srv, &b.pk, ns);
     sk_pack_kv_u64(&b.pk, "received", w->len);
   }
@@ -2094,9 +2098,10 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
   }
   s->last_used_ms = now_ms();
   srv->n_adopted++;
-  sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, capacity %u, %u resident, %llu seen, "
-         "commit %llu%s",
-         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
+  sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, %s, capacity %u, %u resident, "
+         "%llu seen, commit %llu%s",
+         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy),
+         sk_kv_type_name(s->kv_type), s->capacity,
          s->kv->hdr->n_resident, (unsigned long long)s->kv->hdr->n_seen,
          (unsigned long long)sk_store_commit_count(s->obj),
          obj->dropped_step ? " (a step in progress when the daemon stopped was dropped)" : "");

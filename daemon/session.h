@@ -136,6 +136,9 @@ struct sk_session {
   uint32_t capacity;
   size_t kv_bytes;           /* bytes of its shared-memory object: what
                                 counts toward max_memory */
+  uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
+                                from creation; may differ from the
+                                daemon's kv_type after adoption) */
   struct sk_store_obj *obj;  /* owned */
   struct sk_kv *kv;          /* &obj->kv */
   bool adopted;              /* found in the state directory at start */

@@ -728,6 +728,8 @@ int sk_client_open(struct sk_client *client,
                            err)) == 0 &&
       (rc = sk__reply_u64(client, r, "capacity", &o.capacity, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "kv_bytes", &o.kv_bytes, err)) == 0 &&
+      (rc = sk__reply_name(client, r, "kv_type", o.kv_type, sizeof o.kv_type,
+                           err)) == 0 &&
       (rc = sk__reply_u64(client, r, "n_sink", &o.n_sink, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "window", &o.window, err)) == 0 &&
       (rc = sk__reply_u64(client, r, "heavy", &o.heavy, err)) == 0 &&
@@ -786,7 +788,9 @@ int sk_client_list(struct sk_client *client,
         (rc = sk__reply_u64(client, o, "capacity", &s->capacity, err)) < 0 ||
         (rc = sk__reply_u64(client, o, "resident", &s->resident, err)) < 0 ||
         (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0 ||
-        (rc = sk__reply_bool(client, o, "adopted", &s->adopted, err)) < 0)
+        (rc = sk__reply_bool(client, o, "adopted", &s->adopted, err)) < 0 ||
+        (rc = sk__reply_name(client, o, "kv_type", s->kv_type,
+                             sizeof s->kv_type, err)) < 0)
       goto out;
   }
   *ret_sessions = rows;
@@ -859,6 +863,8 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
       (rc = sk__reply_u64(client, r, "seen", &s->seen, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "evicted", &s->evicted, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+      (rc = sk__reply_name(client, r, "kv_type", s->kv_type, sizeof s->kv_type,
+                           err)) < 0 ||
       (rc = sk__reply_u64(client, r, "commit", &s->commit, err)) < 0 ||
       (rc = sk__reply_bool(client, r, "adopted", &s->adopted, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "idle_s", &s->idle_s, err)) < 0 ||
@@ -1305,6 +1311,7 @@ static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
   if ((rc = sk__reply_name(c, r, "policy", s.policy, sizeof s.policy, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "capacity", &s.capacity, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "kv_bytes", &s.kv_bytes, err)) < 0 ||
+      (rc = sk__reply_name(c, r, "kv_type", s.kv_type, sizeof s.kv_type, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "resident", &s.resident, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "seen", &s.seen, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "evicted", &s.evicted, err)) < 0 ||

@@ -77,7 +77,7 @@ for part in $parts; do
     done
     ;;
   aggregate)
-    # f32 KV caches (the default), then f16 (llama.cpp's default cache)
+    # f16 KV caches (the default, as llama.cpp's), then f32
     for kv in f16 f32; do
       for t in 1 2; do
         DAEMON_ARGS="--kv-type $kv" run "aggregate-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \

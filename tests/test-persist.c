@@ -929,6 +929,13 @@ static void test_kv_f16(void **state) {
   assert_int_equal(ds.set_aside, 0);
   assert_int_equal(ds.memory_bytes, want16 * (n_prompts + 3));
   assert_int_equal(sstats(c, fk2.session).kv_bytes, want16);
+  assert_string_equal(sstats(c, fk2.session).kv_type, "f16");
+  {
+    struct sk_session_summary sum;
+    assert_int_equal(sk_client_resume(c, ids[0], &sum, &e), 0);
+    assert_string_equal(sum.kv_type, "f16");
+    assert_true(sum.adopted);
+  }
   /* the untouched fork gives the f16 daemon's 20 tokens */
   struct ids *again = calloc(1, sizeof *again);
   gen(c, fk2.session, 20, 0, false, 0, again, NULL);
@@ -938,14 +945,31 @@ static void test_kv_f16(void **state) {
   struct sk_session_summary fk3, im2;
   assert_int_equal(sk_client_fork(c, ids[1], &fk3, &e), 0);
   assert_int_equal(sstats(c, fk3.session).kv_bytes, want16);
+  assert_string_equal(fk3.kv_type, "f16");
   assert_int_equal(sk_client_import(c, img, img_len, &im2, &e), 0);
   assert_int_equal(sstats(c, im2.session).kv_bytes, want16);
+  assert_string_equal(im2.kv_type, "f16");
   memset(again, 0, sizeof *again);
   gen(c, im2.session, 20, 0, false, 0, again, NULL);
   assert_memory_equal(again->v, more[0]->v, 20 * sizeof(int32_t));
   /* new sessions get the daemon's own type */
   uint64_t s32 = open_session(c, "dense", 0, 0, 512);
   assert_int_equal(sstats(c, s32).kv_bytes, want32);
+  assert_string_equal(sstats(c, s32).kv_type, "f32");
+  {
+    struct sk_session_info *rows = NULL;
+    size_t n_rows = 0;
+    assert_int_equal(sk_client_list(c, &rows, &n_rows, &e), 0);
+    assert_int_equal(n_rows, n_prompts + 6);
+    size_t n16 = 0;
+    for (size_t i = 0; i < n_rows; i++) {
+      const bool is32 = rows[i].session == s32;
+      assert_string_equal(rows[i].kv_type, is32 ? "f32" : "f16");
+      n16 += !is32;
+    }
+    assert_int_equal(n16, n_prompts + 5);
+    free(rows);
+  }
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.memory_bytes, want16 * (n_prompts + 5) + want32);
   printf("kv_type f16: %zu-byte objects for 512 tokens (f32: %zu); greedy tokens of the %zu "

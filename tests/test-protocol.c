@@ -862,13 +862,14 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_cstr(&b.pk, "sessions");
     msgpack_pack_array(&b.pk, 2);
     for (int i = 0; i < 2; i++) {
-      msgpack_pack_map(&b.pk, 6);
+      msgpack_pack_map(&b.pk, 6 + (i == 0)); /* the second as an older daemon's */
       sk_pack_kv_u64(&b.pk, "session", 7 + (uint64_t)i);
       sk_pack_kv_str(&b.pk, "policy", i ? "dense" : "streaming");
       sk_pack_kv_u64(&b.pk, "capacity", 260);
       sk_pack_kv_u64(&b.pk, "resident", 100 + (uint64_t)i);
       sk_pack_kv_u64(&b.pk, "seen", 5000000000u);
       sk_pack_kv_bool(&b.pk, "adopted", i == 0);
+      if (i == 0) sk_pack_kv_str(&b.pk, "kv_type", "f32");
     }
     fake_write(fd, &b);
   } else if (OP("stats") && has_session == 1) {
@@ -1787,11 +1788,11 @@ static void test_sinkctl(void **state) {
   assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
   assert_string_equal(out,
                       "SESSION    POLICY         CAPACITY   RESIDENT           "
-                      "SEEN ADOPTED\n"
+                      "SEEN ADOPTED KV\n"
                       "7          streaming           260        100     "
-                      "5000000000 yes\n"
+                      "5000000000 yes     f32\n"
                       "8          dense               260        101     "
-                      "5000000000 no\n");
+                      "5000000000 no      -\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
   assert_string_equal(out,
                       "session    7\n"

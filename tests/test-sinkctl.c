@@ -212,7 +212,7 @@ static void test_chat_keeps_history(void **state) {
   free(err);
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
   assert_string_equal(out,
-                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED\n");
+                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED KV\n");
   free(out);
   free(err);
 
@@ -328,7 +328,7 @@ static void test_chat_ctrl_c(void **state) {
   char *out, *err;
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
   assert_string_equal(out,
-                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED\n");
+                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED KV\n");
   free(out);
   free(err);
 }

@@ -206,6 +206,8 @@ struct sk_open_result {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens the cache holds */
   uint64_t kv_bytes; /* bytes of its KV cache */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32" ("" from
+                                       older daemons) */
   uint64_t n_sink;   /* tokens; 0 where the policy has no such part */
   uint64_t window;
   uint64_t heavy;
@@ -242,6 +244,8 @@ struct sk_session_info {
   uint64_t resident; /* tokens in the cache now */
   uint64_t seen;     /* tokens the session has seen in total */
   bool adopted;      /* found in the state directory when the daemon started */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" from older
+                                       daemons) */
 };
 
 /* Lists the sessions the caller may see. On success *ret_sessions is a
@@ -268,6 +272,10 @@ struct sk_session_stats {
   uint64_t seen;     /* tokens seen in total */
   uint64_t evicted;  /* tokens evicted in total */
   uint64_t kv_bytes; /* bytes of the cache */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32", the
+                                       type it was created with, which a
+                                       daemon adopting it keeps ("" from
+                                       older daemons) */
   bool has_positions;      /* false when the cache is empty */
   uint64_t position_first; /* cache positions in use, inclusive */
   uint64_t position_last;
@@ -311,6 +319,8 @@ struct sk_session_summary {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens */
   uint64_t kv_bytes; /* bytes of its shared-memory object */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" from older
+                                       daemons) */
   uint64_t resident; /* tokens in the cache */
   uint64_t seen;     /* tokens seen in total */
   uint64_t evicted;  /* tokens evicted in total */
