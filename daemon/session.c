@@ -58,6 +58,11 @@ static int check_limits(const struct sk_session_table *t, size_t bytes,
     return sk_error_set(err, SK_ERR_BUSY,
                         "session limit reached: %" PRIu64 " sessions open (max_sessions %u)",
                         count, t->max_sessions);
+  if (bytes == 0 && used >= t->max_bytes) /* an import, its size not known yet */
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit reached: %" PRIu64 " bytes of sessions, max_memory %" PRIu64
+                        " bytes",
+                        used, t->max_bytes);
   if (bytes > t->max_bytes || used > t->max_bytes - bytes)
     return sk_error_set(err, SK_ERR_BUSY,
                         "memory limit reached: %" PRIu64 " bytes of sessions + %zu for this "

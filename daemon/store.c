@@ -452,7 +452,8 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
   if (h->meta_size != g->meta_size || h->off_meta[0] != g->off_meta[0] ||
       h->off_meta[1] != g->off_meta[1] || h->off_data != g->off_data ||
       h->data_size != g->kv_data || h->total_size != g->total)
-    return sk__bad(err, "section offsets do not match capacity %u", h->capacity);
+    return sk__bad(err, "section offsets do not match capacity %u and kv_type %s", h->capacity,
+                   sk_kv_type_name(h->kv_type));
   if (h->total_size != size)
     return sk__bad(err, "%s: file is %zu bytes, header says %" PRIu64,
                    size < h->total_size ? "truncated" : "wrong size", size, h->total_size);
@@ -473,10 +474,14 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
   if (rc < 0) return sk__bad(err, "live meta copy: %s", kerr.message);
   const struct sk_kv_header *kh = obj->kv.hdr;
   if (kh->capacity != h->capacity || kh->policy != h->policy ||
-      kh->n_layer != h->n_layer || kh->kv_dim != h->kv_dim || kh->kv_type != h->kv_type)
-    return sk__bad(err, "live meta copy: cache header (capacity %u, policy %u) disagrees "
-                   "with the object header (capacity %u, policy %u)",
-                   kh->capacity, kh->policy, h->capacity, h->policy);
+      kh->n_layer != h->n_layer || kh->kv_dim != h->kv_dim || kh->kv_type != h->kv_type) {
+    const char *kt = sk_kv_type_name(kh->kv_type);
+    return sk__bad(err, "live meta copy: cache header (capacity %u, policy %u, n_layer %u, "
+                   "kv_dim %u, kv_type %s) disagrees with the object header (capacity %u, "
+                   "policy %u, n_layer %u, kv_dim %u, kv_type %s)",
+                   kh->capacity, kh->policy, kh->n_layer, kh->kv_dim, kt ? kt : "unknown",
+                   h->capacity, h->policy, h->n_layer, h->kv_dim, sk_kv_type_name(h->kv_type));
+  }
   if (m->flags & ~SK_STORE_HAS_LOGITS)
     return sk__bad(err, "live meta copy: unknown flags 0x%x", m->flags);
   struct sk_sampler_params sp = {.temperature = m->temperature, .top_k = m->top_k,
@@ -1155,7 +1160,9 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     goto out;
   }
   if (im->rows_size != rows_elems * sk_kv_type_size(kh->kv_type)) {
-    rc = sk__bad(err, "export file sizes are inconsistent");
+    rc = sk__bad(err, "export file sizes are inconsistent: %" PRIu64 " bytes of rows, not "
+                 "those of kv_type %s (its cache header's)",
+                 im->rows_size, sk_kv_type_name(kh->kv_type));
     goto out;
   }
   if (ret) {

@@ -630,12 +630,14 @@ static void set_header_u32(const char *path, size_t off, uint32_t v) {
 
 /* Header flags: temporary is read back; a flag or a reserved byte this
  * sinkd does not know sets the file aside (it may be a newer sinkd's),
- * never acted upon. */
+ * never acted upon. So does a kv_type that is unknown, or that is the
+ * other one while the file keeps this one's sizes (its reason says
+ * which type the sizes were checked against). */
 static void test_header_flags(void **state) {
   (void)state;
   char *dir = new_dir();
   struct sk_store *st = open_store(dir);
-  for (uint64_t id = 1; id <= 3; id++) sk_store_obj_free(create(st, id, &streaming16));
+  for (uint64_t id = 1; id <= 5; id++) sk_store_obj_free(create(st, id, &streaming16));
   sk_store_close(st);
   char path[512];
   snprintf(path, sizeof path, "%s/session-1.skv", dir);
@@ -644,13 +646,23 @@ static void test_header_flags(void **state) {
   set_header_u32(path, offsetof(struct sk_store_header, flags), SK_STORE_TEMPORARY | 4u);
   snprintf(path, sizeof path, "%s/session-3.skv", dir);
   set_header_u32(path, offsetof(struct sk_store_header, reserved) + 8, 1);
+  snprintf(path, sizeof path, "%s/session-4.skv", dir);
+  set_header_u32(path, offsetof(struct sk_store_header, kv_type), SK_KV_F16);
+  snprintf(path, sizeof path, "%s/session-5.skv", dir);
+  set_header_u32(path, offsetof(struct sk_store_header, kv_type), 7);
   st = open_store(dir);
   struct scan s;
   do_scan(st, &s, NULL);
   assert_int_equal(s.n_adopted, 1);
   assert_int_equal(s.adopted[0]->id, 1);
   assert_int_equal(s.adopted[0]->flags, SK_STORE_TEMPORARY);
-  assert_int_equal(s.n_skipped, 2);
+  assert_int_equal(s.n_skipped, 4);
+  char want4[96];
+  snprintf(want4, sizeof want4, "section offsets do not match capacity %u and kv_type f16",
+           sk_kv_params_capacity(&streaming16));
+  assert_string_equal(skip_reason(&s, "session-4.skv"), want4);
+  assert_string_equal(skip_reason(&s, "session-5.skv"),
+                      "its KV cache is of unknown type 7 (corrupted?)");
   assert_string_equal(skip_reason(&s, "session-2.skv"),
                       "unknown header flags 0x4 (a newer sinkd's file?)");
   char want[96];
