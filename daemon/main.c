@@ -71,7 +71,7 @@ static void usage(FILE *f) {
           "      --batch N           tokens per forward pass: one per generating session\n"
           "                          plus prefill chunks (64)\n"
           "      --kv-type TYPE      element type of new sessions' KV caches: f16 (default:\n"
-          "                          half the memory, keys and values rounded) or f32\n"
+          "                          keys and values in half the bytes, rounded) or f32\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
