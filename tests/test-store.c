@@ -711,6 +711,18 @@ static void test_fork(void **state) {
 /* export -> import gives the same session; the same continuation; one
  * flipped byte anywhere, a truncation, extra bytes or another model's
  * image are refused, each with a clear reason. */
+/* Seals an export image of size bytes again after a test changed its
+ * meta copy: the meta copy's checksum, then the body's and the header's,
+ * as sk_store_export writes them (so the change gets past them). */
+static void reseal_image(char *img, size_t size) {
+  struct sk_store_image *im = (struct sk_store_image *)(void *)img;
+  char *copy = img + sizeof *im;
+  struct sk_store_meta *m = (struct sk_store_meta *)(void *)copy;
+  m->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)im->meta_size - 16, m->commit);
+  im->body_checksum = XXH3_64bits(copy, size - sizeof *im);
+  im->header_checksum = XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
+}
+
 static void test_export_import(void **state) {
   (void)state;
   char *dir = new_dir();
@@ -820,9 +832,7 @@ static void test_export_import(void **state) {
     okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
     om->off_logits += 64;
     om->off_sum += 64;
-    om->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)oim->meta_size - 16, om->commit);
-    oim->body_checksum = XXH3_64bits(copy, size - sizeof *oim);
-    oim->header_checksum = XXH3_64bits(oim, offsetof(struct sk_store_image, header_checksum));
+    reseal_image(old, size);
     assert_int_equal(sk_store_image_check(st, old, size, NULL, &err), -SK_ERR_BAD_REQUEST);
     if (!strstr(err.message, "layout version"))
       fail_msg("older KV layout: \"%s\"", err.message);
@@ -839,9 +849,7 @@ static void test_export_import(void **state) {
     char *copy = bad + sizeof *bim;
     struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
     ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->n_seen += 1;
-    bm->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)bim->meta_size - 16, bm->commit);
-    bim->body_checksum = XXH3_64bits(copy, size - sizeof *bim);
-    bim->header_checksum = XXH3_64bits(bim, offsetof(struct sk_store_image, header_checksum));
+    reseal_image(bad, size);
     struct sk_store_obj *d = NULL;
     assert_int_equal(sk_store_import(st, bad, size, 5, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
     if (!strstr(err.message, "stored rotated"))
@@ -912,9 +920,7 @@ static void test_export_import(void **state) {
       char *copy = bad + sizeof *bim;
       struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
       ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->kv_type = 7;
-      bm->checksum = XXH3_64bits_withSeed(copy + 16, (size_t)bim->meta_size - 16, bm->commit);
-      bim->body_checksum = XXH3_64bits(copy, hsize - sizeof *bim);
-      bim->header_checksum = XXH3_64bits(bim, offsetof(struct sk_store_image, header_checksum));
+      reseal_image(bad, hsize);
       assert_int_equal(sk_store_image_check(st, bad, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
       if (!strstr(err.message, "holds a KV cache of unknown type 7"))
         fail_msg("unknown kv_type: \"%s\"", err.message);
