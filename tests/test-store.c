@@ -723,6 +723,20 @@ static void reseal_image(char *img, size_t size) {
   im->header_checksum = XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
 }
 
+/* A malloc'd copy of an export image of size bytes, for a test to
+ * damage: its meta copy in *ret_m and that copy's cache header in
+ * *ret_kh. */
+static char *image_copy(const char *img, size_t size, struct sk_store_meta **ret_m,
+                        struct sk_kv_header **ret_kh) {
+  char *c = malloc(size);
+  assert_non_null(c);
+  memcpy(c, img, size);
+  char *copy = c + sizeof(struct sk_store_image);
+  *ret_m = (struct sk_store_meta *)(void *)copy;
+  *ret_kh = (struct sk_kv_header *)(void *)(copy + (*ret_m)->off_kv);
+  return c;
+}
+
 static void test_export_import(void **state) {
   (void)state;
   char *dir = new_dir();
@@ -822,13 +836,9 @@ static void test_export_import(void **state) {
    * its meta copy), checksums intact: refused naming the layout version,
    * not as an invalid meta copy */
   {
-    char *old = malloc(size);
-    assert_non_null(old);
-    memcpy(old, img, size);
-    struct sk_store_image *oim = (struct sk_store_image *)(void *)old;
-    char *copy = old + sizeof *oim;
-    struct sk_store_meta *om = (struct sk_store_meta *)(void *)copy;
-    struct sk_kv_header *okh = (struct sk_kv_header *)(void *)(copy + om->off_kv);
+    struct sk_store_meta *om;
+    struct sk_kv_header *okh;
+    char *old = image_copy(img, size, &om, &okh);
     okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
     om->off_logits += 64;
     om->off_sum += 64;
@@ -842,13 +852,10 @@ static void test_export_import(void **state) {
    * intact): the keys are stored rotated at their stream index and the
    * forward pass derives distances from n_seen, so import refuses it */
   {
-    char *bad = malloc(size);
-    assert_non_null(bad);
-    memcpy(bad, img, size);
-    struct sk_store_image *bim = (struct sk_store_image *)(void *)bad;
-    char *copy = bad + sizeof *bim;
-    struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
-    ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->n_seen += 1;
+    struct sk_store_meta *bm;
+    struct sk_kv_header *bkh;
+    char *bad = image_copy(img, size, &bm, &bkh);
+    bkh->n_seen += 1;
     reseal_image(bad, size);
     struct sk_store_obj *d = NULL;
     assert_int_equal(sk_store_import(st, bad, size, 5, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
@@ -913,13 +920,10 @@ static void test_export_import(void **state) {
     sk_store_obj_free(chk);
     /* an unknown type in the image's cache header is named */
     {
-      char *bad = malloc(hsize);
-      assert_non_null(bad);
-      memcpy(bad, himg, hsize);
-      struct sk_store_image *bim = (struct sk_store_image *)(void *)bad;
-      char *copy = bad + sizeof *bim;
-      struct sk_store_meta *bm = (struct sk_store_meta *)(void *)copy;
-      ((struct sk_kv_header *)(void *)(copy + bm->off_kv))->kv_type = 7;
+      struct sk_store_meta *bm;
+      struct sk_kv_header *bkh;
+      char *bad = image_copy(himg, hsize, &bm, &bkh);
+      bkh->kv_type = 7;
       reseal_image(bad, hsize);
       assert_int_equal(sk_store_image_check(st, bad, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
       if (!strstr(err.message, "holds a KV cache of unknown type 7"))
