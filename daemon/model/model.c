@@ -44,10 +44,15 @@
 
 struct sk__layer {
   const float *attn_norm; /* (dim) */
-  struct sk_wmat wq;      /* (dim, dim)        rows = outputs */
+  struct sk_wmat wq;      /* (q_dim, dim)      rows = outputs */
   struct sk_wmat wk;      /* (kv_dim, dim) */
   struct sk_wmat wv;      /* (kv_dim, dim) */
-  struct sk_wmat wo;      /* (dim, dim) */
+  const float *bq;        /* (q_dim) bias added to the queries, or NULL */
+  const float *bk;        /* (kv_dim), or NULL */
+  const float *bv;        /* (kv_dim), or NULL */
+  const float *q_norm;    /* (head_dim) per-head RMSNorm weight, or NULL */
+  const float *k_norm;    /* (head_dim), or NULL */
+  struct sk_wmat wo;      /* (dim, q_dim) */
   const float *ffn_norm;  /* (dim) */
   struct sk_wmat w_gate;  /* (hidden_dim, dim) */
   struct sk_wmat w_up;    /* (hidden_dim, dim) */
@@ -109,18 +114,19 @@ struct sk_scratch {
   float *x;               /* (B, dim) residual stream */
   float *xb;              /* (B, dim) normed input of a block */
   float *xb2;             /* (B, dim) output of a projection */
-  float *q;               /* (B, dim) queries */
+  float *q;               /* (B, q_dim) queries */
   float *k;               /* (B, kv_dim) new keys (rotated for caches that
                              store them so, see attention) */
   float *v;               /* (B, kv_dim) new values */
   uint16_t *k16;          /* (B, kv_dim) the new keys of f16 caches as stored */
   uint16_t *v16;          /* (B, kv_dim) */
-  float *att_out;         /* (B, dim) attention output, heads side by side */
+  float *att_out;         /* (B, q_dim) attention output, heads side by side */
+  float *head_tmp;        /* (head_dim) one head being reordered (NEOX) */
   float *hb;              /* (B, hidden_dim) gate, then silu(gate) * up */
   float *hb2;             /* (B, hidden_dim) up */
-  int8_t *aq;             /* (B, max(dim, hidden_dim)) quantized input */
-  float *ad;              /* (B, max(dim, hidden_dim) / 32) its scales */
-  int32_t *as;            /* (B, max(dim, hidden_dim) / 32) its block sums */
+  int8_t *aq;             /* (B, max(dim, q_dim, hidden_dim)) quantized input */
+  float *ad;              /* (B, max(dim, q_dim, hidden_dim) / 32) its scales */
+  int32_t *as;            /* (B, max(dim, q_dim, hidden_dim) / 32) its block sums */
   float **rows;           /* (3, B) row pointers handed to the kernels */
   struct sk__seq *seqs;   /* (B) */
   float *rope_cos;        /* (T, rope_dim) for rope_freq_scale: each pair's
@@ -147,19 +153,46 @@ struct sk_scratch {
   uint32_t attn_n_seqs;   /* sequences of the last successful call */
 };
 
+/* ---- architectures --------------------------------------------------- */
+
+/* Whether a tensor kind is in an architecture's files (llama.cpp's
+ * llama-model.cpp, the tensors each architecture creates). */
+enum sk__presence { SK__ABSENT, SK__OPTIONAL, SK__REQUIRED };
+
+/* One architecture: everything the forward pass does differently for it.
+ * The hyper-parameter keys are general.architecture + "." + the llama
+ * suffixes (llama.cpp's LLM_KV names, the same for all three). */
+struct sk__arch {
+  const char *name;             /* general.architecture */
+  enum sk_rope_style rope;      /* llama.cpp's llama_model_rope_type */
+  enum sk__presence qkv_bias;   /* blk.N.attn_{q,k,v}.bias */
+  enum sk__presence qk_norm;    /* blk.N.attn_{q,k}_norm.weight */
+  enum sk__presence rope_freqs; /* rope_freqs.weight (Llama 3.1 scaling) */
+};
+
+/* output.weight is optional for all of them: without it the output head
+ * is token_embd (Llama 3.2 1B/3B, Qwen2.5 0.5B-3B, Qwen3 0.6B-4B). */
+static const struct sk__arch sk__archs[] = {
+    {"llama", SK_ROPE_NORM, SK__OPTIONAL, SK__ABSENT, SK__OPTIONAL},
+    {"qwen2", SK_ROPE_NEOX, SK__REQUIRED, SK__ABSENT, SK__ABSENT},
+    {"qwen3", SK_ROPE_NEOX, SK__ABSENT, SK__REQUIRED, SK__ABSENT},
+};
+
 /* ---- loading -------------------------------------------------------- */
 
-static const char *sk__arch_key(char *buf, size_t n, const char *suffix) {
-  snprintf(buf, n, "llama.%s", suffix);
+/* "ARCH.suffix" into buf. */
+static const char *sk__arch_key(const struct sk_model_config *c, char *buf, size_t n,
+                                const char *suffix) {
+  snprintf(buf, n, "%s.%s", c->arch, suffix);
   return buf;
 }
 
-/* Reads llama.<suffix> as u32: required (error if absent) or defaulted. */
-static int sk__hp_u32(const struct sk_gguf *g, const char *suffix,
-                      bool required, uint32_t def, uint32_t *ret,
+/* Reads ARCH.<suffix> as u32: required (error if absent) or defaulted. */
+static int sk__hp_u32(const struct sk_gguf *g, const struct sk_model_config *c,
+                      const char *suffix, bool required, uint32_t def, uint32_t *ret,
                       struct sk_error *err) {
   char key[96];
-  int rc = sk_gguf_get_u32(g, sk__arch_key(key, sizeof key, suffix), ret, err);
+  int rc = sk_gguf_get_u32(g, sk__arch_key(c, key, sizeof key, suffix), ret, err);
   if (rc < 0) return rc;
   if (rc == 0) {
     if (required)
@@ -169,20 +202,22 @@ static int sk__hp_u32(const struct sk_gguf *g, const char *suffix,
   return 0;
 }
 
-static int sk__hp_f32(const struct sk_gguf *g, const char *suffix, float def,
-                      float *ret, struct sk_error *err) {
+/* Reads ARCH.<suffix> as f32, or def if absent. */
+static int sk__hp_f32(const struct sk_gguf *g, const struct sk_model_config *c,
+                      const char *suffix, float def, float *ret, struct sk_error *err) {
   char key[96];
-  int rc = sk_gguf_get_f32(g, sk__arch_key(key, sizeof key, suffix), ret, err);
+  int rc = sk_gguf_get_f32(g, sk__arch_key(c, key, sizeof key, suffix), ret, err);
   if (rc < 0) return rc;
   if (rc == 0) *ret = def;
   return 0;
 }
 
-static int sk__check_range(const char *what, uint32_t v, uint32_t max,
-                           struct sk_error *err) {
+/* Checks 1 <= v <= max for ARCH.<suffix>. */
+static int sk__check_range(const struct sk_model_config *c, const char *suffix, uint32_t v,
+                           uint32_t max, struct sk_error *err) {
   if (v == 0 || v > max)
-    return sk_error_set(err, SK_ERR_BAD_MODEL, "%s is %u, expected 1..%u",
-                        what, v, max);
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "%s.%s is %u, expected 1..%u", c->arch,
+                        suffix, v, max);
   return 0;
 }
 
@@ -190,105 +225,145 @@ static bool sk__str_eq(struct sk_gguf_str s, const char *lit) {
   return s.len == strlen(lit) && memcmp(s.ptr, lit, s.len) == 0;
 }
 
-static int sk__read_config(const struct sk_gguf *g, struct sk_model_config *c,
-                           struct sk_error *err) {
+/* The table entry of general.architecture, or a refusal naming it and the
+ * architectures sinkd runs. */
+static int sk__find_arch(const struct sk_gguf *g, const struct sk__arch **ret,
+                         struct sk_error *err) {
   struct sk_gguf_str s;
   int rc = sk_gguf_get_str(g, "general.architecture", &s, err);
   if (rc < 0) return rc;
   if (rc == 0)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "model has no general.architecture");
-  if (!sk__str_eq(s, "llama"))
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "general.architecture is \"%.*s\"; only llama is "
-                        "supported",
-                        (int)(s.len > 32 ? 32 : s.len), s.ptr);
+                        "model has no general.architecture; sinkd runs " SK_MODEL_ARCHS);
+  for (size_t i = 0; i < sizeof sk__archs / sizeof sk__archs[0]; i++)
+    if (sk__str_eq(s, sk__archs[i].name)) {
+      *ret = &sk__archs[i];
+      return 0;
+    }
+  /* (the name as printable bytes only: it comes from the file) */
+  char name[33];
+  size_t n = s.len < sizeof name - 1 ? (size_t)s.len : sizeof name - 1;
+  for (size_t i = 0; i < n; i++)
+    name[i] = s.ptr[i] >= 0x20 && s.ptr[i] < 0x7f ? s.ptr[i] : '?';
+  name[n] = 0;
+  return sk_error_set(err, SK_ERR_BAD_MODEL,
+                      "general.architecture is \"%s\"%s, which sinkd does not run; "
+                      "it runs " SK_MODEL_ARCHS,
+                      name, s.len > n ? "..." : "");
+}
 
+static int sk__read_config(const struct sk_gguf *g, const struct sk__arch *arch,
+                           struct sk_model_config *c, struct sk_error *err) {
+  struct sk_gguf_str s;
+  int rc;
   memset(c, 0, sizeof *c);
-  if ((rc = sk__hp_u32(g, "embedding_length", true, 0, &c->dim, err)) < 0 ||
-      (rc = sk__hp_u32(g, "feed_forward_length", true, 0, &c->hidden_dim,
-                       err)) < 0 ||
-      (rc = sk__hp_u32(g, "block_count", true, 0, &c->n_layer, err)) < 0 ||
-      (rc = sk__hp_u32(g, "attention.head_count", true, 0, &c->n_head,
-                       err)) < 0 ||
-      (rc = sk__hp_u32(g, "context_length", true, 0, &c->n_ctx_train,
+  snprintf(c->arch, sizeof c->arch, "%s", arch->name);
+  c->rope_style = arch->rope;
+  if ((rc = sk__hp_u32(g, c, "embedding_length", true, 0, &c->dim, err)) < 0 ||
+      (rc = sk__hp_u32(g, c, "feed_forward_length", true, 0, &c->hidden_dim, err)) < 0 ||
+      (rc = sk__hp_u32(g, c, "block_count", true, 0, &c->n_layer, err)) < 0 ||
+      (rc = sk__hp_u32(g, c, "attention.head_count", true, 0, &c->n_head, err)) < 0 ||
+      (rc = sk__hp_u32(g, c, "context_length", true, 0, &c->n_ctx_train, err)) < 0)
+    return rc;
+  if ((rc = sk__check_range(c, "embedding_length", c->dim, SK__MAX_DIM, err)) < 0 ||
+      (rc = sk__check_range(c, "feed_forward_length", c->hidden_dim, SK__MAX_HIDDEN, err)) <
+          0 ||
+      (rc = sk__check_range(c, "block_count", c->n_layer, SK__MAX_LAYER, err)) < 0 ||
+      (rc = sk__check_range(c, "attention.head_count", c->n_head, SK__MAX_HEAD, err)) < 0 ||
+      (rc = sk__check_range(c, "context_length", c->n_ctx_train, SK__MAX_CTX_TRAIN, err)) < 0)
+    return rc;
+  if ((rc = sk__hp_u32(g, c, "attention.head_count_kv", false, c->n_head, &c->n_kv_head,
                        err)) < 0)
     return rc;
-  if ((rc = sk__check_range("llama.embedding_length", c->dim, SK__MAX_DIM,
-                            err)) < 0 ||
-      (rc = sk__check_range("llama.feed_forward_length", c->hidden_dim,
-                            SK__MAX_HIDDEN, err)) < 0 ||
-      (rc = sk__check_range("llama.block_count", c->n_layer, SK__MAX_LAYER,
-                            err)) < 0 ||
-      (rc = sk__check_range("llama.attention.head_count", c->n_head,
-                            SK__MAX_HEAD, err)) < 0 ||
-      (rc = sk__check_range("llama.context_length", c->n_ctx_train,
-                            SK__MAX_CTX_TRAIN, err)) < 0)
+  if ((rc = sk__check_range(c, "attention.head_count_kv", c->n_kv_head, c->n_head, err)) < 0)
     return rc;
-  if ((rc = sk__hp_u32(g, "attention.head_count_kv", false, c->n_head,
-                       &c->n_kv_head, err)) < 0)
-    return rc;
-  if ((rc = sk__check_range("llama.attention.head_count_kv", c->n_kv_head,
-                            c->n_head, err)) < 0)
-    return rc;
-  if (c->dim % c->n_head != 0)
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.embedding_length %u is not a multiple of "
-                        "llama.attention.head_count %u",
-                        c->dim, c->n_head);
   if (c->n_head % c->n_kv_head != 0)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.attention.head_count %u is not a multiple of "
-                        "llama.attention.head_count_kv %u",
-                        c->n_head, c->n_kv_head);
-  c->head_dim = c->dim / c->n_head;
+                        "%s.attention.head_count %u is not a multiple of "
+                        "%s.attention.head_count_kv %u",
+                        c->arch, c->n_head, c->arch, c->n_kv_head);
+  /* The head size: key_length (Qwen3 sets it; its heads need not split
+   * the embedding), else the embedding split over the heads, as
+   * llama.cpp's n_embd_head_k. The cache keeps keys and values of one
+   * size, so value_length must agree. */
+  char key[96];
+  rc = sk_gguf_get_u32(g, sk__arch_key(c, key, sizeof key, "attention.key_length"),
+                       &c->head_dim, err);
+  if (rc < 0) return rc;
+  if (rc == 0) {
+    if (c->dim % c->n_head != 0)
+      return sk_error_set(err, SK_ERR_BAD_MODEL,
+                          "%s.embedding_length %u is not a multiple of "
+                          "%s.attention.head_count %u (and there is no "
+                          "%s.attention.key_length)",
+                          c->arch, c->dim, c->arch, c->n_head, c->arch);
+    c->head_dim = c->dim / c->n_head;
+  }
+  if ((rc = sk__check_range(c, "attention.key_length", c->head_dim, SK__MAX_DIM, err)) < 0)
+    return rc;
+  uint32_t v_len = 0;
+  if ((rc = sk__hp_u32(g, c, "attention.value_length", false, c->head_dim, &v_len, err)) < 0)
+    return rc;
+  if (v_len != c->head_dim)
+    return sk_error_set(err, SK_ERR_BAD_MODEL,
+                        "%s.attention.value_length %u differs from the key length %u "
+                        "(sinkd's cache holds keys and values of one size)",
+                        c->arch, v_len, c->head_dim);
+  if ((uint64_t)c->n_head * c->head_dim > SK__MAX_DIM)
+    return sk_error_set(err, SK_ERR_BAD_MODEL,
+                        "%u heads of %u are wider than %u", c->n_head, c->head_dim,
+                        SK__MAX_DIM);
+  c->q_dim = c->n_head * c->head_dim;
   c->kv_dim = c->n_kv_head * c->head_dim;
 
-  if ((rc = sk__hp_u32(g, "rope.dimension_count", false, c->head_dim,
-                       &c->rope_dim, err)) < 0)
+  if ((rc = sk__hp_u32(g, c, "rope.dimension_count", false, c->head_dim, &c->rope_dim,
+                       err)) < 0)
     return rc;
   if (c->rope_dim == 0 || c->rope_dim % 2 != 0 || c->rope_dim > c->head_dim)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.rope.dimension_count is %u, expected an even "
+                        "%s.rope.dimension_count is %u, expected an even "
                         "number in 2..%u (the head size)",
-                        c->rope_dim, c->head_dim);
+                        c->arch, c->rope_dim, c->head_dim);
 
-  if ((rc = sk__hp_f32(g, "rope.freq_base", 10000.0f, &c->rope_base, err)) < 0)
+  if ((rc = sk__hp_f32(g, c, "rope.freq_base", 10000.0f, &c->rope_base, err)) < 0)
     return rc;
   if (!isfinite(c->rope_base) || !(c->rope_base > 1.0f))
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.rope.freq_base is %g, expected a finite "
+                        "%s.rope.freq_base is %g, expected a finite "
                         "value > 1",
-                        (double)c->rope_base);
-  if ((rc = sk__hp_f32(g, "attention.layer_norm_rms_epsilon", 1e-5f,
-                       &c->rms_eps, err)) < 0)
+                        c->arch, (double)c->rope_base);
+  if ((rc = sk__hp_f32(g, c, "attention.layer_norm_rms_epsilon", 1e-5f, &c->rms_eps, err)) <
+      0)
     return rc;
   if (!isfinite(c->rms_eps) || !(c->rms_eps > 0.0f) || c->rms_eps > 1.0f)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.attention.layer_norm_rms_epsilon is %g, "
+                        "%s.attention.layer_norm_rms_epsilon is %g, "
                         "expected a value in (0, 1]",
-                        (double)c->rms_eps);
+                        c->arch, (double)c->rms_eps);
 
   /* Position interpolation, as llama.cpp reads it: the factor (or the old
    * rope.scale_linear key) applies whatever the type says, and the type
    * defaults to linear; YaRN and friends change the angles themselves and
    * are not implemented. */
-  rc = sk_gguf_get_str(g, "llama.rope.scaling.type", &s, err);
+  rc = sk_gguf_get_str(g, sk__arch_key(c, key, sizeof key, "rope.scaling.type"), &s, err);
   if (rc < 0) return rc;
   if (rc > 0 && !sk__str_eq(s, "linear") && !sk__str_eq(s, "none"))
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.rope.scaling.type \"%.*s\" is not supported "
+                        "%s \"%.*s\" is not supported "
                         "(only linear)",
-                        (int)(s.len > 32 ? 32 : s.len), s.ptr);
+                        key, (int)(s.len > 32 ? 32 : s.len), s.ptr);
   float factor = 0.0f;
-  rc = sk_gguf_get_f32(g, "llama.rope.scaling.factor", &factor, err);
-  if (rc == 0) rc = sk_gguf_get_f32(g, "llama.rope.scale_linear", &factor, err);
+  rc = sk_gguf_get_f32(g, sk__arch_key(c, key, sizeof key, "rope.scaling.factor"), &factor,
+                       err);
+  if (rc == 0)
+    rc = sk_gguf_get_f32(g, sk__arch_key(c, key, sizeof key, "rope.scale_linear"), &factor,
+                         err);
   if (rc < 0) return rc;
   if (!isfinite(factor) || factor < 0.0f)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "llama.rope.scaling.factor is %g, expected a finite "
+                        "%s.rope.scaling.factor is %g, expected a finite "
                         "value >= 0",
-                        (double)factor);
+                        c->arch, (double)factor);
   c->rope_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
 
   rc = sk_gguf_get_str(g, "general.name", &s, err);
@@ -451,7 +526,7 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
 }
 
 static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
-                            struct sk_error *err) {
+                            const struct sk__arch *arch, struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
   const struct sk_gguf_tensor *te = sk_gguf_find_tensor(g, "token_embd.weight");
   if (!te)
@@ -468,7 +543,8 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
                        err)) < 0 ||
       (rc = sk__vector(m, g, "output_norm.weight", c->dim, &m->out_norm, err)) < 0)
     return rc;
-  if (sk_gguf_find_tensor(g, "output.weight")) {
+  m->cfg.tied_output = sk_gguf_find_tensor(g, "output.weight") == NULL;
+  if (!m->cfg.tied_output) {
     if ((rc = sk__matrix(m, g, "output.weight", c->dim, c->n_vocab, true, &m->output, err)) < 0)
       return rc;
   } else { /* tied embeddings: the same data, packed for products if need be */
@@ -483,6 +559,12 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
     m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
+    if (arch->rope_freqs == SK__ABSENT)
+      return sk_error_set(err, SK_ERR_BAD_MODEL,
+                          "tensor rope_freqs.weight is not used by architecture %s "
+                          "(llama.cpp refuses it too)",
+                          c->arch);
+    m->cfg.rope_freqs = true;
     if ((rc = sk__vector(m, g, "rope_freqs.weight", c->rope_dim / 2, &m->rope_freqs, err)) < 0)
       return rc;
     for (uint32_t i = 0; i < c->rope_dim / 2; i++)
@@ -493,6 +575,13 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
                             i, (double)m->rope_freqs[i]);
   }
 
+  /* Optional kinds: layer 0 decides, every other layer must agree. */
+  m->cfg.qkv_bias = arch->qkv_bias == SK__REQUIRED ||
+                    (arch->qkv_bias == SK__OPTIONAL &&
+                     sk_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL);
+  m->cfg.qk_norm = arch->qk_norm == SK__REQUIRED ||
+                   (arch->qk_norm == SK__OPTIONAL &&
+                    sk_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL);
   for (uint32_t l = 0; l < c->n_layer; l++) {
     struct sk__layer *L = &m->layers[l];
     char name[SK_GGUF_MAX_NAME + 16];
@@ -505,10 +594,10 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
       uint32_t ne0, ne1;
       struct sk_wmat *dst;
     } spec[] = {
-        {"attn_q", c->dim, c->dim, &L->wq},
+        {"attn_q", c->dim, c->q_dim, &L->wq},
         {"attn_k", c->dim, c->kv_dim, &L->wk},
         {"attn_v", c->dim, c->kv_dim, &L->wv},
-        {"attn_output", c->dim, c->dim, &L->wo},
+        {"attn_output", c->q_dim, c->dim, &L->wo},
         {"ffn_gate", c->dim, c->hidden_dim, &L->w_gate},
         {"ffn_up", c->dim, c->hidden_dim, &L->w_up},
         {"ffn_down", c->hidden_dim, c->dim, &L->w_down},
@@ -518,6 +607,32 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
       if ((rc = sk__matrix(m, g, name, spec[i].ne0, spec[i].ne1, true, spec[i].dst, err)) < 0)
         return rc;
     }
+    /* The vectors the architecture adds (m->cfg.qkv_bias / qk_norm, set
+     * above: every layer has them or none). */
+    struct {
+      const char *name;
+      bool want;
+      uint32_t ne0;
+      const float **dst;
+    } vec[] = {
+        {"attn_q.bias", c->qkv_bias, c->q_dim, &L->bq},
+        {"attn_k.bias", c->qkv_bias, c->kv_dim, &L->bk},
+        {"attn_v.bias", c->qkv_bias, c->kv_dim, &L->bv},
+        {"attn_q_norm.weight", c->qk_norm, c->head_dim, &L->q_norm},
+        {"attn_k_norm.weight", c->qk_norm, c->head_dim, &L->k_norm},
+    };
+    for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
+      snprintf(name, sizeof name, "blk.%u.%s", l, vec[i].name);
+      if (vec[i].want) {
+        if ((rc = sk__vector(m, g, name, vec[i].ne0, vec[i].dst, err)) < 0) return rc;
+      } else if (sk_gguf_find_tensor(g, name)) {
+        return sk_error_set(err, SK_ERR_BAD_MODEL,
+                            "tensor %s is not used by architecture %s%s", name, c->arch,
+                            i < 3 && arch->qkv_bias == SK__OPTIONAL
+                                ? " without blk.0.attn_q.bias"
+                                : " (llama.cpp refuses it too)");
+      }
+    }
   }
   return 0;
 }
@@ -526,7 +641,10 @@ int sk_model_load(const struct sk_gguf *g, struct sk_model **ret,
                   struct sk_error *err) {
   struct sk_model *m = calloc(1, sizeof *m);
   if (!m) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate model");
-  int rc = sk__read_config(g, &m->cfg, err);
+  const struct sk__arch *arch = NULL;
+  int rc = sk__find_arch(g, &arch, err);
+  if (rc < 0) goto fail;
+  rc = sk__read_config(g, arch, &m->cfg, err);
   if (rc < 0) goto fail;
   m->layers = calloc(m->cfg.n_layer, sizeof *m->layers);
   if (!m->layers) {
@@ -534,7 +652,7 @@ int sk_model_load(const struct sk_gguf *g, struct sk_model **ret,
                       m->cfg.n_layer);
     goto fail;
   }
-  rc = sk__load_tensors(m, g, err);
+  rc = sk__load_tensors(m, g, arch, err);
   if (rc < 0) goto fail;
   *ret = m;
   return 0;
@@ -566,6 +684,15 @@ const char *sk_model_weight_type(const struct sk_model *m) {
 
 uint64_t sk_model_weight_bytes(const struct sk_model *m) { return m->weight_bytes; }
 
+const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n) {
+  const struct sk_model_config *c = &m->cfg;
+  snprintf(buf, n, "%s rope=%s%s%s%s%s", c->arch,
+           c->rope_style == SK_ROPE_NEOX ? "neox keys=pairs-interleaved" : "norm",
+           c->qkv_bias ? " qkv_bias" : "", c->qk_norm ? " qk_norm" : "",
+           c->rope_freqs ? " rope_freqs" : "", c->tied_output ? " tied_output" : "");
+  return buf;
+}
+
 /* ---- scratch -------------------------------------------------------- */
 
 void sk_scratch_free(struct sk_scratch *s) {
@@ -573,7 +700,7 @@ void sk_scratch_free(struct sk_scratch *s) {
   float **bufs[] = {&s->x,   &s->xb,      &s->xb2, &s->q,   &s->k,
                     &s->v,   &s->att_out, &s->hb,  &s->hb2, &s->ad,
                     &s->rope_cos, &s->rope_sin, &s->row_cos, &s->row_sin,
-                    &s->sink_cos, &s->sink_sin};
+                    &s->sink_cos, &s->sink_sin, &s->head_tmp};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(*bufs[i]);
   free(s->aq);
   free(s->k16);
@@ -634,15 +761,17 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
    * on 32-bit hosts malloc simply fails. */
   size_t B = max_batch, T = max_ctx;
   size_t wide = c->hidden_dim > c->dim ? c->hidden_dim : c->dim;
+  if (c->q_dim > wide) wide = c->q_dim;
   size_t half = c->rope_dim / 2;
   struct {
     void **dst;
     size_t n, size;
   } want[] = {
       {(void **)&s->x, B * c->dim, 4},       {(void **)&s->xb, B * c->dim, 4},
-      {(void **)&s->xb2, B * c->dim, 4},     {(void **)&s->q, B * c->dim, 4},
+      {(void **)&s->xb2, B * c->dim, 4},     {(void **)&s->q, B * c->q_dim, 4},
       {(void **)&s->k, B * c->kv_dim, 4},    {(void **)&s->v, B * c->kv_dim, 4},
-      {(void **)&s->att_out, B * c->dim, 4}, {(void **)&s->hb, B * c->hidden_dim, 4},
+      {(void **)&s->att_out, B * c->q_dim, 4}, {(void **)&s->hb, B * c->hidden_dim, 4},
+      {(void **)&s->head_tmp, c->head_dim, 4},
       {(void **)&s->hb2, B * c->hidden_dim, 4},
       {(void **)&s->k16, B * c->kv_dim, 2},  {(void **)&s->v16, B * c->kv_dim, 2},
       {(void **)&s->aq, B * wide, 1},        {(void **)&s->ad, B * (wide / SK_QK + 1), 4},
@@ -1077,7 +1206,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
     SK__ANGLES(P);
     for (uint32_t g = 0; g < group; g++) {
       const uint32_t h = kvh * group + g; /* ggml's broadcast: q head h -> kv h/g */
-      float *qh = s->q + (size_t)row * c->dim + (size_t)h * hd;
+      float *qh = s->q + (size_t)row * c->q_dim + (size_t)h * hd;
       sk__rope(qh, qh, c, cs, sn);
       sk_kernels_scores(qh, ts->kq, P + 1, hd, ts->att);
       const bool last = i + 1 == sq->in->n;
@@ -1094,7 +1223,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
         mass_sum += mass;
         ent_sum += ent;
       }
-      float *out = s->att_out + (size_t)row * c->dim + (size_t)h * hd;
+      float *out = s->att_out + (size_t)row * c->q_dim + (size_t)h * hd;
       if (sq->f16)
         sk_kernels_wsum_f16(out, ts->att, (const uint16_t *const *)ts->vp, P + 1, hd);
       else
@@ -1199,7 +1328,7 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
     const uint32_t blk = one ? np : SK__ATT_BLOCK;
 
     for (uint32_t g = 0; g < nh; g++) {
-      const float *qh = s->q + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
+      const float *qh = s->q + (size_t)row * c->q_dim + (size_t)(h0 + g) * hd;
       sk__rope(ts->qw + (size_t)g * hd, qh, c, s->row_cos + (size_t)row * rd,
                s->row_sin + (size_t)row * rd);
       if (sr)
@@ -1253,7 +1382,7 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
         const void *const *bv =
             sk__att_slices(ts->vp, p0, p1, one, (size_t)((h0 + g) / group) * hd * esz, bp);
         const float *att = ts->att + (size_t)g * T + p0;
-        float *out = s->att_out + (size_t)row * c->dim + (size_t)(h0 + g) * hd;
+        float *out = s->att_out + (size_t)row * c->q_dim + (size_t)(h0 + g) * hd;
         if (sq->f16) {
           if (p0) sk_kernels_wsum_add_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
           else sk_kernels_wsum_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
@@ -1297,6 +1426,55 @@ static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   const uint32_t i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
   sk_kernels_swiglu(s->hb + (size_t)i0 * H, s->hb2 + (size_t)i0 * H, (size_t)(i1 - i0) * H);
   if (a->q) sk__quantize_scratch(s, s->hb, H, i0, i1, H);
+}
+
+/* ---- what the architecture adds before RoPE ------------------------- */
+
+/* Reorders each head of x (n_heads heads of head_dim) from NEOX's pairs
+ * (x[i], x[i + h]), h = rope_dim / 2, to adjacent ones (x[2i], x[2i+1]);
+ * elements from rope_dim on stay. tmp holds head_dim floats. */
+static void sk__neox_interleave(float *x, uint32_t n_heads, const struct sk_model_config *c,
+                                float *tmp) {
+  const uint32_t h = c->rope_dim / 2;
+  for (uint32_t k = 0; k < n_heads; k++) {
+    float *xh = x + (size_t)k * c->head_dim;
+    for (uint32_t i = 0; i < h; i++) {
+      tmp[2 * i] = xh[i];
+      tmp[2 * i + 1] = xh[i + h];
+    }
+    memcpy(xh, tmp, (size_t)c->rope_dim * sizeof *xh);
+  }
+}
+
+/* The n rows of s->q, s->k, s->v as the architecture wants them before
+ * RoPE, in llama.cpp's order: + the biases (qwen2: ggml_add after the
+ * product), then RMSNorm of each query and key head with the head's
+ * weight (qwen3: ggml_rms_norm over head_dim, eps rms_eps, ggml_mul),
+ * then a NEOX model's reordering (model.h). Nothing for a llama model
+ * without biases. */
+static void sk__qkv_arch(struct sk_scratch *s, const struct sk__layer *L, uint32_t n) {
+  const struct sk_model_config *c = &s->m->cfg;
+  if (!c->qkv_bias && !c->qk_norm && c->rope_style == SK_ROPE_NORM) return;
+  const uint32_t hd = c->head_dim;
+  for (uint32_t r = 0; r < n; r++) {
+    float *q = s->q + (size_t)r * c->q_dim, *k = s->k + (size_t)r * c->kv_dim;
+    float *v = s->v + (size_t)r * c->kv_dim;
+    if (c->qkv_bias) {
+      for (uint32_t j = 0; j < c->q_dim; j++) q[j] += L->bq[j];
+      for (uint32_t j = 0; j < c->kv_dim; j++) k[j] += L->bk[j];
+      for (uint32_t j = 0; j < c->kv_dim; j++) v[j] += L->bv[j];
+    }
+    if (c->qk_norm) {
+      for (uint32_t h = 0; h < c->n_head; h++)
+        sk__rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, c->rms_eps);
+      for (uint32_t h = 0; h < c->n_kv_head; h++)
+        sk__rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, c->rms_eps);
+    }
+    if (c->rope_style == SK_ROPE_NEOX) {
+      sk__neox_interleave(q, c->n_head, c, s->head_tmp);
+      sk__neox_interleave(k, c->n_kv_head, c, s->head_tmp);
+    }
+  }
 }
 
 /* ---- forward -------------------------------------------------------- */
@@ -1454,9 +1632,10 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                           .y = s->xb, .ld = dim, .n = n, .cols = dim};
     struct sk_act a = sk__prep(&pr, qkv, 3);
     struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
-                        .y = {sk__rows(s, 0, s->q, dim, n), sk__rows(s, n, s->k, D, n),
+                        .y = {sk__rows(s, 0, s->q, c->q_dim, n), sk__rows(s, n, s->k, D, n),
                               sk__rows(s, 2 * n, s->v, D, n)}};
     sk__matmuls(s, &mm);
+    sk__qkv_arch(s, L, n);
     for (uint32_t i = 0; i < n_seqs; i++) {
       const struct sk__seq *sq = &s->seqs[i];
       for (uint32_t j = 0; j < seqs[i].n && sq->rotated; j++) { /* at their stream index */
@@ -1486,7 +1665,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     }
     /* (each attention task wrote its part of the new keys and values) */
     const struct sk_wmat *wo[1] = {&L->wo};
-    pr = (struct sk__prep){.s = s, .x = s->att_out, .ld = dim, .n = n, .cols = dim};
+    pr = (struct sk__prep){.s = s, .x = s->att_out, .ld = c->q_dim, .n = n, .cols = c->q_dim};
     a = sk__prep(&pr, wo, 1);
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->wo}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
     sk__matmuls(s, &mm);

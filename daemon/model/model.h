@@ -1,17 +1,33 @@
-/* Llama-architecture forward pass (Llama 1/2/3, TinyLlama, Mistral-style
- * GQA): token embedding, per layer RMSNorm -> Q/K/V projections -> RoPE ->
- * grouped-query attention over the KV cache -> output projection ->
+/* Forward pass of the Llama family of decoder-only transformers, for the
+ * architectures of SK_MODEL_ARCHS: token embedding, per layer RMSNorm ->
+ * Q/K/V projections (+ biases) -> (per-head RMSNorm of Q and K) -> RoPE
+ * -> grouped-query attention over the KV cache -> output projection ->
  * residual, RMSNorm -> SwiGLU FFN -> residual; final RMSNorm and output
- * head. Weights are F32, F16, BF16 (converted to F32 on load), Q8_0 or
- * Q4_0; matrix products run on the kernels of kernels.h, on a pool of
- * threads (pool.h). One call can run several sequences (sessions) at
- * once, each weight matrix then read once for all of them.
+ * head (token_embd when the file has no output.weight: tied embeddings).
+ * What differs between architectures is data, one table in model.c
+ * (which tensors exist, RoPE style), not another pass. Weights are F32,
+ * F16, BF16 (converted to F32 on load), Q8_0 or Q4_0; matrix products run
+ * on the kernels of kernels.h, on a pool of threads (pool.h). One call
+ * can run several sequences (sessions) at once, each weight matrix then
+ * read once for all of them.
  *
- * RoPE is llama.cpp's LLAMA_ROPE_TYPE_NORM: adjacent pairs (x[2i],
- * x[2i+1]) rotated by pos * base^(-2i/rope_dim) (Su et al. 2021, RoFormer
- * eq. 34). Positions are cache positions (StreamingLLM, Xiao et al. 2023
- * sec. 3.2). Dense, streaming and window caches store keys rotated at
- * their stream index and rotate each query once per run of positions
+ * RoPE (Su et al. 2021, RoFormer eq. 34), as llama.cpp applies it: pair i
+ * (i < rope_dim / 2) of each head is rotated by pos * base^(-2i/rope_dim)
+ * / freq_factor[i] (rope_freqs.weight, Llama 3.1; 1 without). The pair is
+ * (x[2i], x[2i+1]) for llama (LLAMA_ROPE_TYPE_NORM) and (x[i], x[i +
+ * rope_dim/2]) for qwen2/qwen3 (LLAMA_ROPE_TYPE_NEOX). A NEOX model's
+ * queries and keys are reordered after their projection (and bias and
+ * norm) so that pair i sits at (2i, 2i+1): the same rotation, by the same
+ * float operations, then done by the NORM code, and attention scores are
+ * dot products, unchanged by reordering both sides alike. So the KV cache
+ * of a NEOX model holds each key head's rotary part in that order
+ * (x[0], x[h], x[1], x[h+1], ..., h = rope_dim / 2; the rest after it),
+ * and everything below that works on keys (policies, re-rotation,
+ * persistence) is the same for every architecture.
+ *
+ * Positions are cache positions (StreamingLLM, Xiao et al. 2023 sec.
+ * 3.2). Dense, streaming and window caches store keys rotated at their
+ * stream index and rotate each query once per run of positions
  * (kvcache.h); h2o caches store keys unrotated and rotate them at
  * attention time by their current position in the cache.
  */
@@ -19,6 +35,7 @@
 #define SK_MODEL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gguf.h"
@@ -26,20 +43,40 @@
 #include "pool.h"
 #include "sinkd/protocol.h"
 
+/* The architectures sinkd runs, as general.architecture names them. */
+#define SK_MODEL_ARCHS "llama, qwen2, qwen3"
+
+/* How the two members of a RoPE pair sit in a head (see above). */
+enum sk_rope_style {
+  SK_ROPE_NORM = 0, /* adjacent pairs (llama) */
+  SK_ROPE_NEOX = 1, /* the two halves of the rotary part (qwen2, qwen3) */
+};
+
+/* Hyper-parameters; ARCH below is general.architecture ("llama.", ...). */
 struct sk_model_config {
+  char arch[16];        /* general.architecture: one of SK_MODEL_ARCHS */
   uint32_t n_vocab;     /* rows of token_embd */
-  uint32_t dim;         /* llama.embedding_length */
-  uint32_t hidden_dim;  /* llama.feed_forward_length */
-  uint32_t n_layer;     /* llama.block_count */
-  uint32_t n_head;      /* llama.attention.head_count */
-  uint32_t n_kv_head;   /* llama.attention.head_count_kv (GQA), default n_head */
-  uint32_t head_dim;    /* dim / n_head */
+  uint32_t dim;         /* ARCH.embedding_length */
+  uint32_t hidden_dim;  /* ARCH.feed_forward_length */
+  uint32_t n_layer;     /* ARCH.block_count */
+  uint32_t n_head;      /* ARCH.attention.head_count */
+  uint32_t n_kv_head;   /* ARCH.attention.head_count_kv (GQA), default n_head */
+  uint32_t head_dim;    /* ARCH.attention.key_length (= value_length),
+                           default dim / n_head */
+  uint32_t q_dim;       /* n_head * head_dim: rows of attn_q, columns of
+                           attn_output (dim, except e.g. Qwen3-0.6B) */
   uint32_t kv_dim;      /* n_kv_head * head_dim */
-  uint32_t rope_dim;    /* llama.rope.dimension_count, default head_dim */
-  uint32_t n_ctx_train; /* llama.context_length */
-  float rope_base;      /* llama.rope.freq_base, default 10000 */
-  float rope_scale;     /* 1 / llama.rope.scaling.factor for type linear; 1 */
-  float rms_eps;        /* llama.attention.layer_norm_rms_epsilon */
+  uint32_t rope_dim;    /* ARCH.rope.dimension_count, default head_dim */
+  uint32_t n_ctx_train; /* ARCH.context_length */
+  float rope_base;      /* ARCH.rope.freq_base, default 10000 */
+  float rope_scale;     /* 1 / ARCH.rope.scaling.factor for type linear; 1 */
+  float rms_eps;        /* ARCH.attention.layer_norm_rms_epsilon */
+  enum sk_rope_style rope_style;
+  bool qkv_bias;        /* blk.N.attn_{q,k,v}.bias are added (qwen2) */
+  bool qk_norm;         /* blk.N.attn_{q,k}_norm.weight: per-head RMSNorm
+                           of queries and keys before RoPE (qwen3) */
+  bool rope_freqs;      /* rope_freqs.weight divides the pair frequencies */
+  bool tied_output;     /* no output.weight: token_embd is the output head */
   char name[64];        /* general.name, truncated */
 };
 
@@ -61,6 +98,14 @@ const struct sk_model_config *sk_model_config(const struct sk_model *m);
 struct sk_kv_shape sk_model_kv_shape(const struct sk_model *m);
 /* ggml type name of the layer matrices ("f32", "q8_0", ...). Static. */
 const char *sk_model_weight_type(const struct sk_model *m);
+/* How this sinkd runs the model, as one line of text: the architecture
+ * and every choice that decides what the KV cache holds (RoPE style and
+ * key order, biases, q/k norms, frequency factors, tied output), e.g.
+ * "qwen3 rope=neox keys=pairs-interleaved qk_norm". Written into buf
+ * (NUL-terminated, truncated to n); returns buf. Sessions are adopted
+ * only by a daemon whose model fingerprint, which mixes this line in,
+ * is the same (store.h). */
+const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n);
 /* Bytes of the matrices one forward pass reads (layers and output head;
  * the embedding table is only looked up). */
 uint64_t sk_model_weight_bytes(const struct sk_model *m);
