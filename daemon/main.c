@@ -496,9 +496,9 @@ int main(int argc, char **argv) {
     goto out;
   }
   sk_log(SK_LOG_INFO,
-         "model loaded: %s (%s): %u layers, dim %u, %u heads, %u KV heads, vocab %u, context %u, "
-         "%s weights (%.1f MB per step), %s kernels",
-         d.cfg.model, d.mc->name, d.mc->n_layer, d.mc->dim, d.mc->n_head, d.mc->n_kv_head,
+         "model loaded: %s (%s): %s, %u layers, dim %u, %u heads, %u KV heads, vocab %u, "
+         "context %u, %s weights (%.1f MB per step), %s kernels",
+         d.cfg.model, d.mc->name, d.mc->arch, d.mc->n_layer, d.mc->dim, d.mc->n_head, d.mc->n_kv_head,
          d.mc->n_vocab, d.mc->n_ctx_train, sk_model_weight_type(model),
          (double)sk_model_weight_bytes(model) / 1e6, sk_kernels_name());
   /* The model runs on sinkd's own pool of `threads` threads; OpenBLAS
@@ -514,7 +514,8 @@ int main(int argc, char **argv) {
   kv_shape.kv_type = d.cfg.kv_type;
   struct sk_store_config stc = {.dir = d.cfg.state_dir, .shape = kv_shape,
                                 .n_vocab = d.mc->n_vocab};
-  sk_store_fingerprint(gguf, stc.model_fp);
+  char runs[160];
+  sk_store_fingerprint_runs(gguf, sk_model_describe(model, runs, sizeof runs), stc.model_fp);
   bool tmpfs = false;
   if (sk_store_open(&stc, &store, &tmpfs, &err) < 0) {
     sk_log(SK_LOG_ERR, "%s", err.message);

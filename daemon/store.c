@@ -114,6 +114,11 @@ static uint64_t sk__slot_sum(const struct sk_kv *kv, uint32_t slot) {
 
 void sk_store_fingerprint(const struct sk_gguf *g,
                           uint8_t ret[SK_STORE_FP_SIZE]) {
+  sk_store_fingerprint_runs(g, NULL, ret);
+}
+
+void sk_store_fingerprint_runs(const struct sk_gguf *g, const char *runs,
+                               uint8_t ret[SK_STORE_FP_SIZE]) {
   size_t size = 0;
   const uint8_t *base = sk_gguf_bytes(g, &size);
   XXH3_state_t *s = XXH3_createState();
@@ -127,6 +132,11 @@ void sk_store_fingerprint(const struct sk_gguf *g,
   }
   XXH3_128bits_reset(s);
   XXH3_128bits_update(s, base, (size_t)sk_gguf_data_offset(g));
+  if (runs) {
+    uint64_t n = strlen(runs);
+    XXH3_128bits_update(s, &n, sizeof n);
+    XXH3_128bits_update(s, runs, (size_t)n);
+  }
   uint64_t size64 = size;
   XXH3_128bits_update(s, &size64, sizeof size64);
   for (uint64_t i = 0; i < sk_gguf_n_tensors(g); i++) {

@@ -73,6 +73,11 @@
  * shapes, offsets), the file size (8 bytes), and for every tensor the first
  * and the last min(4096, size) bytes of its data. A different model, a
  * different quantization or a fine-tune with the same header all differ.
+ * The daemon also mixes in how it runs the model (sk_model_describe:
+ * architecture, RoPE style and the order keys are cached in, biases, q/k
+ * norms, frequency factors, tied output; after the header bytes, as its
+ * length (8 bytes) and text), so that a sinkd that would read the same
+ * file's cached keys differently does not adopt them.
  *
  * ---- Export image, version 1 (SK_STORE_IMAGE_VERSION) -----------------
  *
@@ -228,6 +233,10 @@ struct sk_store_config {
  * Never fails (the GGUF was checked when opened). */
 void sk_store_fingerprint(const struct sk_gguf *g,
                           uint8_t ret[SK_STORE_FP_SIZE]);
+/* The same with runs (NUL-terminated; sk_model_describe's line) mixed in:
+ * the daemon's fingerprint. runs NULL gives sk_store_fingerprint's. */
+void sk_store_fingerprint_runs(const struct sk_gguf *g, const char *runs,
+                               uint8_t ret[SK_STORE_FP_SIZE]);
 /* Lowercase hex of a fingerprint into out (33 bytes). */
 void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]);
 

@@ -26,6 +26,7 @@
 #include "kvcache.h"
 #include "model.h"
 #include "sinkd/client.h"
+#include "store.h"
 #include "testdaemon.h"
 #include "testutil.h"
 
@@ -238,6 +239,20 @@ static void test_config_and_description(void **state) {
     assert_true(fabsf(f.c->rms_eps - want[i].eps) < 1e-12f);
     char buf[128];
     assert_string_equal(sk_model_describe(f.m, buf, sizeof buf), want[i].desc);
+    /* the daemon's fingerprint mixes the line in: another reading of the
+     * same file (here: the other RoPE style) gives another fingerprint */
+    uint8_t fp[SK_STORE_FP_SIZE], again[SK_STORE_FP_SIZE], file[SK_STORE_FP_SIZE],
+        other[SK_STORE_FP_SIZE];
+    sk_store_fingerprint_runs(f.g, buf, fp);
+    sk_store_fingerprint_runs(f.g, buf, again);
+    sk_store_fingerprint(f.g, file);
+    char *neox = strstr(buf, "rope=");
+    assert_non_null(neox);
+    memcpy(neox, strncmp(neox, "rope=norm", 9) == 0 ? "rope=neox" : "rope=norm", 9);
+    sk_store_fingerprint_runs(f.g, buf, other);
+    assert_memory_equal(fp, again, sizeof fp);
+    assert_memory_not_equal(fp, file, sizeof fp);
+    assert_memory_not_equal(fp, other, sizeof fp);
     unload(&f);
   }
 }
