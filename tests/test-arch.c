@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -615,6 +616,234 @@ static void test_daemon_qwen3(void **state) {
   free(path);
 }
 
+/* ---- an independent forward pass ---------------------------------------- */
+
+/* The whole model in double, written from llama.cpp's graph (llm_build_
+ * llama / qwen2 / qwen3) without any of model.c's machinery: per token,
+ * per layer, RMSNorm, the projections (+ biases), the per-head q/k norms,
+ * RoPE on the pairs of the architecture's style in its own order, causal
+ * attention, SwiGLU. F32 files only. Returns the (n_vocab) logits of the
+ * last of tokens[0..n), malloc'd. */
+static double *naive_forward(const struct sk_gguf *g, const struct sk_model_config *c,
+                             const int32_t *tokens, uint32_t n) {
+  const uint32_t D = c->dim, Q = c->q_dim, KV = c->kv_dim, H = c->hidden_dim, hd = c->head_dim;
+  const uint32_t group = c->n_head / c->n_kv_head;
+  double *x = calloc(D, sizeof *x), *xn = calloc(D, sizeof *xn), *q = calloc(Q, sizeof *q);
+  double *att = calloc(Q, sizeof *att), *hg = calloc(H, sizeof *hg), *hu = calloc(H, sizeof *hu);
+  double *kc = calloc((size_t)c->n_layer * n * KV, sizeof *kc);
+  double *vc = calloc((size_t)c->n_layer * n * KV, sizeof *vc);
+  double *sc = calloc(n, sizeof *sc), *logits = calloc(c->n_vocab, sizeof *logits);
+  assert_true(x && xn && q && att && hg && hu && kc && vc && sc && logits);
+  const float *freqs = c->rope_freqs ? tensor_f32(g, "rope_freqs.weight") : NULL;
+  char nm[96];
+#define W(FMT, L) (snprintf(nm, sizeof nm, FMT, L), tensor_f32(g, nm))
+  for (uint32_t pos = 0; pos < n; pos++) {
+    const float *emb = tensor_f32(g, "token_embd.weight") + (size_t)tokens[pos] * D;
+    for (uint32_t j = 0; j < D; j++) x[j] = emb[j];
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+      double *k = kc + ((size_t)l * n + pos) * KV, *v = vc + ((size_t)l * n + pos) * KV;
+      const float *an = W("blk.%u.attn_norm.weight", l);
+      double ss = 0.0;
+      for (uint32_t j = 0; j < D; j++) ss += x[j] * x[j];
+      for (uint32_t j = 0; j < D; j++) xn[j] = x[j] / sqrt(ss / D + c->rms_eps) * an[j];
+      struct {
+        const char *w, *b;
+        double *y;
+        uint32_t rows;
+      } pr[3] = {{"blk.%u.attn_q.weight", "blk.%u.attn_q.bias", q, Q},
+                 {"blk.%u.attn_k.weight", "blk.%u.attn_k.bias", k, KV},
+                 {"blk.%u.attn_v.weight", "blk.%u.attn_v.bias", v, KV}};
+      for (int i = 0; i < 3; i++) {
+        const float *w = W(pr[i].w, l);
+        const float *b = c->qkv_bias ? W(pr[i].b, l) : NULL;
+        for (uint32_t r = 0; r < pr[i].rows; r++) {
+          double a = b ? b[r] : 0.0;
+          for (uint32_t j = 0; j < D; j++) a += (double)w[(size_t)r * D + j] * xn[j];
+          pr[i].y[r] = a;
+        }
+      }
+      for (int which = 0; which < 2; which++) {
+        double *y = which ? k : q;
+        const uint32_t nh = which ? c->n_kv_head : c->n_head;
+        const float *nw = c->qk_norm ? W(which ? "blk.%u.attn_k_norm.weight"
+                                               : "blk.%u.attn_q_norm.weight", l)
+                                     : NULL;
+        for (uint32_t h = 0; h < nh; h++) {
+          double *z = y + (size_t)h * hd;
+          if (nw) {
+            double s2 = 0.0;
+            for (uint32_t j = 0; j < hd; j++) s2 += z[j] * z[j];
+            double f = 1.0 / sqrt(s2 / hd + c->rms_eps);
+            for (uint32_t j = 0; j < hd; j++) z[j] = z[j] * f * nw[j];
+          }
+          for (uint32_t i = 0; i < c->rope_dim / 2; i++) {
+            double a = pos * pow((double)c->rope_base, -2.0 * i / c->rope_dim) * c->rope_scale /
+                       (freqs ? freqs[i] : 1.0);
+            uint32_t i0 = c->rope_style == SK_ROPE_NEOX ? i : 2 * i;
+            uint32_t i1 = c->rope_style == SK_ROPE_NEOX ? i + c->rope_dim / 2 : 2 * i + 1;
+            double x0 = z[i0], x1 = z[i1];
+            z[i0] = x0 * cos(a) - x1 * sin(a);
+            z[i1] = x0 * sin(a) + x1 * cos(a);
+          }
+        }
+      }
+      for (uint32_t h = 0; h < c->n_head; h++) {
+        const uint32_t kvh = h / group;
+        double mx = -INFINITY, sum = 0.0;
+        for (uint32_t p = 0; p <= pos; p++) {
+          const double *kp = kc + ((size_t)l * n + p) * KV + (size_t)kvh * hd;
+          double a = 0.0;
+          for (uint32_t j = 0; j < hd; j++) a += q[(size_t)h * hd + j] * kp[j];
+          sc[p] = a / sqrt((double)hd);
+          mx = fmax(mx, sc[p]);
+        }
+        for (uint32_t p = 0; p <= pos; p++) sum += (sc[p] = exp(sc[p] - mx));
+        for (uint32_t j = 0; j < hd; j++) {
+          double a = 0.0;
+          for (uint32_t p = 0; p <= pos; p++)
+            a += sc[p] / sum * vc[((size_t)l * n + p) * KV + (size_t)kvh * hd + j];
+          att[(size_t)h * hd + j] = a;
+        }
+      }
+      const float *wo = W("blk.%u.attn_output.weight", l);
+      for (uint32_t r = 0; r < D; r++) {
+        double a = 0.0;
+        for (uint32_t j = 0; j < Q; j++) a += (double)wo[(size_t)r * Q + j] * att[j];
+        x[r] += a;
+      }
+      const float *fn = W("blk.%u.ffn_norm.weight", l);
+      ss = 0.0;
+      for (uint32_t j = 0; j < D; j++) ss += x[j] * x[j];
+      for (uint32_t j = 0; j < D; j++) xn[j] = x[j] / sqrt(ss / D + c->rms_eps) * fn[j];
+      const float *wg = W("blk.%u.ffn_gate.weight", l), *wu = W("blk.%u.ffn_up.weight", l);
+      for (uint32_t r = 0; r < H; r++) {
+        double a = 0.0, b = 0.0;
+        for (uint32_t j = 0; j < D; j++) {
+          a += (double)wg[(size_t)r * D + j] * xn[j];
+          b += (double)wu[(size_t)r * D + j] * xn[j];
+        }
+        hg[r] = a / (1.0 + exp(-a)) * b;
+      }
+      const float *wd = W("blk.%u.ffn_down.weight", l);
+      for (uint32_t r = 0; r < D; r++) {
+        double a = 0.0;
+        for (uint32_t j = 0; j < H; j++) a += (double)wd[(size_t)r * H + j] * hg[j];
+        x[r] += a;
+      }
+    }
+  }
+#undef W
+  const float *on = tensor_f32(g, "output_norm.weight");
+  double ss = 0.0;
+  for (uint32_t j = 0; j < D; j++) ss += x[j] * x[j];
+  for (uint32_t j = 0; j < D; j++) xn[j] = x[j] / sqrt(ss / D + c->rms_eps) * on[j];
+  const float *wout = tensor_f32(g, c->tied_output ? "token_embd.weight" : "output.weight");
+  for (uint32_t r = 0; r < c->n_vocab; r++) {
+    double a = 0.0;
+    for (uint32_t j = 0; j < D; j++) a += (double)wout[(size_t)r * D + j] * xn[j];
+    logits[r] = a;
+  }
+  free(x);
+  free(xn);
+  free(q);
+  free(att);
+  free(hg);
+  free(hu);
+  free(kc);
+  free(vc);
+  free(sc);
+  return logits;
+}
+
+/* sinkd's logits of the last of n tokens (dense cache) against
+ * naive_forward's; returns the largest difference. */
+static double vs_naive(const struct sk_gguf *g, const struct sk_model *m, const int32_t *ids,
+                       uint32_t n) {
+  struct sk_scratch *s = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_scratch_new(m, n, n, &s, &err), 0);
+  struct sk_kv_params dp = {.policy = SK_POLICY_DENSE, .capacity = n, .rope_scale = 1.0f};
+  struct sk_kv *kv = new_kv(m, &dp);
+  const struct sk_model_config *c = sk_model_config(m);
+  float *logits = malloc(c->n_vocab * sizeof *logits);
+  assert_non_null(logits);
+  step(m, s, kv, ids, n, logits, false);
+  double *want = naive_forward(g, c, ids, n), maxd = 0.0;
+  for (uint32_t i = 0; i < c->n_vocab; i++) maxd = fmax(maxd, fabs(logits[i] - want[i]));
+  free(want);
+  free(logits);
+  sk_kv_delete(kv);
+  sk_scratch_free(s);
+  return maxd;
+}
+
+/* The independent pass against llama.cpp on the fixtures (so that it can
+ * vouch for what the fixtures do not cover), then against sinkd on the
+ * files sinkd-mkmodel writes for every architecture, among them a qwen3
+ * whose heads do not split the embedding (64 wide, 4 heads of 32: q_dim
+ * 128, as Qwen3-0.6B's 1024 and 16 x 128). */
+static void test_naive_and_mkmodel(void **state) {
+  (void)state;
+  for (size_t i = 0; i < N_ARCH; i++) {
+    struct fx f;
+    load(k_arch[i], &f);
+    const json_t *pr = json_array_get(json_object_get(f.ref, "prompts"), 2);
+    size_t np;
+    int32_t *ids = sk_test_json_ids(json_object_get(pr, "prompt_ids"), &np);
+    double *want = naive_forward(f.g, f.c, ids, (uint32_t)np), maxd = 0.0;
+    const json_t *last = json_object_get(pr, "last_position_logits");
+    for (size_t j = 0; j < V; j++) maxd = fmax(maxd, fabs(want[j] - num(json_array_get(last, j))));
+    printf("%s: double-precision pass vs llama.cpp, last prompt logits: max abs diff %.3g\n",
+           k_arch[i], maxd);
+    assert_true(maxd < LOGIT_TOL);
+    free(want);
+    free(ids);
+    unload(&f);
+  }
+
+  const char *mk = getenv("SK_MKMODEL");
+  if (!mk) fail_msg("SK_MKMODEL is not set (meson sets it)");
+  char *dir = sk_test_tmpdir();
+  static const struct {
+    const char *args, *desc;
+    uint32_t q_dim;
+  } cases[] = {
+      {"--arch llama", "llama rope=norm", 64},
+      {"--arch llama3", "llama rope=norm rope_freqs tied_output", 64},
+      {"--arch qwen2", "qwen2 rope=neox keys=pairs-interleaved qkv_bias", 64},
+      {"--arch qwen3", "qwen3 rope=neox keys=pairs-interleaved qk_norm", 64},
+      {"--arch qwen3 --heads 4 --kv-heads 2 --head-dim 32",
+       "qwen3 rope=neox keys=pairs-interleaved qk_norm", 128},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[512], cmd[1024];
+    snprintf(path, sizeof path, "%s/m%zu.gguf", dir, i);
+    snprintf(cmd, sizeof cmd, "'%s' --shape 260K --layers 2 --seed %zu %s -o '%s' 2>/dev/null",
+             mk, i + 7, cases[i].args, path);
+    assert_int_equal(system(cmd), 0);
+    struct sk_gguf *g = NULL;
+    struct sk_model *m = NULL;
+    struct sk_error err = {0};
+    if (sk_gguf_open(path, &g, &err) < 0 || sk_model_load(g, &m, &err) < 0)
+      fail_msg("%s: %s", cases[i].args, err.message);
+    char buf[128];
+    assert_string_equal(sk_model_describe(m, buf, sizeof buf), cases[i].desc);
+    assert_int_equal(sk_model_config(m)->q_dim, cases[i].q_dim);
+    int32_t ids[24];
+    stream_ids(ids, 24);
+    double d = vs_naive(g, m, ids, 24);
+    printf("sinkd-mkmodel %s: sinkd vs the double-precision pass, 24 tokens: max abs logit "
+           "diff %.3g\n",
+           cases[i].args, d);
+    assert_true(d < LOGIT_TOL);
+    sk_model_free(m);
+    sk_gguf_close(g);
+    unlink(path);
+  }
+  rmdir(dir);
+  free(dir);
+}
+
 /* ---- refusals ----------------------------------------------------------- */
 
 /* The qwen2 fixture with general.architecture's value overwritten (same
@@ -670,6 +899,7 @@ int main(void) {
       cmocka_unit_test(test_qwen2_reference),
       cmocka_unit_test(test_qwen3_reference),
       cmocka_unit_test(test_neox_cache),
+      cmocka_unit_test(test_naive_and_mkmodel),
       cmocka_unit_test(test_daemon_qwen3),
       cmocka_unit_test(test_refused_architecture),
   };

@@ -27,6 +27,8 @@ expect() {
 expect 0 out "Usage:" "$mk" --help
 expect 2 err "shape '7B': expected 260K, 15M, 110M or 1B" "$mk" --shape 7B --type f32 -o "$dir/m.gguf"
 expect 2 err "no output file: give -o FILE" "$mk" --shape 15M --type f32
+expect 2 err "arch 'gemma': expected llama, llama3, qwen2 or qwen3" "$mk" --arch gemma -o "$dir/m.gguf"
+expect 2 err "or give an even --head-dim" "$mk" --arch qwen3 --head-dim 33 -o "$dir/m.gguf"
 [ ! -e "$dir/m.gguf" ] || { echo "FAIL: a file was written"; fail=1; }
 
 expect 0 out "Usage:" "$bench" --help

@@ -1,6 +1,18 @@
-/* sinkd-mkmodel: writes a valid GGUF file (v3, llama architecture) with
- * random weights and the shape of a real model, for benchmarks: decode
- * speed depends on the shapes and the weight type, not on the values.
+/* sinkd-mkmodel: writes a valid GGUF file (v3) with random weights and
+ * the shape of a real model, for benchmarks and tests: decode speed
+ * depends on the shapes and the weight type, not on the values.
+ *
+ * Architectures (--arch), with the tensors and keys llama.cpp's files
+ * of that family carry:
+ *   llama   separate output.weight, rope.freq_base 10000 (Llama 2)
+ *   llama3  tied embeddings (no output.weight), rope_freqs.weight with
+ *           the Llama 3.1 factors (factor 8, low 1, high 4, original
+ *           context 8192), rope.freq_base 500000
+ *   qwen2   attn_{q,k,v}.bias, rope.freq_base 1e6, RMS eps 1e-6
+ *   qwen3   attn_{q,k}_norm.weight (one head wide), attention.key_length
+ *           and value_length, rope.freq_base 1e6, RMS eps 1e-6
+ * --head-dim sets a head size other than dim / heads (Qwen3-0.6B: 1024
+ * wide, 16 heads of 128).
  *
  * Shapes (karpathy's llama2.c stories models, TinyLlama):
  *   260K  dim 64,   5 layers,  8 heads, 4 KV heads, hidden 172,  vocab 512
@@ -173,7 +185,40 @@ static void make_vocab(struct vocab *v, uint32_t n) {
 
 /* ---- tensors -------------------------------------------------------- */
 
-enum init { INIT_ONES, INIT_RANDOM };
+/* INIT_NORM: 1 + uniform(+-0.25), a norm weight that is not all ones;
+ * INIT_ROPE_FREQS: the Llama 3.1 frequency factors. */
+enum init { INIT_ONES, INIT_RANDOM, INIT_NORM, INIT_ROPE_FREQS };
+
+/* An architecture --arch writes (see the top of this file). */
+struct arch {
+  const char *name;     /* --arch */
+  const char *gguf;     /* general.architecture, the key prefix */
+  bool tied;            /* no output.weight */
+  bool rope_freqs;      /* rope_freqs.weight */
+  bool qkv_bias;        /* blk.N.attn_{q,k,v}.bias */
+  bool qk_norm;         /* blk.N.attn_{q,k}_norm.weight */
+  float rope_base, rms_eps;
+};
+
+static const struct arch archs[] = {
+    {"llama", "llama", false, false, false, false, 10000.0f, 1e-5f},
+    {"llama3", "llama", true, true, false, false, 500000.0f, 1e-5f},
+    {"qwen2", "qwen2", false, false, true, false, 1e6f, 1e-6f},
+    {"qwen3", "qwen3", false, false, false, true, 1e6f, 1e-6f},
+};
+
+/* Frequency factor of RoPE pair i of rope_dim, Llama 3.1's rule (Meta's
+ * reference apply_scaling, as llama.cpp's converter writes it): pairs
+ * whose wavelength is below original_ctx / high keep 1, above
+ * original_ctx / low get factor, in between a smooth mix. */
+static float llama31_factor(uint32_t i, uint32_t rope_dim, float base) {
+  const double factor = 8.0, low = 1.0, high = 4.0, orig = 8192.0;
+  const double freq = pow((double)base, -2.0 * i / rope_dim), wavelen = 2.0 * M_PI / freq;
+  if (wavelen < orig / high) return 1.0f;
+  if (wavelen > orig / low) return (float)factor;
+  const double smooth = (orig / wavelen - low) / (high - low);
+  return (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+}
 
 struct tensor {
   char name[64];
@@ -222,14 +267,15 @@ static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, v
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: %s [OPTIONS] -o FILE\n"
-          "Write a GGUF llama model with random weights and a real model's shape.\n"
+          "Write a GGUF model with random weights and a real model's shape.\n"
           "\n"
+          "  -a, --arch NAME       llama, llama3, qwen2 or qwen3 (default llama)\n"
           "  -s, --shape NAME      260K, 15M, 110M or 1B (default 15M)\n"
           "  -t, --type TYPE       weights: f32, f16, q8_0 or q4_0 (default f32)\n"
           "      --output-type T   type of output.weight (default: the weight type;\n"
           "                        q8_0 for q4_0 files, as llama.cpp writes them)\n"
           "      --dim N --layers N --heads N --kv-heads N --hidden N --vocab N --ctx N\n"
-          "                        override one dimension of the shape\n"
+          "      --head-dim N      override one dimension of the shape\n"
           "      --seed N          random seed (default 1)\n"
           "  -o, --output FILE     where to write (required)\n"
           "  -h, --help            this text\n"
@@ -252,8 +298,13 @@ int main(int argc, char **argv) {
   struct shape sh = shapes[1];
   const char *type_name = "f32", *out_type_name = NULL, *path = NULL;
   uint64_t seed = 1;
-  enum { O_OUT_TYPE = 256, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_HIDDEN, O_VOCAB, O_CTX, O_SEED };
+  const struct arch *arch = &archs[0];
+  uint32_t head_dim_opt = 0;
+  enum { O_OUT_TYPE = 256, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_HIDDEN, O_VOCAB, O_CTX, O_SEED,
+         O_HEAD_DIM };
   static const struct option opts[] = {
+      {"arch", required_argument, NULL, 'a'},
+      {"head-dim", required_argument, NULL, O_HEAD_DIM},
       {"shape", required_argument, NULL, 's'},   {"type", required_argument, NULL, 't'},
       {"output-type", required_argument, NULL, O_OUT_TYPE},
       {"dim", required_argument, NULL, O_DIM},   {"layers", required_argument, NULL, O_LAYERS},
@@ -266,8 +317,17 @@ int main(int argc, char **argv) {
   };
   bool kv_heads_set = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "a:s:t:o:h", opts, NULL)) != -1) {
     switch (ch) {
+    case 'a': {
+      size_t i = 0;
+      while (i < sizeof archs / sizeof archs[0] && strcmp(archs[i].name, optarg)) i++;
+      if (i == sizeof archs / sizeof archs[0])
+        sk_tool_usage_die("arch '%s': expected llama, llama3, qwen2 or qwen3", optarg);
+      arch = &archs[i];
+      break;
+    }
+    case O_HEAD_DIM: head_dim_opt = parse_u32("--head-dim", optarg, 2, 65536); break;
     case 's': {
       size_t i = 0;
       while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
@@ -297,18 +357,23 @@ int main(int argc, char **argv) {
   if (optind < argc) sk_tool_usage_die("unexpected argument '%s' (see --help)", argv[optind]);
   if (!path) sk_tool_usage_die("no output file: give -o FILE (see --help)");
   if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
-  if (sh.dim % sh.n_head || sh.n_head % sh.n_kv_head || (sh.dim / sh.n_head) % 2)
-    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size, "
-                      "heads into kv heads",
+  if ((!head_dim_opt && (sh.dim % sh.n_head || (sh.dim / sh.n_head) % 2)) ||
+      sh.n_head % sh.n_kv_head || head_dim_opt % 2)
+    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
+                      "(or give an even --head-dim), heads into kv heads",
                       sh.dim, sh.n_head, sh.n_kv_head);
   const uint32_t wtype = parse_type(type_name);
   const uint32_t otype = out_type_name ? parse_type(out_type_name)
                                        : (wtype == SK_GGML_Q4_0 ? SK_GGML_Q8_0 : wtype);
-  const uint32_t head_dim = sh.dim / sh.n_head, kv_dim = sh.n_kv_head * head_dim;
+  const uint32_t head_dim = head_dim_opt ? head_dim_opt : sh.dim / sh.n_head;
+  const uint32_t q_dim = sh.n_head * head_dim, kv_dim = sh.n_kv_head * head_dim;
+  /* key_length / value_length: written when the heads do not split the
+   * embedding, and always for qwen3 (as its files carry them) */
+  const bool head_keys = q_dim != sh.dim || arch->qk_norm;
   rng_state = seed;
 
   /* Tensor table in file order. */
-  size_t n_t = 3 + 9 * (size_t)sh.n_layer;
+  size_t n_t = 4 + 14 * (size_t)sh.n_layer; /* at most */
   struct tensor *ts = calloc(n_t, sizeof *ts);
   if (!ts) sk_tool_die("out of memory");
   size_t k = 0;
@@ -323,24 +388,35 @@ int main(int argc, char **argv) {
   } while (0)
   T("token_embd.weight", sh.dim, sh.vocab, wtype, INIT_RANDOM);
   T("output_norm.weight", sh.dim, 0, SK_GGML_F32, INIT_ONES);
-  T("output.weight", sh.dim, sh.vocab, otype, INIT_RANDOM);
+  if (!arch->tied) T("output.weight", sh.dim, sh.vocab, otype, INIT_RANDOM);
+  if (arch->rope_freqs) T("rope_freqs.weight", head_dim / 2, 0, SK_GGML_F32, INIT_ROPE_FREQS);
   for (uint32_t l = 0; l < sh.n_layer; l++) {
     char n[64];
 #define L(SUFFIX, NE0, NE1, INIT)                               \
-  snprintf(n, sizeof n, "blk.%u." SUFFIX ".weight", l);         \
-  T(n, NE0, NE1, wtype, INIT)
-    L("attn_norm", sh.dim, 0, INIT_ONES);
-    L("attn_q", sh.dim, sh.dim, INIT_RANDOM);
-    L("attn_k", sh.dim, kv_dim, INIT_RANDOM);
-    L("attn_v", sh.dim, kv_dim, INIT_RANDOM);
-    L("attn_output", sh.dim, sh.dim, INIT_RANDOM);
-    L("ffn_norm", sh.dim, 0, INIT_ONES);
-    L("ffn_gate", sh.dim, sh.hidden, INIT_RANDOM);
-    L("ffn_up", sh.dim, sh.hidden, INIT_RANDOM);
-    L("ffn_down", sh.hidden, sh.dim, INIT_RANDOM);
+  do {                                                          \
+    snprintf(n, sizeof n, "blk.%u." SUFFIX, l);                 \
+    T(n, NE0, NE1, wtype, INIT);                                \
+  } while (0)
+    L("attn_norm.weight", sh.dim, 0, INIT_ONES);
+    L("attn_q.weight", sh.dim, q_dim, INIT_RANDOM);
+    if (arch->qkv_bias) L("attn_q.bias", q_dim, 0, INIT_RANDOM);
+    L("attn_k.weight", sh.dim, kv_dim, INIT_RANDOM);
+    if (arch->qkv_bias) L("attn_k.bias", kv_dim, 0, INIT_RANDOM);
+    L("attn_v.weight", sh.dim, kv_dim, INIT_RANDOM);
+    if (arch->qkv_bias) L("attn_v.bias", kv_dim, 0, INIT_RANDOM);
+    if (arch->qk_norm) {
+      L("attn_q_norm.weight", head_dim, 0, INIT_NORM);
+      L("attn_k_norm.weight", head_dim, 0, INIT_NORM);
+    }
+    L("attn_output.weight", q_dim, sh.dim, INIT_RANDOM);
+    L("ffn_norm.weight", sh.dim, 0, INIT_ONES);
+    L("ffn_gate.weight", sh.dim, sh.hidden, INIT_RANDOM);
+    L("ffn_up.weight", sh.dim, sh.hidden, INIT_RANDOM);
+    L("ffn_down.weight", sh.hidden, sh.dim, INIT_RANDOM);
 #undef L
   }
 #undef T
+  n_t = k;
   uint64_t off = 0, max_row = 0;
   for (size_t i = 0; i < n_t; i++) {
     struct tensor *t = &ts[i];
@@ -356,24 +432,31 @@ int main(int argc, char **argv) {
 
   struct out o = {.f = fopen(path, "wb"), .path = path};
   if (!o.f) sk_tool_die("cannot create %s: %s", path, strerror(errno));
-  const uint64_t n_kv = 18;
+  const uint64_t n_kv = 18 + (head_keys ? 2 : 0);
   put_u32(&o, 0x46554747u); /* "GGUF" */
   put_u32(&o, 3);
   put_u64(&o, n_t);
   put_u64(&o, n_kv);
   char name[96];
-  snprintf(name, sizeof name, "random %s %s", sh.name, type_name);
-  kv_str(&o, "general.architecture", "llama");
+  snprintf(name, sizeof name, "random %s %s %s", arch->name, sh.name, type_name);
+  kv_str(&o, "general.architecture", arch->gguf);
   kv_str(&o, "general.name", name);
-  kv_u32(&o, "llama.context_length", sh.ctx);
-  kv_u32(&o, "llama.embedding_length", sh.dim);
-  kv_u32(&o, "llama.feed_forward_length", sh.hidden);
-  kv_u32(&o, "llama.block_count", sh.n_layer);
-  kv_u32(&o, "llama.attention.head_count", sh.n_head);
-  kv_u32(&o, "llama.attention.head_count_kv", sh.n_kv_head);
-  kv_u32(&o, "llama.rope.dimension_count", head_dim);
-  kv_f32(&o, "llama.rope.freq_base", 10000.0f);
-  kv_f32(&o, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  char key[96];
+#define AKEY(SUFFIX) (snprintf(key, sizeof key, "%s." SUFFIX, arch->gguf), key)
+  kv_u32(&o, AKEY("context_length"), sh.ctx);
+  kv_u32(&o, AKEY("embedding_length"), sh.dim);
+  kv_u32(&o, AKEY("feed_forward_length"), sh.hidden);
+  kv_u32(&o, AKEY("block_count"), sh.n_layer);
+  kv_u32(&o, AKEY("attention.head_count"), sh.n_head);
+  kv_u32(&o, AKEY("attention.head_count_kv"), sh.n_kv_head);
+  if (head_keys) {
+    kv_u32(&o, AKEY("attention.key_length"), head_dim);
+    kv_u32(&o, AKEY("attention.value_length"), head_dim);
+  }
+  kv_u32(&o, AKEY("rope.dimension_count"), head_dim);
+  kv_f32(&o, AKEY("rope.freq_base"), arch->rope_base);
+  kv_f32(&o, AKEY("attention.layer_norm_rms_epsilon"), arch->rms_eps);
+#undef AKEY
   kv_str(&o, "tokenizer.ggml.model", "llama");
   put_str(&o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
   put_u32(&o, SK_GGUF_ARRAY);
@@ -422,13 +505,19 @@ int main(int argc, char **argv) {
      * scale through the layers, as trained weights roughly do */
     const float a = sqrtf(3.0f / (float)t->ne0);
     for (uint64_t r = 0; r < (t->ne1 ? t->ne1 : 1); r++) {
-      for (uint64_t j = 0; j < t->ne0; j++) row[j] = t->init == INIT_ONES ? 1.0f : rng_uniform(a);
+      for (uint64_t j = 0; j < t->ne0; j++)
+        row[j] = t->init == INIT_ONES         ? 1.0f
+                 : t->init == INIT_NORM       ? 1.0f + rng_uniform(0.25f)
+                 : t->init == INIT_ROPE_FREQS ? llama31_factor((uint32_t)j, head_dim,
+                                                               arch->rope_base)
+                                              : rng_uniform(a);
       write_row(&o, t->type, row, t->ne0, tmp);
     }
   }
   if (fclose(o.f) != 0) sk_tool_die("write %s: %s", path, strerror(errno));
-  fprintf(stderr, "%s: wrote %s: %s, %s weights (output %s), %.1f MB\n", sk_tool_prog, path, sh.name,
-          type_name, sk_ggml_type_name(otype), (double)o.pos / 1e6);
+  fprintf(stderr, "%s: wrote %s: %s %s, %s weights (output %s), %.1f MB\n", sk_tool_prog, path,
+          arch->name, sh.name, type_name, arch->tied ? "tied" : sk_ggml_type_name(otype),
+          (double)o.pos / 1e6);
   for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);
   free(voc.text);
   free(ts);
