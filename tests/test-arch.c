@@ -883,6 +883,70 @@ static void test_refused_architecture(void **state) {
   free(path);
 }
 
+/* Replaces every `from` in the header of buf (before the tensor data)
+ * with `to` (same length). */
+static void relabel(unsigned char *buf, size_t len, const char *from, const char *to) {
+  struct sk_gguf *g = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_gguf_open_buffer(buf, len, &g, &err), 0);
+  size_t end = (size_t)sk_gguf_data_offset(g), n = strlen(from);
+  sk_gguf_close(g);
+  assert_int_equal(strlen(to), n);
+  for (unsigned char *p = buf; (p = memmem(p, end - (size_t)(p - buf), from, n)); p += n)
+    memcpy(p, to, n);
+}
+
+static void expect_refused(const unsigned char *buf, size_t len, const char *needle) {
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_gguf_open_buffer(buf, len, &g, &err), 0);
+  int rc = sk_model_load(g, &m, &err);
+  if (rc == 0) fail_msg("loaded; expected \"%s\"", needle);
+  assert_int_equal(rc, -SK_ERR_BAD_MODEL);
+  if (!strstr(err.message, needle)) fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
+  sk_gguf_close(g);
+}
+
+/* One architecture's tensors in a file of another (the fixtures with
+ * their architecture and key prefix renamed), and a value length other
+ * than the key length. */
+static void test_refused_tensors(void **state) {
+  (void)state;
+  static const struct {
+    const char *file, *from, *to, *needle;
+  } cases[] = {
+      {"qwen2", "qwen2", "qwen3", "tensor blk.0.attn_q.bias is not used by architecture qwen3"},
+      {"qwen3", "qwen3", "qwen2", "tensor blk.0.attn_q.bias is missing"},
+      {"llama3", "llama", "qwen2", "tensor rope_freqs.weight is not used by architecture qwen2"},
+      {"qwen3", "qwen3", "llama",
+       "tensor blk.0.attn_q_norm.weight is not used by architecture llama"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *path = fixture_path(cases[i].file);
+    size_t len = 0;
+    unsigned char *buf = sk_test_read_file(path, &len);
+    assert_non_null(buf);
+    relabel(buf, len, cases[i].from, cases[i].to);
+    expect_refused(buf, len, cases[i].needle);
+    free(buf);
+    free(path);
+  }
+  char *path = fixture_path("qwen3");
+  size_t len = 0;
+  unsigned char *buf = sk_test_read_file(path, &len);
+  static const char key[] = "qwen3.attention.value_length";
+  unsigned char *p = memmem(buf, len, key, sizeof key - 1);
+  assert_non_null(p);
+  uint32_t type, v = 32;
+  memcpy(&type, p + sizeof key - 1, 4);
+  assert_int_equal(type, SK_GGUF_UINT32);
+  memcpy(p + sizeof key - 1 + 4, &v, 4);
+  expect_refused(buf, len, "qwen3.attention.value_length 32 differs from the key length 64");
+  free(buf);
+  free(path);
+}
+
 int main(void) {
   /* SK_KERNEL runs the suite on one kernel variant (meson runs it on the
    * portable one too); before any model loads, which packs for it. */
@@ -902,6 +966,7 @@ int main(void) {
       cmocka_unit_test(test_naive_and_mkmodel),
       cmocka_unit_test(test_daemon_qwen3),
       cmocka_unit_test(test_refused_architecture),
+      cmocka_unit_test(test_refused_tensors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
