@@ -1,7 +1,9 @@
-/* Llama forward pass (see model.h).
+/* Forward pass of the llama, qwen2 and qwen3 architectures (see model.h):
+ * one pass, and one table (sk__archs) of what each architecture adds.
  *
  * Numerics follow llama.cpp's CPU backend (ggml) where the order of
- * floating-point operations is visible in the result: RMSNorm sums squares
+ * floating-point operations is visible in the result: RMSNorm (of the
+ * residual stream, and of each query and key head for qwen3) sums squares
  * in double and scales by a float 1/sqrtf(mean + eps) before the weight;
  * RoPE builds its angles in float as theta = pos * theta_scale^i by
  * repeated multiplication; attention scores are scaled after the dot
