@@ -26,6 +26,7 @@
 #include "kernels.h"
 #include "kvcache.h"
 #include "model.h"
+#include "pool.h"
 #include "sinkd/client.h"
 #include "store.h"
 #include "testdaemon.h"
@@ -88,14 +89,22 @@ static struct sk_kv *new_kv(const struct sk_model *m, const struct sk_kv_params 
   return kv;
 }
 
+/* Evictions make_room made that a forward call must be told of
+ * (sk_seq.n_evicted: streaming and window caches only). */
+static uint32_t told_evicted(const struct sk_kv *kv, uint64_t before) {
+  const uint32_t p = kv->hdr->policy;
+  return p == SK_POLICY_STREAMING || p == SK_POLICY_WINDOW
+             ? (uint32_t)(kv->hdr->n_evicted - before)
+             : 0;
+}
+
 /* make_room(n), then the n tokens (with the evictions it made). */
 static void step(const struct sk_model *m, struct sk_scratch *s, struct sk_kv *kv,
                  const int32_t *tok, uint32_t n, float *logits, bool all) {
   struct sk_error err = {0};
   uint64_t before = kv->hdr->n_evicted;
   if (sk_kv_make_room(kv, n, NULL, &err) < 0) fail_msg("make_room: %s", err.message);
-  struct sk_seq q = {.kv = kv, .tokens = tok, .n = n,
-                     .n_evicted = (uint32_t)(kv->hdr->n_evicted - before),
+  struct sk_seq q = {.kv = kv, .tokens = tok, .n = n, .n_evicted = told_evicted(kv, before),
                      .logits = logits, .all_logits = all};
   if (sk_model_forward_batch(m, s, &q, 1, &err) < 0) fail_msg("forward: %s", err.message);
 }
@@ -865,6 +874,131 @@ static void test_naive_and_mkmodel(void **state) {
   free(dir);
 }
 
+/* ---- batching ------------------------------------------------------------ */
+
+/* 8 sessions of every policy (dense, streaming 4 + 20, h2o 12 + 12,
+ * window 24; those that evict do so during the run; f32 and f16 caches)
+ * each alone on the caller's thread, then all together in batched calls
+ * on a pool of 2 threads, prompts in chunks of up to 3 beside the others'
+ * decode rows: the same logits bit for bit (model.h), hence the same
+ * greedy tokens. */
+static void batch_check(const struct sk_model *m, const char *what) {
+  enum { NS = 8, STEPS = 30 };
+  struct sk_error err = {0};
+  struct sk_pool *pool = NULL;
+  assert_int_equal(sk_pool_new(2, &pool, &err), 0);
+  struct sk_scratch *alone = NULL, *batch = NULL;
+  assert_int_equal(sk_scratch_new(m, 32, 64, &alone, &err), 0);
+  assert_int_equal(sk_scratch_new_pool(m, 32, 64, pool, &batch, &err), 0);
+  static const struct sk_kv_params ps[4] = {
+      {.policy = SK_POLICY_DENSE, .capacity = 64, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 20, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_H2O, .heavy = 12, .recent = 12, .rope_scale = 1.0f},
+      {.policy = SK_POLICY_WINDOW, .window = 24, .rope_scale = 1.0f},
+  };
+  struct sk_kv *ka[NS], *kb[NS];
+  int32_t prompt[NS][24], ta[NS][STEPS], tb[NS][STEPS];
+  uint32_t plen[NS];
+  float *la = malloc((size_t)NS * V * sizeof *la), *lb = malloc((size_t)NS * V * sizeof *lb);
+  assert_true(la && lb);
+  for (int i = 0; i < NS; i++) {
+    struct sk_kv_shape shape = sk_model_kv_shape(m);
+    shape.kv_type = i < 4 ? SK_KV_F32 : SK_KV_F16;
+    assert_int_equal(sk_kv_new(shape, &ps[i % 4], &ka[i], &err), 0);
+    assert_int_equal(sk_kv_new(shape, &ps[i % 4], &kb[i], &err), 0);
+    plen[i] = 2 + (uint32_t)(i * 5) % 22;
+    prompt[i][0] = 1;
+    for (uint32_t j = 1; j < plen[i]; j++) prompt[i][j] = (int32_t)(3 + (i * 37 + j * 11) % 500);
+  }
+  for (int i = 0; i < NS; i++) {
+    float *l = la + (size_t)i * V;
+    step(m, alone, ka[i], prompt[i], plen[i], l, false);
+    for (int t = 0; t < STEPS; t++) {
+      ta[i][t] = 0;
+      for (int32_t j = 1; j < V; j++)
+        if (l[j] > l[ta[i][t]]) ta[i][t] = j;
+      step(m, alone, ka[i], &ta[i][t], 1, l, false);
+    }
+  }
+  uint32_t done[NS] = {0};
+  int gen[NS] = {0};
+  for (;;) {
+    struct sk_seq seqs[NS];
+    int32_t tok[NS];
+    uint32_t n = 0;
+    for (int i = 0; i < NS; i++) {
+      const float *l = lb + (size_t)i * V;
+      uint32_t c = 0;
+      const int32_t *t = NULL;
+      if (done[i] < plen[i]) {
+        c = plen[i] - done[i] < 3 ? plen[i] - done[i] : 3;
+        t = prompt[i] + done[i];
+        done[i] += c;
+      } else if (gen[i] < STEPS) {
+        tok[i] = 0;
+        for (int32_t j = 1; j < V; j++)
+          if (l[j] > l[tok[i]]) tok[i] = j;
+        tb[i][gen[i]++] = tok[i];
+        c = 1;
+        t = &tok[i];
+      }
+      if (!c) continue;
+      uint64_t before = kb[i]->hdr->n_evicted;
+      assert_int_equal(sk_kv_make_room(kb[i], c, NULL, &err), 0);
+      seqs[n++] = (struct sk_seq){.kv = kb[i], .tokens = t, .n = c,
+                                  .n_evicted = told_evicted(kb[i], before),
+                                  .logits = lb + (size_t)i * V};
+    }
+    if (n == 0) break;
+    if (sk_model_forward_batch(m, batch, seqs, n, &err) < 0) fail_msg("%s: %s", what, err.message);
+  }
+  for (int i = 0; i < NS; i++) {
+    if (i % 4) assert_true(ka[i]->hdr->n_evicted > 0);
+    assert_memory_equal(ta[i], tb[i], sizeof ta[i]);
+    assert_memory_equal(la + (size_t)i * V, lb + (size_t)i * V, V * sizeof *la);
+    sk_kv_delete(ka[i]);
+    sk_kv_delete(kb[i]);
+  }
+  printf("%s: 8 sessions batched on 2 threads = each alone, bit for bit\n", what);
+  free(la);
+  free(lb);
+  sk_scratch_free(alone);
+  sk_scratch_free(batch);
+  sk_pool_free(pool);
+}
+
+static void test_batching(void **state) {
+  (void)state;
+  for (size_t i = 0; i < N_ARCH; i++) {
+    struct fx f;
+    load(k_arch[i], &f);
+    batch_check(f.m, k_arch[i]);
+    unload(&f);
+  }
+  /* heads that do not split the embedding */
+  const char *mk = getenv("SK_MKMODEL");
+  if (!mk) fail_msg("SK_MKMODEL is not set (meson sets it)");
+  char *dir = sk_test_tmpdir();
+  char path[512], cmd[1024];
+  snprintf(path, sizeof path, "%s/q.gguf", dir);
+  snprintf(cmd, sizeof cmd,
+           "'%s' --arch qwen3 --shape 260K --layers 2 --heads 4 --kv-heads 2 --head-dim 32 "
+           "-o '%s' 2>/dev/null",
+           mk, path);
+  assert_int_equal(system(cmd), 0);
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  struct sk_error err = {0};
+  if (sk_gguf_open(path, &g, &err) < 0 || sk_model_load(g, &m, &err) < 0)
+    fail_msg("%s", err.message);
+  batch_check(m, "qwen3 with q_dim 128 on a width of 64");
+  sk_model_free(m);
+  sk_gguf_close(g);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+}
+
 /* ---- refusals ----------------------------------------------------------- */
 
 /* The qwen2 fixture with general.architecture's value overwritten (same
@@ -986,6 +1120,7 @@ int main(void) {
       cmocka_unit_test(test_qwen2_q8_0_reference),
       cmocka_unit_test(test_neox_cache),
       cmocka_unit_test(test_naive_and_mkmodel),
+      cmocka_unit_test(test_batching),
       cmocka_unit_test(test_daemon_qwen3),
       cmocka_unit_test(test_refused_architecture),
       cmocka_unit_test(test_refused_tensors),
