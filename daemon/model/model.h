@@ -83,7 +83,10 @@ struct sk_model_config {
 struct sk_model;
 
 /* Builds the model from g: reads and checks the hyper-parameters and every
- * tensor's name, type and shape. Matrices in F32, F16, Q8_0 and Q4_0 are
+ * tensor's name, type and shape. An architecture outside SK_MODEL_ARCHS
+ * is refused naming it and the list; so is a tensor of another
+ * architecture (q/k norms in a qwen2 file, rope_freqs.weight in a qwen
+ * one), as llama.cpp refuses such files. Matrices in F32, F16, Q8_0 and Q4_0 are
  * used in place (g must outlive the model), or repacked into copies the
  * model owns when the selected kernels want their own layout
  * (sk_kernels_pack: select the kernels first); BF16 matrices and F16/BF16
