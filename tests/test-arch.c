@@ -1,15 +1,19 @@
-/* The architectures of model.h (llama 3.x, qwen2, qwen3) against
- * llama.cpp's outputs for the F32 fixtures (../shared/models/fixtures/
- * {llama3,qwen2,qwen3}-d256-F32.gguf, references in ../shared/reference/
- * fixtures, README there): the logits of each prompt's last position and
- * the top-10 of every step fed llama.cpp's tokens, on a dense cache and
- * on caches of the other key storage (h2o: unrotated keys; streaming
- * without evictions). Then what the reordering of NEOX heads means for
- * the cache (model.h): a stored layer-0 key against a double-precision
- * recomputation, and a streaming cache that evicted against a dense one
- * holding the same rows; the same through the daemon; the refusal of
- * other architectures; and the model description that the fingerprint
- * mixes in. */
+/* The architectures of model.h (llama 3.x, qwen2, qwen3).
+ *
+ * Against llama.cpp's outputs for the fixtures (../shared/models/
+ * fixtures/{llama3,qwen2,qwen3}-d256-F32.gguf and qwen2 Q8_0, references
+ * in ../shared/reference/fixtures, README there): each prompt's last
+ * position logits and the top 10 of every step fed llama.cpp's tokens,
+ * on dense, h2o (keys stored unrotated) and streaming caches. Then what
+ * the reordering of NEOX heads means for the cache (model.h): stored
+ * layer-0 keys against a double-precision recomputation, and a streaming
+ * cache that evicted against a dense one holding the same rows; qwen3
+ * through the daemon; an independent double-precision pass (checked
+ * against llama.cpp) against sinkd on every architecture sinkd-mkmodel
+ * writes, heads that do not split the embedding included; batched
+ * sessions against each alone; the model description the fingerprint
+ * mixes in; and the refusals of other architectures and of one
+ * architecture's tensors in another's file. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
