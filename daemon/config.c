@@ -75,6 +75,10 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                           SK_LIMIT_MIN_FRAME, SK_LIMIT_MAX_FRAME, true},
     [SK_CFG_IDLE_TTL] = {"limits", "idle_ttl", "--idle-ttl", T_U32, F(idle_ttl), 0,
                          SK_LIMIT_MAX_IDLE_TTL, true},
+    [SK_CFG_MAX_USER_CLIENTS] = {"limits", "max_user_clients", "--max-user-clients", T_U32,
+                                 F(max_user_clients), 0, SK_LIMIT_MAX_CLIENTS, true},
+    [SK_CFG_FRAME_TIMEOUT] = {"limits", "frame_timeout", "--frame-timeout", T_U32,
+                              F(frame_timeout), 0, SK_LIMIT_MAX_FRAME_TIMEOUT, true},
 };
 
 static const char *const log_level_names[] = {
@@ -161,6 +165,8 @@ int sk_config_init(struct sk_config *c) {
   c->max_sessions = SK_CONFIG_DEFAULT_MAX_SESSIONS;
   c->max_user_sessions = SK_CONFIG_DEFAULT_MAX_USER_SESSIONS;
   c->max_frame = SK_FRAME_MAX_DEFAULT;
+  c->max_user_clients = SK_CONFIG_DEFAULT_MAX_USER_CLIENTS;
+  c->frame_timeout = SK_CONFIG_DEFAULT_FRAME_TIMEOUT;
   return 0;
 }
 

@@ -46,6 +46,9 @@
 #define SK_LIMIT_MIN_MEMORY (1ull << 20)
 /* Idle TTL: a year; longer is "never", which is 0. */
 #define SK_LIMIT_MAX_IDLE_TTL (366u * 24u * 3600u)
+/* Deadline for a request frame: an hour; a client slower than that is
+ * gone (0 = no deadline). */
+#define SK_LIMIT_MAX_FRAME_TIMEOUT 3600u
 
 /* ---- defaults ------------------------------------------------------------ */
 
@@ -56,6 +59,8 @@
 #define SK_CONFIG_DEFAULT_WINDOW_SPAN 1024u /* sinks + window, unless the model is shorter */
 #define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
 #define SK_CONFIG_DEFAULT_MAX_USER_SESSIONS 16u /* a quarter: one user cannot take all */
+#define SK_CONFIG_DEFAULT_MAX_USER_CLIENTS 128u /* an eighth of max_clients */
+#define SK_CONFIG_DEFAULT_FRAME_TIMEOUT 30u     /* seconds: a slow 1 MiB frame still fits */
 
 /* The keys, in the order --check-config prints them. */
 enum sk_config_key {
@@ -78,6 +83,8 @@ enum sk_config_key {
   SK_CFG_MAX_USER_MEMORY,
   SK_CFG_MAX_FRAME,
   SK_CFG_IDLE_TTL,
+  SK_CFG_MAX_USER_CLIENTS,
+  SK_CFG_FRAME_TIMEOUT,
   SK_CFG__COUNT
 };
 
@@ -112,6 +119,10 @@ struct sk_config {
                                  max_memory */
   uint32_t max_frame;    /* bytes of a request body */
   uint32_t idle_ttl;     /* seconds: close sessions idle this long; 0 never */
+  uint32_t max_user_clients; /* connections of one uid other than root; 0 = none */
+  uint32_t frame_timeout; /* seconds a connection may take to complete a
+                             request frame (its first, or one it began);
+                             0 = no deadline */
 
   struct {
     enum sk_config_origin from;

@@ -61,7 +61,12 @@ static void usage(FILE *f) {
           "      --max-capacity N|auto  largest KV cache a session may ask for\n"
           "                          (auto: 8192, or the context if larger)\n"
           "      --max-sessions N    sessions open at once (64)\n"
-          "      --max-clients N     connections at once (1024)\n"
+          "      --max-clients N     connections at once (1024; the last 8 are kept\n"
+          "                          for root)\n"
+          "      --max-user-clients N  connections one user (uid) other than root may\n"
+          "                          hold (128; 0 = no limit but max-clients)\n"
+          "      --frame-timeout SECONDS  close a connection that takes longer to send\n"
+          "                          a whole request (30; 0 = never)\n"
           "      --max-memory SIZE|auto  bytes of all session caches (auto: half the RAM)\n"
           "      --max-user-sessions N  sessions one user (uid) may own (16)\n"
           "      --max-user-memory SIZE|auto  bytes of one user's session caches\n"
@@ -136,6 +141,8 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->max_capacity = c->max_capacity;
   s->max_memory = c->max_memory;
   s->idle_ttl_s = c->idle_ttl;
+  s->max_user_clients = c->max_user_clients;
+  s->frame_timeout_s = c->frame_timeout;
   s->max_user_sessions = c->max_user_sessions;
   s->max_user_kv_bytes = c->max_user_memory;
   s->max_batch = c->batch;
@@ -357,6 +364,8 @@ int main(int argc, char **argv) {
       KEY_OPT("max-user-memory", SK_CFG_MAX_USER_MEMORY),
       KEY_OPT("max-frame", SK_CFG_MAX_FRAME),
       KEY_OPT("idle-ttl", SK_CFG_IDLE_TTL),
+      KEY_OPT("max-user-clients", SK_CFG_MAX_USER_CLIENTS),
+      KEY_OPT("frame-timeout", SK_CFG_FRAME_TIMEOUT),
       KEY_OPT("batch", SK_CFG_BATCH),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       KEY_OPT("kv-type", SK_CFG_KV_TYPE),

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "compute.h"
 #include "kernels.h"
 #include "log.h"
@@ -74,6 +75,10 @@ struct sk_conn {
   char *import_buf;   /* an import in progress: received bytes (owned) */
   size_t import_len, import_cap;
   uint64_t import_total; /* declared size of the file */
+  bool admitted;      /* counted in srv->admit */
+  uint64_t input_bytes;      /* of an unfinished frame, as counted in srv->admit */
+  uint64_t frame_since_ms;   /* since when a frame is awaited (connect, or
+                                its first bytes); 0 = none */
   struct sk_conn *prev, *next;
 };
 
@@ -103,6 +108,9 @@ struct sk_server {
   uint64_t import_bytes;     /* buffered by imports in progress */
   uv_timer_t ttl_timer;
   bool ttl_running;
+  struct sk_admit admit;   /* connections and partial input per uid */
+  uv_timer_t frame_timer;  /* closes connections past frame_timeout_s */
+  bool frame_timer_ready;
   uv_timer_t trim_timer;   /* runs on_trim once clients stop leaving */
   bool trim_timer_ready;
   char readbuf[SK_READ_BUF_SIZE];
@@ -296,6 +304,9 @@ static void conn_close(struct sk_conn *c) {
   }
   if (srv->compute) sk_compute_wake(srv->compute);
   if (c->import_buf) import_drop(c);
+  if (c->admitted) sk_admit_conn_remove(&srv->admit, c->uid, c->input_bytes);
+  c->admitted = false;
+  c->input_bytes = 0;
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   srv->n_conns--;
@@ -1937,13 +1948,23 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = sizeof c->srv->readbuf;
 }
 
+static struct sk_admit_limits admit_limits(const struct sk_server *srv) {
+  return (struct sk_admit_limits){.max_clients = srv->cfg.max_clients,
+                                  .max_user_clients = srv->cfg.max_user_clients};
+}
+
+/* Bytes of an unfinished frame the reader holds. */
+static uint64_t conn_partial_bytes(const struct sk_conn *c) { return c->rd.len - c->rd.pos; }
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   struct sk_conn *c = stream->data;
+  struct sk_server *srv = c->srv;
   if (nread < 0) {
     conn_close(c);
     return;
   }
   if (nread == 0) return;
+  if (!c->frame_since_ms) c->frame_since_ms = now_ms();
   if (sk_frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
     send_errorf(c, 0, SK_ERR_NO_MEMORY, "out of memory reading the request");
     conn_close(c);
@@ -1967,8 +1988,48 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
       conn_close(c);
       return;
     }
+    /* A complete frame: the deadline starts again with the next bytes. */
+    c->frame_since_ms = 0;
     handle_frame(c, body, len);
   }
+  if (conn_partial_bytes(c) > 0 || c->rd.skip > 0) {
+    if (!c->frame_since_ms) c->frame_since_ms = now_ms();
+  }
+  (void)srv;
+}
+
+/* Closes every connection that has waited longer than frame_timeout_s
+ * for a complete frame: one that never sent a whole request, or sits on
+ * half of one. Such connections hold a slot and memory while doing
+ * nothing; a working client sends its requests whole in far less. */
+static void on_frame_timer(uv_timer_t *t) {
+  struct sk_server *srv = t->data;
+  uint32_t timeout = srv->cfg.frame_timeout_s;
+  if (!timeout) return;
+  uint64_t now = now_ms();
+  struct sk_conn *next;
+  for (struct sk_conn *c = srv->conns; c; c = next) {
+    next = c->next;
+    if (c->closing || !c->frame_since_ms || now - c->frame_since_ms < (uint64_t)timeout * 1000u)
+      continue;
+    sk_log(SK_LOG_NOTICE, "client %llu of uid %u closed: no complete request within %u s "
+           "(frame_timeout)", (unsigned long long)c->id, c->uid, timeout);
+    send_errorf(c, 0, SK_ERR_BAD_REQUEST, "no complete request within %u s (frame_timeout)",
+                timeout);
+    conn_close(c);
+  }
+}
+
+/* Checks the deadline a quarter of frame_timeout_s apart (between 100 ms
+ * and 1 s): a connection is closed at most that late. */
+static void frame_timer_set(struct sk_server *srv) {
+  if (!srv->frame_timer_ready) return;
+  uv_timer_stop(&srv->frame_timer);
+  if (!srv->cfg.frame_timeout_s) return;
+  uint64_t tick = (uint64_t)srv->cfg.frame_timeout_s * 1000u / 4u;
+  if (tick < 100) tick = 100;
+  if (tick > 1000) tick = 1000;
+  uv_timer_start(&srv->frame_timer, on_frame_timer, tick, tick);
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -2002,11 +2063,21 @@ static void on_connection(uv_stream_t *listener, int status) {
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
   srv->n_conns++;
-  if (srv->n_conns > srv->cfg.max_clients || srv->shutting_down) {
-    send_errorf(c, 0, SK_ERR_BUSY, "too many clients (max_clients %u)", srv->cfg.max_clients);
+  c->frame_since_ms = now_ms();
+  if (srv->shutting_down) {
+    send_errorf(c, 0, SK_ERR_BUSY, "the daemon is shutting down");
     conn_close(c);
     return;
   }
+  struct sk_admit_limits lim = admit_limits(srv);
+  struct sk_error e;
+  if (sk_admit_conn_add(&srv->admit, &lim, c->uid, &e) < 0) {
+    sk_log(SK_LOG_WARNING, "refused a connection of uid %u: %s", c->uid, e.message);
+    send_error(c, 0, &e);
+    conn_close(c);
+    return;
+  }
+  c->admitted = true;
   sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)c->id, c->uid);
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
   counts_changed(srv);
@@ -2133,6 +2204,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   struct sk_server *srv = calloc(1, sizeof *srv);
   if (!srv) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   srv->loop = loop;
+  sk_admit_init(&srv->admit);
   srv->cfg = *cfg;
   srv->model = m;
   srv->tok = tok;
@@ -2186,6 +2258,10 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
 
   uv_timer_init(loop, &srv->trim_timer);
   srv->trim_timer_ready = true;
+  uv_timer_init(loop, &srv->frame_timer);
+  srv->frame_timer.data = srv;
+  srv->frame_timer_ready = true;
+  frame_timer_set(srv);
   *ret = srv;
   return 0;
 }
@@ -2200,6 +2276,11 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   srv->cfg.max_memory = cfg->max_memory;
   srv->cfg.max_user_sessions = cfg->max_user_sessions;
   srv->cfg.max_user_kv_bytes = cfg->max_user_kv_bytes;
+  srv->cfg.max_user_clients = cfg->max_user_clients;
+  if (cfg->frame_timeout_s != srv->cfg.frame_timeout_s) {
+    srv->cfg.frame_timeout_s = cfg->frame_timeout_s;
+    frame_timer_set(srv);
+  }
   srv->cfg.defaults = cfg->defaults;
   /* New limits apply to new sessions; open ones stay (even above them). */
   srv->sessions.max_sessions = srv->cfg.max_sessions;
@@ -2221,6 +2302,10 @@ void sk_server_shutdown(struct sk_server *srv) {
     uv_close((uv_handle_t *)&srv->trim_timer, NULL);
     srv->trim_timer_ready = false;
   }
+  if (srv->frame_timer_ready) {
+    uv_close((uv_handle_t *)&srv->frame_timer, NULL);
+    srv->frame_timer_ready = false;
+  }
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = false;
@@ -2240,6 +2325,7 @@ void sk_server_shutdown(struct sk_server *srv) {
 void sk_server_free(struct sk_server *srv) {
   if (!srv) return;
   sk_session_table_done(&srv->sessions);
+  sk_admit_done(&srv->admit);
   free(srv->socket_path);
   free(srv);
 }

@@ -43,6 +43,11 @@ struct sk_server_config {
   void *user;
   struct sk_store *store;     /* the state directory (not owned) */
   uint32_t idle_ttl_s;        /* close sessions idle this long; 0 = never */
+  uint32_t max_user_clients;  /* connections of one uid other than root
+                                 (admit.h); 0 = none */
+  uint32_t frame_timeout_s;   /* close a connection whose first request,
+                                 or a request it began, is not complete
+                                 this long after; 0 = never */
 };
 
 struct sk_server;
@@ -68,7 +73,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     struct sk_server **ret, struct sk_error *err);
 /* Applies new limits and session defaults to a running server (SIGHUP):
  * max_frame (new connections), max_sessions, max_clients, max_capacity,
- * max_memory, the per-user limits and defaults. Sessions already open keep their caches.
+ * max_memory, the per-user limits, frame_timeout_s and defaults. Sessions already open keep their caches.
  * max_sessions and max_capacity are clamped to their values at start
  * (the session table and the compute buffers are sized then); the other
  * fields of cfg are ignored. */

@@ -13,12 +13,14 @@ _sinkd() {
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
     -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
-    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions)
+    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions|\
+    --max-user-clients|--frame-timeout)
       COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
-    --max-memory --max-user-sessions --max-user-memory --max-frame --idle-ttl --batch
+    --max-memory --max-user-sessions --max-user-memory --max-user-clients --max-frame
+    --frame-timeout --idle-ttl --batch
     --kv-type --log-level --verbose --help --version" -- "$cur"))
 }
 

@@ -95,6 +95,8 @@ static void test_defaults(void **state) {
   assert_int_equal(c.max_memory, 0);
   assert_int_equal(c.max_frame, 1u << 20);
   assert_int_equal(c.idle_ttl, 0);
+  assert_int_equal(c.max_user_clients, 128);
+  assert_int_equal(c.frame_timeout, 30);
   for (int k = 0; k < SK_CFG__COUNT; k++) assert_int_equal(c.origin[k].from, SK_CONFIG_FROM_DEFAULT);
   /* The default file is optional, a named one is not. */
   struct sk_config_errors errs;
@@ -235,6 +237,10 @@ static void test_errors(void **state) {
                ":2: [limits] max_sessions: '65537' is not a number in [1, 65536]");
   expect_error("[limits]\nmax_clients = 0\n",
                ":2: [limits] max_clients: '0' is not a number in [1, 65536]");
+  expect_error("[limits]\nmax_user_clients = 65537\n",
+               ":2: [limits] max_user_clients: '65537' is not a number in [0, 65536]");
+  expect_error("[limits]\nframe_timeout = 3601\n",
+               ":2: [limits] frame_timeout: '3601' is not a number in [0, 3600]");
   expect_error("[limits]\nmax_frame = 17M\n",
                ":2: [limits] max_frame: '17M' is not a size (bytes, or with K, M, G, T) in [64, "
                "16M]");

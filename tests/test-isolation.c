@@ -11,7 +11,9 @@
  * does not own (stats, append, generate, cancel, resume, fork, export,
  * close), and its attempts change nothing; it does not see the
  * session in `list`; root sees and may use every session; per-uid limits
- * on sessions and KV memory.
+ * on sessions and KV memory; one uid holding every connection it can
+ * leaves others and root answered, and its silent connections end at
+ * the frame deadline.
  *
  * Needs root (to create users and switch to them); skipped otherwise.
  */
@@ -25,7 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -556,6 +561,246 @@ static void test_user_limits(void **state) {
                 (unsigned)g_c.uid, MAX_USER_SESSIONS, MAX_USER_MEMORY, (unsigned long long)kv);
 }
 
+/* ---- lock-out by connections ------------------------------------------- */
+
+/* Gives the group access to d's socket (see setup). */
+static void share_socket(const struct sk_test_daemon *d) {
+  if (chown(d->dir, 0, g_group) != 0 || chmod(d->dir, 0710) != 0 ||
+      chown(d->socket, 0, g_group) != 0)
+    fail_msg("cannot give %s to group " GROUP ": %s", d->socket, strerror(errno));
+}
+
+static int raw_connect(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Whether fd was closed by the peer within ms (an error frame before the
+ * end is read and dropped). */
+static bool peer_closed_within(int fd, int ms) {
+  double end = sk_test_now() + ms / 1000.0;
+  char buf[4096];
+  for (;;) {
+    int left = (int)((end - sk_test_now()) * 1000.0);
+    if (left < 0) left = 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, left) <= 0) return false;
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r <= 0) return true;
+  }
+}
+
+/* A process of user u holding silent connections to a socket. */
+struct holder {
+  pid_t pid;
+  int cmd;   /* write end: any byte asks the child to check its connections */
+  FILE *out; /* its report lines */
+};
+
+/* Forks a child that becomes u and opens `want` connections to path,
+ * sending nothing. It reports "held H refused R" once it has seen which
+ * the daemon refused (those get an error and are closed at once), then
+ * waits for a byte on the command pipe and reports "closed N": how many
+ * of its held connections the daemon closed within 10 s. */
+static void holder_start(struct holder *h, const struct user *u, const char *path, int want) {
+  int out[2], cmd[2];
+  assert_int_equal(pipe(out), 0);
+  assert_int_equal(pipe(cmd), 0);
+  fflush(NULL);
+  h->pid = fork();
+  assert_true(h->pid >= 0);
+  if (h->pid == 0) {
+    close(out[0]);
+    close(cmd[1]);
+    become(u);
+    int *fds = calloc((size_t)want, sizeof *fds);
+    bool *held = calloc((size_t)want, sizeof *held);
+    for (int i = 0; i < want; i++) fds[i] = raw_connect(path);
+    /* A refusal comes at once: an error frame, then the end. */
+    usleep(300 * 1000);
+    int n_held = 0, n_refused = 0;
+    for (int i = 0; i < want; i++) {
+      struct pollfd p = {.fd = fds[i], .events = POLLIN};
+      if (fds[i] < 0 || poll(&p, 1, 0) == 1) {
+        n_refused++;
+      } else {
+        held[i] = true;
+        n_held++;
+      }
+    }
+    dprintf(out[1], "held %d refused %d\n", n_held, n_refused);
+    char c;
+    if (read(cmd[0], &c, 1) != 1) _exit(97);
+    int n_closed = 0;
+    for (int i = 0; i < want; i++)
+      if (held[i] && peer_closed_within(fds[i], 10000)) n_closed++;
+    dprintf(out[1], "closed %d\n", n_closed);
+    _exit(0);
+  }
+  close(out[1]);
+  close(cmd[0]);
+  h->cmd = cmd[1];
+  h->out = fdopen(out[0], "r");
+  assert_non_null(h->out);
+}
+
+static void holder_line(struct holder *h, const char *fmt, int *a, int *b) {
+  char buf[256];
+  if (!fgets(buf, sizeof buf, h->out)) fail_msg("holder %d said nothing", (int)h->pid);
+  int n = b ? sscanf(buf, fmt, a, b) : sscanf(buf, fmt, a);
+  if (n != (b ? 2 : 1)) fail_msg("holder said '%s'", buf);
+}
+
+static void holder_finish(struct holder *h) {
+  close(h->cmd);
+  fclose(h->out);
+  int st = 0;
+  waitpid(h->pid, &st, 0);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static const char *g_ping_socket;
+
+/* Connects and pings, printing "ping ok MS" (connect to reply). */
+static void child_timed_ping(FILE *out, void *arg) {
+  (void)arg;
+  double t0 = sk_test_now();
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  int rc = sk_client_connect(g_ping_socket, &c, &e);
+  if (rc == 0) rc = sk_client_ping(c, &e);
+  double ms = (sk_test_now() - t0) * 1000.0;
+  if (rc == 0) fprintf(out, "ping ok %.3f\n", ms);
+  else report(out, "ping", rc, &e);
+  sk_client_free(c);
+}
+
+static double ping_ms(const struct user *u) {
+  char *out = NULL;
+  if (u) {
+    out = as_user(u, child_timed_ping, NULL);
+  } else {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    child_timed_ping(f, NULL);
+    fclose(f);
+    out = buf;
+  }
+  double ms = -1;
+  if (sscanf(out, "ping ok %lf", &ms) != 1) fail_msg("ping as %s: %s", u ? u->name : "root", out);
+  free(out);
+  return ms;
+}
+
+/* Lines of the daemon's log that contain needle. */
+static int log_count(const struct sk_test_daemon *d, const char *needle) {
+  FILE *f = fopen(d->log, "r");
+  assert_non_null(f);
+  char buf[2048];
+  int n = 0;
+  while (fgets(buf, sizeof buf, f))
+    if (strstr(buf, needle)) n++;
+  fclose(f);
+  return n;
+}
+
+#define LOCK_MAX_CLIENTS 32
+#define LOCK_MAX_USER_CLIENTS 16
+#define LOCK_FRAME_TIMEOUT_S 3
+
+/* Uid A takes every connection it may; B and root still get their pings
+ * answered at once; then B takes what is left to users other than root,
+ * and root still gets in (its reserve of 8). After the frame deadline the
+ * silent connections are gone. Every refusal is one log line naming the
+ * uid. */
+static void test_connection_lockout(void **state) {
+  (void)state;
+  struct sk_test_daemon d;
+  char max_clients[16], max_user[16], timeout[16];
+  snprintf(max_clients, sizeof max_clients, "%d", LOCK_MAX_CLIENTS);
+  snprintf(max_user, sizeof max_user, "%d", LOCK_MAX_USER_CLIENTS);
+  snprintf(timeout, sizeof timeout, "%d", LOCK_FRAME_TIMEOUT_S);
+  const char *extra[] = {"--max-clients", max_clients, "--max-user-clients", max_user,
+                         "--frame-timeout", timeout, NULL};
+  sk_test_daemon_start(&d, extra);
+  share_socket(&d);
+  g_ping_socket = d.socket;
+  /* Pings are answered within 100 ms (a slower sanitizer or valgrind run
+   * gets a second). */
+  double limit_ms = sk_test_under_tool() ? 1000.0 : 100.0;
+
+  double t_a = sk_test_now();
+  struct holder a;
+  holder_start(&a, &g_a, d.socket, LOCK_MAX_USER_CLIENTS + 4);
+  int held_a = 0, refused_a = 0;
+  holder_line(&a, "held %d refused %d", &held_a, &refused_a);
+  assert_int_equal(held_a, LOCK_MAX_USER_CLIENTS);
+  assert_int_equal(refused_a, 4);
+
+  double b_ms = ping_ms(&g_b), root_ms = ping_ms(NULL);
+  assert_true(b_ms < limit_ms);
+  assert_true(root_ms < limit_ms);
+
+  /* Users other than root may hold 32 - 8 = 24: B gets the last 8. */
+  struct holder b;
+  holder_start(&b, &g_b, d.socket, 12);
+  int held_b = 0, refused_b = 0;
+  holder_line(&b, "held %d refused %d", &held_b, &refused_b);
+  assert_int_equal(held_b, LOCK_MAX_CLIENTS - 8 - LOCK_MAX_USER_CLIENTS);
+  assert_int_equal(refused_b, 4);
+  double root2_ms = ping_ms(NULL);
+  assert_true(root2_ms < limit_ms);
+  /* Every place taken by others: B's ping is refused with the reason. */
+  char *out = as_user(&g_b, child_timed_ping, NULL);
+  char want[256];
+  snprintf(want, sizeof want,
+           "ping busy too many clients: uid %u would be client %d of max_clients %d, whose last "
+           "8 are kept for root\n",
+           (unsigned)g_b.uid, LOCK_MAX_CLIENTS - 8 + 1, LOCK_MAX_CLIENTS);
+  assert_string_equal(out, want);
+  free(out);
+
+  /* One line per refusal, naming the uid. */
+  char needle[64];
+  snprintf(needle, sizeof needle, "refused a connection of uid %u: ", (unsigned)g_a.uid);
+  assert_int_equal(log_count(&d, needle), 4);
+  snprintf(needle, sizeof needle, "refused a connection of uid %u: ", (unsigned)g_b.uid);
+  assert_int_equal(log_count(&d, needle), 5);
+
+  /* After the deadline, the silent connections are gone. */
+  assert_int_equal(write(a.cmd, "c", 1), 1);
+  assert_int_equal(write(b.cmd, "c", 1), 1);
+  int closed_a = 0, closed_b = 0;
+  holder_line(&a, "closed %d", &closed_a, NULL);
+  double gone_s = sk_test_now() - t_a;
+  holder_line(&b, "closed %d", &closed_b, NULL);
+  assert_int_equal(closed_a, LOCK_MAX_USER_CLIENTS);
+  assert_int_equal(closed_b, held_b);
+  assert_true(gone_s >= LOCK_FRAME_TIMEOUT_S);
+  snprintf(needle, sizeof needle, "of uid %u closed: no complete request within %d s",
+           (unsigned)g_a.uid, LOCK_FRAME_TIMEOUT_S);
+  assert_int_equal(log_count(&d, needle), LOCK_MAX_USER_CLIENTS);
+  holder_finish(&a);
+  holder_finish(&b);
+  /* And everyone gets in again. */
+  assert_true(ping_ms(&g_a) < limit_ms);
+  print_message("figures: lock-out: uid %u held %d connections (4 refused); pings while held: "
+                "uid %u %.2f ms, root %.2f ms, root with all user slots taken %.2f ms; silent "
+                "connections closed %.2f s after connecting (frame_timeout %d s)\n",
+                (unsigned)g_a.uid, held_a, (unsigned)g_b.uid, b_ms, root_ms, root2_ms, gone_s,
+                LOCK_FRAME_TIMEOUT_S);
+  int st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static int setup(void **state) {
   (void)state;
   ensure_group();
@@ -613,6 +858,7 @@ int main(void) {
       cmocka_unit_test(test_other_user_is_forbidden),
       cmocka_unit_test(test_sinkctl_as_other_users),
       cmocka_unit_test(test_user_limits),
+      cmocka_unit_test(test_connection_lockout),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,76 @@
+/* Admission: who may hold connections and buffer partial requests.
+ *
+ * Counts, per uid and in total, the connections open and the bytes of
+ * request frames received but not yet complete, so that one user (uid)
+ * cannot take every connection slot or all the input memory: the same
+ * idea as redis's per-client limits (src/networking.c), per uid because
+ * SO_PEERCRED names the uid and nothing finer.
+ *
+ * Rules (each refusal's message names the uid and the limit):
+ * - at most max_clients connections in all;
+ * - uids other than root share max_clients minus a reserve
+ *   (sk_admit_root_reserve), so the administrator can always connect;
+ * - a uid other than root holds at most max_user_clients (0 = no limit);
+ * - partial input: at most max_input bytes in all and max_user_input
+ *   bytes per uid (0 = no limit), root included.
+ *
+ * The table lives on the loop thread only; no locking.
+ */
+#ifndef SK_ADMIT_H
+#define SK_ADMIT_H
+
+#include <stdint.h>
+
+#include "sinkd/protocol.h"
+
+/* Connections kept for root out of max_clients (at most half of it, so
+ * that a small max_clients still admits others): enough for an
+ * administrator's sinkctl, a monitoring probe and a chat. */
+#define SK_ADMIT_ROOT_RESERVE 8u
+
+struct sk_admit_limits {
+  uint32_t max_clients;      /* connections in all, >= 1 */
+  uint32_t max_user_clients; /* connections of one uid other than root; 0 = none */
+  uint64_t max_input;        /* bytes of partial frames in all; 0 = none */
+  uint64_t max_user_input;   /* bytes of partial frames of one uid; 0 = none */
+};
+
+struct sk_admit_user {
+  uint32_t uid;
+  uint32_t conns;       /* connections open */
+  uint64_t input_bytes; /* bytes of their partial frames */
+};
+
+struct sk_admit {
+  struct sk_admit_user *users; /* (cap) the first n used, in no order; owned */
+  uint32_t n, cap;
+  uint32_t conns;          /* all connections */
+  uint32_t conns_nonroot;  /* those of uids other than 0 */
+  uint64_t input_bytes;    /* all partial frames */
+};
+
+void sk_admit_init(struct sk_admit *a);
+void sk_admit_done(struct sk_admit *a);
+
+/* Connections of max_clients that only root may take:
+ * min(SK_ADMIT_ROOT_RESERVE, max_clients / 2). */
+uint32_t sk_admit_root_reserve(uint32_t max_clients);
+
+/* Admits one more connection of uid, counting it, or refuses it.
+ * Errors: -SK_ERR_BUSY (err says which limit, with the uid and counts),
+ * -SK_ERR_NO_MEMORY (the table could not grow; nothing counted). */
+int sk_admit_conn_add(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t uid,
+                      struct sk_error *err);
+/* Forgets one connection of uid (admitted by sk_admit_conn_add) holding
+ * input_bytes of partial input. */
+void sk_admit_conn_remove(struct sk_admit *a, uint32_t uid, uint64_t input_bytes);
+/* A connection of uid that holds `from` bytes of partial input would
+ * hold `to`: counts it, or refuses when it grows past a limit (a
+ * decrease is always accepted). Errors: -SK_ERR_BUSY (err names the uid,
+ * the bytes and the limit); nothing changes then. */
+int sk_admit_input(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t uid,
+                   uint64_t from, uint64_t to, struct sk_error *err);
+/* Connections of uid now (0 if none). */
+uint32_t sk_admit_user_conns(const struct sk_admit *a, uint32_t uid);
+
+#endif
