@@ -113,7 +113,9 @@ static void unlink_job(struct sk_compute *c, struct sk_job *job) {
  * the event is posted the loop thread may free it at any moment. */
 static void finish(struct sk_compute *c, struct sk_job *job) {
   unlink_job(c, job);
-  if (job->kind == SK_JOB_GENERATE)
+  /* Held bytes stay with the session for its next generate (plan_decode
+   * stored them); only a session that is closing has no next one. */
+  if (job->kind == SK_JOB_GENERATE && atomic_load(&job->session_closing))
     job->final_text_len = sk_utf8_stream_flush(&job->utf8, job->final_text);
   sk_session_counters_publish(c->table, job->sess);
   struct sk_event *ev = event_new(SK_EVENT_DONE, job, 0);
@@ -195,7 +197,13 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
       memcpy(job->sampler.st.rng, st.rng, sizeof st.rng);
       job->sampler.st.params.seed = st.params.seed;
     }
-    sk_utf8_stream_init(&job->utf8);
+    /* A character the session's last generate ended inside goes on
+     * here, unless input comes between (the prompt; plan_prefill drops
+     * the held bytes then). */
+    if (job->n_tokens == 0)
+      sk_store_utf8_get(s->obj, &job->utf8);
+    else
+      sk_utf8_stream_init(&job->utf8);
   }
   return 0;
 }
@@ -363,6 +371,7 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
   memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * job->n_top);
   memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * job->n_top);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
+  sk_store_utf8_set(s->obj, &job->utf8); /* committed with the token */
   sk_evict_log_reset(&c->seq_log[i]);
   if (sk_kv_free_slots(kv) == 0) {
     rc = sk_kv_make_room(kv, 1, &c->seq_log[i], &job->err);
@@ -394,6 +403,11 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
   uint32_t evicted = 0;
   sk_evict_log_reset(log);
   sk_store_begin(s->obj);
+  /* Input after a generate that ended inside a character: that
+   * character can no longer complete, so its bytes are dropped. */
+  struct sk_utf8_stream none;
+  sk_utf8_stream_init(&none);
+  sk_store_utf8_set(s->obj, &none);
   if (kv->hdr->policy == SK_POLICY_STREAMING || kv->hdr->policy == SK_POLICY_WINDOW) {
     uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
     if (n > room) n = room;

@@ -976,6 +976,7 @@ static void session_close(struct sk_server *srv, struct sk_session *s) {
   sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)s->id);
   if (s->running) {
     s->closing = true;
+    atomic_store(&s->running->session_closing, true);
     atomic_store(&s->running->cancel, true);
     if (srv->compute) sk_compute_wake(srv->compute); /* NULL once stopping */
   } else {

@@ -387,6 +387,21 @@ void sk_store_sampler_set(struct sk_store_obj *obj,
   memcpy(m->rng, s->rng, sizeof m->rng);
 }
 
+void sk_store_utf8_get(const struct sk_store_obj *obj, struct sk_utf8_stream *ret) {
+  const struct sk_store_meta *m = obj->meta;
+  sk_utf8_stream_init(ret);
+  uint8_t n = m->n_utf8_held < sizeof ret->held ? m->n_utf8_held : 0;
+  memcpy(ret->held, m->utf8_held, n);
+  ret->n_held = n;
+}
+
+void sk_store_utf8_set(struct sk_store_obj *obj, const struct sk_utf8_stream *s) {
+  struct sk_store_meta *m = obj->meta;
+  memset(m->utf8_held, 0, sizeof m->utf8_held);
+  memcpy(m->utf8_held, s->held, s->n_held);
+  m->n_utf8_held = s->n_held;
+}
+
 /* ---- checking an object ---------------------------------------------- */
 
 static int sk__bad(struct sk_error *err, const char *fmt, ...)
@@ -498,6 +513,15 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                                  .top_p = m->top_p, .seed = m->seed};
   if (sk_sampler_params_check(&sp, &kerr) < 0)
     return sk__bad(err, "live meta copy: sampler: %s", kerr.message);
+  if (!sk_utf8_held_valid(m->utf8_held, m->n_utf8_held))
+    return sk__bad(err, "live meta copy: utf8_held (%u bytes: %02x %02x %02x %02x) is not the "
+                   "start of a UTF-8 character",
+                   m->n_utf8_held, m->utf8_held[0], m->utf8_held[1], m->utf8_held[2],
+                   m->utf8_held[3]);
+  for (size_t i = 0; i < sizeof m->reserved; i++)
+    if (m->reserved[i])
+      return sk__bad(err, "live meta copy: reserved byte %zu is not zero (a newer sinkd's "
+                     "file?)", offsetof(struct sk_store_meta, reserved) + i);
   if ((m->flags & SK_STORE_HAS_LOGITS) && kh->n_resident == 0)
     return sk__bad(err, "live meta copy: logits without a resident token");
   sk__view(obj, obj->live);

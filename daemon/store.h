@@ -26,7 +26,8 @@
  * A meta copy (M = meta_size bytes, offsets from the copy's start):
  *
  *   [0, 128)              struct sk_store_meta     commit counter, checksum,
- *                                                  flags, sampler state
+ *                                                  flags, sampler state,
+ *                                                  held UTF-8 bytes
  *   [off_kv, +kv_meta)    the KV block's meta part (kvcache.h: struct
  *                         sk_kv_header with policy, n_resident, n_seen,
  *                         n_evicted, and the per-slot arrays token[S],
@@ -107,6 +108,7 @@
 #include "kvcache.h"
 #include "sampler.h"
 #include "sinkd/protocol.h"
+#include "utf8.h"
 
 #define SK_STORE_LAYOUT_VERSION 1u
 #define SK_STORE_IMAGE_VERSION 1u
@@ -171,7 +173,12 @@ struct sk_store_meta {
   uint64_t seed;
   uint64_t rng[4];
   uint64_t steps;            /* steps committed over the session's life */
-  uint8_t reserved[16];
+  /* Bytes of a character the session's last generate ended inside
+   * (utf8.h): its next generate starts with them. 0 in files of versions
+   * before them (the bytes were reserved, zero): nothing held. */
+  uint8_t utf8_held[4];
+  uint8_t n_utf8_held;       /* 0..3 */
+  uint8_t reserved[11];
 };
 #define SK_STORE_META_MAGIC 0x434d4b53u /* "SKMC" little-endian */
 
@@ -397,6 +404,11 @@ void sk_store_abort(struct sk_store_obj *obj);
 /* Commit counter of the live copy. */
 uint64_t sk_store_commit_count(const struct sk_store_obj *obj);
 
+/* The bytes of an unfinished character kept in the view's meta copy
+ * (struct sk_store_meta's utf8_held): get fills a stream holding them,
+ * set stores what s holds (in the step begun, like the sampler). */
+void sk_store_utf8_get(const struct sk_store_obj *obj, struct sk_utf8_stream *ret);
+void sk_store_utf8_set(struct sk_store_obj *obj, const struct sk_utf8_stream *s);
 /* The sampler state kept in the view's meta copy. */
 void sk_store_sampler_get(const struct sk_store_obj *obj,
                           struct sk_sampler_state *ret);

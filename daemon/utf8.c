@@ -80,3 +80,14 @@ bool sk_utf8_valid(const char *str, size_t n) {
   }
   return true;
 }
+
+bool sk_utf8_held_valid(const uint8_t held[4], unsigned n) {
+  if (n > 3) return false;
+  for (unsigned i = n; i < 4; i++)
+    if (held[i]) return false;
+  if (n == 0) return true;
+  if (lead_len(held[0]) <= n) return false;
+  for (unsigned i = 1; i < n; i++)
+    if (!cont_ok(held, i, held[i])) return false;
+  return true;
+}

@@ -24,6 +24,10 @@ size_t sk_utf8_stream_push(struct sk_utf8_stream *s, const char *in, size_t n,
 /* Ends the stream: held bytes (an unfinished character) become U+FFFD.
  * out needs 3 bytes. Returns the bytes written (0 or 3). */
 size_t sk_utf8_stream_flush(struct sk_utf8_stream *s, char *out);
+/* Whether held[0..n) (n <= 4) is what a stream may hold: the first n
+ * bytes of a character that more bytes can still complete (n < 4,
+ * unused bytes of held zero). */
+bool sk_utf8_held_valid(const uint8_t held[4], unsigned n);
 /* Whether s[0..n) is valid UTF-8. */
 bool sk_utf8_valid(const char *s, size_t n);
 

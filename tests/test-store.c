@@ -675,6 +675,88 @@ static void test_header_flags(void **state) {
   free(dir);
 }
 
+/* The bytes of a character a generate ended inside are committed with
+ * the step and kept by fork, export/import and a restart; bytes that
+ * cannot start a character are refused on import and set aside on
+ * adoption, naming the field. */
+static void reseal_image(char *img, size_t size);
+static char *image_copy(const char *img, size_t size, struct sk_store_meta **ret_m,
+                        struct sk_kv_header **ret_kh);
+static void test_utf8_held(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *a = create(st, 1, &streaming16);
+  step(a, 4);
+  struct sk_utf8_stream in;
+  sk_utf8_stream_init(&in);
+  char out[32];
+  assert_int_equal(sk_utf8_stream_push(&in, "\xe2\x82", 2, out), 0); /* U+20AC, 2 of 3 bytes */
+  sk_store_begin(a);
+  sk_store_utf8_set(a, &in);
+  sk_store_commit(a);
+  struct sk_utf8_stream got;
+  sk_store_utf8_get(a, &got);
+  assert_int_equal(got.n_held, 2);
+  assert_memory_equal(got.held, "\xe2\x82", 2);
+  /* A step without a change keeps them (begin copies the live meta). */
+  step(a, 1);
+  sk_store_utf8_get(a, &got);
+  assert_int_equal(got.n_held, 2);
+
+  struct sk_store_obj *b = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_store_fork(st, a, 2, 0, &b, &err), 0);
+  sk_store_utf8_get(b, &got);
+  assert_int_equal(got.n_held, 2);
+  /* ... and the next byte completes the character. */
+  assert_int_equal(sk_utf8_stream_push(&got, "\xac", 1, out), 3);
+  assert_memory_equal(out, "\xe2\x82\xac", 3);
+
+  size_t size = sk_store_export_size(a);
+  char *img = malloc(size);
+  assert_non_null(img);
+  sk_store_export(a, img, size);
+  struct sk_store_obj *c = NULL;
+  assert_int_equal(sk_store_import(st, img, size, 3, 0, &c, &err), 0);
+  sk_store_utf8_get(c, &got);
+  assert_int_equal(got.n_held, 2);
+  assert_memory_equal(got.held, "\xe2\x82", 2);
+  /* An image holding bytes no character starts with. */
+  struct sk_store_meta *m;
+  struct sk_kv_header *kh;
+  char *bad = image_copy(img, size, &m, &kh);
+  m->utf8_held[0] = 0x41;
+  m->utf8_held[1] = 0;
+  m->n_utf8_held = 1;
+  reseal_image(bad, size);
+  struct sk_store_obj *d = NULL;
+  assert_int_equal(sk_store_import(st, bad, size, 4, 0, &d, &err), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(err.message, "live meta copy: utf8_held (1 bytes: 41 00 00 00) is not the "
+                                   "start of a UTF-8 character");
+  free(bad);
+  free(img);
+  sk_store_obj_free(a);
+  sk_store_obj_free(b);
+  sk_store_obj_free(c);
+  sk_store_close(st);
+
+  /* A restart adopts them. */
+  st = open_store(dir);
+  struct scan s;
+  do_scan(st, &s, NULL);
+  assert_int_equal(s.n_adopted, 3);
+  for (int i = 0; i < 3; i++) {
+    sk_store_utf8_get(s.adopted[i], &got);
+    assert_int_equal(got.n_held, 2);
+    assert_memory_equal(got.held, "\xe2\x82", 2);
+  }
+  free_adopted(&s);
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
 /* fork: the same state at once, then independent. */
 static void test_fork(void **state) {
   (void)state;
@@ -1031,6 +1113,7 @@ int main(void) {
       cmocka_unit_test(test_uncommitted_chunk),
       cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_header_flags),
+      cmocka_unit_test(test_utf8_held),
       cmocka_unit_test(test_fork),
       cmocka_unit_test(test_export_import),
       cmocka_unit_test(test_sizes),
