@@ -79,6 +79,13 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                                  F(max_user_clients), 0, SK_LIMIT_MAX_CLIENTS, true},
     [SK_CFG_FRAME_TIMEOUT] = {"limits", "frame_timeout", "--frame-timeout", T_U32,
                               F(frame_timeout), 0, SK_LIMIT_MAX_FRAME_TIMEOUT, true},
+    [SK_CFG_MAX_INPUT_MEMORY] = {"limits", "max_input_memory", "--max-input-memory",
+                                 T_SIZE_AUTO, F(max_input_memory), SK_LIMIT_MIN_FRAME,
+                                 0 /* physical memory */, true},
+    [SK_CFG_MAX_USER_INPUT_MEMORY] = {"limits", "max_user_input_memory",
+                                      "--max-user-input-memory", T_SIZE_AUTO,
+                                      F(max_user_input_memory), SK_LIMIT_MIN_FRAME,
+                                      0 /* physical memory */, true},
 };
 
 static const char *const log_level_names[] = {
@@ -106,7 +113,8 @@ static char *const *field_str_c(const struct sk_config *c, enum sk_config_key k)
 }
 /* max_memory and max_user_memory are 64-bit; the others are uint32_t. */
 static bool is_u64(enum sk_config_key k) {
-  return keys[k].offset == F(max_memory) || keys[k].offset == F(max_user_memory);
+  return keys[k].offset == F(max_memory) || keys[k].offset == F(max_user_memory) ||
+         keys[k].offset == F(max_input_memory) || keys[k].offset == F(max_user_input_memory);
 }
 static uint64_t field_num(const struct sk_config *c, enum sk_config_key k) {
   const char *p = (const char *)c + keys[k].offset;
@@ -131,7 +139,10 @@ static uint64_t physical_memory(void) {
 }
 
 static uint64_t key_max(enum sk_config_key k) {
-  return k == SK_CFG_MAX_MEMORY || k == SK_CFG_MAX_USER_MEMORY ? physical_memory() : keys[k].max;
+  return k == SK_CFG_MAX_MEMORY || k == SK_CFG_MAX_USER_MEMORY || k == SK_CFG_MAX_INPUT_MEMORY ||
+                 k == SK_CFG_MAX_USER_INPUT_MEMORY
+             ? physical_memory()
+             : keys[k].max;
 }
 
 /* $XDG_RUNTIME_DIR/sinkd for users other than root when it is set, else
@@ -480,6 +491,28 @@ static char *reader(char *str, int num, void *stream) {
   return str;
 }
 
+/* Levenshtein distance of a and b, capped at 3 (enough to tell a typo
+ * from another word); names longer than 63 bytes count as far. */
+static uint32_t sk__edit_distance(const char *a, const char *b) {
+  size_t n = strlen(a), m = strlen(b);
+  if (n > 63 || m > 63) return 3;
+  uint32_t row[64];
+  for (size_t j = 0; j <= m; j++) row[j] = (uint32_t)j;
+  for (size_t i = 1; i <= n; i++) {
+    uint32_t diag = row[0];
+    row[0] = (uint32_t)i;
+    for (size_t j = 1; j <= m; j++) {
+      uint32_t up = row[j];
+      uint32_t v = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < v) v = up + 1;
+      if (row[j - 1] + 1 < v) v = row[j - 1] + 1;
+      row[j] = v;
+      diag = up;
+    }
+  }
+  return row[m] < 3 ? row[m] : 3;
+}
+
 static int handler(void *user, const char *section, const char *name, const char *value) {
   struct load_state *st = user;
   int key = -1;
@@ -504,6 +537,23 @@ static int handler(void *user, const char *section, const char *name, const char
     return 1;
   }
   if (key < 0) {
+    /* A misspelt key: name the one meant (the whole list of [limits] no
+     * longer fits one message). */
+    int near = -1;
+    uint32_t best = 3;
+    for (int k = 0; k < SK_CFG__COUNT; k++) {
+      if (strcmp(keys[k].section, section) != 0) continue;
+      uint32_t d = sk__edit_distance(name, keys[k].name);
+      if (d < best) {
+        best = d;
+        near = k;
+      }
+    }
+    if (near >= 0) {
+      add_error(st, st->line, "[%s] %s: unknown key (did you mean %s?)", section, name,
+                keys[near].name);
+      return 1;
+    }
     char known[256];
     size_t w = 0;
     known[0] = 0;
@@ -622,6 +672,30 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
   if (c->max_user_memory == 0) {
     c->max_user_memory = c->max_memory;
     c->origin[SK_CFG_MAX_USER_MEMORY].automatic = true;
+  }
+  /* Input memory: a whole frame of max_frame (and its header) must fit. */
+  if (c->max_input_memory == 0) {
+    c->max_input_memory = (uint64_t)SK_CONFIG_INPUT_FRAMES * c->max_frame;
+    c->origin[SK_CFG_MAX_INPUT_MEMORY].automatic = true;
+  }
+  if (c->max_user_input_memory == 0) {
+    c->max_user_input_memory = (uint64_t)SK_CONFIG_USER_INPUT_FRAMES * c->max_frame;
+    if (c->max_user_input_memory > c->max_input_memory)
+      c->max_user_input_memory = c->max_input_memory;
+    c->origin[SK_CFG_MAX_USER_INPUT_MEMORY].automatic = true;
+  }
+  static const enum sk_config_key input_keys[] = {SK_CFG_MAX_INPUT_MEMORY,
+                                                  SK_CFG_MAX_USER_INPUT_MEMORY};
+  for (size_t i = 0; i < 2; i++) {
+    enum sk_config_key k = input_keys[i];
+    uint64_t v = field_num(c, k);
+    if (v < (uint64_t)c->max_frame + SK_FRAME_HEADER_SIZE) {
+      where(c, k, at, sizeof at);
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "%s%" PRIu64 " bytes is less than one whole request frame "
+                          "(max_frame %u + %u bytes of header)",
+                          at, v, c->max_frame, (unsigned)SK_FRAME_HEADER_SIZE);
+    }
   }
   if (!mc) return 0;
   uint32_t ctx = mc->n_ctx_train ? mc->n_ctx_train : 1;

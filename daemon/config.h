@@ -61,6 +61,10 @@
 #define SK_CONFIG_DEFAULT_MAX_USER_SESSIONS 16u /* a quarter: one user cannot take all */
 #define SK_CONFIG_DEFAULT_MAX_USER_CLIENTS 128u /* an eighth of max_clients */
 #define SK_CONFIG_DEFAULT_FRAME_TIMEOUT 30u     /* seconds: a slow 1 MiB frame still fits */
+/* auto input memory, in frames of max_frame: 64 in all (64 MiB by
+ * default, against 1 GiB for max_clients whole frames), 16 per uid. */
+#define SK_CONFIG_INPUT_FRAMES 64u
+#define SK_CONFIG_USER_INPUT_FRAMES 16u
 
 /* The keys, in the order --check-config prints them. */
 enum sk_config_key {
@@ -85,6 +89,8 @@ enum sk_config_key {
   SK_CFG_IDLE_TTL,
   SK_CFG_MAX_USER_CLIENTS,
   SK_CFG_FRAME_TIMEOUT,
+  SK_CFG_MAX_INPUT_MEMORY,
+  SK_CFG_MAX_USER_INPUT_MEMORY,
   SK_CFG__COUNT
 };
 
@@ -123,6 +129,11 @@ struct sk_config {
   uint32_t frame_timeout; /* seconds a connection may take to complete a
                              request frame (its first, or one it began);
                              0 = no deadline */
+  uint64_t max_input_memory;      /* bytes of unfinished request frames of
+                                     all connections; 0 = auto:
+                                     64 x max_frame */
+  uint64_t max_user_input_memory; /* the same for one uid; 0 = auto:
+                                     16 x max_frame */
 
   struct {
     enum sk_config_origin from;

@@ -67,6 +67,10 @@ static void usage(FILE *f) {
           "                          hold (128; 0 = no limit but max-clients)\n"
           "      --frame-timeout SECONDS  close a connection that takes longer to send\n"
           "                          a whole request (30; 0 = never)\n"
+          "      --max-input-memory SIZE|auto  bytes of unfinished requests of all\n"
+          "                          clients (auto: 64 x max-frame)\n"
+          "      --max-user-input-memory SIZE|auto  the same for one user (auto:\n"
+          "                          16 x max-frame)\n"
           "      --max-memory SIZE|auto  bytes of all session caches (auto: half the RAM)\n"
           "      --max-user-sessions N  sessions one user (uid) may own (16)\n"
           "      --max-user-memory SIZE|auto  bytes of one user's session caches\n"
@@ -143,6 +147,8 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->idle_ttl_s = c->idle_ttl;
   s->max_user_clients = c->max_user_clients;
   s->frame_timeout_s = c->frame_timeout;
+  s->max_input_bytes = c->max_input_memory;
+  s->max_user_input_bytes = c->max_user_input_memory;
   s->max_user_sessions = c->max_user_sessions;
   s->max_user_kv_bytes = c->max_user_memory;
   s->max_batch = c->batch;
@@ -366,6 +372,8 @@ int main(int argc, char **argv) {
       KEY_OPT("idle-ttl", SK_CFG_IDLE_TTL),
       KEY_OPT("max-user-clients", SK_CFG_MAX_USER_CLIENTS),
       KEY_OPT("frame-timeout", SK_CFG_FRAME_TIMEOUT),
+      KEY_OPT("max-input-memory", SK_CFG_MAX_INPUT_MEMORY),
+      KEY_OPT("max-user-input-memory", SK_CFG_MAX_USER_INPUT_MEMORY),
       KEY_OPT("batch", SK_CFG_BATCH),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       KEY_OPT("kv-type", SK_CFG_KV_TYPE),

@@ -1951,7 +1951,9 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static struct sk_admit_limits admit_limits(const struct sk_server *srv) {
   return (struct sk_admit_limits){.max_clients = srv->cfg.max_clients,
-                                  .max_user_clients = srv->cfg.max_user_clients};
+                                  .max_user_clients = srv->cfg.max_user_clients,
+                                  .max_input = srv->cfg.max_input_bytes,
+                                  .max_user_input = srv->cfg.max_user_input_bytes};
 }
 
 /* Bytes of an unfinished frame the reader holds. */
@@ -1966,6 +1968,19 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == 0) return;
   if (!c->frame_since_ms) c->frame_since_ms = now_ms();
+  /* Bytes buffered for unfinished frames are bounded per uid and in all:
+   * count the most this read can leave before taking it. */
+  struct sk_admit_limits lim = admit_limits(srv);
+  struct sk_error e;
+  uint64_t most = conn_partial_bytes(c) + (uint64_t)nread;
+  if (sk_admit_input(&srv->admit, &lim, c->uid, c->input_bytes, most, &e) < 0) {
+    sk_log(SK_LOG_WARNING, "client %llu of uid %u closed: %s", (unsigned long long)c->id,
+           c->uid, e.message);
+    send_error(c, 0, &e);
+    conn_close(c);
+    return;
+  }
+  c->input_bytes = most;
   if (sk_frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
     send_errorf(c, 0, SK_ERR_NO_MEMORY, "out of memory reading the request");
     conn_close(c);
@@ -1996,7 +2011,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   if (conn_partial_bytes(c) > 0 || c->rd.skip > 0) {
     if (!c->frame_since_ms) c->frame_since_ms = now_ms();
   }
-  (void)srv;
+  uint64_t left = conn_partial_bytes(c);
+  if (!c->closing && sk_admit_input(&srv->admit, &lim, c->uid, c->input_bytes, left, &e) == 0)
+    c->input_bytes = left;
 }
 
 /* Closes every connection that has waited longer than frame_timeout_s
@@ -2278,6 +2295,8 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   srv->cfg.max_user_sessions = cfg->max_user_sessions;
   srv->cfg.max_user_kv_bytes = cfg->max_user_kv_bytes;
   srv->cfg.max_user_clients = cfg->max_user_clients;
+  srv->cfg.max_input_bytes = cfg->max_input_bytes;
+  srv->cfg.max_user_input_bytes = cfg->max_user_input_bytes;
   if (cfg->frame_timeout_s != srv->cfg.frame_timeout_s) {
     srv->cfg.frame_timeout_s = cfg->frame_timeout_s;
     frame_timer_set(srv);

@@ -48,6 +48,9 @@ struct sk_server_config {
   uint32_t frame_timeout_s;   /* close a connection whose first request,
                                  or a request it began, is not complete
                                  this long after; 0 = never */
+  uint64_t max_input_bytes;   /* bytes of unfinished request frames of all
+                                 connections (admit.h); 0 = none */
+  uint64_t max_user_input_bytes; /* the same per uid; 0 = none */
 };
 
 struct sk_server;

@@ -11,7 +11,8 @@ _sinkd() {
     --policy) COMPREPLY=($(compgen -W "streaming window h2o sink_h2o dense" -- "$cur")); return ;;
     --kv-type) COMPREPLY=($(compgen -W "f32 f16" -- "$cur")); return ;;
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
-    -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory)
+    -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory|\
+    --max-input-memory|--max-user-input-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions|\
     --max-user-clients|--frame-timeout)
@@ -20,6 +21,7 @@ _sinkd() {
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
     --max-memory --max-user-sessions --max-user-memory --max-user-clients --max-frame
+    --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch
     --kv-type --log-level --verbose --help --version" -- "$cur"))
 }

@@ -407,6 +407,18 @@ static void test_resolve(void **state) {
   assert_int_equal(c.capacity, 2048);
   assert_true(c.max_memory >= (1u << 20));
   assert_int_equal(c.max_memory % (1u << 20), 0);
+  /* Input memory: 64 and 16 frames of max_frame. */
+  assert_int_equal(c.max_input_memory, 64u << 20);
+  assert_int_equal(c.max_user_input_memory, 16u << 20);
+  assert_true(c.origin[SK_CFG_MAX_INPUT_MEMORY].automatic);
+  sk_config_done(&c);
+  /* ... which must hold one whole frame. */
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_MAX_USER_INPUT_MEMORY, "1M",
+                                 SK_CONFIG_FROM_COMMAND_LINE, 0, &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--max-user-input-memory: 1048576 bytes is less than one whole "
+                                 "request frame (max_frame 1048576 + 4 bytes of header)");
   sk_config_done(&c);
 
   /* A long-context model: max_capacity follows it, the window stays 1024. */

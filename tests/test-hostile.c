@@ -1147,6 +1147,95 @@ static void test_open_burst_limits(void **state) {
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* A connection holding `body - 1` bytes of a frame declaring `body`. */
+static int partial_frame(const char *socket, uint32_t body) {
+  int fd = sk_test_raw_connect(socket, 300);
+  uint8_t *buf = calloc(1, 4 + body);
+  assert_non_null(buf);
+  buf[0] = (uint8_t)(body >> 24);
+  buf[1] = (uint8_t)(body >> 16);
+  buf[2] = (uint8_t)(body >> 8);
+  buf[3] = (uint8_t)body;
+  sk_test_write_all(fd, buf, 4 + body - 1);
+  free(buf);
+  return fd;
+}
+
+/* The connection is still open and silent (read times out). */
+static void assert_silent(int fd) {
+  struct sk_test_reply r;
+  sk_test_read_reply(fd, &r);
+  assert_true(r.timed_out);
+  sk_test_reply_free(&r);
+}
+
+/* The daemon refused the connection: busy with `needle` and `needle2`
+ * (may be NULL) in the message, then closed. */
+static void assert_refused(int fd, const char *needle, const char *needle2) {
+  struct sk_test_reply r;
+  sk_test_read_reply(fd, &r);
+  if (r.timed_out || r.closed) fail_msg("no busy reply (%s)", r.closed ? "closed" : "timed out");
+  assert_string_equal(r.code, "busy");
+  if (!strstr(r.message, needle)) fail_msg("busy message '%s' lacks '%s'", r.message, needle);
+  if (needle2 && !strstr(r.message, needle2))
+    fail_msg("busy message '%s' lacks '%s'", r.message, needle2);
+  sk_test_reply_free(&r);
+  sk_test_read_reply(fd, &r);
+  assert_true(r.closed);
+  sk_test_reply_free(&r);
+}
+
+/* Bytes of unfinished frames are bounded per uid and in all: the
+ * connection that would cross a bound gets busy and is closed; the
+ * others keep their bytes, pings are answered, and once some leave the
+ * room is free again. */
+static void test_input_memory_ceiling(void **state) {
+  (void)state;
+  enum { BODY = 60000, PER = BODY + 3 }; /* bytes held per connection */
+  struct sk_test_daemon d;
+  /* uid 0 (the test) may hold 256 KiB: four partial frames, not five. */
+  const char *args[] = {"--max-frame", "64K", "--max-user-input-memory", "256K",
+                        "--max-input-memory", "1M", NULL};
+  sk_test_daemon_start(&d, args);
+  int fds[5];
+  for (int i = 0; i < 4; i++) fds[i] = partial_frame(d.socket, BODY);
+  for (int i = 0; i < 4; i++) assert_silent(fds[i]);
+  fds[4] = partial_frame(d.socket, BODY);
+  char needle[96];
+  snprintf(needle, sizeof needle, "(max_user_input_memory %u)", 256u << 10);
+  assert_refused(fds[4], "input memory: uid 0's unfinished requests would hold ", needle);
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_connect(d.socket, &c, &e), 0);
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  close(fds[0]);
+  close(fds[1]);
+  usleep(300 * 1000); /* the daemon sees the two ends */
+  fds[0] = partial_frame(d.socket, BODY);
+  assert_silent(fds[0]);
+  sk_client_free(c);
+  for (int i = 0; i < 5; i++)
+    if (i != 1) close(fds[i]);
+  int st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+  /* In all: 150 KiB, below one user's 256 KiB. */
+  const char *args2[] = {"--max-frame", "64K", "--max-user-input-memory", "256K",
+                         "--max-input-memory", "150K", NULL};
+  sk_test_daemon_start(&d, args2);
+  fds[0] = partial_frame(d.socket, BODY);
+  fds[1] = partial_frame(d.socket, BODY);
+  assert_silent(fds[0]);
+  assert_silent(fds[1]);
+  fds[2] = partial_frame(d.socket, BODY);
+  assert_refused(fds[2], "(max_input_memory 153600); uid 0's request refused", NULL);
+  for (int i = 0; i < 3; i++) close(fds[i]);
+  printf("figures: input memory: 4 partial frames of %d bytes held under 256 KiB per uid, the "
+         "5th refused; 2 under 150 KiB in all, the 3rd refused\n", PER);
+  st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static int setup(void **state) {
   (void)state;
   sk_test_daemon_start(&g_d, NULL);
@@ -1170,6 +1259,7 @@ int main(void) {
       cmocka_unit_test(test_hostile_table),
       cmocka_unit_test(test_vanishing_clients),
       cmocka_unit_test(test_open_burst_limits),
+      cmocka_unit_test(test_input_memory_ceiling),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
