@@ -485,6 +485,29 @@ static int sk__check_header(const struct sk_store *st, const void *map, size_t s
   return 0;
 }
 
+/* Whether the K and V rows of a slot hold only finite values: 0, or 'K'
+ * / 'V' with the first non-finite element's layer and index. f16: an
+ * exponent of all ones is an infinity or a NaN (IEEE 754 binary16). */
+static char sk__rows_finite(const struct sk_kv *kv, uint32_t slot, int *ret_layer,
+                            uint32_t *ret_i) {
+  const uint32_t d = kv->hdr->kv_dim;
+  const bool f16 = kv->hdr->kv_type == SK_KV_F16;
+  for (int side = 0; side < 2; side++)
+    for (uint32_t l = 0; l < kv->hdr->n_layer; l++) {
+      const void *row = side == 0 ? sk_kv_krow(kv, l, slot) : sk_kv_vrow(kv, l, slot);
+      for (uint32_t i = 0; i < d; i++) {
+        bool ok = f16 ? (((const uint16_t *)row)[i] & 0x7c00u) != 0x7c00u
+                      : isfinite(((const float *)row)[i]);
+        if (!ok) {
+          *ret_layer = (int)l;
+          *ret_i = i;
+          return side == 0 ? 'K' : 'V';
+        }
+      }
+    }
+  return 0;
+}
+
 /* Checks the kv meta part of copy `c` (which must be the live one) and
  * every resident slot against the data and its checksum; obj->kv shows it
  * afterwards. */
@@ -524,6 +547,14 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                      "file?)", offsetof(struct sk_store_meta, reserved) + i);
   if ((m->flags & SK_STORE_HAS_LOGITS) && kh->n_resident == 0)
     return sk__bad(err, "live meta copy: logits without a resident token");
+  /* Sampling from a NaN or an infinity picks token 0 (or any): such a
+   * session was not written by a working sinkd. */
+  if (m->flags & SK_STORE_HAS_LOGITS) {
+    const float *lg = (const float *)(const void *)(c + m->off_logits);
+    for (uint32_t i = 0; i < h->n_vocab; i++)
+      if (!isfinite(lg[i]))
+        return sk__bad(err, "live meta copy: logits[%u] is %g (not finite)", i, (double)lg[i]);
+  }
   sk__view(obj, obj->live);
   const uint64_t *sums = sk__sums(obj);
   uint64_t prev = 0;
@@ -552,6 +583,12 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                      "stored rotated and n_seen %" PRIu64 " puts it at %" PRIu64,
                      p, idx, kh->n_seen, p < sr ? t0 + p : kh->n_seen - nr + p);
     prev = idx;
+    int bad_layer = -1;
+    uint32_t bad_i = 0;
+    char which = sk__rows_finite(&obj->kv, slot, &bad_layer, &bad_i);
+    if (which)
+      return sk__bad(err, "%c of cache position %u (slot %u, layer %d) element %u is not finite",
+                     which, p, slot, bad_layer, bad_i);
     if (sums[slot] != sk__slot_sum(&obj->kv, slot))
       return sk__bad(err, "K/V of cache position %u (slot %u, stream index %" PRIu64
                      ") do not match their checksum",

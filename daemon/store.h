@@ -90,8 +90,9 @@
  *                           at cache position p (D elements of kv_type); then the same
  *                           for V: 2 * L * n_resident * D elements
  * Import checks everything (sizes, both checksums, the fingerprint, the
- * meta copy's own checksum and consistency, every row against kv_sum)
- * before a session exists.
+ * meta copy's own checksum and consistency, every row against kv_sum,
+ * logits and K/V values finite) before a session exists; adoption checks
+ * the same of an object.
  *
  * Threads: the store and object creation/removal belong to the loop
  * thread; begin/commit/abort to whoever owns the session's cache at the

@@ -7,6 +7,7 @@
  * a state directory has one daemon at a time. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -757,6 +758,61 @@ static void test_utf8_held(void **state) {
   free(dir);
 }
 
+/* Logits or cache values that are NaN or infinite are refused on import
+ * and on adoption, naming the field (sampling from them would pick token
+ * 0 whatever the text). */
+static void test_non_finite(void **state) {
+  (void)state;
+  char *dir = new_dir();
+  struct sk_store *st = open_store(dir);
+  struct sk_store_obj *a = create(st, 1, &streaming16);
+  step(a, 4);
+  size_t size = sk_store_export_size(a);
+  char *img = malloc(size);
+  assert_non_null(img);
+  sk_store_export(a, img, size);
+  struct sk_store_meta *m;
+  struct sk_kv_header *kh;
+  struct sk_error err = {0};
+  struct sk_store_obj *b = NULL;
+  char *bad = image_copy(img, size, &m, &kh);
+  ((float *)(void *)((char *)m + m->off_logits))[7] = NAN;
+  reseal_image(bad, size);
+  assert_int_equal(sk_store_import(st, bad, size, 2, 0, &b, &err), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(err.message, "live meta copy: logits[7] is nan (not finite)");
+  free(bad);
+  /* The second row of V: layer 0's rows for the 4 positions come after
+   * all of K; element 3 of position 1. */
+  bad = image_copy(img, size, &m, &kh);
+  const size_t row = fx.cfg.shape.kv_dim * sizeof(float);
+  float *v = (float *)(void *)(bad + sizeof(struct sk_store_image) + a->hdr->meta_size +
+                               (size_t)fx.cfg.shape.n_layer * 4 * row + row);
+  v[3] = -INFINITY;
+  reseal_image(bad, size);
+  assert_int_equal(sk_store_import(st, bad, size, 2, 0, &b, &err), -SK_ERR_BAD_REQUEST);
+  char want[128];
+  snprintf(want, sizeof want, "V of cache position 1 (slot %u, layer 0) element 3 is not finite",
+           sk_kv_slot(&a->kv, 1));
+  assert_string_equal(err.message, want);
+  free(bad);
+  free(img);
+  /* In the state directory: the live copy's logits, sealed again. */
+  a->logits[9] = INFINITY;
+  a->meta->checksum = XXH3_64bits_withSeed((char *)a->meta + 16, (size_t)a->hdr->meta_size - 16,
+                                           a->meta->commit);
+  sk_store_obj_free(a);
+  sk_store_close(st);
+  st = open_store(dir);
+  struct scan s;
+  do_scan(st, &s, NULL);
+  assert_int_equal(s.n_adopted, 0);
+  assert_string_equal(skip_reason(&s, "session-1.skv"),
+                      "live meta copy: logits[9] is inf (not finite)");
+  sk_store_close(st);
+  rm_rf(dir);
+  free(dir);
+}
+
 /* fork: the same state at once, then independent. */
 static void test_fork(void **state) {
   (void)state;
@@ -1114,6 +1170,7 @@ int main(void) {
       cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_header_flags),
       cmocka_unit_test(test_utf8_held),
+      cmocka_unit_test(test_non_finite),
       cmocka_unit_test(test_fork),
       cmocka_unit_test(test_export_import),
       cmocka_unit_test(test_sizes),
