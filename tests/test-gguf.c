@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -134,6 +137,45 @@ static void test_real_metadata(void **state) {
   assert_int_equal(sk_gguf_get_u32(g, "tokenizer.ggml.tokens", &u, &err), -SK_ERR_BAD_MODEL);
   assert_non_null(strstr(err.message, "array"));
   sk_gguf_close(g);
+}
+
+/* Only a regular file is opened as a model: a FIFO (which would block
+ * the open until a writer came), a directory, a socket and a character
+ * device are refused at once, by their kind. */
+static void test_not_regular_files(void **state) {
+  (void)state;
+  char *dir = sk_test_tmpdir();
+  char fifo[512], sock[512];
+  snprintf(fifo, sizeof fifo, "%s/model.fifo", dir);
+  snprintf(sock, sizeof sock, "%s/model.sock", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  assert_true(strlen(sock) < sizeof a.sun_path);
+  memcpy(a.sun_path, sock, strlen(sock) + 1);
+  assert_int_equal(bind(sfd, (struct sockaddr *)&a, sizeof a), 0);
+  const struct {
+    const char *path, *kind;
+  } cases[] = {{fifo, "a FIFO"}, {dir, "a directory"}, {"/dev/null", "a character device"},
+               {sock, "a socket"}};
+  alarm(20); /* a blocked open fails the test instead of hanging it */
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    struct sk_gguf *g = NULL;
+    struct sk_error err = {0};
+    char want[1100];
+    snprintf(want, sizeof want, "%s is %s, not a regular file", cases[i].path, cases[i].kind);
+    int rc = sk_gguf_open(cases[i].path, &g, &err);
+    if (rc == -SK_ERR_IO && strcmp(err.message, want) == 0) continue;
+    /* A socket cannot be opened at all: open's own error names it. */
+    if (i == 3 && rc == -SK_ERR_IO && strstr(err.message, "No such device or address")) continue;
+    fail_msg("%s: rc %d, '%s'", cases[i].path, rc, err.message);
+  }
+  alarm(0);
+  close(sfd);
+  unlink(sock);
+  unlink(fifo);
+  rmdir(dir);
+  free(dir);
 }
 
 static void test_real_tensors(void **state) {
@@ -832,6 +874,7 @@ int main(void) {
     cmocka_unit_test(test_release),
     cmocka_unit_test(test_real_metadata),
     cmocka_unit_test(test_real_tensors),
+    cmocka_unit_test(test_not_regular_files),
     cmocka_unit_test(test_real_buffer_and_truncation),
     cmocka_unit_test(test_missing_path),
     cmocka_unit_test(test_type_names),

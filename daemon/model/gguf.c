@@ -631,8 +631,20 @@ int sk_gguf_open_buffer(const void *buf, size_t size, struct sk_gguf **ret,
   return sk__open_common(g, ret, err);
 }
 
+/* What a file that is not a regular file is, for messages. */
+static const char *sk__file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "of another type";
+}
+
 int sk_gguf_open(const char *path, struct sk_gguf **ret, struct sk_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+   * writer forever; the type is checked right after, before any read. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     return sk_error_set(err, SK_ERR_IO, "open %s: %s", path, strerror(errno));
   struct stat st;
@@ -643,7 +655,8 @@ int sk_gguf_open(const char *path, struct sk_gguf **ret, struct sk_error *err) {
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return sk_error_set(err, SK_ERR_IO, "%s: not a regular file", path);
+    return sk_error_set(err, SK_ERR_IO, "%s is %s, not a regular file", path,
+                        sk__file_kind(st.st_mode));
   }
   if ((uint64_t)st.st_size > SIZE_MAX) {
     close(fd);
