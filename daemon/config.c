@@ -706,7 +706,18 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
   }
   if (c->window == 0) {
     uint32_t span = ctx < SK_CONFIG_DEFAULT_WINDOW_SPAN ? ctx : SK_CONFIG_DEFAULT_WINDOW_SPAN;
-    c->window = span > c->n_sink ? span - c->n_sink : 1;
+    /* Sinks that fill the whole span would leave an automatic window of
+     * nothing: say so rather than quietly making it 1. */
+    if (c->n_sink >= span) {
+      where(c, SK_CFG_SINKS, at, sizeof at);
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "%s%u sinks leave no room for the automatic window: it is min(model "
+                          "context %u, %u) - sinks = %u - %u; give fewer sinks than %u, or set "
+                          "window",
+                          at, c->n_sink, ctx, SK_CONFIG_DEFAULT_WINDOW_SPAN, span, c->n_sink,
+                          span);
+    }
+    c->window = span - c->n_sink;
     c->origin[SK_CFG_WINDOW].automatic = true;
   }
   if (c->capacity == 0) {

@@ -438,6 +438,18 @@ static void test_resolve(void **state) {
   assert_int_equal(c.capacity, 100);
   sk_config_done(&c);
 
+  /* More sinks than the automatic window's span: refused with the counts. */
+  mc = model_with_context(2048);
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_SINKS, "2000", SK_CONFIG_FROM_COMMAND_LINE, 0, &e),
+                   0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--sinks: 2000 sinks leave no room for the automatic window: it "
+                                 "is min(model context 2048, 1024) - sinks = 1024 - 2000; give "
+                                 "fewer sinks than 1024, or set window");
+  sk_config_done(&c);
+  mc = model_with_context(100);
+
   /* Defaults that cannot open are named with their line. */
   WRITE("[session]\nsinks = 10\nwindow = 100\n[limits]\nmax_capacity = 64\n");
   struct sk_config_errors errs;
