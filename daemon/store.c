@@ -1150,9 +1150,12 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "not a sinkd export file (bad magic)");
   if (im->header_checksum != sk__image_header_sum(im))
     return sk__bad(err, "export file corrupted: header checksum mismatch");
-  if (im->version != SK_STORE_IMAGE_VERSION || im->header_size != sizeof *im)
+  if (im->version != SK_STORE_IMAGE_VERSION)
     return sk__bad(err, "export file version %u, this sinkd reads version %u", im->version,
                    SK_STORE_IMAGE_VERSION);
+  if (im->header_size != sizeof *im)
+    return sk__bad(err, "export file header_size %u, version %u's is %zu", im->header_size,
+                   SK_STORE_IMAGE_VERSION, sizeof *im);
   if (im->total_size != len)
     return sk__bad(err, "export file %s: %zu bytes, its header says %" PRIu64,
                    len < im->total_size ? "truncated" : "has extra bytes", len,
@@ -1190,20 +1193,37 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
   }
   struct sk__geom g;
   if (im->n_vocab != st->n_vocab || im->n_layer != st->shape.n_layer ||
-      im->kv_dim != st->shape.kv_dim || !sk__geom(st, SK_KV_F32, im->capacity, &g) ||
-      im->meta_size != g.meta_size || !sk_policy_name(im->policy))
-    return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u, capacity %u) "
-                   "does not fit the loaded model",
-                   im->n_vocab, im->n_layer, im->kv_dim, im->capacity);
+      im->kv_dim != st->shape.kv_dim)
+    return sk__bad(err, "export file shape (n_vocab %u, n_layer %u, kv_dim %u) does not fit the "
+                   "loaded model (n_vocab %u, n_layer %u, kv_dim %u)",
+                   im->n_vocab, im->n_layer, im->kv_dim, st->n_vocab, st->shape.n_layer,
+                   st->shape.kv_dim);
+  if (!sk__geom(st, SK_KV_F32, im->capacity, &g))
+    return sk__bad(err, "export file capacity %u is not a cache size this sinkd makes "
+                   "(1 to %u tokens)",
+                   im->capacity, (unsigned)SK_KV_MAX_CAPACITY);
+  if (im->meta_size != g.meta_size)
+    return sk__bad(err, "export file meta_size %" PRIu64 ", a cache of capacity %u has %" PRIu64,
+                   im->meta_size, im->capacity, g.meta_size);
+  if (!sk_policy_name(im->policy))
+    return sk__bad(err, "export file policy %u is unknown", im->policy);
   /* The rows may be of either KV type (the image header does not name
    * it; the meta copy's cache header does, below), and so may the
    * session imported: the meta part's geometry is the same for both. */
   const uint64_t rows_elems = 2 * (uint64_t)im->n_layer * im->n_resident * im->kv_dim;
-  if (im->n_resident > im->capacity ||
-      (im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F32) &&
-       im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F16)) ||
-      im->total_size != sizeof *im + im->meta_size + im->rows_size)
-    return sk__bad(err, "export file sizes are inconsistent");
+  if (im->n_resident > im->capacity)
+    return sk__bad(err, "export file n_resident %u exceeds its capacity %u", im->n_resident,
+                   im->capacity);
+  if (im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F32) &&
+      im->rows_size != rows_elems * sk_kv_type_size(SK_KV_F16))
+    return sk__bad(err, "export file rows_size %" PRIu64 ": %u resident tokens need %" PRIu64
+                   " (f32) or %" PRIu64 " (f16)",
+                   im->rows_size, im->n_resident, rows_elems * sk_kv_type_size(SK_KV_F32),
+                   rows_elems * sk_kv_type_size(SK_KV_F16));
+  if (im->total_size != sizeof *im + im->meta_size + im->rows_size)
+    return sk__bad(err, "export file total_size %" PRIu64 " is not header %zu + meta_size %" PRIu64
+                   " + rows_size %" PRIu64,
+                   im->total_size, sizeof *im, im->meta_size, im->rows_size);
   const char *copy = (const char *)buf + sizeof *im;
   /* The meta copy must be 64-byte aligned to be read as structs: check it
    * in an aligned buffer. */

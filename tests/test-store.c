@@ -1077,6 +1077,53 @@ static void test_export_import(void **state) {
     rm_rf(hdir);
     free(hdir);
   }
+  /* Crafted header fields (header checksum made right): each message
+   * names the field and its value. */
+  {
+    static const struct {
+      size_t off;
+      uint64_t value;
+      bool wide;
+      const char *want;
+    } cases[] = {
+        {offsetof(struct sk_store_image, header_size), 0xffffffffu, false,
+         "export file header_size 4294967295, version 1's is 128"},
+        {offsetof(struct sk_store_image, meta_size), 1ull << 40, true,
+         "export file meta_size 1099511627776, a cache of capacity 16 has %llu"},
+        {offsetof(struct sk_store_image, policy), 99, false, "export file policy 99 is unknown"},
+        {offsetof(struct sk_store_image, capacity), 0, false,
+         "export file capacity 0 is not a cache size this sinkd makes (1 to 1048576 tokens)"},
+        {offsetof(struct sk_store_image, n_layer), 7, false,
+         "export file shape (n_vocab 512, n_layer 7, kv_dim %u) does not fit the loaded model "
+         "(n_vocab 512, n_layer %u, kv_dim %u)"},
+        {offsetof(struct sk_store_image, n_resident), 17, false,
+         "export file n_resident 17 exceeds its capacity 16"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      char *bad = malloc(size);
+      assert_non_null(bad);
+      memcpy(bad, img, size);
+      if (cases[i].wide) {
+        memcpy(bad + cases[i].off, &cases[i].value, 8);
+      } else {
+        uint32_t v32 = (uint32_t)cases[i].value;
+        memcpy(bad + cases[i].off, &v32, 4);
+      }
+      struct sk_store_image *im = (struct sk_store_image *)(void *)bad;
+      im->header_checksum = XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
+      char want[256];
+      if (i == 1)
+        snprintf(want, sizeof want, cases[i].want, (unsigned long long)a->hdr->meta_size);
+      else if (i == 4)
+        snprintf(want, sizeof want, cases[i].want, fx.cfg.shape.kv_dim, fx.cfg.shape.n_layer,
+                 fx.cfg.shape.kv_dim);
+      else
+        snprintf(want, sizeof want, "%s", cases[i].want);
+      assert_int_equal(sk_store_image_check(st, bad, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+      assert_string_equal(err.message, want);
+      free(bad);
+    }
+  }
   free(img);
   sk_store_obj_free(a);
   sk_store_obj_free(b);
