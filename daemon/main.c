@@ -166,6 +166,23 @@ static void server_config_from(const struct sk_config *c, struct sk_server_confi
   s->defaults.recent = budget - budget / 2 > 0 ? budget - budget / 2 : 1;
 }
 
+/* Logs "cannot load model" when the model file's structure is wrong, for
+ * a start that fails before loading it (socket or state directory in
+ * use): the model's own problem must not hide behind the other. Only
+ * the GGUF structure is read (sk_gguf_open maps it), not the weights. */
+static void log_model_problem(const struct sk_config *c) {
+  struct sk_gguf *g = NULL;
+  struct sk_error e;
+  if (sk_gguf_open(c->model, &g, &e) < 0) {
+    char at[PATH_MAX + 64] = "";
+    if (c->origin[SK_CFG_MODEL].from == SK_CONFIG_FROM_FILE)
+      snprintf(at, sizeof at, "%s:%u: [daemon] model: ", c->file, c->origin[SK_CFG_MODEL].line);
+    sk_log(SK_LOG_ERR, "%scannot load model %s: %s", at, c->model, e.message);
+    return;
+  }
+  sk_gguf_close(g);
+}
+
 /* ---- the running daemon -------------------------------------------------- */
 
 struct daemon {
@@ -473,11 +490,13 @@ int main(int argc, char **argv) {
     if (listen_fd < 0) goto out;
     if (listen_fd == 0 && sk_server_check_socket(d.cfg.socket, &err) < 0) {
       sk_log(SK_LOG_ERR, "%s", err.message);
+      log_model_problem(&d.cfg);
       goto out;
     }
     /* Likewise a state directory that another daemon holds. */
     if (sk_store_check_busy(d.cfg.state_dir, &err) < 0) {
       sk_log(SK_LOG_ERR, "%s", err.message);
+      log_model_problem(&d.cfg);
       goto out;
     }
   }

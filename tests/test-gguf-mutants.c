@@ -24,6 +24,7 @@
  *    message in its log.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -32,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -645,13 +648,26 @@ static void test_structural(void **state) {
 }
 
 /* Some of them handed to sinkd itself: exit status 1, the reason in its
- * log, no signal. */
-static void daemon_refuses(const uint8_t *buf, size_t len, const char *what, const char *needle) {
+ * log, no signal. Its socket, state directory and configuration are the
+ * test's own, never the system's. With busy_state, its state directory is
+ * locked as another sinkd would hold it: the model's problem is still
+ * named, beside the busy directory. */
+static void daemon_refuses_in(const uint8_t *buf, size_t len, const char *what, const char *needle,
+                              bool busy_state) {
   char *dir = sk_test_tmpdir();
-  char model[4200], sock[4200], log[4200];
+  char model[4200], sock[4200], log[4200], state[4200], lock[4300];
   snprintf(model, sizeof model, "%s/mutant.gguf", dir);
   snprintf(sock, sizeof sock, "%s/s.sock", dir);
   snprintf(log, sizeof log, "%s/sinkd.log", dir);
+  snprintf(state, sizeof state, "%s/state", dir);
+  snprintf(lock, sizeof lock, "%s/lock", state);
+  int lock_fd = -1;
+  if (busy_state) {
+    assert_int_equal(mkdir(state, 0700), 0);
+    lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(lock_fd >= 0);
+    assert_int_equal(flock(lock_fd, LOCK_EX | LOCK_NB), 0);
+  }
   FILE *f = fopen(model, "wb");
   assert_non_null(f);
   assert_int_equal(fwrite(buf, 1, len, f), len);
@@ -662,7 +678,8 @@ static void daemon_refuses(const uint8_t *buf, size_t len, const char *what, con
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(log, "w", stderr)) _exit(126);
-    execl(sinkd, sinkd, "--model", model, "--socket", sock, (char *)NULL);
+    execl(sinkd, sinkd, "--config", "/dev/null", "--model", model, "--socket", sock,
+          "--state-dir", state, (char *)NULL);
     _exit(127);
   }
   int st = 0;
@@ -671,15 +688,22 @@ static void daemon_refuses(const uint8_t *buf, size_t len, const char *what, con
   char *text = sk_test_read_file(log, &n);
   assert_non_null(text);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(text, "cannot load model") ||
-      !strstr(text, needle))
+      !strstr(text, needle) || (busy_state && !strstr(text, "is in use by another sinkd")))
     fail_msg("sinkd on %s: status %d, log: %s", what, st, text);
   free(text);
+  if (lock_fd >= 0) close(lock_fd);
+  unlink(lock);
+  rmdir(state);
   unlink(model);
   unlink(log);
   rmdir(dir);
   free(dir);
   g_tried++;
   g_refused++;
+}
+
+static void daemon_refuses(const uint8_t *buf, size_t len, const char *what, const char *needle) {
+  daemon_refuses_in(buf, len, what, needle, false);
 }
 
 static void test_daemon_refuses(void **state) {
@@ -690,6 +714,8 @@ static void test_daemon_refuses(void **state) {
   const struct tinfo *out = find_tensor(w, "output.weight");
   daemon_refuses(g_file, g_size / 2, "half the file", "exceeds");
   daemon_refuses(g_file, 30, "30 bytes", "tensor count 48 exceeds what the file size 30 allows");
+  daemon_refuses_in(g_file, 30, "30 bytes, state directory busy",
+                    "tensor count 48 exceeds what the file size 30 allows", true);
   uint8_t *buf = malloc(g_size);
   memcpy(buf, g_file, g_size);
   wr32(buf + embd->ndims_off, 5);

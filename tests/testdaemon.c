@@ -88,8 +88,10 @@ void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra) {
     if (!mkdtemp(d->state_root)) d->state_root[0] = 0;
   }
   snprintf(d->state, sizeof d->state, "%s/state", d->state_root[0] ? d->state_root : d->dir);
-  const char *base[] = {sinkd, "--model", sk_test_model_path(), "--socket", d->socket,
-                        "--state-dir", d->state, "--threads", "1"};
+  /* --config /dev/null: an installed /etc/sinkd/sinkd.conf must not
+   * change what runs (extra may name another file: the last counts). */
+  const char *base[] = {sinkd,       "--config", "/dev/null", "--model", sk_test_model_path(),
+                        "--socket",  d->socket,  "--state-dir", d->state, "--threads", "1"};
   for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
   for (size_t i = 0; extra && extra[i] && n < 94; i++) argv[n++] = extra[i];
   argv[n] = NULL;

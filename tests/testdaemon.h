@@ -22,7 +22,7 @@ struct sk_test_daemon {
 
 /* Starts $SK_SINKD (under $SK_SINKD_WRAPPER, split on spaces, if set) with
  * --model $SK_MODEL --socket DIR/sinkd.sock --state-dir (on tmpfs if any)
- * --threads 1 and the
+ * --threads 1 --config /dev/null and the
  * NULL-terminated extra arguments; waits until it answers a ping (fails the
  * test after a minute). stderr goes to DIR/sinkd.log. */
 void sk_test_daemon_start(struct sk_test_daemon *d, const char *const *extra);
