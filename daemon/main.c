@@ -361,6 +361,7 @@ enum { OPT_CHECK_CONFIG = 256, OPT_KEY_BASE = 1000 };
 int main(int argc, char **argv) {
   struct daemon d;
   memset(&d, 0, sizeof d);
+  sk_log_init();
   d.src.path = sk_config_default_path();
   bool check_only = false;
   if (sk_config_init(&d.src.cli) < 0) {

@@ -106,6 +106,16 @@ static void spawn(struct child *ch, const char *log_leaf, const char *const *env
   assert_true(ch->pid >= 0);
   if (ch->pid == 0) {
     if (!freopen(ch->log, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(126);
+    /* The log file stands for the journal's stream, as systemd gives it
+     * (the lines then carry priorities); "JOURNAL_STREAM=none" in env:
+     * not the journal. */
+    struct stat lst;
+    if (fstat(STDERR_FILENO, &lst) == 0) {
+      char js[64];
+      snprintf(js, sizeof js, "%llu:%llu", (unsigned long long)lst.st_dev,
+               (unsigned long long)lst.st_ino);
+      setenv("JOURNAL_STREAM", js, 1);
+    }
     for (const char *const *e = env; e && *e; e++) {
       char name[64];
       const char *eq = strchr(*e, '=');
@@ -118,6 +128,8 @@ static void spawn(struct child *ch, const char *log_leaf, const char *const *env
         char pid[32];
         snprintf(pid, sizeof pid, "%d", (int)getpid());
         setenv(name, pid, 1);
+      } else if (strcmp(name, "JOURNAL_STREAM") == 0 && strcmp(eq + 1, "none") == 0) {
+        unsetenv(name);
       } else if (strcmp(name, "FD3") == 0) {
         int fd = open(eq + 1, O_RDONLY);
         if (fd < 0 || dup2(fd, 3) < 0) _exit(126);
@@ -433,6 +445,55 @@ static void test_socket_activation(void **state) {
 
 /* ---- socket files left behind ------------------------------------------------ */
 
+/* Outside the journal (a terminal, a file, or a stream other than the
+ * one JOURNAL_STREAM names) lines are plain: "sinkd: ", "error: " where
+ * it applies, no "<N>" priority; --log-level chooses which appear. */
+static void test_log_format(void **state) {
+  (void)state;
+  char sock[300];
+  snprintf(sock, sizeof sock, "%s/plain.sock", g_dir);
+  char notify_env[160];
+  snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
+  drain_messages();
+  struct child d;
+  spawn(&d, "plain.log", (const char *const[]){notify_env, "JOURNAL_STREAM=none", NULL},
+        (const char *const[]){getenv("SK_SINKD"), "--config", "/dev/null", "--model",
+                              sk_test_model_path(), "--socket", sock, "--threads", "1",
+                              "--log-level", "debug", NULL});
+  wait_message(&d, "READY=1", NULL, 0);
+  struct sk_client *c = connect_now(sock);
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  sk_client_free(c);
+  kill(d.pid, SIGTERM);
+  assert_int_equal(wait_exit(&d), 0);
+  char *log = read_log(&d);
+  assert_true(strncmp(log, "sinkd: sinkd ", 13) == 0);
+  assert_non_null(strstr(log, "\nsinkd: client "));   /* debug */
+  assert_null(strchr(log, '<'));
+  free(log);
+
+  /* Another stream than the one named; warnings and errors only. */
+  char plain[300];
+  snprintf(plain, sizeof plain, "%s/plain-file", g_dir);
+  FILE *f = fopen(plain, "w");
+  assert_non_null(f);
+  fclose(f);
+  struct child d2;
+  spawn(&d2, "plain2.log", (const char *const[]){"JOURNAL_STREAM=1:2", NULL},
+        (const char *const[]){getenv("SK_SINKD"), "--config", "/dev/null", "--model",
+                              sk_test_model_path(), "--socket", plain, "--threads", "1",
+                              "--log-level", "warning", NULL});
+  assert_int_equal(wait_exit(&d2), 1);
+  log = read_log(&d2);
+  char want[400];
+  snprintf(want, sizeof want, "sinkd: error: %s exists and is not a socket; not replacing it\n",
+           plain);
+  assert_string_equal(log, want);
+  free(log);
+  unlink(plain);
+}
+
 static void test_stale_and_live_socket(void **state) {
   (void)state;
   char *sock = path_in_dir("stale.sock");
@@ -662,6 +723,7 @@ int main(void) {
       cmocka_unit_test(test_memory_and_session_limits),
       cmocka_unit_test(test_socket_activation),
       cmocka_unit_test(test_stale_and_live_socket),
+      cmocka_unit_test(test_log_format),
       cmocka_unit_test(test_check_config),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
