@@ -11,7 +11,7 @@ _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
   local global="--socket --json --verbose --help --version"
-  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin|--pin-file"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin|--pin-file|--idle"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do
     word=${COMP_WORDS[i]}
@@ -53,7 +53,13 @@ _sinkctl() {
         COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
         return
       fi ;;
-    close|resume|fork)
+    close)
+      opts="--idle --all"
+      if [[ $cur != -* && $prev != --idle ]]; then
+        COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
+        return
+      fi ;;
+    resume|fork)
       if [[ $cur != -* ]]; then
         COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur"))
         return

@@ -93,7 +93,11 @@ static void help(void) {
       "  detokenize ID...      print the text of token ids, byte for byte\n"
       "  open                  open a session and print its id\n"
       "  close ID              close a session\n"
-      "  list                  list sessions\n"
+      "  close --idle DURATION close your sessions idle that long (30m, 2h, 7d)\n"
+      "  close --all           close every session you may see\n"
+      "  list                  list sessions: owner, memory, age, idle time\n",
+      prog);
+  printf(
       "  stats [ID]            daemon figures, or a session's\n"
       "  resume ID             pick a session up again (after a daemon restart)\n"
       "  fork ID               copy a session into a new one; print its id\n"
@@ -159,7 +163,7 @@ static void help(void) {
       "chat goes on after a daemon error and ends with 1.\n"
       "\n"
       "See sinkctl(1) and sinkd-protocol(7).\n",
-      prog, SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
+      SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
 }
 
 /* ---- strict number parsing ------------------------------------------- */
@@ -179,6 +183,28 @@ static uint64_t parse_u64(const char *what, const char *s, uint64_t min,
     usage_error("%s: '%s' is not in [%" PRIu64 ", %" PRIu64 "]", what, s, min,
                 max);
   return (uint64_t)v;
+}
+
+/* A duration in seconds: digits with an optional unit, s, m, h or d
+ * ("90", "90s", "30m", "2h", "7d"). */
+static uint64_t parse_duration(const char *what, const char *s) {
+  if (!is_digit(s[0]))
+    usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  uint64_t unit = 1;
+  switch (*end) {
+  case 0: break;
+  case 's': unit = 1; end++; break;
+  case 'm': unit = 60; end++; break;
+  case 'h': unit = 3600; end++; break;
+  case 'd': unit = 86400; end++; break;
+  default: end = (char *)"?"; break;
+  }
+  if (*end || errno == ERANGE || v > UINT64_MAX / unit)
+    usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
+  return (uint64_t)v * unit;
 }
 
 /* A finite decimal number; range checked by the caller. */
@@ -310,6 +336,8 @@ enum opt_id {
   OPT_PROGRESS,
   OPT_NO_PROGRESS,
   OPT_TOKENS,
+  OPT_IDLE,
+  OPT_ALL,
   OPT__END
 };
 
@@ -342,6 +370,8 @@ static const struct option long_options[] = {
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"tokens", no_argument, NULL, OPT_TOKENS},
+    {"idle", required_argument, NULL, OPT_IDLE},
+    {"all", no_argument, NULL, OPT_ALL},
     {NULL, 0, NULL, 0},
 };
 
@@ -365,6 +395,9 @@ struct opts {
   char *pin_file_text; /* --pin-file contents (owned) */
   bool no_bos;
   bool tokens;
+  bool close_all;         /* close --all */
+  bool close_idle;        /* close --idle */
+  uint64_t idle_s;        /* close --idle DURATION, in seconds */
 };
 
 /* ---- commands --------------------------------------------------------- */
@@ -1040,6 +1073,60 @@ static int cmd_close(struct sk_client *c, const struct opts *o, uint64_t id) {
   return 0;
 }
 
+/* Closes every session the caller may see (--all), or those idle for at
+ * least o->idle_s seconds and not busy (--idle). Prints the closed ids, a
+ * line each (JSON: {"closed": [IDS]}). A session that went away in the
+ * meantime is skipped. */
+static int cmd_close_many(struct sk_client *c, const struct opts *o) {
+  struct sk_error e;
+  struct sk_session_info *s = NULL;
+  size_t n = 0;
+  if (sk_client_list(c, &s, &n, &e) < 0) return report(c, &e);
+  if (o->json) fputs("{\"closed\": [", stdout);
+  size_t n_closed = 0;
+  int status = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!o->close_all && (s[i].busy || s[i].idle_s < o->idle_s)) continue;
+    if (sk_client_close(c, s[i].session, &e) < 0) {
+      if (e.code == SK_ERR_NO_SUCH_SESSION) continue;
+      status = report(c, &e);
+      break;
+    }
+    if (o->json)
+      printf("%s%" PRIu64, n_closed ? ", " : "", s[i].session);
+    else
+      printf("%" PRIu64 "\n", s[i].session);
+    n_closed++;
+  }
+  if (o->json) fputs("]}\n", stdout);
+  free(s);
+  return status;
+}
+
+/* Seconds as "3d", "2h", "1h30m", "45m", "90s" or "30" for --idle. */
+static void format_duration(uint64_t s, char *buf, size_t size) {
+  if (s >= 86400)
+    snprintf(buf, size, "%" PRIu64 "d%" PRIu64 "h", s / 86400, s % 86400 / 3600);
+  else if (s >= 3600)
+    snprintf(buf, size, "%" PRIu64 "h%" PRIu64 "m", s / 3600, s % 3600 / 60);
+  else if (s >= 60)
+    snprintf(buf, size, "%" PRIu64 "m%" PRIu64 "s", s / 60, s % 60);
+  else
+    snprintf(buf, size, "%" PRIu64 "s", s);
+}
+
+/* Bytes as "12K", "3.5M", "1.2G" (powers of 1024). */
+static void format_bytes(uint64_t b, char *buf, size_t size) {
+  if (b < 1024)
+    snprintf(buf, size, "%" PRIu64, b);
+  else if (b < (1u << 20))
+    snprintf(buf, size, "%.1fK", (double)b / 1024.0);
+  else if (b < (1u << 30))
+    snprintf(buf, size, "%.1fM", (double)b / (1024.0 * 1024.0));
+  else
+    snprintf(buf, size, "%.1fG", (double)b / (1024.0 * 1024.0 * 1024.0));
+}
+
 static int cmd_list(struct sk_client *c, const struct opts *o) {
   struct sk_error e;
   struct sk_session_info *s = NULL;
@@ -1051,10 +1138,18 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
       bool first = true;
       fputs(i ? ", {" : "{", stdout);
       json_kv_u64(stdout, &first, "session", s[i].session);
+      json_kv_u64(stdout, &first, "owner_uid", s[i].owner_uid);
       json_kv_str(stdout, &first, "policy", s[i].policy);
       json_kv_u64(stdout, &first, "capacity", s[i].capacity);
       json_kv_u64(stdout, &first, "resident", s[i].resident);
       json_kv_u64(stdout, &first, "seen", s[i].seen);
+      json_kv_u64(stdout, &first, "kv_bytes", s[i].kv_bytes);
+      json_kv_u64(stdout, &first, "age_s", s[i].age_s);
+      json_kv_u64(stdout, &first, "idle_s", s[i].idle_s);
+      json_key(stdout, &first, "busy");
+      fputs(s[i].busy ? "true" : "false", stdout);
+      json_key(stdout, &first, "temporary");
+      fputs(s[i].temporary ? "true" : "false", stdout);
       json_key(stdout, &first, "adopted");
       fputs(s[i].adopted ? "true" : "false", stdout);
       if (s[i].kv_type[0]) json_kv_str(stdout, &first, "kv_type", s[i].kv_type);
@@ -1062,13 +1157,22 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
     }
     fputs("]}\n", stdout);
   } else {
-    printf("%-10s %-12s %10s %10s %14s %-7s %s\n", "SESSION", "POLICY", "CAPACITY",
-           "RESIDENT", "SEEN", "ADOPTED", "KV");
-    for (size_t i = 0; i < n; i++)
-      printf("%-10" PRIu64 " %-12s %10" PRIu64 " %10" PRIu64 " %14" PRIu64
-             " %-7s %s\n",
-             s[i].session, s[i].policy, s[i].capacity, s[i].resident,
-             s[i].seen, s[i].adopted ? "yes" : "no", s[i].kv_type[0] ? s[i].kv_type : "-");
+    printf("%-10s %-6s %-12s %10s %10s %14s %8s %-8s %-8s %-7s %s\n", "SESSION", "OWNER",
+           "POLICY", "CAPACITY", "RESIDENT", "SEEN", "MEMORY", "AGE", "IDLE", "ADOPTED", "KV");
+    for (size_t i = 0; i < n; i++) {
+      char mem[16], age[24], idle[24];
+      format_bytes(s[i].kv_bytes, mem, sizeof mem);
+      format_duration(s[i].age_s, age, sizeof age);
+      if (s[i].busy)
+        snprintf(idle, sizeof idle, "busy");
+      else
+        format_duration(s[i].idle_s, idle, sizeof idle);
+      printf("%-10" PRIu64 " %-6" PRIu64 " %-12s %10" PRIu64 " %10" PRIu64 " %14" PRIu64
+             " %8s %-8s %-8s %-7s %s%s\n",
+             s[i].session, s[i].owner_uid, s[i].policy, s[i].capacity, s[i].resident,
+             s[i].seen, mem, age, idle, s[i].adopted ? "yes" : "no",
+             s[i].kv_type[0] ? s[i].kv_type : "-", s[i].temporary ? " (temporary)" : "");
+    }
   }
   free(s);
   return 0;
@@ -1499,7 +1603,8 @@ static const struct {
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
                    OPT_PIN_FILE, 0}},
-    {"close", CMD_CLOSE, 1, 1, "session ID", (const int[]){0}},
+    {"close", CMD_CLOSE, 0, 1, "session ID (or --idle DURATION, --all)",
+     (const int[]){OPT_IDLE, OPT_ALL, 0}},
     {"list", CMD_LIST, 0, 0, NULL, (const int[]){0}},
     {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){OPT_TOKENS, 0}},
     {"resume", CMD_RESUME, 1, 1, "session ID", (const int[]){0}},
@@ -1623,6 +1728,11 @@ static void parse_options(int argc, char **argv, struct opts *o) {
     case OPT_PROGRESS:
     case OPT_NO_PROGRESS: break; /* read from o->given */
     case OPT_TOKENS: o->tokens = true; break;
+    case OPT_IDLE:
+      o->idle_s = parse_duration("--idle", optarg);
+      o->close_idle = true;
+      break;
+    case OPT_ALL: o->close_all = true; break;
     case ':':
       usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
@@ -1734,7 +1844,12 @@ int main(int argc, char **argv) {
    * whether or not the daemon runs. */
   uint64_t id = 0;
   enum cmd cmd = commands[ci].cmd;
-  if (cmd == CMD_CLOSE || (cmd == CMD_STATS && nargs) || cmd == CMD_RESUME ||
+  if (cmd == CMD_CLOSE) {
+    int ways = (nargs > 0) + o.close_idle + o.close_all;
+    if (ways == 0) usage_error("close: missing session ID (or --idle DURATION, --all)");
+    if (ways > 1) usage_error("close: give one of a session ID, --idle DURATION, --all");
+  }
+  if ((cmd == CMD_CLOSE && nargs) || (cmd == CMD_STATS && nargs) || cmd == CMD_RESUME ||
       cmd == CMD_FORK || cmd == CMD_SAVE)
     id = parse_u64(name, args[0], 0, UINT64_MAX);
   if (o.tokens && !(cmd == CMD_STATS && nargs))
@@ -1754,7 +1869,9 @@ int main(int argc, char **argv) {
   case CMD_TOKENIZE: status = cmd_tokenize(c, &o, nargs, args); break;
   case CMD_DETOKENIZE: status = cmd_detokenize(c, &o, nargs, args); break;
   case CMD_OPEN: status = cmd_open(c, &o); break;
-  case CMD_CLOSE: status = cmd_close(c, &o, id); break;
+  case CMD_CLOSE:
+    status = o.close_all || o.close_idle ? cmd_close_many(c, &o) : cmd_close(c, &o, id);
+    break;
   case CMD_LIST: status = cmd_list(c, &o); break;
   case CMD_STATS: status = cmd_stats(c, &o, nargs > 0, id); break;
   case CMD_PING: status = cmd_ping(c, &o); break;

@@ -178,6 +178,7 @@ int sk_config_init(struct sk_config *c) {
   c->max_frame = SK_FRAME_MAX_DEFAULT;
   c->max_user_clients = SK_CONFIG_DEFAULT_MAX_USER_CLIENTS;
   c->frame_timeout = SK_CONFIG_DEFAULT_FRAME_TIMEOUT;
+  c->idle_ttl = SK_CONFIG_DEFAULT_IDLE_TTL;
   return 0;
 }
 

@@ -60,6 +60,10 @@
 #define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
 #define SK_CONFIG_DEFAULT_MAX_USER_SESSIONS 16u /* a quarter: one user cannot take all */
 #define SK_CONFIG_DEFAULT_MAX_USER_CLIENTS 128u /* an eighth of max_clients */
+/* Persistent sessions unused for a week are closed: long enough for any
+ * conversation someone comes back to, short enough that forgotten ones
+ * do not fill max_user_sessions for good. */
+#define SK_CONFIG_DEFAULT_IDLE_TTL (7u * 24u * 3600u)
 #define SK_CONFIG_DEFAULT_FRAME_TIMEOUT 30u     /* seconds: a slow 1 MiB frame still fits */
 /* auto input memory, in frames of max_frame: 64 in all (64 MiB by
  * default, against 1 GiB for max_clients whole frames), 16 per uid. */

@@ -40,6 +40,8 @@
 #define SK_EXPORT_CHUNK (256u * 1024u)
 /* Idle-TTL check period bounds (ms): often enough for short TTLs, rare
  * enough to cost nothing. */
+/* Sessions a uid's temporary opens may take past max_user_sessions. */
+#define SK_TEMP_SESSION_RESERVE 4u
 #define SK_TTL_TICK_MIN_MS 100u
 #define SK_TTL_TICK_MAX_MS 60000u
 
@@ -760,25 +762,31 @@ static void user_usage(const struct sk_server *srv, uint32_t uid, const struct s
 }
 
 /* Whether uid may own one more session of `bytes` (besides `except`, a
- * session of its already in the table, or NULL). */
+ * session of its already in the table, or NULL). A temporary session
+ * (one that ends with its connection: `sinkctl generate` without
+ * --session) may go SK_TEMP_SESSION_RESERVE past max_user_sessions, so
+ * that persistent sessions left behind do not stop one-off requests. */
 static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
-                             const struct sk_session *except, struct sk_error *e) {
+                             const struct sk_session *except, bool temporary,
+                             struct sk_error *e) {
   uint32_t n;
   uint64_t used;
   user_usage(srv, uid, except, &n, &used);
   /* A per-user limit at or above the daemon's is implied by it: the
    * daemon's check (sk_session_reserve) then names the limit that binds. */
   uint32_t max_n = srv->cfg.max_user_sessions;
-  if (max_n && max_n < srv->sessions.max_sessions && n >= max_n)
+  uint32_t allowed = max_n + (temporary ? SK_TEMP_SESSION_RESERVE : 0);
+  if (max_n && max_n < srv->sessions.max_sessions && n >= allowed)
     return sk_error_set(e, SK_ERR_BUSY,
-                        "uid %u already has %u sessions (max_user_sessions %u; close one: "
-                        "`sinkctl list` shows them)",
+                        "uid %u already has %u sessions (max_user_sessions %u): `sinkctl list` "
+                        "shows them, `sinkctl close --idle 1h` closes those idle for an hour",
                         uid, n, max_n);
   uint64_t max = srv->cfg.max_user_kv_bytes;
   if (max && max < srv->sessions.max_bytes && (bytes > max || used > max - bytes))
     return sk_error_set(e, SK_ERR_BUSY,
                         "a session of %zu bytes would bring uid %u to %llu bytes "
-                        "(max_user_memory %llu; close one: `sinkctl list` shows them)",
+                        "(max_user_memory %llu): `sinkctl list` shows them, `sinkctl close ID` "
+                        "closes one",
                         bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
   return 0;
 }
@@ -921,7 +929,8 @@ static void op_open(struct sk_server *srv, const struct request *r) {
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
   size_t bytes = sk_store_object_size(srv->sessions.store, sk_kv_params_capacity(&p));
-  if (bytes && (rc = check_user_limits(srv, r->conn->uid, bytes, NULL, &e)) < 0) goto bad;
+  if (bytes && (rc = check_user_limits(srv, r->conn->uid, bytes, NULL, temporary, &e)) < 0)
+    goto bad;
   struct open_work *w = calloc(1, sizeof *w);
   if (!w) {
     rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
@@ -1012,6 +1021,7 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     if (s && !s->closing && may_use(r->conn, s)) list[n++] = s;
   }
   qsort(list, n, sizeof *list, session_id_cmp);
+  const uint64_t now = now_ms(), now_unix = (uint64_t)time(NULL);
   struct sk_msgbuf b;
   if (reply_begin(&b, r->id, 1) < 0) {
     free(list);
@@ -1023,7 +1033,7 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     const struct sk_session *s = list[i];
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
-    msgpack_pack_map(&b.pk, 9);
+    msgpack_pack_map(&b.pk, 13);
     sk_pack_kv_u64(&b.pk, "session", s->id);
     sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
     sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
@@ -1033,6 +1043,14 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
     sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
     sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
+    /* What `sinkctl list` needs to tell what can go: its memory, how old
+     * it is, how long since it was last used (0 while busy). */
+    sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+    uint64_t created = s->obj->hdr->created_unix;
+    sk_pack_kv_u64(&b.pk, "age_s", now_unix > created ? now_unix - created : 0);
+    sk_pack_kv_u64(&b.pk, "idle_s",
+                   s->running || s->queue_head ? 0 : (now - s->last_used_ms) / 1000u);
+    sk_pack_kv_bool(&b.pk, "temporary", s->temp_conn != 0);
   }
   free(list);
   conn_send_buf(r->conn, &b);
@@ -1470,7 +1488,7 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   }
   /* An import's size is known once it is in: over the user's limits, it
    * goes (a fork's was checked before the copy). */
-  if (w->kind == COPY_IMPORT && check_user_limits(srv, c->uid, ns->kv_bytes, ns, &e) < 0) {
+  if (w->kind == COPY_IMPORT && check_user_limits(srv, c->uid, ns->kv_bytes, ns, false, &e) < 0) {
     sk_session_free(&srv->sessions, ns);
     send_error(c, req_id, &e);
     return;
@@ -1577,7 +1595,7 @@ static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_jo
   w->uid = c->uid;
   if (w->kind == COPY_FORK) {
     w->bytes = s->kv_bytes;
-    if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, &e) < 0 ||
+    if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, false, &e) < 0 ||
         sk_session_hold(&srv->sessions, w->bytes, &w->id, &e) < 0) {
       free(w);
       send_error(c, job->req_id, &e);
@@ -1720,7 +1738,9 @@ static void on_ttl(uv_timer_t *t) {
   uint64_t now = now_ms(), ttl = (uint64_t)srv->cfg.idle_ttl_s * 1000u;
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
     struct sk_session *s = srv->sessions.items[i];
-    if (!s || s->running || s->queue_head || s->closing || now - s->last_used_ms < ttl)
+    /* A temporary session ends with its connection instead. */
+    if (!s || s->temp_conn || s->running || s->queue_head || s->closing ||
+        now - s->last_used_ms < ttl)
       continue;
     sk_log(SK_LOG_INFO, "session %llu closed: idle for %llu s (idle_ttl %u s)",
            (unsigned long long)s->id, (unsigned long long)((now - s->last_used_ms) / 1000u),

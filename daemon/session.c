@@ -56,7 +56,9 @@ static int check_limits(const struct sk_session_table *t, size_t bytes,
   const uint64_t used = t->bytes + t->reserved_bytes;
   if (count >= t->max_sessions)
     return sk_error_set(err, SK_ERR_BUSY,
-                        "session limit reached: %" PRIu64 " sessions open (max_sessions %u)",
+                        "session limit reached: %" PRIu64 " sessions open (max_sessions %u): "
+                        "`sinkctl list` shows them, `sinkctl close --idle 1h` closes those "
+                        "idle for an hour",
                         count, t->max_sessions);
   if (bytes == 0 && used >= t->max_bytes) /* an import, its size not known yet */
     return sk_error_set(err, SK_ERR_BUSY,

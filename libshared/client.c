@@ -790,7 +790,13 @@ int sk_client_list(struct sk_client *client,
         (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0 ||
         (rc = sk__reply_bool(client, o, "adopted", &s->adopted, err)) < 0 ||
         (rc = sk__reply_name(client, o, "kv_type", s->kv_type,
-                             sizeof s->kv_type, err)) < 0)
+                             sizeof s->kv_type, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "owner_uid", &s->owner_uid, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "age_s", &s->age_s, err)) < 0 ||
+        (rc = sk__reply_u64(client, o, "idle_s", &s->idle_s, err)) < 0 ||
+        (rc = sk__reply_bool(client, o, "busy", &s->busy, err)) < 0 ||
+        (rc = sk__reply_bool(client, o, "temporary", &s->temporary, err)) < 0)
       goto out;
   }
   *ret_sessions = rows;

@@ -94,7 +94,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.max_capacity, 0);
   assert_int_equal(c.max_memory, 0);
   assert_int_equal(c.max_frame, 1u << 20);
-  assert_int_equal(c.idle_ttl, 0);
+  assert_int_equal(c.idle_ttl, 7 * 24 * 3600);
   assert_int_equal(c.max_user_clients, 128);
   assert_int_equal(c.frame_timeout, 30);
   for (int k = 0; k < SK_CFG__COUNT; k++) assert_int_equal(c.origin[k].from, SK_CONFIG_FROM_DEFAULT);

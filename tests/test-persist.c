@@ -1246,6 +1246,10 @@ static void test_limits(void **state) {
   c = conn();
   uint64_t s1 = open_session(c, "dense", 0, 0, 64);
   uint64_t s2 = open_session(c, "dense", 0, 0, 64);
+  /* A temporary session ends with its connection, not by the TTL. */
+  struct sk_open_params top = {.policy = "dense", .capacity = 64, .temporary = true};
+  struct sk_open_result tmp;
+  assert_int_equal(sk_client_open(c, &top, &tmp, &e), 0);
   assert_int_equal(sk_client_resume(c, s1, NULL, &e), 0);
   /* poll with list (which touches nothing), keeping s1 in use */
   bool gone = false;
@@ -1261,6 +1265,17 @@ static void test_limits(void **state) {
   }
   assert_true(gone);
   assert_int_equal(sk_client_resume(c, s1, NULL, &e), 0);
+  {
+    struct sk_session_info *l = NULL;
+    size_t n = 0;
+    assert_int_equal(sk_client_list(c, &l, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(l[1].session, tmp.session);
+    assert_true(l[1].temporary);
+    assert_true(l[1].idle_s >= 1);
+    free(l);
+  }
+  assert_int_equal(sk_client_close(c, tmp.session, &e), 0);
   assert_int_equal(state_dir_bytes(), sstats(c, s1).kv_bytes);
   assert_true(log_has("closed: idle for"));
   sk_client_free(c);

@@ -862,14 +862,22 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_cstr(&b.pk, "sessions");
     msgpack_pack_array(&b.pk, 2);
     for (int i = 0; i < 2; i++) {
-      msgpack_pack_map(&b.pk, 6 + (i == 0)); /* the second as an older daemon's */
+      msgpack_pack_map(&b.pk, 6 + 7 * (i == 0)); /* the second as an older daemon's */
       sk_pack_kv_u64(&b.pk, "session", 7 + (uint64_t)i);
       sk_pack_kv_str(&b.pk, "policy", i ? "dense" : "streaming");
       sk_pack_kv_u64(&b.pk, "capacity", 260);
       sk_pack_kv_u64(&b.pk, "resident", 100 + (uint64_t)i);
       sk_pack_kv_u64(&b.pk, "seen", 5000000000u);
       sk_pack_kv_bool(&b.pk, "adopted", i == 0);
-      if (i == 0) sk_pack_kv_str(&b.pk, "kv_type", "f32");
+      if (i == 0) {
+        sk_pack_kv_str(&b.pk, "kv_type", "f32");
+        sk_pack_kv_u64(&b.pk, "owner_uid", 1000);
+        sk_pack_kv_u64(&b.pk, "kv_bytes", 5u << 20);
+        sk_pack_kv_u64(&b.pk, "age_s", 90061);  /* 1d 1h 1m 1s */
+        sk_pack_kv_u64(&b.pk, "idle_s", 3700);  /* 1h 1m 40s */
+        sk_pack_kv_bool(&b.pk, "busy", false);
+        sk_pack_kv_bool(&b.pk, "temporary", true);
+      }
     }
     fake_write(fd, &b);
   } else if (OP("stats") && has_session == 1) {
@@ -1787,12 +1795,22 @@ static void test_sinkctl(void **state) {
   assert_string_equal(out, "7\n");
   assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
   assert_string_equal(out,
-                      "SESSION    POLICY         CAPACITY   RESIDENT           "
-                      "SEEN ADOPTED KV\n"
-                      "7          streaming           260        100     "
-                      "5000000000 yes     f32\n"
-                      "8          dense               260        101     "
-                      "5000000000 no      -\n");
+                      "SESSION    OWNER  POLICY         CAPACITY   RESIDENT           SEEN   "
+                      "MEMORY AGE      IDLE     ADOPTED KV\n"
+                      "7          1000   streaming           260        100     5000000000     "
+                      "5.0M 1d1h     1h1m     yes     f32 (temporary)\n"
+                      "8          0      dense               260        101     5000000000     "
+                      "   0 0s       0s       no      -\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "list"), 0);
+  assert_string_equal(out,
+                      "{\"sessions\": [{\"session\": 7, \"owner_uid\": 1000, \"policy\": "
+                      "\"streaming\", \"capacity\": 260, \"resident\": 100, \"seen\": "
+                      "5000000000, \"kv_bytes\": 5242880, \"age_s\": 90061, \"idle_s\": 3700, "
+                      "\"busy\": false, \"temporary\": true, \"adopted\": true, \"kv_type\": "
+                      "\"f32\"}, {\"session\": 8, \"owner_uid\": 0, \"policy\": \"dense\", "
+                      "\"capacity\": 260, \"resident\": 101, \"seen\": 5000000000, "
+                      "\"kv_bytes\": 0, \"age_s\": 0, \"idle_s\": 0, \"busy\": false, "
+                      "\"temporary\": false, \"adopted\": false}]}\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
   assert_string_equal(out,
                       "session    7\n"

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "sinkd/client.h"
 #include "testutil.h"
@@ -145,6 +146,95 @@ static void library_turn(struct sk_client *c, uint64_t session, const char *line
   assert_int_equal(sk_client_generate(c, session, &p, collect, t, &r, &e), 0);
 }
 
+/* `list` tells what each session is (owner, memory, age, idle time), and
+ * `close --idle` / `--all` clear what was left behind. */
+static void test_list_and_close_idle(void **state) {
+  (void)state;
+  char *out, *err;
+  uint64_t ids[2];
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(run(NULL, &out, &err, (const char *const[]){"open", NULL}), 0);
+    ids[i] = strtoull(out, NULL, 10);
+    assert_true(ids[i] > 0);
+    free(out);
+    free(err);
+  }
+  /* Their sizes (stats counts as use: before the idle time starts). */
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_connect(g_socket, &c, &e), 0);
+  uint64_t kv_bytes[2];
+  for (int i = 0; i < 2; i++) {
+    struct sk_session_stats st;
+    assert_int_equal(sk_client_session_stats(c, ids[i], &st, &e), 0);
+    kv_bytes[i] = st.kv_bytes;
+  }
+  sk_client_free(c);
+  sleep(2);
+  /* The second is used again; the first stays idle. */
+  char id1[32];
+  snprintf(id1, sizeof id1, "%llu", (unsigned long long)ids[1]);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"resume", id1, NULL}), 0);
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--json", "list", NULL}), 0);
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je);
+  if (!j) fail_msg("list --json: %s", out);
+  json_t *rows = json_object_get(j, "sessions");
+  assert_int_equal(json_array_size(rows), 2);
+  for (size_t i = 0; i < 2; i++) {
+    json_t *r = json_array_get(rows, i);
+    assert_int_equal(json_integer_value(json_object_get(r, "session")), ids[i]);
+    assert_int_equal(json_integer_value(json_object_get(r, "owner_uid")), getuid());
+    assert_int_equal(json_integer_value(json_object_get(r, "kv_bytes")), kv_bytes[i]);
+    json_int_t age = json_integer_value(json_object_get(r, "age_s"));
+    json_int_t idle = json_integer_value(json_object_get(r, "idle_s"));
+    assert_true(age >= 2 && age < 60);
+    if (i == 0) assert_true(idle >= 2 && idle < 60);
+    else assert_true(idle <= 1);
+    assert_true(json_is_false(json_object_get(r, "busy")));
+    assert_true(json_is_false(json_object_get(r, "temporary")));
+  }
+  json_decref(j);
+  free(out);
+  free(err);
+  /* Text: the owner and the memory in their columns. */
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
+  char owner[64];
+  snprintf(owner, sizeof owner, "\n%-10llu %-6u streaming", (unsigned long long)ids[0],
+           (unsigned)getuid());
+  assert_non_null(strstr(out, owner));
+  free(out);
+  free(err);
+
+  /* Idle for 2 s: only the first goes. */
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"close", "--idle", "2s", NULL}), 0);
+  char want[64];
+  snprintf(want, sizeof want, "%llu\n", (unsigned long long)ids[0]);
+  assert_string_equal(out, want);
+  free(out);
+  free(err);
+  /* A bad duration, and two ways at once, are usage errors. */
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"close", "--idle", "2w", NULL}), 2);
+  assert_non_null(strstr(err, "--idle: '2w' is not a duration"));
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"close", "--all", id1, NULL}), 2);
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--json", "close", "--all", NULL}),
+                   0);
+  snprintf(want, sizeof want, "{\"closed\": [%llu]}\n", (unsigned long long)ids[1]);
+  assert_string_equal(out, want);
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--json", "list", NULL}), 0);
+  assert_string_equal(out, "{\"sessions\": []}\n");
+  free(out);
+  free(err);
+}
+
 static void test_chat_keeps_history(void **state) {
   (void)state;
   char *out, *err;
@@ -212,7 +302,8 @@ static void test_chat_keeps_history(void **state) {
   free(err);
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
   assert_string_equal(out,
-                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED KV\n");
+                      "SESSION    OWNER  POLICY         CAPACITY   RESIDENT           SEEN   "
+                      "MEMORY AGE      IDLE     ADOPTED KV\n");
   free(out);
   free(err);
 
@@ -328,7 +419,8 @@ static void test_chat_ctrl_c(void **state) {
   char *out, *err;
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"list", NULL}), 0);
   assert_string_equal(out,
-                      "SESSION    POLICY         CAPACITY   RESIDENT           SEEN ADOPTED KV\n");
+                      "SESSION    OWNER  POLICY         CAPACITY   RESIDENT           SEEN   "
+                      "MEMORY AGE      IDLE     ADOPTED KV\n");
   free(out);
   free(err);
 }
@@ -402,6 +494,7 @@ int main(void) {
       cmocka_unit_test(test_chat_keeps_history),
       cmocka_unit_test(test_chat_ctrl_c),
       cmocka_unit_test(test_progress_prefill),
+      cmocka_unit_test(test_list_and_close_idle),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }

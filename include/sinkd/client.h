@@ -246,6 +246,14 @@ struct sk_session_info {
   bool adopted;      /* found in the state directory when the daemon started */
   char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" from older
                                        daemons) */
+  /* From daemons that send them (0 / false from older ones): */
+  uint64_t owner_uid;  /* uid that owns it */
+  uint64_t kv_bytes;   /* bytes of its shared-memory object */
+  uint64_t age_s;      /* seconds since it was made (open, fork, import) */
+  uint64_t idle_s;     /* seconds since its last request or job (0 while
+                          busy) */
+  bool busy;           /* a request is running or queued on it */
+  bool temporary;      /* ends with the connection that opened it */
 };
 
 /* Lists the sessions the caller may see. On success *ret_sessions is a
