@@ -39,6 +39,10 @@ enum {
 #define PROMPT_MAX ((size_t)SK_FRAME_MAX_CEILING)
 
 static const char *prog = "sinkctl";
+/* --json given: errors too are JSON, on stdout (json_error). */
+static bool g_json;
+
+static void json_error(const char *code, const char *message, const char *hint, int status);
 
 /* ---- messages --------------------------------------------------------- */
 
@@ -46,6 +50,13 @@ _Noreturn static void usage_error(const char *fmt, ...) __attribute__((format(pr
 _Noreturn static void usage_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
+  if (g_json) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_error("usage", msg, "", EXIT_USAGE);
+    exit(EXIT_USAGE);
+  }
   fprintf(stderr, "%s: ", prog);
   vfprintf(stderr, fmt, ap);
   fprintf(stderr, "\nTry '%s --help' for more information.\n", prog);
@@ -57,6 +68,13 @@ _Noreturn static void die(int status, const char *fmt, ...) __attribute__((forma
 _Noreturn static void die(int status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
+  if (g_json) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_error(status == EXIT_CONNECT ? "connect" : "failure", msg, "", status);
+    exit(status);
+  }
   fprintf(stderr, "%s: ", prog);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
@@ -64,18 +82,39 @@ _Noreturn static void die(int status, const char *fmt, ...) {
   exit(status);
 }
 
+/* The one wording for a dense session that holds all it can, whether a
+ * generate stopped there or an append did not fit (the daemon's
+ * context_full message starts the same). */
+#define FULL_SESSION_WORDS "the dense session is full"
+#define FULL_SESSION_HINT "open one with --policy streaming to keep going"
+
+static void say_session_full(uint64_t resident) {
+  fprintf(stderr, "%s: " FULL_SESSION_WORDS " (%" PRIu64 " tokens): " FULL_SESSION_HINT "\n",
+          prog, resident);
+}
+
 /* Reports a failed library call and returns the exit status for it:
- * 4 if the connection is gone, 1 if the daemon answered with an error. */
+ * 4 if the connection is gone, 1 if the daemon answered with an error.
+ * With --json: {"error": {"code", "message", "hint"}} on stdout instead,
+ * the same status. */
 static int report(const struct sk_client *c, const struct sk_error *e) {
   const char *hint = "";
-  if (e->code == SK_ERR_NO_SUCH_SESSION)
-    hint = " (sessions end when closed or after the idle TTL; a restart keeps them unless "
+  if (e->code == SK_ERR_CONTEXT_FULL)
+    hint = FULL_SESSION_HINT;
+  else if (e->code == SK_ERR_NO_SUCH_SESSION)
+    hint = "sessions end when closed or after the idle TTL; a restart keeps them unless "
            "sinkd set them aside at start, e.g. for another model: see its log and "
-           "invalid/ in its state directory; `sinkctl list` shows yours)";
+           "invalid/ in its state directory; `sinkctl list` shows yours";
   else if (e->code == SK_ERR_FORBIDDEN)
-    hint = " (only its owner and root may use it)";
-  fprintf(stderr, "%s: %s: %s%s\n", prog, sk_error_name(e->code), e->message, hint);
-  return sk_client_connected(c) ? EXIT_DAEMON_ERROR : EXIT_CONNECTION;
+    hint = "only its owner and root may use it";
+  int status = sk_client_connected(c) ? EXIT_DAEMON_ERROR : EXIT_CONNECTION;
+  if (g_json) {
+    json_error(sk_error_name(e->code), e->message, hint, status);
+    return status;
+  }
+  fprintf(stderr, "%s: %s: %s%s%s%s\n", prog, sk_error_name(e->code), e->message,
+          *hint ? " (" : "", hint, *hint ? ")" : "");
+  return status;
 }
 
 static void help(void) {
@@ -286,6 +325,22 @@ static void json_str(FILE *f, const char *str, size_t n) {
 }
 
 static void json_cstr(FILE *f, const char *s) { json_str(f, s, strlen(s)); }
+
+/* {"error": {"code": C, "message": M, "hint": H, "status": N}} and a
+ * newline on stdout (hint only when there is one): what --json prints
+ * instead of a message on stderr; the exit status is the same. */
+static void json_error(const char *code, const char *message, const char *hint, int status) {
+  fputs("{\"error\": {\"code\": ", stdout);
+  json_cstr(stdout, code);
+  fputs(", \"message\": ", stdout);
+  json_cstr(stdout, message);
+  if (hint && *hint) {
+    fputs(", \"hint\": ", stdout);
+    json_cstr(stdout, hint);
+  }
+  printf(", \"status\": %d}}\n", status);
+  fflush(stdout);
+}
 
 /* "key": for an object member; `first` says whether a comma is needed. */
 static void json_key(FILE *f, bool *first, const char *key) {
@@ -759,9 +814,7 @@ close:;
                 (double)(res.completion_tokens - 1) * 1e3 / gen_ms);
       fputc('\n', stderr);
     }
-    if (!o->json && strcmp(res.stop, "context_full") == 0)
-      fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
-              "open one with --policy streaming to keep going\n", prog, res.resident);
+    if (!o->json && strcmp(res.stop, "context_full") == 0) say_session_full(res.resident);
     if (strcmp(res.stop, "cancelled") == 0 && status == 0) {
       if (interrupted) {
         status = EXIT_INTERRUPTED;
@@ -850,6 +903,8 @@ static void print_session_stats(const struct sk_session_stats *s) {
 
 /* ---- chat -------------------------------------------------------------------- */
 
+static void json_session_stats(const struct sk_session_stats *s);
+
 static void chat_help(void) {
   fputs("Type a line and press Enter: it is appended to the session and the\n"
         "reply streams back. The session keeps the conversation, within its\n"
@@ -920,6 +975,8 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
         if (sk_client_session_stats(c, session, &st, &e) < 0) {
           status = report(c, &e);
           if (!sk_client_connected(c)) break;
+        } else if (o->json) {
+          json_session_stats(&st);
         } else {
           print_session_stats(&st);
         }
@@ -978,8 +1035,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
       if (strcmp(res.stop, "cancelled") == 0 && interrupted)
         fprintf(stderr, "%s: reply stopped (%" PRIu64 " tokens kept)\n", prog, res.n_tokens);
       else if (strcmp(res.stop, "context_full") == 0)
-        fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
-                "open one with --policy streaming to keep going\n", prog, res.resident);
+        say_session_full(res.resident);
     }
     gen_state_free(&g);
     if (!sk_client_connected(c)) break;
@@ -1035,6 +1091,9 @@ static int cmd_detokenize(struct sk_client *c, const struct opts *o, int argc,
     fputs("}\n", stdout);
   } else {
     fwrite(text, 1, len, stdout);
+    /* On a terminal the next prompt must not start after the text; in a
+     * pipe the bytes stay exactly the text's. */
+    if (isatty(STDOUT_FILENO) && len > 0 && text[len - 1] != '\n') fputc('\n', stdout);
   }
   free(text);
   return 0;
@@ -1178,7 +1237,8 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
   return 0;
 }
 
-/* Prints "key: value" (text) or a JSON member. */
+/* Prints "key       value" (text: columns, as stats prints them) or a
+ * JSON member. */
 struct kv_out {
   bool json, first;
 };
@@ -1187,14 +1247,14 @@ static void out_u64(struct kv_out *k, const char *key, uint64_t v) {
   if (k->json)
     json_kv_u64(stdout, &k->first, key, v);
   else
-    printf("%s: %" PRIu64 "\n", key, v);
+    printf("%-10s %" PRIu64 "\n", key, v);
 }
 
 static void out_str(struct kv_out *k, const char *key, const char *v) {
   if (k->json)
     json_kv_str(stdout, &k->first, key, v);
   else
-    printf("%s: %s\n", key, v);
+    printf("%-10s %s\n", key, v);
 }
 
 static void out_bool(struct kv_out *k, const char *key, bool v) {
@@ -1202,7 +1262,7 @@ static void out_bool(struct kv_out *k, const char *key, bool v) {
     json_key(stdout, &k->first, key);
     fputs(v ? "true" : "false", stdout);
   } else {
-    printf("%s: %s\n", key, v ? "yes" : "no");
+    printf("%-10s %s\n", key, v ? "yes" : "no");
   }
 }
 
@@ -1246,6 +1306,8 @@ static void print_bytes_of(const char *label, uint64_t used, uint64_t max, const
   else
     printf("%-17s %s, %s\n", label, u, none);
 }
+
+static void json_session_stats_members(struct kv_out *k, const struct sk_session_stats *s);
 
 static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
                      uint64_t id) {
@@ -1331,43 +1393,7 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
     return 0;
   }
   out_begin(&k);
-  out_u64(&k, "session", s.session);
-  out_str(&k, "policy", s.policy);
-  out_u64(&k, "n_sink", s.n_sink);
-  out_u64(&k, "window", s.window);
-  out_u64(&k, "heavy", s.heavy);
-  out_u64(&k, "recent", s.recent);
-  out_u64(&k, "pinned", s.pinned);
-  out_f64(&k, "rope_scale", s.rope_scale);
-  out_f64(&k, "model_rope_scale", s.model_rope_scale);
-  out_u64(&k, "capacity", s.capacity);
-  out_u64(&k, "resident", s.resident);
-  out_u64(&k, "seen", s.seen);
-  out_u64(&k, "evicted", s.evicted);
-  out_u64(&k, "kv_bytes", s.kv_bytes);
-  if (s.kv_type[0]) out_str(&k, "kv_type", s.kv_type);
-  json_key(stdout, &k.first, "positions");
-  if (s.has_positions)
-    printf("[%" PRIu64 ", %" PRIu64 "]", s.position_first, s.position_last);
-  else
-    fputs("[]", stdout);
-  out_u64(&k, "commit", s.commit);
-  out_bool(&k, "adopted", s.adopted);
-  out_u64(&k, "idle_s", s.idle_s);
-  out_bool(&k, "busy", s.busy);
-  json_key(stdout, &k.first, "resident_ranges");
-  fputc('[', stdout);
-  for (size_t i = 0; i < s.n_resident_ranges; i++)
-    printf("%s[%" PRIu64 ", %" PRIu64 "]", i ? ", " : "", s.resident_ranges[i].first,
-           s.resident_ranges[i].last);
-  fputc(']', stdout);
-  json_key(stdout, &k.first, "attention");
-  printf("{\"steps\": %" PRIu64 ", \"sink_tokens\": %" PRIu64 ", \"sink_mass\": [",
-         s.attn_steps, s.sink_tokens);
-  for (size_t l = 0; l < s.n_layers; l++) printf("%s%.6g", l ? ", " : "", s.sink_mass[l]);
-  fputs("], \"entropy\": [", stdout);
-  for (size_t l = 0; l < s.n_layers; l++) printf("%s%.6g", l ? ", " : "", s.entropy[l]);
-  fputs("]}", stdout);
+  json_session_stats_members(&k, &s);
   if (o->tokens) {
     int32_t *toks = NULL;
     size_t n = 0;
@@ -1383,6 +1409,55 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
   }
   out_end(&k);
   return 0;
+}
+
+/* The JSON members of a session's stats (the object's braces are the
+ * caller's: out_begin / out_end). */
+static void json_session_stats_members(struct kv_out *k, const struct sk_session_stats *s) {
+  out_u64(k, "session", s->session);
+  out_str(k, "policy", s->policy);
+  out_u64(k, "n_sink", s->n_sink);
+  out_u64(k, "window", s->window);
+  out_u64(k, "heavy", s->heavy);
+  out_u64(k, "recent", s->recent);
+  out_u64(k, "pinned", s->pinned);
+  out_f64(k, "rope_scale", s->rope_scale);
+  out_f64(k, "model_rope_scale", s->model_rope_scale);
+  out_u64(k, "capacity", s->capacity);
+  out_u64(k, "resident", s->resident);
+  out_u64(k, "seen", s->seen);
+  out_u64(k, "evicted", s->evicted);
+  out_u64(k, "kv_bytes", s->kv_bytes);
+  if (s->kv_type[0]) out_str(k, "kv_type", s->kv_type);
+  json_key(stdout, &k->first, "positions");
+  if (s->has_positions)
+    printf("[%" PRIu64 ", %" PRIu64 "]", s->position_first, s->position_last);
+  else
+    fputs("[]", stdout);
+  out_u64(k, "commit", s->commit);
+  out_bool(k, "adopted", s->adopted);
+  out_u64(k, "idle_s", s->idle_s);
+  out_bool(k, "busy", s->busy);
+  json_key(stdout, &k->first, "resident_ranges");
+  fputc('[', stdout);
+  for (size_t i = 0; i < s->n_resident_ranges; i++)
+    printf("%s[%" PRIu64 ", %" PRIu64 "]", i ? ", " : "", s->resident_ranges[i].first,
+           s->resident_ranges[i].last);
+  fputc(']', stdout);
+  json_key(stdout, &k->first, "attention");
+  printf("{\"steps\": %" PRIu64 ", \"sink_tokens\": %" PRIu64 ", \"sink_mass\": [",
+         s->attn_steps, s->sink_tokens);
+  for (size_t l = 0; l < s->n_layers; l++) printf("%s%.6g", l ? ", " : "", s->sink_mass[l]);
+  fputs("], \"entropy\": [", stdout);
+  for (size_t l = 0; l < s->n_layers; l++) printf("%s%.6g", l ? ", " : "", s->entropy[l]);
+  fputs("]}", stdout);
+}
+
+static void json_session_stats(const struct sk_session_stats *s) {
+  struct kv_out k = {.json = true, .first = true};
+  out_begin(&k);
+  json_session_stats_members(&k, s);
+  out_end(&k);
 }
 
 /* resume, fork, load: a session summary; text mode prints only the id for
@@ -1626,7 +1701,10 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       if (!optarg[0]) usage_error("--socket: the path is empty");
       o->socket = optarg;
       break;
-    case OPT_JSON: o->json = true; break;
+    case OPT_JSON:
+      o->json = true;
+      g_json = true;
+      break;
     case OPT_VERBOSE: o->verbose = true; break;
     case OPT_HELP: help(); exit(0);
     case OPT_VERSION:

@@ -173,9 +173,9 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (job->n_tokens > free_slots)
       return sk_error_set(&job->err, SK_ERR_CONTEXT_FULL,
-                          "append of %zu tokens does not fit: %u of %u slots "
-                          "free in this dense session (%u resident); nothing "
-                          "was appended",
+                          "the dense session is full: %zu tokens to append, "
+                          "%u of %u slots free (%u resident); nothing was "
+                          "appended",
                           job->n_tokens, free_slots, kv->hdr->capacity,
                           kv->hdr->n_resident);
   }

@@ -953,8 +953,17 @@ static void test_sinkctl(void **state) {
            sinkctl, g_socket, full_id);
   out = run_capture(cmd, &status);
   assert_int_equal(status, 0);
-  assert_string_equal(out, "sinkctl: the session is full (8 tokens, dense policy): open one "
-                           "with --policy streaming to keep going\n");
+  assert_string_equal(out, "sinkctl: the dense session is full (8 tokens): open one with "
+                           "--policy streaming to keep going\n");
+  free(out);
+  /* ... and an append that no longer fits says it in the same words */
+  snprintf(cmd, sizeof cmd, "%s --socket %s generate --session %llu -n 5 Once 2>&1 >/dev/null",
+           sinkctl, g_socket, full_id);
+  out = run_capture(cmd, &status);
+  assert_int_equal(status, 1);
+  assert_string_equal(out, "sinkctl: context_full: the dense session is full: 1 tokens to "
+                           "append, 0 of 8 slots free (8 resident); nothing was appended (open "
+                           "one with --policy streaming to keep going)\n");
   free(out);
   snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket, full_id);
   free(run_capture(cmd, &status));

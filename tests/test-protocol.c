@@ -13,7 +13,9 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
+#include <pty.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1724,6 +1726,40 @@ static int run_sinkctl(const char *const *args, const char *input, char *out,
   return WEXITSTATUS(status);
 }
 
+/* Runs sinkctl with its stdout and stderr on a pseudo-terminal (a user's
+ * terminal); what it wrote in *out (the terminal's bytes: "\n" comes as
+ * "\r\n"). Returns the exit status. */
+static int run_sinkctl_tty(const char *const *args, char *out, size_t out_size, size_t *out_len) {
+  const char *exe = getenv("SK_SINKCTL");
+  const char *argv[32] = {"sinkctl"};
+  size_t n = 1;
+  for (; args[n - 1]; n++) argv[n] = args[n - 1];
+  argv[n] = NULL;
+  fflush(NULL);
+  int master = -1;
+  pid_t pid = forkpty(&master, NULL, NULL, NULL);
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  size_t len = 0;
+  for (;;) {
+    struct pollfd p = {.fd = master, .events = POLLIN};
+    if (poll(&p, 1, 10000) <= 0) break;
+    ssize_t r = read(master, out + len, out_size - 1 - len);
+    if (r <= 0) break; /* EIO once the child's side is closed */
+    len += (size_t)r;
+  }
+  out[len] = 0;
+  *out_len = len;
+  close(master);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
 static void test_sinkctl(void **state) {
   (void)state;
   const char *exe = getenv("SK_SINKCTL");
@@ -1765,6 +1801,54 @@ static void test_sinkctl(void **state) {
                       "\"usage\": {\"prompt_tokens\": 4, "
                       "\"completion_tokens\": 3}, \"evicted\": 3, "
                       "\"resident\": 20, \"seen\": 23}\n");
+
+  /* On a terminal, detokenize ends with a newline (in a pipe, the
+   * text's bytes alone, as above). */
+  {
+    char tty[256];
+    size_t tty_len = 0;
+    assert_int_equal(run_sinkctl_tty((const char *const[]){"--socket", P, "detokenize", "1", NULL},
+                                     tty, sizeof tty, &tty_len),
+                     0);
+    assert_int_equal(tty_len, 8);
+    assert_memory_equal(tty, "he\0llo\r\n", 8);
+  }
+  /* resume: columns, as stats prints them. */
+  assert_int_equal(RUN(NULL, "--socket", P, "resume", "7"), 0);
+  assert_string_equal(out,
+                      "session    7\n"
+                      "policy     streaming\n"
+                      "capacity   260\n"
+                      "kv_bytes   57344\n"
+                      "resident   260\n"
+                      "seen       1000\n"
+                      "evicted    740\n"
+                      "commit     77\n"
+                      "adopted    yes\n");
+  /* chat --json: /stats is a JSON object too. */
+  assert_int_equal(RUN("/stats\n", "--socket", P, "--json", "chat"), 0);
+  assert_memory_equal(out, "{\"session\": ", 12);
+  assert_non_null(strstr(out, "\"policy\": \"streaming\""));
+  assert_null(strstr(out, "policy     "));
+  /* --json: errors are a JSON object on stdout, with the same status. */
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "close", "99"), 1);
+  assert_string_equal(err, "");
+  assert_string_equal(out, "{\"error\": {\"code\": \"no_such_session\", \"message\": \"no "
+                           "session 99\", \"hint\": \"sessions end when closed or after the idle "
+                           "TTL; a restart keeps them unless sinkd set them aside at start, e.g. "
+                           "for another model: see its log and invalid/ in its state directory; "
+                           "`sinkctl list` shows yours\", \"status\": 1}}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "close", "abc"), 2);
+  assert_string_equal(err, "");
+  assert_string_equal(out, "{\"error\": {\"code\": \"usage\", \"message\": \"close: 'abc' is "
+                           "not a number\", \"status\": 2}}\n");
+  assert_int_equal(RUN(NULL, "--json", "--socket", "/nonexistent/s.sock", "ping"), 3);
+  assert_string_equal(err, "");
+  {
+    const char *want = "{\"error\": {\"code\": \"connect\", \"message\": ";
+    assert_memory_equal(out, want, strlen(want));
+    assert_non_null(strstr(out, "\"status\": 3}}\n"));
+  }
 
   /* The daemon's error: exit 1, CODE: MESSAGE. */
   assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
