@@ -1,19 +1,35 @@
 #!/usr/bin/env bash
-# Installs what sinkd needs to build and test (Debian 12 packages).
+# Installs what sinkd needs (Debian 12 packages):
+#   deps.sh           to build and run it (the daemon, sinkctl, libsinkd,
+#                     the man pages)
+#   deps.sh --tests   that and what the test suite needs besides
+# --list (after the others) prints the packages, one a line, and installs
+# nothing.
 set -euo pipefail
+build=(build-essential pkg-config meson ninja-build
+       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
+       libinih-dev libxxhash-dev scdoc)
 # systemd: systemd-analyze and systemd-socket-activate for the service
 # tests; mandoc, groff-base and man-db: man page lint and the man pages
 # systemd-analyze verify looks up.
-pkgs=(build-essential pkg-config meson ninja-build
-      libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
-      libcmocka-dev libinih-dev libjansson-dev libxxhash-dev scdoc
-      systemd mandoc groff-base man-db
-      procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
-      gnuplot-nox  # sinkctl eval --plot
-      # the test suite's other steps: clang with ASan/UBSan and libFuzzer
-      # (libclang-rt-14-dev), llvm-symbolizer for readable reports,
-      # valgrind; useradd and setpriv for the isolation test
-      clang libclang-rt-14-dev llvm valgrind passwd util-linux python3)
+tests=(libcmocka-dev libjansson-dev
+       systemd mandoc groff-base man-db
+       procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
+       gnuplot-nox  # sinkctl eval --plot
+       # the test suite's other steps: clang with ASan/UBSan and libFuzzer
+       # (libclang-rt-14-dev), llvm-symbolizer for readable reports,
+       # valgrind; useradd and setpriv for the isolation test
+       clang libclang-rt-14-dev llvm valgrind passwd util-linux python3)
+pkgs=("${build[@]}")
+list=false
+for arg in "$@"; do
+  case $arg in
+    --tests) pkgs+=("${tests[@]}") ;;
+    --list) list=true ;;
+    *) echo "usage: $0 [--tests] [--list]" >&2; exit 2 ;;
+  esac
+done
+if $list; then printf '%s\n' "${pkgs[@]}"; exit 0; fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs the dependencies, builds, starts sinkd on the test model and
+# Installs what building and running need (not the test toolchain),
+# builds without the test suite, starts sinkd on the test model and
 # prints a story generated through sinkctl; then stops the daemon.
 #   MODEL=path/to/model.gguf PROMPT="..." ./scripts/run-demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
-./scripts/build.sh
+./scripts/build.sh -Dtests=false
 model=${MODEL:-../shared/models/stories260K.gguf}
 prompt=${PROMPT:-Once upon a time}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/sinkd-demo.XXXXXX")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the dependencies, builds, and runs the whole test suite:
+# Installs the dependencies (deps.sh --tests: building, running and the
+# test toolchain), builds, and runs the whole test suite:
 #   1. ./build: every test (unit tests, integration, hostile frames,
 #      isolation between users, GGUF mutants, fuzz corpus replays, load);
 #   2. ./build-asan (clang, ASan+UBSan, libFuzzer): the same suite again,
@@ -17,8 +18,8 @@
 # ../shared beside the checkout unless SK_SHARED_DIR names another folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
-./scripts/build.sh
+./scripts/deps.sh --tests
+./scripts/build.sh -Dtests=true
 meson test -C build --print-errorlogs "$@"
 if [ $# -gt 0 ] || [ "${SK_TESTS:-full}" = quick ]; then exit 0; fi
 

@@ -103,7 +103,7 @@ grep -q "^model = /var/lib/sinkd/model.gguf" "$dest$SYSCONFDIR/sinkd/sinkd.conf"
 echo "ok: example configuration"
 
 # ---- units: systemd-analyze verify, man pages looked up in the install
-command -v systemd-analyze >/dev/null || fail "systemd-analyze not found (Debian package systemd; scripts/deps.sh)"
+command -v systemd-analyze >/dev/null || fail "systemd-analyze not found (Debian package systemd; scripts/deps.sh --tests)"
 mkdir -p "$tmp/system" "$tmp/user" "$tmp/runtime"
 chmod 700 "$tmp/runtime"
 for unit in sinkd.service sinkd.socket; do

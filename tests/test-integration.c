@@ -1668,7 +1668,7 @@ static void test_eval_short(void **state) {
   assert_non_null(strstr(out, "all scored"));
   free(out);
   size_t len = 0;
-  /* the plot: gnuplot (scripts/deps.sh installs gnuplot-nox) drew a PNG */
+  /* the plot: gnuplot (scripts/deps.sh --tests installs gnuplot-nox) drew a PNG */
   char *img = sk_test_read_file(png, &len);
   assert_non_null(img);
   assert_true(len > 1000);

@@ -2,10 +2,10 @@
 # Every built man page renders without a word from mandoc -T lint (style
 # level included) or groff -ww (all warnings), tables through tbl.
 #   test-man.sh PAGE...
-# mandoc and groff come from scripts/deps.sh; without them this fails.
+# mandoc and groff come from scripts/deps.sh --tests; without them this fails.
 status=0
 for tool in mandoc groff; do
-  command -v "$tool" >/dev/null || { echo "$tool is not installed (scripts/deps.sh)" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "$tool is not installed (scripts/deps.sh --tests)" >&2; exit 1; }
 done
 [ $# -gt 0 ] || { echo "no pages given" >&2; exit 1; }
 for page in "$@"; do

@@ -391,7 +391,7 @@ static void test_socket_activation(void **state) {
    * sinkd in its own place with LISTEN_FDS=1 and LISTEN_PID set. */
   const char *activate = getenv("SK_SOCKET_ACTIVATE");
   if (!activate || !*activate)
-    fail_msg("systemd-socket-activate not found (Debian package systemd; scripts/deps.sh)");
+    fail_msg("systemd-socket-activate not found (Debian package systemd; scripts/deps.sh --tests)");
   struct child d;
   spawn(&d, "activated.log", NULL,
         (const char *const[]){activate, "--listen", sock, "-E", notify_env,

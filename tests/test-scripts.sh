@@ -1,0 +1,29 @@
+#!/bin/sh
+# The scripts a new user runs install only what they need:
+# scripts/deps.sh lists what building and running take, --tests adds the
+# test toolchain; run-demo.sh installs the first only and builds without
+# the test suite; run-tests.sh installs both.
+#   test-scripts.sh SOURCE_ROOT
+set -u
+src=$1
+status=0
+fail() { echo "FAIL: $*" >&2; status=1; }
+build=$("$src/scripts/deps.sh" --list) || fail "deps.sh --list"
+all=$("$src/scripts/deps.sh" --tests --list) || fail "deps.sh --tests --list"
+for p in meson ninja-build libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev \
+         libinih-dev libxxhash-dev; do
+  echo "$build" | grep -qx "$p" || fail "deps.sh lacks $p, which building needs"
+done
+for p in clang llvm valgrind gnuplot-nox libcmocka-dev libjansson-dev mandoc systemd; do
+  echo "$build" | grep -qx "$p" && fail "deps.sh installs $p, which only the tests need"
+  echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p"
+done
+for p in $build; do
+  echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p of the build list"
+done
+"$src/scripts/deps.sh" --bogus 2>/dev/null && fail "deps.sh accepts --bogus"
+grep -qx '\./scripts/deps\.sh' "$src/scripts/run-demo.sh" || fail "run-demo.sh: not plain deps.sh"
+grep -q 'build\.sh -Dtests=false' "$src/scripts/run-demo.sh" || fail "run-demo.sh builds the tests"
+grep -qx '\./scripts/deps\.sh --tests' "$src/scripts/run-tests.sh" || fail "run-tests.sh: not deps.sh --tests"
+[ $status -eq 0 ] && echo "ok: build list $(echo "$build" | wc -l) packages, with tests $(echo "$all" | wc -l)"
+exit $status
