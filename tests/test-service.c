@@ -280,7 +280,9 @@ static void test_notify_lifecycle(void **state) {
   wait_message(&d, "READY=1", NULL, 0);
   struct sk_open_result second;
   assert_int_equal(sk_client_open(c, NULL, &second, &e), -SK_ERR_BUSY);
-  assert_string_equal(e.message, "session limit reached: 1 sessions open (max_sessions 1)");
+  assert_string_equal(e.message, "session limit reached: 1 sessions open (max_sessions 1): "
+                                 "`sinkctl list` shows them, `sinkctl close --idle 1h` closes "
+                                 "those idle for an hour");
   snprintf(want, sizeof want, "reloaded %s: max_sessions 64 -> 1", conf);
   assert_true(log_has(&d, want));
   assert_true(log_has(&d, "<4>reload: batch changed; restart sinkd to apply"));
@@ -367,7 +369,9 @@ static void test_memory_and_session_limits(void **state) {
   assert_int_equal(sk_client_open(c, NULL, &b, &e), 0);
   struct sk_open_result third;
   assert_int_equal(sk_client_open(c, &small, &third, &e), -SK_ERR_BUSY);
-  assert_string_equal(e.message, "session limit reached: 2 sessions open (max_sessions 2)");
+  assert_string_equal(e.message, "session limit reached: 2 sessions open (max_sessions 2): "
+                                 "`sinkctl list` shows them, `sinkctl close --idle 1h` closes "
+                                 "those idle for an hour");
   assert_true(log_has(&d, "<4>reload: max_sessions 10 above 2: raising a size fixed at start "
                           "needs a restart; capped"));
   assert_true(log_has(&d, "max_memory 1M -> 3M"));
