@@ -8,7 +8,8 @@
 set -euo pipefail
 build=(build-essential pkg-config meson ninja-build
        libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
-       libinih-dev libxxhash-dev scdoc)
+       libinih-dev libxxhash-dev scdoc
+       libpcre2-dev)  # byte-level BPE pre-tokenizer regexes (UTF, Unicode properties)
 # systemd: systemd-analyze and systemd-socket-activate for the service
 # tests; mandoc, groff-base and man-db: man page lint and the man pages
 # systemd-analyze verify looks up.

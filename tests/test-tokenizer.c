@@ -1,6 +1,8 @@
 /* Tokenizer against llama.cpp's output for stories260K (reference
- * tokenize.json, greedy.json, logprobs.json and the two text files), plus
- * crafted vocabularies for what the test model does not exercise. */
+ * tokenize.json, greedy.json, logprobs.json and the two text files),
+ * llama.cpp's vocabulary test files (reference/vocab: SentencePiece and
+ * byte-level BPE vocabularies with their inputs and expected ids), plus
+ * crafted vocabularies for what those do not exercise. */
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -296,6 +298,120 @@ static void test_text_files(void **state) {
   json_decref(ref);
 }
 
+/* --- llama.cpp's vocabulary test files ------------------------------------------ */
+
+/* The vocabularies of reference/vocab whose tokenizer.ggml.model sinkd
+ * supports (all of them: "llama" and "gpt2"), with what the README says
+ * of each: BOS/EOS ids and whether BOS is added. */
+static const struct {
+  const char *name;
+  bool bpe;
+  int32_t bos, eos;
+  bool add_bos;
+} vocab_files[] = {
+  {"llama-spm", false, 1, 2, true},
+  {"phi-3", false, 1, 32000, true},
+  {"llama-bpe", true, 128000, 128001, true},
+  {"qwen2", true, 151643, 151643, false},
+  {"gpt-2", true, 50256, 50256, false},
+  {"deepseek-llm", true, 100000, 100001, true},
+  {"deepseek-coder", true, 32013, 32014, true},
+  {"falcon", true, 11, 11, false},
+  {"starcoder", true, 0, 0, false},
+  {"refact", true, 0, 0, false},
+  {"mpt", true, 0, 0, false},
+};
+
+static struct sk_tokenizer *load_vocab_file(const char *name) {
+  char rel[128];
+  snprintf(rel, sizeof rel, "reference/vocab/ggml-vocab-%s.gguf", name);
+  char *path = sk_test_shared_path(rel);
+  struct sk_gguf *g = NULL;
+  struct sk_error err = {0};
+  if (sk_gguf_open(path, &g, &err) < 0) fail_msg("open %s: %s", path, err.message);
+  struct sk_tokenizer *t = NULL;
+  int r = sk_tokenizer_load(g, &t, &err);
+  sk_gguf_close(g);
+  if (r < 0) fail_msg("load %s: %s", path, err.message);
+  free(path);
+  return t;
+}
+
+/* Every case of ggml-vocab-NAME.gguf.inp tokenizes (no BOS, control
+ * tokens as text) to the ids of the .out line, and those ids detokenize
+ * to the case's text; returns the number of cases. */
+static size_t check_vocab_file(size_t k) {
+  const char *name = vocab_files[k].name;
+  struct sk_tokenizer *t = load_vocab_file(name);
+  assert_int_equal(sk_tokenizer_is_bpe(t), vocab_files[k].bpe);
+  assert_int_equal(sk_tokenizer_bos(t), vocab_files[k].bos);
+  assert_int_equal(sk_tokenizer_eos(t), vocab_files[k].eos);
+  assert_int_equal(sk_tokenizer_add_bos(t), vocab_files[k].add_bos);
+  assert_false(sk_tokenizer_add_eos(t));
+  char rel[128];
+  snprintf(rel, sizeof rel, "reference/vocab/ggml-vocab-%s.gguf.inp", name);
+  char *path = sk_test_shared_path(rel);
+  size_t inp_len, out_len;
+  char *inp = sk_test_read_file(path, &inp_len);
+  if (!inp) fail_msg("cannot read %s", path);
+  free(path);
+  snprintf(rel, sizeof rel, "reference/vocab/ggml-vocab-%s.gguf.out", name);
+  path = sk_test_shared_path(rel);
+  char *out = sk_test_read_file(path, &out_len);
+  if (!out) fail_msg("cannot read %s", path);
+  free(path);
+
+  static const char sep[] = "\n__ggml_vocab_test__\n";
+  size_t n_cases = 0, ip = 0, op = 0;
+  while (ip < inp_len) {
+    const char *e = memmem(inp + ip, inp_len - ip, sep, sizeof sep - 1);
+    if (!e) fail_msg("%s: input without a final separator", name);
+    size_t clen = (size_t)(e - (inp + ip));
+    const char *line_end = memchr(out + op, '\n', out_len - op);
+    if (!line_end) fail_msg("%s: fewer .out lines than cases", name);
+    /* The line's ids. */
+    int32_t want[4096];
+    size_t n_want = 0;
+    char *p = out + op;
+    while (p < line_end) {
+      char *q;
+      long v = strtol(p, &q, 10);
+      if (q == p) break;
+      assert_true(n_want < 4096);
+      want[n_want++] = (int32_t)v;
+      p = q;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s case %zu", name, n_cases);
+    struct sk_error err = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(sk_tokenizer_encode(t, inp + ip, clen, 0, &ids, &n, &err), 0);
+    assert_ids(ids, n, want, n_want, what);
+    char *text = NULL;
+    size_t text_len = 0;
+    assert_int_equal(sk_tokenizer_decode(t, want, n_want, &text, &text_len, &err), 0);
+    if (text_len != clen || memcmp(text, inp + ip, clen) != 0)
+      fail_msg("%s: detokenized to '%s'", what, text);
+    free(text);
+    free(ids);
+    n_cases++;
+    ip += clen + sizeof sep - 1;
+    op = (size_t)(line_end - out) + 1;
+  }
+  assert_int_equal(op, out_len);
+  free(inp);
+  free(out);
+  sk_tokenizer_free(t);
+  return n_cases;
+}
+
+static void test_vocab_files(void **state) {
+  (void)state;
+  for (size_t k = 0; k < sizeof vocab_files / sizeof vocab_files[0]; k++)
+    assert_int_equal(check_vocab_file(k), 46);
+}
+
 /* --- crafted vocabularies ------------------------------------------------------ */
 
 struct wbuf {
@@ -533,6 +649,7 @@ int main(void) {
     cmocka_unit_test(test_out_of_range),
     cmocka_unit_test(test_greedy_prompts),
     cmocka_unit_test(test_text_files),
+    cmocka_unit_test(test_vocab_files),
     cmocka_unit_test(test_crafted_merges),
     cmocka_unit_test(test_crafted_load_errors),
   };
