@@ -448,6 +448,7 @@ static void w_str(struct wbuf *w, const char *s) {
 
 struct vocab {
   const char *model;     /* NULL: key absent */
+  const char *pre;       /* tokenizer.ggml.pre; NULL: key absent */
   size_t n;
   const char *text[16];
   float score[16];
@@ -460,7 +461,8 @@ struct vocab {
 /* A GGUF holding only tokenizer metadata (no tensors). */
 static uint8_t *build_vocab(const struct vocab *v, size_t *ret_len) {
   struct wbuf w = {0};
-  uint64_t n_kv = 3 + (v->model != NULL) + (v->bos >= 0) + (v->add_space_prefix >= 0);
+  uint64_t n_kv = 3 + (v->model != NULL) + (v->pre != NULL) + (v->bos >= 0) +
+                  (v->add_space_prefix >= 0);
   w_bytes(&w, "GGUF", 4);
   w_u32(&w, 3);
   w_u64(&w, 0);
@@ -469,6 +471,11 @@ static uint8_t *build_vocab(const struct vocab *v, size_t *ret_len) {
     w_str(&w, "tokenizer.ggml.model");
     w_u32(&w, SK_GGUF_STRING);
     w_str(&w, v->model);
+  }
+  if (v->pre) {
+    w_str(&w, "tokenizer.ggml.pre");
+    w_u32(&w, SK_GGUF_STRING);
+    w_str(&w, v->pre);
   }
   w_str(&w, "tokenizer.ggml.tokens");
   w_u32(&w, SK_GGUF_ARRAY);
@@ -553,6 +560,128 @@ static void expect_decode(const struct sk_tokenizer *t, const int32_t *ids, size
   free(out);
 }
 
+static void encode_flags(const struct sk_tokenizer *t, const char *text, unsigned flags,
+                         int32_t **ids, size_t *n) {
+  struct sk_error err = {0};
+  assert_int_equal(sk_tokenizer_encode(t, text, strlen(text), flags, ids, n, &err), 0);
+}
+
+static bool has_id(const int32_t *ids, size_t n, int32_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == id) return true;
+  return false;
+}
+
+/* parse_special: control-token text becomes the token only when asked;
+ * otherwise it is text and comes back as text. */
+static void test_parse_special(void **state) {
+  (void)state;
+  struct sk_tokenizer *t = load_vocab_file("qwen2");
+  int32_t im_start = sk_tokenizer_find(t, "<|im_start|>", 12);
+  int32_t im_end = sk_tokenizer_find(t, "<|im_end|>", 10);
+  assert_int_equal(im_start, 151644);
+  assert_int_equal(im_end, 151645);
+  const char *chat = "<|im_start|>user\nhi<|im_end|>";
+  int32_t *ids, *inner;
+  size_t n, n_inner;
+  encode_flags(t, chat, SK_TOKENIZE_SPECIAL, &ids, &n);
+  encode_flags(t, "user\nhi", 0, &inner, &n_inner);
+  assert_int_equal(n, n_inner + 2);
+  assert_int_equal(ids[0], im_start);
+  assert_ids(ids + 1, n - 2, inner, n_inner, "between the markers");
+  assert_int_equal(ids[n - 1], im_end);
+  free(ids);
+  /* Off (the default for user text): no control token, the text intact. */
+  encode_flags(t, chat, 0, &ids, &n);
+  assert_true(n > n_inner + 2);
+  for (size_t i = 0; i < n; i++) assert_true(ids[i] < 151643);
+  expect_decode(t, ids, n, chat);
+  free(ids);
+  free(inner);
+  /* A control token's piece is empty; its text is its name. */
+  const char *p;
+  size_t pl;
+  struct sk_error err = {0};
+  assert_int_equal(sk_tokenizer_piece(t, im_end, &p, &pl, &err), 0);
+  assert_int_equal(pl, 0);
+  assert_int_equal(sk_tokenizer_text(t, im_end, &p, &pl), 0);
+  assert_string_equal(p, "<|im_end|>");
+  assert_int_equal(sk_tokenizer_text(t, -1, &p, &pl), -SK_ERR_BAD_REQUEST);
+  sk_tokenizer_free(t);
+
+  /* Llama 3: BOS and EOS by flag, "<|begin_of_text|>" by parse_special. */
+  t = load_vocab_file("llama-bpe");
+  encode_flags(t, "Hello world", SK_TOKENIZE_BOS | SK_TOKENIZE_EOS, &ids, &n);
+  assert_ids(ids, n, (int32_t[]){128000, 9906, 1917, 128001}, 4, "BOS/EOS");
+  free(ids);
+  encode_flags(t, "<|begin_of_text|>Hello world", SK_TOKENIZE_SPECIAL, &ids, &n);
+  assert_ids(ids, n, (int32_t[]){128000, 9906, 1917}, 3, "parse_special");
+  free(ids);
+  encode_flags(t, "<|begin_of_text|>Hello world", 0, &ids, &n);
+  assert_false(has_id(ids, n, 128000));
+  expect_decode(t, ids, n, "<|begin_of_text|>Hello world");
+  free(ids);
+  /* Invalid UTF-8 becomes U+FFFD byte by byte before the pre-tokenizer
+   * (llama.cpp's unicode_cpts_from_utf8). */
+  encode_flags(t, "a\xff\xfe", 0, &ids, &n);
+  encode_flags(t, "a\xef\xbf\xbd\xef\xbf\xbd", 0, &inner, &n_inner);
+  assert_ids(ids, n, inner, n_inner, "invalid UTF-8");
+  free(ids);
+  free(inner);
+  sk_tokenizer_free(t);
+}
+
+/* End of generation: eos, eot, eom and the texts llama.cpp lists. */
+static void test_eog(void **state) {
+  (void)state;
+  struct sk_tokenizer *t = load_vocab_file("llama-bpe");
+  int32_t eot = sk_tokenizer_find(t, "<|eot_id|>", 10);
+  assert_int_equal(eot, 128009);
+  /* Llama 3.0 has no <|eom_id|> (3.1 has it at 128008): a reserved
+   * control token there, which does not end generation. */
+  assert_int_equal(sk_tokenizer_find(t, "<|eom_id|>", 10), -1);
+  assert_int_equal(sk_tokenizer_eot(t), eot);
+  assert_true(sk_tokenizer_is_eog(t, 128001)); /* eos, <|end_of_text|> */
+  assert_true(sk_tokenizer_is_eog(t, eot));
+  assert_false(sk_tokenizer_is_eog(t, 128008));
+  assert_false(sk_tokenizer_is_eog(t, 128000)); /* BOS */
+  assert_false(sk_tokenizer_is_eog(t, sk_tokenizer_find(t, "<|start_header_id|>", 19)));
+  assert_false(sk_tokenizer_is_eog(t, 9906));
+  assert_false(sk_tokenizer_is_eog(t, -1));
+  assert_false(sk_tokenizer_is_eog(t, 128256));
+  sk_tokenizer_free(t);
+
+  t = load_vocab_file("qwen2");
+  assert_int_equal(sk_tokenizer_eot(t), 151645); /* <|im_end|> */
+  assert_true(sk_tokenizer_is_eog(t, 151643));   /* <|endoftext|> */
+  assert_true(sk_tokenizer_is_eog(t, 151645));
+  assert_false(sk_tokenizer_is_eog(t, 151644));  /* <|im_start|> */
+  sk_tokenizer_free(t);
+
+  /* StarCoder: the fill-in-the-middle pad ends generation, the prefix
+   * marker does not. */
+  t = load_vocab_file("starcoder");
+  assert_true(sk_tokenizer_is_eog(t, sk_tokenizer_find(t, "<fim_pad>", 9)));
+  assert_false(sk_tokenizer_is_eog(t, sk_tokenizer_find(t, "<fim_prefix>", 12)));
+  assert_true(sk_tokenizer_is_eog(t, 0));
+  sk_tokenizer_free(t);
+
+  /* SentencePiece: only EOS. */
+  t = load_vocab_file("llama-spm");
+  assert_int_equal(sk_tokenizer_eot(t), -1);
+  assert_true(sk_tokenizer_is_eog(t, 2));
+  assert_false(sk_tokenizer_is_eog(t, 1));
+  sk_tokenizer_free(t);
+  /* Phi-3: <|end|> ends a turn. */
+  t = load_vocab_file("phi-3");
+  int32_t end = sk_tokenizer_find(t, "<|end|>", 7);
+  assert_true(end >= 0);
+  assert_int_equal(sk_tokenizer_eot(t), end);
+  assert_true(sk_tokenizer_is_eog(t, end));
+  assert_true(sk_tokenizer_is_eog(t, 32000));
+  sk_tokenizer_free(t);
+}
+
 static void test_crafted_merges(void **state) {
   (void)state;
   struct sk_error err = {0};
@@ -620,9 +749,22 @@ static void test_crafted_load_errors(void **state) {
   assert_ptr_equal(t, (struct sk_tokenizer *)&err);
 
   v = vocab_default();
+  v.model = "t5";
+  assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(err.message, "'t5' is not supported"));
+
+  /* gpt2 without merges; with a pre-tokenizer sinkd does not know (named,
+   * with the known ones listed). */
+  v = vocab_default();
   v.model = "gpt2";
   assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
-  assert_non_null(strstr(err.message, "gpt2"));
+  assert_non_null(strstr(err.message, "tokenizer.ggml.merges: missing"));
+  v.pre = "qwen9-bpe";
+  assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(err.message, "'qwen9-bpe'"));
+  assert_non_null(strstr(err.message, "llama-bpe, "));
+  assert_non_null(strstr(err.message, "smollm"));
+  assert_ptr_equal(t, (struct sk_tokenizer *)&err);
 
   v = vocab_default();
   v.n_scores = 11;
@@ -650,6 +792,8 @@ int main(void) {
     cmocka_unit_test(test_greedy_prompts),
     cmocka_unit_test(test_text_files),
     cmocka_unit_test(test_vocab_files),
+    cmocka_unit_test(test_parse_special),
+    cmocka_unit_test(test_eog),
     cmocka_unit_test(test_crafted_merges),
     cmocka_unit_test(test_crafted_load_errors),
   };

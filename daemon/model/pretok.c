@@ -92,19 +92,21 @@ static const struct sk__pretok_def sk__defs[] = {
   {{"falcon", NULL},
    {"[\\p{P}\\$\\+<=>\\^~\\|`]+", SK__RE_GPT2, "[0-9][0-9][0-9]", NULL},
    {false, false, false}},
-  {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b",
-    NULL},
+  {{"starcoder", "codeshell", "exaone", "minerva-7b", NULL},
    {"\\p{N}", SK__RE_GPT2, NULL},
    {false, false, false}},
-  {{"gpt-2", "mpt", "olmo", "jais", "phi-2", "exaone4", "trillion", "granite-docling",
-    NULL},
+  {{"refact", NULL}, {"\\p{N}", SK__RE_GPT2, NULL}, {false, false, false}},
+  {{"smollm", NULL}, {"\\p{N}", SK__RE_GPT2, NULL}, {false, false, false}},
+  {{"command-r", NULL}, {"\\p{N}", SK__RE_GPT2, NULL}, {false, false, false}},
+  {{"gpt-2", "olmo", "jais", "phi-2", "exaone4", "trillion", "granite-docling", NULL},
    {SK__RE_GPT2, NULL},
    {false, false, false}},
+  {{"mpt", NULL}, {SK__RE_GPT2, NULL}, {false, false, false}},
   {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan", "kormo", NULL},
    {SK__RE_QWEN2, NULL},
    {false, false, false}},
   {{"qwen35", NULL}, {SK__RE_QWEN35, NULL}, {false, false, false}},
-  {{"poro-chat", "bloom", "gpt3-finnish", NULL}, {SK__RE_BLOOM, NULL}, {false, false, false}},
+  {{"bloom", "poro-chat", "gpt3-finnish", NULL}, {SK__RE_BLOOM, NULL}, {false, false, false}},
   {{"viking", NULL}, {SK__RE_BLOOM, "\\p{N}", NULL}, {false, false, false}},
   {{"tekken", NULL}, {SK__RE_TEKKEN, NULL}, {true, true, false}},
   {{"gpt-4o", "llama4", NULL}, {SK__RE_GPT4O, NULL}, {false, false, false}},
@@ -118,28 +120,21 @@ struct sk_pretok {
   bool jit[SK__MAX_EXPRS];
 };
 
-const char *sk_pretok_names(void) {
-  static char names[1024];
-  static _Atomic int done;
-  if (!done) { /* idempotent: concurrent first calls write the same bytes */
-    char buf[sizeof names];
-    size_t o = 0;
-    for (size_t d = 0; d < SK__N_DEFS; d++)
-      for (const char *const *n = sk__defs[d].names; *n; n++) {
-        size_t l = strlen(*n);
-        if (o + l + 3 >= sizeof buf) break;
-        if (o) {
-          memcpy(buf + o, ", ", 2);
-          o += 2;
-        }
-        memcpy(buf + o, *n, l);
-        o += l;
-      }
-    buf[o] = 0;
-    memcpy(names, buf, o + 1);
-    done = 1;
+void sk_pretok_names(char *buf, size_t size) {
+  size_t o = 0;
+  if (size == 0) return;
+  for (size_t d = 0; d < SK__N_DEFS; d++) {
+    const char *n = sk__defs[d].names[0];
+    size_t l = strlen(n);
+    if (o + l + 3 > size) break;
+    if (o) {
+      memcpy(buf + o, ", ", 2);
+      o += 2;
+    }
+    memcpy(buf + o, n, l);
+    o += l;
   }
-  return names;
+  buf[o] = 0;
 }
 
 void sk_pretok_free(struct sk_pretok *p) {
@@ -154,10 +149,14 @@ int sk_pretok_new(const char *name, size_t len, struct sk_pretok **ret,
   for (size_t d = 0; d < SK__N_DEFS && !def; d++)
     for (const char *const *n = sk__defs[d].names; *n && !def; n++)
       if (strlen(*n) == len && memcmp(*n, name, len) == 0) def = &sk__defs[d];
-  if (!def)
+  if (!def) {
+    char names[256];
+    sk_pretok_names(names, sizeof names);
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tokenizer.ggml.pre: '%.*s' is not a pre-tokenizer sinkd knows (%s)",
-                        (int)(len < 40 ? len : 40), name, sk_pretok_names());
+                        "tokenizer.ggml.pre: '%.*s' is not a pre-tokenizer sinkd knows"
+                        " (%s, and their aliases)",
+                        (int)(len < 40 ? len : 40), name, names);
+  }
   struct sk_pretok *p = calloc(1, sizeof *p);
   if (!p) return sk_error_set(err, SK_ERR_NO_MEMORY, "pre-tokenizer: out of memory");
   /* UCP: \s, \d and [[:classes:]] by Unicode properties, as the

@@ -38,8 +38,10 @@ int sk_pretok_new(const char *name, size_t len, struct sk_pretok **ret,
                   struct sk_pretok_info *info, struct sk_error *err);
 void sk_pretok_free(struct sk_pretok *p);
 
-/* The known names, comma-separated (static storage). */
-const char *sk_pretok_names(void);
+/* Writes the known names to buf (size bytes, NUL-terminated, cut at a
+ * name if too small), comma-separated, one per family of aliases (e.g.
+ * "llama-bpe" for llama3, llama-v3, falcon3, ...). */
+void sk_pretok_names(char *buf, size_t size);
 
 /* Splits text[0..len), which must be valid UTF-8, into words. *ret_ends
  * is a malloc'd array (caller frees) of *ret_n word end offsets in bytes,
