@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "pretok.h"
 
 /* GGUF token types (llama_token_type). */
@@ -72,6 +74,8 @@ struct sk_tokenizer {
   char *pool;               /* token texts and pieces, owned */
   int32_t *table;           /* (table_mask + 1) open-addressing text->id,
                                -1 = empty */
+  uint32_t *table_fp;       /* (table_mask + 1) high hash bits of each
+                               entry: most probes never touch the text */
   size_t table_mask;
   int32_t byte_to_id[256];  /* SPM: byte fallback token of each byte */
   int32_t *specials;        /* (n_specials) control, user-defined and
@@ -96,12 +100,7 @@ struct sk_tokenizer {
 /* --- text -> id table ----------------------------------------------------- */
 
 static uint64_t sk__hash(const char *s, size_t n) {
-  uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a */
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= UINT64_C(0x100000001b3);
-  }
-  return h;
+  return XXH3_64bits(s, n);
 }
 
 static const char *sk__text(const struct sk_tokenizer *t, int32_t id) {
@@ -110,11 +109,14 @@ static const char *sk__text(const struct sk_tokenizer *t, int32_t id) {
 
 /* Id of the token whose text is s[0..n), or -1. */
 static int32_t sk__lookup(const struct sk_tokenizer *t, const char *s, size_t n) {
-  size_t i = (size_t)sk__hash(s, n) & t->table_mask;
+  uint64_t h = sk__hash(s, n);
+  uint32_t fp = (uint32_t)(h >> 32);
+  size_t i = (size_t)h & t->table_mask;
   for (;;) {
     int32_t id = t->table[i];
     if (id < 0) return -1;
-    if (t->tokens[id].len == n && memcmp(sk__text(t, id), s, n) == 0) return id;
+    if (t->table_fp[i] == fp && t->tokens[id].len == n && memcmp(sk__text(t, id), s, n) == 0)
+      return id;
     i = (i + 1) & t->table_mask;
   }
 }
@@ -124,11 +126,15 @@ static int32_t sk__lookup(const struct sk_tokenizer *t, const char *s, size_t n)
 static void sk__insert(struct sk_tokenizer *t, int32_t id) {
   const char *s = sk__text(t, id);
   size_t n = t->tokens[id].len;
-  size_t i = (size_t)sk__hash(s, n) & t->table_mask;
+  uint64_t h = sk__hash(s, n);
+  uint32_t fp = (uint32_t)(h >> 32);
+  size_t i = (size_t)h & t->table_mask;
   for (;;) {
     int32_t old = t->table[i];
-    if (old < 0 || (t->tokens[old].len == n && memcmp(sk__text(t, old), s, n) == 0)) {
+    if (old < 0 || (t->table_fp[i] == fp && t->tokens[old].len == n &&
+                    memcmp(sk__text(t, old), s, n) == 0)) {
       t->table[i] = id;
+      t->table_fp[i] = fp;
       return;
     }
     i = (i + 1) & t->table_mask;
@@ -137,8 +143,14 @@ static void sk__insert(struct sk_tokenizer *t, int32_t id) {
 
 /* --- merge table ------------------------------------------------------------ */
 
+/* MurmurHash3's 64-bit finalizer: every key bit reaches the low bits. */
 static size_t sk__merge_slot(uint64_t key, size_t mask) {
-  return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> 29) & mask;
+  key ^= key >> 33;
+  key *= UINT64_C(0xff51afd7ed558ccd);
+  key ^= key >> 33;
+  key *= UINT64_C(0xc4ceb9fe1a85ec53);
+  key ^= key >> 33;
+  return (size_t)key & mask;
 }
 
 /* The merge of tokens a and b, or NULL. */
@@ -304,17 +316,6 @@ static int sk__cmp_special(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static bool sk__text_is(const struct sk_tokenizer *t, int32_t id, const char *s) {
-  size_t n = strlen(s);
-  return t->tokens[id].len == n && memcmp(sk__text(t, id), s, n) == 0;
-}
-
-static bool sk__text_in(const struct sk_tokenizer *t, int32_t id, const char *const *list) {
-  for (; *list; list++)
-    if (sk__text_is(t, id, *list)) return true;
-  return false;
-}
-
 /* Texts that end generation, and the end-of-turn and fill-in-the-middle
  * texts, as llama.cpp recognises them (llama_vocab::impl::load, "auto-
  * detect special tokens by text" and special_eog_ids). */
@@ -428,14 +429,14 @@ static int sk__load_merges(struct sk_tokenizer *t, const struct sk_gguf *g,
  * (llama_vocab::impl::load after the special ids are read). */
 static int sk__mark_specials(struct sk_tokenizer *t, const struct sk_gguf *g,
                              struct sk_error *err) {
-  for (uint32_t i = 0; i < t->n_vocab; i++) {
-    uint16_t *a = &t->tokens[i].attr;
-    if (sk__text_in(t, (int32_t)i, sk__eog_texts) ||
-        sk__text_in(t, (int32_t)i, sk__fim_eog_texts))
-      *a |= SK__ATTR_EOG | SK__ATTR_CONTROL;
-    else if (sk__text_in(t, (int32_t)i, sk__fim_texts))
-      *a |= SK__ATTR_CONTROL;
-  }
+  /* By text: the token a text maps to (the last of equal texts), as
+   * llama.cpp's walk over token_to_id finds it. */
+  static const char *const *const lists[] = {sk__eog_texts, sk__fim_eog_texts, sk__fim_texts};
+  for (size_t l = 0; l < 3; l++)
+    for (const char *const *s = lists[l]; *s; s++) {
+      int32_t id = sk__lookup(t, *s, strlen(*s));
+      if (id >= 0) t->tokens[id].attr |= SK__ATTR_CONTROL | (l < 2 ? SK__ATTR_EOG : 0);
+    }
   /* The end-of-turn token when the file names none: the first text of
    * the list that the vocabulary has. */
   if (t->eot < 0)
@@ -582,7 +583,8 @@ static int sk__load(struct sk_tokenizer *t, const struct sk_gguf *g,
   size_t cap = 1;
   while (cap < 2 * (size_t)n) cap <<= 1; /* load factor <= 1/2 */
   t->table = malloc(cap * sizeof *t->table);
-  if (!t->tokens || !t->pool || !t->table) {
+  t->table_fp = malloc(cap * sizeof *t->table_fp);
+  if (!t->tokens || !t->pool || !t->table || !t->table_fp) {
     r = sk_error_set(err, SK_ERR_NO_MEMORY, "tokenizer: cannot allocate %" PRIu64
                      " tokens", n);
     goto out;
@@ -682,6 +684,7 @@ void sk_tokenizer_free(struct sk_tokenizer *t) {
   free(t->tokens);
   free(t->pool);
   free(t->table);
+  free(t->table_fp);
   free(t->specials);
   free(t->merges);
   sk_pretok_free(t->pretok);
