@@ -37,9 +37,9 @@ _sinkctl() {
   local open="--policy --sinks --window --capacity --heavy --recent --rope-scale --pin --pin-file"
   local opts=""
   case $cmd in
-    generate) opts="$sampling $open --no-echo --progress --no-progress" ;;
+    generate) opts="$sampling $open --no-echo --progress --no-progress --special" ;;
     chat) opts="$sampling $open --keep --progress --no-progress" ;;
-    tokenize) opts="--no-bos" ;;
+    tokenize) opts="--no-bos --special" ;;
     eval)
       opts="--run --budget --tokens --span --chunk --recompute-stride --csv --plot --progress --no-progress"
       if [[ $cur != -* ]]; then

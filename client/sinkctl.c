@@ -187,6 +187,7 @@ static void help(void) {
       "      --pin-file FILE   the same, read from FILE\n"
       "tokenize:\n"
       "      --no-bos          do not put the BOS token first\n"
+      "      --special         control-token text is the token (also generate)\n"
       "stats ID:\n"
       "      --tokens          also print the resident token ids\n"
       "\n"
@@ -387,6 +388,7 @@ enum opt_id {
   OPT_PIN,
   OPT_PIN_FILE,
   OPT_NO_BOS,
+  OPT_SPECIAL,
   OPT_KEEP,
   OPT_PROGRESS,
   OPT_NO_PROGRESS,
@@ -421,6 +423,7 @@ static const struct option long_options[] = {
     {"pin", required_argument, NULL, OPT_PIN},
     {"pin-file", required_argument, NULL, OPT_PIN_FILE},
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
+    {"special", no_argument, NULL, OPT_SPECIAL},
     {"keep", no_argument, NULL, OPT_KEEP},
     {"progress", no_argument, NULL, OPT_PROGRESS},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
@@ -651,17 +654,19 @@ static void draw_progress(size_t done, size_t total, double t0, bool tty) {
 }
 
 /* Appends text to a session as tokenize + appends of PREFILL_CHUNK tokens,
- * drawing the bar. `empty`: the session has seen no token, so BOS goes
- * first, as the daemon does for text. Returns 0; -1 if Ctrl-C stopped it
+ * drawing the bar. `empty`: the session has seen no token, so the
+ * vocabulary's BOS rule applies, as the daemon does for text; `special`:
+ * control-token text is those tokens (--special). Returns 0; -1 if Ctrl-C stopped it
  * (what was appended stays); or the exit status of a reported error.
  * *ret_n: tokens appended. */
-static int prefill(struct sk_client *c, uint64_t session, bool empty, const char *text,
-                   size_t len, uint64_t *ret_n) {
+static int prefill(struct sk_client *c, uint64_t session, bool empty, bool special,
+                   const char *text, size_t len, uint64_t *ret_n) {
   struct sk_error e;
   int32_t *ids = NULL;
   size_t n = 0;
   *ret_n = 0;
-  if (sk_client_tokenize(c, text, len, empty ? SK_BOS_TRUE : SK_BOS_FALSE, &ids, &n, &e) < 0)
+  enum sk_bos bos = (empty ? SK_BOS_DEFAULT : SK_BOS_FALSE) | (special ? SK_TEXT_SPECIAL : 0);
+  if (sk_client_tokenize(c, text, len, bos, &ids, &n, &e) < 0)
     return report(c, &e);
   bool tty = isatty(STDERR_FILENO);
   double t0 = now_ms();
@@ -753,7 +758,7 @@ static int cmd_generate(struct sk_client *c, const struct opts *o, int argc,
   double t0 = now_ms();
   if (want_progress(o, prompt_len)) {
     bool empty = !o->has_session || session_is_empty(c, session);
-    int pr = prefill(c, session, empty, prompt, prompt_len, &prefilled);
+    int pr = prefill(c, session, empty, p.parse_special, prompt, prompt_len, &prefilled);
     if (pr != 0) {
       if (pr < 0)
         fprintf(stderr, "%s: interrupted during the prefill (%" PRIu64 " tokens appended)\n",
@@ -1004,7 +1009,8 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
     uint64_t prefilled = 0;
     int rc = 0;
     if (want_progress(o, p.prompt_len)) {
-      rc = prefill(c, session, session_is_empty(c, session), prompt, p.prompt_len, &prefilled);
+      rc = prefill(c, session, session_is_empty(c, session), false, prompt, p.prompt_len,
+                   &prefilled);
       p.prompt = NULL;
       p.prompt_len = 0;
     }
@@ -1060,9 +1066,9 @@ static int cmd_tokenize(struct sk_client *c, const struct opts *o, int argc,
   struct sk_error e;
   int32_t *ids = NULL;
   size_t n = 0;
-  int rc = sk_client_tokenize(c, text, len, o->no_bos ? SK_BOS_FALSE
-                                                      : SK_BOS_DEFAULT,
-                              &ids, &n, &e);
+  enum sk_bos bos = o->no_bos ? SK_BOS_FALSE : SK_BOS_DEFAULT;
+  if (o->gen.parse_special) bos |= SK_TEXT_SPECIAL;
+  int rc = sk_client_tokenize(c, text, len, bos, &ids, &n, &e);
   free(text);
   if (rc < 0) return report(c, &e);
   if (o->json) fputs("{\"tokens\": [", stdout);
@@ -1665,14 +1671,15 @@ static const struct {
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
                    OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE,
-                   OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
+                   OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SPECIAL, 0}},
     {"chat", CMD_CHAT, 0, 0, NULL,
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
                    OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
-    {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)", (const int[]){OPT_NO_BOS, 0}},
+    {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
+     (const int[]){OPT_NO_BOS, OPT_SPECIAL, 0}},
     {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
     {"open", CMD_OPEN, 0, 0, NULL,
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
@@ -1802,6 +1809,7 @@ static void parse_options(int argc, char **argv, struct opts *o) {
           (uint32_t)parse_u64("--capacity", optarg, 1, UINT32_MAX);
       break;
     case OPT_NO_BOS: o->no_bos = true; break;
+    case OPT_SPECIAL: o->gen.parse_special = true; break;
     case OPT_KEEP:
     case OPT_PROGRESS:
     case OPT_NO_PROGRESS: break; /* read from o->given */

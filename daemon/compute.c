@@ -145,10 +145,13 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
   struct sk_kv *kv = s->kv;
   job->started = true;
   if (job->text) {
-    bool bos = job->bos < 0 ? kv->hdr->n_seen == 0 : job->bos == 1;
+    bool bos = job->bos < 0 ? kv->hdr->n_seen == 0 && sk_tokenizer_add_bos(c->tok)
+                            : job->bos == 1;
+    unsigned flags = (bos ? SK_TOKENIZE_BOS : 0) |
+                     (job->parse_special ? SK_TOKENIZE_SPECIAL : 0);
     int32_t *toks = NULL;
     size_t n = 0;
-    int rc = sk_tokenizer_encode(c->tok, job->text, job->text_len, bos, &toks,
+    int rc = sk_tokenizer_encode(c->tok, job->text, job->text_len, flags, &toks,
                                  &n, &job->err);
     if (rc < 0) return rc;
     free(job->tokens);
@@ -348,10 +351,11 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
     return 1;
   }
   *token = d->token;
-  if (*token == sk_tokenizer_eos(c->tok) && !job->ignore_eos) {
+  if (sk_tokenizer_is_eog(c->tok, *token) && !job->ignore_eos) {
     sk_store_keep_logits(s->obj); /* no pass: the logits stay */
     sk_store_commit(s->obj);      /* the draw moved the PRNG */
-    job->stop_reason = "eos";
+    job->stop_reason = "eos";     /* any end-of-generation token */
+    job->stop_token = *token;
     return 1;
   }
   const char *piece = "";

@@ -478,9 +478,19 @@ static void on_event(void *user, struct sk_event *ev) {
       struct sk_msgbuf b;
       bool gen = job->kind == SK_JOB_GENERATE;
       bool lp = !gen && job->want_logprobs && job->logprobs;
-      if (reply_begin(&b, job->req_id, (gen ? 8 : 5) + lp) == 0) {
+      /* A stop at an end-of-generation token says which. */
+      const char *eog_text = NULL;
+      size_t eog_len = 0;
+      bool eog = gen && job->stop_reason && strcmp(job->stop_reason, "eos") == 0 &&
+                 sk_tokenizer_text(srv->tok, job->stop_token, &eog_text, &eog_len) == 0;
+      if (eog && !sk_utf8_valid(eog_text, eog_len)) eog_len = 0; /* frames are UTF-8 */
+      if (reply_begin(&b, job->req_id, (gen ? 8 : 5) + lp + 2 * eog) == 0) {
         if (gen) {
           sk_pack_kv_str(&b.pk, "stop", job->stop_reason ? job->stop_reason : "length");
+          if (eog) {
+            sk_pack_kv_u64(&b.pk, "stop_token", (uint64_t)job->stop_token);
+            sk_pack_kv_strn(&b.pk, "stop_text", eog_text, eog_len);
+          }
           sk_pack_kv_u64(&b.pk, "n_tokens", job->n_generated);
           sk_pack_cstr(&b.pk, "usage");
           msgpack_pack_map(&b.pk, 2);
@@ -627,7 +637,9 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
     if (len > SK_PIN_TEXT_MAX)
       return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'pin': %zu bytes, at most %u", len,
                           SK_PIN_TEXT_MAX);
-    return sk_tokenizer_encode(srv->tok, text, len, true, ret, ret_n, e);
+    return sk_tokenizer_encode(srv->tok, text, len,
+                               sk_tokenizer_add_bos(srv->tok) ? SK_TOKENIZE_BOS : 0, ret, ret_n,
+                               e);
   }
   if (!has_tokens) return 0;
   if (arr->size > srv->cfg.max_capacity)
@@ -1218,6 +1230,10 @@ static int read_input(const struct request *r, struct sk_job *job, bool required
   int has_bos = sk_msg_get_bool(r->map, "bos", &bos, e);
   if (has_bos < 0) return has_bos;
   job->bos = has_bos ? bos : -1;
+  bool special = false;
+  int has_special = sk_msg_get_bool(r->map, "parse_special", &special, e);
+  if (has_special < 0) return has_special;
+  job->parse_special = special;
   if (has_text) {
     job->text = malloc(len + 1);
     if (!job->text) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
@@ -1780,7 +1796,7 @@ struct tok_work {
   bool detok;
   char *text;
   size_t text_len;
-  bool bos;
+  unsigned flags; /* SK_TOKENIZE_* */
   int32_t *tokens;
   size_t n_tokens;
   struct sk_error err;
@@ -1801,7 +1817,7 @@ static void tok_work_run(uv_work_t *req) {
   } else {
     int32_t *toks = NULL;
     size_t n = 0;
-    w->rc = sk_tokenizer_encode(w->srv->tok, w->text, w->text_len, w->bos, &toks, &n, &w->err);
+    w->rc = sk_tokenizer_encode(w->srv->tok, w->text, w->text_len, w->flags, &toks, &n, &w->err);
     if (w->rc == 0) {
       free(w->tokens);
       w->tokens = toks;
@@ -1851,7 +1867,6 @@ static void op_tokenize(struct sk_server *srv, const struct request *r, bool det
   w->conn = r->conn;
   w->id = r->id;
   w->detok = detok;
-  w->bos = true;
   int rc;
   if (detok) {
     const msgpack_object_array *arr = NULL;
@@ -1880,9 +1895,18 @@ static void op_tokenize(struct sk_server *srv, const struct request *r, bool det
     const char *text = NULL;
     size_t len = 0;
     if (sk_msg_need_str(r->map, "text", &text, &len, &e) < 0) goto bad;
-    bool bos = true;
-    if (sk_msg_get_bool(r->map, "bos", &bos, &e) < 0) goto bad;
-    w->bos = bos;
+    bool bos = false, special = false;
+    int has_bos = sk_msg_get_bool(r->map, "bos", &bos, &e);
+    if (has_bos < 0) goto bad;
+    /* Without "bos", the vocabulary's add_bos. Its add_eos is not
+     * applied: tokens tokenized here are appended as prompts, and an EOS
+     * at the end of a prompt would end it. */
+    if (has_bos == 0)
+      w->flags = sk_tokenizer_add_bos(srv->tok) ? SK_TOKENIZE_BOS : 0;
+    else
+      w->flags = bos ? SK_TOKENIZE_BOS : 0;
+    if (sk_msg_get_bool(r->map, "parse_special", &special, &e) < 0) goto bad;
+    if (special) w->flags |= SK_TOKENIZE_SPECIAL;
     w->text = malloc(len + 1);
     if (!w->text) {
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");

@@ -64,7 +64,9 @@ struct sk_job {
   /* Input: text to tokenize (owned, may be NULL) or tokens (owned). */
   char *text;
   size_t text_len;
-  int bos;                   /* -1 default (BOS iff session empty), 0, 1 */
+  int bos;                   /* -1 default (BOS iff session empty and the
+                                vocabulary adds BOS), 0, 1 */
+  bool parse_special;        /* control-token text in text is the token */
   int32_t *tokens;           /* (n_tokens) */
   size_t n_tokens;
 
@@ -101,6 +103,8 @@ struct sk_job {
   /* Result, compute thread, read by the loop after the DONE event. */
   struct sk_error err;       /* code 0 = success */
   const char *stop_reason;   /* generate: "length", "eos", ... (static) */
+  int32_t stop_token;        /* generate stopped by "eos": the
+                                end-of-generation token drawn */
   struct sk_evict_log evicted;
   float *logprobs;           /* (n_tokens) if want_logprobs: ln p(token i |
                                 everything before it); NaN when the session

@@ -977,8 +977,15 @@ static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
   return rc;
 }
 
+/* Fields sk__pack_bos writes for bos (an enum sk_bos, maybe with
+ * SK_TEXT_SPECIAL). */
+static uint32_t sk__bos_fields(enum sk_bos bos) {
+  return ((bos & 3) != SK_BOS_DEFAULT) + ((bos & SK_TEXT_SPECIAL) != 0);
+}
+
 static void sk__pack_bos(msgpack_packer *pk, enum sk_bos bos) {
-  if (bos != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", bos == SK_BOS_TRUE);
+  if ((bos & 3) != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", (bos & 3) == SK_BOS_TRUE);
+  if (bos & SK_TEXT_SPECIAL) sk_pack_kv_bool(pk, "parse_special", true);
 }
 
 static void sk__pack_tokens(msgpack_packer *pk, const int32_t *tokens,
@@ -988,8 +995,10 @@ static void sk__pack_tokens(msgpack_packer *pk, const int32_t *tokens,
   for (size_t i = 0; i < n; i++) msgpack_pack_int32(pk, tokens[i]);
 }
 
-static int sk__client_check_bos(enum sk_bos bos, struct sk_error *err) {
-  if (bos != SK_BOS_DEFAULT && bos != SK_BOS_TRUE && bos != SK_BOS_FALSE)
+/* text: whether SK_TEXT_SPECIAL may go with it (text input only). */
+static int sk__client_check_bos(enum sk_bos bos, bool text, struct sk_error *err) {
+  unsigned b = (unsigned)bos & ~(text ? (unsigned)SK_TEXT_SPECIAL : 0u);
+  if (b != SK_BOS_DEFAULT && b != SK_BOS_TRUE && b != SK_BOS_FALSE)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "invalid bos value %d",
                         (int)bos);
   return 0;
@@ -1000,7 +1009,7 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
                           struct sk_append_result *ret, struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
-  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, true, err)) < 0) return rc;
   if (!text && len > 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
@@ -1008,7 +1017,7 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "append",
-                             2 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+                             2 + sk__bos_fields(bos), &id, err)) < 0)
     return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
@@ -1026,7 +1035,7 @@ static int sk__client_append_tokens(struct sk_client *client,
                                     struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
-  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, false, err)) < 0) return rc;
   if (!tokens && n > 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "tokens is NULL");
   if (n > UINT32_MAX)
@@ -1134,6 +1143,11 @@ static int sk__client_generate_result(struct sk_client *c,
   int rc;
   const msgpack_object *usage = NULL;
   memset(g, 0, sizeof *g);
+  uint64_t stop_token = UINT64_MAX;
+  if ((rc = sk__reply_u64(c, r, "stop_token", &stop_token, err)) < 0 ||
+      (rc = sk__reply_name(c, r, "stop_text", g->stop_text, sizeof g->stop_text, err)) < 0)
+    return rc;
+  g->stop_token = stop_token <= INT32_MAX ? (int32_t)stop_token : -1;
   if ((rc = sk__reply_name(c, r, "stop", g->stop, sizeof g->stop, err)) < 0 ||
       (rc = sk__reply_u64(c, r, "n_tokens", &g->n_tokens, err)) < 0 ||
       (rc = sk__reply_map(c, r, "usage", &usage, err)) < 0 ||
@@ -1173,7 +1187,8 @@ int sk_client_generate(struct sk_client *client, uint64_t session,
 
   /* The sampling fields are always sent (sk_generate_params_init holds
    * the protocol's defaults); the optional ones only when set. */
-  uint32_t n = 6 + p->has_seed + (p->n_stop > 0) + has_prompt + (p->n_top > 0);
+  uint32_t n = 6 + p->has_seed + (p->n_stop > 0) + has_prompt + (p->n_top > 0) +
+               (has_prompt && p->parse_special);
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "generate", n, &id, err)) < 0)
@@ -1192,6 +1207,7 @@ int sk_client_generate(struct sk_client *client, uint64_t session,
     for (size_t i = 0; i < p->n_stop; i++) sk_pack_cstr(pk, p->stop[i]);
   }
   if (has_prompt) sk_pack_kv_strn(pk, "prompt", p->prompt, prompt_len);
+  if (has_prompt && p->parse_special) sk_pack_kv_bool(pk, "parse_special", true);
   if (p->n_top > 0) sk_pack_kv_u64(pk, "n_top", p->n_top);
   if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
 
@@ -1603,7 +1619,7 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
                        size_t *ret_n, struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
-  if ((rc = sk__client_check_bos(bos, err)) < 0) return rc;
+  if ((rc = sk__client_check_bos(bos, true, err)) < 0) return rc;
   if (!text && len > 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
@@ -1611,7 +1627,7 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "tokenize",
-                             1 + (bos != SK_BOS_DEFAULT), &id, err)) < 0)
+                             1 + sk__bos_fields(bos), &id, err)) < 0)
     return rc;
   sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
   sk__pack_bos(&b.pk, bos);

@@ -368,6 +368,8 @@ static const struct field k_fields[] = {
     {"generate", "ignore_eos", F_BOOL}, {"generate", "n_top", F_UINT},
     {"generate", "stop", F_STOPS},    {"tokenize", "text", F_STR},
     {"tokenize", "bos", F_BOOL},      {"detokenize", "tokens", F_TOKENS},
+    {"append", "parse_special", F_BOOL}, {"generate", "parse_special", F_BOOL},
+    {"tokenize", "parse_special", F_BOOL},
     {"stats", "tokens", F_BOOL},      {"resume", "session", F_UINT},
     {"fork", "session", F_UINT},      {"export", "session", F_UINT},
     {"import", "total", F_UINT},      {"import", "offset", F_UINT},

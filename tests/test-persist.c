@@ -44,6 +44,7 @@
 #include "sinkd/client.h"
 #include "store.h"
 #include "testutil.h"
+#include "tokenizer.h"
 
 static char g_dir[64];
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -798,6 +799,22 @@ static void test_eos_step_committed(void **state) {
   struct sk_generate_result gr;
   assert_int_equal(sk_client_generate(c, s, &gp, ids_cb, got, &gr, &e), 0);
   assert_string_equal(gr.stop, "eos");
+  /* The reply names the end-of-generation token: the one the model
+   * file calls EOS, with its vocabulary text. */
+  assert_int_equal(gr.stop_token, want[K]);
+  {
+    struct sk_gguf *vg = NULL;
+    struct sk_tokenizer *vt = NULL;
+    assert_int_equal(sk_gguf_open(model, &vg, &e), 0);
+    assert_int_equal(sk_tokenizer_load(vg, &vt, &e), 0);
+    const char *txt;
+    size_t txt_len;
+    assert_int_equal(sk_tokenizer_text(vt, want[K], &txt, &txt_len), 0);
+    assert_true(txt_len > 0);
+    assert_string_equal(gr.stop_text, txt);
+    sk_tokenizer_free(vt);
+    sk_gguf_close(vg);
+  }
   assert_int_equal(gr.n_tokens, K);
   assert_int_equal(got->n, K);
   for (int i = 0; i < K; i++) assert_int_equal(got->v[i], want[i]);

@@ -379,12 +379,16 @@ int sk_client_load(struct sk_client *client, const char *path,
 /* ---- append ----------------------------------------------------------- */
 
 /* Whether a BOS token is put first. SK_BOS_DEFAULT leaves the field out:
- * for append the daemon then adds BOS only to a session that has seen no
- * token yet; for tokenize the default is true. */
+ * the daemon then follows the vocabulary's add_bos (tokenizer.ggml.
+ * add_bos_token), for append only on a session that has seen no token
+ * yet. For text, SK_TEXT_SPECIAL may be or-ed in (parse_special): text of
+ * control tokens ("<|im_start|>") then becomes those tokens; without it,
+ * it is plain text, as user input must be. */
 enum sk_bos {
   SK_BOS_DEFAULT = 0,
   SK_BOS_TRUE = 1,
   SK_BOS_FALSE = 2,
+  SK_TEXT_SPECIAL = 4,
 };
 
 /* Reply to `append`. Plain value (~1 KiB). */
@@ -438,6 +442,8 @@ struct sk_generate_params {
   const char *prompt;  /* NULL, or text appended first (like append) */
   size_t prompt_len;   /* bytes of prompt; 0 means strlen(prompt) */
   uint32_t n_top;      /* 0..20: top logits per token event */
+  bool parse_special;  /* the prompt's control-token text becomes those
+                          tokens (see SK_TEXT_SPECIAL) */
 };
 
 /* Fills *p with the protocol's defaults: max_tokens 128, temperature 0.8,
@@ -473,6 +479,11 @@ typedef int (*sk_token_cb)(void *user, const struct sk_token_event *ev);
 struct sk_generate_result {
   char stop[SK_CLIENT_NAME_MAX]; /* "length", "eos", "stop", "cancelled"
                                     or "context_full" */
+  int32_t stop_token;         /* "eos": the end-of-generation token that
+                                 ended it (EOS, EOT, "<|im_end|>", ...);
+                                 else -1 */
+  char stop_text[SK_CLIENT_NAME_MAX]; /* "eos": that token's vocabulary
+                                         text (cut to fit); else "" */
   uint64_t n_tokens;          /* tokens generated */
   uint64_t prompt_tokens;     /* usage: tokens of the prompt appended */
   uint64_t completion_tokens; /* usage: tokens generated */
@@ -501,7 +512,7 @@ int sk_client_cancel(struct sk_client *client, uint64_t session,
 /* ---- tokenizer -------------------------------------------------------- */
 
 /* Tokenizes len bytes of text (special-token text such as "<s>" is
- * ordinary text). On success *ret_tokens is a malloc'd array of *ret_n ids
+ * ordinary text unless bos has SK_TEXT_SPECIAL). On success *ret_tokens is a malloc'd array of *ret_n ids
  * that the caller frees with free() (NULL when *ret_n is 0). */
 int sk_client_tokenize(struct sk_client *client, const char *text,
                        size_t len, enum sk_bos bos, int32_t **ret_tokens,
