@@ -7,7 +7,8 @@ them (python3 only, no packages: msgpack and GGUF are written by hand).
   frame/      byte 0 = mode (frame limit, read cuts), then request frames
   server/     the byte stream of one client: requests of every op
   gguf/       tiny llama models (a few KiB), valid and subtly broken
-  tokenizer/  byte 0 = mode, then text (or int32 ids with bit 7 set)
+  tokenizer/  byte 0 = mode, then text (or int32 ids with bit 7 set);
+              bit 1: a BPE vocabulary (bit 3: Qwen2's), bit 2: parse_special
 """
 import os
 import struct
@@ -253,10 +254,20 @@ def main():
         b = t.encode() if isinstance(t, str) else t
         write("tokenizer", name + "-nobos", b"\x00" + b)
         write("tokenizer", name + "-bos", b"\x01" + b)
+        write("tokenizer", name + "-bpe", b"\x02" + b)
+        write("tokenizer", name + "-bpe-special", b"\x06" + b)
+        write("tokenizer", name + "-qwen2", b"\x0a" + b)
+    chat = "<|im_start|>user\nhi<|im_end|>\n<|begin_of_text|><|eot_id|>[PAD151650]"
+    write("tokenizer", "chat-qwen2-special", b"\x0e" + chat.encode())
+    write("tokenizer", "chat-bpe-special", b"\x06" + chat.encode())
+    write("tokenizer", "chat-bpe", b"\x02" + chat.encode())
+    write("tokenizer", "digits-bpe", b"\x02" + b"1234567 3.14159 'll 've IT'S\r\n\r\n   x")
     ids = struct.pack("<6i", 1, 403, 407, 261, 378, 2)
     write("tokenizer", "ids", b"\x80" + ids)
     write("tokenizer", "ids-mod", b"\xc0" + ids + struct.pack("<2i", -5, 100000))
     write("tokenizer", "ids-bad", b"\x80" + struct.pack("<3i", 5, 512, -1))
+    write("tokenizer", "ids-bpe", b"\x82" + struct.pack("<6i", 128000, 9906, 1917, 128009, 220, 128255))
+    write("tokenizer", "ids-qwen2-mod", b"\xca" + ids + struct.pack("<2i", -5, 151645))
     return 0
 
 
