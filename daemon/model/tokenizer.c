@@ -67,15 +67,19 @@ struct sk__merge {
   int32_t result; /* id of the merged text */
 };
 
+/* A slot of the text -> id table: the id (-1 = empty) and the high bits
+ * of its text's hash, so that most probes never touch the text. */
+struct sk__slot {
+  int32_t id;
+  uint32_t fp;
+};
+
 struct sk_tokenizer {
   enum sk__kind kind;
   uint32_t n_vocab;
   struct sk__token *tokens; /* (n_vocab) */
   char *pool;               /* token texts and pieces, owned */
-  int32_t *table;           /* (table_mask + 1) open-addressing text->id,
-                               -1 = empty */
-  uint32_t *table_fp;       /* (table_mask + 1) high hash bits of each
-                               entry: most probes never touch the text */
+  struct sk__slot *table;   /* (table_mask + 1) open-addressing text->id */
   size_t table_mask;
   int32_t byte_to_id[256];  /* SPM: byte fallback token of each byte */
   int32_t *specials;        /* (n_specials) control, user-defined and
@@ -113,9 +117,9 @@ static int32_t sk__lookup(const struct sk_tokenizer *t, const char *s, size_t n)
   uint32_t fp = (uint32_t)(h >> 32);
   size_t i = (size_t)h & t->table_mask;
   for (;;) {
-    int32_t id = t->table[i];
+    int32_t id = t->table[i].id;
     if (id < 0) return -1;
-    if (t->table_fp[i] == fp && t->tokens[id].len == n && memcmp(sk__text(t, id), s, n) == 0)
+    if (t->table[i].fp == fp && t->tokens[id].len == n && memcmp(sk__text(t, id), s, n) == 0)
       return id;
     i = (i + 1) & t->table_mask;
   }
@@ -130,11 +134,10 @@ static void sk__insert(struct sk_tokenizer *t, int32_t id) {
   uint32_t fp = (uint32_t)(h >> 32);
   size_t i = (size_t)h & t->table_mask;
   for (;;) {
-    int32_t old = t->table[i];
-    if (old < 0 || (t->table_fp[i] == fp && t->tokens[old].len == n &&
+    int32_t old = t->table[i].id;
+    if (old < 0 || (t->table[i].fp == fp && t->tokens[old].len == n &&
                     memcmp(sk__text(t, old), s, n) == 0)) {
-      t->table[i] = id;
-      t->table_fp[i] = fp;
+      t->table[i] = (struct sk__slot){id, fp};
       return;
     }
     i = (i + 1) & t->table_mask;
@@ -583,14 +586,13 @@ static int sk__load(struct sk_tokenizer *t, const struct sk_gguf *g,
   size_t cap = 1;
   while (cap < 2 * (size_t)n) cap <<= 1; /* load factor <= 1/2 */
   t->table = malloc(cap * sizeof *t->table);
-  t->table_fp = malloc(cap * sizeof *t->table_fp);
-  if (!t->tokens || !t->pool || !t->table || !t->table_fp) {
+  if (!t->tokens || !t->pool || !t->table) {
     r = sk_error_set(err, SK_ERR_NO_MEMORY, "tokenizer: cannot allocate %" PRIu64
                      " tokens", n);
     goto out;
   }
   t->table_mask = cap - 1;
-  for (size_t i = 0; i < cap; i++) t->table[i] = -1;
+  for (size_t i = 0; i < cap; i++) t->table[i] = (struct sk__slot){-1, 0};
 
   size_t off = 0;
   for (uint64_t i = 0; i < n; i++) {
@@ -684,7 +686,6 @@ void sk_tokenizer_free(struct sk_tokenizer *t) {
   free(t->tokens);
   free(t->pool);
   free(t->table);
-  free(t->table_fp);
   free(t->specials);
   free(t->merges);
   sk_pretok_free(t->pretok);
