@@ -12,9 +12,11 @@
  *   PATH -m VOCAB -f FILE --ids --no-bos --no-parse-special --no-escape
  *        --log-disable
  * on a file holding the same bytes and times the whole process (its
- * output read from a pipe). Rounds alternate the two, so that other load
- * on the machine falls on both alike; the medians are printed. The ids
- * llama-tokenize prints in the first round are compared with sinkd's.
+ * output read from a pipe), and again on a file of one byte (its load
+ * alone: the difference estimates its tokenize alone). Rounds alternate
+ * them, so that other load on the machine falls on all alike; the
+ * medians are printed. The ids llama-tokenize prints in the first round
+ * are compared with sinkd's.
  * A development tool, not a test. */
 #include <errno.h>
 #include <stdbool.h>
@@ -165,21 +167,25 @@ int main(int argc, char **argv) {
   size_t len;
   char *text = read_prefix(path, max, &len);
 
-  char file[] = "/tmp/sinkd-tokbench-XXXXXX";
+  char file[] = "/tmp/sinkd-tokbench-XXXXXX", one[] = "/tmp/sinkd-tokbench-1-XXXXXX";
   if (llama) {
     int fd = mkstemp(file);
     if (fd < 0 || write(fd, text, len) != (ssize_t)len || close(fd) < 0)
       sk_tool_die("%s: %s", file, strerror(errno));
+    fd = mkstemp(one);
+    if (fd < 0 || write(fd, "a", 1) != 1 || close(fd) < 0)
+      sk_tool_die("%s: %s", one, strerror(errno));
   }
   double *tot = calloc((size_t)rounds, sizeof *tot), *enc = calloc((size_t)rounds, sizeof *enc),
-         *lt = calloc((size_t)rounds, sizeof *lt);
-  if (!tot || !enc || !lt) sk_tool_die("out of memory");
+         *lt = calloc((size_t)rounds, sizeof *lt), *l1 = calloc((size_t)rounds, sizeof *l1);
+  if (!tot || !enc || !lt || !l1) sk_tool_die("out of memory");
   size_t n_ids = 0;
   for (int r = 0; r < rounds; r++) {
     int32_t *ids = sinkd_round(vocab, text, len, &n_ids, &tot[r], &enc[r]);
     if (llama) {
       char *out = NULL;
       lt[r] = llama_round(llama, vocab, file, r == 0 ? &out : NULL);
+      l1[r] = llama_round(llama, vocab, one, NULL);
       if (out) {
         compare(out, ids, n_ids);
         free(out);
@@ -187,20 +193,28 @@ int main(int argc, char **argv) {
     }
     free(ids);
   }
-  if (llama) unlink(file);
+  if (llama) {
+    unlink(file);
+    unlink(one);
+  }
   qsort(tot, (size_t)rounds, sizeof *tot, sk_tool_cmp_double);
   qsort(enc, (size_t)rounds, sizeof *enc, sk_tool_cmp_double);
   qsort(lt, (size_t)rounds, sizeof *lt, sk_tool_cmp_double);
+  qsort(l1, (size_t)rounds, sizeof *l1, sk_tool_cmp_double);
   printf("text: %zu bytes of %s -> %zu tokens; %d rounds, medians\n", len, path, n_ids,
          rounds);
   printf("sinkd: load + tokenize %.1f ms (tokenize alone %.1f ms)\n", 1e3 * tot[rounds / 2],
          1e3 * enc[rounds / 2]);
-  if (llama)
+  if (llama) {
     printf("llama-tokenize: whole process %.1f ms; ratio sinkd / llama.cpp %.2f\n",
            1e3 * lt[rounds / 2], tot[rounds / 2] / lt[rounds / 2]);
+    printf("llama-tokenize on 1 byte: %.1f ms (its tokenize alone about %.1f ms)\n",
+           1e3 * l1[rounds / 2], 1e3 * (lt[rounds / 2] - l1[rounds / 2]));
+  }
   free(tot);
   free(enc);
   free(lt);
+  free(l1);
   free(text);
   return 0;
 }
