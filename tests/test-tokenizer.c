@@ -621,6 +621,12 @@ static void test_parse_special(void **state) {
   assert_false(has_id(ids, n, 128000));
   expect_decode(t, ids, n, "<|begin_of_text|>Hello world");
   free(ids);
+  /* U+180E (Mongolian vowel separator) is not a space (Unicode
+   * White_Space, as llama.cpp's tables), though PCRE2's \s takes it:
+   * llama-tokenize gives these ids. */
+  encode_flags(t, "a \xe1\xa0\x8e", 0, &ids, &n);
+  assert_ids(ids, n, (int32_t[]){64, 87189, 254, 236}, 4, "U+180E");
+  free(ids);
   /* Invalid UTF-8 becomes U+FFFD byte by byte before the pre-tokenizer
    * (llama.cpp's unicode_cpts_from_utf8). */
   encode_flags(t, "a\xff\xfe", 0, &ids, &n);

@@ -137,6 +137,32 @@ void sk_pretok_names(char *buf, size_t size) {
   buf[o] = 0;
 }
 
+/* Copies expression e to out with \s and \S spelled as the Unicode
+ * White_Space property: PCRE2's \s also takes U+180E (Mongolian vowel
+ * separator, a format character since Unicode 6.3), which the tokenizers'
+ * engines (and llama.cpp's tables) do not count as a space. Returns 0, or
+ * -1 if out is too small. */
+static int sk__white_space(const char *e, char *out, size_t size) {
+  size_t o = 0;
+  for (size_t i = 0; e[i]; i++) {
+    const char *add = NULL;
+    char two[3] = {e[i], 0, 0};
+    if (e[i] == '\\' && e[i + 1]) {
+      i++;
+      two[1] = e[i];
+      add = e[i] == 's' ? "\\p{White_Space}" : e[i] == 'S' ? "\\P{White_Space}" : two;
+    } else {
+      add = two;
+    }
+    size_t l = strlen(add);
+    if (o + l + 1 > size) return -1;
+    memcpy(out + o, add, l);
+    o += l;
+  }
+  out[o] = 0;
+  return 0;
+}
+
 void sk_pretok_free(struct sk_pretok *p) {
   if (!p) return;
   for (size_t i = 0; i < p->n; i++) pcre2_code_free(p->code[i]);
@@ -166,7 +192,13 @@ int sk_pretok_new(const char *name, size_t len, struct sk_pretok **ret,
   for (const char *const *e = def->exprs; *e; e++) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *c = pcre2_compile((PCRE2_SPTR)*e, PCRE2_ZERO_TERMINATED, opts, &ec, &eo, NULL);
+    char expr[2048];
+    if (sk__white_space(*e, expr, sizeof expr) < 0) {
+      sk_pretok_free(p);
+      return sk_error_set(err, SK_ERR_INTERNAL, "pre-tokenizer '%.*s': expression %zu too long",
+                          (int)len, name, p->n);
+    }
+    pcre2_code *c = pcre2_compile((PCRE2_SPTR)expr, PCRE2_ZERO_TERMINATED, opts, &ec, &eo, NULL);
     if (!c) {
       PCRE2_UCHAR msg[120];
       pcre2_get_error_message(ec, msg, sizeof msg);
