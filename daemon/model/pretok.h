@@ -8,8 +8,11 @@
  * previous one left: a piece is cut into its matches and the text between
  * them, each kept as a piece of its own (the "Isolated" split behaviour
  * of tokenizers, and llama.cpp's unicode_regex_split). PCRE2 evaluates
- * them (UTF, Unicode properties for \p{..}, \s and friends; JIT-compiled
- * when the library has JIT).
+ * them (UTF, Unicode properties for \p{..}; \s as the White_Space
+ * property; JIT-compiled when the library has JIT). Letters, numbers and
+ * punctuation are those of PCRE2's Unicode tables (Unicode 14 in Debian
+ * 12's 10.42): characters assigned later are unassigned here, where
+ * llama.cpp's own tables may know them, and may be split differently.
  */
 #ifndef SK_PRETOK_H
 #define SK_PRETOK_H
