@@ -948,8 +948,6 @@ static int sk__bpe_try_pair(const struct sk_tokenizer *t, struct sk__bpe *s, int
   return sk__bheap_push(s, (struct sk__bpair){m->rank, left, right, l->n + r->n});
 }
 
-static int sk__ids_push(struct sk__ids *ids, int32_t id);
-
 /* Tokens of word[0..n) (raw bytes, n >= 1) appended to out. */
 static int sk__bpe_word(const struct sk_tokenizer *t, struct sk__bpe *s, const char *word,
                         size_t n, struct sk__ids *out) {
