@@ -117,6 +117,10 @@ static void finish(struct sk_compute *c, struct sk_job *job) {
    * stored them); only a session that is closing has no next one. */
   if (job->kind == SK_JOB_GENERATE && atomic_load(&job->session_closing))
     job->final_text_len = sk_utf8_stream_flush(&job->utf8, job->final_text);
+  if (job->chat) {
+    sk_job_reply_add(job, job->final_text, job->final_text_len);
+    sk_session_chat_end(job->sess, job);
+  }
   sk_session_counters_publish(c->table, job->sess);
   struct sk_event *ev = event_new(SK_EVENT_DONE, job, 0);
   if (!ev) {
@@ -144,6 +148,11 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
   job->started = true;
+  if (job->chat) {
+    int rc = sk_session_chat_begin(s, c->tok, job);
+    if (rc < 0) return rc;
+    if (job->n_tokens == 0) sk_session_chat_prompt_done(s, job);
+  }
   if (job->text) {
     bool bos = job->bos < 0 ? kv->hdr->n_seen == 0 && sk_tokenizer_add_bos(c->tok)
                             : job->bos == 1;
@@ -351,10 +360,12 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
     return 1;
   }
   *token = d->token;
-  if (sk_tokenizer_is_eog(c->tok, *token) && !job->ignore_eos) {
+  const bool eot = job->chat && *token == job->eot;
+  if ((sk_tokenizer_is_eog(c->tok, *token) || eot) && !job->ignore_eos) {
     sk_store_keep_logits(s->obj); /* no pass: the logits stay */
     sk_store_commit(s->obj);      /* the draw moved the PRNG */
-    job->stop_reason = "eos";     /* any end-of-generation token */
+    /* any end-of-generation token; a chat's end of turn says so */
+    job->stop_reason = eot ? "end_of_turn" : "eos";
     job->stop_token = *token;
     return 1;
   }
@@ -455,6 +466,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
 static bool after_decode(struct sk_compute *c, struct sk_job *job, struct sk_event *ev) {
   job->n_generated++;
   atomic_fetch_add(&c->tokens_generated, 1);
+  if (job->chat) sk_job_reply_add(job, ev->text, ev->text_len);
   sk_session_counters_publish(c->table, job->sess);
   bool stopped = job->n_stop && tail_has_stop(job, ev->text, ev->text_len);
   post_event(c, ev);
@@ -586,6 +598,7 @@ static void step(struct sk_compute *c) {
     }
     j->n_done += c->seqs[i].n;
     atomic_fetch_add(&c->tokens_prefilled, c->seqs[i].n);
+    if (j->chat && j->n_done == j->n_tokens) sk_session_chat_prompt_done(j->sess, j);
     sk_session_counters_publish(c->table, j->sess);
     if (j->kind == SK_JOB_APPEND && j->n_done == j->n_tokens) {
       finish(c, j);

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "chat.h"
 #include "kvcache.h"
 #include "log.h"
 #include "sk_config.h"
@@ -24,6 +25,7 @@ enum key_type {
   T_POLICY,    /* a policy name */
   T_LOG_LEVEL, /* err, warning, notice, info, debug */
   T_KV_TYPE,   /* f32, f16 */
+  T_CHAT,      /* a chat template family (chat.h), none or auto */
 };
 
 struct key_desc {
@@ -51,6 +53,9 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                           true},
     /* fixed for the store's life (its new sessions' type; any type is adopted) */
     [SK_CFG_KV_TYPE] = {"daemon", "kv_type", "--kv-type", T_KV_TYPE, F(kv_type), 0, 0, false},
+    /* resolved against the model at start */
+    [SK_CFG_CHAT_TEMPLATE] = {"daemon", "chat_template", "--chat-template", T_CHAT,
+                              F(chat_template), 0, 0, false},
     [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
     [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
                       true},
@@ -170,6 +175,7 @@ int sk_config_init(struct sk_config *c) {
   c->batch = SK_CONFIG_DEFAULT_BATCH;
   c->log_level = SK_LOG_INFO;
   c->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
+  c->chat_template = -1;  /* the model's own */
   c->policy = SK_POLICY_STREAMING;
   c->n_sink = SK_CONFIG_DEFAULT_N_SINK;
   c->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;
@@ -335,6 +341,17 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
     c->kv_type = t;
     break;
   }
+  case T_CHAT: {
+    int t = strcmp(value, "auto") == 0 ? -1 : sk_chat_from_name(value, strlen(value));
+    if (t < 0 && strcmp(value, "auto") != 0) {
+      char names[1024];
+      sk_chat_names(names, sizeof names);
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%.32s' is not auto, none or one of %.200s%s",
+                          value, names, strlen(names) > 200 ? "..." : "");
+    }
+    c->chat_template = t;
+    break;
+  }
   case T_LOG_LEVEL: {
     uint32_t level = 0;
     for (uint32_t l = SK_LOG_ERR; l <= SK_LOG_DEBUG; l++)
@@ -367,6 +384,8 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src) {
       dst->log_level = src->log_level;
     } else if (keys[k].type == T_KV_TYPE) {
       dst->kv_type = src->kv_type;
+    } else if (keys[k].type == T_CHAT) {
+      dst->chat_template = src->chat_template;
     } else {
       field_num_set(dst, (enum sk_config_key)k, field_num(src, (enum sk_config_key)k));
     }
@@ -409,6 +428,9 @@ void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *b
   }
   case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(c->log_level)); break;
   case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(c->kv_type)); break;
+  case T_CHAT:
+    snprintf(buf, size, "%s", c->chat_template < 0 ? "auto" : sk_chat_name(c->chat_template));
+    break;
   }
 }
 

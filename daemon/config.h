@@ -79,6 +79,7 @@ enum sk_config_key {
   SK_CFG_BATCH,
   SK_CFG_LOG_LEVEL,
   SK_CFG_KV_TYPE,
+  SK_CFG_CHAT_TEMPLATE,
   SK_CFG_POLICY,
   SK_CFG_SINKS,
   SK_CFG_WINDOW,
@@ -114,6 +115,8 @@ struct sk_config {
   uint32_t batch;     /* tokens per forward pass, all sessions */
   uint32_t log_level; /* SK_LOG_ERR .. SK_LOG_DEBUG */
   uint32_t kv_type;   /* enum sk_kv_type of new sessions' caches (default f16) */
+  int chat_template;  /* enum sk_chat_template of the `chat` op; -1 = auto: the
+                         model's tokenizer.chat_template */
   /* [session]: defaults for `open` */
   uint32_t policy;    /* enum sk_policy */
   uint32_t n_sink;    /* attention sinks */

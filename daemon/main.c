@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "chat.h"
 #include "config.h"
 #include "gguf.h"
 #include "kernels.h"
@@ -82,6 +83,9 @@ static void usage(FILE *f) {
           "                          plus prefill chunks (64)\n"
           "      --kv-type TYPE      element type of new sessions' KV caches: f16 (default:\n"
           "                          keys and values in half the bytes, rounded) or f32\n"
+          "      --chat-template NAME  template family of the chat op: auto (default: the\n"
+          "                          model's tokenizer.chat_template), none, or a family\n"
+          "                          (chatml, llama3, mistral-v7, ...; sinkd.conf(5))\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -396,6 +400,7 @@ int main(int argc, char **argv) {
       KEY_OPT("batch", SK_CFG_BATCH),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       KEY_OPT("kv-type", SK_CFG_KV_TYPE),
+      KEY_OPT("chat-template", SK_CFG_CHAT_TEMPLATE),
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -528,6 +533,25 @@ int main(int argc, char **argv) {
     status = EXIT_CONFIG;
     goto out;
   }
+  /* The chat template of new sessions: the configured family, or the one
+   * the model's tokenizer.chat_template is recognised as. A template no
+   * rule recognises leaves the chat op off (it answers why), not the
+   * daemon. */
+  int chat_template = d.cfg.chat_template;
+  char chat_error[SK_ERROR_MESSAGE_MAX] = "";
+  if (chat_template < 0) {
+    struct sk_gguf_str ct;
+    struct sk_error ce = {0};
+    chat_template = SK_CHAT_NONE;
+    if (sk_gguf_get_str(gguf, "tokenizer.chat_template", &ct, &ce) == 1 &&
+        sk_chat_resolve(ct.ptr, ct.len, "the model's tokenizer.chat_template", &chat_template,
+                        &ce) < 0) {
+      chat_template = SK_CHAT_NONE;
+      snprintf(chat_error, sizeof chat_error, "%s", ce.message);
+      if (check_only) fprintf(stderr, "sinkd: warning: %s\n", ce.message);
+      else sk_log(SK_LOG_WARNING, "%s", ce.message);
+    }
+  }
   if (check_only) {
     sk_config_print(stdout, &d.cfg);
     status = fflush(stdout) == 0 ? 0 : EXIT_START;
@@ -576,6 +600,8 @@ int main(int argc, char **argv) {
   scfg.on_change = on_counts;
   scfg.user = &d;
   scfg.listen_fd = listen_fd;
+  scfg.chat_template = chat_template;
+  scfg.chat_error = chat_error[0] ? chat_error : NULL;
   if (listen_fd > 0) {
     sk_log(SK_LOG_INFO, "using the socket passed by the service manager: %s (fd %d)", passed_path,
            listen_fd);

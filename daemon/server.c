@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "admit.h"
+#include "chat.h"
 #include "compute.h"
+#include "conv.h"
 #include "kernels.h"
 #include "log.h"
 #include "msg.h"
@@ -108,6 +110,7 @@ struct sk_server {
   uint32_t n_set_aside;      /* objects set aside at start */
   uint32_t n_temp_closed;    /* temporary sessions found at start, closed */
   uint64_t import_bytes;     /* buffered by imports in progress */
+  char chat_error[SK_ERROR_MESSAGE_MAX]; /* cfg.chat_error, copied */
   uv_timer_t ttl_timer;
   bool ttl_running;
   struct sk_admit admit;   /* connections and partial input per uid */
@@ -581,12 +584,27 @@ static void pack_compute(struct sk_server *srv, msgpack_packer *pk) {
   sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(srv->cfg.kv_type));
 }
 
+/* "chat_template": the family new sessions get ("none": no template; the
+ * reason the model's was not taken, if any, as "chat_template_error"). */
+static void pack_chat_template(struct sk_server *srv, msgpack_packer *pk) {
+  sk_pack_cstr(pk, "chat_template");
+  if (srv->chat_error[0]) {
+    msgpack_pack_map(pk, 2);
+    sk_pack_kv_str(pk, "name", sk_chat_name(srv->cfg.chat_template));
+    sk_pack_kv_str(pk, "error", srv->chat_error);
+  } else {
+    msgpack_pack_map(pk, 1);
+    sk_pack_kv_str(pk, "name", sk_chat_name(srv->cfg.chat_template));
+  }
+}
+
 static void op_hello(struct sk_server *srv, const struct request *r) {
   const struct sk_model_config *mc = sk_model_config(srv->model);
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 6) < 0) return;
+  if (reply_begin(&b, r->id, 7) < 0) return;
   msgpack_packer *pk = &b.pk;
   sk_pack_kv_u64(pk, "protocol", SK_PROTOCOL_VERSION);
+  pack_chat_template(srv, pk);
   sk_pack_kv_str(pk, "server", "sinkd");
   sk_pack_kv_str(pk, "version", SK_VERSION);
   pack_compute(srv, pk);
@@ -664,6 +682,43 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
   return 0;
 }
 
+/* Reads open's "chat_template" (a family name or a template text to
+ * recognise) into conv->tmpl and "system" (the system prompt: rendered
+ * with the template and tokenized, BOS first, as the pin; not with 'pin'
+ * or 'pin_tokens', has_pin). */
+static int read_chat(struct sk_server *srv, const struct request *r, struct sk_conv *conv,
+                     bool has_pin, int32_t **ret_pin, size_t *ret_n, struct sk_error *e) {
+  const char *ct = NULL, *sys = NULL;
+  size_t ct_len = 0, sys_len = 0;
+  int rc = sk_msg_get_str(r->map, "chat_template", &ct, &ct_len, e);
+  if (rc < 0) return rc;
+  if (rc == 1 && (rc = sk_chat_resolve(ct, ct_len, "field 'chat_template'", &conv->tmpl, e)) < 0)
+    return rc;
+  if ((rc = sk_msg_get_str(r->map, "system", &sys, &sys_len, e)) <= 0) return rc;
+  if (has_pin)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                        "give either 'system' or 'pin'/'pin_tokens', not both");
+  if (conv->tmpl == SK_CHAT_NONE)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                        "field 'system': the session has no chat template (give chat_template)");
+  if (sys_len > SK_PIN_TEXT_MAX)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'system': %zu bytes, at most %u", sys_len,
+                        SK_PIN_TEXT_MAX);
+  struct sk_chat_text t;
+  sk_chat_text_init(&t);
+  if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) == 0 &&
+      (rc = sk_conv_system_text(conv, &t, e)) == 0 &&
+      (rc = sk_session_chat_tokenize(srv->tok, &t, true, ret_pin, ret_n, e)) == 0) {
+    conv->text = t.text; /* C: the pinned text */
+    conv->text_len = t.len;
+    t.text = NULL;
+    conv->system_sent = true;
+    conv->n_seen = *ret_n;
+  }
+  sk_chat_text_free(&t);
+  return rc;
+}
+
 /* Per-uid limits (every uid, root included): a user cannot take all the
  * sessions or all the memory of a daemon shared by everyone. Sessions
  * still being closed count: their memory is not free yet. */
@@ -714,6 +769,7 @@ struct open_work {
   int32_t *pin;             /* owned */
   size_t n_pin;
   bool temporary;           /* closed when conn ends */
+  struct sk_conv conv;      /* the session's conversation (template, system) */
   int rc;
   struct sk_error err;
   struct open_work *prev, *next; /* srv->opens */
@@ -812,8 +868,18 @@ static void open_work_run(uv_work_t *req) {
  * prefix goes through the model first (the reply is sent once it is in
  * the cache, on_event). Takes pin. */
 static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
-                        struct sk_session *s, int32_t *pin, size_t n_pin) {
+                        struct sk_session *s, int32_t *pin, size_t n_pin, struct sk_conv *conv) {
   s->last_used_ms = now_ms();
+  /* The conversation (template, pinned system prompt) is the session's. */
+  sk_conv_free(&s->conv);
+  s->conv = *conv;
+  sk_conv_init(conv, SK_CHAT_NONE);
+  if (s->conv.tmpl != SK_CHAT_NONE) {
+    struct sk_error ce;
+    if (sk_conv_save(&s->conv, sk_store_dir(srv->cfg.store), s->id, &ce) < 0)
+      sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)s->id,
+             ce.message);
+  }
   counts_changed(srv);
   sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes (%s)",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
@@ -858,15 +924,17 @@ static void open_work_done(uv_work_t *req, int status) {
     sk_session_unreserve(&srv->sessions, &w->res);
     if (w->rc < 0 && !c->closing) send_error(c, w->id, &w->err);
     free(w->pin);
+    sk_conv_free(&w->conv);
   } else {
     struct sk_session *s = NULL;
     struct sk_error e;
     if (sk_session_commit(&srv->sessions, &w->res, &s, &e) < 0) {
       free(w->pin);
+      sk_conv_free(&w->conv);
       send_error(c, w->id, &e);
     } else {
       if (w->temporary) s->temp_conn = c->id;
-      open_finish(srv, c, w->id, s, w->pin, w->n_pin);
+      open_finish(srv, c, w->id, s, w->pin, w->n_pin, &w->conv);
     }
   }
   free(w);
@@ -883,6 +951,8 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   int32_t *pin = NULL;
   size_t n_pin = 0;
   bool has_sink = false, temporary = false;
+  struct sk_conv conv;
+  sk_conv_init(&conv, srv->cfg.chat_template);
   int rc = sk_msg_get_str(r->map, "policy", &pol, &pol_len, &e);
   if (rc < 0) goto bad;
   if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
@@ -923,6 +993,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   }
   if ((rc = sk_msg_get_bool(r->map, "temporary", &temporary, &e)) < 0) goto bad;
   if ((rc = read_pin(srv, r, &pin, &n_pin, &e)) < 0) goto bad;
+  if ((rc = read_chat(srv, r, &conv, pin != NULL, &pin, &n_pin, &e)) < 0) goto bad;
   if (n_pin > UINT32_MAX) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "pin of %zu tokens is too long", n_pin);
     goto bad;
@@ -962,11 +1033,14 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   w->pin = pin;
   w->n_pin = n_pin;
   w->temporary = temporary;
+  w->conv = conv;
+  sk_conv_init(&conv, SK_CHAT_NONE);
   pin = NULL;
   w->req.data = w;
   if ((rc = uv_queue_work(srv->loop, &w->req, open_work_run, open_work_done)) < 0) {
     sk_session_unreserve(&srv->sessions, &w->res);
     pin = w->pin;
+    conv = w->conv;
     free(w);
     rc = sk_error_set(&e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
     goto bad;
@@ -978,6 +1052,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   return;
 bad:
   free(pin);
+  sk_conv_free(&conv);
   send_error(r->conn, r->id, &e);
 }
 
@@ -1092,11 +1167,12 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   /* The resident set itself is read only while no job runs on the
    * session (the compute thread owns the cache meanwhile). */
   bool idle = tokens || s->running == NULL;
-  if (reply_begin(&b, req_id, 22 + idle + tokens) < 0) {
+  if (reply_begin(&b, req_id, 23 + idle + tokens) < 0) {
     free(mass);
     return;
   }
   sk_pack_kv_u64(&b.pk, "session", s->id);
+  sk_pack_kv_str(&b.pk, "chat_template", sk_chat_name(s->conv.tmpl));
   sk_pack_kv_str(&b.pk, "policy", sk_policy_name(h->policy));
   sk_pack_kv_u64(&b.pk, "n_sink", h->n_sink);
   sk_pack_kv_u64(&b.pk, "window", h->window);
@@ -1174,8 +1250,9 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     uint32_t user_n;
     uint64_t user_bytes;
     user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
-    if (reply_begin(&b, r->id, 18) < 0) return;
+    if (reply_begin(&b, r->id, 19) < 0) return;
     pack_compute(srv, &b.pk);
+    pack_chat_template(srv, &b.pk);
     sk_pack_kv_u64(&b.pk, "steps", sk_compute_steps(srv->compute));
     sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
     sk_pack_kv_u64(&b.pk, "user_sessions", user_n);
@@ -1310,7 +1387,61 @@ static void op_append(struct sk_server *srv, const struct request *r) {
   }
 }
 
+/* chat's "messages": [{role, content}] copied into job (roles checked). */
+static int read_messages(const struct request *r, struct sk_job *job, struct sk_error *e) {
+  const msgpack_object_array *arr = NULL;
+  int rc = sk_msg_get_array(r->map, "messages", &arr, e);
+  if (rc < 0) return rc;
+  if (rc == 0) return sk_error_set(e, SK_ERR_BAD_REQUEST, "missing field 'messages'");
+  if (sk_msg_get(r->map, "prompt") || sk_msg_get(r->map, "tokens"))
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "chat takes 'messages', not 'prompt' or 'tokens'");
+  struct sk_chat_msg m[SK_CONV_MAX_MSGS];
+  if (arr->size > SK_CONV_MAX_MSGS)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'messages': %u messages, at most %u",
+                        arr->size, SK_CONV_MAX_MSGS);
+  for (uint32_t i = 0; i < arr->size; i++) {
+    const msgpack_object *o = &arr->ptr[i];
+    const char *role = NULL, *content = NULL;
+    size_t rl = 0, cl = 0;
+    if (o->type != MSGPACK_OBJECT_MAP ||
+        sk_msg_get_str(o, "role", &role, &rl, e) != 1 ||
+        sk_msg_get_str(o, "content", &content, &cl, e) != 1)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                          "messages[%u] must be a map with strings 'role' and 'content'", i);
+    m[i] = (struct sk_chat_msg){role, rl, content, cl};
+  }
+  if ((rc = sk_conv_check(m, arr->size, e)) < 0) return rc;
+  job->chat_msgs = calloc(arr->size ? arr->size : 1, sizeof *job->chat_msgs);
+  if (!job->chat_msgs) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
+  for (uint32_t i = 0; i < arr->size; i++) {
+    struct sk_conv_msg *d = &job->chat_msgs[i];
+    d->role = strndup(m[i].role, m[i].role_len);
+    d->content = malloc(m[i].content_len + 1);
+    job->n_chat++;
+    if (!d->role || !d->content) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
+    d->role_len = m[i].role_len;
+    if (m[i].content_len) memcpy(d->content, m[i].content, m[i].content_len);
+    d->content[m[i].content_len] = 0;
+    d->content_len = m[i].content_len;
+  }
+  job->chat = true;
+  job->eot = -1;
+  return 0;
+}
+
+static void generate_request(struct sk_server *srv, const struct request *r, bool chat);
+
 static void op_generate(struct sk_server *srv, const struct request *r) {
+  generate_request(srv, r, false);
+}
+
+/* chat: a generate whose input is messages formatted with the session's
+ * chat template (sk_session_chat_begin), ending at its end of turn. */
+static void op_chat(struct sk_server *srv, const struct request *r) {
+  generate_request(srv, r, true);
+}
+
+static void generate_request(struct sk_server *srv, const struct request *r, bool chat) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
   struct sk_error e;
@@ -1328,7 +1459,16 @@ static void op_generate(struct sk_server *srv, const struct request *r) {
   job->sampling.temperature = 0.8f;
   job->sampling.top_k = 40;
   job->sampling.top_p = 0.95f;
-  if ((rc = read_input(r, job, false, &e)) < 0) goto bad;
+  if ((rc = chat ? read_messages(r, job, &e) : read_input(r, job, false, &e)) < 0) goto bad;
+  if (chat && s->conv.tmpl == SK_CHAT_NONE) {
+    rc = srv->chat_error[0]
+             ? sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s", srv->chat_error)
+             : sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                            "session %llu has no chat template (the model has none): open it "
+                            "with chat_template, or start sinkd with --chat-template",
+                            (unsigned long long)s->id);
+    goto bad;
+  }
   if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_MAX_TOKENS_CEILING, &u, &e)) < 0) goto bad;
   if (rc == 1) job->max_tokens = (uint32_t)u;
   if ((rc = sk_msg_get_f64(r->map, "temperature", &d, &e)) < 0) goto bad;
@@ -1513,6 +1653,14 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   counts_changed(srv);
   struct sk_msgbuf b;
   if (w->kind == COPY_FORK) {
+    /* the conversation goes with the cache */
+    struct sk_error ce;
+    const char *dir = sk_store_dir(srv->cfg.store);
+    if (w->src->conv.tmpl != SK_CHAT_NONE &&
+        (sk_conv_save(&w->src->conv, dir, ns->id, &ce) < 0 ||
+         sk_conv_load(&ns->conv, dir, ns->id, &ce) < 0))
+      sk_log(SK_LOG_WARNING, "session %llu: conversation not copied: %s",
+             (unsigned long long)ns->id, ce.message);
     sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
            "copied, %zu bytes",
            (unsigned long long)ns->id, (unsigned long long)w->src->id, c->uid,
@@ -1521,6 +1669,7 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
     pack_session_summary(srv, &b.pk, ns);
     sk_pack_kv_u64(&b.pk, "from", w->src->id);
   } else {
+    ns->conv.tmpl = srv->cfg.chat_template;
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
            (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
     if (reply_begin(&b, req_id, 11) < 0) return;
@@ -1962,6 +2111,7 @@ static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
   else if (OP_IS("stats")) op_stats(srv, &r);
   else if (OP_IS("append")) op_append(srv, &r);
   else if (OP_IS("generate")) op_generate(srv, &r);
+  else if (OP_IS("chat")) op_chat(srv, &r);
   else if (OP_IS("cancel")) op_cancel(srv, &r);
   else if (OP_IS("resume")) op_resume(srv, &r);
   else if (OP_IS("fork")) op_queued_inline(srv, &r, SK_JOB_FORK);
@@ -2231,6 +2381,12 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
   }
   s->last_used_ms = now_ms();
   srv->n_adopted++;
+  /* Its conversation, if it held one; else the daemon's template. */
+  struct sk_error ce;
+  sk_conv_init(&s->conv, srv->cfg.chat_template);
+  if (sk_conv_load(&s->conv, sk_store_dir(srv->cfg.store), s->id, &ce) < 0)
+    sk_log(SK_LOG_WARNING, "session %llu: conversation not restored (it starts afresh): %s",
+           (unsigned long long)s->id, ce.message);
   sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, %s, capacity %u, %u resident, "
          "%llu seen, commit %llu%s",
          (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy),
@@ -2271,6 +2427,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->model = m;
   srv->tok = tok;
   srv->started_ms = now_ms();
+  if (cfg->chat_error) snprintf(srv->chat_error, sizeof srv->chat_error, "%s", cfg->chat_error);
+  srv->cfg.chat_error = NULL;
   srv->start_max_sessions = cfg->max_sessions;
   srv->start_max_capacity = cfg->max_capacity;
   srv->socket_path = strdup(cfg->socket_path);

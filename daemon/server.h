@@ -51,6 +51,10 @@ struct sk_server_config {
   uint64_t max_input_bytes;   /* bytes of unfinished request frames of all
                                  connections (admit.h); 0 = none */
   uint64_t max_user_input_bytes; /* the same per uid; 0 = none */
+  int chat_template;          /* enum sk_chat_template of new sessions
+                                 (SK_CHAT_NONE: no chat unless open names one) */
+  const char *chat_error;     /* why the model's template was not taken, or
+                                 NULL (copied at start) */
 };
 
 struct sk_server;

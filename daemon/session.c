@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include "log.h"
+
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
 /* Unmaps the object (the file stays) and frees s. */
 static void session_destroy(struct sk_session *s) {
   if (!s) return;
+  sk_conv_free(&s->conv);
   sk_store_obj_free(s->obj);
   free(s->attn.sink_mass);
   free(s->attn.entropy);
@@ -235,6 +238,8 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
       break;
     }
   }
+  sk_conv_remove(sk_store_dir(t->store), s->id);
+  sk_conv_free(&s->conv);
   sk_store_obj_unlink(s->obj);
   if (t->release_obj)
     t->release_obj(t->release_user, s->obj);
@@ -307,10 +312,216 @@ uint32_t sk_session_attn_get(struct sk_session_table *t,
 
 void sk_job_free(struct sk_job *j) {
   if (!j) return;
+  for (size_t i = 0; i < j->n_chat; i++) {
+    free(j->chat_msgs[i].role);
+    free(j->chat_msgs[i].content);
+  }
+  free(j->chat_msgs);
+  free(j->reply);
   free(j->logprobs);
   free(j->text);
   free(j->tokens);
   for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
   if (j->sampler_ready) sk_sampler_free(&j->sampler);
   free(j);
+}
+
+/* ---- chat ---- */
+
+void sk_job_reply_add(struct sk_job *j, const char *text, size_t len) {
+  if (!len || j->reply_cap == SIZE_MAX) return;
+  if (j->reply_len + len + 1 > j->reply_cap) {
+    size_t cap = j->reply_cap ? 2 * j->reply_cap : 256;
+    while (cap < j->reply_len + len + 1) cap *= 2;
+    char *p = realloc(j->reply, cap);
+    if (!p) { /* the reply is lost to the conversation, not the client */
+      j->reply_cap = SIZE_MAX;
+      return;
+    }
+    j->reply = p;
+    j->reply_cap = cap;
+  }
+  memcpy(j->reply + j->reply_len, text, len);
+  j->reply_len += len;
+  j->reply[j->reply_len] = 0;
+}
+
+/* The text of the session's resident tokens appended after stream index
+ * `from`, as their pieces joined (malloc'd, *ret NULL when none). */
+static int text_after(const struct sk_session *s, const struct sk_tokenizer *tok, uint64_t from,
+                      char **ret, size_t *ret_len, struct sk_error *err) {
+  const struct sk_kv *kv = s->kv;
+  struct sk_job tmp = {0};
+  for (uint32_t p = 0; p < kv->hdr->n_resident; p++) {
+    if (sk_kv_index_at(kv, p) < from) continue;
+    const char *piece = NULL;
+    size_t n = 0;
+    if (sk_tokenizer_piece(tok, kv->token[sk_kv_slot(kv, p)], &piece, &n, err) < 0) continue;
+    sk_job_reply_add(&tmp, piece, n);
+  }
+  if (tmp.reply_cap == SIZE_MAX) {
+    free(tmp.reply);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
+  *ret = tmp.reply;
+  *ret_len = tmp.reply_len;
+  return 0;
+}
+
+/* Tokens of a rendering: BOS (if bos), then each segment, template text
+ * with special tokens recognised, content without. */
+int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_chat_text *t,
+                             bool bos, int32_t **ret, size_t *ret_n, struct sk_error *err) {
+  /* The tokenizer recognises no special token in text yet: the whole
+   * delta goes as one text (content cannot forge a marker, and neither
+   * can the template make one). */
+  return sk_tokenizer_encode(tok, t->text ? t->text : "", t->len, bos, ret, ret_n, err);
+}
+
+int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
+                          struct sk_job *job) {
+  struct sk_conv *cv = &s->conv;
+  struct sk_error *err = &job->err;
+  const struct sk_kv *kv = s->kv;
+  if (cv->tmpl == SK_CHAT_NONE)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "session %llu has no chat template: open it with chat_template, or "
+                        "start the daemon with --chat-template",
+                        (unsigned long long)s->id);
+  struct sk_chat_msg *m = calloc(job->n_chat ? job->n_chat : 1, sizeof *m);
+  if (!m) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  for (size_t i = 0; i < job->n_chat; i++)
+    m[i] = (struct sk_chat_msg){job->chat_msgs[i].role, job->chat_msgs[i].role_len,
+                                job->chat_msgs[i].content, job->chat_msgs[i].content_len};
+  size_t first = 0;
+  int rc = 0;
+  char *extra = NULL;
+  size_t extra_len = 0;
+  struct sk_chat_text delta;
+  sk_chat_text_init(&delta);
+  for (size_t i = 0; i < job->n_chat; i++) {
+    if (!(m[i].role_len == 6 && memcmp(m[i].role, "system", 6) == 0)) continue;
+    if (i > 0 || cv->has_system || cv->n_msgs || kv->hdr->n_seen) {
+      rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "messages[%zu]: the system prompt is given at open ('system') or as the "
+                        "first message of the session's first chat",
+                        i);
+      goto out;
+    }
+  }
+  if (job->n_chat && m[0].role_len == 6 && memcmp(m[0].role, "system", 6) == 0) {
+    /* The first chat's system prompt: pinned where the policy keeps the
+     * first tokens (the sinks, a dense cache's start) if it fits them. */
+    struct sk_conv probe;
+    sk_conv_init(&probe, cv->tmpl);
+    struct sk_chat_text st;
+    sk_chat_text_init(&st);
+    int32_t *toks = NULL;
+    size_t n = 0;
+    rc = sk_conv_set_system(&probe, m[0].content, m[0].content_len, err);
+    if (rc == 0) rc = sk_conv_system_text(&probe, &st, err);
+    if (rc == 0) rc = sk_session_chat_tokenize(tok, &st, true, &toks, &n, err);
+    free(toks);
+    sk_chat_text_free(&st);
+    sk_conv_free(&probe);
+    if (rc < 0) goto out;
+    if (kv->hdr->policy == SK_POLICY_STREAMING || kv->hdr->policy == SK_POLICY_SINK_H2O) {
+      uint32_t sinks = kv->hdr->n_sink;
+      if (n > sinks) {
+        rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "the system prompt is %zu tokens but the session keeps %u as its "
+                          "sinks: give it at open ('system'), which pins it",
+                          n, sinks);
+        goto out;
+      }
+    }
+    if ((rc = sk_conv_set_system(cv, m[0].content, m[0].content_len, err)) < 0) goto out;
+    first = 1;
+  }
+  /* Tokens that arrived after the state's text (other ops, or a reply a
+   * crash cut short) are read back as text. */
+  if (kv->hdr->n_seen > cv->n_seen &&
+      (rc = text_after(s, tok, cv->n_seen, &extra, &extra_len, err)) < 0)
+    goto out;
+  if ((rc = sk_conv_delta(cv, m + first, job->n_chat - first, extra, extra_len, &delta, err)) < 0)
+    goto out;
+  if (extra_len && cv->n_msgs) {
+    /* the reply now includes them */
+    struct sk_conv_msg *r = &cv->msgs[cv->n_msgs - 1];
+    if (r->role_len == 9 && memcmp(r->role, "assistant", 9) == 0) {
+      char *c2 = realloc(r->content, r->content_len + extra_len + 1);
+      if (c2) {
+        memcpy(c2 + r->content_len, extra, extra_len);
+        r->content = c2;
+        r->content_len += extra_len;
+        c2[r->content_len] = 0;
+      }
+    }
+  }
+  int32_t *toks = NULL;
+  size_t n = 0;
+  if ((rc = sk_session_chat_tokenize(tok, &delta, kv->hdr->n_seen == 0, &toks, &n, err)) < 0) goto out;
+  free(job->tokens);
+  job->tokens = toks;
+  job->n_tokens = n;
+  /* The end of turn: one token when the vocabulary has it whole. */
+  job->eot = -1;
+  const char *eot = NULL;
+  size_t eot_len = 0;
+  struct sk_chat_text scratch;
+  sk_chat_text_init(&scratch);
+  if (sk_chat_end_of_turn(cv->tmpl, &scratch, &eot, &eot_len, err) == 0 && eot_len) {
+    struct sk_chat_text et;
+    sk_chat_text_init(&et);
+    struct sk_error e2;
+    int32_t *et_toks = NULL;
+    size_t et_n = 0;
+    et.text = (char *)eot;
+    et.len = eot_len;
+    if (sk_session_chat_tokenize(tok, &et, false, &et_toks, &et_n, &e2) == 0 && et_n == 1)
+      job->eot = et_toks[0];
+    free(et_toks);
+  }
+  sk_chat_text_free(&scratch);
+  /* the messages as the conversation keeps them (system set aside) */
+  if (first) {
+    free(job->chat_msgs[0].role);
+    free(job->chat_msgs[0].content);
+    memmove(job->chat_msgs, job->chat_msgs + 1, (job->n_chat - 1) * sizeof *job->chat_msgs);
+    job->n_chat--;
+  }
+out:
+  free(m);
+  free(extra);
+  sk_chat_text_free(&delta);
+  return rc;
+}
+
+static void chat_save(struct sk_session *s) {
+  struct sk_error e;
+  if (sk_conv_save(&s->conv, sk_store_dir(s->obj->store), s->id, &e) < 0)
+    sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)s->id,
+           e.message);
+}
+
+void sk_session_chat_prompt_done(struct sk_session *s, struct sk_job *job) {
+  if (job->prompt_done) return;
+  job->prompt_done = true;
+  struct sk_chat_msg m[SK_CONV_MAX_MSGS];
+  size_t n = job->n_chat < SK_CONV_MAX_MSGS ? job->n_chat : SK_CONV_MAX_MSGS;
+  for (size_t i = 0; i < n; i++)
+    m[i] = (struct sk_chat_msg){job->chat_msgs[i].role, job->chat_msgs[i].role_len,
+                                job->chat_msgs[i].content, job->chat_msgs[i].content_len};
+  struct sk_error e;
+  if (sk_conv_commit_prompt(&s->conv, m, n, s->kv->hdr->n_seen, &e) < 0) return;
+  chat_save(s);
+}
+
+void sk_session_chat_end(struct sk_session *s, struct sk_job *job) {
+  if (!job->prompt_done) return;
+  struct sk_error e;
+  if (sk_conv_commit_reply(&s->conv, job->reply ? job->reply : "", job->reply_len,
+                           s->kv->hdr->n_seen, &e) < 0)
+    return;
+  chat_save(s);
 }

@@ -21,10 +21,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "conv.h"
 #include "kvcache.h"
 #include "model.h"
 #include "sampler.h"
 #include "store.h"
+#include "tokenizer.h"
 #include "utf8.h"
 #include "sinkd/protocol.h"
 
@@ -83,6 +85,15 @@ struct sk_job {
   bool want_logprobs;        /* reply with per-token log-probabilities */
   bool is_pin;               /* the pinned prefix of an `open`: the reply
                                 is the open reply */
+
+  /* chat (a generate whose input is messages, sk_session_chat_begin) */
+  bool chat;
+  struct sk_conv_msg *chat_msgs; /* (n_chat) owned */
+  size_t n_chat;
+  int32_t eot;               /* the template's end-of-turn token, or -1 */
+  char *reply;               /* (reply_cap) the reply so far, owned */
+  size_t reply_len, reply_cap;
+  bool prompt_done;          /* the delta is in the cache */
 
   /* Control, written by the loop thread, read by the compute thread. */
   atomic_bool cancel;
@@ -158,6 +169,10 @@ struct sk_session {
   bool closing;              /* close requested: free when idle */
   uint64_t temp_conn;        /* id of the connection whose end closes the
                                 session (open's "temporary"), 0: none */
+
+  /* The conversation of the chat op (conv.h): the loop thread's while
+   * the session is idle, the compute thread's while a chat job runs. */
+  struct sk_conv conv;
 
   /* Published by the compute thread (under the table's lock). */
   struct sk_session_counters pub;
@@ -283,6 +298,29 @@ void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
 uint32_t sk_session_attn_get(struct sk_session_table *t,
                              const struct sk_session *s, float *ret_sink_mass,
                              float *ret_entropy, uint32_t *ret_probe);
+
+/* Compute thread, a chat job's start: the messages' delta (conv.h)
+ * rendered with the session's template and tokenized into job->tokens
+ * (BOS first on an empty session), template text with its special
+ * tokens, content as plain text; job->eot set. A system message first in
+ * the first chat becomes the conversation's system prompt (on an empty
+ * session, within the sinks of a policy that has them). Errors:
+ * -SK_ERR_BAD_REQUEST (no template, misplaced system message, a system
+ * prompt longer than the sinks), -SK_ERR_NO_MEMORY. */
+int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
+                          struct sk_job *job);
+/* Tokens of a chat rendering (any thread): BOS first if bos, template
+ * segments with their special tokens, content segments as plain text.
+ * *ret malloc'd (caller frees). Errors: those of sk_tokenizer_encode. */
+int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_chat_text *t,
+                             bool bos, int32_t **ret, size_t *ret_n, struct sk_error *err);
+/* Compute thread: the delta is in the cache (state saved). */
+void sk_session_chat_prompt_done(struct sk_session *s, struct sk_job *job);
+/* Compute thread, as the job ends: the reply joins the conversation
+ * (state saved). A job whose prompt did not go in changes nothing. */
+void sk_session_chat_end(struct sk_session *s, struct sk_job *job);
+/* Appends generated text to a chat job's reply (compute thread). */
+void sk_job_reply_add(struct sk_job *j, const char *text, size_t len);
 
 /* Frees a job and what it owns (loop thread). NULL is fine. */
 void sk_job_free(struct sk_job *j);

@@ -617,6 +617,14 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
       goto out;
   }
   if ((rc = sk__reply_compute(client, r, &h.compute, err)) < 0) goto out;
+  const msgpack_object *chat = NULL;
+  if ((rc = sk__reply_map(client, r, "chat_template", &chat, err)) < 0) goto out;
+  if (chat &&
+      ((rc = sk__reply_name(client, chat, "name", h.chat_template, sizeof h.chat_template,
+                            err)) < 0 ||
+       (rc = sk__reply_name(client, chat, "error", h.chat_template_error,
+                            sizeof h.chat_template_error, err)) < 0))
+    goto out;
   if (defs) {
     struct sk_session_defaults *d = &h.defaults;
     if ((rc = sk__reply_name(client, defs, "policy", d->policy,
@@ -691,10 +699,13 @@ int sk_client_open(struct sk_client *client,
   if (p->rope_scale < 0 || p->rope_scale != p->rope_scale)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "rope_scale must be > 0");
   bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
+  size_t system_len = p->system ? (p->system_len ? p->system_len : strlen(p->system)) : 0;
+  if (system_len > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "system too long");
   uint32_t n = (p->policy != NULL) + (p->n_sink != 0 || p->has_n_sink) +
                (p->window != 0) + (p->heavy != 0) + (p->recent != 0) +
                (p->capacity != 0) + (p->rope_scale != 0) + (p->pin != NULL) +
-               has_pin_tokens + p->temporary;
+               has_pin_tokens + p->temporary + (p->chat_template != NULL) +
+               (p->system != NULL);
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
@@ -707,6 +718,8 @@ int sk_client_open(struct sk_client *client,
   if (p->rope_scale != 0) sk_pack_kv_f64(&b.pk, "rope_scale", p->rope_scale);
   if (p->pin) sk_pack_kv_strn(&b.pk, "pin", p->pin, pin_len);
   if (p->temporary) sk_pack_kv_bool(&b.pk, "temporary", true);
+  if (p->chat_template) sk_pack_kv_str(&b.pk, "chat_template", p->chat_template);
+  if (p->system) sk_pack_kv_strn(&b.pk, "system", p->system, system_len);
   if (has_pin_tokens) {
     sk_pack_cstr(&b.pk, "pin_tokens");
     msgpack_pack_array(&b.pk, p->n_pin_tokens);
@@ -856,6 +869,8 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
   if ((rc = sk__reply_u64(client, r, "session", &s->session, err)) < 0 ||
       (rc = sk__reply_name(client, r, "policy", s->policy, sizeof s->policy,
                            err)) < 0 ||
+      (rc = sk__reply_name(client, r, "chat_template", s->chat_template,
+                           sizeof s->chat_template, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "n_sink", &s->n_sink, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "window", &s->window, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "heavy", &s->heavy, err)) < 0 ||
@@ -1165,10 +1180,38 @@ static int sk__client_generate_result(struct sk_client *c,
   return 0;
 }
 
+static int sk__client_generate(struct sk_client *client, uint64_t session,
+                               const struct sk_generate_params *params,
+                               const struct sk_chat_message *msgs, size_t n_msgs,
+                               sk_token_cb cb, void *user,
+                               struct sk_generate_result *ret, struct sk_error *err);
+
 int sk_client_generate(struct sk_client *client, uint64_t session,
                        const struct sk_generate_params *params,
                        sk_token_cb cb, void *user,
                        struct sk_generate_result *ret, struct sk_error *err) {
+  return sk__client_generate(client, session, params, NULL, 0, cb, user, ret, err);
+}
+
+int sk_client_chat(struct sk_client *client, uint64_t session,
+                   const struct sk_chat_message *messages, size_t n,
+                   const struct sk_generate_params *params, sk_token_cb cb, void *user,
+                   struct sk_generate_result *ret, struct sk_error *err) {
+  if (n == 0 || !messages) return sk_error_set(err, SK_ERR_BAD_REQUEST, "no message");
+  if (n > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu messages", n);
+  for (size_t i = 0; i < n; i++)
+    if (!messages[i].role || !messages[i].content)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "messages[%zu]: role or content is NULL", i);
+  if (params && params->prompt)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "chat takes messages, not a prompt");
+  return sk__client_generate(client, session, params, messages, n, cb, user, ret, err);
+}
+
+static int sk__client_generate(struct sk_client *client, uint64_t session,
+                               const struct sk_generate_params *params,
+                               const struct sk_chat_message *msgs, size_t n_msgs,
+                               sk_token_cb cb, void *user,
+                               struct sk_generate_result *ret, struct sk_error *err) {
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_generate_params defaults;
@@ -1188,12 +1231,22 @@ int sk_client_generate(struct sk_client *client, uint64_t session,
   /* The sampling fields are always sent (sk_generate_params_init holds
    * the protocol's defaults); the optional ones only when set. */
   uint32_t n = 6 + p->has_seed + (p->n_stop > 0) + has_prompt + (p->n_top > 0) +
-               (has_prompt && p->parse_special);
+               (has_prompt && p->parse_special) + (msgs != NULL);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "generate", n, &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, msgs ? "chat" : "generate", n, &id, err)) < 0)
     return rc;
   msgpack_packer *pk = &b.pk;
+  if (msgs) {
+    sk_pack_cstr(pk, "messages");
+    msgpack_pack_array(pk, (uint32_t)n_msgs);
+    for (size_t i = 0; i < n_msgs; i++) {
+      msgpack_pack_map(pk, 2);
+      sk_pack_kv_str(pk, "role", msgs[i].role);
+      sk_pack_kv_strn(pk, "content", msgs[i].content,
+                      msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content));
+    }
+  }
   sk_pack_kv_u64(pk, "session", session);
   sk_pack_kv_u64(pk, "max_tokens", p->max_tokens);
   sk_pack_kv_f64(pk, "temperature", p->temperature);

@@ -140,6 +140,10 @@ struct sk_hello {
   struct sk_model_info model;
   struct sk_session_defaults defaults;
   struct sk_compute_info compute;
+  char chat_template[SK_CLIENT_NAME_MAX]; /* family new sessions get
+                                             ("none": the chat op is off) */
+  char chat_template_error[256]; /* why the model's template was not
+                                    recognised, or "" */
 };
 
 /* Asks for the daemon's protocol version, model and defaults; fills
@@ -198,6 +202,14 @@ struct sk_open_params {
                          connection ends, however the client ends (a
                          session for one request: sinkctl generate
                          without --session) */
+  const char *chat_template; /* the session's chat template: a family
+                                name ("chatml") or a template text to
+                                recognise; NULL: the daemon's */
+  const char *system; /* system prompt of the chat op, or NULL: formatted
+                         with the template and pinned (the sinks of a
+                         streaming session); not with pin/pin_tokens;
+                         system_len bytes (0: strlen) */
+  size_t system_len;
 };
 
 /* Reply to `open`. */
@@ -267,6 +279,7 @@ int sk_client_list(struct sk_client *client,
 struct sk_session_stats {
   uint64_t session;
   char policy[SK_CLIENT_NAME_MAX];
+  char chat_template[SK_CLIENT_NAME_MAX]; /* its chat template ("none") */
   uint64_t n_sink;   /* tokens */
   uint64_t window;   /* tokens */
   uint64_t heavy;    /* tokens */
@@ -477,8 +490,9 @@ typedef int (*sk_token_cb)(void *user, const struct sk_token_event *ev);
 
 /* Final reply of a generate. Plain value (~1 KiB). */
 struct sk_generate_result {
-  char stop[SK_CLIENT_NAME_MAX]; /* "length", "eos", "stop", "cancelled"
-                                    or "context_full" */
+  char stop[SK_CLIENT_NAME_MAX]; /* "length", "eos", "stop", "cancelled",
+                                    "context_full", or (chat)
+                                    "end_of_turn" */
   int32_t stop_token;         /* "eos": the end-of-generation token that
                                  ended it (EOS, EOT, "<|im_end|>", ...);
                                  else -1 */
@@ -503,6 +517,26 @@ int sk_client_generate(struct sk_client *client, uint64_t session,
                        const struct sk_generate_params *params,
                        sk_token_cb cb, void *user,
                        struct sk_generate_result *ret, struct sk_error *err);
+
+/* One message of a chat. */
+struct sk_chat_message {
+  const char *role;    /* "system", "user", "assistant", ... (a-z, _) */
+  const char *content; /* content_len bytes (0: strlen) */
+  size_t content_len;
+};
+
+/* `chat`: formats messages[0..n) with the session's chat template (the
+ * conversation so far is the session's: send only the new messages),
+ * appends them and generates the assistant's reply like
+ * sk_client_generate (params->prompt must be NULL), ending at the
+ * template's end of turn (ret->stop "end_of_turn", or "eos"), which is
+ * not streamed. A system message may come first in the session's first
+ * chat. Errors: as sk_client_generate; -SK_ERR_BAD_REQUEST when the
+ * session has no template (the message says why). */
+int sk_client_chat(struct sk_client *client, uint64_t session,
+                   const struct sk_chat_message *messages, size_t n,
+                   const struct sk_generate_params *params, sk_token_cb cb, void *user,
+                   struct sk_generate_result *ret, struct sk_error *err);
 
 /* Cancels the generate running or queued on a session. *ret_cancelled
  * (may be NULL) tells whether there was one. */
