@@ -343,12 +343,11 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
   }
   case T_CHAT: {
     int t = strcmp(value, "auto") == 0 ? -1 : sk_chat_from_name(value, strlen(value));
-    if (t < 0 && strcmp(value, "auto") != 0) {
-      char names[1024];
-      sk_chat_names(names, sizeof names);
-      return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%.32s' is not auto, none or one of %.200s%s",
-                          value, names, strlen(names) > 200 ? "..." : "");
-    }
+    if (t < 0 && strcmp(value, "auto") != 0)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%.64s' is not auto, none or a chat template family (chatml, llama2, "
+                          "llama3, mistral-v7, phi3, gemma, ...: sinkd.conf(5) lists them)",
+                          value);
     c->chat_template = t;
     break;
   }

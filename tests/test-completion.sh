@@ -67,6 +67,7 @@ expect _sinkd "sinkd --log-level " "err warning notice info debug"
 expect _sinkd "sinkd --threads " "auto"
 expect _sinkd "sinkd --policy s" "streaming sink_h2o"
 expect _sinkd "sinkd --kv-type " "f32 f16"
+expect _sinkd "sinkd --chat-template chatm" "chatml"
 expect _sinkd "sinkd --max-s" "--max-sessions"
 expect _sinkd "sinkd --idle" "--idle-ttl"
 

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "chat.h"
 #include "config.h"
 #include "kvcache.h"
 #include "log.h"
@@ -85,6 +86,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.batch, 64);
   assert_int_equal(c.log_level, SK_LOG_INFO);
   assert_int_equal(c.kv_type, SK_KV_F16);
+  assert_int_equal(c.chat_template, -1); /* auto: the model's */
   assert_int_equal(c.policy, SK_POLICY_STREAMING);
   assert_int_equal(c.n_sink, 4);
   assert_int_equal(c.window, 0);
@@ -126,6 +128,7 @@ static void test_full_file(void **state) {
         "batch = 32\n"
         "log_level = debug\n"
         "kv_type = f32\n"
+        "chat_template = llama3\n"
         "\n"
         "[session]\n"
         "policy = dense\n"
@@ -151,6 +154,7 @@ static void test_full_file(void **state) {
   assert_int_equal(c.batch, 32);
   assert_int_equal(c.log_level, SK_LOG_DEBUG);
   assert_int_equal(c.kv_type, SK_KV_F32);
+  assert_int_equal(c.chat_template, SK_CHAT_LLAMA3);
   assert_int_equal(c.policy, SK_POLICY_DENSE);
   assert_int_equal(c.n_sink, 0);
   assert_int_equal(c.window, 0);
@@ -163,7 +167,8 @@ static void test_full_file(void **state) {
   assert_int_equal(c.origin[SK_CFG_MODEL].from, SK_CONFIG_FROM_FILE);
   assert_int_equal(c.origin[SK_CFG_MODEL].line, 3);
   assert_int_equal(c.origin[SK_CFG_THREADS].line, 6);
-  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 22);
+  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 23);
+  assert_int_equal(c.origin[SK_CFG_CHAT_TEMPLATE].line, 10);
   assert_int_equal(c.origin[SK_CFG_KV_TYPE].line, 9);
 
   /* The command line overrides the file, key by key. */
@@ -209,12 +214,16 @@ static void test_errors(void **state) {
                ":2: [daemon] state_dir: 'run/x' is not an absolute path");
   expect_error("[daemon]\nkv_type = q8_0\n",
                ":2: [daemon] kv_type: unknown KV type \"q8_0\" (expected f32 or f16)");
+  expect_error("[daemon]\nchat_template = {{ jinja }}\n",
+               ":2: [daemon] chat_template: '{{ jinja }}' is not auto, none or a chat template "
+               "family (chatml, llama2, llama3, mistral-v7, phi3, gemma, ...: sinkd.conf(5) lists "
+               "them)");
   expect_error("[daemon]\nlog_level = loud\n",
                ":2: [daemon] log_level: 'loud' is not a log level (err, warning, notice, info, "
                "debug)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, log_level, kv_type)");
+               "threads, batch, log_level, kv_type, chat_template)");
   expect_error("[daemon]\nmodel = /a\nmodel = /b\n",
                ":3: [daemon] model: given again (first on line 2)");
   /* An indented line is a line of its own, not a continuation. */
@@ -540,12 +549,13 @@ static void test_key_table(void **state) {
     for (size_t i = 0; name[i]; i++) assert_int_equal(opt[2 + i] == '-' ? '_' : opt[2 + i], name[i]);
   }
   static const enum sk_config_key fixed[] = {SK_CFG_MODEL,   SK_CFG_SOCKET, SK_CFG_STATE_DIR,
-                                              SK_CFG_THREADS, SK_CFG_BATCH,  SK_CFG_KV_TYPE};
+                                              SK_CFG_THREADS, SK_CFG_BATCH,  SK_CFG_KV_TYPE,
+                                              SK_CFG_CHAT_TEMPLATE};
   int n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)
     if (!sk_config_key_reloadable((enum sk_config_key)k)) n_fixed++;
-  assert_int_equal(n_fixed, 6);
-  for (size_t i = 0; i < 6; i++) assert_false(sk_config_key_reloadable(fixed[i]));
+  assert_int_equal(n_fixed, 7);
+  for (size_t i = 0; i < 7; i++) assert_false(sk_config_key_reloadable(fixed[i]));
   assert_string_equal(sk_config_log_level_name(SK_LOG_WARNING), "warning");
   assert_string_equal(sk_config_log_level_name(99), "?");
 }
