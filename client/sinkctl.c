@@ -173,6 +173,7 @@ static void help(void) {
       "                        stderr is a terminal); --no-progress: never\n"
       "chat: the generate options but --no-echo, and\n"
       "      --keep            keep the new session open at the end\n"
+      "      --system TEXT     system prompt (models with a chat template), pinned\n"
       "generate, chat, open:\n"
       "      --policy NAME     eviction policy: streaming, window, h2o,\n"
       "                        sink_h2o or dense\n"
@@ -395,6 +396,7 @@ enum opt_id {
   OPT_TOKENS,
   OPT_IDLE,
   OPT_ALL,
+  OPT_SYSTEM,
   OPT__END
 };
 
@@ -430,6 +432,7 @@ static const struct option long_options[] = {
     {"tokens", no_argument, NULL, OPT_TOKENS},
     {"idle", required_argument, NULL, OPT_IDLE},
     {"all", no_argument, NULL, OPT_ALL},
+    {"system", required_argument, NULL, OPT_SYSTEM},
     {NULL, 0, NULL, 0},
 };
 
@@ -456,6 +459,7 @@ struct opts {
   bool close_all;         /* close --all */
   bool close_idle;        /* close --idle */
   uint64_t idle_s;        /* close --idle DURATION, in seconds */
+  const char *system; /* chat --system */
 };
 
 /* ---- commands --------------------------------------------------------- */
@@ -914,8 +918,11 @@ static void chat_help(void) {
   fputs("Type a line and press Enter: it is appended to the session and the\n"
         "reply streams back. The session keeps the conversation, within its\n"
         "policy's budget (streaming: sinks + window; dense: capacity).\n"
+        "With a chat template, a line is the user's message and the reply the\n"
+        "assistant's; without one, the text simply continues.\n"
         "  Ctrl-C      stop the reply (a second Ctrl-C quits)\n"
         "  Ctrl-D      quit (also /bye)\n"
+        "  /system T   the system prompt, before the first message\n"
         "  /stats      the session's figures\n"
         "  /help       this text\n"
         "  //text      send a line that starts with '/'\n",
@@ -927,10 +934,19 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   struct sk_error e;
   uint64_t session = o->session;
   bool opened = false;
+  /* A template (the model's, or the daemon's --chat-template): the chat
+   * op with roles; none: plain continuation. */
+  char tmpl[SK_CLIENT_NAME_MAX] = "none";
+  char tmpl_error[256] = "";
   if (!o->has_session) {
+    struct sk_hello h;
+    if (sk_client_hello(c, &h, &e) < 0) return report(c, &e);
+    snprintf(tmpl, sizeof tmpl, "%s", h.chat_template[0] ? h.chat_template : "none");
+    snprintf(tmpl_error, sizeof tmpl_error, "%s", h.chat_template_error);
     struct sk_open_result r;
     struct sk_open_params op = o->open;
     op.temporary = !o->given[OPT_KEEP]; /* closed by the daemon even if we die */
+    if (o->system && strcmp(tmpl, "none") != 0) op.system = o->system; /* pinned */
     if (sk_client_open(c, &op, &r, &e) < 0) return report(c, &e);
     session = r.session;
     opened = true;
@@ -941,11 +957,23 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   } else {
     struct sk_session_stats st;
     if (sk_client_session_stats(c, session, &st, &e) < 0) return report(c, &e);
+    snprintf(tmpl, sizeof tmpl, "%s", st.chat_template[0] ? st.chat_template : "none");
     if (tty)
       fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64 " of %" PRIu64
               " tokens in the cache). Ctrl-D or /bye quits; /help.\n",
               prog, session, st.policy, st.resident, st.capacity);
   }
+  const bool roles = strcmp(tmpl, "none") != 0;
+  if (!roles) {
+    fprintf(stderr, "%s: no chat template%s%s: plain text continuation (sinkd --chat-template "
+            "NAME gives one)\n", prog, tmpl_error[0] ? ": " : "", tmpl_error);
+    if (o->system) die(EXIT_USAGE, "--system needs a chat template");
+  } else if (tty) {
+    fprintf(stderr, "%s: chat template %s\n", prog, tmpl);
+  }
+  /* The system prompt of a --session chat, or /system's: it goes first in
+   * the first message sent. */
+  char *system = o->has_session && o->system ? strdup(o->system) : NULL;
 
   char *line = NULL;
   size_t line_cap = 0;
@@ -954,7 +982,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   for (;;) {
     catch_sigint();
     if (tty) {
-      fputs(">>> ", stdout);
+      fputs(roles ? "user: " : ">>> ", stdout);
       fflush(stdout);
     }
     errno = 0;
@@ -973,6 +1001,22 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
     const char *text = line;
     if (line[0] == '/' && line[1] != '/') {
       if (!strcmp(line, "/bye") || !strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+      if (!strncmp(line, "/system", 7) && (line[7] == ' ' || line[7] == 0)) {
+        const char *t = line + 7;
+        while (*t == ' ') t++;
+        if (!roles)
+          fprintf(stderr, "%s: /system: no chat template (plain continuation)\n", prog);
+        else if (turn > 0 || (opened && o->system))
+          fprintf(stderr, "%s: /system: the system prompt is set before the first message\n",
+                  prog);
+        else if (!*t)
+          fprintf(stderr, "%s: /system TEXT\n", prog);
+        else {
+          free(system);
+          system = strdup(t);
+        }
+        continue;
+      }
       if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
         chat_help();
       } else if (!strcmp(line, "/stats")) {
@@ -1008,6 +1052,43 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
     p.prompt_len = text_len + 1;
     uint64_t prefilled = 0;
     int rc = 0;
+    if (roles) {
+      /* The chat op: the line is the user's message, the template is
+       * the daemon's; the reply is the assistant's, shown as such. */
+      struct gen_state g = {.json = o->json, .ends_with_newline = true};
+      struct sk_generate_result res;
+      struct sk_chat_message m[2];
+      size_t nm = 0;
+      if (system) m[nm++] = (struct sk_chat_message){"system", system, 0};
+      m[nm++] = (struct sk_chat_message){"user", text, text_len};
+      p.prompt = NULL;
+      p.prompt_len = 0;
+      if (tty && !o->json) {
+        fputs("assistant: ", stdout);
+        fflush(stdout);
+      }
+      rc = sk_client_chat(c, session, m, nm, &p, on_token, &g, &res, &e);
+      free(prompt);
+      if (rc < 0) {
+        if (g.printed && !g.ends_with_newline) fputc('\n', stdout);
+        fflush(stdout);
+        status = report(c, &e);
+      } else {
+        free(system);
+        system = NULL;
+        if (o->json) json_generate(session, turn, &g, &res);
+        else if (!g.printed || !g.ends_with_newline) fputc('\n', stdout);
+        fflush(stdout);
+        if (strcmp(res.stop, "cancelled") == 0 && interrupted)
+          fprintf(stderr, "%s: reply stopped (%" PRIu64 " tokens kept)\n", prog, res.n_tokens);
+        else if (strcmp(res.stop, "context_full") == 0)
+          fprintf(stderr, "%s: the session is full (%" PRIu64 " tokens, dense policy): "
+                  "open one with --policy streaming to keep going\n", prog, res.resident);
+      }
+      gen_state_free(&g);
+      if (!sk_client_connected(c)) break;
+      continue;
+    }
     if (want_progress(o, p.prompt_len)) {
       rc = prefill(c, session, session_is_empty(c, session), false, prompt, p.prompt_len,
                    &prefilled);
@@ -1048,6 +1129,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   }
   signal(SIGINT, SIG_DFL);
   free(line);
+  free(system);
   if (opened && sk_client_connected(c)) {
     if (o->given[OPT_KEEP]) {
       fprintf(stderr, "%s: session %" PRIu64 " kept; continue with: %s chat --session %" PRIu64
@@ -1677,7 +1759,7 @@ static const struct {
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
-                   OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, 0}},
+                   OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SYSTEM, 0}},
     {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
      (const int[]){OPT_NO_BOS, OPT_SPECIAL, 0}},
     {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
@@ -1777,6 +1859,10 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       o->open.rope_scale = r;
       break;
     }
+    case OPT_SYSTEM:
+      if (!optarg[0]) usage_error("--system: the text is empty");
+      o->system = optarg;
+      break;
     case OPT_PIN:
       if (o->open.pin) usage_error("--pin/--pin-file: given twice");
       if (!optarg[0]) usage_error("--pin: the text is empty");

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -148,9 +150,85 @@ static void test_chat_named_template(void **state) {
   assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
 }
 
+/* Runs sinkctl --socket S args... with input on stdin; returns its exit
+ * status, stdout and stderr (malloc'd). */
+static int run_sinkctl(const struct sk_test_daemon *d, const char *input, char **ret_out,
+                       char **ret_err, const char *const *args) {
+  char in_path[4200], out_path[4200], err_path[4200];
+  snprintf(in_path, sizeof in_path, "%s/in", d->dir);
+  snprintf(out_path, sizeof out_path, "%s/out", d->dir);
+  snprintf(err_path, sizeof err_path, "%s/err", d->dir);
+  FILE *f = fopen(in_path, "w");
+  assert_non_null(f);
+  fputs(input, f);
+  fclose(f);
+  const char *argv[32] = {getenv("SK_SINKCTL"), "--socket", d->socket};
+  size_t n = 3;
+  for (size_t i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(in_path, "r", stdin) || !freopen(out_path, "w", stdout) ||
+        !freopen(err_path, "w", stderr))
+      _exit(126);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  size_t len;
+  *ret_out = sk_test_read_file(out_path, &len);
+  *ret_err = sk_test_read_file(err_path, &len);
+  assert_non_null(*ret_out);
+  assert_non_null(*ret_err);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The daemon's --chat-template: hello reports it; sinkctl chat uses the op
+ * (--system pinned, /system refused once set, one JSON object a turn). */
+static void test_sinkctl_chat(void **state) {
+  (void)state;
+  struct sk_test_daemon d;
+  const char *extra[] = {"--config", "/dev/null", "--chat-template", "chatml", NULL};
+  sk_test_daemon_start(&d, extra);
+  struct sk_client *c = connect_to(&d);
+  struct sk_error e = {0};
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_string_equal(h.chat_template, "chatml");
+  char *out = NULL, *err = NULL;
+  assert_int_equal(run_sinkctl(&d, "Hello\n/system late\nHow are you?\n", &out, &err,
+                               (const char *const[]){"--json", "chat", "-t", "0", "-n", "6",
+                                                     "--system", "You are terse.", "--keep",
+                                                     NULL}),
+                   0);
+  assert_non_null(strstr(err, "sinkctl: /system: the system prompt is set before the first "
+                              "message\n"));
+  assert_null(strstr(err, "plain text continuation"));
+  assert_non_null(strstr(out, "{\"turn\": 1, \"session\": "));
+  assert_non_null(strstr(out, "\n{\"turn\": 2, \"session\": "));
+  unsigned long long kept = 0;
+  const char *k = strstr(err, "session ");
+  assert_non_null(k);
+  assert_int_equal(sscanf(k, "session %llu kept", &kept), 1);
+  struct sk_session_stats *st = calloc(1, sizeof *st);
+  assert_non_null(st);
+  assert_int_equal(sk_client_session_stats(c, kept, st, &e), 0);
+  assert_string_equal(st->chat_template, "chatml");
+  assert_int_equal(st->pinned,
+                   n_tokens(c, "<|im_start|>system\nYou are terse.<|im_end|>\n", SK_BOS_TRUE));
+  free(st);
+  free(out);
+  free(err);
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chat_named_template),
+      cmocka_unit_test(test_sinkctl_chat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
