@@ -225,10 +225,99 @@ static void test_sinkctl_chat(void **state) {
   assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
 }
 
+/* Runs sinkd-mkmodel with args (NULL-terminated); fails the test unless it
+ * exits 0. */
+static void mkmodel(const char *const *args) {
+  const char *argv[32] = {getenv("SK_MKMODEL")};
+  size_t n = 1;
+  for (size_t i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  assert_non_null(argv[0]);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (!freopen("/dev/null", "w", stderr)) _exit(126);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* The model's own tokenizer.chat_template (sinkd-mkmodel
+ * --chat-template-text): recognised, it is the daemon's; a text no rule
+ * recognises leaves chat off, and hello and the chat op say why. */
+static void test_model_template(void **state) {
+  (void)state;
+  char *dir = sk_test_tmpdir();
+  char model[4096];
+  snprintf(model, sizeof model, "%s/chatml.gguf", dir);
+  mkmodel((const char *const[]){"-s", "260K", "--chat-template-text",
+                                "{% for message in messages %}{{'<|im_start|>' + message['role'] "
+                                "+ '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+                                "{% endfor %}",
+                                "-o", model, NULL});
+  struct sk_test_daemon d;
+  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL});
+  struct sk_client *c = connect_to(&d);
+  struct sk_error e = {0};
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_string_equal(h.chat_template, "chatml");
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.temperature = 0;
+  gp.max_tokens = 4;
+  const struct sk_chat_message m = {"user", "Hi", 0};
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_chat(c, o.session, &m, 1, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(gr.prompt_tokens,
+                   n_tokens(c, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+                            SK_BOS_TRUE));
+  /* the daemon's option wins over the model's template */
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
+  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model,
+                                                 "--chat-template", "llama3", NULL});
+  c = connect_to(&d);
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_string_equal(h.chat_template, "llama3");
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
+
+  snprintf(model, sizeof model, "%s/odd.gguf", dir);
+  mkmodel((const char *const[]){"-s", "260K", "--chat-template-text",
+                                "{{ messages | tojson }}", "-o", model, NULL});
+  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL});
+  c = connect_to(&d);
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_string_equal(h.chat_template, "none");
+  assert_string_equal(h.chat_template_error,
+                      "the model's tokenizer.chat_template: unrecognised chat template; set "
+                      "chat_template to one of chatml, llama2, llama3, mistral-v1, mistral-v3, "
+                      "mistral-v7, phi3, phi4, gemma, zephyr, deepseek3, command-r, granite (all: "
+                      "sinkd.conf(5))");
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  assert_int_equal(sk_client_chat(c, o.session, &m, 1, &gp, NULL, NULL, &gr, &e),
+                   -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, h.chat_template_error);
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
+  remove(model);
+  snprintf(model, sizeof model, "%s/chatml.gguf", dir);
+  remove(model);
+  rmdir(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chat_named_template),
       cmocka_unit_test(test_sinkctl_chat),
+      cmocka_unit_test(test_model_template),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,11 @@
  * <0x00>..<0xFF>, then pieces built from letters (with and without the
  * leading U+2581), shorter pieces scoring higher.
  *
+ * --vocab-from FILE copies every tokenizer.* key of another GGUF instead
+ * (its vocabulary, merges, special tokens and chat template; the vocabulary
+ * size follows), so the daemon runs on a real tokenizer with random
+ * weights; --chat-template-text sets tokenizer.chat_template.
+ *
  * Tensors are streamed to the file row by row, so a 1B-class F32 file
  * (4.4 GB) needs no more memory than one row.
  */
@@ -113,6 +118,86 @@ static void kv_str(struct out *o, const char *key, const char *v) {
   put_str(o, key, strlen(key));
   put_u32(o, SK_GGUF_STRING);
   put_str(o, v, strlen(v));
+}
+
+/* ---- a vocabulary from another GGUF ---------------------------------- */
+
+/* Bytes of one metadata value of type t at p (gguf.md), or 0 if it runs
+ * past end. The file was checked by sk_gguf_open. */
+static size_t value_size(const uint8_t *p, const uint8_t *end, uint32_t t) {
+  static const uint8_t fixed[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  if (t > 12) return 0;
+  if (t == SK_GGUF_STRING) {
+    uint64_t n;
+    if (end - p < 8) return 0;
+    memcpy(&n, p, 8);
+    return (uint64_t)(end - p - 8) < n ? 0 : 8 + (size_t)n;
+  }
+  if (t != SK_GGUF_ARRAY) return (size_t)(end - p) < fixed[t] ? 0 : fixed[t];
+  uint32_t et;
+  uint64_t n;
+  if (end - p < 12) return 0;
+  memcpy(&et, p, 4);
+  memcpy(&n, p + 4, 8);
+  size_t off = 12;
+  for (uint64_t i = 0; i < n; i++) {
+    size_t z = value_size(p + off, end, et);
+    if (!z) return 0;
+    off += z;
+  }
+  return off;
+}
+
+/* Whether the key/value pair at p has the key `key`. */
+static bool kv_is(const uint8_t *p, const char *key) {
+  uint64_t kl;
+  memcpy(&kl, p, 8);
+  return kl == strlen(key) && memcmp(p + 8, key, kl) == 0;
+}
+
+/* The tokenizer.* key/value pairs of a GGUF, as their raw bytes. */
+struct kv_copy {
+  struct sk_gguf *g;
+  const uint8_t **at; /* (n) start of each pair (its key) */
+  size_t *len;        /* (n) bytes of each pair */
+  uint64_t n;
+  uint32_t n_vocab;   /* entries of tokenizer.ggml.tokens */
+  bool has_template;  /* tokenizer.chat_template among them */
+};
+
+static void read_vocab_from(const char *path, struct kv_copy *kc) {
+  struct sk_error err = {0};
+  memset(kc, 0, sizeof *kc);
+  if (sk_gguf_open(path, &kc->g, &err) < 0) sk_tool_die("--vocab-from %s: %s", path, err.message);
+  const struct sk_gguf_str *toks = NULL;
+  uint64_t n_tok = 0;
+  if (sk_gguf_get_str_array(kc->g, "tokenizer.ggml.tokens", &toks, &n_tok, &err) != 1 ||
+      n_tok > (1u << 22))
+    sk_tool_die("--vocab-from %s: no usable tokenizer.ggml.tokens", path);
+  kc->n_vocab = (uint32_t)n_tok;
+  size_t size = 0;
+  const uint8_t *base = sk_gguf_bytes(kc->g, &size), *end = base + size;
+  const uint64_t n_kv = sk_gguf_n_kv(kc->g);
+  kc->at = calloc(n_kv ? n_kv : 1, sizeof *kc->at);
+  kc->len = calloc(n_kv ? n_kv : 1, sizeof *kc->len);
+  if (!kc->at || !kc->len) sk_tool_die("out of memory");
+  const uint8_t *p = base + 24; /* magic, version, n_tensors, n_kv */
+  for (uint64_t i = 0; i < n_kv; i++) {
+    uint64_t kl;
+    uint32_t t;
+    memcpy(&kl, p, 8);
+    const uint8_t *key = p + 8;
+    memcpy(&t, key + kl, 4);
+    size_t z = value_size(key + kl + 4, end, t);
+    if (!z) sk_tool_die("--vocab-from %s: metadata %" PRIu64 " runs past the file", path, i);
+    const size_t len = 8 + (size_t)kl + 4 + z;
+    if (kl > 10 && memcmp(key, "tokenizer.", 10) == 0) {
+      kc->at[kc->n] = p;
+      kc->len[kc->n++] = len;
+      if (kv_is(p, "tokenizer.chat_template")) kc->has_template = true;
+    }
+    p += len;
+  }
 }
 
 /* ---- vocabulary ----------------------------------------------------- */
@@ -277,6 +362,9 @@ static void usage(FILE *f) {
           "      --dim N --layers N --heads N --kv-heads N --hidden N --vocab N --ctx N\n"
           "      --head-dim N      override one dimension of the shape\n"
           "      --seed N          random seed (default 1)\n"
+          "      --vocab-from GGUF the tokenizer.* keys of another GGUF (vocabulary,\n"
+          "                        special tokens, chat template); --vocab follows it\n"
+          "      --chat-template-text T  tokenizer.chat_template (replaces a copied one)\n"
           "  -o, --output FILE     where to write (required)\n"
           "  -h, --help            this text\n"
           "\n"
@@ -301,7 +389,8 @@ int main(int argc, char **argv) {
   const struct arch *arch = &archs[0];
   uint32_t head_dim_opt = 0;
   enum { O_OUT_TYPE = 256, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_HIDDEN, O_VOCAB, O_CTX, O_SEED,
-         O_HEAD_DIM };
+         O_HEAD_DIM, O_VOCAB_FROM, O_CHAT_TEXT };
+  const char *vocab_from = NULL, *chat_text = NULL;
   static const struct option opts[] = {
       {"arch", required_argument, NULL, 'a'},
       {"head-dim", required_argument, NULL, O_HEAD_DIM},
@@ -312,6 +401,8 @@ int main(int argc, char **argv) {
       {"kv-heads", required_argument, NULL, O_KV_HEADS},
       {"hidden", required_argument, NULL, O_HIDDEN}, {"vocab", required_argument, NULL, O_VOCAB},
       {"ctx", required_argument, NULL, O_CTX},   {"seed", required_argument, NULL, O_SEED},
+      {"vocab-from", required_argument, NULL, O_VOCAB_FROM},
+      {"chat-template-text", required_argument, NULL, O_CHAT_TEXT},
       {"output", required_argument, NULL, 'o'},  {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -349,6 +440,8 @@ int main(int argc, char **argv) {
     case O_VOCAB: sh.vocab = parse_u32("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22); break;
     case O_CTX: sh.ctx = parse_u32("--ctx", optarg, 1, 1u << 24); break;
     case O_SEED: seed = parse_u32("--seed", optarg, 0, UINT32_MAX); break;
+    case O_VOCAB_FROM: vocab_from = optarg; break;
+    case O_CHAT_TEXT: chat_text = optarg; break;
     case 'o': path = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -362,6 +455,11 @@ int main(int argc, char **argv) {
     sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
                       "(or give an even --head-dim), heads into kv heads",
                       sh.dim, sh.n_head, sh.n_kv_head);
+  struct kv_copy kc = {0};
+  if (vocab_from) {
+    read_vocab_from(vocab_from, &kc);
+    sh.vocab = kc.n_vocab;
+  }
   const uint32_t wtype = parse_type(type_name);
   const uint32_t otype = out_type_name ? parse_type(out_type_name)
                                        : (wtype == SK_GGML_Q4_0 ? SK_GGML_Q8_0 : wtype);
@@ -427,12 +525,16 @@ int main(int argc, char **argv) {
     if (t->ne0 > max_row) max_row = t->ne0;
   }
 
-  struct vocab voc;
-  make_vocab(&voc, sh.vocab);
+  struct vocab voc = {0};
+  if (!vocab_from) make_vocab(&voc, sh.vocab);
 
   struct out o = {.f = fopen(path, "wb"), .path = path};
   if (!o.f) sk_tool_die("cannot create %s: %s", path, strerror(errno));
-  const uint64_t n_kv = 18 + (head_keys ? 2 : 0);
+  /* the model's keys, then the 7 of the made-up vocabulary or the copied
+   * ones, then a chat template given as text (replacing a copied one) */
+  const uint64_t n_kv = 11 + (head_keys ? 2 : 0) +
+                        (vocab_from ? kc.n - (chat_text && kc.has_template) : 7) +
+                        (chat_text != NULL);
   put_u32(&o, 0x46554747u); /* "GGUF" */
   put_u32(&o, 3);
   put_u64(&o, n_t);
@@ -457,31 +559,38 @@ int main(int argc, char **argv) {
   kv_f32(&o, AKEY("rope.freq_base"), arch->rope_base);
   kv_f32(&o, AKEY("attention.layer_norm_rms_epsilon"), arch->rms_eps);
 #undef AKEY
-  kv_str(&o, "tokenizer.ggml.model", "llama");
-  put_str(&o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
-  put_u32(&o, SK_GGUF_ARRAY);
-  put_u32(&o, SK_GGUF_STRING);
-  put_u64(&o, voc.n);
-  for (uint32_t i = 0; i < voc.n; i++) put_str(&o, voc.text[i], strlen(voc.text[i]));
-  put_str(&o, "tokenizer.ggml.scores", strlen("tokenizer.ggml.scores"));
-  put_u32(&o, SK_GGUF_ARRAY);
-  put_u32(&o, SK_GGUF_FLOAT32);
-  put_u64(&o, voc.n);
-  for (uint32_t i = 0; i < voc.n; i++) {
-    float score = i < N_FIXED_TOKENS ? 0.0f : -(float)(i - N_FIXED_TOKENS);
-    put(&o, &score, 4);
+  for (uint64_t i = 0; i < kc.n; i++) {
+    if (chat_text && kv_is(kc.at[i], "tokenizer.chat_template")) continue;
+    put(&o, kc.at[i], kc.len[i]);
   }
-  put_str(&o, "tokenizer.ggml.token_type", strlen("tokenizer.ggml.token_type"));
-  put_u32(&o, SK_GGUF_ARRAY);
-  put_u32(&o, SK_GGUF_INT32);
-  put_u64(&o, voc.n);
-  for (uint32_t i = 0; i < voc.n; i++) {
-    int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < N_FIXED_TOKENS ? 6 : 1; /* unk, control, byte, normal */
-    put(&o, &ty, 4);
+  if (chat_text) kv_str(&o, "tokenizer.chat_template", chat_text);
+  if (!vocab_from) {
+    kv_str(&o, "tokenizer.ggml.model", "llama");
+    put_str(&o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
+    put_u32(&o, SK_GGUF_ARRAY);
+    put_u32(&o, SK_GGUF_STRING);
+    put_u64(&o, voc.n);
+    for (uint32_t i = 0; i < voc.n; i++) put_str(&o, voc.text[i], strlen(voc.text[i]));
+    put_str(&o, "tokenizer.ggml.scores", strlen("tokenizer.ggml.scores"));
+    put_u32(&o, SK_GGUF_ARRAY);
+    put_u32(&o, SK_GGUF_FLOAT32);
+    put_u64(&o, voc.n);
+    for (uint32_t i = 0; i < voc.n; i++) {
+      float score = i < N_FIXED_TOKENS ? 0.0f : -(float)(i - N_FIXED_TOKENS);
+      put(&o, &score, 4);
+    }
+    put_str(&o, "tokenizer.ggml.token_type", strlen("tokenizer.ggml.token_type"));
+    put_u32(&o, SK_GGUF_ARRAY);
+    put_u32(&o, SK_GGUF_INT32);
+    put_u64(&o, voc.n);
+    for (uint32_t i = 0; i < voc.n; i++) {
+      int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < N_FIXED_TOKENS ? 6 : 1; /* unk, control, byte, normal */
+      put(&o, &ty, 4);
+    }
+    kv_u32(&o, "tokenizer.ggml.bos_token_id", 1);
+    kv_u32(&o, "tokenizer.ggml.eos_token_id", 2);
+    kv_u32(&o, "tokenizer.ggml.unknown_token_id", 0);
   }
-  kv_u32(&o, "tokenizer.ggml.bos_token_id", 1);
-  kv_u32(&o, "tokenizer.ggml.eos_token_id", 2);
-  kv_u32(&o, "tokenizer.ggml.unknown_token_id", 0);
 
   for (size_t i = 0; i < n_t; i++) {
     const struct tensor *t = &ts[i];
@@ -520,6 +629,9 @@ int main(int argc, char **argv) {
           (double)o.pos / 1e6);
   for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);
   free(voc.text);
+  free(kc.at);
+  free(kc.len);
+  sk_gguf_close(kc.g);
   free(ts);
   free(row);
   free(tmp);
