@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -313,11 +315,68 @@ static void test_model_template(void **state) {
   free(dir);
 }
 
+/* The conversation outlives the daemon: the session keeps its template
+ * (not the new daemon's default) and the next chat appends exactly the
+ * end of the reply's turn and the new message. */
+static void test_conversation_survives_restart(void **state) {
+  (void)state;
+  struct sk_test_daemon d1, d2;
+  sk_test_daemon_start(&d1, (const char *const[]){"--config", "/dev/null", "--chat-template",
+                                                  "chatml", NULL});
+  struct sk_client *c = connect_to(&d1);
+  struct sk_error e = {0};
+  struct sk_open_params op = {.policy = "streaming", .window = 64, .system = "Be brief."};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.temperature = 0;
+  gp.max_tokens = 6;
+  const struct sk_chat_message q1 = {"user", "Once upon a time", 0};
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_chat(c, o.session, &q1, 1, &gp, NULL, NULL, &gr, &e), 0);
+  const uint64_t seen = gr.seen;
+  char path[4400];
+  snprintf(path, sizeof path, "%s/session-%llu.chat", d1.state, (unsigned long long)o.session);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0600);
+  sk_client_free(c);
+  /* SIGTERM: sessions stay; a daemon with another default adopts them */
+  kill(d1.pid, SIGTERM);
+  int status = 0;
+  assert_int_equal(waitpid(d1.pid, &status, 0), d1.pid);
+  d1.pid = 0;
+  sk_test_daemon_start(&d2, (const char *const[]){"--config", "/dev/null", "--chat-template",
+                                                  "llama3", "--state-dir", d1.state, NULL});
+  c = connect_to(&d2);
+  struct sk_session_stats *ss = calloc(1, sizeof *ss);
+  assert_non_null(ss);
+  assert_int_equal(sk_client_session_stats(c, o.session, ss, &e), 0);
+  assert_true(ss->adopted);
+  assert_int_equal(ss->seen, seen);
+  assert_string_equal(ss->chat_template, "chatml");
+  const struct sk_chat_message q2 = {"user", "The end", 0};
+  assert_int_equal(sk_client_chat(c, o.session, &q2, 1, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(gr.prompt_tokens,
+                   n_tokens(c, "<|im_end|>\n<|im_start|>user\nThe end<|im_end|>\n"
+                               "<|im_start|>assistant\n",
+                            SK_BOS_FALSE));
+  /* close deletes the conversation with the session */
+  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(stat(path, &st), -1);
+  free(ss);
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d2, 30000), 0);
+  sk_test_daemon_stop(&d1, 30000);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chat_named_template),
       cmocka_unit_test(test_sinkctl_chat),
       cmocka_unit_test(test_model_template),
+      cmocka_unit_test(test_conversation_survives_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
