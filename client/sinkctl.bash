@@ -11,7 +11,7 @@ _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
   local global="--socket --json --verbose --help --version"
-  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin|--pin-file|--idle"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--pin|--pin-file|--idle|--system"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do
     word=${COMP_WORDS[i]}
@@ -38,7 +38,7 @@ _sinkctl() {
   local opts=""
   case $cmd in
     generate) opts="$sampling $open --no-echo --progress --no-progress --special" ;;
-    chat) opts="$sampling $open --keep --progress --no-progress" ;;
+    chat) opts="$sampling $open --keep --system --progress --no-progress" ;;
     tokenize) opts="--no-bos --special" ;;
     eval)
       opts="--run --budget --tokens --span --chunk --recompute-stride --csv --plot --progress --no-progress"
