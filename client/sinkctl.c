@@ -1687,7 +1687,16 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
     json_kv_u64(stdout, &f2, "capacity", h.defaults.capacity);
     json_key(stdout, &f2, "rope_scale");
     printf("%g", h.defaults.rope_scale);
-    fputs("}}\n", stdout);
+    fputc('}', stdout);
+    if (h.chat_template[0]) {
+      json_key(stdout, &first, "chat_template");
+      f2 = true;
+      fputc('{', stdout);
+      json_kv_str(stdout, &f2, "name", h.chat_template);
+      if (h.chat_template_error[0]) json_kv_str(stdout, &f2, "error", h.chat_template_error);
+      fputc('}', stdout);
+    }
+    fputs("}\n", stdout);
     return 0;
   }
   printf("protocol: %" PRIu32 "\n", h.protocol);
@@ -1719,6 +1728,8 @@ static int cmd_hello(struct sk_client *c, const struct opts *o) {
   printf("defaults.recent: %" PRIu32 "\n", h.defaults.recent);
   printf("defaults.capacity: %" PRIu32 "\n", h.defaults.capacity);
   printf("defaults.rope_scale: %g\n", h.defaults.rope_scale);
+  if (h.chat_template[0]) printf("chat_template: %s\n", h.chat_template);
+  if (h.chat_template_error[0]) printf("chat_template.error: %s\n", h.chat_template_error);
   return 0;
 }
 

@@ -297,6 +297,12 @@ static void test_model_template(void **state) {
   c = connect_to(&d);
   assert_int_equal(sk_client_hello(c, &h, &e), 0);
   assert_string_equal(h.chat_template, "none");
+  char *out = NULL, *err = NULL;
+  assert_int_equal(run_sinkctl(&d, "", &out, &err, (const char *const[]){"hello", NULL}), 0);
+  assert_non_null(strstr(out, "\nchat_template: none\nchat_template.error: the model's "
+                              "tokenizer.chat_template: unrecognised chat template; set "));
+  free(out);
+  free(err);
   assert_string_equal(h.chat_template_error,
                       "the model's tokenizer.chat_template: unrecognised chat template; set "
                       "chat_template to one of chatml, llama2, llama3, mistral-v1, mistral-v3, "
