@@ -493,7 +493,8 @@ int sk_conv_load(struct sk_conv *c, const char *dir, uint64_t id, struct sk_erro
   size_t sl = 0, tl = 0;
   const char *sys = get_str(&b, &sl);
   const char *text = get_str(&b, &tl);
-  if (b.bad || tmpl >= SK_CHAT__COUNT || n_msgs > SK_CONV_MAX_MSGS + 1) {
+  if (b.bad || tmpl >= SK_CHAT__COUNT || n_msgs > SK_CONV_MAX_MSGS + 1 || (flags & ~3u) ||
+      (!(flags & 1u) && sl)) {
     rc = sk_error_set(err, SK_ERR_BAD_REQUEST, "%s: bad header", path);
     goto out;
   }
