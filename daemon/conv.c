@@ -327,7 +327,7 @@ struct wbuf {
 };
 
 static void put(struct wbuf *b, const void *src, size_t n) {
-  if (b->oom) return;
+  if (b->oom || n == 0) return; /* src may be NULL then */
   if (b->len + n > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + n) cap *= 2;
