@@ -708,7 +708,8 @@ static int read_chat(struct sk_server *srv, const struct request *r, struct sk_c
   sk_chat_text_init(&t);
   if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) == 0 &&
       (rc = sk_conv_system_text(conv, &t, e)) == 0 &&
-      (rc = sk_session_chat_tokenize(srv->tok, &t, true, ret_pin, ret_n, e)) == 0) {
+      (rc = sk_session_chat_tokenize(srv->tok, &t, sk_tokenizer_add_bos(srv->tok), ret_pin,
+                                    ret_n, e)) == 0) {
     conv->text = t.text; /* C: the pinned text */
     conv->text_len = t.len;
     t.text = NULL;

@@ -368,14 +368,95 @@ static int text_after(const struct sk_session *s, const struct sk_tokenizer *tok
   return 0;
 }
 
-/* Tokens of a rendering: BOS (if bos), then each segment, template text
- * with special tokens recognised, content without. */
+/* A growing array of token ids. */
+struct ids {
+  int32_t *v;
+  size_t n, cap;
+};
+
+static int ids_push(struct ids *a, const int32_t *v, size_t n) {
+  if (a->n + n > a->cap) {
+    size_t cap = a->cap ? a->cap : 64;
+    while (cap < a->n + n) cap *= 2;
+    int32_t *p = realloc(a->v, cap * sizeof *p);
+    if (!p) return -SK_ERR_NO_MEMORY;
+    a->v = p;
+    a->cap = cap;
+  }
+  memcpy(a->v + a->n, v, n * sizeof *v);
+  a->n += n;
+  return 0;
+}
+
+/* Plain text (no special tokens recognised, no BOS) onto a. */
+static int encode_text(const struct sk_tokenizer *tok, const char *text, size_t len, struct ids *a,
+                       struct sk_error *err) {
+  if (len == 0) return 0;
+  int32_t *t = NULL;
+  size_t n = 0;
+  int rc = sk_tokenizer_encode(tok, text, len, 0, &t, &n, err);
+  if (rc == 0 && ids_push(a, t, n) < 0) rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  free(t);
+  return rc;
+}
+
+/* The control token whose text starts template text s[0..n) (longest
+ * first), or -1 with *ret_len 0. Control tokens are those whose piece is
+ * empty although their text is not ("<|im_start|>", "<s>"). */
+static int32_t control_at(const struct sk_tokenizer *tok, const char *s, size_t n,
+                          size_t *ret_len) {
+  /* the longest special-token text of the templates is some 30 bytes */
+  for (size_t len = n < 64 ? n : 64; len >= 2; len--) {
+    int32_t id = sk_tokenizer_find(tok, s, len);
+    const char *piece;
+    size_t piece_len = 1;
+    if (id >= 0 && sk_tokenizer_piece(tok, id, &piece, &piece_len, NULL) == 0 && piece_len == 0) {
+      *ret_len = len;
+      return id;
+    }
+  }
+  *ret_len = 0;
+  return -1;
+}
+
+/* Tokens of a rendering as llama.cpp tokenizes a whole prompt with
+ * parse_special on (tokenizer_st_partition: special tokens cut out, the
+ * text between them tokenized piece by piece), except that special
+ * tokens are recognised only in the template's own text: the text between
+ * two special tokens (template text and content together) is one piece,
+ * tokenized as plain text. */
 int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_chat_text *t,
                              bool bos, int32_t **ret, size_t *ret_n, struct sk_error *err) {
-  /* The tokenizer recognises no special token in text yet: the whole
-   * delta goes as one text (content cannot forge a marker, and neither
-   * can the template make one). */
-  return sk_tokenizer_encode(tok, t->text ? t->text : "", t->len, bos, ret, ret_n, err);
+  struct ids a = {0};
+  int rc = 0;
+  const int32_t bos_id = sk_tokenizer_bos(tok);
+  if (bos && bos_id >= 0) rc = ids_push(&a, &bos_id, 1);
+  size_t raw = 0; /* start of the text not tokenized yet */
+  for (size_t k = 0; rc == 0 && k < t->n_segs; k++) {
+    const struct sk_chat_seg *g = &t->segs[k];
+    if (g->content) continue; /* joins the text around it */
+    for (size_t i = g->off; rc == 0 && i < g->off + g->len;) {
+      size_t len = 0;
+      int32_t id = control_at(tok, t->text + i, g->off + g->len - i, &len);
+      if (id < 0) {
+        i++;
+        continue;
+      }
+      rc = encode_text(tok, t->text + raw, i - raw, &a, err);
+      if (rc == 0 && ids_push(&a, &id, 1) < 0) rc = -SK_ERR_NO_MEMORY;
+      i += len;
+      raw = i;
+    }
+  }
+  if (rc == 0) rc = encode_text(tok, t->text + raw, t->len - raw, &a, err);
+  if (rc == -SK_ERR_NO_MEMORY) sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (rc < 0) {
+    free(a.v);
+    return rc;
+  }
+  *ret = a.v;
+  *ret_n = a.n;
+  return 0;
 }
 
 int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
@@ -420,7 +501,7 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
     size_t n = 0;
     rc = sk_conv_set_system(&probe, m[0].content, m[0].content_len, err);
     if (rc == 0) rc = sk_conv_system_text(&probe, &st, err);
-    if (rc == 0) rc = sk_session_chat_tokenize(tok, &st, true, &toks, &n, err);
+    if (rc == 0) rc = sk_session_chat_tokenize(tok, &st, sk_tokenizer_add_bos(tok), &toks, &n, err);
     free(toks);
     sk_chat_text_free(&st);
     sk_conv_free(&probe);
@@ -460,27 +541,24 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
   }
   int32_t *toks = NULL;
   size_t n = 0;
-  if ((rc = sk_session_chat_tokenize(tok, &delta, kv->hdr->n_seen == 0, &toks, &n, err)) < 0) goto out;
+  if ((rc = sk_session_chat_tokenize(tok, &delta, kv->hdr->n_seen == 0 && sk_tokenizer_add_bos(tok),
+                                      &toks, &n, err)) < 0)
+    goto out;
   free(job->tokens);
   job->tokens = toks;
   job->n_tokens = n;
-  /* The end of turn: one token when the vocabulary has it whole. */
+  /* The end of turn: the control token the template closes a reply with
+   * ("<|im_end|>"), when the vocabulary has it; the model's end of
+   * generation tokens stop a reply anyway. */
   job->eot = -1;
   const char *eot = NULL;
   size_t eot_len = 0;
   struct sk_chat_text scratch;
   sk_chat_text_init(&scratch);
   if (sk_chat_end_of_turn(cv->tmpl, &scratch, &eot, &eot_len, err) == 0 && eot_len) {
-    struct sk_chat_text et;
-    sk_chat_text_init(&et);
-    struct sk_error e2;
-    int32_t *et_toks = NULL;
-    size_t et_n = 0;
-    et.text = (char *)eot;
-    et.len = eot_len;
-    if (sk_session_chat_tokenize(tok, &et, false, &et_toks, &et_n, &e2) == 0 && et_n == 1)
-      job->eot = et_toks[0];
-    free(et_toks);
+    size_t len = 0;
+    int32_t id = control_at(tok, eot, eot_len, &len);
+    if (id >= 0 && len == eot_len) job->eot = id;
   }
   sk_chat_text_free(&scratch);
   /* the messages as the conversation keeps them (system set aside) */

@@ -309,8 +309,10 @@ uint32_t sk_session_attn_get(struct sk_session_table *t,
  * prompt longer than the sinks), -SK_ERR_NO_MEMORY. */
 int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
                           struct sk_job *job);
-/* Tokens of a chat rendering (any thread): BOS first if bos, template
- * segments with their special tokens, content segments as plain text.
+/* Tokens of a chat rendering (any thread): BOS first if bos (and the
+ * vocabulary has one); the control tokens named in template segments;
+ * the text between them (template text and content together) as plain
+ * text, so content never yields a control token.
  * *ret malloc'd (caller frees). Errors: those of sk_tokenizer_encode. */
 int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_chat_text *t,
                              bool bos, int32_t **ret, size_t *ret_n, struct sk_error *err);
