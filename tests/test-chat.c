@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "chat.h"
+#include "conv.h"
 #include "testutil.h"
 
 static json_t *load_templates(void) {
@@ -204,6 +205,79 @@ static void test_content_is_content(void **state) {
   sk_chat_text_free(&out);
 }
 
+static void expect_text(const struct sk_chat_text *t, const char *want) {
+  if (t->len != strlen(want) || memcmp(t->text, want, t->len) != 0)
+    fail_msg("got '%.*s'\nwant '%s'", (int)t->len, t->text, want);
+}
+
+/* The delta a chat appends (conv.h): the pinned system prompt, then only
+ * what each request adds, also where the template trims the reply. */
+static void test_conversation_delta(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  struct sk_chat_text t;
+  sk_chat_text_init(&t);
+  const struct sk_chat_msg hi = {"user", 4, "Hi", 2}, next = {"user", 4, "Next", 4};
+
+  /* ChatML: the system prompt is its own turn, pinned whole */
+  struct sk_conv c;
+  sk_conv_init(&c, SK_CHAT_CHATML);
+  assert_int_equal(sk_conv_set_system(&c, "Be brief.", 9, &err), 0);
+  assert_int_equal(sk_conv_system_text(&c, &t, &err), 0);
+  expect_text(&t, "<|im_start|>system\nBe brief.<|im_end|>\n");
+  c.text = strndup(t.text, t.len);
+  c.text_len = t.len;
+  c.system_sent = true;
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &hi, 1, NULL, 0, &t, &err), 0);
+  expect_text(&t, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  assert_int_equal(sk_conv_commit_prompt(&c, &hi, 1, 20, &err), 0);
+  assert_int_equal(sk_conv_commit_reply(&c, " Hello there", 12, 25, &err), 0);
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &next, 1, NULL, 0, &t, &err), 0);
+  expect_text(&t, "<|im_end|>\n<|im_start|>user\nNext<|im_end|>\n<|im_start|>assistant\n");
+  /* text that came after the reply (an append) counts as part of it */
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &next, 1, " More.", 6, &t, &err), 0);
+  expect_text(&t, "<|im_end|>\n<|im_start|>user\nNext<|im_end|>\n<|im_start|>assistant\n");
+  /* the segments: "Next" is the only content */
+  assert_int_equal(t.n_segs, 3);
+  assert_true(t.segs[1].content);
+  assert_int_equal(t.segs[1].len, 4);
+  sk_conv_free(&c);
+
+  /* Llama 3 trims the reply: the delta closes its turn, then the new
+   * message, exactly as render(whole conversation) continues */
+  sk_conv_init(&c, SK_CHAT_LLAMA3);
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &hi, 1, NULL, 0, &t, &err), 0);
+  expect_text(&t, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  assert_int_equal(sk_conv_commit_prompt(&c, &hi, 1, 10, &err), 0);
+  assert_int_equal(sk_conv_commit_reply(&c, "  Hello  ", 9, 14, &err), 0);
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &next, 1, NULL, 0, &t, &err), 0);
+  expect_text(&t, "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nNext<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  sk_conv_free(&c);
+
+  /* Gemma has no system role: the pin is the start of the first user
+   * turn, up to where the user's text goes */
+  sk_conv_init(&c, SK_CHAT_GEMMA);
+  assert_int_equal(sk_conv_set_system(&c, "Be brief.", 9, &err), 0);
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_system_text(&c, &t, &err), 0);
+  expect_text(&t, "<start_of_turn>user\nBe brief.\n\n");
+  c.text = strndup(t.text, t.len);
+  c.text_len = t.len;
+  c.system_sent = true;
+  sk_chat_text_reset(&t);
+  assert_int_equal(sk_conv_delta(&c, &hi, 1, NULL, 0, &t, &err), 0);
+  expect_text(&t, "Hi<end_of_turn>\n<start_of_turn>model\n");
+  sk_conv_free(&c);
+  sk_chat_text_free(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_templates_json),
@@ -211,6 +285,7 @@ int main(void) {
       cmocka_unit_test(test_names_and_unknown),
       cmocka_unit_test(test_end_of_turn),
       cmocka_unit_test(test_content_is_content),
+      cmocka_unit_test(test_conversation_delta),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
