@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -91,6 +92,15 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                                       "--max-user-input-memory", T_SIZE_AUTO,
                                       F(max_user_input_memory), SK_LIMIT_MIN_FRAME,
                                       0 /* physical memory */, true},
+    [SK_CFG_HTTP_SOCKET] = {"http", "socket", "--http-socket", T_PATH, F(http_socket), 0, 0,
+                            false},
+    [SK_CFG_HTTP_LISTEN] = {"http", "listen", "--http-listen", T_PATH, F(http_listen), 0, 0,
+                            false},
+    [SK_CFG_HTTP_KEY_FILE] = {"http", "key_file", "--http-key-file", T_PATH, F(http_key_file), 0,
+                              0, false},
+    /* a uid: the kernel's uid_t, without (uid_t)-1, which means "none" */
+    [SK_CFG_HTTP_UID] = {"http", "uid", "--http-uid", T_U32_AUTO, F(http_uid), 1,
+                         UINT32_MAX - 1, false},
 };
 
 static const char *const log_level_names[] = {
@@ -192,6 +202,9 @@ void sk_config_done(struct sk_config *c) {
   free(c->model);
   free(c->socket);
   free(c->state_dir);
+  free(c->http_socket);
+  free(c->http_listen);
+  free(c->http_key_file);
   free(c->file);
   memset(c, 0, sizeof *c);
 }
@@ -206,8 +219,12 @@ static int dup_opt(char **dst, const char *src) {
 int sk_config_copy(struct sk_config *dst, const struct sk_config *src) {
   *dst = *src;
   dst->model = dst->socket = dst->state_dir = dst->file = NULL;
+  dst->http_socket = dst->http_listen = dst->http_key_file = NULL;
   if (dup_opt(&dst->model, src->model) < 0 || dup_opt(&dst->socket, src->socket) < 0 ||
-      dup_opt(&dst->state_dir, src->state_dir) < 0 || dup_opt(&dst->file, src->file) < 0) {
+      dup_opt(&dst->state_dir, src->state_dir) < 0 || dup_opt(&dst->file, src->file) < 0 ||
+      dup_opt(&dst->http_socket, src->http_socket) < 0 ||
+      dup_opt(&dst->http_listen, src->http_listen) < 0 ||
+      dup_opt(&dst->http_key_file, src->http_key_file) < 0) {
     sk_config_done(dst);
     return -SK_ERR_NO_MEMORY;
   }
@@ -274,6 +291,27 @@ static bool path_ok(const char *s) {
   return strlen(s) < PATH_MAX;
 }
 
+/* http listen: "ADDRESS:PORT" with a numeric IPv4 address, a bracketed
+ * numeric IPv6 address or "localhost". */
+static bool listen_ok(const char *s) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon == s) return false;
+  size_t host_len = (size_t)(colon - s);
+  char host[64];
+  if (host_len >= sizeof host) return false;
+  memcpy(host, s, host_len);
+  host[host_len] = 0;
+  uint64_t port = 0;
+  if (!parse_dec(colon + 1, &port) || port < 1 || port > 65535) return false;
+  unsigned char addr[16];
+  if (strcmp(host, "localhost") == 0) return true;
+  if (host[0] == '[' && host[host_len - 1] == ']') {
+    host[host_len - 1] = 0;
+    return inet_pton(AF_INET6, host + 1, addr) == 1;
+  }
+  return inet_pton(AF_INET, host, addr) == 1;
+}
+
 int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value,
                   enum sk_config_origin from, uint32_t line, struct sk_error *err) {
   const struct key_desc *d = &keys[key];
@@ -284,10 +322,15 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "'%s' is not a path (must be non-empty, without control characters)",
                           value);
-    if (key == SK_CFG_SOCKET && strlen(value) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    if ((key == SK_CFG_SOCKET || key == SK_CFG_HTTP_SOCKET) && strlen(value) >= sizeof(((struct sockaddr_un *)0)->sun_path))
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "'%s' is longer than a socket path may be (%zu bytes)", value,
                           sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    if (key == SK_CFG_HTTP_LISTEN && !listen_ok(value))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%s' is not ADDRESS:PORT (a numeric IPv4 address, [IPv6] or "
+                          "localhost; PORT 1 to 65535)",
+                          value);
     if (key == SK_CFG_STATE_DIR && value[0] != '/')
       return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%s' is not an absolute path", value);
     char *copy = strdup(value);
@@ -675,6 +718,33 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "no model: set 'model' in [daemon] of %s or pass --model FILE",
                         c->file ? c->file : sk_config_default_path());
+  if (!c->http_socket && c->socket) {
+    /* Beside the msgpack socket: the same folder, so the same access. */
+    const char *slash = strrchr(c->socket, '/');
+    int dir_len = slash ? (int)(slash - c->socket) : 0;
+    char path[PATH_MAX];
+    int n = slash ? snprintf(path, sizeof path, "%.*s/sinkd-http.sock", dir_len, c->socket)
+                  : snprintf(path, sizeof path, "sinkd-http.sock");
+    if (n < 0 || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "[http] socket (default): '%s' would be longer than a socket path "
+                          "may be; set [http] socket or --http-socket",
+                          path);
+    c->http_socket = strdup(path);
+    if (!c->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    c->origin[SK_CFG_HTTP_SOCKET].automatic = true;
+  }
+  if (c->http_listen && !c->http_key_file) {
+    where(c, SK_CFG_HTTP_LISTEN, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%sa TCP listener needs an API key: set [http] key_file (or "
+                        "--http-key-file) to a file of mode 0600 holding it",
+                        at);
+  }
+  if (c->http_uid == 0) {
+    c->http_uid = (uint32_t)getuid();
+    c->origin[SK_CFG_HTTP_UID].automatic = true;
+  }
   if (c->threads == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;

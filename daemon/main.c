@@ -3,6 +3,7 @@
  * loop. */
 #include <cblas.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include "kvcache.h"
 #include "log.h"
 #include "model.h"
+#include "http.h"
 #include "notify.h"
 #include "server.h"
 #include "sk_config.h"
@@ -195,6 +197,7 @@ struct daemon {
   struct sk_config cfg; /* effective, resolved */
   const struct sk_model_config *mc;
   struct sk_server *server;
+  struct sk_http *http; /* the HTTP front end, or NULL */
   uv_signal_t sig_int, sig_term, sig_hup;
   struct sk_watchdog watchdog;
   uint32_t n_sessions, n_clients;
@@ -304,6 +307,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   d->stopping = true;
   sk_notify("STOPPING=1\nSTATUS=shutting down");
   sk_watchdog_stop(&d->watchdog);
+  sk_http_shutdown(d->http);
   sk_server_shutdown(d->server);
   uv_signal_t *all[3] = {&d->sig_int, &d->sig_term, &d->sig_hup};
   for (int i = 0; i < 3; i++)
@@ -327,28 +331,48 @@ static int make_socket_dir(const char *path) {
   return 0;
 }
 
-/* The socket the service manager passed (socket activation), if any:
- * returns the fd (3), 0 if none was passed, or -1 after logging why the
- * passed sockets cannot be used. sd_listen_fds checks LISTEN_PID, so
- * variables inherited from a parent that was socket-activated are ignored. */
-static int passed_socket(char *ret_path, size_t size) {
-  int n = sd_listen_fds(1);
+/* The sockets the service manager passed (socket activation), if any:
+ * the msgpack socket (sinkd.socket) and, named "http" by its
+ * FileDescriptorName=, the HTTP one (sinkd-http.socket). Returns the
+ * msgpack socket's fd, 0 if none was passed, or -1 after logging why the
+ * passed sockets cannot be used; *ret_http_fd is the HTTP socket's fd
+ * or 0. sd_listen_fds checks LISTEN_PID, so variables inherited from a
+ * parent that was socket-activated are ignored. */
+static int passed_socket(char *ret_path, size_t size, int *ret_http_fd) {
+  char **names = NULL;
+  *ret_http_fd = 0;
+  int n = sd_listen_fds_with_names(1, &names);
   if (n < 0) {
     sk_log(SK_LOG_ERR, "sockets from the service manager: %s", strerror(-n));
     return -1;
   }
-  if (n == 0) return 0;
-  if (n > 1) {
-    sk_log(SK_LOG_ERR, "the service manager passed %d sockets; sinkd listens on exactly one "
-                       "(one ListenStream= in sinkd.socket)", n);
+  int fd = 0, rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    int f = SD_LISTEN_FDS_START + i;
+    bool http = names && names[i] && strcmp(names[i], "http") == 0;
+    if (sd_is_socket_unix(f, SOCK_STREAM, 1, NULL, 0) <= 0) {
+      sk_log(SK_LOG_ERR, "the socket passed as fd %d is not a listening Unix stream socket "
+                         "(sinkd.socket and sinkd-http.socket need ListenStream=/path)", f);
+      rc = -1;
+    } else if (http ? *ret_http_fd != 0 : fd != 0) {
+      sk_log(SK_LOG_ERR, "the service manager passed %d sockets; sinkd takes one for its "
+                         "protocol and one named \"http\" (sinkd-http.socket)", n);
+      rc = -1;
+    } else if (http) {
+      *ret_http_fd = f;
+    } else {
+      fd = f;
+    }
+  }
+  for (int i = 0; names && i < n; i++) free(names[i]);
+  free(names);
+  if (rc < 0) return -1;
+  if (n > 0 && fd == 0) {
+    sk_log(SK_LOG_ERR, "the service manager passed only the HTTP socket; sinkd.socket is "
+                       "missing");
     return -1;
   }
-  int fd = SD_LISTEN_FDS_START;
-  if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
-    sk_log(SK_LOG_ERR, "the socket passed as fd %d is not a listening Unix stream socket "
-                       "(sinkd.socket needs ListenStream=/path)", fd);
-    return -1;
-  }
+  if (fd == 0) return 0;
   struct sockaddr_un a;
   socklen_t len = sizeof a;
   memset(&a, 0, sizeof a);
@@ -357,6 +381,39 @@ static int passed_socket(char *ret_path, size_t size) {
   else
     snprintf(ret_path, size, "(fd %d)", fd);
   return fd;
+}
+
+/* Reads the HTTP API key from path: a file only its owner may read
+ * (mode 0600 or stricter), holding the key on one line. Returns 0, or -1
+ * after logging why. */
+static int read_key_file(const char *path, char *ret, size_t size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    sk_log(SK_LOG_ERR, "[http] key_file %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+    sk_log(SK_LOG_ERR, "[http] key_file %s: must be a regular file of mode 0600 (it is %04o): "
+                       "chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
+    close(fd);
+    return -1;
+  }
+  ssize_t n = read(fd, ret, size - 1);
+  close(fd);
+  if (n < 0) n = 0;
+  ret[n] = 0;
+  while (n > 0 && (ret[n - 1] == '\n' || ret[n - 1] == '\r' || ret[n - 1] == ' ')) ret[--n] = 0;
+  bool ok = n >= 16 && (size_t)n < size - 1;
+  for (ssize_t i = 0; i < n; i++)
+    if (ret[i] <= 0x20 || ret[i] == 0x7f) ok = false;
+  if (!ok) {
+    sk_log(SK_LOG_ERR, "[http] key_file %s: the key must be one line of 16 to %zu printable "
+                       "characters without spaces", path, size - 2);
+    return -1;
+  }
+  return 0;
 }
 
 /* ---- command line ---------------------------------------------------------- */
@@ -401,6 +458,10 @@ int main(int argc, char **argv) {
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       KEY_OPT("kv-type", SK_CFG_KV_TYPE),
       KEY_OPT("chat-template", SK_CFG_CHAT_TEMPLATE),
+      KEY_OPT("http-socket", SK_CFG_HTTP_SOCKET),
+      KEY_OPT("http-listen", SK_CFG_HTTP_LISTEN),
+      KEY_OPT("http-key-file", SK_CFG_HTTP_KEY_FILE),
+      KEY_OPT("http-uid", SK_CFG_HTTP_UID),
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -491,9 +552,9 @@ int main(int argc, char **argv) {
    * the weights. The socket's folder is made later, after the store's:
    * the socket may live in a folder the store creates. */
   char passed_path[sizeof(((struct sockaddr_un *)0)->sun_path) + 16];
-  int listen_fd = 0;
+  int listen_fd = 0, http_fd = 0;
   if (!check_only) {
-    listen_fd = passed_socket(passed_path, sizeof passed_path);
+    listen_fd = passed_socket(passed_path, sizeof passed_path, &http_fd);
     if (listen_fd < 0) goto out;
     if (listen_fd == 0 && sk_server_check_socket(d.cfg.socket, &err) < 0) {
       sk_log(SK_LOG_ERR, "%s", err.message);
@@ -616,6 +677,41 @@ int main(int argc, char **argv) {
     sk_log(SK_LOG_ERR, "%s", err.message);
     goto out;
   }
+  /* The HTTP front end (sinkd-http(7)) beside the protocol socket. Its
+   * model id is the file's name without ".gguf": what a user knows it by. */
+  char model_id[256];
+  const char *base = strrchr(d.cfg.model, '/');
+  snprintf(model_id, sizeof model_id, "%s", base ? base + 1 : d.cfg.model);
+  size_t idl = strlen(model_id);
+  if (idl > 5 && strcmp(model_id + idl - 5, ".gguf") == 0) model_id[idl - 5] = 0;
+  bool http_unix = http_fd > 0 || (listen_fd == 0 && strcmp(d.cfg.http_socket, "none") != 0);
+  if (http_unix || d.cfg.http_listen) {
+    char key[1024] = "";
+    struct sk_http_config hc = {
+        .socket_path = http_fd > 0 || !http_unix ? NULL : d.cfg.http_socket,
+        .listen_fd = http_fd,
+        .tcp_listen = d.cfg.http_listen,
+        .api_key = key,
+        .tcp_uid = d.cfg.http_uid,
+        .model_name = model_id,
+        .max_body = d.cfg.max_frame,
+    };
+    memset(&err, 0, sizeof err);
+    if (d.cfg.http_listen && read_key_file(d.cfg.http_key_file, key, sizeof key) < 0)
+      rc = -1;
+    if (rc == 0) rc = sk_http_start(loop, d.server, &hc, &d.http, &err);
+    if (rc < 0 && err.message[0]) sk_log(SK_LOG_ERR, "%s", err.message);
+    memset(key, 0, sizeof key);
+    if (rc < 0) {
+      sk_server_shutdown(d.server);
+      uv_run(loop, UV_RUN_DEFAULT);
+      sk_server_free(d.server);
+      uv_loop_close(loop);
+      goto out;
+    }
+    sk_log(SK_LOG_NOTICE, "HTTP (OpenAI-compatible) on %s%s%s", http_fd > 0 ? "the passed socket" : http_unix ? d.cfg.http_socket : "",
+           http_unix && d.cfg.http_listen ? " and " : "", d.cfg.http_listen ? d.cfg.http_listen : "");
+  }
   uv_signal_t *sigs[3] = {&d.sig_int, &d.sig_term, &d.sig_hup};
   const int signums[3] = {SIGINT, SIGTERM, SIGHUP};
   for (int i = 0; i < 3; i++) {
@@ -635,6 +731,7 @@ int main(int argc, char **argv) {
   sk_notify("READY=1");
   send_status(&d);
   uv_run(loop, UV_RUN_DEFAULT);
+  sk_http_free(d.http);
   sk_server_free(d.server);
   uv_loop_close(loop);
   sk_log(SK_LOG_INFO, "stopped (sessions kept in %s)", d.cfg.state_dir);

@@ -2245,33 +2245,11 @@ static void frame_timer_set(struct sk_server *srv) {
   uv_timer_start(&srv->frame_timer, on_frame_timer, tick, tick);
 }
 
-static void on_connection(uv_stream_t *listener, int status) {
-  struct sk_server *srv = listener->data;
-  if (status < 0) {
-    sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
-    return;
-  }
-  struct sk_conn *c = calloc(1, sizeof *c);
-  if (!c) return;
-  c->srv = srv;
-  c->refs = 1;
-  uv_pipe_init(srv->loop, &c->pipe, 0);
-  c->pipe.data = c;
-  if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
-    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
-    return;
-  }
+/* A new connection c (pipe open, uid set): registered and read, or
+ * refused (shutting down, or past the admission limits). */
+static void conn_begin(struct sk_server *srv, struct sk_conn *c) {
   c->id = ++srv->next_conn_id;
   sk_frame_reader_init(&c->rd, srv->cfg.max_frame);
-  uv_os_fd_t fd;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
-    c->uid = cred.uid;
-  } else {
-    c->uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
-  }
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
@@ -2294,6 +2272,55 @@ static void on_connection(uv_stream_t *listener, int status) {
   sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)c->id, c->uid);
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
   counts_changed(srv);
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  struct sk_server *srv = listener->data;
+  if (status < 0) {
+    sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
+    return;
+  }
+  struct sk_conn *c = calloc(1, sizeof *c);
+  if (!c) return;
+  c->srv = srv;
+  c->refs = 1;
+  uv_pipe_init(srv->loop, &c->pipe, 0);
+  c->pipe.data = c;
+  if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
+    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t cl = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
+    c->uid = cred.uid;
+  } else {
+    c->uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
+  }
+  conn_begin(srv, c);
+}
+
+int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err) {
+  struct sk_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
+  c->srv = srv;
+  c->refs = 1;
+  uv_pipe_init(srv->loop, &c->pipe, 0);
+  c->pipe.data = c;
+  int rc = uv_pipe_open(&c->pipe, fd);
+  if (rc < 0) {
+    close(fd);
+    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    return sk_error_set(err, SK_ERR_IO, "cannot attach a connection: %s", uv_strerror(rc));
+  }
+  c->uid = uid;
+  conn_begin(srv, c);
+  return 0;
 }
 
 /* ---- socket setup ---- */

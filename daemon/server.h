@@ -78,6 +78,15 @@ int sk_server_check_socket(const char *path, struct sk_error *err);
 int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err);
+/* Serves one more client over fd, a connected stream socket (one end of
+ * a socketpair: the HTTP front end, http.h, speaks the msgpack protocol
+ * on the other end), as an accepted connection whose uid is given
+ * instead of read with SO_PEERCRED. Counted against max_clients (past it
+ * the connection gets the usual busy error and is closed). Takes fd in
+ * every case (closed on error). Loop thread only.
+ * Errors: -SK_ERR_NO_MEMORY, -SK_ERR_IO. */
+int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err);
+
 /* Applies new limits and session defaults to a running server (SIGHUP):
  * max_frame (new connections), max_sessions, max_clients, max_capacity,
  * max_memory, the per-user limits, frame_timeout_s and defaults. Sessions already open keep their caches.

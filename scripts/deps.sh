@@ -9,11 +9,14 @@ set -euo pipefail
 build=(build-essential pkg-config meson ninja-build
        libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
        libinih-dev libxxhash-dev scdoc
-       libpcre2-dev)  # byte-level BPE pre-tokenizer regexes (UTF, Unicode properties)
+       libpcre2-dev  # byte-level BPE pre-tokenizer regexes (UTF, Unicode properties)
+       libjansson-dev libhttp-parser-dev)  # the HTTP endpoint's JSON and HTTP (sinkd-http(7))
 # systemd: systemd-analyze and systemd-socket-activate for the service
 # tests; mandoc, groff-base and man-db: man page lint and the man pages
 # systemd-analyze verify looks up.
-tests=(libcmocka-dev libjansson-dev
+tests=(libcmocka-dev
+       curl python3-msgpack  # the HTTP test (curl --unix-socket) and the Python client
+       nodejs  # the HTTP test runs the OpenAI JavaScript SDK (npm: Debian's npm, or nodesource's nodejs)
        systemd mandoc groff-base man-db
        procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
        gnuplot-nox  # sinkctl eval --plot
