@@ -101,7 +101,12 @@ static int on_headers_complete(http_parser *p) {
     char msg[96];
     snprintf(msg, sizeof msg, "request body of %llu bytes is larger than the limit of %u bytes",
              (unsigned long long)p->content_length, r->max_body);
-    return fail(r, 413, msg);
+    fail(r, 413, msg);
+    return -1; /* 1 would mean "no body" to http_parser */
+  }
+  if (p->upgrade) {
+    fail(r, 400, "protocol upgrades are not supported");
+    return -1;
   }
   bool has_body = chunked || (p->content_length != ULLONG_MAX && p->content_length > 0);
   if (r->expect_continue && has_body) http_parser_pause(p, 1);
@@ -171,7 +176,15 @@ void sk_http_reader_next(struct sk_http_reader *r) {
   r->field_len = 0;
   r->header_field = HDR_OTHER;
   r->complete = r->started = false;
-  http_parser_pause(&r->parser, 0);
+  enum http_errno e = HTTP_PARSER_ERRNO(&r->parser);
+  if (e == HPE_PAUSED) {
+    http_parser_pause(&r->parser, 0);
+  } else if (e != HPE_OK) {
+    /* After an error (the connection closes): a clean state, as
+     * http_parser asserts against pausing a failed parser. */
+    http_parser_init(&r->parser, HTTP_REQUEST);
+    r->parser.data = r;
+  }
 }
 
 int sk_http_reader_feed(struct sk_http_reader *r, const char *data, size_t len,

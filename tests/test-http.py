@@ -1,0 +1,600 @@
+#!/usr/bin/python3
+"""The HTTP endpoint (sinkd-http(7)) against a live daemon on the test
+model: curl over the Unix socket, the Python client (python/) for
+sinkd's own figures, raw sockets for the hostile table, a disconnect in
+the middle of a stream, a bounded load, the TCP listener's API key, and
+the official OpenAI JavaScript SDK (installed with npm into the build
+folder: SK_NPM_DIR).
+
+Environment (from meson): SK_SINKD, SK_MODEL, SK_PYTHON_DIR, SK_NPM_DIR.
+"""
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.environ.get("SK_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "..", "python")))
+import sinkd  # noqa: E402
+
+SINKD = os.environ["SK_SINKD"]
+MODEL = os.environ["SK_MODEL"]
+PROMPT = "Once upon a time"
+KEY = "sk-test-0123456789abcdef"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Daemon:
+    def __init__(self, extra=()):
+        self.dir = tempfile.mkdtemp(prefix="sinkd-http-")
+        self.sock = os.path.join(self.dir, "sinkd.sock")
+        self.http = os.path.join(self.dir, "sinkd-http.sock")
+        self.key = os.path.join(self.dir, "key")
+        with open(self.key, "w") as f:
+            f.write(KEY + "\n")
+        os.chmod(self.key, 0o600)
+        self.port = free_port()
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        args = [SINKD, "--model", MODEL, "--socket", self.sock, "--state-dir",
+                os.path.join(self.dir, "state"), "--threads", "1",
+                "--max-sessions", "256", "--max-user-sessions", "256",
+                "--window", "252", "--http-listen", "127.0.0.1:%d" % self.port,
+                "--http-key-file", self.key] + list(extra)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("sinkd exited %d:\n%s" % (self.proc.returncode, self.logtext()))
+            try:
+                with sinkd.Client(socket=self.sock, timeout=5) as c:
+                    c.ping()
+                if os.path.exists(self.http):
+                    return
+            except sinkd.SinkdError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("sinkd did not start:\n" + self.logtext())
+
+    def logtext(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self):
+        self.proc.terminate()
+        rc = self.proc.wait(30)
+        if rc != 0:
+            print("---- sinkd log ----\n" + self.logtext(), file=sys.stderr)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return rc
+
+
+D = None
+
+
+def setUpModule():
+    global D
+    D = Daemon()
+
+
+def tearDownModule():
+    rc = D.stop()
+    assert rc == 0, "sinkd exited %d" % rc
+
+
+def curl(*args, data=None):
+    cmd = ["curl", "-sS", "--max-time", "60", "--unix-socket", D.http]
+    if data is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(data)]
+    out = subprocess.run(cmd + ["-w", "\n%{http_code}"] + list(args), capture_output=True,
+                         check=True)
+    body, _, code = out.stdout.rpartition(b"\n")
+    return int(code), body
+
+
+def sse(body):
+    """The data of the events of a text/event-stream body."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        if block.startswith("data: "):
+            events.append(block[6:])
+    return events
+
+
+def raw(data, path=None, read_timeout=15, chunks=None):
+    """Sends data (or the pieces of chunks) on a new connection and returns
+    all it reads until the daemon closes it or read_timeout passes."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path or D.http)
+    s.settimeout(read_timeout)
+    for piece in (chunks or [data]):
+        try:
+            s.sendall(piece)
+        except OSError:
+            break
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except socket.timeout:
+        out += b"<timeout>"
+    except ConnectionResetError:
+        out += b"<reset>"
+    s.close()
+    return out
+
+
+def own_generate(prompt, **kw):
+    """The same generation through the msgpack protocol: text and usage."""
+    with sinkd.Client(socket=D.sock) as c:
+        s = c.open(temporary=True)
+        res = {}
+        text = "".join(c.generate(s, prompt=prompt, result=res, **kw))
+        return text, res
+
+
+class Completions(unittest.TestCase):
+    def test_models_health(self):
+        code, body = curl("http://x/v1/models")
+        self.assertEqual(code, 200)
+        self.assertEqual(json.loads(body)["data"][0]["id"], "stories260K")
+        code, body = curl("http://x/health")
+        self.assertEqual((code, json.loads(body)), (200, {"status": "ok"}))
+
+    def test_completion_matches_protocol(self):
+        code, body = curl("http://x/v1/completions",
+                          data={"model": "stories260K", "prompt": PROMPT, "max_tokens": 24,
+                                "temperature": 0})
+        self.assertEqual(code, 200, body)
+        r = json.loads(body)
+        self.assertEqual(r["object"], "text_completion")
+        text, res = own_generate(PROMPT, max_tokens=24, temperature=0, top_k=0, top_p=1.0)
+        self.assertEqual(r["choices"][0]["text"], text)
+        self.assertEqual(r["choices"][0]["finish_reason"], "length")
+        u = r["usage"]
+        self.assertEqual(u["prompt_tokens"], res["usage"]["prompt_tokens"])
+        self.assertEqual(u["completion_tokens"], res["usage"]["completion_tokens"])
+        self.assertEqual(u["completion_tokens"], 24)
+        with sinkd.Client(socket=D.sock) as c:
+            self.assertEqual(u["prompt_tokens"], len(c.tokenize(PROMPT)))
+        self.assertEqual(u["total_tokens"], u["prompt_tokens"] + 24)
+
+    def test_stream_equals_whole(self):
+        req = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+        _, body = curl("http://x/v1/completions", data=req)
+        whole = json.loads(body)
+        code, body = curl("-N", "http://x/v1/completions",
+                          data=dict(req, stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(code, 200)
+        ev = sse(body)
+        self.assertEqual(ev[-1], "[DONE]")
+        chunks = [json.loads(e) for e in ev[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        self.assertEqual(text, whole["choices"][0]["text"])
+        self.assertEqual(chunks[-2]["choices"][0]["finish_reason"], "length")
+        self.assertEqual(chunks[-1]["usage"], whole["usage"])
+        self.assertEqual(sum(1 for c in chunks if c["choices"] and c["choices"][0]["text"]), 12)
+
+    def test_seed_and_sampling(self):
+        req = {"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "top_p": 0.9, "seed": 7}
+        a = json.loads(curl("http://x/v1/completions", data=req)[1])
+        b = json.loads(curl("http://x/v1/completions", data=req)[1])
+        self.assertEqual(a["choices"][0]["text"], b["choices"][0]["text"])
+        text, _ = own_generate(PROMPT, max_tokens=16, temperature=1.0, top_p=0.9, top_k=0, seed=7)
+        self.assertEqual(a["choices"][0]["text"], text)
+
+    def test_stop_string_excluded(self):
+        full = json.loads(curl("http://x/v1/completions",
+                               data={"prompt": PROMPT, "max_tokens": 24, "temperature": 0})[1])
+        t = full["choices"][0]["text"]
+        stop = t[10:14]
+        idx = t.index(stop)
+        for stream in (False, True):
+            code, body = curl("-N", "http://x/v1/completions",
+                              data={"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                                    "stop": [stop, "zzzz"], "stream": stream})
+            self.assertEqual(code, 200)
+            if stream:
+                chunks = [json.loads(e) for e in sse(body)[:-1]]
+                got = "".join(c["choices"][0]["text"] for c in chunks)
+                reason = chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                r = json.loads(body)
+                got, reason = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+            self.assertEqual(got, t[:idx])
+            self.assertEqual(reason, "stop")
+
+    def test_sessions(self):
+        code, body = curl("http://x/v1/completions",
+                          data={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                "session": "new", "policy": "window", "window": 16})
+        self.assertEqual(code, 200, body)
+        r = json.loads(body)
+        ext = r["sinkd"]
+        sid = ext["session"]
+        n_prompt = r["usage"]["prompt_tokens"]
+        with sinkd.Client(socket=D.sock) as c:
+            st = c.stats(sid)
+        self.assertEqual(st["policy"], "window")
+        self.assertEqual((ext["seen"], ext["resident"]), (st["seen"], st["resident"]))
+        self.assertEqual(ext["evicted"], max(0, st["seen"] - 16))
+        # Continued: only the new text is appended; the window evicts.
+        code, body = curl("http://x/v1/completions",
+                          data={"prompt": " and", "max_tokens": 8, "temperature": 0,
+                                "session": sid})
+        r2 = json.loads(body)
+        self.assertEqual(code, 200, body)
+        self.assertEqual(r2["sinkd"]["session"], sid)
+        self.assertEqual(r2["sinkd"]["resident"], 16)
+        self.assertGreater(r2["sinkd"]["seen"], ext["seen"])
+        self.assertTrue(r2["sinkd"]["evicted_ranges"])
+        with sinkd.Client(socket=D.sock) as c:
+            self.assertEqual(r2["usage"]["prompt_tokens"], len(c.tokenize(" and", bos=False)))
+        self.assertGreaterEqual(n_prompt, 5)
+        # Unknown session: 404; other policy fields with an id: 400.
+        code, body = curl("http://x/v1/completions", data={"prompt": "x", "session": 999999})
+        self.assertEqual(code, 404)
+        self.assertEqual(json.loads(body)["error"]["code"], "no_such_session")
+        with sinkd.Client(socket=D.sock) as c:
+            c.close(sid)
+
+    def test_metrics(self):
+        curl("http://x/v1/completions", data={"prompt": PROMPT, "max_tokens": 3})
+        code, body = curl("http://x/metrics")
+        self.assertEqual(code, 200)
+        m = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                m[k] = float(v)
+        self.assertGreaterEqual(m['sinkd_http_requests_total{route="completions"}'], 1)
+        self.assertGreaterEqual(m["sinkd_tokens_generated_total"], 3)
+        self.assertGreater(m["sinkd_http_token_interval_seconds_count"], 0)
+        with sinkd.Client(socket=D.sock) as c:
+            st = c.stats()
+        self.assertGreaterEqual(st["tokens_generated"], m["sinkd_tokens_generated_total"])
+
+
+class Tcp(unittest.TestCase):
+    def get(self, path, auth=None):
+        cmd = ["curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}"]
+        if auth:
+            cmd += ["-H", "Authorization: " + auth]
+        out = subprocess.run(cmd + ["http://127.0.0.1:%d%s" % (D.port, path)],
+                             capture_output=True, check=True).stdout
+        body, _, code = out.rpartition(b"\n")
+        return int(code), body
+
+    def test_key(self):
+        self.assertEqual(self.get("/health")[0], 401)
+        self.assertEqual(self.get("/health", "Bearer wrong-key-wrong-key")[0], 401)
+        self.assertEqual(self.get("/health", "Bearer " + KEY[:-1])[0], 401)
+        code, body = self.get("/v1/models", "Bearer " + KEY)
+        self.assertEqual(code, 200, body)
+
+    def test_key_file_mode(self):
+        d = tempfile.mkdtemp()
+        key = os.path.join(d, "key")
+        with open(key, "w") as f:
+            f.write(KEY)
+        os.chmod(key, 0o644)
+        p = subprocess.run([SINKD, "--model", MODEL, "--socket", os.path.join(d, "s.sock"),
+                            "--state-dir", os.path.join(d, "state"), "--http-listen",
+                            "127.0.0.1:%d" % free_port(), "--http-key-file", key],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("must be a regular file of mode 0600", p.stderr + p.stdout)
+        p = subprocess.run([SINKD, "--model", MODEL, "--http-listen", "10.1.2.3:80x"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("is not ADDRESS:PORT", p.stderr)
+        p = subprocess.run([SINKD, "--model", MODEL, "--socket", os.path.join(d, "t.sock"),
+                            "--state-dir", os.path.join(d, "state"),
+                            "--http-listen", "127.0.0.1:8080"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("a TCP listener needs an API key", p.stderr + p.stdout)
+        shutil.rmtree(d)
+
+
+def status_of(resp):
+    if not resp.startswith(b"HTTP/1.1 "):
+        return None
+    return int(resp[9:12])
+
+
+def body_of(resp):
+    return resp.split(b"\r\n\r\n", 1)[1]
+
+
+POST = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s")
+
+
+def post(body, extra=b""):
+    return POST.replace(b"Host: x\r\n", b"Host: x\r\n" + extra) % (len(body), body)
+
+
+class Hostile(unittest.TestCase):
+    def still_fine(self):
+        with sinkd.Client(socket=D.sock, timeout=5) as c:
+            t = time.time()
+            c.ping()
+            self.assertLess(time.time() - t, 0.5)
+        code, _ = curl("http://x/health")
+        self.assertEqual(code, 200)
+
+    def expect(self, data, status, code=None, closed=True, chunks=None):
+        resp = raw(data, chunks=chunks)
+        self.assertEqual(status_of(resp), status, resp[:300])
+        if closed:
+            self.assertFalse(resp.endswith(b"<timeout>"), "connection not closed")
+        if resp.endswith(b"<reset>"):  # closed with the client's bytes unread
+            resp = resp[:-7]
+        if code:
+            err = json.loads(body_of(resp))
+            self.assertEqual(err["error"]["code"], code, err)
+            self.assertIsInstance(err["error"]["message"], str)
+        self.still_fine()
+        return resp
+
+    def test_table(self):
+        big = b"a" * (2 << 20)
+        cases = [
+            ("oversized headers", b"GET /health HTTP/1.1\r\nX-A: " + b"a" * 20000 + b"\r\n\r\n",
+             431, "malformed_request"),
+            ("too many headers", b"GET /health HTTP/1.1\r\n" + b"X-A: 1\r\n" * 100 + b"\r\n", 431,
+             "malformed_request"),
+            ("long target", b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n", 414, "malformed_request"),
+            ("declared body too large",
+             b"POST /v1/completions HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n", 413,
+             "malformed_request"),
+            ("body too large", post(big), 413, "malformed_request"),
+            ("chunked body too large",
+             b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" +
+             (b"100000\r\n" + b"a" * 0x100000 + b"\r\n") * 2 + b"0\r\n\r\n", 413,
+             "malformed_request"),
+            ("bad chunk size",
+             b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+             400, "malformed_request"),
+            ("garbage", b"\x00\x01\x02\xff garbage\r\n\r\n", 400, "malformed_request"),
+            ("bad version", b"GET /health HTTP/9.Q\r\n\r\n", 400, "malformed_request"),
+            ("upgrade", b"GET /health HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+             400, "malformed_request"),
+        ]
+        for name, data, status, code in cases:
+            with self.subTest(name):
+                self.expect(data, status, code)
+
+    def test_bad_json(self):
+        close = b"Connection: close\r\n"
+        cases = [
+            ("invalid JSON", b"{\"prompt\": ", "invalid JSON"),
+            ("not an object", b"[1,2]", "must be a JSON object"),
+            ("duplicate key", b'{"prompt":"a","prompt":"b"}', "invalid JSON"),
+            ("prompt type", b'{"prompt": 5}', "'prompt' must be a string"),
+            ("max_tokens type", b'{"prompt": "a", "max_tokens": "x"}', "'max_tokens' must be"),
+            ("negative max_tokens", b'{"prompt": "a", "max_tokens": -1}', "'max_tokens' must be"),
+            ("huge max_tokens", b'{"prompt": "a", "max_tokens": 1000000000000}',
+             "'max_tokens' must be an integer from 0 to 1048576"),
+            ("temperature range", b'{"prompt": "a", "temperature": 5}', "'temperature' must be"),
+            ("top_p type", b'{"prompt": "a", "top_p": "high"}', "'top_p' must be"),
+            ("stream type", b'{"prompt": "a", "stream": "yes"}', "'stream' must be true or false"),
+            ("n = 2", b'{"prompt": "a", "n": 2}', "'n' must be 1"),
+            ("stop type", b'{"prompt": "a", "stop": [1]}', "'stop' must be"),
+            ("too many stops", b'{"prompt": "a", "stop": [' + b",".join([b'"x"'] * 17) + b"]}",
+             "at most 16"),
+            ("session type", b'{"prompt": "a", "session": "old"}', "'session' must be"),
+            ("bad policy", b'{"prompt": "a", "policy": "lru"}', "policy"),
+            ("empty body", b"", "invalid JSON"),
+        ]
+        for name, body, needle in cases:
+            with self.subTest(name):
+                resp = self.expect(post(body, close), 400)
+                err = json.loads(body_of(resp))["error"]
+                self.assertIn(needle, err["message"])
+                self.assertEqual(err["type"], "invalid_request_error")
+
+    def test_routes(self):
+        close = b"Connection: close\r\n"
+        self.expect(b"GET /nope HTTP/1.1\r\n" + close + b"\r\n", 404, "not_found")
+        self.expect(b"GET /v1/completions HTTP/1.1\r\n" + close + b"\r\n", 405,
+                    "method_not_allowed")
+        self.expect(b"DELETE /v1/models HTTP/1.1\r\n" + close + b"\r\n", 405, "method_not_allowed")
+
+    def test_pipelined(self):
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 4, "temperature": 0}).encode()
+        data = (b"GET /health HTTP/1.1\r\n\r\n" + post(body) + b"GET /v1/models HTTP/1.1\r\n\r\n"
+                + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+        resp = raw(data)
+        self.assertFalse(resp.endswith(b"<timeout>"))
+        parts = resp.split(b"HTTP/1.1 ")[1:]
+        self.assertEqual([int(p[:3]) for p in parts], [200, 200, 200, 200])
+        self.assertIn(b'"text_completion"', parts[1])
+        self.assertIn(b'"stories260K"', parts[2])
+        # Many tiny pipelined requests in one write: all answered in order.
+        n = 2000
+        resp = raw(b"GET /health HTTP/1.1\r\n\r\n" * n + b"GET /nope HTTP/1.1\r\n"
+                   b"Connection: close\r\n\r\n")
+        self.assertEqual(resp.count(b"HTTP/1.1 200 OK"), n)
+        self.assertTrue(resp.rstrip(b"}").endswith(b'"code":"not_found"'))
+        self.still_fine()
+
+    def test_expect_continue(self):
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 2}).encode()
+        resp = raw(None, chunks=[post(b"", b"Expect: 100-continue\r\nConnection: close\r\n")
+                                 .replace(b"Content-Length: 0", b"Content-Length: %d" % len(body)),
+                                 body])
+        self.assertTrue(resp.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"), resp)
+
+    def test_slowloris(self):
+        # Headers one byte at a time, never finished: 408 after the
+        # deadline (10 s), and the daemon serves others meanwhile.
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(D.http)
+        t0 = time.time()
+        s.sendall(b"GET /health HTTP/1.1\r\nX-Slow: ")
+        s.settimeout(0.5)
+        got = b""
+        while time.time() - t0 < 14:
+            try:
+                try:
+                    s.sendall(b"a")
+                except OSError:
+                    pass  # closed: what it sent is still to be read
+                b = s.recv(4096)
+                if not b:
+                    break
+                got += b
+            except socket.timeout:
+                self.still_fine()
+            except OSError:
+                break
+        s.close()
+        self.assertEqual(status_of(got), 408, got)
+        self.assertGreaterEqual(time.time() - t0, 9.5)
+        self.assertIn(b'"code":"request_timeout"', got)
+
+
+def stream_request(body, path=None):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path or D.http)
+    s.sendall(post(json.dumps(body).encode()))
+    return s
+
+
+class Cancel(unittest.TestCase):
+    def test_disconnect_cancels(self):
+        with sinkd.Client(socket=D.sock) as c:
+            sid = c.open()
+            c.append(sid, PROMPT)
+            seen0 = c.stats(sid)["seen"]
+            s = stream_request({"prompt": " and", "max_tokens": 100000, "stream": True,
+                                "session": sid, "temperature": 1.0})
+            got = b""
+            while got.count(b"data: ") < 5:
+                got += s.recv(4096)
+            s.close()
+            t0 = time.time()
+            while c.stats(sid)["busy"]:
+                self.assertLess(time.time() - t0, 1.0, "still generating 1 s after the disconnect")
+                time.sleep(0.005)
+            stopped_ms = (time.time() - t0) * 1000
+            seen = c.stats(sid)["seen"]
+            time.sleep(0.3)
+            self.assertEqual(c.stats(sid)["seen"], seen)
+            # Far less than asked: it stopped. The session keeps what was made.
+            self.assertLess(seen - seen0, 5000)
+            self.assertGreaterEqual(seen - seen0, 5)
+            c.close(sid)
+        print("disconnect: generation stopped %.1f ms after the client closed, "
+              "%d tokens generated" % (stopped_ms, seen - seen0 - 1), file=sys.stderr)
+
+
+class Load(unittest.TestCase):
+    def test_concurrent_streams(self):
+        n_http, n_msgpack = 100, 8
+        errors = []
+        done_tokens = []
+        start = threading.Barrier(n_http + n_msgpack + 1)
+
+        def http_client(i):
+            try:
+                start.wait()
+                s = stream_request({"prompt": PROMPT, "max_tokens": 32, "stream": True,
+                                    "seed": i, "stream_options": {"include_usage": True}})
+                s.settimeout(120)
+                got = b""
+                while not got.endswith(b"0\r\n\r\n"):
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    got += b
+                s.close()
+                if b"data: [DONE]" not in got:
+                    errors.append("http %d: %r" % (i, got[-200:]))
+                else:
+                    done_tokens.append(got.count(b'"finish_reason":null'))
+            except Exception as e:  # noqa: BLE001
+                errors.append("http %d: %s" % (i, e))
+
+        def msgpack_client(i):
+            try:
+                start.wait()
+                with sinkd.Client(socket=D.sock, timeout=120) as c:
+                    s = c.open(temporary=True)
+                    n = sum(1 for _ in c.generate(s, prompt=PROMPT, max_tokens=32, seed=i))
+                    if n < 1:
+                        errors.append("msgpack %d: no tokens" % i)
+            except Exception as e:  # noqa: BLE001
+                errors.append("msgpack %d: %s" % (i, e))
+
+        threads = [threading.Thread(target=http_client, args=(i,)) for i in range(n_http)]
+        threads += [threading.Thread(target=msgpack_client, args=(i,)) for i in range(n_msgpack)]
+        for t in threads:
+            t.start()
+        pings = []
+        with sinkd.Client(socket=D.sock, timeout=10) as c:
+            start.wait()
+            while any(t.is_alive() for t in threads):
+                t0 = time.time()
+                c.ping()
+                pings.append((time.time() - t0) * 1000)
+                time.sleep(0.02)
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(len(done_tokens), n_http)
+        self.assertTrue(all(n == 32 for n in done_tokens), done_tokens)
+        pings.sort()
+        print("load: %d HTTP streams + %d msgpack clients, %d pings: median %.2f ms, max %.2f ms"
+              % (n_http, n_msgpack, len(pings), pings[len(pings) // 2], pings[-1]),
+              file=sys.stderr)
+        self.assertLess(pings[-1], 100.0)
+        Hostile.still_fine(self)
+
+
+class OpenAISDK(unittest.TestCase):
+    def test_sdk(self):
+        npm_dir = os.environ["SK_NPM_DIR"]
+        os.makedirs(npm_dir, exist_ok=True)
+        if not os.path.exists(os.path.join(npm_dir, "node_modules", "openai")):
+            p = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", npm_dir,
+                                "openai@4"], capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, "npm install openai failed:\n" + p.stderr)
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test-http-sdk.mjs")
+        env = dict(os.environ, NODE_PATH=os.path.join(npm_dir, "node_modules"),
+                   SK_BASE_URL="http://127.0.0.1:%d/v1" % D.port, SK_KEY=KEY,
+                   SK_NPM_DIR=npm_dir)
+        p = subprocess.run(["node", script], capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        text, res = own_generate(PROMPT, max_tokens=20, temperature=0, top_k=0, top_p=1.0)
+        self.assertEqual(out["completion"]["text"], text)
+        self.assertEqual(out["completion"]["usage"]["completion_tokens"],
+                         res["usage"]["completion_tokens"])
+        self.assertEqual(out["completion"]["usage"]["prompt_tokens"],
+                         res["usage"]["prompt_tokens"])
+        self.assertEqual(out["stream"]["text"], text[:len(out["stream"]["text"])])
+        self.assertEqual(out["stream"]["usage"]["completion_tokens"], 20)
+        self.assertEqual(out["stream"]["finish_reason"], "length")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
