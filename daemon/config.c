@@ -92,14 +92,14 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                                       "--max-user-input-memory", T_SIZE_AUTO,
                                       F(max_user_input_memory), SK_LIMIT_MIN_FRAME,
                                       0 /* physical memory */, true},
-    [SK_CFG_HTTP_SOCKET] = {"http", "socket", "--http-socket", T_PATH, F(http_socket), 0, 0,
+    [SK_CFG_HTTP_SOCKET] = {"daemon", "http_socket", "--http-socket", T_PATH, F(http_socket), 0, 0,
                             false},
-    [SK_CFG_HTTP_LISTEN] = {"http", "listen", "--http-listen", T_PATH, F(http_listen), 0, 0,
+    [SK_CFG_HTTP_LISTEN] = {"daemon", "http_listen", "--http-listen", T_PATH, F(http_listen), 0, 0,
                             false},
-    [SK_CFG_HTTP_KEY_FILE] = {"http", "key_file", "--http-key-file", T_PATH, F(http_key_file), 0,
+    [SK_CFG_HTTP_KEY_FILE] = {"daemon", "http_key_file", "--http-key-file", T_PATH, F(http_key_file), 0,
                               0, false},
     /* a uid: the kernel's uid_t, without (uid_t)-1, which means "none" */
-    [SK_CFG_HTTP_UID] = {"http", "uid", "--http-uid", T_U32_AUTO, F(http_uid), 1,
+    [SK_CFG_HTTP_UID] = {"daemon", "http_uid", "--http-uid", T_U32_AUTO, F(http_uid), 1,
                          UINT32_MAX - 1, false},
 };
 
@@ -727,8 +727,8 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
                   : snprintf(path, sizeof path, "sinkd-http.sock");
     if (n < 0 || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "[http] socket (default): '%s' would be longer than a socket path "
-                          "may be; set [http] socket or --http-socket",
+                          "[daemon] http_socket (default): '%s' would be longer than a socket "
+                          "path may be; set http_socket or --http-socket",
                           path);
     c->http_socket = strdup(path);
     if (!c->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
@@ -737,7 +737,7 @@ int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
   if (c->http_listen && !c->http_key_file) {
     where(c, SK_CFG_HTTP_LISTEN, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "%sa TCP listener needs an API key: set [http] key_file (or "
+                        "%sa TCP listener needs an API key: set http_key_file (or "
                         "--http-key-file) to a file of mode 0600 holding it",
                         at);
   }

@@ -80,6 +80,10 @@ enum sk_config_key {
   SK_CFG_LOG_LEVEL,
   SK_CFG_KV_TYPE,
   SK_CFG_CHAT_TEMPLATE,
+  SK_CFG_HTTP_SOCKET,
+  SK_CFG_HTTP_LISTEN,
+  SK_CFG_HTTP_KEY_FILE,
+  SK_CFG_HTTP_UID,
   SK_CFG_POLICY,
   SK_CFG_SINKS,
   SK_CFG_WINDOW,
@@ -96,10 +100,6 @@ enum sk_config_key {
   SK_CFG_FRAME_TIMEOUT,
   SK_CFG_MAX_INPUT_MEMORY,
   SK_CFG_MAX_USER_INPUT_MEMORY,
-  SK_CFG_HTTP_SOCKET,
-  SK_CFG_HTTP_LISTEN,
-  SK_CFG_HTTP_KEY_FILE,
-  SK_CFG_HTTP_UID,
   SK_CFG__COUNT
 };
 
@@ -145,7 +145,7 @@ struct sk_config {
                                      64 x max_frame */
   uint64_t max_user_input_memory; /* the same for one uid; 0 = auto:
                                      16 x max_frame */
-  /* [http]: the OpenAI-compatible endpoint (sinkd-http(7)) */
+  /* the OpenAI-compatible HTTP endpoint (sinkd-http(7)) */
   char *http_socket;     /* its Unix socket; NULL until resolved: beside
                             `socket`, named sinkd-http.sock; "none": off */
   char *http_listen;     /* loopback TCP "HOST:PORT"; NULL: none */

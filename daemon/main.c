@@ -88,6 +88,11 @@ static void usage(FILE *f) {
           "      --chat-template NAME  template family of the chat op: auto (default: the\n"
           "                          model's tokenizer.chat_template), none, or a family\n"
           "                          (chatml, llama3, mistral-v7, ...; sinkd.conf(5))\n"
+          "      --http-socket PATH|none  the OpenAI-compatible HTTP socket (default\n"
+          "                          sinkd-http.sock beside --socket; see sinkd-http(7))\n"
+          "      --http-listen ADDR:PORT  also serve HTTP on TCP (needs --http-key-file)\n"
+          "      --http-key-file FILE  API key for TCP requests (file of mode 0600)\n"
+          "      --http-uid UID|auto  uid that TCP requests act as (auto: sinkd's own)\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -97,7 +102,7 @@ static void usage(FILE *f) {
           "log level); SIGINT/SIGTERM shut down cleanly.\n"
           "Exit status: 0 after a clean shutdown, 1 on a start-up error (bad model,\n"
           "socket in use), 2 on a usage or configuration error.\n"
-          "See sinkd(8) and sinkd.conf(5).\n",
+          "See sinkd(8), sinkd.conf(5) and sinkd-http(7).\n",
           sk_config_default_path());
 }
 
@@ -390,12 +395,12 @@ static int read_key_file(const char *path, char *ret, size_t size) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) < 0) {
-    sk_log(SK_LOG_ERR, "[http] key_file %s: %s", path, strerror(errno));
+    sk_log(SK_LOG_ERR, "http_key_file %s: %s", path, strerror(errno));
     if (fd >= 0) close(fd);
     return -1;
   }
   if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
-    sk_log(SK_LOG_ERR, "[http] key_file %s: must be a regular file of mode 0600 (it is %04o): "
+    sk_log(SK_LOG_ERR, "http_key_file %s: must be a regular file of mode 0600 (it is %04o): "
                        "chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
     close(fd);
     return -1;
@@ -409,7 +414,7 @@ static int read_key_file(const char *path, char *ret, size_t size) {
   for (ssize_t i = 0; i < n; i++)
     if (ret[i] <= 0x20 || ret[i] == 0x7f) ok = false;
   if (!ok) {
-    sk_log(SK_LOG_ERR, "[http] key_file %s: the key must be one line of 16 to %zu printable "
+    sk_log(SK_LOG_ERR, "http_key_file %s: the key must be one line of 16 to %zu printable "
                        "characters without spaces", path, size - 2);
     return -1;
   }

@@ -4,7 +4,7 @@
 _sinkd() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   case $prev in
-    -c|--config|-m|--model|-s|--socket)
+    -c|--config|-m|--model|-s|--socket|--http-socket|--http-key-file)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --state-dir)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -20,8 +20,9 @@ _sinkd() {
     -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory|\
     --max-input-memory|--max-user-input-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
+    --http-uid) COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions|\
-    --max-user-clients|--frame-timeout)
+    --max-user-clients|--frame-timeout|--http-listen)
       COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
@@ -29,7 +30,8 @@ _sinkd() {
     --max-memory --max-user-sessions --max-user-memory --max-user-clients --max-frame
     --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch
-    --kv-type --chat-template --log-level --verbose --help --version" -- "$cur"))
+    --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
+    --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

@@ -223,7 +223,8 @@ static void test_errors(void **state) {
                "debug)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, log_level, kv_type, chat_template)");
+               "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
+               "http_key_file, http_uid)");
   expect_error("[daemon]\nmodel = /a\nmodel = /b\n",
                ":3: [daemon] model: given again (first on line 2)");
   /* An indented line is a line of its own, not a continuation. */
@@ -548,14 +549,16 @@ static void test_key_table(void **state) {
     assert_int_equal(strncmp(opt, "--", 2), 0);
     for (size_t i = 0; name[i]; i++) assert_int_equal(opt[2 + i] == '-' ? '_' : opt[2 + i], name[i]);
   }
-  static const enum sk_config_key fixed[] = {SK_CFG_MODEL,   SK_CFG_SOCKET, SK_CFG_STATE_DIR,
-                                              SK_CFG_THREADS, SK_CFG_BATCH,  SK_CFG_KV_TYPE,
-                                              SK_CFG_CHAT_TEMPLATE};
-  int n_fixed = 0;
+  static const enum sk_config_key fixed[] = {
+      SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
+      SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
+      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE};
+  const size_t n = sizeof fixed / sizeof fixed[0];
+  size_t n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)
     if (!sk_config_key_reloadable((enum sk_config_key)k)) n_fixed++;
-  assert_int_equal(n_fixed, 7);
-  for (size_t i = 0; i < 7; i++) assert_false(sk_config_key_reloadable(fixed[i]));
+  assert_int_equal(n_fixed, n);
+  for (size_t i = 0; i < n; i++) assert_false(sk_config_key_reloadable(fixed[i]));
   assert_string_equal(sk_config_log_level_name(SK_LOG_WARNING), "warning");
   assert_string_equal(sk_config_log_level_name(99), "?");
 }
