@@ -313,6 +313,37 @@ class Tcp(unittest.TestCase):
         shutil.rmtree(d)
 
 
+class Activation(unittest.TestCase):
+    def test_passed_sockets(self):
+        """systemd-socket-activate passes both sockets, the HTTP one named
+        "http" (as sinkd-http.socket does): sinkd serves on both and binds
+        nothing of its own."""
+        act = shutil.which("systemd-socket-activate")
+        self.assertIsNotNone(act, "systemd-socket-activate (Debian package systemd)")
+        d = tempfile.mkdtemp()
+        a, h = os.path.join(d, "a.sock"), os.path.join(d, "h.sock")
+        p = subprocess.Popen([act, "-l", a, "-l", h, "--fdname=sinkd:http", SINKD, "--model",
+                              MODEL, "--state-dir", os.path.join(d, "state"), "--socket",
+                              os.path.join(d, "unused.sock")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 10
+            while not (os.path.exists(a) and os.path.exists(h)) and time.time() < deadline:
+                time.sleep(0.05)
+            resp = raw(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n", path=h)
+            self.assertEqual(status_of(resp), 200, resp)
+            with sinkd.Client(socket=a, timeout=10) as c:
+                c.ping()
+            self.assertFalse(os.path.exists(os.path.join(d, "unused.sock")))
+            self.assertFalse(os.path.exists(os.path.join(d, "sinkd-http.sock")))
+        finally:
+            p.terminate()
+            _, err = p.communicate(timeout=30)
+            shutil.rmtree(d)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("HTTP (OpenAI-compatible) on the passed socket", err)
+
+
 def status_of(resp):
     if not resp.startswith(b"HTTP/1.1 "):
         return None

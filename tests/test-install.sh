@@ -33,6 +33,7 @@ for f in "$SBINDIR/sinkd" "$BINDIR/sinkctl" \
          "$INCLUDEDIR/sinkd/client.h" "$INCLUDEDIR/sinkd/protocol.h" \
          "$SYSTEM_UNIT_DIR/sinkd.service" "$SYSTEM_UNIT_DIR/sinkd.socket" \
          "$USER_UNIT_DIR/sinkd.service" "$USER_UNIT_DIR/sinkd.socket" \
+         "$SYSTEM_UNIT_DIR/sinkd-http.socket" "$USER_UNIT_DIR/sinkd-http.socket" \
          "$SYSUSERS_DIR/sinkd.conf" "$TMPFILES_DIR/sinkd.conf" \
          "$SYSCONFDIR/sinkd/sinkd.conf" \
          "$COMPLETION_DIR/sinkctl" "$COMPLETION_DIR/sinkd"; do
@@ -106,16 +107,18 @@ echo "ok: example configuration"
 command -v systemd-analyze >/dev/null || fail "systemd-analyze not found (Debian package systemd; scripts/deps.sh --tests)"
 mkdir -p "$tmp/system" "$tmp/user" "$tmp/runtime"
 chmod 700 "$tmp/runtime"
-for unit in sinkd.service sinkd.socket; do
+for unit in sinkd.service sinkd.socket sinkd-http.socket; do
   # ExecStart= must name an existing file: the installed one.
   sed "s|^ExecStart=$SBINDIR/|ExecStart=$dest$SBINDIR/|" "$dest$SYSTEM_UNIT_DIR/$unit" > "$tmp/system/$unit"
   sed "s|^ExecStart=$SBINDIR/|ExecStart=$dest$SBINDIR/|" "$dest$USER_UNIT_DIR/$unit" > "$tmp/user/$unit"
 done
 MANPATH=$dest$MANDIR systemd-analyze verify --man=$man "$tmp/system/sinkd.service" "$tmp/system/sinkd.socket" \
+  "$tmp/system/sinkd-http.socket" \
   >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify (system units)"; }
 [[ ! -s $tmp/verify.log ]] || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify had remarks"; }
 XDG_RUNTIME_DIR=$tmp/runtime MANPATH=$dest$MANDIR systemd-analyze --user verify --man=$man \
-  "$tmp/user/sinkd.service" "$tmp/user/sinkd.socket" >"$tmp/verify.log" 2>&1 \
+  "$tmp/user/sinkd.service" "$tmp/user/sinkd.socket" "$tmp/user/sinkd-http.socket" \
+  >"$tmp/verify.log" 2>&1 \
   || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify (user units)"; }
 [[ ! -s $tmp/verify.log ]] || { cat "$tmp/verify.log" >&2; fail "systemd-analyze verify had remarks"; }
 # The check is real: a typo gets a remark.
