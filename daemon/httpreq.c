@@ -87,7 +87,11 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     r->auth_len += len;
     r->auth[r->auth_len] = 0;
   } else if (r->header_field == HDR_EXPECT) {
-    if (len == 12 && strncasecmp(at, "100-continue", 12) == 0) r->expect_continue = true;
+    /* The value may come in pieces; longer values match nothing. */
+    for (size_t i = 0; i < len; i++, r->expect_len++)
+      if (r->expect_len < sizeof r->expect - 1) r->expect[r->expect_len] = at[i];
+    if (r->expect_len < sizeof r->expect) r->expect[r->expect_len] = 0;
+    else r->expect[0] = 0;
   }
   return 0;
 }
@@ -108,6 +112,7 @@ static int on_headers_complete(http_parser *p) {
     fail(r, 400, "protocol upgrades are not supported");
     return -1;
   }
+  r->expect_continue = strcasecmp(r->expect, "100-continue") == 0;
   bool has_body = chunked || (p->content_length != ULLONG_MAX && p->content_length > 0);
   if (r->expect_continue && has_body) http_parser_pause(p, 1);
   else r->expect_continue = false;
@@ -170,6 +175,8 @@ void sk_http_reader_next(struct sk_http_reader *r) {
   r->url_len = r->auth_len = 0;
   r->url[0] = r->auth[0] = 0;
   r->auth_too_long = r->expect_continue = r->keep_alive = false;
+  r->expect[0] = 0;
+  r->expect_len = 0;
   r->header_bytes = 0;
   r->n_headers = 0;
   r->field_done = false;

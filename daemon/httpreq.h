@@ -53,6 +53,8 @@ struct sk_http_reader {
   size_t body_len, body_cap;
   bool keep_alive;            /* the client lets the connection stay open */
   bool expect_continue;       /* Expect: 100-continue */
+  char expect[16];            /* the Expect value so far (prefix) */
+  size_t expect_len;
   /* Reading state. */
   size_t header_bytes;        /* request line + headers so far */
   uint32_t n_headers;

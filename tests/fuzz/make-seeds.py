@@ -9,6 +9,7 @@ them (python3 only, no packages: msgpack and GGUF are written by hand).
   gguf/       tiny llama models (a few KiB), valid and subtly broken
   tokenizer/  byte 0 = mode, then text (or int32 ids with bit 7 set);
               bit 1: a BPE vocabulary (bit 3: Qwen2's), bit 2: parse_special
+  http/       byte 0 = mode (body limit, read cuts), then HTTP requests
 """
 import os
 import struct
@@ -268,7 +269,39 @@ def main():
     write("tokenizer", "ids-bad", b"\x80" + struct.pack("<3i", 5, 512, -1))
     write("tokenizer", "ids-bpe", b"\x82" + struct.pack("<6i", 128000, 9906, 1917, 128009, 220, 128255))
     write("tokenizer", "ids-qwen2-mod", b"\xca" + ids + struct.pack("<2i", -5, 151645))
+    for name, data in http_requests().items():
+        write("http", name, b"\x02" + data)         # 64 KiB bodies, whole reads
+        write("http", name + "-cut", b"\x1d" + data)  # 1 KiB bodies, 7 cuts
     return 0
+
+
+def http_requests():
+    """Named HTTP client byte streams (no mode byte)."""
+    def post(body, path=b"/v1/completions", extra=b""):
+        return (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra +
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body)
+    s = {}
+    s["get-health"] = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    s["completion"] = post(b'{"model":"m","prompt":"Once upon a time","max_tokens":16,'
+                           b'"temperature":0.7,"top_p":0.9,"seed":3,"stop":["\\n","."],'
+                           b'"stream":true,"stream_options":{"include_usage":true}}')
+    s["chat"] = post(b'{"messages":[{"role":"system","content":"Be brief."},'
+                     b'{"role":"user","content":"Hi"}],"max_completion_tokens":8,'
+                     b'"session":"new","policy":"window","window":16}',
+                     b"/v1/chat/completions")
+    s["session-id"] = post(b'{"prompt":" and","session":7,"n":1}',
+                           extra=b"Authorization: Bearer sk-0123456789abcdef\r\n")
+    s["chunked"] = (b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    b"5\r\n{\"pro\r\nf\r\nmpt\": \"x\", \"n\":\r\n2\r\n2}\r\n0\r\n\r\n")
+    s["expect"] = post(b'{"prompt":"x"}', extra=b"Expect: 100-continue\r\n")
+    s["pipelined"] = (s["get-health"] + post(b'{"prompt":"a"}') +
+                      b"GET /v1/models HTTP/1.1\r\nConnection: close\r\n\r\n")
+    s["bad-json"] = post(b'{"prompt": [1, {"a": "b"}], "max_tokens": -1, "temperature": "x"}')
+    s["bad-chunk"] = (b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"zz\r\n")
+    s["http10"] = b"GET /metrics HTTP/1.0\r\n\r\n"
+    return s
 
 
 if __name__ == "__main__":
