@@ -42,6 +42,8 @@ struct hconn {
   bool close_after_write;     /* close once the output is written */
   bool reading;
   bool in_process;            /* conn_process is running (no recursion) */
+  uint32_t depth;             /* route code running on the stack */
+  bool close_pending;         /* close once it returned */
   bool closing;
   struct sk_http_req req;
   uv_timer_t timer;           /* request deadline or idle timeout */
@@ -99,8 +101,30 @@ static void conn_unref(struct hconn *c) {
 
 static void on_handle_closed(uv_handle_t *h) { conn_unref(h->data); }
 
+static void conn_close(struct hconn *c);
+
+/* Around calls into route code: a close requested meanwhile happens
+ * after it. */
+static void enter(struct hconn *c) {
+  c->refs++;
+  c->depth++;
+}
+static void leave(struct hconn *c) {
+  if (--c->depth == 0 && c->close_pending) conn_close(c);
+  conn_unref(c);
+}
+
+/* Whether the connection is closed or about to be. */
+static bool dead(const struct hconn *c) { return c->closing || c->close_pending; }
+
 static void conn_close(struct hconn *c) {
   if (c->closing) return;
+  if (c->depth) {
+    /* A route is on the stack (a write failed under it): its request
+     * must stay valid until it returns. */
+    c->close_pending = true;
+    return;
+  }
   c->closing = true;
   if (c->busy) {
     /* The client left before its response ended. */
@@ -140,7 +164,7 @@ static void on_written(uv_write_t *w, int status) {
 
 /* Queues data (taken: freed after the write). */
 static void conn_write(struct hconn *c, char *data, size_t len) {
-  if (c->closing || len == 0) {
+  if (dead(c) || len == 0) {
     free(data);
     return;
   }
@@ -223,7 +247,7 @@ static void request_done(struct hconn *c);
 void sk_http_respond(struct sk_http_req *req, int status, const char *content_type,
                      const char *body, size_t len) {
   struct hconn *c = conn_of(req);
-  if (!c->busy || c->closing) return;
+  if (!c->busy || dead(c)) return;
   if (status >= 500) c->http->stats.responses_5xx++;
   else if (status >= 400) c->http->stats.responses_4xx++;
   conn_writef(c, body, len,
@@ -262,7 +286,7 @@ void sk_http_error(struct sk_http_req *req, int status, const char *code, const 
 
 void sk_http_stream_begin(struct sk_http_req *req) {
   struct hconn *c = conn_of(req);
-  if (!c->busy || c->closing || c->streaming) return;
+  if (!c->busy || dead(c) || c->streaming) return;
   c->streaming = true;
   conn_writef(c, NULL, 0,
               "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -272,14 +296,14 @@ void sk_http_stream_begin(struct sk_http_req *req) {
 
 void sk_http_stream_event(struct sk_http_req *req, const char *data, size_t len) {
   struct hconn *c = conn_of(req);
-  if (!c->busy || c->closing || !c->streaming) return;
+  if (!c->busy || dead(c) || !c->streaming) return;
   /* One chunk: "data: " data "\n\n". */
   conn_writef(c, "\n\n\r\n", 4, "%zx\r\ndata: %.*s", len + 8, (int)len, data);
 }
 
 void sk_http_stream_end(struct sk_http_req *req) {
   struct hconn *c = conn_of(req);
-  if (!c->busy || c->closing || !c->streaming) return;
+  if (!c->busy || dead(c) || !c->streaming) return;
   conn_writef(c, NULL, 0, "0\r\n\r\n");
   request_done(c);
 }
@@ -296,17 +320,17 @@ static void back_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   struct hconn *c = s->data;
   if (nread == 0) return;
-  c->refs++; /* the route may close the connection */
+  enter(c);
   if (nread < 0 || sk_frame_reader_feed(&c->back_rd, buf->base, (size_t)nread) < 0) {
     uv_read_stop(s);
     c->back_reading = false;
     c->back_gone = true;
     if (c->busy && c->req.on_frame) c->req.on_frame(&c->req, 0, NULL);
-    conn_unref(c);
+    leave(c);
     return;
   }
   for (;;) {
-    if (c->closing) break;
+    if (dead(c)) break;
     const uint8_t *body;
     size_t len;
     int rc = sk_frame_reader_next(&c->back_rd, &body, &len);
@@ -320,7 +344,7 @@ static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (c->busy && c->req.on_frame) c->req.on_frame(&c->req, id, &msg.root);
     sk_msg_free(&msg);
   }
-  conn_unref(c);
+  leave(c);
 }
 
 static void back_resume(struct hconn *c) {
@@ -492,7 +516,7 @@ static void conn_process(struct hconn *c, const char *data, size_t len) {
 }
 
 static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
-  while (!c->closing) {
+  while (!dead(c)) {
     if (c->busy) {
       /* Bytes after the request being served (pipelining), kept up to
        * the size of one more request; past that the client waits. */
@@ -566,9 +590,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
-  c->refs++;
+  enter(c);
   conn_process(c, buf->base, (size_t)nread);
-  conn_unref(c);
+  leave(c);
 }
 
 static void conn_start(struct sk_http *h, struct hconn *c) {
