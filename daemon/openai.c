@@ -515,7 +515,9 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
   uint32_t n = 7 + (f->p.has_seed ? 1 : 0) + (f->p.n_stop ? 1 : 0) + 1;
   msgpack_pack_map(&b.pk, n);
   sk_pack_kv_u64(&b.pk, "id", f->gen_id);
-  sk_pack_kv_str(&b.pk, "op", "generate");
+  /* A chat request is the chat op: the session's chat template formats
+   * the messages, as for protocol clients. */
+  sk_pack_kv_str(&b.pk, "op", f->p.chat ? "chat" : "generate");
   sk_pack_kv_u64(&b.pk, "session", f->session);
   sk_pack_kv_u64(&b.pk, "max_tokens", f->p.max_tokens);
   sk_pack_kv_f64(&b.pk, "temperature", f->p.temperature);
@@ -528,7 +530,23 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     msgpack_pack_array(&b.pk, f->p.n_stop);
     for (uint32_t i = 0; i < f->p.n_stop; i++) sk_pack_strn(&b.pk, f->p.stop[i], f->p.stop_len[i]);
   }
-  sk_pack_kv_strn(&b.pk, "prompt", f->p.prompt ? f->p.prompt : "", f->p.prompt_len);
+  if (f->p.chat) {
+    sk_pack_cstr(&b.pk, "messages");
+    msgpack_pack_array(&b.pk, (uint32_t)json_array_size(f->p.messages));
+    size_t i;
+    json_t *m;
+    json_array_foreach(f->p.messages, i, m) {
+      json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+      msgpack_pack_map(&b.pk, 2);
+      sk_pack_kv_strn(&b.pk, "role", json_string_value(role), json_string_length(role));
+      if (json_is_string(content))
+        sk_pack_kv_strn(&b.pk, "content", json_string_value(content), json_string_length(content));
+      else
+        sk_pack_kv_str(&b.pk, "content", "");
+    }
+  } else {
+    sk_pack_kv_strn(&b.pk, "prompt", f->p.prompt ? f->p.prompt : "", f->p.prompt_len);
+  }
   if (sk_http_call(req, &b, &e) < 0) fail(req, 503, "unavailable", e.message);
 }
 
@@ -572,6 +590,15 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
     if (f->p.stream && !f->started) {
       sk_http_stream_begin(req);
       f->started = true;
+      if (f->p.chat) {
+        /* OpenAI's first chunk gives the role. */
+        json_t *o = chunk_new(f);
+        json_object_set_new(o, "model", json_string(sk_http_config(req->http)->model_name));
+        json_object_set_new(o, "choices",
+                            json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
+                                      "assistant", "content", "", "finish_reason"));
+        send_json_event(req, o);
+      }
     }
     const char *text = NULL;
     size_t len = 0;
@@ -600,12 +627,6 @@ static void handle_completion(struct sk_http_req *req, bool chat) {
   if (status) {
     free(f);
     sk_http_error(req, status, "invalid_request", "%s", msg);
-    return;
-  }
-  if (chat) {
-    /* Chat templates come with the chat op. */
-    flow_free(f);
-    sk_http_error(req, 501, "not_implemented", "chat completions are not available yet");
     return;
   }
   static uint64_t serial;
