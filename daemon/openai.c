@@ -305,12 +305,13 @@ static bool reply_ok(const msgpack_object *map) {
   return ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean;
 }
 
-static json_t *chunk_new(struct flow *f) {
+/* The fields every response object and chunk starts with. */
+static json_t *chunk_new(struct sk_http_req *req, struct flow *f) {
   return json_pack("{s:s, s:s, s:I, s:s}", "id", f->id, "object",
                    f->p.chat ? (f->p.stream ? "chat.completion.chunk" : "chat.completion")
                              : "text_completion",
                    "created", (json_int_t)f->created, "model",
-                   "sinkd");
+                   sk_http_config(req->http)->model_name);
 }
 
 static void send_json_event(struct sk_http_req *req, json_t *o) {
@@ -323,8 +324,7 @@ static void send_json_event(struct sk_http_req *req, json_t *o) {
 /* A streamed piece of text. */
 static void stream_text(struct sk_http_req *req, struct flow *f, const char *text, size_t len) {
   if (len == 0) return;
-  json_t *o = chunk_new(f);
-  json_object_set_new(o, "model", json_string(sk_http_config(req->http)->model_name));
+  json_t *o = chunk_new(req, f);
   json_t *s = json_stringn(text, len);
   if (!s) s = json_string(""); /* not UTF-8: cannot happen, tokens are completed */
   json_t *choice;
@@ -447,11 +447,9 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
   json_t *usage_j = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt,
                               "completion_tokens", (json_int_t)completion, "total_tokens",
                               (json_int_t)(prompt + completion));
-  const char *model = sk_http_config(req->http)->model_name;
   bool ext = f->p.session != SK_OPENAI_SESSION_NONE;
   if (f->p.stream) {
-    json_t *o = chunk_new(f);
-    json_object_set_new(o, "model", json_string(model));
+    json_t *o = chunk_new(req, f);
     json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:s}", "index", 0, "delta",
                                            "finish_reason", reason)
                                : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "",
@@ -460,8 +458,7 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
     if (ext) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
     send_json_event(req, o);
     if (f->p.include_usage) {
-      o = chunk_new(f);
-      json_object_set_new(o, "model", json_string(model));
+      o = chunk_new(req, f);
       json_object_set_new(o, "choices", json_array());
       json_object_set(o, "usage", usage_j);
       send_json_event(req, o);
@@ -470,8 +467,7 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
     sk_http_stream_event(req, "[DONE]", 6);
     sk_http_stream_end(req);
   } else {
-    json_t *o = chunk_new(f);
-    json_object_set_new(o, "model", json_string(model));
+    json_t *o = chunk_new(req, f);
     json_t *t = json_stringn(f->text ? f->text : "", f->text_len);
     if (!t) t = json_string("");
     json_t *choice = f->p.chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0,
@@ -592,8 +588,7 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
       f->started = true;
       if (f->p.chat) {
         /* OpenAI's first chunk gives the role. */
-        json_t *o = chunk_new(f);
-        json_object_set_new(o, "model", json_string(sk_http_config(req->http)->model_name));
+        json_t *o = chunk_new(req, f);
         json_object_set_new(o, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
                                       "assistant", "content", "", "finish_reason"));
