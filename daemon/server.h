@@ -81,8 +81,9 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
 /* Serves one more client over fd, a connected stream socket (one end of
  * a socketpair: the HTTP front end, http.h, speaks the msgpack protocol
  * on the other end), as an accepted connection whose uid is given
- * instead of read with SO_PEERCRED. Counted against max_clients (past it
- * the connection gets the usual busy error and is closed). Takes fd in
+ * instead of read with SO_PEERCRED. Admitted as any connection (past
+ * max_clients or the uid's limit it gets the usual error and is
+ * closed). Takes fd in
  * every case (closed on error). Loop thread only.
  * Errors: -SK_ERR_NO_MEMORY, -SK_ERR_IO. */
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err);

@@ -4,9 +4,12 @@
  *
  * Input: byte 0 chooses the body limit and how the stream is cut into
  * reads; the rest is the byte stream a client sends. Checked:
- *  - the requests read (method, target, Authorization, body, keep-alive)
- *    and the final error, whatever the cuts, equal those of reading the
- *    stream in one piece;
+ *  - the requests read (method, target, Authorization, body, keep-alive),
+ *    whatever the cuts, equal those of reading the stream in one piece,
+ *    and both readings end in an error or neither does (which 4xx may
+ *    differ: http_parser hands a header to the callbacks at the end of
+ *    each read, so a header past the size limit can be counted before
+ *    or after a syntax error further on is seen);
  *  - no request exceeds the limits: target, headers, body (its bytes
  *    NUL-terminated), Authorization;
  *  - an error is a 4xx (or 503, out of memory) with a message;
@@ -133,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct outcome whole = read_stream(data, size, max_body, NULL, 0, true);
   struct outcome cut = read_stream(data, size, max_body, cuts, n_cuts, false);
   if (whole.n_requests != cut.n_requests || whole.digest != cut.digest ||
-      whole.status != cut.status)
+      (whole.status == 0) != (cut.status == 0))
     sk_fuzz_fail("cut reading differs: %u/%u requests, status %d/%d", whole.n_requests,
                  cut.n_requests, whole.status, cut.status);
   return 0;
