@@ -70,6 +70,7 @@ struct sk_http {
   bool stopping;
   struct hconn *conns;
   struct sk_http_stats stats;
+  struct sk_openai_convs convs;
   char readbuf[SK_HTTP_READ_BUF];
 };
 
@@ -86,6 +87,7 @@ static struct hconn *conn_of(struct sk_http_req *req) {
 }
 
 struct sk_http_stats *sk_http_stats(struct sk_http *h) { return &h->stats; }
+struct sk_openai_convs *sk_http_convs(struct sk_http *h) { return &h->convs; }
 const struct sk_http_config *sk_http_config(const struct sk_http *h) { return &h->cfg; }
 bool sk_http_stopping(const struct sk_http *h) { return h->stopping; }
 

@@ -94,6 +94,8 @@ struct sk_http_req {
 };
 
 struct sk_http_stats *sk_http_stats(struct sk_http *h);
+/* The routes' memory of conversations (openai.h), owned by h. */
+struct sk_openai_convs *sk_http_convs(struct sk_http *h);
 const struct sk_http_config *sk_http_config(const struct sk_http *h);
 /* Whether the daemon is shutting down (for /health). */
 bool sk_http_stopping(const struct sk_http *h);

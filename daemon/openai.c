@@ -228,6 +228,7 @@ struct flow {
   char *text;             /* (text_len) the whole output (not streamed) */
   size_t text_len;
   bool stopped;           /* a stop string was found */
+  size_t first_msg;       /* chat: the first message not yet in the session */
   uint64_t last_token_us;
 };
 
@@ -341,7 +342,8 @@ static void stream_text(struct sk_http_req *req, struct flow *f, const char *tex
 static void emit(struct sk_http_req *req, struct flow *f, const char *text, size_t len) {
   if (f->p.stream) {
     stream_text(req, f, text, len);
-    return;
+    /* A chat's reply is kept too: it becomes part of the conversation. */
+    if (!f->p.chat || f->p.session == SK_OPENAI_SESSION_NONE) return;
   }
   char *t = realloc(f->text, f->text_len + len + 1);
   if (!t) return;
@@ -417,6 +419,72 @@ static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
                    (json_int_t)evicted, "evicted_ranges", ranges);
 }
 
+/* ---- conversations of persistent sessions ---- */
+
+static uint64_t hash_bytes(uint64_t h, const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+  return (h ^ 0) * 1099511628211ull; /* the terminating 0 */
+}
+
+static uint64_t hash_message(uint64_t h, const char *role, size_t role_len, const char *content,
+                             size_t content_len) {
+  return hash_bytes(hash_bytes(h, role, role_len), content, content_len);
+}
+
+/* The hash of the first n messages of the request. */
+static uint64_t hash_messages(json_t *messages, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    json_t *m = json_array_get(messages, i);
+    json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+    h = hash_message(h, json_string_value(role), json_string_length(role),
+                     json_is_string(content) ? json_string_value(content) : "",
+                     json_is_string(content) ? json_string_length(content) : 0);
+  }
+  return h;
+}
+
+static struct sk_openai_conv *conv_find(struct sk_openai_convs *cv, uint64_t session,
+                                        uint32_t uid) {
+  for (uint32_t i = 0; i < SK_OPENAI_CONVS; i++)
+    if (cv->e[i].session == session && cv->e[i].uid == uid) return &cv->e[i];
+  return NULL;
+}
+
+/* Where a chat request's new messages begin: after the conversation the
+ * session holds, when the request starts by repeating it exactly; else
+ * all its messages are new (a client that sends only new ones). */
+static size_t conv_first_new(struct sk_http_req *req, struct flow *f) {
+  if (!f->p.chat || f->p.session != SK_OPENAI_SESSION_ID) return 0;
+  struct sk_openai_convs *cv = sk_http_convs(req->http);
+  struct sk_openai_conv *c = conv_find(cv, f->p.session_id, req->uid);
+  size_t n = json_array_size(f->p.messages);
+  if (!c || c->n_messages >= n || hash_messages(f->p.messages, c->n_messages) != c->hash)
+    return 0;
+  c->used = ++cv->tick;
+  return c->n_messages;
+}
+
+/* After a chat on a persistent session: the conversation is the
+ * request's messages and the reply as the client got it. */
+static void conv_record(struct sk_http_req *req, struct flow *f) {
+  if (!f->p.chat || f->p.session == SK_OPENAI_SESSION_NONE) return;
+  struct sk_openai_convs *cv = sk_http_convs(req->http);
+  struct sk_openai_conv *c = conv_find(cv, f->session, req->uid);
+  if (!c) { /* a free entry, or the least recently used one */
+    c = &cv->e[0];
+    for (uint32_t i = 0; i < SK_OPENAI_CONVS && c->session; i++)
+      if (!cv->e[i].session || cv->e[i].used < c->used) c = &cv->e[i];
+  }
+  size_t n = json_array_size(f->p.messages);
+  c->session = f->session;
+  c->uid = req->uid;
+  c->n_messages = (uint32_t)n + 1;
+  c->hash = hash_message(hash_messages(f->p.messages, n), "assistant", 9,
+                         f->text ? f->text : "", f->text_len);
+  c->used = ++cv->tick;
+}
+
 /* The generate's final reply: the end of the response. */
 static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object *map) {
   struct sk_error ign;
@@ -430,7 +498,8 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
   size_t stop_len = 6;
   sk_msg_get_str(map, "stop", &stop, &stop_len, &ign);
   const char *reason = f->stopped || (stop_len == 3 && memcmp(stop, "eos", 3) == 0) ||
-                               (stop_len == 4 && memcmp(stop, "stop", 4) == 0)
+                               (stop_len == 4 && memcmp(stop, "stop", 4) == 0) ||
+                               (stop_len == 11 && memcmp(stop, "end_of_turn", 11) == 0)
                            ? "stop"
                            : "length";
   uint64_t prompt = 0, completion = 0, evicted = 0;
@@ -484,6 +553,7 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
     else sk_http_error(req, 500, "internal", "out of memory");
     free(s);
   }
+  conv_record(req, f);
   if (f->temporary) {
     /* Its msgpack connection may serve the next request: close the
      * session now rather than with the connection. */
@@ -527,11 +597,11 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     for (uint32_t i = 0; i < f->p.n_stop; i++) sk_pack_strn(&b.pk, f->p.stop[i], f->p.stop_len[i]);
   }
   if (f->p.chat) {
+    f->first_msg = conv_first_new(req, f);
     sk_pack_cstr(&b.pk, "messages");
-    msgpack_pack_array(&b.pk, (uint32_t)json_array_size(f->p.messages));
-    size_t i;
-    json_t *m;
-    json_array_foreach(f->p.messages, i, m) {
+    msgpack_pack_array(&b.pk, (uint32_t)(json_array_size(f->p.messages) - f->first_msg));
+    for (size_t i = f->first_msg; i < json_array_size(f->p.messages); i++) {
+      json_t *m = json_array_get(f->p.messages, i);
       json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
       msgpack_pack_map(&b.pk, 2);
       sk_pack_kv_strn(&b.pk, "role", json_string_value(role), json_string_length(role));

@@ -31,6 +31,24 @@ enum sk_openai_route {
 /* Largest max_tokens (the generate op's ceiling). */
 #define SK_OPENAI_MAX_TOKENS_CEILING (1u << 20)
 
+/* What the HTTP front end remembers of the conversations of persistent
+ * sessions, so that a chat request that repeats the whole conversation
+ * (as OpenAI clients do) appends only its new messages: per session,
+ * how many messages the conversation holds (the assistant's replies
+ * included) and a hash of them as the client sent and received them. */
+#define SK_OPENAI_CONVS 1024u /* sessions remembered; the oldest is dropped */
+struct sk_openai_conv {
+  uint64_t session;   /* 0: free */
+  uint32_t uid;
+  uint32_t n_messages;
+  uint64_t hash;      /* FNV-1a of role, 0, content, 0 per message */
+  uint64_t used;      /* tick of its last use */
+};
+struct sk_openai_convs {
+  struct sk_openai_conv e[SK_OPENAI_CONVS];
+  uint64_t tick;
+};
+
 /* A checked completion or chat request. Strings point into root. */
 struct sk_openai_params {
   json_t *root;                /* owned */

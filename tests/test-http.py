@@ -51,7 +51,7 @@ class Daemon:
         args = [SINKD, "--model", MODEL, "--socket", self.sock, "--state-dir",
                 os.path.join(self.dir, "state"), "--threads", "1",
                 "--max-sessions", "256", "--max-user-sessions", "256",
-                "--window", "252", "--http-listen", "127.0.0.1:%d" % self.port,
+                "--window", "252", "--chat-template", "chatml", "--http-listen", "127.0.0.1:%d" % self.port,
                 "--http-key-file", self.key] + list(extra)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
@@ -269,6 +269,77 @@ class Completions(unittest.TestCase):
         with sinkd.Client(socket=D.sock) as c:
             st = c.stats()
         self.assertGreaterEqual(st["tokens_generated"], m["sinkd_tokens_generated_total"])
+
+
+def own_chat(messages, **kw):
+    """The same chat through the msgpack protocol's chat op."""
+    with sinkd.Client(socket=D.sock) as c:
+        s = c.open(temporary=True)
+        res = {}
+        text = "".join(c.chat(s, messages, result=res, **kw))
+        return text, res
+
+
+STORY = [{"role": "user", "content": "Tell me a story."}]
+
+
+class Chat(unittest.TestCase):
+    def chat(self, **req):
+        code, body = curl("-N", "http://x/v1/chat/completions", data=req)
+        self.assertEqual(code, 200, body)
+        return body
+
+    def test_chat_matches_protocol(self):
+        r = json.loads(self.chat(messages=STORY, max_tokens=12, temperature=0))
+        self.assertEqual(r["object"], "chat.completion")
+        msg = r["choices"][0]["message"]
+        self.assertEqual(msg["role"], "assistant")
+        text, res = own_chat(STORY, max_tokens=12, temperature=0, top_k=0, top_p=1.0)
+        self.assertEqual(msg["content"], text)
+        self.assertEqual(r["usage"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+        self.assertEqual(r["usage"]["completion_tokens"], res["usage"]["completion_tokens"])
+        self.assertEqual(r["choices"][0]["finish_reason"],
+                         "length" if res["stop"] == "length" else "stop")
+
+    def test_chat_stream(self):
+        whole = json.loads(self.chat(messages=STORY, max_tokens=10, temperature=0))
+        ev = sse(self.chat(messages=STORY, max_tokens=10, temperature=0, stream=True,
+                           stream_options={"include_usage": True}))
+        self.assertEqual(ev[-1], "[DONE]")
+        chunks = [json.loads(e) for e in ev[:-1]]
+        self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
+        self.assertEqual(chunks[0]["choices"][0]["delta"]["role"], "assistant")
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                       if c["choices"])
+        self.assertEqual(text, whole["choices"][0]["message"]["content"])
+        self.assertEqual(chunks[-1]["usage"], whole["usage"])
+
+    def test_session_appends_only_new_messages(self):
+        # Two sessions with the same first turn; the next turn is sent
+        # once as the whole conversation (as OpenAI clients do), once as
+        # only the new message: the same tokens go in, the same reply
+        # comes out.
+        first = []
+        for _ in range(2):
+            r = json.loads(self.chat(messages=STORY, max_tokens=6, temperature=0,
+                                     session="new", policy="dense", capacity=512))
+            first.append(r)
+        self.assertEqual(first[0]["choices"][0]["message"], first[1]["choices"][0]["message"])
+        a, b = first[0]["sinkd"]["session"], first[1]["sinkd"]["session"]
+        self.assertNotEqual(a, b)
+        reply = first[0]["choices"][0]["message"]
+        more = {"role": "user", "content": "And then?"}
+        full = json.loads(self.chat(messages=STORY + [reply, more], max_tokens=6,
+                                    temperature=0, session=a))
+        delta = json.loads(self.chat(messages=[more], max_tokens=6, temperature=0, session=b))
+        self.assertEqual(full["choices"][0]["message"], delta["choices"][0]["message"])
+        self.assertEqual(full["usage"], delta["usage"])
+        self.assertEqual(full["sinkd"]["seen"], delta["sinkd"]["seen"])
+        self.assertGreater(full["sinkd"]["seen"], first[0]["sinkd"]["seen"])
+        with sinkd.Client(socket=D.sock) as c:
+            self.assertEqual(c.stats(a)["seen"], full["sinkd"]["seen"])
+            c.close(a)
+            c.close(b)
 
 
 class Tcp(unittest.TestCase):
@@ -630,9 +701,8 @@ class OpenAISDK(unittest.TestCase):
                                 "openai@4"], capture_output=True, text=True, timeout=300)
             self.assertEqual(p.returncode, 0, "npm install openai failed:\n" + p.stderr)
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test-http-sdk.mjs")
-        env = dict(os.environ, NODE_PATH=os.path.join(npm_dir, "node_modules"),
-                   SK_BASE_URL="http://127.0.0.1:%d/v1" % D.port, SK_KEY=KEY,
-                   SK_NPM_DIR=npm_dir)
+        env = dict(os.environ, SK_BASE_URL="http://127.0.0.1:%d/v1" % D.port, SK_KEY=KEY,
+                   SK_NPM_DIR=npm_dir, SK_CHAT="1")
         p = subprocess.run(["node", script], capture_output=True, text=True, timeout=120, env=env)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -645,6 +715,11 @@ class OpenAISDK(unittest.TestCase):
         self.assertEqual(out["stream"]["text"], text[:len(out["stream"]["text"])])
         self.assertEqual(out["stream"]["usage"]["completion_tokens"], 20)
         self.assertEqual(out["stream"]["finish_reason"], "length")
+        ctext, cres = own_chat(STORY, max_tokens=16, temperature=0, top_k=0, top_p=1.0)
+        self.assertEqual(out["chat"]["text"], ctext)
+        self.assertEqual(out["chat"]["usage"]["prompt_tokens"], cres["usage"]["prompt_tokens"])
+        self.assertEqual(out["chat"]["usage"]["completion_tokens"],
+                         cres["usage"]["completion_tokens"])
 
 
 if __name__ == "__main__":

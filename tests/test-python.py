@@ -40,7 +40,8 @@ class Live(unittest.TestCase):
         cls.log = open(os.path.join(cls.dir, "log"), "w")
         cls.proc = subprocess.Popen(
             [SINKD, "--model", MODEL, "--socket", cls.sock, "--state-dir",
-             os.path.join(cls.dir, "state"), "--threads", "1", "--http-socket", "none"],
+             os.path.join(cls.dir, "state"), "--threads", "1", "--http-socket", "none",
+             "--chat-template", "chatml"],
             stdout=cls.log, stderr=subprocess.STDOUT)
         for _ in range(600):
             try:
@@ -129,6 +130,27 @@ class Live(unittest.TestCase):
             sinkd.Client(socket=os.path.join(self.dir, "none.sock"))
         # The connection still works after the errors.
         c.ping()
+
+    def test_chat(self):
+        c = self.c
+        s = c.open(policy="dense", capacity=256)
+        res = {}
+        msgs = [{"role": "user", "content": "Tell me a story."}]
+        text = "".join(c.chat(s, msgs, max_tokens=8, temperature=0, result=res))
+        self.assertEqual(res["n_tokens"], 8)
+        self.assertEqual(res["stop"], "length")
+        seen = c.stats(s)["seen"]
+        self.assertEqual(seen, res["usage"]["prompt_tokens"] + 8)
+        # Only the new message is sent the second time.
+        res2 = {}
+        list(c.chat(s, [{"role": "user", "content": "More."}], max_tokens=4, temperature=0,
+                    result=res2))
+        self.assertEqual(c.stats(s)["seen"], res2["seen"])
+        self.assertLess(res2["usage"]["prompt_tokens"], res["usage"]["prompt_tokens"] + 8)
+        with self.assertRaises(sinkd.BadRequest):
+            list(c.chat(s, [{"role": "Bad Role", "content": "x"}]))
+        self.assertTrue(text)
+        c.close(s)
 
     def test_cancel(self):
         c = self.c

@@ -258,10 +258,21 @@ class Client:
         (str). When it ends, the final reply (stop, n_tokens, usage,
         evicted, ...) is stored in result (a dict) if one is given. Leaving
         the loop early does not stop the generation: call cancel()."""
-        req = self._send("generate", dict(
+        return self._stream("generate", dict(
             session=session, max_tokens=max_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, prompt=prompt,
-            ignore_eos=ignore_eos))
+            ignore_eos=ignore_eos), result)
+
+    def chat(self, session, messages, result=None, **fields):
+        """The chat op: messages (a list of {"role", "content"}, only the
+        ones the session has not seen) formatted with the session's chat
+        template, then the assistant's reply generated: an iterator of its
+        token texts, as generate. fields: those of generate (max_tokens,
+        temperature, ...). The final reply goes into result if given."""
+        return self._stream("chat", dict(fields, session=session, messages=messages), result)
+
+    def _stream(self, op, fields, result):
+        req = self._send(op, fields)
         while True:
             msg = self._next(req)
             if msg.get("event") == "token":
@@ -277,12 +288,6 @@ class Client:
             if tail:
                 yield tail
             return
-
-    def chat(self, session, messages, **fields):
-        """The chat op (when the daemon has it): appends messages with the
-        model's chat template and generates the reply; returns the final
-        reply dict. See sinkd-protocol(7)."""
-        return self.call("chat", session=session, messages=messages, **fields)
 
     def cancel(self, session):
         return self.call("cancel", session=session).get("cancelled", False)
