@@ -246,14 +246,19 @@ static void flow_free(struct flow *f) {
   free(f);
 }
 
-static void flow_end(struct sk_http_req *req) {
-  flow_free(req->state);
-  req->state = NULL;
-  req->on_frame = NULL;
-  req->on_gone = NULL;
+/* Frees f, the request's flow. Responding finishes the request (and may
+ * start the connection's next one, pipelined, on the same req): the
+ * request's fields are cleared only while they are still f's. */
+static void flow_end(struct sk_http_req *req, struct flow *f) {
+  if (req->state == f) {
+    req->state = NULL;
+    req->on_frame = NULL;
+    req->on_gone = NULL;
+  }
+  flow_free(f);
 }
 
-static void on_gone(struct sk_http_req *req) { flow_end(req); }
+static void on_gone(struct sk_http_req *req) { flow_end(req, req->state); }
 
 /* HTTP status for a protocol error code. */
 static int status_of(const char *code) {
@@ -282,7 +287,7 @@ static void fail(struct sk_http_req *req, int status, const char *code, const ch
   } else {
     sk_http_error(req, status, code, "%s", message);
   }
-  flow_end(req);
+  flow_end(req, f);
 }
 
 /* The error of a failed reply, as an HTTP failure. */
@@ -516,6 +521,21 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
   json_t *usage_j = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt,
                               "completion_tokens", (json_int_t)completion, "total_tokens",
                               (json_int_t)(prompt + completion));
+  /* Before the response: it may start the next pipelined request. */
+  conv_record(req, f);
+  if (f->temporary) {
+    /* Its msgpack connection may serve the next request: close the
+     * session now rather than with the connection. */
+    struct sk_msgbuf b;
+    if (sk_msgbuf_init(&b) == 0) {
+      msgpack_pack_map(&b.pk, 3);
+      sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
+      sk_pack_kv_str(&b.pk, "op", "close");
+      sk_pack_kv_u64(&b.pk, "session", f->session);
+      struct sk_error e;
+      sk_http_call(req, &b, &e);
+    }
+  }
   bool ext = f->p.session != SK_OPENAI_SESSION_NONE;
   if (f->p.stream) {
     json_t *o = chunk_new(req, f);
@@ -553,21 +573,7 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
     else sk_http_error(req, 500, "internal", "out of memory");
     free(s);
   }
-  conv_record(req, f);
-  if (f->temporary) {
-    /* Its msgpack connection may serve the next request: close the
-     * session now rather than with the connection. */
-    struct sk_msgbuf b;
-    if (sk_msgbuf_init(&b) == 0) {
-      msgpack_pack_map(&b.pk, 3);
-      sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
-      sk_pack_kv_str(&b.pk, "op", "close");
-      sk_pack_kv_u64(&b.pk, "session", f->session);
-      struct sk_error e;
-      sk_http_call(req, &b, &e);
-    }
-  }
-  flow_end(req);
+  flow_end(req, f);
 }
 
 static void send_generate(struct sk_http_req *req, struct flow *f) {
