@@ -502,10 +502,8 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
     break;
   }
   default:
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tensor %s has type %s; supported weight types are f32, f16, bf16, "
-                        "q8_0 and q4_0",
-                        name, sk_ggml_type_name(t->type));
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s has type %s; sinkd runs %s", name,
+                        sk_ggml_type_name(t->type), sk_quant_supported_names());
   }
   w.row_bytes = sk_quant_row_bytes(w.type, ne0);
   if (t->type != SK_GGML_BF16 && (w.row_bytes == 0 || t->n_bytes != w.row_bytes * ne1))
