@@ -706,7 +706,10 @@ static void test_blocks(void **state) {
   assert_int_equal(sk_quant_row_bytes(SK_GGML_Q8_0, 64), 68);
   assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_0, 64), 36);
   assert_int_equal(sk_quant_row_bytes(SK_GGML_Q8_0, 48), 0);
-  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_1, 64), 0);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_1, 64), 40);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_K, 256), 144);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q4_K, 64), 0);
+  assert_int_equal(sk_quant_row_bytes(SK_GGML_Q8_1, 64), 0); /* not a weight type */
   for (uint32_t h = 0; h < 0x10000; h++) {
     float f = sk_f16_to_f32((uint16_t)h);
     if (isnan(f)) continue;
