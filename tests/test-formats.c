@@ -258,9 +258,34 @@ static void test_unsupported_type_named(void **state) {
   free(buf);
 }
 
+/* The weights' memory as stats reports it: a quantized file's matrices
+ * stay in the mapping (no variant repacks K-quants), a dequantized load
+ * holds 4 bytes per weight of its own. */
+static void test_weight_memory(void **state) {
+  (void)state;
+  for (int dq = 0; dq < 2; dq++) {
+    struct run r;
+    run_open(&r, "llama-d256-Q4_K_M", dq);
+    uint64_t bytes = 0, elems = 0;
+    for (uint64_t i = 0; i < sk_gguf_n_tensors(r.g); i++) {
+      const struct sk_gguf_tensor *t = sk_gguf_tensor(r.g, i);
+      if (t->n_dims != 2) continue;
+      bytes += t->n_bytes;
+      elems += t->n_elements;
+    }
+    printf("%s: mapped %llu, repacked %llu bytes\n", dq ? "dequantized" : "as stored",
+           (unsigned long long)sk_model_mapped_bytes(r.m),
+           (unsigned long long)sk_model_repacked_bytes(r.m));
+    assert_int_equal(sk_model_mapped_bytes(r.m), dq ? 0 : bytes);
+    assert_int_equal(sk_model_repacked_bytes(r.m), dq ? 4 * elems : 0);
+    run_close(&r);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unsupported_type_named),
+      cmocka_unit_test(test_weight_memory),
       cmocka_unit_test(test_dequantized_exact),
       cmocka_unit_test(test_quantized_products),
   };

@@ -578,7 +578,10 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
       return rc;
     if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
     /* token lookups fault back in only the rows they read */
-    if (mem) sk_gguf_release(g, te->data, te->n_bytes);
+    if (mem) {
+      sk_gguf_release(g, te->data, te->n_bytes);
+      m->repacked_bytes += te->n_bytes;
+    }
     m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
@@ -721,6 +724,10 @@ const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n) {
            c->rope_freqs ? " rope_freqs" : "", c->tied_output ? " tied_output" : "");
   return buf;
 }
+
+uint64_t sk_model_mapped_bytes(const struct sk_model *m) { return m->mapped_bytes; }
+
+uint64_t sk_model_repacked_bytes(const struct sk_model *m) { return m->repacked_bytes; }
 
 /* ---- scratch -------------------------------------------------------- */
 

@@ -130,6 +130,12 @@ const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n);
 /* Bytes of the matrices one forward pass reads (layers and output head;
  * the embedding table is only looked up). */
 uint64_t sk_model_weight_bytes(const struct sk_model *m);
+/* Bytes of the weight matrices (embedding table included) read in place
+ * from the GGUF mapping, and of those the model holds in its own copies
+ * (repacked for the kernels, or dequantized with
+ * sk_model_load_options.dequantize). Each matrix counts once. */
+uint64_t sk_model_mapped_bytes(const struct sk_model *m);
+uint64_t sk_model_repacked_bytes(const struct sk_model *m);
 
 /* Activations for one forward call: sized for batches of up to max_batch
  * tokens (all sequences together) over caches of up to max_ctx tokens.
