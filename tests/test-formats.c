@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -282,10 +283,90 @@ static void test_weight_memory(void **state) {
   }
 }
 
+/* sinkd-mkmodel (env SK_MKMODEL) writes every type, and the presets with
+ * llama-quantize's mix: each file loads, holds the types it should, and
+ * runs to finite logits that agree with its own dequantized F32 run
+ * (the activation rounding aside). */
+static void test_mkmodel_types(void **state) {
+  (void)state;
+  const char *mk = getenv("SK_MKMODEL");
+  if (!mk) fail_msg("SK_MKMODEL is not set (meson sets it)");
+  char *dir = sk_test_tmpdir();
+  const char *types[] = {"f32",  "f16",  "bf16", "q4_0", "q4_1",   "q5_0",   "q5_1",   "q8_0",
+                         "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",   "iq4_nl", "iq4_xs", "q4_K_M",
+                         "q5_K_M"};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    char path[512], cmd[1024];
+    snprintf(path, sizeof path, "%s/m-%s.gguf", dir, types[i]);
+    snprintf(cmd, sizeof cmd,
+             "'%s' --shape 260K --dim 256 --hidden 768 --layers 2 --heads 4 --kv-heads 2 "
+             "--type %s -o '%s' 2>/dev/null",
+             mk, types[i], path);
+    assert_int_equal(system(cmd), 0);
+    struct sk_error err = {0};
+    struct sk_gguf *g = NULL;
+    if (sk_gguf_open(path, &g, &err) < 0) fail_msg("%s: %s", path, err.message);
+    /* the types: the preset's mix, the output at q6_K below 6 bits */
+    const bool preset = strstr(types[i], "_M") != NULL;
+    const char *want = preset ? (types[i][1] == '4' ? "q4_K" : "q5_K") : types[i];
+    const bool low = strcmp(want, "f32") && strcmp(want, "f16") && strcmp(want, "bf16") &&
+                     strcmp(want, "q8_0") && strcmp(want, "q6_K");
+    assert_string_equal(sk_ggml_type_name(sk_gguf_find_tensor(g, "blk.0.attn_v.weight")->type),
+                        want);
+    assert_string_equal(sk_ggml_type_name(sk_gguf_find_tensor(g, "blk.1.attn_v.weight")->type),
+                        preset ? "q6_K" : want);
+    assert_string_equal(sk_ggml_type_name(sk_gguf_find_tensor(g, "blk.1.ffn_down.weight")->type),
+                        preset ? "q6_K" : want);
+    assert_string_equal(sk_ggml_type_name(sk_gguf_find_tensor(g, "output.weight")->type),
+                        low ? "q6_K" : want);
+    const int32_t prompt[] = {1, 300, 301, 302, 303, 304};
+    float *lq = NULL, *ld = NULL;
+    uint32_t V = 0;
+    for (int dq = 0; dq < 2; dq++) {
+      struct sk_model *m = NULL;
+      struct sk_model_load_options o = {.dequantize = dq};
+      if (sk_model_load_opts(g, &o, &m, &err) < 0) fail_msg("load %s: %s", types[i], err.message);
+      struct run r = {.g = g, .m = m, .V = sk_model_config(m)->n_vocab};
+      if (sk_scratch_new(m, 64, 64, &r.s, &err) < 0) fail_msg("scratch: %s", err.message);
+      V = r.V;
+      struct sk_kv_params kp = {.policy = SK_POLICY_DENSE, .capacity = 64, .rope_scale = 1.0f};
+      struct sk_kv_shape shape = sk_model_kv_shape(m);
+      shape.kv_type = SK_KV_F32;
+      struct sk_kv *kv = NULL;
+      if (sk_kv_new(shape, &kp, &kv, &err) < 0) fail_msg("kv: %s", err.message);
+      float *l = malloc(V * sizeof *l);
+      feed(&r, kv, prompt, 6, l);
+      if (dq) ld = l;
+      else lq = l;
+      sk_kv_delete(kv);
+      sk_scratch_free(r.s);
+      sk_model_free(m);
+    }
+    double maxd = 0.0, lo = INFINITY, hi = -INFINITY;
+    for (uint32_t v = 0; v < V; v++) {
+      assert_true(isfinite(lq[v]) && isfinite(ld[v]));
+      maxd = fmax(maxd, fabs((double)lq[v] - ld[v]));
+      lo = fmin(lo, ld[v]);
+      hi = fmax(hi, ld[v]);
+    }
+    printf("mkmodel %-7s logits spread %.3g, quantized vs dequantized %.3g\n", types[i], hi - lo,
+           maxd);
+    assert_true(hi - lo > 0.1);
+    assert_true(maxd <= 0.05 * (hi - lo));
+    free(lq);
+    free(ld);
+    sk_gguf_close(g);
+    remove(path);
+  }
+  rmdir(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unsupported_type_named),
       cmocka_unit_test(test_weight_memory),
+      cmocka_unit_test(test_mkmodel_types),
       cmocka_unit_test(test_dequantized_exact),
       cmocka_unit_test(test_quantized_products),
   };

@@ -171,48 +171,53 @@ int sk_quant_random_row(uint32_t type, uint32_t cols, float scale, uint64_t *see
     return 0;
   }
   for (size_t i = 0; i < rb; i++) o[i] = (uint8_t)(sk__rand(seed) >> 56);
-  /* Now every fp16 field: a finite, moderate value. Scales of K-quants
-   * multiply 4- to 8-bit integer sub-scales, so they get less. */
-  const float ls = scale / 16.0f, ks = scale / 256.0f;
+  /* Now every fp16 field: a finite value, chosen so that the largest
+   * quant times the largest sub-scale gives about `scale`. */
   const uint32_t blck = sk_quant_block(type);
   const size_t bs = rb / (cols / blck);
   for (uint8_t *b = o; b < o + rb; b += bs) {
     uint16_t h[2];
     switch (type) {
     case SK_GGML_Q8_0:
+      h[0] = sk__rand_half(seed, scale / 128.0f, true);
+      memcpy(b, h, 2);
+      break;
     case SK_GGML_Q4_0:
     case SK_GGML_Q5_0:
+      h[0] = sk__rand_half(seed, scale / 16.0f, true);
+      memcpy(b, h, 2);
+      break;
     case SK_GGML_IQ4_NL:
-      h[0] = sk__rand_half(seed, ls, true);
+      h[0] = sk__rand_half(seed, scale / 128.0f, true);
       memcpy(b, h, 2);
       break;
     case SK_GGML_Q4_1:
     case SK_GGML_Q5_1:
-      h[0] = sk__rand_half(seed, ls, true);
-      h[1] = sk__rand_half(seed, ls * 16.0f, true);
+      h[0] = sk__rand_half(seed, scale / (type == SK_GGML_Q4_1 ? 16.0f : 32.0f), false);
+      h[1] = sk__rand_half(seed, scale / 2.0f, true);
       memcpy(b, h, 4);
       break;
     case SK_GGML_Q2_K:
-      h[0] = sk__rand_half(seed, ks, false);
-      h[1] = sk__rand_half(seed, ks, false);
+      h[0] = sk__rand_half(seed, scale / 45.0f, false);
+      h[1] = sk__rand_half(seed, scale / 30.0f, false);
       memcpy(b + offsetof(struct sk_block_q2_k, d), h, 4);
       break;
     case SK_GGML_Q3_K:
-      h[0] = sk__rand_half(seed, ks, true);
+      h[0] = sk__rand_half(seed, scale / 128.0f, true);
       memcpy(b + offsetof(struct sk_block_q3_k, d), h, 2);
       break;
     case SK_GGML_Q4_K:
     case SK_GGML_Q5_K:
-      h[0] = sk__rand_half(seed, ks, false);
-      h[1] = sk__rand_half(seed, ks, false);
+      h[0] = sk__rand_half(seed, scale / (type == SK_GGML_Q4_K ? 945.0f : 1953.0f), false);
+      h[1] = sk__rand_half(seed, scale / 126.0f, false);
       memcpy(b, h, 4);
       break;
     case SK_GGML_Q6_K:
-      h[0] = sk__rand_half(seed, ks, true);
+      h[0] = sk__rand_half(seed, scale / 4096.0f, true);
       memcpy(b + offsetof(struct sk_block_q6_k, d), h, 2);
       break;
     case SK_GGML_IQ4_XS:
-      h[0] = sk__rand_half(seed, ls / 128.0f, true);
+      h[0] = sk__rand_half(seed, scale / 4064.0f, true);
       memcpy(b, h, 2);
       break;
     default: return -1;

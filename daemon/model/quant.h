@@ -193,12 +193,12 @@ void sk_quantize_row_q8_0(const float *x, uint32_t cols, struct sk_block_q8_0 *o
 void sk_quantize_row_q4_0(const float *x, uint32_t cols, struct sk_block_q4_0 *out);
 
 /* Fills one row of `cols` elements of a supported type with random but
- * valid blocks (every scale and min a finite half of magnitude <= 2^-4
- * times `scale`'s f16, all quant bits random), from the generator state
- * *seed (advanced). For F32/F16/BF16 the values are uniform in [-scale,
- * scale). Models for tests and benchmarks (sinkd-mkmodel) need no
- * quantizer this way. Returns 0, or -1 for an unsupported type or a
- * cols that is not a multiple of its block. */
+ * valid blocks: every scale and min a finite half, chosen so that the
+ * values lie within about [-scale, scale], all quant bits random; from
+ * the generator state *seed (advanced). For F32/F16/BF16 the values are
+ * uniform in [-scale, scale). Models for tests and benchmarks
+ * (sinkd-mkmodel) need no quantizer this way. Returns 0, or -1 for an
+ * unsupported type or a cols that is not a multiple of its block. */
 int sk_quant_random_row(uint32_t type, uint32_t cols, float scale, uint64_t *seed, void *out);
 
 /* Converts one row of `cols` elements of type `type` (any supported
