@@ -24,10 +24,11 @@
  *           x = d * (s & 15) * q - dmin * (s >> 4)
  *   Q3_K   110 bytes: hmask[32], qs[64], scales[12], fp16 d; groups as
  *           Q2_K, q = low 2 bits as Q2_K, minus 4 where bit 4n + j of
- *           hmask[16h + l] is clear; 16 six-bit scales: for g = 4t + k,
- *           low 4 bits = t even ? scales[4(t/2) + k] & 15 : ... >> 4 (t
- *           = 0, 1: bytes 0-7 low nibbles; 2, 3: high nibbles), high 2
- *           bits = scales[8 + k] >> 2t; x = d * (sc - 32) * q
+ *           hmask[16h + l] is clear; 16 six-bit scales, for g = 4t + k
+ *           (t, k < 4): low 4 bits the low nibble of scales[k] (t = 0),
+ *           of scales[4 + k] (t = 1), the high nibble of scales[k] (t =
+ *           2), of scales[4 + k] (t = 3); high 2 bits (scales[8 + k] >>
+ *           2t) & 3: x = d * (sc - 32) * q
  *   Q4_K   144 bytes: fp16 d, fp16 dmin, scales[12], qs[128]; 8 groups of
  *           32, group 2c low nibbles and 2c + 1 high nibbles of qs[32c ..
  *           32c + 32); 6-bit scale sc and min m per group (get_scale_min
