@@ -37,11 +37,11 @@
  *     Q4_1/Q5_1 multiply by their block minimum (ggml's block_q8_1 s).
  *   - K-quants and IQ4_XS: ggml's block_q8_K, 256-element int8 blocks
  *     with d = max / -127 (max: the value of largest magnitude) and the
- *     sums of every 16 quants. Per super-block the kernels form the
- *     exact integer sum of sub-scale x quant dot products (and of
- *     sub-min x quant sums), then acc += (d_w d_x) isum, acc -= (dmin_w
- *     d_x) msum, in float, in super-block order: avx2 and avx2-vnni give
- *     the generic variant's bits for these types.
+ *     sums of every 16 quants. Per super-block the kernels form exact
+ *     integer sums of sub-scale x quant dot products (and of sub-min x
+ *     activation sums), scaled by d_w d_x (and dmin_w d_x) and summed in
+ *     float: generic per super-block, avx2 and avx2-vnni in 8 lanes
+ *     (kernels-x86.inc), those two with the same bits.
  *
  * Determinism: within one variant, every output element is computed by
  * the same sequence of floating-point operations whatever the number of
