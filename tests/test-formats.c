@@ -1,6 +1,7 @@
 /* Every weight block format against llama.cpp, on the d256 fixtures
  * (../shared/models/fixtures, references in ../shared/reference/fixtures;
- * see that folder's README):
+ * see that folder's README): the 14 llama-d256 types and the llama3,
+ * qwen2 and qwen3 files with llama-quantize's mixes:
  *
  *   - exact formats: each file dequantized by sinkd's own decoders
  *     (sk_model_load_options.dequantize) and run through the F32 forward
@@ -39,6 +40,9 @@ static const char *const fixtures[] = {
     "llama-d256-Q6_K",   "llama-d256-Q5_K_M", "llama-d256-Q5_1",   "llama-d256-Q5_0",
     "llama-d256-Q4_K_M", "llama-d256-Q4_K_S", "llama-d256-Q4_1",   "llama-d256-Q4_0",
     "llama-d256-IQ4_NL", "llama-d256-Q2_K",
+    /* the architectures, with llama.cpp's mixes (tied Q6_K embeddings) */
+    "llama3-d256-F32",   "llama3-d256-Q4_K_M", "qwen2-d256-F32",    "qwen2-d256-Q8_0",
+    "qwen2-d256-Q4_K_M", "qwen3-d256-F32",     "qwen3-d256-Q4_K_M",
 };
 #define N_FIXTURES (sizeof fixtures / sizeof fixtures[0])
 
