@@ -97,7 +97,7 @@ struct sk_wmat {
 };
 
 /* Repacks a matrix into the layout the selected kernels read fastest, if
- * they have one: quantized weights for avx2-vnni (8 rows interleaved per
+ * they have one: Q8_0 and Q4_0 weights for avx2-vnni (8 rows interleaved per
  * block, see kernels-x86.inc) and avx512-vnni and amx (16 rows,
  * kernels-avx512.inc); F32 weights for every x86 variant (8-row groups of
  * 8-column blocks, kernels-x86.inc above tile_pf, the same bits as the
