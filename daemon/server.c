@@ -1251,9 +1251,11 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     uint32_t user_n;
     uint64_t user_bytes;
     user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
-    if (reply_begin(&b, r->id, 19) < 0) return;
+    if (reply_begin(&b, r->id, 21) < 0) return;
     pack_compute(srv, &b.pk);
     pack_chat_template(srv, &b.pk);
+    sk_pack_kv_u64(&b.pk, "weights_mapped_bytes", sk_model_mapped_bytes(srv->model));
+    sk_pack_kv_u64(&b.pk, "weights_repacked_bytes", sk_model_repacked_bytes(srv->model));
     sk_pack_kv_u64(&b.pk, "steps", sk_compute_steps(srv->compute));
     sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
     sk_pack_kv_u64(&b.pk, "user_sessions", user_n);

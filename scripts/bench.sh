@@ -11,7 +11,9 @@
 # bytes each decoded token reads times tokens/s (GB/s; both engines read
 # the same file's weights once per token), and the machine's sequential
 # read bandwidth (sinkd-kbench --membw) before and after.
-# SHAPES (default "15M 110M") and TYPES (default "f32 q8_0") narrow it.
+# SHAPES (default "15M 110M") and TYPES (default "f32 q8_0"; any type or
+# preset sinkd-mkmodel writes, e.g. "q4_K_M q6_K q4_0", mixed as
+# llama-quantize mixes them) choose the cells.
 #
 # ratio: 16 sessions against one on the 110M Q8_0 shape, taking turns
 # (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per thread

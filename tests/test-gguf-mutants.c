@@ -568,16 +568,15 @@ static void test_structural(void **state) {
   poke_expect(embd->ndims_off, 4, UINT32_MAX, "n_dims 2^32-1", "n_dims 4294967295");
 
   /* Unknown types: tensor, value, array element. */
-  const uint32_t bad_types[] = {4, 5, 31, 39, 1000, UINT32_MAX};
+  const uint32_t bad_types[] = {4, 5, 31, 43, 1000, UINT32_MAX};
   for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
     char what[64], needle[64];
     snprintf(what, sizeof what, "tensor type %u", bad_types[i]);
     snprintf(needle, sizeof needle, "unknown type %u", bad_types[i]);
     poke_expect(embd->type_off, 4, bad_types[i], what, needle);
   }
-  /* A known type the model cannot use (q8_0 and q4_0 load since the
-   * quantized kernels landed). */
-  poke_expect(embd->type_off, 4, SK_GGML_Q5_0, "F32 tensor declared q5_0", "q5_0");
+  /* A known type the model cannot run: named by its ggml name. */
+  poke_expect(embd->type_off, 4, SK_GGML_MXFP4, "F32 tensor declared mxfp4", "mxfp4");
   const struct kvinfo *ctx = find_kv(w, "llama.context_length");
   poke_expect(ctx->type_off, 4, 13, "value type 13", "value type 13");
   poke_expect(ctx->type_off, 4, UINT32_MAX, "value type 2^32-1", "value type");
@@ -721,8 +720,8 @@ static void test_daemon_refuses(void **state) {
   wr32(buf + embd->ndims_off, 5);
   daemon_refuses(buf, g_size, "n_dims 5", "n_dims 5");
   memcpy(buf, g_file, g_size);
-  wr32(buf + embd->type_off, 39);
-  daemon_refuses(buf, g_size, "tensor type 39", "unknown type 39");
+  wr32(buf + embd->type_off, 43);
+  daemon_refuses(buf, g_size, "tensor type 43", "unknown type 43");
   memcpy(buf, g_file, g_size);
   wr64(buf + out->offset_off, embd->offset);
   daemon_refuses(buf, g_size, "overlapping tensors", "overlap");

@@ -464,7 +464,8 @@ struct variant {
                             llama.cpp's quantizer falls back) */
   uint32_t round_type;   /* F32 file whose values went through this type */
   const char *drop;      /* tensor left out */
-  const char *quant;     /* tensor written as q4_1 (zero blocks) */
+  const char *quant;     /* tensor written as mxfp4 (zero blocks), a type
+                            sinkd does not run */
   const char *transpose; /* tensor written with ne0 and ne1 swapped */
   const char *arch;      /* general.architecture (default llama) */
   uint32_t head_count;   /* override of llama.attention.head_count */
@@ -528,7 +529,7 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     uint32_t type = t->n_dims == 2 ? vr->mat_type : SK_GGML_F32;
     if ((type == SK_GGML_Q8_0 || type == SK_GGML_Q4_0) && t->ne[0] % 32 != 0)
       type = SK_GGML_F16;
-    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_Q4_1;
+    if (vr->quant && strcmp(name, vr->quant) == 0) type = SK_GGML_MXFP4;
     if (vr->transpose && strcmp(name, vr->transpose) == 0) {
       ne[0] = t->ne[1];
       ne[1] = t->ne[0];
@@ -556,9 +557,9 @@ static unsigned char *write_variant(const struct variant *vr, size_t *ret_len) {
     }
     for (uint64_t j = 0; j < t->n_elements; j++) {
       float f = src[j];
-      if (type == SK_GGML_Q4_1) { /* 20-byte blocks of 32: zeros will do */
+      if (type == SK_GGML_MXFP4) { /* 17-byte blocks of 32: zeros will do */
         if (j % 32 == 0) {
-          unsigned char blk[20] = {0};
+          unsigned char blk[17] = {0};
           buf_put(&data, blk, sizeof blk);
         }
       } else if (type == SK_GGML_F16) {
@@ -685,9 +686,9 @@ static void test_rope_scaling(void **state) {
   assert_non_null(strstr(err2.message, "\"yarn\" is not supported"));
 }
 
-/* F16 and BF16 weights: converted on load to exactly the floats an F32
- * file with the same rounded values holds, so the logits are
- * bit-identical; and close to the F32 model's. */
+/* F16 and BF16 weights: multiplied as exactly the floats an F32 file
+ * with the same rounded values holds, so the logits are bit-identical;
+ * and close to the F32 model's. */
 static void test_half_weights(void **state) {
   (void)state;
   json_t *ref = sk_test_load_reference("prefill_logits.json");
@@ -754,8 +755,8 @@ static void test_bad_models(void **state) {
   (void)state;
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .quant = "blk.0.attn_q.weight"},
-                   "tensor blk.0.attn_q.weight has type q4_1; supported "
-                   "weight types are f32, f16, bf16, q8_0 and q4_0",
+                   "tensor blk.0.attn_q.weight has type mxfp4; sinkd runs f32, f16, bf16, "
+                   "q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs",
                    NULL);
   expect_bad_model(&(struct variant){.mat_type = SK_GGML_F32,
                                      .drop = "blk.2.ffn_up.weight"},

@@ -188,7 +188,11 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
       for (uint32_t c = 0; c < cols; c++) row[c] = frand();
       if (type == SK_GGML_Q8_0) sk_quantize_row_q8_0(row, cols, (void *)(data[i] + r * rb));
       else if (type == SK_GGML_Q4_0) sk_quantize_row_q4_0(row, cols, (void *)(data[i] + r * rb));
-      else memcpy(data[i] + r * rb, row, rb);
+      else if (type == SK_GGML_F32) memcpy(data[i] + r * rb, row, rb);
+      else { /* random valid blocks: speed does not depend on the values */
+        uint64_t seed = (uint64_t)i * 100003u + r + 1;
+        sk_quant_random_row(type, cols, 1.0f, &seed, data[i] + r * rb);
+      }
     }
     free(row);
     w[i] = (struct sk_wmat){.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
@@ -226,7 +230,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     return 1;
   }
   const uint32_t per_thread = 4;
-  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0};
+  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
   for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
     static struct sk_wmat w[MAX_VARIANTS][DECODE_MATS];
     static void *mem[MAX_VARIANTS][DECODE_MATS];
@@ -243,6 +247,9 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     int8_t *q = xmalloc((size_t)n * 2048);
     float *d = xmalloc((size_t)n * (2048 / SK_QK) * sizeof *d);
     int32_t *qs = xmalloc((size_t)n * (2048 / SK_QK) * sizeof *qs);
+    int8_t *kq = xmalloc((size_t)n * 2048);
+    float *kd = xmalloc((size_t)n * (2048 / SK_QKK) * sizeof *kd);
+    int16_t *ks = xmalloc((size_t)n * (2048 / 16) * sizeof *ks);
     for (uint32_t r = 0; r < n; r++) yr[r] = y + (size_t)r * 32000;
     for (size_t k = 0; k < (size_t)n * 2048; k++) x[k] = frand();
     double *t = xmalloc((size_t)nv * (size_t)samples * sizeof *t);
@@ -253,9 +260,10 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
         double t0 = sk_tool_now_s();
         for (int i = 0; i < DECODE_MATS; i++) {
           const uint32_t cols = w[v][i].cols;
-          if (types[ti] != SK_GGML_F32) sk_kernels_quantize_rows(x, 2048, n, cols, q, d, qs);
+          if (sk_wmat_needs_q8(&w[v][i])) sk_kernels_quantize_rows(x, 2048, n, cols, q, d, qs);
+          if (sk_wmat_needs_q8k(&w[v][i])) sk_kernels_quantize_rows_k(x, 2048, n, cols, kq, kd, ks);
           const struct sk_act a = {.n = n, .cols = cols, .f = x, .ldf = 2048, .q = q, .d = d,
-                                   .s = qs};
+                                   .s = qs, .kq = kq, .kd = kd, .ks = ks};
           struct decode_mm mm = {.w = &w[v][i], .a = &a, .y = yr, .chunk = w[v][i].rows};
           if (threads > 1) {
             uint32_t per = w[v][i].rows / (per_thread * threads) + 1;
@@ -287,6 +295,9 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     free(q);
     free(d);
     free(qs);
+    free(kq);
+    free(kd);
+    free(ks);
   }
   sk_pool_free(pool);
   return 0;

@@ -20,11 +20,18 @@
  *   110M  dim 768, 12 layers, 12 heads,             hidden 2048, vocab 32000
  *   1B    dim 2048, 22 layers, 32 heads, 4 KV heads, hidden 5632, vocab 32000
  *
- * Weight types F32, F16, Q8_0, Q4_0 (ggml block formats, quantized with
- * ggml's reference quantizers, quant.c). As llama.cpp's quantizer does,
- * a matrix whose rows are not a multiple of 32 stays F16, and a Q4_0 file
- * keeps its output matrix at Q8_0 (--output-type changes that). Norm
- * weights are 1 and F32. The vocabulary is a SentencePiece-style one the
+ * Weight types: every type sinkd runs (quant.h), by its ggml name. F32,
+ * F16 and BF16 hold the random values; Q8_0 and Q4_0 quantize them with
+ * ggml's reference quantizers (quant.c); the other types are random
+ * valid blocks (sk_quant_random_row: finite scales, random quants), as
+ * decode speed does not depend on the values. The presets q4_K_M and
+ * q5_K_M mix types as llama-quantize does: Q6_K for attn_v and ffn_down
+ * in the layers its use_more_bits rule picks (the first and last eighth,
+ * and every third in between). As llama.cpp's quantizer does, a matrix
+ * whose rows are not a multiple of the type's block falls back (K-quants
+ * to Q5_0, Q5_1, Q8_0 or IQ4_NL, then F16), and the output matrix of a
+ * 2- to 5-bit file is Q6_K (Q8_0 where the width is not a multiple of
+ * 256; --output-type changes that). Norm weights are 1 and F32. The vocabulary is a SentencePiece-style one the
  * daemon loads and tokenizes with: <unk>, <s>, </s>, the 256 byte tokens
  * <0x00>..<0xFF>, then pieces built from letters (with and without the
  * leading U+2581), shorter pieces scoring higher.
@@ -314,23 +321,64 @@ struct tensor {
   uint64_t bytes;
 };
 
+/* The type a matrix of rows ne0 gets: llama-quantize's fallbacks when
+ * its rows are not a multiple of the type's block. */
 static uint32_t matrix_type(uint32_t want, uint64_t ne0) {
-  if ((want == SK_GGML_Q8_0 || want == SK_GGML_Q4_0) && ne0 % SK_QK != 0) return SK_GGML_F16;
-  return want;
+  if (ne0 % sk_quant_block(want) != 0) {
+    switch (want) {
+    case SK_GGML_Q2_K:
+    case SK_GGML_Q3_K:
+    case SK_GGML_IQ4_XS: want = SK_GGML_IQ4_NL; break;
+    case SK_GGML_Q4_K: want = SK_GGML_Q5_0; break;
+    case SK_GGML_Q5_K: want = SK_GGML_Q5_1; break;
+    case SK_GGML_Q6_K: want = SK_GGML_Q8_0; break;
+    default: break;
+    }
+  }
+  return ne0 % sk_quant_block(want) != 0 ? SK_GGML_F16 : want;
 }
 
-static uint32_t parse_type(const char *s) {
-  if (!strcmp(s, "f32")) return SK_GGML_F32;
-  if (!strcmp(s, "f16")) return SK_GGML_F16;
-  if (!strcmp(s, "q8_0")) return SK_GGML_Q8_0;
-  if (!strcmp(s, "q4_0")) return SK_GGML_Q4_0;
-  sk_tool_usage_die("type '%s': expected f32, f16, q8_0 or q4_0", s);
+/* A preset mixing types (0: one type everywhere). */
+enum preset { PRESET_NONE, PRESET_Q4_K_M, PRESET_Q5_K_M };
+
+static uint32_t parse_type(const char *s, enum preset *ret_preset) {
+  if (ret_preset) *ret_preset = PRESET_NONE;
+  if (ret_preset && !strcmp(s, "q4_K_M")) {
+    *ret_preset = PRESET_Q4_K_M;
+    return SK_GGML_Q4_K;
+  }
+  if (ret_preset && !strcmp(s, "q5_K_M")) {
+    *ret_preset = PRESET_Q5_K_M;
+    return SK_GGML_Q5_K;
+  }
+  for (uint32_t t = 0; t < 64; t++)
+    if (sk_quant_supported(t) && !strcmp(s, sk_ggml_type_name(t))) return t;
+  sk_tool_usage_die("type '%s': expected one of %s%s", s, sk_quant_supported_names(),
+                    ret_preset ? ", q4_K_M, q5_K_M" : "");
 }
 
-/* Writes one row of ne0 values in type t. */
-static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, void *tmp) {
+/* llama-quantize's use_more_bits(i, n): the layers whose attn_v and
+ * ffn_down a _M preset writes at Q6_K. */
+static bool more_bits(uint32_t i, uint32_t n) {
+  return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* Writes one row of ne0 values in type t (a type without a quantizer
+ * here: random valid blocks of about x's magnitude a). */
+static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, float a,
+                      void *tmp) {
   switch (t) {
   case SK_GGML_F32: put(o, x, ne0 * 4); break;
+  case SK_GGML_BF16: {
+    uint16_t *h = tmp;
+    for (uint64_t i = 0; i < ne0; i++) {
+      uint32_t b;
+      memcpy(&b, &x[i], 4);
+      h[i] = (uint16_t)(b >> 16);
+    }
+    put(o, h, ne0 * 2);
+    break;
+  }
   case SK_GGML_F16: {
     uint16_t *h = tmp;
     for (uint64_t i = 0; i < ne0; i++) h[i] = sk_f32_to_f16(x[i]);
@@ -345,7 +393,13 @@ static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, v
     sk_quantize_row_q4_0(x, (uint32_t)ne0, tmp);
     put(o, tmp, sk_quant_row_bytes(t, ne0));
     break;
-  default: sk_tool_die("internal: type %u", t);
+  default: {
+    uint64_t seed = rng_next();
+    if (sk_quant_random_row(t, (uint32_t)ne0, a, &seed, tmp) < 0)
+      sk_tool_die("internal: type %u", t);
+    put(o, tmp, sk_quant_row_bytes(t, ne0));
+    break;
+  }
   }
 }
 
@@ -356,9 +410,12 @@ static void usage(FILE *f) {
           "\n"
           "  -a, --arch NAME       llama, llama3, qwen2 or qwen3 (default llama)\n"
           "  -s, --shape NAME      260K, 15M, 110M or 1B (default 15M)\n"
-          "  -t, --type TYPE       weights: f32, f16, q8_0 or q4_0 (default f32)\n"
+          "  -t, --type TYPE       weights: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,\n"
+          "                        q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs,\n"
+          "                        or the presets q4_K_M, q5_K_M (default f32)\n"
           "      --output-type T   type of output.weight (default: the weight type;\n"
-          "                        q8_0 for q4_0 files, as llama.cpp writes them)\n"
+          "                        q6_K for 2- to 5-bit types, as llama.cpp writes\n"
+          "                        them)\n"
           "      --dim N --layers N --heads N --kv-heads N --hidden N --vocab N --ctx N\n"
           "      --head-dim N      override one dimension of the shape\n"
           "      --seed N          random seed (default 1)\n"
@@ -460,9 +517,12 @@ int main(int argc, char **argv) {
     read_vocab_from(vocab_from, &kc);
     sh.vocab = kc.n_vocab;
   }
-  const uint32_t wtype = parse_type(type_name);
-  const uint32_t otype = out_type_name ? parse_type(out_type_name)
-                                       : (wtype == SK_GGML_Q4_0 ? SK_GGML_Q8_0 : wtype);
+  enum preset preset;
+  const uint32_t wtype = parse_type(type_name, &preset);
+  const bool low_bits = wtype != SK_GGML_F32 && wtype != SK_GGML_F16 && wtype != SK_GGML_BF16 &&
+                        wtype != SK_GGML_Q8_0 && wtype != SK_GGML_Q6_K;
+  const uint32_t otype = out_type_name ? parse_type(out_type_name, NULL)
+                                       : (low_bits ? SK_GGML_Q6_K : wtype);
   const uint32_t head_dim = head_dim_opt ? head_dim_opt : sh.dim / sh.n_head;
   const uint32_t q_dim = sh.n_head * head_dim, kv_dim = sh.n_kv_head * head_dim;
   /* key_length / value_length: written when the heads do not split the
@@ -484,23 +544,30 @@ int main(int argc, char **argv) {
     t_->type = (NE1) ? matrix_type((TYPE), (NE0)) : SK_GGML_F32;                   \
     t_->init = (INIT);                                                             \
   } while (0)
-  T("token_embd.weight", sh.dim, sh.vocab, wtype, INIT_RANDOM);
+  /* tied embeddings: llama-quantize gives the table the output's type */
+  T("token_embd.weight", sh.dim, sh.vocab, arch->tied ? otype : wtype, INIT_RANDOM);
   T("output_norm.weight", sh.dim, 0, SK_GGML_F32, INIT_ONES);
   if (!arch->tied) T("output.weight", sh.dim, sh.vocab, otype, INIT_RANDOM);
   if (arch->rope_freqs) T("rope_freqs.weight", head_dim / 2, 0, SK_GGML_F32, INIT_ROPE_FREQS);
   for (uint32_t l = 0; l < sh.n_layer; l++) {
     char n[64];
+    const uint32_t vtype = preset != PRESET_NONE && more_bits(l, sh.n_layer) ? SK_GGML_Q6_K : wtype;
 #define L(SUFFIX, NE0, NE1, INIT)                               \
   do {                                                          \
     snprintf(n, sizeof n, "blk.%u." SUFFIX, l);                 \
     T(n, NE0, NE1, wtype, INIT);                                \
+  } while (0)
+#define LV(SUFFIX, NE0, NE1, INIT)                              \
+  do {                                                          \
+    snprintf(n, sizeof n, "blk.%u." SUFFIX, l);                 \
+    T(n, NE0, NE1, vtype, INIT);                                \
   } while (0)
     L("attn_norm.weight", sh.dim, 0, INIT_ONES);
     L("attn_q.weight", sh.dim, q_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_q.bias", q_dim, 0, INIT_RANDOM);
     L("attn_k.weight", sh.dim, kv_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_k.bias", kv_dim, 0, INIT_RANDOM);
-    L("attn_v.weight", sh.dim, kv_dim, INIT_RANDOM);
+    LV("attn_v.weight", sh.dim, kv_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_v.bias", kv_dim, 0, INIT_RANDOM);
     if (arch->qk_norm) {
       L("attn_q_norm.weight", head_dim, 0, INIT_NORM);
@@ -510,8 +577,9 @@ int main(int argc, char **argv) {
     L("ffn_norm.weight", sh.dim, 0, INIT_ONES);
     L("ffn_gate.weight", sh.dim, sh.hidden, INIT_RANDOM);
     L("ffn_up.weight", sh.dim, sh.hidden, INIT_RANDOM);
-    L("ffn_down.weight", sh.hidden, sh.dim, INIT_RANDOM);
+    LV("ffn_down.weight", sh.hidden, sh.dim, INIT_RANDOM);
 #undef L
+#undef LV
   }
 #undef T
   n_t = k;
@@ -620,7 +688,7 @@ int main(int argc, char **argv) {
                  : t->init == INIT_ROPE_FREQS ? llama31_factor((uint32_t)j, head_dim,
                                                                arch->rope_base)
                                               : rng_uniform(a);
-      write_row(&o, t->type, row, t->ne0, tmp);
+      write_row(&o, t->type, row, t->ne0, a, tmp);
     }
   }
   if (fclose(o.f) != 0) sk_tool_die("write %s: %s", path, strerror(errno));

@@ -44,7 +44,8 @@ struct sk__ggml_traits {
   uint32_t size;
 };
 
-/* ggml.c type_traits, for the types we recognise. */
+/* ggml.c type_traits (names, blck_size, type_size): the sizes are those
+ * of the block structs of ggml-common.h. */
 static const struct sk__ggml_traits sk__traits[] = {
   [SK_GGML_F32] = {"f32", 1, 4},
   [SK_GGML_F16] = {"f16", 1, 2},
@@ -60,12 +61,27 @@ static const struct sk__ggml_traits sk__traits[] = {
   [SK_GGML_Q5_K] = {"q5_K", 256, 2 + 2 + 12 + 32 + 128},
   [SK_GGML_Q6_K] = {"q6_K", 256, 128 + 64 + 16 + 2},
   [SK_GGML_Q8_K] = {"q8_K", 256, 4 + 256 + 32},
+  [SK_GGML_IQ2_XXS] = {"iq2_xxs", 256, 2 + 64},
+  [SK_GGML_IQ2_XS] = {"iq2_xs", 256, 2 + 64 + 8},
+  [SK_GGML_IQ3_XXS] = {"iq3_xxs", 256, 2 + 96},
+  [SK_GGML_IQ1_S] = {"iq1_s", 256, 2 + 32 + 16},
+  [SK_GGML_IQ4_NL] = {"iq4_nl", 32, 2 + 16},
+  [SK_GGML_IQ3_S] = {"iq3_s", 256, 2 + 64 + 8 + 32 + 4},
+  [SK_GGML_IQ2_S] = {"iq2_s", 256, 2 + 64 + 8 + 8},
+  [SK_GGML_IQ4_XS] = {"iq4_xs", 256, 2 + 2 + 4 + 128},
   [SK_GGML_I8] = {"i8", 1, 1},
   [SK_GGML_I16] = {"i16", 1, 2},
   [SK_GGML_I32] = {"i32", 1, 4},
   [SK_GGML_I64] = {"i64", 1, 8},
   [SK_GGML_F64] = {"f64", 1, 8},
+  [SK_GGML_IQ1_M] = {"iq1_m", 256, 32 + 16 + 8},
   [SK_GGML_BF16] = {"bf16", 1, 2},
+  [SK_GGML_TQ1_0] = {"tq1_0", 256, 2 + 4 + 48},
+  [SK_GGML_TQ2_0] = {"tq2_0", 256, 2 + 64},
+  [SK_GGML_MXFP4] = {"mxfp4", 32, 1 + 16},
+  [SK_GGML_NVFP4] = {"nvfp4", 64, 4 + 32},
+  [SK_GGML_Q1_0] = {"q1_0", 128, 2 + 16},
+  [SK_GGML_Q2_0] = {"q2_0", 64, 2 + 16},
 };
 #define SK__N_TRAITS (sizeof sk__traits / sizeof sk__traits[0])
 
@@ -77,6 +93,14 @@ static const struct sk__ggml_traits *sk__type_traits(uint32_t type) {
 const char *sk_ggml_type_name(uint32_t type) {
   const struct sk__ggml_traits *tr = sk__type_traits(type);
   return tr ? tr->name : "unknown";
+}
+
+bool sk_ggml_type_layout(uint32_t type, uint32_t *ret_blck, uint32_t *ret_size) {
+  const struct sk__ggml_traits *tr = sk__type_traits(type);
+  if (!tr) return false;
+  *ret_blck = tr->blck;
+  *ret_size = tr->size;
+  return true;
 }
 
 /* One metadata pair. Scalars: data points at the value (a string's data

@@ -24,16 +24,22 @@ enum sk_gguf_type {
   SK_GGUF_FLOAT64 = 12,
 };
 
-/* Tensor element types (ggml_type). Only F32 and F16 are loadable now;
- * the others are recognised (sizes checked) so the error can name them.
- * Types not listed (IQ*, TQ*, MXFP4...) are refused by sk_gguf_open. */
+/* Tensor element types (ggml_type, ggml/include/ggml.h). Every type of
+ * the table in gguf.c is recognised (its block size checked), so that an
+ * error can name it by its ggml name; which of them a model can run is
+ * the model's business (quant.h, sk_quant_supported). Numbers ggml never
+ * assigned or retired (4, 5, 31-33, 36-38) are refused by sk_gguf_open. */
 enum sk_ggml_type {
   SK_GGML_F32 = 0, SK_GGML_F16 = 1, SK_GGML_Q4_0 = 2, SK_GGML_Q4_1 = 3,
   SK_GGML_Q5_0 = 6, SK_GGML_Q5_1 = 7, SK_GGML_Q8_0 = 8,
   SK_GGML_Q8_1 = 9, SK_GGML_Q2_K = 10, SK_GGML_Q3_K = 11, SK_GGML_Q4_K = 12,
   SK_GGML_Q5_K = 13, SK_GGML_Q6_K = 14, SK_GGML_Q8_K = 15,
+  SK_GGML_IQ2_XXS = 16, SK_GGML_IQ2_XS = 17, SK_GGML_IQ3_XXS = 18, SK_GGML_IQ1_S = 19,
+  SK_GGML_IQ4_NL = 20, SK_GGML_IQ3_S = 21, SK_GGML_IQ2_S = 22, SK_GGML_IQ4_XS = 23,
   SK_GGML_I8 = 24, SK_GGML_I16 = 25, SK_GGML_I32 = 26, SK_GGML_I64 = 27,
-  SK_GGML_F64 = 28, SK_GGML_BF16 = 30,
+  SK_GGML_F64 = 28, SK_GGML_IQ1_M = 29, SK_GGML_BF16 = 30,
+  SK_GGML_TQ1_0 = 34, SK_GGML_TQ2_0 = 35, SK_GGML_MXFP4 = 39, SK_GGML_NVFP4 = 40,
+  SK_GGML_Q1_0 = 41, SK_GGML_Q2_0 = 42,
 };
 
 /* Hard limits, each with its reason. */
@@ -124,7 +130,12 @@ int sk_gguf_get_f32_array(const struct sk_gguf *g, const char *key,
 int sk_gguf_get_i32_array(const struct sk_gguf *g, const char *key,
                           int32_t **ret, uint64_t *ret_n, struct sk_error *err);
 
-/* Name of a ggml type ("f32", "q8_0", ...; "unknown" otherwise). */
+/* Name of a ggml type as ggml spells it ("f32", "q8_0", "q4_K",
+ * "iq4_nl", ...; "unknown" for a number ggml does not define). */
 const char *sk_ggml_type_name(uint32_t type);
+/* Block layout of a ggml type: *ret_blck elements take *ret_size bytes
+ * (ggml's type_traits blck_size and type_size). Returns false for a
+ * number ggml does not define. */
+bool sk_ggml_type_layout(uint32_t type, uint32_t *ret_blck, uint32_t *ret_size);
 
 #endif

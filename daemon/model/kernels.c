@@ -30,6 +30,8 @@ typedef void (*sk__mm_fn)(const struct sk_wmat *w, const struct sk_act *x, float
 struct sk__kernels {
   const char *name;
   sk__mm_fn mm_f32, mm_f16, mm_q8_0, mm_q4_0;
+  /* the other types' products; NULL: the generic variant's */
+  sk__mm_fn mm_bf16, mm_q4_1, mm_q5_0, mm_q5_1, mm_iq4_nl, mm_q4_k, mm_q5_k, mm_q6_k;
   void (*quantize_rows)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
                         float *d, int32_t *s);
   /* reads quantized weights packed in groups of this many rows
@@ -62,14 +64,15 @@ static inline float sk__gen_hsum(const float acc[8]) {
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* Weights of row `row` from element k, as floats (F16 converted exactly). */
-static inline void sk__gen_load_w(bool f16, const uint8_t *row, uint32_t k, uint32_t len,
+/* Weights of row `row` from element k, as floats (f16: 0 F32, 1 F16, 2
+ * BF16; halves converted exactly). */
+static inline void sk__gen_load_w(int f16, const uint8_t *row, uint32_t k, uint32_t len,
                                   float out[8]) {
   if (f16) {
     for (uint32_t l = 0; l < len; l++) {
       uint16_t h;
       memcpy(&h, row + 2 * ((size_t)k + l), 2);
-      out[l] = sk_f16_to_f32(h);
+      out[l] = f16 == 2 ? sk_bf16_to_f32(h) : sk_f16_to_f32(h);
     }
   } else {
     memcpy(out, (const float *)(const void *)row + k, 4 * (size_t)len);
@@ -77,7 +80,7 @@ static inline void sk__gen_load_w(bool f16, const uint8_t *row, uint32_t k, uint
   for (uint32_t l = len; l < 8; l++) out[l] = 0.0f;
 }
 
-static void sk__gen_mm_f(bool f16, const struct sk_wmat *w, const struct sk_act *x,
+static void sk__gen_mm_f(int f16, const struct sk_wmat *w, const struct sk_act *x,
                          float *const *y, uint32_t o0, uint32_t o1) {
   const uint8_t *base = w->data;
   for (uint32_t o = o0; o < o1; o++) {
@@ -99,12 +102,17 @@ static void sk__gen_mm_f(bool f16, const struct sk_wmat *w, const struct sk_act 
 
 static void sk__gen_mm_f32(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
                            uint32_t o0, uint32_t o1) {
-  sk__gen_mm_f(false, w, x, y, o0, o1);
+  sk__gen_mm_f(0, w, x, y, o0, o1);
 }
 
 static void sk__gen_mm_f16(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
                            uint32_t o0, uint32_t o1) {
-  sk__gen_mm_f(true, w, x, y, o0, o1);
+  sk__gen_mm_f(1, w, x, y, o0, o1);
+}
+
+static void sk__gen_mm_bf16(const struct sk_wmat *w, const struct sk_act *x, float *const *y,
+                            uint32_t o0, uint32_t o1) {
+  sk__gen_mm_f(2, w, x, y, o0, o1);
 }
 
 static void sk__gen_mm_q(bool q4, const struct sk_wmat *w, const struct sk_act *x,
@@ -147,6 +155,240 @@ static void sk__gen_mm_q4_0(const struct sk_wmat *w, const struct sk_act *x, flo
                             uint32_t o0, uint32_t o1) {
   sk__gen_mm_q(true, w, x, y, o0, o1);
 }
+
+/* Block b of a Q4_1, Q5_0, Q5_1 or IQ4_NL row: its 32 integer weights
+ * (element j = q[j]), scale and minimum (0 for the types without). */
+static void sk__gen_legacy_block(uint32_t type, const uint8_t *row, size_t bs, uint32_t b,
+                                 int8_t q[SK_QK], float *d, float *m) {
+  const uint8_t *blk = row + (size_t)b * bs;
+  uint16_t h;
+  memcpy(&h, blk, 2);
+  *d = sk_f16_to_f32(h);
+  *m = 0.0f;
+  const bool has_m = type == SK_GGML_Q4_1 || type == SK_GGML_Q5_1;
+  if (has_m) {
+    memcpy(&h, blk + 2, 2);
+    *m = sk_f16_to_f32(h);
+  }
+  const bool five = type == SK_GGML_Q5_0 || type == SK_GGML_Q5_1;
+  uint32_t qh = 0;
+  if (five) {
+    const uint8_t *p = blk + (has_m ? 4 : 2);
+    qh = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+  }
+  const uint8_t *qs = blk + 2 + (has_m ? 2 : 0) + (five ? 4 : 0);
+  for (uint32_t j = 0; j < 16; j++) {
+    int lo = qs[j] & 15, hi = qs[j] >> 4;
+    if (type == SK_GGML_IQ4_NL) {
+      lo = sk_iq4nl_values[lo];
+      hi = sk_iq4nl_values[hi];
+    } else if (five) {
+      lo |= (int)((qh >> j) & 1) << 4;
+      hi |= (int)((qh >> (j + 16)) & 1) << 4;
+      if (type == SK_GGML_Q5_0) lo -= 16, hi -= 16;
+    }
+    q[j] = (int8_t)lo;
+    q[j + 16] = (int8_t)hi;
+  }
+}
+
+/* Legacy types: per block isum = sum q_w q_x (exact), acc += (d_w d_x)
+ * isum, and for Q4_1/Q5_1 acc += (m_w d_x) s_x (s_x: the block's sum of
+ * q_x), in block order. */
+static void sk__gen_mm_legacy(uint32_t type, const struct sk_wmat *w, const struct sk_act *x,
+                              float *const *y, uint32_t o0, uint32_t o1) {
+  const uint32_t nb = w->cols / SK_QK;
+  const size_t bs = w->row_bytes / nb;
+  const bool has_m = type == SK_GGML_Q4_1 || type == SK_GGML_Q5_1;
+  for (uint32_t o = o0; o < o1; o++) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+    for (uint32_t i = 0; i < x->n; i++) {
+      const int8_t *xq = x->q + (size_t)i * x->cols;
+      const float *xd = x->d + (size_t)i * nb;
+      const int32_t *xs = x->s + (size_t)i * nb;
+      float acc = 0.0f;
+      for (uint32_t b = 0; b < nb; b++) {
+        int8_t q[SK_QK];
+        float d, m;
+        sk__gen_legacy_block(type, row, bs, b, q, &d, &m);
+        int32_t isum = 0;
+        for (uint32_t j = 0; j < SK_QK; j++) isum += q[j] * xq[(size_t)b * SK_QK + j];
+        acc += (d * xd[b]) * (float)isum;
+        if (has_m) acc += (m * xd[b]) * (float)xs[b];
+      }
+      y[i][o] = acc;
+    }
+  }
+}
+
+#define SK__GEN_LEGACY(name, type)                                                         \
+  static void sk__gen_mm_##name(const struct sk_wmat *w, const struct sk_act *x,           \
+                                float *const *y, uint32_t o0, uint32_t o1) {               \
+    sk__gen_mm_legacy(type, w, x, y, o0, o1);                                              \
+  }
+SK__GEN_LEGACY(q4_1, SK_GGML_Q4_1)
+SK__GEN_LEGACY(q5_0, SK_GGML_Q5_0)
+SK__GEN_LEGACY(q5_1, SK_GGML_Q5_1)
+SK__GEN_LEGACY(iq4_nl, SK_GGML_IQ4_NL)
+
+/* Super-block b of a K-quant or IQ4_XS row as integers: quants q[256],
+ * the scale sc[g] and min mn[g] of every group g of 16 (a 32-element
+ * group's given to both its halves; mn 0 for the types without), the
+ * super-block scale d and min scale dmin. The block's value is then
+ * x[e] = d * sc[e / 16] * q[e] - dmin * mn[e / 16] (the grouping of the
+ * float operations aside). */
+static void sk__gen_kblock(uint32_t type, const uint8_t *blk, int8_t q[SK_QKK], int16_t sc[16],
+                           int16_t mn[16], float *d, float *dmin) {
+  *dmin = 0.0f;
+  for (uint32_t g = 0; g < 16; g++) mn[g] = 0;
+  switch (type) {
+  case SK_GGML_Q2_K:
+  case SK_GGML_Q3_K: {
+    const bool q3 = type == SK_GGML_Q3_K;
+    struct sk_block_q2_k b2;
+    struct sk_block_q3_k b3;
+    const uint8_t *qs;
+    if (q3) {
+      memcpy(&b3, blk, sizeof b3);
+      *d = sk_f16_to_f32(b3.d);
+      int8_t s3[16];
+      sk_quant_scales_q3_k(b3.scales, s3);
+      for (uint32_t g = 0; g < 16; g++) sc[g] = s3[g];
+      qs = b3.qs;
+    } else {
+      memcpy(&b2, blk, sizeof b2);
+      *d = sk_f16_to_f32(b2.d);
+      *dmin = sk_f16_to_f32(b2.dmin);
+      for (uint32_t g = 0; g < 16; g++) {
+        sc[g] = b2.scales[g] & 15;
+        mn[g] = b2.scales[g] >> 4;
+      }
+      qs = b2.qs;
+    }
+    for (uint32_t g = 0; g < 16; g++) {
+      const uint32_t n = g / 8, j = (g % 8) / 2, h = g % 2;
+      for (uint32_t l = 0; l < 16; l++) {
+        int v = (qs[32 * n + 16 * h + l] >> (2 * j)) & 3;
+        if (q3 && !(b3.hmask[16 * h + l] & (1u << (4 * n + j)))) v -= 4;
+        q[16 * g + l] = (int8_t)v;
+      }
+    }
+    break;
+  }
+  case SK_GGML_Q4_K:
+  case SK_GGML_Q5_K: {
+    const bool q5 = type == SK_GGML_Q5_K;
+    struct sk_block_q5_k b5;
+    struct sk_block_q4_k b4;
+    const uint8_t *scs, *qs, *qh = NULL;
+    if (q5) {
+      memcpy(&b5, blk, sizeof b5);
+      *d = sk_f16_to_f32(b5.d), *dmin = sk_f16_to_f32(b5.dmin);
+      scs = b5.scales, qs = b5.qs, qh = b5.qh;
+    } else {
+      memcpy(&b4, blk, sizeof b4);
+      *d = sk_f16_to_f32(b4.d), *dmin = sk_f16_to_f32(b4.dmin);
+      scs = b4.scales, qs = b4.qs;
+    }
+    for (uint32_t g = 0; g < 8; g++) {
+      uint8_t s8, m8;
+      sk_quant_scale_min_k4(g, scs, &s8, &m8);
+      sc[2 * g] = sc[2 * g + 1] = s8;
+      mn[2 * g] = mn[2 * g + 1] = m8;
+      for (uint32_t l = 0; l < 32; l++) {
+        const uint8_t byte = qs[32 * (g / 2) + l];
+        int v = g % 2 ? byte >> 4 : byte & 15;
+        if (q5 && (qh[l] >> g & 1)) v += 16;
+        q[32 * g + l] = (int8_t)v;
+      }
+    }
+    break;
+  }
+  case SK_GGML_Q6_K: {
+    struct sk_block_q6_k b;
+    memcpy(&b, blk, sizeof b);
+    *d = sk_f16_to_f32(b.d);
+    for (uint32_t g = 0; g < 16; g++) sc[g] = b.scales[g];
+    for (uint32_t n = 0; n < 2; n++) {
+      const uint8_t *ql = b.ql + 64 * n, *qh = b.qh + 32 * n;
+      int8_t *qq = q + 128 * n;
+      for (uint32_t l = 0; l < 32; l++) {
+        qq[l] = (int8_t)(((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32);
+        qq[l + 32] = (int8_t)(((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+        qq[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+        qq[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+      }
+    }
+    break;
+  }
+  default: { /* IQ4_XS */
+    struct sk_block_iq4_xs b;
+    memcpy(&b, blk, sizeof b);
+    *d = sk_f16_to_f32(b.d);
+    for (uint32_t g = 0; g < 8; g++) {
+      const int ls = ((b.scales_l[g / 2] >> (4 * (g % 2))) & 15) | ((b.scales_h >> (2 * g)) & 3) << 4;
+      sc[2 * g] = sc[2 * g + 1] = (int16_t)(ls - 32);
+      for (uint32_t j = 0; j < 16; j++) {
+        q[32 * g + j] = sk_iq4nl_values[b.qs[16 * g + j] & 15];
+        q[32 * g + j + 16] = sk_iq4nl_values[b.qs[16 * g + j] >> 4];
+      }
+    }
+    break;
+  }
+  }
+}
+
+/* Whether a K-type has a min term (acc -= (dmin d_x) msum). */
+static inline bool sk__k_has_min(uint32_t type) {
+  return type == SK_GGML_Q2_K || type == SK_GGML_Q4_K || type == SK_GGML_Q5_K;
+}
+
+/* K-quants and IQ4_XS against Q8_K activations: per super-block isum =
+ * sum_g sc[g] sum_{e in g} q_w q_x, msum = sum_g mn[g] bsum_x[g] (exact
+ * integers), then acc += (d_w d_x) isum and acc -= (dmin_w d_x) msum. */
+static void sk__gen_mm_k(uint32_t type, const struct sk_wmat *w, const struct sk_act *x,
+                         float *const *y, uint32_t o0, uint32_t o1) {
+  const uint32_t nb = w->cols / SK_QKK;
+  const size_t bs = w->row_bytes / nb;
+  const bool has_min = sk__k_has_min(type);
+  for (uint32_t o = o0; o < o1; o++) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+    for (uint32_t i = 0; i < x->n; i++) {
+      const int8_t *xq = x->kq + (size_t)i * x->cols;
+      const float *xd = x->kd + (size_t)i * nb;
+      const int16_t *xs = x->ks + (size_t)i * (x->cols / 16);
+      float acc = 0.0f;
+      for (uint32_t b = 0; b < nb; b++) {
+        int8_t q[SK_QKK];
+        int16_t sc[16], mn[16];
+        float d, dmin;
+        sk__gen_kblock(type, row + (size_t)b * bs, q, sc, mn, &d, &dmin);
+        int32_t isum = 0, msum = 0;
+        for (uint32_t g = 0; g < 16; g++) {
+          int32_t s = 0;
+          for (uint32_t l = 0; l < 16; l++) s += q[16 * g + l] * xq[(size_t)b * SK_QKK + 16 * g + l];
+          isum += sc[g] * s;
+          msum += mn[g] * xs[16 * b + g];
+        }
+        acc += (d * xd[b]) * (float)isum;
+        if (has_min) acc -= (dmin * xd[b]) * (float)msum;
+      }
+      y[i][o] = acc;
+    }
+  }
+}
+
+#define SK__GEN_K(name, type)                                                              \
+  static void sk__gen_mm_##name(const struct sk_wmat *w, const struct sk_act *x,           \
+                                float *const *y, uint32_t o0, uint32_t o1) {               \
+    sk__gen_mm_k(type, w, x, y, o0, o1);                                                   \
+  }
+SK__GEN_K(q2_k, SK_GGML_Q2_K)
+SK__GEN_K(q3_k, SK_GGML_Q3_K)
+SK__GEN_K(q4_k, SK_GGML_Q4_K)
+SK__GEN_K(q5_k, SK_GGML_Q5_K)
+SK__GEN_K(q6_k, SK_GGML_Q6_K)
+SK__GEN_K(iq4_xs, SK_GGML_IQ4_XS)
 
 static void sk__gen_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols,
                                   int8_t *q, float *d, int32_t *s) {
@@ -265,6 +507,14 @@ static const struct sk__kernels sk__generic = {
     .mm_f16 = sk__gen_mm_f16,
     .mm_q8_0 = sk__gen_mm_q8_0,
     .mm_q4_0 = sk__gen_mm_q4_0,
+    .mm_bf16 = sk__gen_mm_bf16,
+    .mm_q4_1 = sk__gen_mm_q4_1,
+    .mm_q5_0 = sk__gen_mm_q5_0,
+    .mm_q5_1 = sk__gen_mm_q5_1,
+    .mm_iq4_nl = sk__gen_mm_iq4_nl,
+    .mm_q4_k = sk__gen_mm_q4_k,
+    .mm_q5_k = sk__gen_mm_q5_k,
+    .mm_q6_k = sk__gen_mm_q6_k,
     .quantize_rows = sk__gen_quantize_rows,
     .dot = sk__gen_dot,
     .axpy = sk__gen_axpy,
@@ -325,6 +575,14 @@ static const struct sk__kernels sk__avx2 = {
     .mm_f16 = sk__avx2_mm_f16,
     .mm_q8_0 = sk__avx2_mm_q8_0,
     .mm_q4_0 = sk__avx2_mm_q4_0,
+    .mm_bf16 = sk__avx2_mm_bf16,
+    .mm_q4_1 = sk__avx2_mm_q4_1,
+    .mm_q5_0 = sk__avx2_mm_q5_0,
+    .mm_q5_1 = sk__avx2_mm_q5_1,
+    .mm_iq4_nl = sk__avx2_mm_iq4_nl,
+    .mm_q4_k = sk__avx2_mm_q4_k,
+    .mm_q5_k = sk__avx2_mm_q5_k,
+    .mm_q6_k = sk__avx2_mm_q6_k,
     .quantize_rows = sk__avx2_quantize_rows,
     .dot = sk__avx2_dot,
     .axpy = sk__avx2_axpy,
@@ -346,6 +604,14 @@ static const struct sk__kernels sk__avx2_vnni = {
     .mm_f16 = sk__vnni_mm_f16,
     .mm_q8_0 = sk__vnni_mm_q8_0,
     .mm_q4_0 = sk__vnni_mm_q4_0,
+    .mm_bf16 = sk__vnni_mm_bf16,
+    .mm_q4_1 = sk__vnni_mm_q4_1,
+    .mm_q5_0 = sk__vnni_mm_q5_0,
+    .mm_q5_1 = sk__vnni_mm_q5_1,
+    .mm_iq4_nl = sk__vnni_mm_iq4_nl,
+    .mm_q4_k = sk__vnni_mm_q4_k,
+    .mm_q5_k = sk__vnni_mm_q5_k,
+    .mm_q6_k = sk__vnni_mm_q6_k,
     .quantize_rows = sk__vnni_quantize_rows,
     .dot = sk__vnni_dot,
     .axpy = sk__vnni_axpy,
@@ -368,7 +634,10 @@ static const struct sk__kernels sk__avx2_vnni = {
  * the quantized and F32 products, the packed layouts, written once so
  * that the two tables cannot drift apart. */
 #define SK__AVX2_REST                                                                    \
-  .mm_f16 = sk__avx2_mm_f16,                                                             \
+  .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
+  .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
+  .mm_iq4_nl = sk__avx2_mm_iq4_nl, .mm_q4_k = sk__avx2_mm_q4_k,                          \
+  .mm_q5_k = sk__avx2_mm_q5_k, .mm_q6_k = sk__avx2_mm_q6_k,                              \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
   .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
   .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
@@ -559,7 +828,62 @@ int sk_kernels_select(const char *name, struct sk_error *err) {
 const char *sk_kernels_name(void) { return sk__cur()->name; }
 
 bool sk_wmat_needs_q8(const struct sk_wmat *w) {
-  return w->type == SK_GGML_Q8_0 || w->type == SK_GGML_Q4_0;
+  switch (w->type) {
+  case SK_GGML_Q8_0:
+  case SK_GGML_Q4_0:
+  case SK_GGML_Q4_1:
+  case SK_GGML_Q5_0:
+  case SK_GGML_Q5_1:
+  case SK_GGML_IQ4_NL: return true;
+  default: return false;
+  }
+}
+
+bool sk_wmat_needs_q8k(const struct sk_wmat *w) {
+  switch (w->type) {
+  case SK_GGML_Q2_K:
+  case SK_GGML_Q3_K:
+  case SK_GGML_Q4_K:
+  case SK_GGML_Q5_K:
+  case SK_GGML_Q6_K:
+  case SK_GGML_IQ4_XS: return true;
+  default: return false;
+  }
+}
+
+void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                                float *d, int16_t *bs) {
+  const uint32_t nb = cols / SK_QKK;
+  for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t b = 0; b < nb; b++) {
+      const float *xb = x + (size_t)i * ldf + (size_t)b * SK_QKK;
+      int8_t *qb = q + (size_t)i * cols + (size_t)b * SK_QKK;
+      int16_t *sb = bs + ((size_t)i * cols + (size_t)b * SK_QKK) / 16;
+      float amax = 0.0f, max = 0.0f;
+      for (uint32_t j = 0; j < SK_QKK; j++)
+        if (fabsf(xb[j]) > amax) {
+          amax = fabsf(xb[j]);
+          max = xb[j];
+        }
+      if (amax == 0.0f) {
+        d[(size_t)i * nb + b] = 0.0f;
+        memset(qb, 0, SK_QKK);
+        memset(sb, 0, SK_QKK / 16 * sizeof *sb);
+        continue;
+      }
+      const float iscale = -127.0f / max;
+      for (uint32_t j = 0; j < SK_QKK; j++) {
+        const float v = nearbyintf(iscale * xb[j]);
+        qb[j] = (int8_t)(v > 127.0f ? 127 : (int)v);
+      }
+      for (uint32_t g = 0; g < SK_QKK / 16; g++) {
+        int sum = 0;
+        for (uint32_t l = 0; l < 16; l++) sum += qb[16 * g + l];
+        sb[g] = (int16_t)sum;
+      }
+      d[(size_t)i * nb + b] = 1.0f / iscale;
+    }
+  }
 }
 
 void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
@@ -604,7 +928,7 @@ int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
 #endif
   const size_t gr = sk__cur()->pack_rows; /* rows per group */
-  if (!gr || !sk_wmat_needs_q8(w)) return 0;
+  if (!gr || (w->type != SK_GGML_Q8_0 && w->type != SK_GGML_Q4_0)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;
   const size_t nb = w->cols / SK_QK, groups = ((size_t)w->rows + gr - 1) / gr;
   const size_t bs = SK__PQ_BYTES(q4, gr);
@@ -654,7 +978,32 @@ void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *c
   case SK_GGML_F16: sk__cur()->mm_f16(w, x, y_rows, o0, o1); break;
   case SK_GGML_Q8_0: sk__cur()->mm_q8_0(w, x, y_rows, o0, o1); break;
   case SK_GGML_Q4_0: sk__cur()->mm_q4_0(w, x, y_rows, o0, o1); break;
-  default: break; /* the loader admits no other type */
+  case SK_GGML_Q2_K: sk__gen_mm_q2_k(w, x, y_rows, o0, o1); break;
+  case SK_GGML_Q3_K: sk__gen_mm_q3_k(w, x, y_rows, o0, o1); break;
+  case SK_GGML_IQ4_XS: sk__gen_mm_iq4_xs(w, x, y_rows, o0, o1); break;
+  default: {
+    const struct sk__kernels *k = sk__cur();
+    sk__mm_fn f = NULL, g = NULL;
+#define SK__PICK(T, field)                                                                 \
+  case T:                                                                                  \
+    f = k->field, g = sk__generic.field;                                                   \
+    break;
+    switch (w->type) {
+      SK__PICK(SK_GGML_BF16, mm_bf16)
+      SK__PICK(SK_GGML_Q4_1, mm_q4_1)
+      SK__PICK(SK_GGML_Q5_0, mm_q5_0)
+      SK__PICK(SK_GGML_Q5_1, mm_q5_1)
+      SK__PICK(SK_GGML_IQ4_NL, mm_iq4_nl)
+      SK__PICK(SK_GGML_Q4_K, mm_q4_k)
+      SK__PICK(SK_GGML_Q5_K, mm_q5_k)
+      SK__PICK(SK_GGML_Q6_K, mm_q6_k)
+    default: break; /* the loader admits no other type */
+    }
+#undef SK__PICK
+    if (f) f(w, x, y_rows, o0, o1);
+    else if (g) g(w, x, y_rows, o0, o1);
+    break;
+  }
   }
 }
 

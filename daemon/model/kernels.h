@@ -1,6 +1,7 @@
 /* Compute kernels of the forward pass: matrix products with weights in
- * F32, F16, Q8_0 or Q4_0 (ggml block formats, quant.h), the activation
- * quantizer, and the vector primitives of attention.
+ * any type sinkd runs (quant.h: F32, F16, BF16, the legacy 32-element
+ * block types and the 256-element K-quants and IQ4_XS), the activation
+ * quantizers, and the vector primitives of attention.
  *
  * Variants (chosen once at run time, sk_kernels_select):
  *   generic    portable C; the compiler's baseline ISA (SSE2 on x86-64)
@@ -21,21 +22,35 @@
  *              arch_prctl ARCH_REQ_XCOMP_PERM); each thread loads the tile
  *              configuration on its first AMX product
  *
- * Quantized weights are multiplied as ggml does (ggml_vec_dot_q8_0_q8_0,
- * ggml_vec_dot_q4_0_q8_0): each activation row is first quantized to
- * 32-element int8 blocks with one float scale per block (ggml's
- * block_q8_0, except that the scale stays a float), then every block
- * pair gives an exact int32 dot product, scaled by the two block scales
- * and summed in float.
+ * Which types each variant vectorizes: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K in avx2 and avx2-vnni (the
+ * avx512-vnni and amx variants use avx2's for all but F32, Q8_0 and
+ * Q4_0); Q2_K, Q3_K and IQ4_XS run the portable code in every variant.
+ *
+ * Quantized weights are multiplied as ggml does (ggml_vec_dot_*_q8_0,
+ * *_q8_1, *_q8_K): each activation row is first quantized, then every
+ * block pair gives an exact integer dot product, scaled by the two block
+ * scales and summed in float.
+ *   - Legacy types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): 32-element int8
+ *     blocks with one float scale per block (ggml's block_q8_0, except
+ *     that the scale stays a float) and the block's sum of quants, which
+ *     Q4_1/Q5_1 multiply by their block minimum (ggml's block_q8_1 s).
+ *   - K-quants and IQ4_XS: ggml's block_q8_K, 256-element int8 blocks
+ *     with d = max / -127 (max: the value of largest magnitude) and the
+ *     sums of every 16 quants. Per super-block the kernels form exact
+ *     integer sums of sub-scale x quant dot products (and of sub-min x
+ *     activation sums), scaled by d_w d_x (and dmin_w d_x) and summed in
+ *     float: generic per super-block, avx2 and avx2-vnni in 8 lanes
+ *     (kernels-x86.inc), those two with the same bits.
  *
  * Determinism: within one variant, every output element is computed by
  * the same sequence of floating-point operations whatever the number of
  * rows in the product, the output range a thread takes, or the thread.
  * A session's results therefore do not depend on what else is batched
- * with it. Variants differ from each other in the last bits (F32/F16:
- * avx2, avx2-vnni, avx512-vnni and amx are identical; quantized:
- * avx2-vnni, avx512-vnni and amx are identical to each other and sum per
- * block in a different order than avx2).
+ * with it. Variants differ from each other in the last bits (F32/F16/
+ * BF16: avx2, avx2-vnni, avx512-vnni and amx are identical; legacy
+ * quantized: avx2-vnni, avx512-vnni and amx are identical to each other
+ * for Q8_0/Q4_0 and sum per block in a different order than avx2).
  */
 #ifndef SK_KERNELS_H
 #define SK_KERNELS_H
@@ -65,12 +80,12 @@ bool sk_kernels_known(const char *name);
 const char *sk_kernels_available(void);
 
 /* A weight matrix: rows x cols, row-major, one row = cols elements of
- * `type` (F32, F16, Q8_0, Q4_0) taking row_bytes bytes. y = W x maps cols
+ * `type` (any type of sk_quant_supported) taking row_bytes bytes. y = W x maps cols
  * inputs to rows outputs. data is not owned. */
 struct sk_wmat {
   uint32_t type;      /* enum sk_ggml_type */
   uint32_t rows;      /* output features */
-  uint32_t cols;      /* input features; a multiple of SK_QK if quantized */
+  uint32_t cols;      /* input features; a multiple of the type's block */
   size_t row_bytes;   /* sk_quant_row_bytes(type, cols) */
   const void *data;   /* (rows, row_bytes), the GGUF layout */
   const void *packed; /* the same weights in the selected kernels' own
@@ -82,7 +97,7 @@ struct sk_wmat {
 };
 
 /* Repacks a matrix into the layout the selected kernels read fastest, if
- * they have one: quantized weights for avx2-vnni (8 rows interleaved per
+ * they have one: Q8_0 and Q4_0 weights for avx2-vnni (8 rows interleaved per
  * block, see kernels-x86.inc) and avx512-vnni and amx (16 rows,
  * kernels-avx512.inc); F32 weights for every x86 variant (8-row groups of
  * 8-column blocks, kernels-x86.inc above tile_pf, the same bits as the
@@ -96,20 +111,26 @@ struct sk_wmat {
  * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err);
 
-/* Whether products with weights of this type need quantized activations
- * (sk_kernels_quantize_rows) rather than floats. */
+/* Whether products with weights of this type need activations quantized
+ * in 32-element blocks (sk_kernels_quantize_rows: the legacy types). */
 bool sk_wmat_needs_q8(const struct sk_wmat *w);
+/* Whether they need activations quantized in 256-element blocks
+ * (sk_kernels_quantize_rows_k: the K-quants and IQ4_XS). */
+bool sk_wmat_needs_q8k(const struct sk_wmat *w);
 
 /* Activations: n rows of cols values, as floats and, for quantized
  * weights, as int8 blocks. Not owned. */
 struct sk_act {
   uint32_t n;       /* rows */
   uint32_t cols;
-  const float *f;   /* (n, ldf) floats; F32/F16 weights read these */
+  const float *f;   /* (n, ldf) floats; F32/F16/BF16 weights read these */
   size_t ldf;       /* stride of f, >= cols */
-  const int8_t *q;  /* (n, cols) quants; Q8_0/Q4_0 weights read these */
+  const int8_t *q;  /* (n, cols) quants; legacy quantized weights read these */
   const float *d;   /* (n, cols / SK_QK) block scales */
   const int32_t *s; /* (n, cols / SK_QK) block sums of q */
+  const int8_t *kq; /* (n, cols) Q8_K quants; K-quant and IQ4_XS weights */
+  const float *kd;  /* (n, cols / SK_QKK) their scales */
+  const int16_t *ks; /* (n, cols / 16) sums of every 16 of kq */
 };
 
 /* Quantizes n rows of cols floats (stride ldf; cols a multiple of SK_QK)
@@ -120,9 +141,19 @@ struct sk_act {
 void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols,
                               int8_t *q, float *d, int32_t *s);
 
+/* Quantizes n rows of cols floats (stride ldf; cols a multiple of
+ * SK_QKK) as ggml's quantize_row_q8_K_ref: per 256-block, max = the
+ * value of largest |x| (the first such), q = min(127, x * (-127 / max)
+ * rounded to nearest even) and d = 1 / (-127 / max) (all zero for an
+ * all-zero block), bs = the sums of every 16 q. q (n, cols), d (n, cols /
+ * SK_QKK), bs (n, cols / 16). The same bits in every variant. */
+void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                                float *d, int16_t *bs);
+
 /* Computes y[i][o] = sum_k W[o][k] * x[i][k] for every row i < x->n and
  * output o in [o0, o1) (o1 <= w->rows), writing y[i][o] = y_rows[i][o].
- * Requires x->cols == w->cols, and q/d set for quantized weights. Threads
+ * Requires x->cols == w->cols, and q/d/s (legacy types) or kq/kd/ks
+ * (K-quants, IQ4_XS) set for quantized weights. Threads
  * may run disjoint output ranges at once. */
 void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *const *y_rows,
                        uint32_t o0, uint32_t o1);

@@ -72,6 +72,10 @@ struct sk_model {
   size_t n_owned;
   size_t cap_owned;
   uint64_t weight_bytes;    /* bytes of weights a decode step reads */
+  uint64_t mapped_bytes;    /* matrices read in place from the mapping */
+  uint64_t repacked_bytes;  /* matrices the model holds in its own copies
+                               (packed for the kernels, or dequantized) */
+  bool dequantize;          /* sk_model_load_options.dequantize */
 };
 
 /* One sequence of a batch, as the forward pass sees it. */
@@ -129,6 +133,10 @@ struct sk_scratch {
   int8_t *aq;             /* (B, max(dim, q_dim, hidden_dim)) quantized input */
   float *ad;              /* (B, max(dim, q_dim, hidden_dim) / 32) its scales */
   int32_t *as;            /* (B, max(dim, q_dim, hidden_dim) / 32) its block sums */
+  int8_t *aqk;            /* (B, max(dim, q_dim, hidden_dim)) the same input as
+                             Q8_K (K-quant weights) */
+  float *adk;             /* (B, max(dim, q_dim, hidden_dim) / 256) its scales */
+  int16_t *ask;           /* (B, max(dim, q_dim, hidden_dim) / 16) its sums of 16 */
   float **rows;           /* (3, B) row pointers handed to the kernels */
   struct sk__seq *seqs;   /* (B) */
   float *rope_cos;        /* (T, rope_dim) for rope_freq_scale: each pair's
@@ -472,10 +480,29 @@ static int sk__vector(struct sk_model *m, const struct sk_gguf *g, const char *n
   return sk__to_f32(m, t, name, ne0, ret, err);
 }
 
-/* A matrix of ne1 rows of ne0 (GGUF's order: ne0 is the row). F32, F16,
- * Q8_0 and Q4_0 are used in place (the mapping must outlive the model);
- * BF16 is converted to F32. With `product`, the matrix is repacked for
- * the kernels if they want it (sk_kernels_pack). */
+/* Dequantizes the n_rows x ne0 matrix of t to an owned F32 copy. */
+static int sk__dequantize(struct sk_model *m, const struct sk_gguf_tensor *t, const char *name,
+                          uint64_t ne0, uint64_t ne1, size_t row_bytes, const float **ret,
+                          struct sk_error *err) {
+  if (ne1 > SIZE_MAX / sizeof(float) / ne0)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "tensor %s is too large to dequantize", name);
+  float *f = malloc((size_t)(ne0 * ne1) * sizeof *f);
+  if (!f)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %llu floats for tensor %s",
+                        (unsigned long long)(ne0 * ne1), name);
+  for (uint64_t r = 0; r < ne1; r++)
+    sk_dequantize_row(t->type, (const uint8_t *)t->data + r * row_bytes, (uint32_t)ne0,
+                      f + r * ne0);
+  int rc = sk__own(m, f, name, err);
+  if (rc < 0) return rc;
+  *ret = f;
+  return 0;
+}
+
+/* A matrix of ne1 rows of ne0 (GGUF's order: ne0 is the row), of any
+ * type sinkd runs, used in place (the mapping must outlive the model);
+ * with m->dequantize an F32 copy instead. With `product`, the matrix is
+ * repacked for the kernels if they want it (sk_kernels_pack). */
 static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *name,
                       uint64_t ne0, uint64_t ne1, bool product, struct sk_wmat *ret,
                       struct sk_error *err) {
@@ -484,43 +511,37 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
   if (rc < 0) return rc;
   struct sk_wmat w = {.type = t->type, .rows = (uint32_t)ne1, .cols = (uint32_t)ne0,
                       .data = t->data};
-  switch (t->type) {
-  case SK_GGML_F32:
-    if ((uintptr_t)t->data % alignof(float) != 0)
-      return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s: f32 data is misaligned", name);
-    break;
-  case SK_GGML_F16:
-  case SK_GGML_Q8_0:
-  case SK_GGML_Q4_0:
-    break;
-  case SK_GGML_BF16: {
-    const float *f = NULL;
-    if ((rc = sk__to_f32(m, t, name, ne0 * ne1, &f, err)) < 0) return rc;
-    w.type = SK_GGML_F32;
-    w.data = f;
-    sk_gguf_release(g, t->data, t->n_bytes); /* read again only by the fingerprint */
-    break;
-  }
-  default:
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tensor %s has type %s; supported weight types are f32, f16, bf16, "
-                        "q8_0 and q4_0",
-                        name, sk_ggml_type_name(t->type));
-  }
+  if (!sk_quant_supported(t->type))
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s has type %s; sinkd runs %s", name,
+                        sk_ggml_type_name(t->type), sk_quant_supported_names());
+  if (t->type == SK_GGML_F32 && (uintptr_t)t->data % alignof(float) != 0)
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s: f32 data is misaligned", name);
   w.row_bytes = sk_quant_row_bytes(w.type, ne0);
-  if (t->type != SK_GGML_BF16 && (w.row_bytes == 0 || t->n_bytes != w.row_bytes * ne1))
+  if (w.row_bytes == 0 || t->n_bytes != w.row_bytes * ne1)
     return sk_error_set(err, SK_ERR_BAD_MODEL,
                         "tensor %s: %llu bytes of %s data for %llu x %llu elements", name,
                         (unsigned long long)t->n_bytes, sk_ggml_type_name(t->type),
                         (unsigned long long)ne1, (unsigned long long)ne0);
-  /* (not a matrix converted from BF16: its F32 copy is the model's own
-   * and stays, so packing would hold it twice) */
-  if (product && w.data == t->data) {
+  if (m->dequantize && t->type != SK_GGML_F32) {
+    const float *f = NULL;
+    if ((rc = sk__dequantize(m, t, name, ne0, ne1, w.row_bytes, &f, err)) < 0) return rc;
+    w.type = SK_GGML_F32;
+    w.data = f;
+    w.row_bytes = (size_t)ne0 * sizeof(float);
+    m->repacked_bytes += (uint64_t)w.row_bytes * w.rows;
+  } else if (product) {
     void *mem = NULL;
     if ((rc = sk_kernels_pack(&w, &mem, err)) < 0) return rc;
     if (mem && (rc = sk__own(m, mem, name, err)) < 0) return rc;
     /* products read the packed copy: the file's pages need not stay */
-    if (mem) sk_gguf_release(g, t->data, t->n_bytes);
+    if (mem) {
+      sk_gguf_release(g, t->data, t->n_bytes);
+      m->repacked_bytes += t->n_bytes;
+    } else {
+      m->mapped_bytes += t->n_bytes;
+    }
+  } else {
+    m->mapped_bytes += t->n_bytes;
   }
   if (product) m->weight_bytes += (uint64_t)w.row_bytes * w.rows;
   *ret = w;
@@ -557,7 +578,10 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
       return rc;
     if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
     /* token lookups fault back in only the rows they read */
-    if (mem) sk_gguf_release(g, te->data, te->n_bytes);
+    if (mem) {
+      sk_gguf_release(g, te->data, te->n_bytes);
+      m->repacked_bytes += te->n_bytes;
+    }
     m->weight_bytes += (uint64_t)m->output.row_bytes * m->output.rows;
   }
   if (sk_gguf_find_tensor(g, "rope_freqs.weight")) {
@@ -641,8 +665,14 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
 
 int sk_model_load(const struct sk_gguf *g, struct sk_model **ret,
                   struct sk_error *err) {
+  return sk_model_load_opts(g, NULL, ret, err);
+}
+
+int sk_model_load_opts(const struct sk_gguf *g, const struct sk_model_load_options *opts,
+                       struct sk_model **ret, struct sk_error *err) {
   struct sk_model *m = calloc(1, sizeof *m);
   if (!m) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate model");
+  m->dequantize = opts && opts->dequantize;
   const struct sk__arch *arch = NULL;
   int rc = sk__find_arch(g, &arch, err);
   if (rc < 0) goto fail;
@@ -695,6 +725,10 @@ const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n) {
   return buf;
 }
 
+uint64_t sk_model_mapped_bytes(const struct sk_model *m) { return m->mapped_bytes; }
+
+uint64_t sk_model_repacked_bytes(const struct sk_model *m) { return m->repacked_bytes; }
+
 /* ---- scratch -------------------------------------------------------- */
 
 void sk_scratch_free(struct sk_scratch *s) {
@@ -708,6 +742,9 @@ void sk_scratch_free(struct sk_scratch *s) {
   free(s->k16);
   free(s->v16);
   free(s->as);
+  free(s->aqk);
+  free(s->adk);
+  free(s->ask);
   free(s->rows);
   free(s->seqs);
   free(s->task_seq);
@@ -778,6 +815,8 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->k16, B * c->kv_dim, 2},  {(void **)&s->v16, B * c->kv_dim, 2},
       {(void **)&s->aq, B * wide, 1},        {(void **)&s->ad, B * (wide / SK_QK + 1), 4},
       {(void **)&s->as, B * (wide / SK_QK + 1), 4},
+      {(void **)&s->aqk, B * wide, 1},       {(void **)&s->adk, B * (wide / SK_QKK + 1), 4},
+      {(void **)&s->ask, B * (wide / 16 + 1), 2},
       {(void **)&s->rows, 3 * B, sizeof(float *)},
       {(void **)&s->seqs, B, sizeof(struct sk__seq)},
       {(void **)&s->rope_cos, T * 2 * half, 4}, {(void **)&s->rope_sin, T * 2 * half, 4},
@@ -967,11 +1006,16 @@ static void sk__matmuls(struct sk_scratch *s, struct sk__mm *mm) {
   sk_pool_run(s->pool, sk__mm_task, mm, mm->first[mm->n_w]);
 }
 
-/* Whether any of ws[0..n_w) multiplies int8 activations. */
-static bool sk__any_q8(const struct sk_wmat *const *ws, uint32_t n_w) {
+/* The int8 activations products with some of ws[0..n_w) need: SK__Q8
+ * (32-element blocks, legacy types) and/or SK__Q8K (Q8_K, K-quants and
+ * IQ4_XS: a file mixes them), or 0. */
+#define SK__Q8 1u
+#define SK__Q8K 2u
+static unsigned sk__any_q8(const struct sk_wmat *const *ws, uint32_t n_w) {
+  unsigned q = 0;
   for (uint32_t j = 0; j < n_w; j++)
-    if (sk_wmat_needs_q8(ws[j])) return true;
-  return false;
+    q |= (sk_wmat_needs_q8(ws[j]) ? SK__Q8 : 0u) | (sk_wmat_needs_q8k(ws[j]) ? SK__Q8K : 0u);
+  return q;
 }
 
 /* Rows per task of the row-wise work done on the pool (sk__prep, silu):
@@ -986,10 +1030,23 @@ static uint32_t sk__prep_rows(const struct sk_scratch *s, uint32_t n) {
  * scratch's int8 activations s->aq/ad/as at the same rows: the int8
  * products' input (kernels.h, sk_kernels_quantize_rows). */
 static void sk__quantize_scratch(const struct sk_scratch *s, const float *in, size_t ld,
-                                 uint32_t r0, uint32_t r1, uint32_t cols) {
+                                 uint32_t r0, uint32_t r1, uint32_t cols, unsigned q) {
   const size_t nb = cols / SK_QK;
-  sk_kernels_quantize_rows(in + (size_t)r0 * ld, ld, r1 - r0, cols, s->aq + (size_t)r0 * cols,
-                           s->ad + r0 * nb, s->as + r0 * nb);
+  if (q & SK__Q8)
+    sk_kernels_quantize_rows(in + (size_t)r0 * ld, ld, r1 - r0, cols, s->aq + (size_t)r0 * cols,
+                             s->ad + r0 * nb, s->as + r0 * nb);
+  if (q & SK__Q8K)
+    sk_kernels_quantize_rows_k(in + (size_t)r0 * ld, ld, r1 - r0, cols,
+                               s->aqk + (size_t)r0 * cols, s->adk + r0 * (cols / SK_QKK),
+                               s->ask + r0 * (cols / 16));
+}
+
+/* The activations of n rows (f, stride ld, cols wide) with the scratch's
+ * quantized copies. */
+static struct sk_act sk__act(const struct sk_scratch *s, uint32_t n, uint32_t cols,
+                             const float *f, size_t ld) {
+  return (struct sk_act){.n = n, .cols = cols, .f = f, .ldf = ld, .q = s->aq, .d = s->ad,
+                         .s = s->as, .kq = s->aqk, .kd = s->adk, .ks = s->ask};
 }
 
 /* The row-wise work before a product, on the pool: for each of the n
@@ -1006,7 +1063,7 @@ struct sk__prep {
   float *y;
   size_t ld;
   uint32_t n, cols;
-  bool q;
+  unsigned q;     /* SK__Q8 | SK__Q8K */
   uint32_t chunk; /* rows per task */
 };
 
@@ -1024,7 +1081,7 @@ static void sk__prep_task(void *ctx, uint32_t task, uint32_t thread) {
   if (p->w)
     sk__rmsnorm_rows(p->y + (size_t)r0 * p->ld, x, p->ld, p->w, r1 - r0, p->cols,
                      s->m->cfg.rms_eps);
-  if (p->q) sk__quantize_scratch(s, p->w ? p->y : p->x, p->ld, r0, r1, p->cols);
+  if (p->q) sk__quantize_scratch(s, p->w ? p->y : p->x, p->ld, r0, r1, p->cols, p->q);
 }
 
 /* Runs p (s, x, add, w, y, ld, n, cols set; q from ws, chunk here) on the pool and
@@ -1037,8 +1094,7 @@ static struct sk_act sk__prep(struct sk__prep *p, const struct sk_wmat *const *w
   p->chunk = sk__prep_rows(s, p->n);
   if (p->add || p->w || p->q) /* (F32 weights after attention: nothing to do) */
     sk_pool_run(s->pool, sk__prep_task, p, (p->n + p->chunk - 1) / p->chunk);
-  return (struct sk_act){.n = p->n, .cols = p->cols, .f = p->w ? p->y : p->x, .ldf = p->ld,
-                         .q = s->aq, .d = s->ad, .s = s->as};
+  return sk__act(s, p->n, p->cols, p->w ? p->y : p->x, p->ld);
 }
 
 /* Row pointers base + i * ld for i < n, in s->rows + off. */
@@ -1416,7 +1472,7 @@ struct sk__silu {
   struct sk_scratch *s;
   uint32_t n;     /* rows */
   uint32_t chunk; /* rows per task (sk__prep_rows) */
-  bool q;
+  unsigned q;     /* SK__Q8 | SK__Q8K */
 };
 
 static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
@@ -1427,7 +1483,7 @@ static void sk__silu_task(void *ctx, uint32_t task, uint32_t thread) {
   const uint32_t i0 = task * a->chunk;
   const uint32_t i1 = i0 + a->chunk < a->n ? i0 + a->chunk : a->n;
   sk_kernels_swiglu(s->hb + (size_t)i0 * H, s->hb2 + (size_t)i0 * H, (size_t)(i1 - i0) * H);
-  if (a->q) sk__quantize_scratch(s, s->hb, H, i0, i1, H);
+  if (a->q) sk__quantize_scratch(s, s->hb, H, i0, i1, H, a->q);
 }
 
 /* ---- what the architecture adds before RoPE ------------------------- */
@@ -1682,8 +1738,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     const struct sk_wmat *wd[1] = {&L->w_down};
     struct sk__silu si = {.s = s, .n = n, .chunk = sk__prep_rows(s, n), .q = sk__any_q8(wd, 1)};
     sk_pool_run(s->pool, sk__silu_task, &si, (n + si.chunk - 1) / si.chunk);
-    a = (struct sk_act){.n = n, .cols = H, .f = s->hb, .ldf = H, .q = s->aq, .d = s->ad,
-                        .s = s->as};
+    a = sk__act(s, n, H, s->hb, H);
     mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
     sk__matmuls(s, &mm);
   }

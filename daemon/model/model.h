@@ -86,15 +86,33 @@ struct sk_model;
  * tensor's name, type and shape. An architecture outside SK_MODEL_ARCHS
  * is refused naming it and the list; so is a tensor of another
  * architecture (q/k norms in a qwen2 file, rope_freqs.weight in a qwen
- * one), as llama.cpp refuses such files. Matrices in F32, F16, Q8_0 and Q4_0 are
+ * one), as llama.cpp refuses such files. Matrices of every type sinkd runs
+ * (quant.h, sk_quant_supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, in any mix) are
  * used in place (g must outlive the model), or repacked into copies the
  * model owns when the selected kernels want their own layout
- * (sk_kernels_pack: select the kernels first); BF16 matrices and F16/BF16
- * vectors are converted to F32 copies. Other types are refused with
- * -SK_ERR_BAD_MODEL naming tensor and type. Errors: -SK_ERR_BAD_MODEL,
- * -SK_ERR_NO_MEMORY. */
+ * (sk_kernels_pack: select the kernels first); F16/BF16 vectors are
+ * converted to F32 copies. Other types are refused with
+ * -SK_ERR_BAD_MODEL naming the tensor, the type by its ggml name and the
+ * types sinkd runs. Errors: -SK_ERR_BAD_MODEL, -SK_ERR_NO_MEMORY. */
 int sk_model_load(const struct sk_gguf *g, struct sk_model **ret,
                   struct sk_error *err);
+
+/* How sk_model_load_opts builds the model. Zero-initialised = the
+ * defaults of sk_model_load. */
+struct sk_model_load_options {
+  /* Dequantize every matrix (and the embedding table) to an owned F32
+   * copy with sinkd's own block decoders (sk_dequantize_row) and run
+   * the F32 kernels on it: the exact float math on exactly the file's
+   * weights, with no activation rounding. Tests use it to check every
+   * block format against llama.cpp running an F32 twin of the file. The
+   * copies take 4 bytes per weight. */
+  bool dequantize;
+};
+
+/* sk_model_load with options (NULL: the defaults). */
+int sk_model_load_opts(const struct sk_gguf *g, const struct sk_model_load_options *opts,
+                       struct sk_model **ret, struct sk_error *err);
 void sk_model_free(struct sk_model *m);
 const struct sk_model_config *sk_model_config(const struct sk_model *m);
 /* The KV cache shape this model needs. */
@@ -112,6 +130,12 @@ const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n);
 /* Bytes of the matrices one forward pass reads (layers and output head;
  * the embedding table is only looked up). */
 uint64_t sk_model_weight_bytes(const struct sk_model *m);
+/* Bytes of the weight matrices (embedding table included) read in place
+ * from the GGUF mapping, and of those the model holds in its own copies
+ * (repacked for the kernels, or dequantized with
+ * sk_model_load_options.dequantize). Each matrix counts once. */
+uint64_t sk_model_mapped_bytes(const struct sk_model *m);
+uint64_t sk_model_repacked_bytes(const struct sk_model *m);
 
 /* Activations for one forward call: sized for batches of up to max_batch
  * tokens (all sequences together) over caches of up to max_ctx tokens.
