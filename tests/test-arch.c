@@ -1042,6 +1042,37 @@ static void test_refused_architecture(void **state) {
   free(path);
 }
 
+/* general.name goes into logs, the systemd status line and hello
+ * replies: control characters (C0, DEL, C1) and bytes of no UTF-8
+ * character show as '?', whole characters stay. */
+static void test_name_sanitized(void **state) {
+  (void)state;
+  char *path = fixture_path("qwen2");
+  size_t len = 0;
+  unsigned char *buf = sk_test_read_file(path, &len);
+  assert_non_null(buf);
+  static const char key[] = "general.name";
+  unsigned char *p = memmem(buf, len, key, sizeof key - 1);
+  assert_non_null(p);
+  p += sizeof key - 1;
+  uint64_t slen;
+  memcpy(&slen, p + 4, 8);
+  assert_int_equal(slen, 31);
+  static const char evil[31] = "x\nREADY=1\x1b[2J\xc2\x9b\xe2\x82\xac\xff\xed\xa0\x80" "abcdefghi";
+  memcpy(p + 12, evil, sizeof evil);
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_gguf_open_buffer(buf, len, &g, &err), 0);
+  assert_int_equal(sk_model_load(g, &m, &err), 0);
+  assert_string_equal(sk_model_config(m)->name,
+                      "x?READY=1?[2J?" "?\xe2\x82\xac?" "?" "?" "?abcdefghi");
+  sk_model_free(m);
+  sk_gguf_close(g);
+  free(buf);
+  free(path);
+}
+
 /* Replaces every `from` in the header of buf (before the tensor data)
  * with `to` (same length). */
 static void relabel(unsigned char *buf, size_t len, const char *from, const char *to) {
@@ -1128,6 +1159,7 @@ int main(void) {
       cmocka_unit_test(test_daemon_qwen3),
       cmocka_unit_test(test_refused_architecture),
       cmocka_unit_test(test_refused_tensors),
+      cmocka_unit_test(test_name_sanitized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -771,6 +771,21 @@ static void test_crafted_load_errors(void **state) {
   assert_non_null(strstr(err.message, "llama-bpe, "));
   assert_non_null(strstr(err.message, "smollm"));
   assert_ptr_equal(t, (struct sk_tokenizer *)&err);
+  /* Names from the file reach logs and terminals: control bytes (a
+   * newline, an escape sequence) and bytes of no character show as '?',
+   * a long name is cut. */
+  v.pre = "\x1b[31mqwen2\n\xff";
+  assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(err.message, "tokenizer.ggml.pre: '?[31mqwen2?" "?' is not"));
+  for (const char *p = err.message; *p; p++) assert_true(*p >= 0x20 && *p < 0x7f);
+  v.pre = "qwen2qwen2qwen2qwen2qwen2qwen2qwen2qwen2qwen2qwen2qwen2";
+  assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(err.message, "'qwen2qwen2qwen2qwen2qwen2qwen2qwen2qwen2...' is not"));
+  v.model = "t5\r\x1b[2K";
+  assert_int_equal(load_vocab(&v, &t, &err), -SK_ERR_BAD_MODEL);
+  assert_string_equal(err.message,
+                      "tokenizer.ggml.model: 't5?" "?[2K' is not supported (only 'llama' and 'gpt2')");
+  assert_ptr_equal(t, (struct sk_tokenizer *)&err);
 
   v = vocab_default();
   v.n_scores = 11;

@@ -151,6 +151,21 @@ static const char *sk__quote(char out[SK__GGUF_QUOTE_MAX + 4],
   return out;
 }
 
+const char *sk_gguf_quote(char *out, size_t size, const char *s, uint64_t len) {
+  size_t room = size - 1;
+  size_t n = len <= room ? (size_t)len : room - 3;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    out[i] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+  }
+  if (n < len) {
+    memcpy(out + n, "...", 4);
+  } else {
+    out[n] = '\0';
+  }
+  return out;
+}
+
 /* --- bounds-checked cursor --------------------------------------------- */
 
 struct sk__cur {

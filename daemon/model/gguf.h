@@ -138,4 +138,13 @@ const char *sk_ggml_type_name(uint32_t type);
  * number ggml does not define. */
 bool sk_ggml_type_layout(uint32_t type, uint32_t *ret_blck, uint32_t *ret_size);
 
+/* A string read from a file (len bytes at s, any bytes, NULs included),
+ * made fit for an error message: written to out (size >= 4 bytes,
+ * NUL-terminated) with every byte outside printable ASCII as '?', cut
+ * to what fits with "..." after it. Returns out. Messages are logged
+ * and shown on terminals, where a file's control bytes (newlines,
+ * escape sequences) would forge lines or colours, and a NUL would cut
+ * the name short. */
+const char *sk_gguf_quote(char *out, size_t size, const char *s, uint64_t len);
+
 #endif

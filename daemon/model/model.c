@@ -262,6 +262,40 @@ static int sk__find_arch(const struct sk_gguf *g, const struct sk__arch **ret,
                       name, s.len > n ? "..." : "");
 }
 
+/* general.name into dst (size bytes, NUL-terminated) as the text it is
+ * meant to be: the name goes into logs, the systemd status line (where a
+ * newline would start a forged assignment) and hello replies (whose
+ * strings are UTF-8). Whole valid UTF-8 characters (RFC 3629) are kept
+ * while they fit; control characters (C0, DEL, C1) and bytes of no valid
+ * character become '?'. */
+static void sk__copy_name(char *dst, size_t size, const char *src, size_t len) {
+  const unsigned char *p = (const unsigned char *)src;
+  size_t o = 0;
+  for (size_t i = 0; i < len;) {
+    unsigned char c = p[i];
+    size_t n = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = n > 0 && i + n <= len;
+    for (size_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && n > 1) { /* overlong, surrogate, beyond U+10FFFF, C1 */
+      unsigned char d = p[i + 1];
+      ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d > 0x9f) && !(c == 0xf0 && d < 0x90) &&
+           !(c == 0xf4 && d > 0x8f) && !(c == 0xc2 && d < 0xa0);
+    }
+    if (ok && n == 1) ok = c >= 0x20 && c != 0x7f;
+    if (!ok) n = 1;
+    if (o + (ok ? n : 1) >= size) break;
+    if (ok) {
+      memcpy(dst + o, p + i, n);
+      o += n;
+    } else {
+      dst[o++] = '?';
+    }
+    i += n;
+  }
+  dst[o] = 0;
+}
+
 static int sk__read_config(const struct sk_gguf *g, const struct sk__arch *arch,
                            struct sk_model_config *c, struct sk_error *err) {
   struct sk_gguf_str s;
@@ -357,11 +391,11 @@ static int sk__read_config(const struct sk_gguf *g, const struct sk__arch *arch,
    * are not implemented. */
   rc = sk_gguf_get_str(g, sk__arch_key(c, key, sizeof key, "rope.scaling.type"), &s, err);
   if (rc < 0) return rc;
-  if (rc > 0 && !sk__str_eq(s, "linear") && !sk__str_eq(s, "none"))
-    return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "%s \"%.*s\" is not supported "
-                        "(only linear)",
-                        key, (int)(s.len > 32 ? 32 : s.len), s.ptr);
+  if (rc > 0 && !sk__str_eq(s, "linear") && !sk__str_eq(s, "none")) {
+    char q[36];
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "%s \"%s\" is not supported (only linear)", key,
+                        sk_gguf_quote(q, sizeof q, s.ptr, s.len));
+  }
   float factor = 0.0f;
   rc = sk_gguf_get_f32(g, sk__arch_key(c, key, sizeof key, "rope.scaling.factor"), &factor,
                        err);
@@ -378,11 +412,7 @@ static int sk__read_config(const struct sk_gguf *g, const struct sk__arch *arch,
 
   rc = sk_gguf_get_str(g, "general.name", &s, err);
   if (rc < 0) return rc;
-  if (rc > 0) {
-    size_t n = s.len < sizeof c->name - 1 ? (size_t)s.len : sizeof c->name - 1;
-    memcpy(c->name, s.ptr, n);
-    c->name[n] = 0;
-  }
+  if (rc > 0) sk__copy_name(c->name, sizeof c->name, s.ptr, (size_t)s.len);
   return 0;
 }
 

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf.h"
+
 /* Pieces of the expressions, as tokenizer.json files spell them. The
  * contractions are written with explicit case classes instead of (?i:),
  * as llama.cpp adapted them: with Unicode case folding (?i) would also
@@ -176,12 +178,12 @@ int sk_pretok_new(const char *name, size_t len, struct sk_pretok **ret,
     for (const char *const *n = sk__defs[d].names; *n && !def; n++)
       if (strlen(*n) == len && memcmp(*n, name, len) == 0) def = &sk__defs[d];
   if (!def) {
-    char names[256];
+    char names[256], q[44];
     sk_pretok_names(names, sizeof names);
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tokenizer.ggml.pre: '%.*s' is not a pre-tokenizer sinkd knows"
+                        "tokenizer.ggml.pre: '%s' is not a pre-tokenizer sinkd knows"
                         " (%s, and their aliases)",
-                        (int)(len < 40 ? len : 40), name, names);
+                        sk_gguf_quote(q, sizeof q, name, len), names);
   }
   struct sk_pretok *p = calloc(1, sizeof *p);
   if (!p) return sk_error_set(err, SK_ERR_NO_MEMORY, "pre-tokenizer: out of memory");

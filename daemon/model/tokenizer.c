@@ -513,10 +513,11 @@ static int sk__load(struct sk_tokenizer *t, const struct sk_gguf *g,
   } else if (model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0) {
     t->kind = SK__BPE;
   } else {
+    char q[36];
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "tokenizer.ggml.model: '%.*s' is not supported (only 'llama'"
+                        "tokenizer.ggml.model: '%s' is not supported (only 'llama'"
                         " and 'gpt2')",
-                        (int)(model.len < 32 ? model.len : 32), model.ptr);
+                        sk_gguf_quote(q, sizeof q, model.ptr, model.len));
   }
 
   /* The pre-tokenizer first: an unknown name is the likeliest refusal. */
