@@ -2208,6 +2208,10 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   if (conn_partial_bytes(c) > 0 || c->rd.skip > 0) {
     if (!c->frame_since_ms) c->frame_since_ms = now_ms();
   }
+  /* Only the bytes of an unfinished frame are counted: the buffer a
+   * large frame needed must not stay with an idle connection. (Out of
+   * memory keeps it; the next read tries again.) */
+  (void)sk_frame_reader_trim(&c->rd);
   uint64_t left = conn_partial_bytes(c);
   if (!c->closing && sk_admit_input(&srv->admit, &lim, c->uid, c->input_bytes, left, &e) == 0)
     c->input_bytes = left;

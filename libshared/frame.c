@@ -78,6 +78,29 @@ static int sk__frame_reserve(struct sk_frame_reader *r, size_t extra) {
   return 0;
 }
 
+int sk_frame_reader_trim(struct sk_frame_reader *r) {
+  size_t used = r->len - r->pos;
+  if (r->cap <= SK__FRAME_SHRINK_CAP) return 0;
+  if (used == 0) {
+    free(r->buf);
+    r->buf = NULL;
+    r->len = r->pos = r->cap = 0;
+    return 0;
+  }
+  if (used > SK__FRAME_SHRINK_CAP / 2) return 0; /* a large frame on its way */
+  size_t cap = SK__FRAME_INITIAL_CAP;
+  while (cap < used) cap *= 2;
+  uint8_t *buf = malloc(cap);
+  if (!buf) return -SK_ERR_NO_MEMORY;
+  memcpy(buf, r->buf + r->pos, used);
+  free(r->buf);
+  r->buf = buf;
+  r->len = used;
+  r->pos = 0;
+  r->cap = cap;
+  return 0;
+}
+
 int sk_frame_reader_feed(struct sk_frame_reader *r, const void *data,
                          size_t n) {
   const uint8_t *p = data;

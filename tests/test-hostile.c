@@ -1238,6 +1238,53 @@ static void test_input_memory_ceiling(void **state) {
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* The buffer a large request needed goes back once it is handled: idle
+ * connections that each sent one ~1 MB request (max_frame) hold no
+ * memory outside the partial-input counts. */
+static void test_idle_buffers_returned(void **state) {
+  (void)state;
+  enum { CONNS = 40, PAD = (1 << 20) - 64 };
+  struct sk_test_daemon d;
+  sk_test_daemon_start(&d, NULL);
+  struct sk_test_req q;
+  sk_test_req_init(&q);
+  msgpack_pack_map(&q.pk, 3);
+  sk_test_req_key(&q, "id");
+  msgpack_pack_uint64(&q.pk, 1);
+  sk_test_req_key(&q, "op");
+  sk_test_req_key(&q, "ping");
+  sk_test_req_key(&q, "pad");
+  msgpack_pack_str(&q.pk, PAD);
+  char *pad = malloc(PAD);
+  assert_non_null(pad);
+  memset(pad, 'x', PAD);
+  msgpack_pack_str_body(&q.pk, pad, PAD);
+  free(pad);
+  size_t n = 0;
+  const uint8_t *frame = sk_test_req_frame(&q, &n);
+  assert_true(n > (1u << 20) - 64 && n <= (1u << 20) + 4);
+  long before = sk_test_proc_rss_kib(d.pid);
+  int fds[CONNS];
+  for (int i = 0; i < CONNS; i++) {
+    fds[i] = sk_test_raw_connect(d.socket, 10000);
+    sk_test_write_all(fds[i], frame, n);
+    struct sk_test_reply r;
+    sk_test_read_reply(fds[i], &r);
+    assert_true(r.ok);
+    sk_test_reply_free(&r);
+  }
+  long after = sk_test_proc_rss_kib(d.pid);
+  printf("figures: idle buffers: %d connections after one request of %zu bytes each: daemon "
+         "RSS %ld -> %ld KiB\n", CONNS, n, before, after);
+  /* Kept, they would be 40 MiB. */
+  if (!sk_test_under_tool() && after - before > 8 * 1024)
+    fail_msg("RSS grew by %ld KiB", after - before);
+  for (int i = 0; i < CONNS; i++) close(fds[i]);
+  sk_test_req_free(&q);
+  int st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static int setup(void **state) {
   (void)state;
   sk_test_daemon_start(&g_d, NULL);
@@ -1262,6 +1309,7 @@ int main(void) {
       cmocka_unit_test(test_vanishing_clients),
       cmocka_unit_test(test_open_burst_limits),
       cmocka_unit_test(test_input_memory_ceiling),
+      cmocka_unit_test(test_idle_buffers_returned),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -270,6 +270,51 @@ static void test_frame_bounded(void **state) {
   sk_frame_reader_free(&r);
 }
 
+/* A reader that took a 1 MB frame gives its buffer back once idle, and
+ * keeps only a small one for the start of the next frame. */
+static void test_frame_trim(void **state) {
+  (void)state;
+  enum { BIG = 1u << 20 };
+  struct sk_frame_reader r;
+  sk_frame_reader_init(&r, BIG);
+  uint8_t *frame = malloc(BIG + 4 + 4 + 10);
+  assert_non_null(frame);
+  size_t n = put_frame(frame, BIG, 3);
+  const uint8_t *body;
+  size_t len;
+  assert_int_equal(sk_frame_reader_feed(&r, frame, n), 0);
+  assert_true(r.cap >= n);
+  assert_int_equal(sk_frame_reader_next(&r, &body, &len), 1);
+  check_frame(body, len, BIG, 3);
+  assert_int_equal(sk_frame_reader_trim(&r), 0);
+  assert_null(r.buf);
+  assert_int_equal(r.cap, 0);
+  /* The frame, then 7 bytes of a 10-byte one: 4 KiB kept, the rest
+   * comes in as usual. */
+  size_t m = put_frame(frame + n, 10, 9);
+  assert_int_equal(sk_frame_reader_feed(&r, frame, n + 7), 0);
+  assert_int_equal(sk_frame_reader_next(&r, &body, &len), 1);
+  check_frame(body, len, BIG, 3);
+  assert_int_equal(sk_frame_reader_next(&r, &body, &len), 0);
+  assert_int_equal(sk_frame_reader_trim(&r), 0);
+  assert_int_equal(r.cap, 4096);
+  assert_int_equal(r.len - r.pos, 7);
+  assert_int_equal(sk_frame_reader_feed(&r, frame + n + 7, m - 7), 0);
+  assert_int_equal(sk_frame_reader_next(&r, &body, &len), 1);
+  check_frame(body, len, 10, 9);
+  /* Half of a large frame stays where it is. */
+  assert_int_equal(sk_frame_reader_feed(&r, frame, n / 2), 0);
+  size_t cap = r.cap;
+  assert_true(cap > 65536);
+  assert_int_equal(sk_frame_reader_trim(&r), 0);
+  assert_int_equal(r.cap, cap);
+  assert_int_equal(sk_frame_reader_feed(&r, frame + n / 2, n - n / 2), 0);
+  assert_int_equal(sk_frame_reader_next(&r, &body, &len), 1);
+  check_frame(body, len, BIG, 3);
+  sk_frame_reader_free(&r);
+  free(frame);
+}
+
 /* ---- msgpack check / parse -------------------------------------------- */
 
 /* The ping request of the man page's EXAMPLE, frame header included. */
@@ -1985,6 +2030,7 @@ int main(void) {
       cmocka_unit_test(test_frame_huge_declared),
       cmocka_unit_test(test_frame_zero_length),
       cmocka_unit_test(test_frame_bounded),
+      cmocka_unit_test(test_frame_trim),
       cmocka_unit_test(test_msg_valid),
       cmocka_unit_test(test_msg_hostile),
       cmocka_unit_test(test_msg_depth),

@@ -123,7 +123,7 @@ void sk_frame_reader_free(struct sk_frame_reader *r);
 int sk_frame_reader_feed(struct sk_frame_reader *r, const void *data, size_t n);
 /* Takes the next frame.
  *   1: *ret_body and *ret_len hold a complete body, valid until the next call
- *      to feed/next/free;
+ *      to feed/next/trim/free;
  *   0: more bytes are needed;
  *   -SK_ERR_TOO_LARGE: a frame declared *ret_len bytes (> max_frame); its
  *      body will be discarded; call again to continue with the next frame.
@@ -131,6 +131,14 @@ int sk_frame_reader_feed(struct sk_frame_reader *r, const void *data, size_t n);
  * rejects it: it holds no map). */
 int sk_frame_reader_next(struct sk_frame_reader *r, const uint8_t **ret_body,
                          size_t *ret_len);
+/* Gives back memory of a large buffer once its frames are taken: frees
+ * it when it holds no unconsumed byte, or moves the few unconsumed bytes
+ * (the start of the next frame) into a small one. A reader that once
+ * took a max_frame-sized frame would otherwise hold that much for as long
+ * as its connection stays idle, outside any count of partial input.
+ * Bodies returned by next are invalid afterwards. Returns 0, or
+ * -SK_ERR_NO_MEMORY (the buffer is then kept as it was). */
+int sk_frame_reader_trim(struct sk_frame_reader *r);
 
 /* Writes the 4-byte big-endian header for a body of len bytes. */
 void sk_frame_header_put(uint8_t out[SK_FRAME_HEADER_SIZE], uint32_t len);
