@@ -736,6 +736,41 @@ static void test_utf8_held(void **state) {
   assert_string_equal(err.message, "live meta copy: utf8_held (1 bytes: 41 00 00 00) is not the "
                                    "start of a UTF-8 character");
   free(bad);
+  /* More held bytes no stream leaves: a count past 3, a lead byte that
+   * starts nothing (C0, F5), a second byte outside the lead's range
+   * (overlong E0 80, surrogate ED A0, past U+10FFFF F4 90), a complete
+   * character, bytes after the count. */
+  static const struct {
+    uint8_t n, held[4];
+  } bads[] = {
+      {4, {0xf0, 0x90, 0x80, 0x80}}, {200, {0xe2, 0x82, 0, 0}}, {1, {0xc0, 0, 0, 0}},
+      {1, {0xf5, 0, 0, 0}},          {2, {0xe0, 0x80, 0, 0}},  {2, {0xed, 0xa0, 0, 0}},
+      {2, {0xf4, 0x90, 0, 0}},       {2, {0xc3, 0xa9, 0, 0}},  {1, {0xe2, 0, 0x82, 0}},
+      {0, {0xe2, 0, 0, 0}},
+  };
+  for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+    bad = image_copy(img, size, &m, &kh);
+    memcpy(m->utf8_held, bads[i].held, 4);
+    m->n_utf8_held = bads[i].n;
+    reseal_image(bad, size);
+    d = NULL;
+    assert_int_equal(sk_store_import(st, bad, size, 5 + i, 0, &d, &err), -SK_ERR_BAD_REQUEST);
+    assert_non_null(strstr(err.message, "utf8_held"));
+    assert_null(d);
+    free(bad);
+  }
+  /* The longest prefix a character has (3 of F4 8F BF BF) is fine. */
+  bad = image_copy(img, size, &m, &kh);
+  memcpy(m->utf8_held, "\xf4\x8f\xbf", 4);
+  m->n_utf8_held = 3;
+  reseal_image(bad, size);
+  assert_int_equal(sk_store_import(st, bad, size, 20, 0, &d, &err), 0);
+  sk_store_utf8_get(d, &got);
+  assert_int_equal(got.n_held, 3);
+  assert_int_equal(sk_utf8_stream_push(&got, "\xbf", 1, out), 4);
+  assert_memory_equal(out, "\xf4\x8f\xbf\xbf", 4);
+  sk_store_obj_remove(d); /* not one of the three the restart adopts */
+  free(bad);
   free(img);
   sk_store_obj_free(a);
   sk_store_obj_free(b);
