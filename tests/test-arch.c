@@ -1137,6 +1137,63 @@ static void test_refused_tensors(void **state) {
   free(path);
 }
 
+/* rope_freqs.weight divides every angle: NaN, 0 and divisors so small
+ * that angles overflow (NaN logits) are refused, naming the element;
+ * 2^-32, the smallest accepted, runs with finite logits. */
+static void test_rope_freqs_values(void **state) {
+  (void)state;
+  char *path = fixture_path("llama3");
+  size_t len = 0;
+  unsigned char *buf = sk_test_read_file(path, &len);
+  assert_non_null(buf);
+  struct sk_gguf *g = NULL;
+  struct sk_error err = {0};
+  assert_int_equal(sk_gguf_open_buffer(buf, len, &g, &err), 0);
+  const struct sk_gguf_tensor *t = sk_gguf_find_tensor(g, "rope_freqs.weight");
+  assert_non_null(t);
+  assert_int_equal(t->type, SK_GGML_F32);
+  size_t off = (size_t)((const unsigned char *)t->data - buf);
+  assert_true(off + 12 <= len);
+  sk_gguf_close(g);
+  static const struct {
+    float v;
+    const char *needle;
+  } bad[] = {
+      {NAN, "rope_freqs.weight[2] is nan, expected a finite value >= 2^-32"},
+      {0.0f, "rope_freqs.weight[2] is 0, expected"},
+      {-1.0f, "rope_freqs.weight[2] is -1, expected"},
+      {0x1p-33f, "rope_freqs.weight[2] is 1.16415e-10, expected"},
+      {1e-44f, "rope_freqs.weight[2] is 9.80909e-45, expected"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memcpy(buf + off + 8, &bad[i].v, 4);
+    expect_refused(buf, len, bad[i].needle);
+  }
+  float least = 0x1p-32f;
+  memcpy(buf + off + 8, &least, 4);
+  assert_int_equal(sk_gguf_open_buffer(buf, len, &g, &err), 0);
+  struct sk_model *m = NULL;
+  assert_int_equal(sk_model_load(g, &m, &err), 0);
+  const struct sk_model_config *c = sk_model_config(m);
+  struct sk_kv_params p = {.policy = SK_POLICY_DENSE, .capacity = 8, .rope_scale = 1.0f};
+  struct sk_kv *kv = NULL;
+  struct sk_scratch *sc = NULL;
+  float *logits = malloc(c->n_vocab * sizeof *logits);
+  assert_non_null(logits);
+  assert_int_equal(sk_kv_new(sk_model_kv_shape(m), &p, &kv, &err), 0);
+  assert_int_equal(sk_scratch_new(m, 8, 8, &sc, &err), 0);
+  const int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  assert_int_equal(sk_model_forward(m, sc, kv, toks, 8, logits, false, &err), 0);
+  for (uint32_t i = 0; i < c->n_vocab; i++) assert_true(isfinite(logits[i]));
+  free(logits);
+  sk_scratch_free(sc);
+  sk_kv_delete(kv);
+  sk_model_free(m);
+  sk_gguf_close(g);
+  free(buf);
+  free(path);
+}
+
 int main(void) {
   /* SK_KERNEL runs the suite on one kernel variant (meson runs it on the
    * portable one too); before any model loads, which packs for it. */
@@ -1160,6 +1217,7 @@ int main(void) {
       cmocka_unit_test(test_refused_architecture),
       cmocka_unit_test(test_refused_tensors),
       cmocka_unit_test(test_name_sanitized),
+      cmocka_unit_test(test_rope_freqs_values),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,6 +38,14 @@
 #define SK__MAX_HEAD 1024u          /* 405B has 128 */
 #define SK__MAX_VOCAB (1u << 22)    /* largest vocabularies are ~256K */
 #define SK__MAX_CTX_TRAIN (1u << 24)
+/* Smallest rope.scaling.factor (other than 0, none) and rope_freqs.weight
+ * value: RoPE angles are position x scale / factor in float, and a
+ * session's scale may reach context_length (2^24) times the model's, so
+ * with divisors down to 2^-32 the angle of every position below the
+ * trained context stays under 2^24 * 2^24 * 2^32 * 2^32 = 2^112, finite
+ * (a subnormal divisor gave infinite angles, hence NaN logits). Real
+ * models use 1 and more (Llama 3.1: 1..8). */
+#define SK__MIN_ROPE_DIVISOR 0x1p-32f
 /* Positions and batches a scratch can be sized for. */
 #define SK__MAX_SCRATCH_CTX SK_KV_MAX_CAPACITY
 /* Output rows per matrix-product task: a multiple of the packed kernels'
@@ -403,10 +411,10 @@ static int sk__read_config(const struct sk_gguf *g, const struct sk__arch *arch,
     rc = sk_gguf_get_f32(g, sk__arch_key(c, key, sizeof key, "rope.scale_linear"), &factor,
                          err);
   if (rc < 0) return rc;
-  if (!isfinite(factor) || factor < 0.0f)
+  if (!isfinite(factor) || factor < 0.0f || (factor > 0.0f && factor < SK__MIN_ROPE_DIVISOR))
     return sk_error_set(err, SK_ERR_BAD_MODEL,
-                        "%s.rope.scaling.factor is %g, expected a finite "
-                        "value >= 0",
+                        "%s.rope.scaling.factor is %g, expected 0 (none) or a finite "
+                        "value >= 2^-32",
                         c->arch, (double)factor);
   c->rope_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
 
@@ -624,10 +632,10 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
     if ((rc = sk__vector(m, g, "rope_freqs.weight", c->rope_dim / 2, &m->rope_freqs, err)) < 0)
       return rc;
     for (uint32_t i = 0; i < c->rope_dim / 2; i++)
-      if (!isfinite(m->rope_freqs[i]) || !(m->rope_freqs[i] > 0.0f))
+      if (!isfinite(m->rope_freqs[i]) || !(m->rope_freqs[i] >= SK__MIN_ROPE_DIVISOR))
         return sk_error_set(err, SK_ERR_BAD_MODEL,
                             "rope_freqs.weight[%u] is %g, expected a finite "
-                            "value > 0",
+                            "value >= 2^-32",
                             i, (double)m->rope_freqs[i]);
   }
 
