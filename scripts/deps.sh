@@ -28,7 +28,10 @@ pkgs=("${build[@]}")
 list=false
 for arg in "$@"; do
   case $arg in
-    --tests) pkgs+=("${tests[@]}") ;;
+    --tests) pkgs+=("${tests[@]}")
+             # npm for the OpenAI SDK test: Debian's package, unless an npm is
+             # there already (nodesource's nodejs ships its own and conflicts)
+             command -v npm >/dev/null || pkgs+=(npm) ;;
     --list) list=true ;;
     *) echo "usage: $0 [--tests] [--list]" >&2; exit 2 ;;
   esac

@@ -11,10 +11,10 @@ fail() { echo "FAIL: $*" >&2; status=1; }
 build=$("$src/scripts/deps.sh" --list) || fail "deps.sh --list"
 all=$("$src/scripts/deps.sh" --tests --list) || fail "deps.sh --tests --list"
 for p in meson ninja-build libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev \
-         libinih-dev libxxhash-dev; do
+         libinih-dev libxxhash-dev libpcre2-dev libjansson-dev libhttp-parser-dev; do
   echo "$build" | grep -qx "$p" || fail "deps.sh lacks $p, which building needs"
 done
-for p in clang llvm valgrind gnuplot-nox libcmocka-dev libjansson-dev mandoc systemd; do
+for p in clang llvm valgrind gnuplot-nox libcmocka-dev curl mandoc systemd; do
   echo "$build" | grep -qx "$p" && fail "deps.sh installs $p, which only the tests need"
   echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p"
 done
