@@ -28,6 +28,7 @@
 
 #include "kernels.h"
 #include "quant.h"
+#include "sparse.h"
 
 /* Hard limits on hyper-parameters, each with its reason. They reject
  * headers that would make the size arithmetic below overflow or ask for
@@ -84,6 +85,9 @@ struct sk_model {
   uint64_t repacked_bytes;  /* matrices the model holds in its own copies
                                (packed for the kernels, or dequantized) */
   bool dequantize;          /* sk_model_load_options.dequantize */
+  struct sk_sparse_mlp *sparse; /* (n_layer) sparse MLP weights, or NULL
+                                   (sk_model_sparse_prepare) */
+  uint64_t sparse_bytes;    /* bytes of the copies made for them */
 };
 
 /* One sequence of a batch, as the forward pass sees it. */
@@ -169,6 +173,12 @@ struct sk_scratch {
   float *entropy;         /* (B, n_layer) the same, nats */
   uint32_t *probe;        /* (B) positions counted as sinks */
   uint32_t attn_n_seqs;   /* sequences of the last successful call */
+  struct sk_sparse_work sp; /* sparse MLP buffers (after sparse_prepare) */
+  uint64_t *sp_kept;      /* (B, n_layer) kept neurons of the last call,
+                             summed over each sequence's sparse rows */
+  uint32_t *sp_rows;      /* (B) rows of each sequence that ran sparse */
+  sk_scratch_gate_fn gate_fn; /* calibration probe, or NULL */
+  void *gate_user;
 };
 
 /* ---- architectures --------------------------------------------------- */
@@ -733,6 +743,7 @@ fail:
 
 void sk_model_free(struct sk_model *m) {
   if (!m) return;
+  free(m->sparse);
   for (size_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
   free(m->owned);
   free(m->layers);
@@ -753,6 +764,57 @@ const char *sk_model_weight_type(const struct sk_model *m) {
 }
 
 uint64_t sk_model_weight_bytes(const struct sk_model *m) { return m->weight_bytes; }
+
+int sk_model_sparse_prepare(struct sk_model *m, struct sk_error *err) {
+  if (m->sparse) return 0;
+  const struct sk_model_config *c = &m->cfg;
+  struct sk_sparse_mlp *sp = calloc(c->n_layer, sizeof *sp);
+  if (!sp) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate the sparse MLP");
+  uint64_t bytes = 0;
+  for (uint32_t l = 0; l < c->n_layer; l++) {
+    const struct sk__layer *L = &m->layers[l];
+    sp[l].up = L->w_up;
+    sp[l].up.packed = NULL; /* rows read one by one: the GGUF layout */
+    sp[l].up.pack_rows = 0;
+    void *mem = NULL;
+    int rc = sk_sparse_transpose(&L->w_down, &sp[l].down_t, &mem, err);
+    if (rc == 0) rc = sk__own(m, mem, "ffn_down (transposed)", err);
+    if (rc < 0) {
+      free(sp);
+      return rc;
+    }
+    bytes += (uint64_t)sp[l].down_t.row_bytes * sp[l].down_t.rows;
+  }
+  m->sparse = sp;
+  m->sparse_bytes = bytes;
+  return 0;
+}
+
+uint64_t sk_model_sparse_bytes(const struct sk_model *m) { return m->sparse_bytes; }
+
+double sk_model_sparse_step_bytes(const struct sk_model *m, const double *kept) {
+  double b = (double)m->weight_bytes;
+  if (!m->sparse) return b;
+  for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
+    const struct sk__layer *L = &m->layers[l];
+    b -= (double)L->w_up.row_bytes * L->w_up.rows + (double)L->w_down.row_bytes * L->w_down.rows;
+    b += kept[l] * (double)(m->sparse[l].up.row_bytes + m->sparse[l].down_t.row_bytes);
+  }
+  return b;
+}
+
+void sk_scratch_set_gate_probe(struct sk_scratch *s, sk_scratch_gate_fn fn, void *user) {
+  s->gate_fn = fn;
+  s->gate_user = user;
+}
+
+bool sk_scratch_sparse(const struct sk_scratch *s, uint32_t seq, const uint64_t **ret_kept,
+                       uint32_t *ret_rows) {
+  if (seq >= s->attn_n_seqs) return false;
+  *ret_kept = s->sp_kept + (size_t)seq * s->m->cfg.n_layer;
+  *ret_rows = s->sp_rows[seq];
+  return true;
+}
 
 const char *sk_model_describe(const struct sk_model *m, char *buf, size_t n) {
   const struct sk_model_config *c = &m->cfg;
@@ -792,6 +854,9 @@ void sk_scratch_free(struct sk_scratch *s) {
   free(s->sink_mass);
   free(s->entropy);
   free(s->probe);
+  free(s->sp_kept);
+  free(s->sp_rows);
+  sk_sparse_work_free(&s->sp);
   if (s->ts) {
     for (uint32_t t = 0; t < s->n_threads; t++) {
       free(s->ts[t].kr);
@@ -868,6 +933,8 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       {(void **)&s->sink_mass, B * c->n_layer, sizeof(float)},
       {(void **)&s->entropy, B * c->n_layer, sizeof(float)},
       {(void **)&s->probe, B, sizeof(uint32_t)},
+      {(void **)&s->sp_kept, B * c->n_layer, sizeof(uint64_t)},
+      {(void **)&s->sp_rows, B, sizeof(uint32_t)},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     if (want[i].n > SIZE_MAX / want[i].size ||
@@ -894,6 +961,13 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
         !(ts->sn = malloc(2 * half * sizeof(float))))
       goto nomem;
     for (size_t p = 0; p < T; p++) ts->kq[p] = ts->kr + p * c->head_dim;
+  }
+  if (m->sparse) {
+    int rc = sk_sparse_work_init(&s->sp, c->hidden_dim, c->dim, s->n_threads, err);
+    if (rc < 0) {
+      sk_scratch_free(s);
+      return rc;
+    }
   }
   s->rope_valid = 0;
   s->rope_freq_scale = 0.0f;
@@ -1620,6 +1694,10 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
                          "%u resident + %u new tokens exceed the scratch "
                          "context %u",
                          nr, q->n, s->max_ctx);
+  if (q->sparse_thr && (!m->sparse || !s->sp.idx))
+    return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
+                         "sparse MLP asked for, but the model was not prepared for it "
+                         "(sk_model_sparse_prepare before the scratch)");
   if (q->n_evicted &&
       ((kv->hdr->policy != SK_POLICY_STREAMING && kv->hdr->policy != SK_POLICY_WINDOW) ||
        q->n_evicted > q->n ||
@@ -1651,12 +1729,18 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   const uint32_t n = (uint32_t)rows;
   const uint32_t dim = c->dim, D = c->kv_dim, H = c->hidden_dim;
 
-  /* Sequence layout, and rope tables for the common scale. */
-  uint32_t max_pos = 0, row = 0;
+  /* Sequence layout, and rope tables for the common scale. The rows of
+   * dense sequences come first, [0, nd), those with a sparse MLP after
+   * them: the dense MLP products then run on one block of rows. */
+  uint32_t nd = 0;
+  for (uint32_t i = 0; i < n_seqs; i++)
+    if (!seqs[i].sparse_thr) nd += seqs[i].n;
+  uint32_t max_pos = 0, row_d = 0, row_s = nd;
   const float common_scale = c->rope_scale / seqs[0].kv->hdr->rope_scale;
   for (uint32_t i = 0; i < n_seqs; i++) {
     const struct sk_kv_header *h = seqs[i].kv->hdr;
     struct sk__seq *sq = &s->seqs[i];
+    const uint32_t row = seqs[i].sparse_thr ? row_s : row_d;
     sq->in = &seqs[i];
     sq->row0 = row;
     sq->nr = h->n_resident;
@@ -1678,7 +1762,8 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
         }
       }
     }
-    row += seqs[i].n;
+    if (seqs[i].sparse_thr) row_s += seqs[i].n;
+    else row_d += seqs[i].n;
     if (sq->freq_scale == common_scale && sq->nr + seqs[i].n > max_pos)
       max_pos = sq->nr + seqs[i].n;
   }
@@ -1713,6 +1798,8 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     }
   }
 
+  memset(s->sp_kept, 0, (size_t)n_seqs * c->n_layer * sizeof *s->sp_kept);
+  memset(s->sp_rows, 0, (size_t)n_seqs * sizeof *s->sp_rows);
   for (uint32_t i = 0; i < n_seqs; i++)
     for (uint32_t j = 0; j < seqs[i].n; j++)
       sk_dequantize_row(m->tok_embd.type,
@@ -1770,15 +1857,51 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     pr = (struct sk__prep){.s = s, .x = s->x, .add = s->xb2, .w = L->ffn_norm, .y = s->xb,
                            .ld = dim, .n = n, .cols = dim};
     a = sk__prep(&pr, gu, 2);
-    mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
-                         .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
-    sk__matmuls(s, &mm);
-    const struct sk_wmat *wd[1] = {&L->w_down};
-    struct sk__silu si = {.s = s, .n = n, .chunk = sk__prep_rows(s, n), .q = sk__any_q8(wd, 1)};
-    sk_pool_run(s->pool, sk__silu_task, &si, (n + si.chunk - 1) / si.chunk);
-    a = sk__act(s, n, H, s->hb, H);
-    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
-    sk__matmuls(s, &mm);
+    if (nd == n) {
+      mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
+                           .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
+      sk__matmuls(s, &mm);
+    } else { /* the gate for every row, up for the dense ones */
+      mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_gate}, .y = {sk__rows(s, 0, s->hb, H, n)}};
+      sk__matmuls(s, &mm);
+      if (nd) {
+        struct sk_act ad = a;
+        ad.n = nd;
+        mm = (struct sk__mm){.x = &ad, .n_w = 1, .w = {&L->w_up}, .y = {sk__rows(s, n, s->hb2, H, nd)}};
+        sk__matmuls(s, &mm);
+      }
+    }
+    if (s->gate_fn) s->gate_fn(s->gate_user, l, s->hb, n, H);
+    /* Sparse rows (sparse.h): their input is still in xb/aq, their
+     * output goes to their row of xb2 as the dense product's would. */
+    for (uint32_t i = 0; i < n_seqs && nd < n; i++) {
+      if (!seqs[i].sparse_thr) continue;
+      const size_t nb = dim / SK_QK;
+      for (uint32_t j = 0; j < seqs[i].n; j++) {
+        const size_t r = s->seqs[i].row0 + j;
+        struct sk_act x1 = sk__act(s, 1, dim, s->xb + r * dim, dim);
+        x1.q += r * dim; /* row r of the quantized copies */
+        x1.d += r * nb;
+        x1.s += r * nb;
+        x1.kq += r * dim;
+        x1.kd += r * (dim / SK_QKK);
+        x1.ks += r * (dim / 16);
+        s->sp_kept[(size_t)i * c->n_layer + l] +=
+            sk_sparse_mlp_row(&m->sparse[l], s->hb + r * H, seqs[i].sparse_thr[l], &x1,
+                              s->xb2 + r * dim, &s->sp, s->pool);
+      }
+      if (l == 0) s->sp_rows[i] = seqs[i].n;
+    }
+    if (nd) {
+      const struct sk_wmat *wd[1] = {&L->w_down};
+      struct sk__silu si = {.s = s, .n = nd, .chunk = sk__prep_rows(s, nd),
+                            .q = sk__any_q8(wd, 1)};
+      sk_pool_run(s->pool, sk__silu_task, &si, (nd + si.chunk - 1) / si.chunk);
+      a = sk__act(s, nd, H, s->hb, H);
+      mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down},
+                           .y = {sk__rows(s, 0, s->xb2, dim, nd)}};
+      sk__matmuls(s, &mm);
+    }
   }
   /* the last layer's residual */
   struct sk__prep pr = {.s = s, .x = s->x, .add = s->xb2, .ld = dim, .n = n, .cols = dim};

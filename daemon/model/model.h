@@ -137,6 +137,19 @@ uint64_t sk_model_weight_bytes(const struct sk_model *m);
 uint64_t sk_model_mapped_bytes(const struct sk_model *m);
 uint64_t sk_model_repacked_bytes(const struct sk_model *m);
 
+/* Makes the weights the sparse MLP reads (sparse.h): each layer's down
+ * projection transposed, a copy the model owns (sk_model_sparse_bytes).
+ * Call once, before making the scratches that run sparse sequences; a
+ * second call does nothing. Errors: -SK_ERR_NO_MEMORY, -SK_ERR_BAD_MODEL. */
+int sk_model_sparse_prepare(struct sk_model *m, struct sk_error *err);
+/* Bytes of the copies sk_model_sparse_prepare made (0 before). */
+uint64_t sk_model_sparse_bytes(const struct sk_model *m);
+/* Bytes of weights one token reads when layer l keeps kept[l] neurons
+ * (n_layer values; means over tokens are fine): sk_model_weight_bytes
+ * with each layer's up and down replaced by the kept rows of up and of
+ * the transposed down. sk_model_weight_bytes before sparse_prepare. */
+double sk_model_sparse_step_bytes(const struct sk_model *m, const double *kept);
+
 /* Activations for one forward call: sized for batches of up to max_batch
  * tokens (all sequences together) over caches of up to max_ctx tokens.
  * One per calling thread. sk_scratch_new runs everything on the caller's
@@ -167,6 +180,11 @@ struct sk_seq {
   float *logits;         /* NULL, (n_vocab) for the last token, or
                             (n, n_vocab) with all_logits */
   bool all_logits;
+  /* Contextual sparsity of the MLP (sparse.h): NULL = dense, else the
+   * per-layer thresholds (n_layer floats, not owned) every token of this
+   * sequence uses, one token at a time. Needs sk_model_sparse_prepare
+   * before the scratch was made. */
+  const float *sparse_thr;
 };
 
 /* Runs seqs[0..n_seqs) in one pass: their rows are stacked for the matrix
@@ -211,5 +229,21 @@ int sk_model_forward(const struct sk_model *m, struct sk_scratch *s,
  * written) before the first forward or for a seq beyond its batch. */
 bool sk_scratch_attn(const struct sk_scratch *s, uint32_t seq, const float **ret_sink_mass,
                      const float **ret_entropy, uint32_t *ret_probe);
+
+/* Sparse MLP counts of sequence seq of the last successful forward call
+ * on s: *ret_kept = n_layer sums, over the sequence's tokens, of the
+ * neurons kept; *ret_rows = its tokens that ran sparse (0: dense). Valid
+ * until the next forward on s. False for a seq beyond the batch. */
+bool sk_scratch_sparse(const struct sk_scratch *s, uint32_t seq, const uint64_t **ret_kept,
+                       uint32_t *ret_rows);
+
+/* A probe of the gate projection (calibration, sparse.h): called in
+ * every layer of every forward call with the n rows of gate values
+ * (row r at gate + r * hidden; batch rows, dense sequences first) before
+ * the activation. Runs on the calling thread. */
+typedef void (*sk_scratch_gate_fn)(void *user, uint32_t layer, const float *gate, uint32_t n,
+                                   uint32_t hidden);
+/* Sets (fn NULL: clears) the probe of s. */
+void sk_scratch_set_gate_probe(struct sk_scratch *s, sk_scratch_gate_fn fn, void *user);
 
 #endif

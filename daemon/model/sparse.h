@@ -1,0 +1,159 @@
+/* Contextual sparsity of the SwiGLU MLP in decode: per token, only the
+ * neurons whose gate activation matters are computed, so the up and down
+ * projections of the others are bytes never read.
+ *
+ * Deja Vu (Liu et al., ICML 2023, "Deja Vu: Contextual Sparsity for
+ * Efficient LLMs at Inference Time", sec. 3-4) showed that for a given
+ * input most MLP neurons contribute almost nothing and that skipping
+ * them is what makes a memory-bound decoder faster. CATS (Lee et al.
+ * 2024, "CATS: Contextually-Aware Thresholding for Sparsity in Large
+ * Language Models", sec. 3) made it training-free for SwiGLU MLPs: the
+ * MLP is down(silu(gate x) * up x); neuron j is kept when
+ * |silu(gate_j x)| exceeds a per-layer threshold t, set as the quantile
+ * of |silu(gate x)| at the target sparsity over a calibration text (sec.
+ * 3.2), and only the kept rows of up and the kept columns of down are
+ * computed (sec. 3.3, their custom kernel). sinkd implements CATS's rule:
+ *
+ *   g = gate x                       (dense: the decision needs every g_j)
+ *   K = { j : |silu(g_j)| > t }      (ascending j)
+ *   u_j = up_j . x                   for j in K, from up's rows
+ *   h_j = silu(g_j) * u_j            for j in K (sk_kernels_swiglu)
+ *   y = sum over j in K, in order, of h_j * down^T_j
+ *
+ * down^T is the down projection transposed, one row of dim outputs per
+ * neuron, in the weight type of down when sinkd can quantize to it (F32,
+ * F16: exact; Q8_0, Q4_0: requantized from the dequantized weights, one
+ * more rounding of each weight) and in Q8_0 otherwise: a copy the model
+ * owns (sk_model_sparse_bytes). The up rows are read in the GGUF layout
+ * (the file's mapping), whatever layout the dense products use.
+ *
+ * With t = 0 every neuron with silu(g_j) != 0 is kept and y is the dense
+ * MLP's output up to the order of the down sums (and, for quantized down
+ * weights, the requantization and the float rather than int8
+ * activations): bit-for-bit what the F32 dense path gives to ~1e-6.
+ *
+ * Determinism: each output element is summed over K in ascending order,
+ * whatever the threads, so a row's result depends only on that row.
+ *
+ * Calibration file (text, SK_SPARSE_CALIB_VERSION):
+ *   sinkd-sparsity 1
+ *   fingerprint <32 hex digits: the daemon's model fingerprint, store.h>
+ *   layers <L>
+ *   tokens <tokens of the calibration text>
+ *   level <s> <t_0> ... <t_{L-1}>    one line per level, s ascending
+ *   measured <s> <m_0> ... <m_{L-1}> sparsity each layer reached on the
+ *                                     calibration text (optional)
+ * Numbers are printed with %.9g, so they read back to the same floats.
+ */
+#ifndef SK_SPARSE_H
+#define SK_SPARSE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kernels.h"
+#include "pool.h"
+#include "sinkd/protocol.h"
+
+#define SK_SPARSE_CALIB_VERSION 1u
+/* Levels one calibration file may hold. */
+#define SK_SPARSE_MAX_LEVELS 16u
+/* The levels `sinkd --calibrate` writes (CATS reports 50% and 70%). */
+#define SK_SPARSE_DEFAULT_LEVELS {0.3f, 0.5f, 0.7f}
+/* Two levels closer than this are the same level (a session's sparsity
+ * is matched against the file's with it). */
+#define SK_SPARSE_LEVEL_EPS 1e-4f
+
+/* Per-layer thresholds for target sparsity levels, bound to one model. */
+struct sk_sparse_calib {
+  uint8_t model_fp[16];
+  uint32_t n_layer;
+  uint32_t n_levels;
+  uint64_t n_tokens;                   /* calibration tokens */
+  float level[SK_SPARSE_MAX_LEVELS];   /* ascending, in (0, 1) */
+  float *thr;                          /* (n_levels, n_layer), owned */
+  float *measured;                     /* (n_levels, n_layer), owned; NaN
+                                          where the file has none */
+};
+
+/* Reads a calibration file and checks it against the model: fingerprint
+ * (fp) and layer count. On success *c owns its arrays (free with
+ * sk_sparse_calib_free). Errors: -SK_ERR_IO (cannot read),
+ * -SK_ERR_BAD_REQUEST (syntax, values, or made for another model: the
+ * message names the file's and the model's fingerprints). */
+int sk_sparse_calib_load(const char *path, const uint8_t fp[16], uint32_t n_layer,
+                         struct sk_sparse_calib *c, struct sk_error *err);
+/* Writes c in the format above to f. Returns 0 or -SK_ERR_IO. */
+int sk_sparse_calib_write(FILE *f, const struct sk_sparse_calib *c, struct sk_error *err);
+void sk_sparse_calib_free(struct sk_sparse_calib *c);
+/* The thresholds (n_layer floats) of level s, or NULL if c (may be NULL)
+ * has no such level. */
+const float *sk_sparse_calib_find(const struct sk_sparse_calib *c, float s);
+/* The levels of c as text ("0.3, 0.5, 0.7") into buf; "none" for NULL. */
+const char *sk_sparse_calib_levels(const struct sk_sparse_calib *c, char *buf, size_t n);
+
+/* Collects |silu(gate)| values of a calibration run, per layer, and turns
+ * them into thresholds. To bound memory a run keeps every k-th value of
+ * the stream (k chosen from the announced total), at most max_per_layer
+ * per layer. */
+struct sk_sparse_collect;
+/* For n_layer layers of hidden neurons and a text of n_tokens tokens.
+ * Errors: -SK_ERR_NO_MEMORY. */
+int sk_sparse_collect_new(uint32_t n_layer, uint32_t hidden, uint64_t n_tokens,
+                          uint32_t max_per_layer, struct sk_sparse_collect **ret,
+                          struct sk_error *err);
+void sk_sparse_collect_free(struct sk_sparse_collect *c);
+/* Adds n rows of gate values (row r at gate + r * hidden) of layer l. */
+void sk_sparse_collect_add(struct sk_sparse_collect *c, uint32_t l, const float *gate,
+                           uint32_t n);
+/* Thresholds for levels[0..n_levels) (ascending, in (0, 1)): for each
+ * layer the value below which a fraction `level` of the collected
+ * |silu(g)| lie (the sorted samples' element floor(level * count)), so
+ * that keeping |silu(g)| > t skips that fraction. Fills out (fp and
+ * n_tokens left to the caller; measured: the fraction of samples <= t).
+ * Errors: -SK_ERR_BAD_REQUEST (no samples, bad levels), -SK_ERR_NO_MEMORY. */
+int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *levels,
+                                 uint32_t n_levels, struct sk_sparse_calib *out,
+                                 struct sk_error *err);
+
+/* The weights of one layer's sparse MLP. */
+struct sk_sparse_mlp {
+  struct sk_wmat up;     /* (hidden, dim) in the GGUF layout (packed NULL) */
+  struct sk_wmat down_t; /* (hidden, dim): row j = neuron j's dim outputs */
+};
+
+/* Makes down_t from the down projection w (dim rows of hidden): *ret_mem
+ * is the malloc'd copy (caller frees), ret->data points into it. Errors:
+ * -SK_ERR_BAD_MODEL (a type sk_dequantize_row cannot read, or a shape
+ * its type cannot hold), -SK_ERR_NO_MEMORY. */
+int sk_sparse_transpose(const struct sk_wmat *w, struct sk_wmat *ret, void **ret_mem,
+                        struct sk_error *err);
+
+/* Work buffers of sk_sparse_mlp_row, for hidden neurons, dim outputs and
+ * n_threads threads. */
+struct sk_sparse_work {
+  uint32_t hidden, dim, n_threads;
+  uint32_t *idx; /* (hidden) kept neurons */
+  float *u;      /* (hidden) up outputs at their neuron */
+  float *g;      /* (hidden) kept gates, then h */
+  float *uk;     /* (hidden) kept up outputs */
+  float *tmp;    /* (n_threads, 2 * dim) dequantized rows, partial sums */
+};
+int sk_sparse_work_init(struct sk_sparse_work *w, uint32_t hidden, uint32_t dim,
+                        uint32_t n_threads, struct sk_error *err);
+void sk_sparse_work_free(struct sk_sparse_work *w);
+
+/* One token's MLP by the rule above: gate = its hidden gate values, x =
+ * its input as one activation row (float and, for quantized up weights,
+ * int8 as the kernels want), y = the dim outputs (overwritten). thr is the
+ * layer's threshold (>= 0). Runs on pool (may be NULL). Returns |K|. */
+uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, float thr,
+                           const struct sk_act *x, float *y, struct sk_sparse_work *wk,
+                           struct sk_pool *pool);
+
+/* Bytes of weights the sparse MLP of one token reads beyond the gate
+ * when it keeps `kept` neurons: kept rows of up and of down_t. */
+uint64_t sk_sparse_row_bytes(const struct sk_sparse_mlp *w, uint64_t kept);
+
+#endif
