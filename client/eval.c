@@ -79,6 +79,10 @@ struct run {
   uint32_t n_sink, window, heavy, recent, capacity;
   bool has_sink;
   double rope_scale;     /* 0 = 1 */
+  double sparsity;       /* MLP contextual sparsity level; 0 = off */
+  size_t n_sparse_layers; /* layers of sparsity_measured (0: not measured) */
+  double sparsity_measured[SK_CLIENT_MAX_LAYERS]; /* fraction of neurons
+                            skipped per layer, over the run's tokens */
   double *lp;            /* (n_tokens) ln p(token k | before); NaN unscored */
   size_t n_scored;
   uint64_t evicted;
@@ -150,7 +154,10 @@ static void eval_help(void) {
       "  recompute[:window=W]        sliding window with re-computation: a\n"
       "                              fresh dense session of the W tokens\n"
       "                              before each scored token (W = budget)\n"
-      "  Any run also takes rope_scale=R (<= 64); dense and recompute\n"
+      "  Any run also takes rope_scale=R (<= 64) and sparsity=S (the\n"
+      "  MLP's contextual sparsity, a level the daemon has calibrated;\n"
+      "  the summary gives the fraction of neurons each layer skipped);\n"
+      "  dense and recompute\n"
       "  capacity=N (recompute: above W). A parameter a run has not, or\n"
       "  given ones that leave nothing of the budget for a derived one, is\n"
       "  a usage error; a default run the budget cannot hold is left out.\n"
@@ -244,9 +251,12 @@ static void eval_parse_run(const char *spec, struct run *r) {
       r->rope_scale = eval_parse_double(what, val);
       if (r->rope_scale > SK_MAX_ROPE_SCALE)
         eval_usage_error("%s: '%s' is above %g", what, val, SK_MAX_ROPE_SCALE);
+    } else if (strcmp(key, "sparsity") == 0) {
+      r->sparsity = eval_parse_double(what, val);
+      if (!(r->sparsity < 1)) eval_usage_error("%s: '%s' is not below 1", what, val);
     } else {
       eval_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
-                       "heavy, recent, capacity, rope_scale)",
+                       "heavy, recent, capacity, rope_scale, sparsity)",
                        spec, key);
     }
   }
@@ -445,6 +455,7 @@ static void eval_derive(const struct eval *ev, struct run *r,
                         struct sk_open_params *op) {
   memset(op, 0, sizeof *op);
   op->rope_scale = r->rope_scale;
+  op->sparsity = r->sparsity;
   switch (r->kind) {
   case RUN_STREAMING: /* parts from eval_fit */
     op->policy = "streaming";
@@ -523,6 +534,14 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
     eval_progress(ev, r, pos, total, t0);
   }
   r->seconds = eval_now() - t0;
+  if (r->sparsity != 0 && status == 0) { /* what the layers skipped */
+    struct sk_session_stats st;
+    if (sk_client_session_stats(c, o.session, &st, &e) == 0) {
+      r->n_sparse_layers = st.n_sparse_layers;
+      memcpy(r->sparsity_measured, st.sparsity_measured,
+             st.n_sparse_layers * sizeof *st.sparsity_measured);
+    }
+  }
   if (sk_client_connected(c)) sk_client_close(c, o.session, NULL);
   return status;
 }
@@ -646,6 +665,13 @@ static void eval_print_table(const struct eval *ev) {
            r->capacity_used, cnt, r->evicted, cell,
            cnt ? r->seconds * 1e3 / (double)cnt : 0.0);
   }
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    const struct run *r = &ev->runs[i];
+    if (!r->n_sparse_layers) continue;
+    printf("%s: MLP neurons skipped per layer:", r->label);
+    for (size_t l = 0; l < r->n_sparse_layers; l++) printf(" %.3f", r->sparsity_measured[l]);
+    putchar('\n');
+  }
 }
 
 static void eval_json_str(const char *s) {
@@ -679,7 +705,10 @@ static void eval_print_json(const struct eval *ev) {
            ", \"seconds\": %.3f, \"perplexity\": ",
            r->capacity_used, cnt, r->evicted, r->seconds);
     eval_json_num(p);
-    printf("}");
+    printf(", \"sparsity\": %g, \"sparsity_measured\": [", r->sparsity);
+    for (size_t l = 0; l < r->n_sparse_layers; l++)
+      printf("%s%.6g", l ? ", " : "", r->sparsity_measured[l]);
+    printf("]}");
   }
   printf("], \"spans\": [");
   for (size_t s = 0; s < eval_n_spans(ev); s++) {
@@ -704,7 +733,8 @@ static int eval_write_csv(const struct eval *ev, const char *path) {
     return EXIT_FAILURE;
   }
   fputs("first,last", f);
-  for (size_t i = 0; i < ev->n_runs; i++) fprintf(f, ",%s", ev->runs[i].label);
+  /* labels quoted: a run's parameters are separated by commas */
+  for (size_t i = 0; i < ev->n_runs; i++) fprintf(f, ",\"%s\"", ev->runs[i].label);
   fputc('\n', f);
   for (size_t s = 0; s < eval_n_spans(ev); s++) {
     size_t first, last;

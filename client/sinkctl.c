@@ -183,6 +183,9 @@ static void help(void) {
       "      --recent N        newest tokens always kept (h2o, sink_h2o)\n"
       "      --capacity N      cache size in tokens (dense)\n"
       "      --rope-scale R    position interpolation: positions / R (0 < R <= 64)\n"
+      "      --sparsity S      contextual sparsity of the MLP: skip the fraction S\n"
+      "                        of its neurons per token (a calibrated level, e.g.\n"
+      "                        0.3, 0.5, 0.7; 0 = off, the default)\n"
       "      --pin TEXT        pinned prefix (system prompt), never evicted:\n"
       "                        the sink region of streaming and sink_h2o\n"
       "      --pin-file FILE   the same, read from FILE\n"
@@ -385,7 +388,7 @@ enum opt_id {
   OPT_CAPACITY,
   OPT_HEAVY,
   OPT_RECENT,
-  OPT_ROPE_SCALE,
+  OPT_ROPE_SCALE, OPT_SPARSITY,
   OPT_PIN,
   OPT_PIN_FILE,
   OPT_NO_BOS,
@@ -422,6 +425,7 @@ static const struct option long_options[] = {
     {"heavy", required_argument, NULL, OPT_HEAVY},
     {"recent", required_argument, NULL, OPT_RECENT},
     {"rope-scale", required_argument, NULL, OPT_ROPE_SCALE},
+    {"sparsity", required_argument, NULL, OPT_SPARSITY},
     {"pin", required_argument, NULL, OPT_PIN},
     {"pin-file", required_argument, NULL, OPT_PIN_FILE},
     {"no-bos", no_argument, NULL, OPT_NO_BOS},
@@ -897,6 +901,14 @@ static void print_session_stats(const struct sk_session_stats *s) {
         printf(" %" PRIu64 "-%" PRIu64, s->resident_ranges[i].first, s->resident_ranges[i].last);
     }
     putchar('\n');
+  }
+  if (s->sparsity != 0) {
+    printf("%-10s %g (MLP neurons skipped per token", "sparsity", s->sparsity);
+    if (s->sparse_tokens && s->n_sparse_layers) {
+      printf("; measured over %" PRIu64 " tokens, per layer:", s->sparse_tokens);
+      for (size_t l = 0; l < s->n_sparse_layers; l++) printf(" %.3f", s->sparsity_measured[l]);
+    }
+    printf(")\n");
   }
   if (s->attn_steps)
     printf("%-10s over the last %" PRIu64 " steps; sinks = the first %" PRIu64 " positions\n",
@@ -1532,6 +1544,13 @@ static void json_session_stats_members(struct kv_out *k, const struct sk_session
     printf("%s[%" PRIu64 ", %" PRIu64 "]", i ? ", " : "", s->resident_ranges[i].first,
            s->resident_ranges[i].last);
   fputc(']', stdout);
+  out_f64(k, "sparsity", s->sparsity);
+  out_u64(k, "sparse_tokens", s->sparse_tokens);
+  json_key(stdout, &k->first, "sparsity_measured");
+  fputc('[', stdout);
+  for (size_t l = 0; l < s->n_sparse_layers; l++)
+    printf("%s%.6g", l ? ", " : "", s->sparsity_measured[l]);
+  fputc(']', stdout);
   json_key(stdout, &k->first, "attention");
   printf("{\"steps\": %" PRIu64 ", \"sink_tokens\": %" PRIu64 ", \"sink_mass\": [",
          s->attn_steps, s->sink_tokens);
@@ -1763,20 +1782,20 @@ static const struct {
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
-                   OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE,
+                   OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY,
                    OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SPECIAL, 0}},
     {"chat", CMD_CHAT, 0, 0, NULL,
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
-                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
+                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
                    OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SYSTEM, 0}},
     {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
      (const int[]){OPT_NO_BOS, OPT_SPECIAL, 0}},
     {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
     {"open", CMD_OPEN, 0, 0, NULL,
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
-                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,
+                   OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
                    OPT_PIN_FILE, 0}},
     {"close", CMD_CLOSE, 0, 1, "session ID (or --idle DURATION, --all)",
      (const int[]){OPT_IDLE, OPT_ALL, 0}},
@@ -1874,6 +1893,12 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       if (!optarg[0]) usage_error("--system: the text is empty");
       o->system = optarg;
       break;
+    case OPT_SPARSITY: {
+      double sp = parse_double("--sparsity", optarg);
+      if (!(sp >= 0 && sp < 1)) usage_error("--sparsity: '%s' is not in [0, 1)", optarg);
+      o->open.sparsity = sp;
+      break;
+    }
     case OPT_PIN:
       if (o->open.pin) usage_error("--pin/--pin-file: given twice");
       if (!optarg[0]) usage_error("--pin: the text is empty");
@@ -1933,7 +1958,7 @@ static void parse_options(int argc, char **argv, struct opts *o) {
  * session exists already. Usage errors, before connecting. */
 static void check_open_options(const struct opts *o, const char *cmd) {
   static const int shaping[] = {OPT_POLICY, OPT_SINKS,      OPT_WINDOW, OPT_CAPACITY, OPT_HEAVY,
-                                OPT_RECENT, OPT_ROPE_SCALE, OPT_PIN,    OPT_PIN_FILE};
+                                OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,    OPT_PIN_FILE};
   if (o->has_session)
     for (size_t i = 0; i < sizeof shaping / sizeof shaping[0]; i++)
       if (o->given[shaping[i]])

@@ -1,4 +1,5 @@
 #include "compute.h"
+#include "sparse.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@ struct sk_compute {
   uint32_t n_vocab;
   struct sk_pool *pool;     /* owned */
   struct sk_scratch *scratch;
+  const struct sk_sparse_calib *sparse; /* thresholds of the sparsity levels */
   /* One step's plan, compute thread only. */
   struct sk_seq *seqs;      /* (max_batch) */
   struct sk_job **seq_job;  /* (max_batch) the job of each sequence */
@@ -304,6 +306,20 @@ static bool step_prepare(struct sk_compute *c, struct sk_job *job) {
     finish(c, job);
     return true;
   }
+  /* A session's sparsity level (kept with it) needs its thresholds from
+   * this daemon's calibration (an adopted session may ask for a level the
+   * file of this start does not hold). */
+  const float sp = job->sess->params.sparsity;
+  if (sp > 0.0f && !sk_sparse_calib_find(c->sparse, sp) &&
+      (job->kind == SK_JOB_APPEND || job->kind == SK_JOB_GENERATE)) {
+    char lv[128];
+    sk_error_set(&job->err, SK_ERR_BAD_REQUEST,
+                 "the session runs at sparsity %g, which this daemon's calibration does not "
+                 "have (levels: %s; sinkd.conf sparsity_file)",
+                 (double)sp, sk_sparse_calib_levels(c->sparse, lv, sizeof lv));
+    fail_job(c, job, -SK_ERR_BAD_REQUEST);
+    return true;
+  }
   if (!job->started) {
     int rc = job_start(c, job);
     if (rc < 0) {
@@ -447,7 +463,8 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
     if (n > free_slots) n = free_slots;
   }
   *seq = (struct sk_seq){.kv = kv, .tokens = job->tokens + job->n_done, .n = n,
-                         .n_evicted = evicted, .logits = s->obj->logits};
+                         .n_evicted = evicted, .logits = s->obj->logits,
+                         .sparse_thr = sk_sparse_calib_find(c->sparse, s->params.sparsity)};
   if (job->want_logprobs) {
     /* The first token is scored by the logits the session already holds
      * (from its previous tokens), the others by this chunk's rows, which
@@ -555,8 +572,9 @@ static void step(struct sk_compute *c) {
       else finish(c, j);
       continue;
     }
-    c->seqs[n_seqs] = (struct sk_seq){.kv = j->sess->kv, .tokens = token, .n = 1,
-                                      .logits = j->sess->obj->logits};
+    c->seqs[n_seqs] = (struct sk_seq){
+        .kv = j->sess->kv, .tokens = token, .n = 1, .logits = j->sess->obj->logits,
+        .sparse_thr = sk_sparse_calib_find(c->sparse, j->sess->params.sparsity)};
     c->seq_job[n_seqs++] = j;
     rows++;
   }
@@ -589,6 +607,10 @@ static void step(struct sk_compute *c) {
       continue;
     }
     sk_session_attn_record(c->table, j->sess, c->scratch, i);
+    const uint64_t *kept;
+    uint32_t sp_rows;
+    if (sk_scratch_sparse(c->scratch, i, &kept, &sp_rows) && sp_rows)
+      sk_session_sparse_record(c->table, j->sess, kept, sp_rows);
     const struct sk_evict_log *log = &c->seq_log[i];
     for (uint32_t r = 0; r < log->n_ranges; r++)
       for (uint64_t x = log->first[r]; x <= log->last[r]; x++) sk_evict_log_add(&j->evicted, x);
@@ -653,6 +675,10 @@ static void free_plan(struct sk_compute *c) {
   free(c->dec);
   free(c->draw);
   free(c->pre);
+}
+
+void sk_compute_set_sparse(struct sk_compute *c, const struct sk_sparse_calib *calib) {
+  c->sparse = calib;
 }
 
 int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,

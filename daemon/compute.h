@@ -65,6 +65,11 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
                      uint32_t max_ctx, uint32_t n_threads, sk_compute_event_cb cb, void *user,
                      struct sk_compute **ret, struct sk_error *err);
 /* Hands a job to the thread (loop thread). */
+/* The calibration whose thresholds sessions with a sparsity level use
+ * (not owned; outlives c; NULL: none). Call before submitting jobs; the
+ * model must have been sk_model_sparse_prepare'd before sk_compute_start. */
+struct sk_sparse_calib;
+void sk_compute_set_sparse(struct sk_compute *c, const struct sk_sparse_calib *calib);
 void sk_compute_submit(struct sk_compute *c, struct sk_job *job);
 /* Wakes the thread after a job was unpaused or cancelled. */
 void sk_compute_wake(struct sk_compute *c);

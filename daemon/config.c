@@ -57,6 +57,9 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     /* resolved against the model at start */
     [SK_CFG_CHAT_TEMPLATE] = {"daemon", "chat_template", "--chat-template", T_CHAT,
                               F(chat_template), 0, 0, false},
+    /* thresholds of the MLP sparsity levels, read once at start */
+    [SK_CFG_SPARSITY_FILE] = {"daemon", "sparsity_file", "--sparsity-file", T_PATH,
+                              F(sparsity_file), 0, 0, false},
     [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
     [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
                       true},
@@ -205,6 +208,7 @@ void sk_config_done(struct sk_config *c) {
   free(c->http_socket);
   free(c->http_listen);
   free(c->http_key_file);
+  free(c->sparsity_file);
   free(c->file);
   memset(c, 0, sizeof *c);
 }
@@ -219,12 +223,13 @@ static int dup_opt(char **dst, const char *src) {
 int sk_config_copy(struct sk_config *dst, const struct sk_config *src) {
   *dst = *src;
   dst->model = dst->socket = dst->state_dir = dst->file = NULL;
-  dst->http_socket = dst->http_listen = dst->http_key_file = NULL;
+  dst->http_socket = dst->http_listen = dst->http_key_file = dst->sparsity_file = NULL;
   if (dup_opt(&dst->model, src->model) < 0 || dup_opt(&dst->socket, src->socket) < 0 ||
       dup_opt(&dst->state_dir, src->state_dir) < 0 || dup_opt(&dst->file, src->file) < 0 ||
       dup_opt(&dst->http_socket, src->http_socket) < 0 ||
       dup_opt(&dst->http_listen, src->http_listen) < 0 ||
-      dup_opt(&dst->http_key_file, src->http_key_file) < 0) {
+      dup_opt(&dst->http_key_file, src->http_key_file) < 0 ||
+      dup_opt(&dst->sparsity_file, src->sparsity_file) < 0) {
     sk_config_done(dst);
     return -SK_ERR_NO_MEMORY;
   }

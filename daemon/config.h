@@ -84,6 +84,7 @@ enum sk_config_key {
   SK_CFG_HTTP_LISTEN,
   SK_CFG_HTTP_KEY_FILE,
   SK_CFG_HTTP_UID,
+  SK_CFG_SPARSITY_FILE,
   SK_CFG_POLICY,
   SK_CFG_SINKS,
   SK_CFG_WINDOW,
@@ -121,6 +122,7 @@ struct sk_config {
   uint32_t kv_type;   /* enum sk_kv_type of new sessions' caches (default f16) */
   int chat_template;  /* enum sk_chat_template of the `chat` op; -1 = auto: the
                          model's tokenizer.chat_template */
+  char *sparsity_file; /* MLP sparsity calibration (sparse.h); NULL = none */
   /* [session]: defaults for `open` */
   uint32_t policy;    /* enum sk_policy */
   uint32_t n_sink;    /* attention sinks */

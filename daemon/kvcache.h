@@ -170,6 +170,8 @@ struct sk_kv_params {
   uint32_t n_pin;    /* pinned prefix: streaming/sink_h2o need n_sink ==
                         n_pin; dense needs n_pin < capacity; 0 otherwise */
   float rope_scale;  /* positions are divided by this (1 = none; > 0) */
+  float sparsity;    /* not the cache's: the session's MLP sparsity level
+                        (sparse.h), 0 = dense; kept in the store's meta */
 };
 
 /* True for the policies that need accumulated attention scores. */

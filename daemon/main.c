@@ -26,7 +26,9 @@
 #include "model.h"
 #include "http.h"
 #include "notify.h"
+#include "pool.h"
 #include "server.h"
+#include "sparse.h"
 #include "sk_config.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -93,7 +95,14 @@ static void usage(FILE *f) {
           "                          sinkd-http.sock beside --socket; see sinkd-http(7))\n"
           "      --http-listen ADDR:PORT  also serve HTTP on TCP (needs --http-key-file)\n"
           "      --http-key-file FILE  API key for TCP requests (file of mode 0600)\n"
-          "      --http-uid UID|auto  uid that TCP requests act as (auto: sinkd's own)\n"
+          "      --http-uid UID|auto  uid that TCP requests act as (auto: sinkd's own)\n",
+          sk_config_default_path());
+  /* (two strings: C11 compilers need take no literal above 4095 bytes) */
+  fputs("      --sparsity-file FILE  MLP sparsity calibration for sessions that ask\n"
+          "                          for sparsity (written by --calibrate)\n"
+          "      --calibrate TEXT    compute the sparsity thresholds (levels 0.3, 0.5,\n"
+          "                          0.7) of the model over the text file TEXT, write\n"
+          "                          them to --sparsity-file (or stdout) and exit\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -104,7 +113,7 @@ static void usage(FILE *f) {
           "Exit status: 0 after a clean shutdown, 1 on a start-up error (bad model,\n"
           "socket in use), 2 on a usage or configuration error.\n"
           "See sinkd(8), sinkd.conf(5) and sinkd-http(7).\n",
-          sk_config_default_path());
+        f);
 }
 
 /* ---- configuration ------------------------------------------------------- */
@@ -424,7 +433,129 @@ static int read_key_file(const char *path, char *ret, size_t size) {
 
 /* ---- command line ---------------------------------------------------------- */
 
-enum { OPT_CHECK_CONFIG = 256, OPT_KEY_BASE = 1000 };
+enum { OPT_CHECK_CONFIG = 256, OPT_CALIBRATE, OPT_KEY_BASE = 1000 };
+
+/* Calibration (sparse.h, CATS sec. 3.2): at most this many tokens of the
+ * text, in windows of at most SK__CALIB_WINDOW tokens (a fresh dense
+ * cache each), and at most SK__CALIB_SAMPLES gate values kept per layer. */
+#define SK__CALIB_TOKENS 8192u
+#define SK__CALIB_WINDOW 512u
+#define SK__CALIB_SAMPLES (1u << 21)
+
+static void calib_probe(void *user, uint32_t layer, const float *gate, uint32_t n,
+                        uint32_t hidden) {
+  (void)hidden;
+  sk_sparse_collect_add(user, layer, gate, n);
+}
+
+/* sinkd --calibrate TEXT: runs the model densely over TEXT and writes the
+ * thresholds of SK_SPARSE_DEFAULT_LEVELS, bound to fp, to out (NULL:
+ * stdout; written to a temporary file, then renamed). Returns an exit
+ * status. */
+static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok, const uint8_t fp[16],
+                     const char *text_path, const char *out, uint32_t threads, uint32_t batch) {
+  struct sk_error err = {0};
+  const struct sk_model_config *c = sk_model_config(m);
+  FILE *f = fopen(text_path, "rb");
+  if (!f) {
+    fprintf(stderr, "sinkd: --calibrate %s: %s\n", text_path, strerror(errno));
+    return EXIT_CONFIG;
+  }
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len == cap) {
+      cap = cap ? 2 * cap : 1 << 16;
+      char *t = cap <= (64u << 20) ? realloc(text, cap) : NULL;
+      if (!t) break;
+      text = t;
+    }
+    size_t k = fread(text + len, 1, cap - len, f);
+    if (k == 0) break;
+    len += k;
+  }
+  fclose(f);
+  int32_t *ids = NULL;
+  size_t n_ids = 0;
+  if (!text || sk_tokenizer_encode(tok, text, len, false, &ids, &n_ids, &err) < 0 || n_ids == 0) {
+    fprintf(stderr, "sinkd: --calibrate %s: %s\n", text_path,
+            err.code ? err.message : "no text (empty, too large or unreadable)");
+    free(text);
+    free(ids);
+    return EXIT_CONFIG;
+  }
+  free(text);
+  const uint32_t win = c->n_ctx_train < SK__CALIB_WINDOW ? c->n_ctx_train : SK__CALIB_WINDOW;
+  const uint32_t n_use = n_ids < SK__CALIB_TOKENS ? (uint32_t)n_ids : SK__CALIB_TOKENS;
+  const uint32_t chunk = batch < win - 1 ? batch : win - 1; /* tokens per pass, BOS apart */
+  int status = EXIT_START;
+  struct sk_pool *pool = NULL;
+  struct sk_scratch *s = NULL;
+  struct sk_sparse_collect *col = NULL;
+  struct sk_sparse_calib cal = {0};
+  struct sk_kv *kv = NULL;
+  if (sk_pool_new(threads ? threads : 1, &pool, &err) < 0 ||
+      sk_scratch_new_pool(m, chunk + 1, win, pool, &s, &err) < 0 ||
+      sk_sparse_collect_new(c->n_layer, c->hidden_dim, n_use, SK__CALIB_SAMPLES, &col, &err) < 0)
+    goto fail;
+  sk_scratch_set_gate_probe(s, calib_probe, col);
+  struct sk_kv_params kp = {.policy = SK_POLICY_DENSE, .capacity = win, .rope_scale = 1.0f};
+  const int32_t bos = sk_tokenizer_bos(tok);
+  for (uint32_t at = 0; at < n_use;) {
+    /* one window: BOS (if the model has one), then text */
+    sk_kv_delete(kv);
+    kv = NULL;
+    if (sk_kv_new(sk_model_kv_shape(m), &kp, &kv, &err) < 0) goto fail;
+    if (bos >= 0 && sk_model_forward(m, s, kv, &bos, 1, NULL, false, &err) < 0) goto fail;
+    while (at < n_use && kv->hdr->n_resident + chunk <= win) {
+      const uint32_t n = n_use - at < chunk ? n_use - at : chunk;
+      if (sk_model_forward(m, s, kv, ids + at, n, NULL, false, &err) < 0) goto fail;
+      at += n;
+    }
+    fprintf(stderr, "\rsinkd: calibrating: %u of %u tokens", at, n_use);
+  }
+  fputc('\n', stderr);
+  const float levels[] = SK_SPARSE_DEFAULT_LEVELS;
+  if (sk_sparse_collect_thresholds(col, levels, sizeof levels / sizeof levels[0], &cal, &err) < 0)
+    goto fail;
+  memcpy(cal.model_fp, fp, 16);
+  cal.n_tokens = n_use;
+  char tmp[PATH_MAX];
+  FILE *o = stdout;
+  if (out) {
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    if (!(o = fopen(tmp, "w"))) {
+      fprintf(stderr, "sinkd: %s: %s\n", tmp, strerror(errno));
+      goto done;
+    }
+  }
+  int rc = sk_sparse_calib_write(o, &cal, &err);
+  if (out && (fclose(o) != 0 || rc < 0 || rename(tmp, out) < 0)) {
+    fprintf(stderr, "sinkd: cannot write %s: %s\n", out, rc < 0 ? err.message : strerror(errno));
+    unlink(tmp);
+    goto done;
+  }
+  if (rc < 0) goto fail;
+  for (uint32_t i = 0; i < cal.n_levels; i++) {
+    fprintf(stderr, "sinkd: level %.2f thresholds:", (double)cal.level[i]);
+    for (uint32_t l = 0; l < c->n_layer; l++)
+      fprintf(stderr, " %.3g", (double)cal.thr[(size_t)i * c->n_layer + l]);
+    fputc('\n', stderr);
+  }
+  if (out) fprintf(stderr, "sinkd: wrote %s (%u tokens of %s)\n", out, n_use, text_path);
+  status = 0;
+  goto done;
+fail:
+  fprintf(stderr, "sinkd: --calibrate: %s\n", err.message);
+done:
+  sk_kv_delete(kv);
+  sk_sparse_calib_free(&cal);
+  sk_sparse_collect_free(col);
+  sk_scratch_free(s);
+  sk_pool_free(pool);
+  free(ids);
+  return status;
+}
 
 int main(int argc, char **argv) {
   struct daemon d;
@@ -432,6 +563,7 @@ int main(int argc, char **argv) {
   sk_log_init();
   d.src.path = sk_config_default_path();
   bool check_only = false;
+  const char *calibrate_text = NULL;
   if (sk_config_init(&d.src.cli) < 0) {
     fprintf(stderr, "sinkd: out of memory\n");
     return EXIT_START;
@@ -468,6 +600,8 @@ int main(int argc, char **argv) {
       KEY_OPT("http-listen", SK_CFG_HTTP_LISTEN),
       KEY_OPT("http-key-file", SK_CFG_HTTP_KEY_FILE),
       KEY_OPT("http-uid", SK_CFG_HTTP_UID),
+      KEY_OPT("sparsity-file", SK_CFG_SPARSITY_FILE),
+      {"calibrate", required_argument, NULL, OPT_CALIBRATE},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
@@ -485,6 +619,10 @@ int main(int argc, char **argv) {
       d.src.explicit_path = true;
       break;
     case OPT_CHECK_CONFIG: check_only = true; break;
+    case OPT_CALIBRATE:
+      calibrate_text = optarg;
+      check_only = true; /* no socket, no store: the model only */
+      break;
     case 'm': key = SK_CFG_MODEL; break;
     case 's': key = SK_CFG_SOCKET; break;
     case 't': key = SK_CFG_THREADS; break;
@@ -527,6 +665,7 @@ int main(int argc, char **argv) {
   struct sk_model *model = NULL;
   struct sk_tokenizer *tok = NULL;
   struct sk_store *store = NULL;
+  struct sk_sparse_calib calib = {0};
   struct sk_error err = {0};
   if (config_build(&d.src, check_only, &d.cfg) < 0) goto out;
   if (!d.cfg.model) {
@@ -619,6 +758,14 @@ int main(int argc, char **argv) {
       else sk_log(SK_LOG_WARNING, "%s", ce.message);
     }
   }
+  if (calibrate_text) {
+    char runs[160];
+    uint8_t fp[SK_STORE_FP_SIZE];
+    sk_store_fingerprint_runs(gguf, sk_model_describe(model, runs, sizeof runs), fp);
+    status = calibrate(model, tok, fp, calibrate_text, d.cfg.sparsity_file, d.cfg.threads,
+                       d.cfg.batch);
+    goto out;
+  }
   if (check_only) {
     sk_config_print(stdout, &d.cfg);
     status = fflush(stdout) == 0 ? 0 : EXIT_START;
@@ -664,6 +811,20 @@ int main(int argc, char **argv) {
   struct sk_server_config scfg = {0};
   server_config_from(&d.cfg, &scfg);
   scfg.store = store;
+  /* MLP sparsity: the calibration must be this model's */
+  if (d.cfg.sparsity_file) {
+    if (sk_sparse_calib_load(d.cfg.sparsity_file, stc.model_fp, d.mc->n_layer, &calib, &err) < 0 ||
+        sk_model_sparse_prepare(model, &err) < 0) {
+      sk_log(SK_LOG_ERR, "sparsity_file: %s", err.message);
+      status = EXIT_CONFIG;
+      goto out;
+    }
+    char lv[128];
+    sk_log(SK_LOG_INFO, "MLP sparsity levels %s from %s (transposed down projections: %.1f MB)",
+           sk_sparse_calib_levels(&calib, lv, sizeof lv), d.cfg.sparsity_file,
+           (double)sk_model_sparse_bytes(model) / 1e6);
+    scfg.sparse = &calib;
+  }
   scfg.on_change = on_counts;
   scfg.user = &d;
   scfg.listen_fd = listen_fd;
@@ -744,6 +905,7 @@ int main(int argc, char **argv) {
   status = 0;
 
 out:
+  sk_sparse_calib_free(&calib);
   sk_store_close(store);
   sk_tokenizer_free(tok);
   sk_model_free(model);

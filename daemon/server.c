@@ -23,6 +23,7 @@
 #include "msg.h"
 #include "session.h"
 #include "sk_config.h"
+#include "sparse.h"
 
 /* Bytes read per read callback: one buffer shared by all connections
  * (the loop is single-threaded and feeds it to the frame reader at once). */
@@ -598,6 +599,31 @@ static void pack_chat_template(struct sk_server *srv, msgpack_packer *pk) {
   }
 }
 
+/* Reads "sparsity" of an open: absent or 0 = dense, else one of the
+ * calibrated levels (stored as the calibration's value). */
+static int read_sparsity(struct sk_server *srv, const struct request *r, float *ret,
+                         struct sk_error *e) {
+  double d = 0.0;
+  int rc = sk_msg_get_f64(r->map, "sparsity", &d, e);
+  if (rc <= 0 || d == 0.0) return rc < 0 ? rc : 0;
+  const struct sk_sparse_calib *cal = srv->cfg.sparse;
+  if (!cal)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                        "sparsity %g: this daemon has no sparsity calibration (sinkd "
+                        "--calibrate TEXT writes one for the model; sinkd.conf sparsity_file "
+                        "loads it)",
+                        d);
+  for (uint32_t i = 0; i < cal->n_levels; i++)
+    if (fabs(d - cal->level[i]) < SK_SPARSE_LEVEL_EPS) {
+      *ret = cal->level[i];
+      return 0;
+    }
+  char lv[128];
+  return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                      "sparsity %g is not a calibrated level: 0 (off) or %s", d,
+                      sk_sparse_calib_levels(cal, lv, sizeof lv));
+}
+
 static void op_hello(struct sk_server *srv, const struct request *r) {
   const struct sk_model_config *mc = sk_model_config(srv->model);
   struct sk_msgbuf b;
@@ -609,7 +635,7 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   sk_pack_kv_str(pk, "version", SK_VERSION);
   pack_compute(srv, pk);
   sk_pack_cstr(pk, "model");
-  msgpack_pack_map(pk, 12);
+  msgpack_pack_map(pk, 14);
   sk_pack_kv_str(pk, "name", mc->name);
   sk_pack_kv_str(pk, "file", srv->cfg.model_path ? srv->cfg.model_path : "");
   sk_pack_kv_u64(pk, "n_vocab", mc->n_vocab);
@@ -624,6 +650,12 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
   sk_pack_kv_u64(pk, "max_capacity", srv->cfg.max_capacity);
   sk_pack_kv_str(pk, "weight_type", sk_model_weight_type(srv->model));
   sk_pack_kv_u64(pk, "weight_bytes", sk_model_weight_bytes(srv->model));
+  /* the transposed down projections of the sparse MLP (0 without) */
+  sk_pack_kv_u64(pk, "sparse_weight_bytes", sk_model_sparse_bytes(srv->model));
+  sk_pack_cstr(pk, "sparsity_levels");
+  const uint32_t n_lv = srv->cfg.sparse ? srv->cfg.sparse->n_levels : 0;
+  msgpack_pack_array(pk, n_lv);
+  for (uint32_t i = 0; i < n_lv; i++) msgpack_pack_float(pk, srv->cfg.sparse->level[i]);
   sk_pack_cstr(pk, "defaults");
   msgpack_pack_map(pk, 7);
   sk_pack_kv_str(pk, "policy", sk_policy_name(srv->cfg.defaults.policy));
@@ -992,6 +1024,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
     }
     p.rope_scale = (float)d;
   }
+  if ((rc = read_sparsity(srv, r, &p.sparsity, &e)) < 0) goto bad;
   if ((rc = sk_msg_get_bool(r->map, "temporary", &temporary, &e)) < 0) goto bad;
   if ((rc = read_pin(srv, r, &pin, &n_pin, &e)) < 0) goto bad;
   if ((rc = read_chat(srv, r, &conv, pin != NULL, &pin, &n_pin, &e)) < 0) goto bad;
@@ -1168,7 +1201,9 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   /* The resident set itself is read only while no job runs on the
    * session (the compute thread owns the cache meanwhile). */
   bool idle = tokens || s->running == NULL;
-  if (reply_begin(&b, req_id, 23 + idle + tokens) < 0) {
+  uint64_t *kept = calloc(n_layer, sizeof *kept);
+  if (!kept || reply_begin(&b, req_id, 26 + idle + tokens) < 0) {
+    free(kept);
     free(mass);
     return;
   }
@@ -1188,6 +1223,17 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   sk_pack_kv_u64(&b.pk, "evicted", cnt.evicted);
   sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
   sk_pack_kv_str(&b.pk, "kv_type", sk_kv_type_name(s->kv_type));
+  /* MLP sparsity: the level, the tokens that ran sparse, and per layer the
+   * fraction of neurons they skipped */
+  const uint64_t sp_tokens = sk_session_sparse_get(&srv->sessions, s, kept);
+  const struct sk_model_config *smc = sk_model_config(srv->model);
+  sk_pack_kv_f64(&b.pk, "sparsity", s->params.sparsity);
+  sk_pack_kv_u64(&b.pk, "sparse_tokens", sp_tokens);
+  sk_pack_cstr(&b.pk, "sparsity_measured");
+  msgpack_pack_array(&b.pk, sp_tokens ? n_layer : 0);
+  for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
+    msgpack_pack_double(&b.pk, 1.0 - (double)kept[l] / ((double)sp_tokens * smc->hidden_dim));
+  free(kept);
   sk_pack_cstr(&b.pk, "positions");
   if (cnt.resident) {
     msgpack_pack_array(&b.pk, 2);
@@ -2488,6 +2534,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   if (rc == 0)
     rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
                           cfg->threads ? cfg->threads : 1, on_event, srv, &srv->compute, err);
+  if (rc == 0) sk_compute_set_sparse(srv->compute, cfg->sparse);
   if (rc == 0) {
     rc = cfg->listen_fd > 0 ? open_passed_socket(srv, err) : bind_socket(srv, err);
     srv->owns_socket_file = rc == 0 && cfg->listen_fd <= 0;

@@ -55,6 +55,10 @@ struct sk_server_config {
                                  (SK_CHAT_NONE: no chat unless open names one) */
   const char *chat_error;     /* why the model's template was not taken, or
                                  NULL (copied at start) */
+  /* Thresholds of the MLP sparsity levels sessions may ask for (sparse.h;
+   * not owned, outlives the server; the model was sparse-prepared), or
+   * NULL: sparsity unavailable. */
+  const struct sk_sparse_calib *sparse;
 };
 
 struct sk_server;

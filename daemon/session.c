@@ -27,6 +27,7 @@ static void session_destroy(struct sk_session *s) {
   sk_store_obj_free(s->obj);
   free(s->attn.sink_mass);
   free(s->attn.entropy);
+  free(s->sp_kept);
   free(s);
 }
 
@@ -85,9 +86,11 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->attn.n_layer = h->n_layer;
   s->attn.sink_mass = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
   s->attn.entropy = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
-  if (!s->attn.sink_mass || !s->attn.entropy) {
+  s->sp_kept = calloc(h->n_layer, sizeof *s->sp_kept);
+  if (!s->attn.sink_mass || !s->attn.entropy || !s->sp_kept) {
     free(s->attn.sink_mass);
     free(s->attn.entropy);
+    free(s->sp_kept);
     free(s);
     return NULL;
   }
@@ -103,6 +106,7 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.n_pin = h->n_pin;
   s->params.capacity = h->capacity;
   s->params.rope_scale = h->rope_scale;
+  s->params.sparsity = obj->meta->sparsity;
   s->capacity = h->capacity;
   s->kv_bytes = obj->size;
   s->kv_type = obj->hdr->kv_type;
@@ -248,6 +252,7 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
   s->obj = NULL;
   free(s->attn.sink_mass);
   free(s->attn.entropy);
+  free(s->sp_kept);
   free(s);
 }
 
@@ -602,4 +607,21 @@ void sk_session_chat_end(struct sk_session *s, struct sk_job *job) {
                            s->kv->hdr->n_seen, &e) < 0)
     return;
   chat_save(s);
+}
+
+void sk_session_sparse_record(struct sk_session_table *t, struct sk_session *s,
+                              const uint64_t *kept, uint32_t rows) {
+  pthread_mutex_lock(&t->counters_lock);
+  for (uint32_t l = 0; l < s->attn.n_layer; l++) s->sp_kept[l] += kept[l];
+  s->sp_tokens += rows;
+  pthread_mutex_unlock(&t->counters_lock);
+}
+
+uint64_t sk_session_sparse_get(struct sk_session_table *t, const struct sk_session *s,
+                               uint64_t *ret_kept) {
+  pthread_mutex_lock(&t->counters_lock);
+  memcpy(ret_kept, s->sp_kept, s->attn.n_layer * sizeof *ret_kept);
+  const uint64_t n = s->sp_tokens;
+  pthread_mutex_unlock(&t->counters_lock);
+  return n;
 }

@@ -177,6 +177,10 @@ struct sk_session {
   /* Published by the compute thread (under the table's lock). */
   struct sk_session_counters pub;
   struct sk_attn_stats attn;
+  /* Sparse MLP (params.sparsity > 0), under the same lock: neurons kept
+   * per layer summed over the tokens that ran sparse, and those tokens. */
+  uint64_t *sp_kept;         /* (n_layer) */
+  uint64_t sp_tokens;
 };
 
 /* All sessions of the daemon. Loop thread, except counters. */
@@ -295,6 +299,14 @@ void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
  * ret_entropy receive n_layer floats each (caller's arrays of
  * s->attn.n_layer). Returns the number of steps averaged (0: nothing
  * written) and sets *ret_probe to the sink positions counted. */
+/* Adds one forward call's sparse MLP counts of s (sk_scratch_sparse:
+ * kept neurons per layer over rows tokens); compute thread. */
+void sk_session_sparse_record(struct sk_session_table *t, struct sk_session *s,
+                              const uint64_t *kept, uint32_t rows);
+/* Copies the counts (thread-safe): n_layer values into ret_kept; returns
+ * the tokens they are summed over. */
+uint64_t sk_session_sparse_get(struct sk_session_table *t, const struct sk_session *s,
+                               uint64_t *ret_kept);
 uint32_t sk_session_attn_get(struct sk_session_table *t,
                              const struct sk_session *s, float *ret_sink_mass,
                              float *ret_entropy, uint32_t *ret_probe);

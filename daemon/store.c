@@ -541,6 +541,8 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                    "start of a UTF-8 character",
                    m->n_utf8_held, m->utf8_held[0], m->utf8_held[1], m->utf8_held[2],
                    m->utf8_held[3]);
+  if (!(m->sparsity >= 0.0f && m->sparsity < 1.0f))
+    return sk__bad(err, "live meta copy: sparsity %g is outside [0, 1)", (double)m->sparsity);
   for (size_t i = 0; i < sizeof m->reserved; i++)
     if (m->reserved[i])
       return sk__bad(err, "live meta copy: reserved byte %zu is not zero (a newer sinkd's "
@@ -1037,6 +1039,7 @@ int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_
   }
   obj->meta = m;
   sk_store_sampler_set(obj, sampler);
+  m->sparsity = params->sparsity;
   rc = sk__finish_create(st, obj, 1, err);
   if (rc < 0) return rc;
   *ret = obj;

@@ -170,7 +170,9 @@ struct sk_store_meta {
   float temperature;
   uint32_t top_k;
   float top_p;
-  uint32_t reserved0;
+  float sparsity;            /* the session's MLP sparsity level (sparse.h),
+                                0 = dense; 0 in files of versions before
+                                it (the bytes were reserved, zero) */
   uint64_t seed;
   uint64_t rng[4];
   uint64_t steps;            /* steps committed over the session's life */

@@ -698,6 +698,8 @@ int sk_client_open(struct sk_client *client,
     return sk_error_set(err, SK_ERR_TOO_LARGE, "pin too long");
   if (p->rope_scale < 0 || p->rope_scale != p->rope_scale)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "rope_scale must be > 0");
+  if (!(p->sparsity >= 0 && p->sparsity < 1))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "sparsity must be in [0, 1)");
   bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
   size_t system_len = p->system ? (p->system_len ? p->system_len : strlen(p->system)) : 0;
   if (system_len > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "system too long");
@@ -705,7 +707,7 @@ int sk_client_open(struct sk_client *client,
                (p->window != 0) + (p->heavy != 0) + (p->recent != 0) +
                (p->capacity != 0) + (p->rope_scale != 0) + (p->pin != NULL) +
                has_pin_tokens + p->temporary + (p->chat_template != NULL) +
-               (p->system != NULL);
+               (p->system != NULL) + (p->sparsity != 0);
   struct sk_msgbuf b;
   uint64_t id;
   if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
@@ -720,6 +722,7 @@ int sk_client_open(struct sk_client *client,
   if (p->temporary) sk_pack_kv_bool(&b.pk, "temporary", true);
   if (p->chat_template) sk_pack_kv_str(&b.pk, "chat_template", p->chat_template);
   if (p->system) sk_pack_kv_strn(&b.pk, "system", p->system, system_len);
+  if (p->sparsity != 0) sk_pack_kv_f64(&b.pk, "sparsity", p->sparsity);
   if (has_pin_tokens) {
     sk_pack_cstr(&b.pk, "pin_tokens");
     msgpack_pack_array(&b.pk, p->n_pin_tokens);
@@ -927,6 +930,11 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
       }
     s->n_resident_ranges = n;
   }
+  if ((rc = sk__reply_f64(client, r, "sparsity", &s->sparsity, err)) < 0 ||
+      (rc = sk__reply_u64(client, r, "sparse_tokens", &s->sparse_tokens, err)) < 0 ||
+      (rc = sk__reply_floats(client, r, "sparsity_measured", s->sparsity_measured,
+                             SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0)
+    goto out;
   rc = 0;
   if (attn) {
     size_t nm = 0, ne = 0;

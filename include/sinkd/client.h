@@ -210,6 +210,9 @@ struct sk_open_params {
                          streaming session); not with pin/pin_tokens;
                          system_len bytes (0: strlen) */
   size_t system_len;
+  double sparsity;    /* contextual sparsity of the MLP: 0 = off (the
+                         default), else one of the daemon's calibrated
+                         levels (sk_hello's model.sparsity_levels) */
 };
 
 /* Reply to `open`. */
@@ -317,6 +320,13 @@ struct sk_session_stats {
   size_t n_layers;
   double sink_mass[SK_CLIENT_MAX_LAYERS];
   double entropy[SK_CLIENT_MAX_LAYERS];
+  /* MLP sparsity: the session's level (0 = off), the tokens that ran
+   * sparse, and per layer (the first SK_CLIENT_MAX_LAYERS) the fraction
+   * of neurons they skipped (0 from daemons without it). */
+  double sparsity;
+  uint64_t sparse_tokens;
+  size_t n_sparse_layers;
+  double sparsity_measured[SK_CLIENT_MAX_LAYERS];
 };
 
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
