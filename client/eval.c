@@ -733,8 +733,12 @@ static int eval_write_csv(const struct eval *ev, const char *path) {
     return EXIT_FAILURE;
   }
   fputs("first,last", f);
-  /* labels quoted: a run's parameters are separated by commas */
-  for (size_t i = 0; i < ev->n_runs; i++) fprintf(f, ",\"%s\"", ev->runs[i].label);
+  /* a run's parameters are separated by commas, which would split its
+   * column: spaces in their place (gnuplot splits quoted fields too) */
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    fputc(',', f);
+    for (const char *l = ev->runs[i].label; *l; l++) fputc(*l == ',' ? ' ' : *l, f);
+  }
   fputc('\n', f);
   for (size_t s = 0; s < eval_n_spans(ev); s++) {
     size_t first, last;

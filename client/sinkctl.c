@@ -909,6 +909,8 @@ static void print_session_stats(const struct sk_session_stats *s) {
       for (size_t l = 0; l < s->n_sparse_layers; l++) printf(" %.3f", s->sparsity_measured[l]);
     }
     printf(")\n");
+    if (s->weight_bytes_per_token > 0)
+      printf("%-10s %.1f MB of weights read per token\n", "reads", s->weight_bytes_per_token / 1e6);
   }
   if (s->attn_steps)
     printf("%-10s over the last %" PRIu64 " steps; sinks = the first %" PRIu64 " positions\n",
@@ -1546,6 +1548,7 @@ static void json_session_stats_members(struct kv_out *k, const struct sk_session
   fputc(']', stdout);
   out_f64(k, "sparsity", s->sparsity);
   out_u64(k, "sparse_tokens", s->sparse_tokens);
+  out_f64(k, "weight_bytes_per_token", s->weight_bytes_per_token);
   json_key(stdout, &k->first, "sparsity_measured");
   fputc('[', stdout);
   for (size_t l = 0; l < s->n_sparse_layers; l++)

@@ -1233,6 +1233,16 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   msgpack_pack_array(&b.pk, sp_tokens ? n_layer : 0);
   for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
     msgpack_pack_double(&b.pk, 1.0 - (double)kept[l] / ((double)sp_tokens * smc->hidden_dim));
+  /* bytes of weights one of its tokens reads, on average (the model's
+   * weight_bytes for a dense session) */
+  double bpt = (double)sk_model_weight_bytes(srv->model);
+  double *mean = sp_tokens ? malloc(n_layer * sizeof *mean) : NULL;
+  if (mean) {
+    for (uint32_t l = 0; l < n_layer; l++) mean[l] = (double)kept[l] / (double)sp_tokens;
+    bpt = sk_model_sparse_step_bytes(srv->model, mean);
+    free(mean);
+  }
+  sk_pack_kv_f64(&b.pk, "weight_bytes_per_token", bpt);
   free(kept);
   sk_pack_cstr(&b.pk, "positions");
   if (cnt.resident) {

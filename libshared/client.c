@@ -932,6 +932,8 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
   }
   if ((rc = sk__reply_f64(client, r, "sparsity", &s->sparsity, err)) < 0 ||
       (rc = sk__reply_u64(client, r, "sparse_tokens", &s->sparse_tokens, err)) < 0 ||
+      (rc = sk__reply_f64(client, r, "weight_bytes_per_token", &s->weight_bytes_per_token,
+                          err)) < 0 ||
       (rc = sk__reply_floats(client, r, "sparsity_measured", s->sparsity_measured,
                              SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0)
     goto out;

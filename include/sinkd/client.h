@@ -327,6 +327,8 @@ struct sk_session_stats {
   uint64_t sparse_tokens;
   size_t n_sparse_layers;
   double sparsity_measured[SK_CLIENT_MAX_LAYERS];
+  double weight_bytes_per_token; /* weights one of its tokens reads, on
+                                    average (0 from older daemons) */
 };
 
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
