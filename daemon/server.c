@@ -1202,7 +1202,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
    * session (the compute thread owns the cache meanwhile). */
   bool idle = tokens || s->running == NULL;
   uint64_t *kept = calloc(n_layer, sizeof *kept);
-  if (!kept || reply_begin(&b, req_id, 26 + idle + tokens) < 0) {
+  if (!kept || reply_begin(&b, req_id, 27 + idle + tokens) < 0) {
     free(kept);
     free(mass);
     return;
