@@ -224,7 +224,7 @@ static void test_errors(void **state) {
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
                "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
-               "http_key_file, http_uid)");
+               "http_key_file, http_uid, sparsity_file)");
   expect_error("[daemon]\nmodel = /a\nmodel = /b\n",
                ":3: [daemon] model: given again (first on line 2)");
   /* An indented line is a line of its own, not a continuation. */
@@ -552,7 +552,7 @@ static void test_key_table(void **state) {
   static const enum sk_config_key fixed[] = {
       SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
       SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
-      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE};
+      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE};
   const size_t n = sizeof fixed / sizeof fixed[0];
   size_t n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)
