@@ -4,7 +4,7 @@
 _sinkd() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   case $prev in
-    -c|--config|-m|--model|-s|--socket|--http-socket|--http-key-file)
+    -c|--config|-m|--model|-s|--socket|--http-socket|--http-key-file|--sparsity-file|--calibrate)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --state-dir)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -31,7 +31,7 @@ _sinkd() {
     --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch
     --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
-    --log-level --verbose --help --version" -- "$cur"))
+    --sparsity-file --calibrate --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd
