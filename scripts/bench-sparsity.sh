@@ -66,8 +66,8 @@ while [ $r -le "$rounds" ]; do
 done
 median() { echo "$@" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END {
   if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-md=$(median $all_d)
-ms=$(median $all_s)
+md=$(median "$all_d")
+ms=$(median "$all_s")
 echo "median: dense $md tok/s, sparsity $level $ms tok/s, ratio $(awk -v d="$md" -v s="$ms" 'BEGIN { printf "%.3f", s / d }')"
 bytes() { "$ctl" -s "$sock" --json stats "$1" | sed -n 's/.*"weight_bytes_per_token": \([0-9.e+]*\).*/\1/p'; }
 bd=$(bytes "$dense")
