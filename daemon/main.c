@@ -1,7 +1,6 @@
 /* sinkd: configuration (file + command line), model loading, the socket
  * (its own or the service manager's), signals, sd_notify and the event
  * loop. */
-#include <cblas.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -777,10 +776,6 @@ int main(int argc, char **argv) {
          d.cfg.model, d.mc->name, d.mc->arch, d.mc->n_layer, d.mc->dim, d.mc->n_head, d.mc->n_kv_head,
          d.mc->n_vocab, d.mc->n_ctx_train, sk_model_weight_type(model),
          (double)sk_model_weight_bytes(model) / 1e6, sk_kernels_name());
-  /* The model runs on sinkd's own pool of `threads` threads; OpenBLAS
-   * (nothing in the forward pass calls it) is held to one thread so that
-   * the two can never oversubscribe the cores. */
-  openblas_set_num_threads(1);
   d.start_max_sessions = d.cfg.max_sessions;
   d.start_max_capacity = d.cfg.max_capacity;
 

@@ -7,7 +7,7 @@
 # nothing.
 set -euo pipefail
 build=(build-essential pkg-config meson ninja-build
-       libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev
+       libuv1-dev libmsgpack-dev libsystemd-dev
        libinih-dev libxxhash-dev scdoc
        libpcre2-dev  # byte-level BPE pre-tokenizer regexes (UTF, Unicode properties)
        libjansson-dev libhttp-parser-dev)  # the HTTP endpoint's JSON and HTTP (sinkd-http(7))

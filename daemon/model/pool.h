@@ -7,9 +7,8 @@
  * short while (a forward pass starts a run every few microseconds) and
  * then sleep on a condition variable, so an idle daemon uses no CPU.
  *
- * n threads of the pool plus OpenBLAS's threads would oversubscribe the
- * cores: sinkd runs every product on this pool, and OpenBLAS is kept to
- * one thread (sk_pool_new sets it).
+ * Every matrix product and the attention of a forward pass run on this
+ * pool; sinkd links no BLAS library that could start threads of its own.
  *
  * Not reentrant: one sk_pool_run at a time, from one thread.
  */
