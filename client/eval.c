@@ -4,24 +4,23 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "eval.h"
 #include "sinkd/client.h"
 
 enum {
   EVAL_EXIT_DAEMON = 1,
   EVAL_EXIT_FILE = 1, /* the text cannot be read, an output not written */
-  EVAL_EXIT_USAGE = 2,
+  EVAL_EXIT_USAGE = SK_CLI_EXIT_USAGE,
   EVAL_EXIT_CONNECT = 3,
   EVAL_EXIT_CONNECTION = 4,
   EVAL_EXIT_INTERRUPTED = 130,
@@ -114,24 +113,6 @@ static void eval_on_sigint(int sig) {
   signal(sig, SIG_DFL); /* a second Ctrl-C ends at once */
 }
 
-_Noreturn static void eval_usage_error(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
-_Noreturn static void eval_usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("sinkctl: eval: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputs("\nTry 'sinkctl eval --help' for more information.\n", stderr);
-  va_end(ap);
-  exit(EVAL_EXIT_USAGE);
-}
-
-static double eval_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void eval_help(void) {
   printf(
       "Usage: sinkctl eval [OPTIONS] FILE\n"
@@ -184,33 +165,17 @@ static void eval_help(void) {
 
 /* ---- parsing ---------------------------------------------------------- */
 
-static uint64_t eval_parse_u64(const char *what, const char *s, uint64_t min,
-                               uint64_t max) {
-  char *end;
-  errno = 0;
-  if (!(s[0] >= '0' && s[0] <= '9'))
-    eval_usage_error("%s: '%s' is not a number", what, s);
-  unsigned long long v = strtoull(s, &end, 10);
-  if (*end || errno == ERANGE || v < min || v > max)
-    eval_usage_error("%s: '%s' is not a number in [%" PRIu64 ", %" PRIu64 "]",
-                     what, s, min, max);
-  return (uint64_t)v;
-}
-
-static double eval_parse_double(const char *what, const char *s) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || *end || errno == ERANGE || !isfinite(v) || !(v > 0))
-    eval_usage_error("%s: '%s' is not a number > 0", what, s);
+/* A number > 0 (rope_scale). */
+static double eval_parse_positive(const char *what, const char *s) {
+  double v = sk_cli_parse_double(what, s);
+  if (!(v > 0)) sk_cli_usage_error("%s: '%s' is not a number > 0", what, s);
   return v;
 }
 
-/* "name[:key=value[,key=value]]" */
 static void eval_parse_run(const char *spec, struct run *r) {
   memset(r, 0, sizeof *r);
   if (strlen(spec) >= sizeof r->label)
-    eval_usage_error("--run: '%s' is too long", spec);
+    sk_cli_usage_error("--run: '%s' is too long", spec);
   snprintf(r->label, sizeof r->label, "%s", spec);
   char buf[64];
   snprintf(buf, sizeof buf, "%s", spec);
@@ -220,7 +185,7 @@ static void eval_parse_run(const char *spec, struct run *r) {
   for (k = 0; k < sizeof run_kind_names / sizeof run_kind_names[0]; k++)
     if (strcmp(buf, run_kind_names[k]) == 0) break;
   if (k == sizeof run_kind_names / sizeof run_kind_names[0])
-    eval_usage_error("--run: unknown run '%s' (dense, window, streaming, h2o, "
+    sk_cli_usage_error("--run: unknown run '%s' (dense, window, streaming, h2o, "
                      "sink_h2o or recompute)",
                      buf);
   r->kind = (enum run_kind)k;
@@ -229,34 +194,34 @@ static void eval_parse_run(const char *spec, struct run *r) {
   for (char *kv = strtok_r(colon + 1, ",", &save); kv;
        kv = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(kv, '=');
-    if (!eq) eval_usage_error("--run %s: '%s' is not key=value", spec, kv);
+    if (!eq) sk_cli_usage_error("--run %s: '%s' is not key=value", spec, kv);
     *eq = 0;
     const char *key = kv, *val = eq + 1;
     if (!run_takes(r->kind, key))
-      eval_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
+      sk_cli_usage_error("--run %s: %s has no parameter '%s'", spec, run_kind_names[k], key);
     char what[sizeof r->label + 32];
     snprintf(what, sizeof what, "--run %s: %s", spec, key);
     if (strcmp(key, "sinks") == 0) {
-      r->n_sink = (uint32_t)eval_parse_u64(what, val, 0, UINT32_MAX);
+      r->n_sink = (uint32_t)sk_cli_parse_u64(what, val, 0, UINT32_MAX);
       r->has_sink = true;
     } else if (strcmp(key, "window") == 0) {
-      r->window = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
+      r->window = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "heavy") == 0) {
-      r->heavy = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
+      r->heavy = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "recent") == 0) {
-      r->recent = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
+      r->recent = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "capacity") == 0) {
-      r->capacity = (uint32_t)eval_parse_u64(what, val, 1, UINT32_MAX);
+      r->capacity = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "rope_scale") == 0) {
-      r->rope_scale = eval_parse_double(what, val);
+      r->rope_scale = eval_parse_positive(what, val);
       if (r->rope_scale > SK_MAX_ROPE_SCALE)
-        eval_usage_error("%s: '%s' is above %g", what, val, SK_MAX_ROPE_SCALE);
+        sk_cli_usage_error("%s: '%s' is above %g", what, val, SK_MAX_ROPE_SCALE);
     } else if (strcmp(key, "sparsity") == 0) {
-      r->sparsity = eval_parse_double(what, val);
-      if (!(r->sparsity < 1)) eval_usage_error("%s: '%s' is not below 1", what, val);
+      r->sparsity = eval_parse_positive(what, val);
+      if (!(r->sparsity < 1)) sk_cli_usage_error("%s: '%s' is not below 1", what, val);
     } else {
-      eval_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
-                       "heavy, recent, capacity, rope_scale, sparsity)",
+      sk_cli_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
+                         "heavy, recent, capacity, rope_scale, sparsity)",
                        spec, key);
     }
   }
@@ -325,7 +290,7 @@ static bool eval_fit(const struct eval *ev, struct run *r, char *why, size_t n) 
 
 static void eval_add_run(struct eval *ev, const char *spec) {
   if (ev->n_runs == EVAL_MAX_RUNS)
-    eval_usage_error("--run: at most %u runs", EVAL_MAX_RUNS);
+    sk_cli_usage_error("--run: at most %u runs", EVAL_MAX_RUNS);
   eval_parse_run(spec, &ev->runs[ev->n_runs++]);
 }
 
@@ -359,20 +324,20 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     switch (c) {
     case O_RUN: eval_add_run(ev, optarg); break;
     case O_BUDGET:
-      ev->budget = (uint32_t)eval_parse_u64("--budget", optarg, 2, 1u << 20);
+      ev->budget = (uint32_t)sk_cli_parse_u64("--budget", optarg, 2, 1u << 20);
       break;
     case O_TOKENS:
-      ev->max_tokens = eval_parse_u64("--tokens", optarg, 1, UINT32_MAX);
+      ev->max_tokens = sk_cli_parse_u64("--tokens", optarg, 1, UINT32_MAX);
       break;
     case O_SPAN:
-      ev->span = (uint32_t)eval_parse_u64("--span", optarg, 1, UINT32_MAX);
+      ev->span = (uint32_t)sk_cli_parse_u64("--span", optarg, 1, UINT32_MAX);
       break;
     case O_CHUNK:
-      ev->chunk = (uint32_t)eval_parse_u64("--chunk", optarg, 1, 65536);
+      ev->chunk = (uint32_t)sk_cli_parse_u64("--chunk", optarg, 1, 65536);
       break;
     case O_STRIDE:
       ev->stride =
-          (uint32_t)eval_parse_u64("--recompute-stride", optarg, 1, 1u << 20);
+          (uint32_t)sk_cli_parse_u64("--recompute-stride", optarg, 1, 1u << 20);
       break;
     case O_CSV: ev->csv = optarg; break;
     case O_PLOT: ev->plot = optarg; break;
@@ -382,20 +347,20 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     case 'j': ev->json = true; break;
     case 'h':
     case O_HELP: eval_help(); exit(0);
-    case ':': eval_usage_error("option '%s' needs a value", argv[optind - 1]);
-    default: eval_usage_error("unknown option '%s'", argv[optind - 1]);
+    case ':': sk_cli_usage_error("option '%s' needs a value", argv[optind - 1]);
+    default: sk_cli_usage_error("unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind >= argc) eval_usage_error("missing FILE");
+  if (optind >= argc) sk_cli_usage_error("missing FILE");
   if (optind + 1 < argc)
-    eval_usage_error("unexpected argument '%s'", argv[optind + 1]);
+    sk_cli_usage_error("unexpected argument '%s'", argv[optind + 1]);
   ev->file = argv[optind];
   ev->progress = progress < 0 ? isatty(STDERR_FILENO) : progress == 1;
   /* gnuplot reads the paths inside single quotes. */
   const char *paths[] = {ev->plot, ev->csv};
   for (size_t i = 0; i < 2; i++)
     if (paths[i] && (strchr(paths[i], '\'') || strchr(paths[i], '\n')))
-      eval_usage_error("the path '%s' may not contain quotes or newlines",
+      sk_cli_usage_error("the path '%s' may not contain quotes or newlines",
                        paths[i]);
   if (ev->n_runs == 0) {
     static const char *const defaults[] = {
@@ -415,13 +380,13 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     if (eval_fit(ev, &ev->runs[i], why, sizeof why)) {
       ev->runs[kept++] = ev->runs[i];
     } else if (defaults_used) {
-      fprintf(stderr, "sinkctl: eval: run %s left out: %s\n", ev->runs[i].label, why);
+      sk_cli_note("run %s left out: %s", ev->runs[i].label, why);
     } else {
-      eval_usage_error("--run %s: %s", ev->runs[i].label, why);
+      sk_cli_usage_error("--run %s: %s", ev->runs[i].label, why);
     }
   }
   ev->n_runs = kept;
-  if (kept == 0) eval_usage_error("--budget %u holds none of the runs", ev->budget);
+  if (kept == 0) sk_cli_usage_error("--budget %u holds none of the runs", ev->budget);
 }
 
 /* ---- running ---------------------------------------------------------- */
@@ -429,15 +394,14 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
 static int eval_report(const struct sk_client *c, const struct sk_error *e,
                        const char *what) {
   if (eval_interrupted) return EVAL_EXIT_INTERRUPTED;
-  fprintf(stderr, "sinkctl: eval: %s: %s: %s\n", what, sk_error_name(e->code),
-          e->message);
+  sk_cli_note("%s: %s: %s", what, sk_error_name(e->code), e->message);
   return sk_client_connected(c) ? EVAL_EXIT_DAEMON : EVAL_EXIT_CONNECTION;
 }
 
 static void eval_progress(struct eval *ev, const struct run *r, size_t done,
                           size_t total, double t0) {
   if (!ev->progress) return;
-  double el = eval_now() - t0;
+  double el = sk_cli_now_s() - t0;
   double rate = el > 0 ? (double)done / el : 0;
   double eta = rate > 0 ? (double)(total - done) / rate : 0;
   int width = 30, fill = total ? (int)((double)width * (double)done / (double)total) : width;
@@ -509,7 +473,7 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
   r->capacity_used = o.capacity;
   size_t n = ev->n_tokens, total = n;
   if (r->kind == RUN_DENSE && total > o.capacity) total = (size_t)o.capacity;
-  double t0 = eval_now();
+  double t0 = sk_cli_now_s();
   size_t pos = 0;
   uint64_t resident = 0;
   int status = 0;
@@ -533,7 +497,7 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
     pos += k;
     eval_progress(ev, r, pos, total, t0);
   }
-  r->seconds = eval_now() - t0;
+  r->seconds = sk_cli_now_s() - t0;
   if (r->sparsity != 0 && status == 0) { /* what the layers skipped */
     struct sk_session_stats st;
     if (sk_client_session_stats(c, o.session, &st, &e) == 0) {
@@ -555,11 +519,11 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
   size_t total = n > 1 ? (n - 2) / ev->stride + 1 : 0, done = 0;
   double *lp = malloc((W + 1) * sizeof *lp);
   if (!lp) {
-    fprintf(stderr, "sinkctl: eval: out of memory\n");
+    sk_cli_note("out of memory");
     return EXIT_FAILURE;
   }
   r->capacity_used = op->capacity;
-  double t0 = eval_now();
+  double t0 = sk_cli_now_s();
   int status = 0;
   for (size_t t = 1; t < n; t += ev->stride) {
     if (eval_interrupted) {
@@ -584,7 +548,7 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
     done++;
     if (done % 16 == 0 || done == total) eval_progress(ev, r, done, total, t0);
   }
-  r->seconds = eval_now() - t0;
+  r->seconds = sk_cli_now_s() - t0;
   free(lp);
   return status;
 }
@@ -674,15 +638,6 @@ static void eval_print_table(const struct eval *ev) {
   }
 }
 
-static void eval_json_str(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') putchar('\\');
-    putchar(*s);
-  }
-  putchar('"');
-}
-
 static void eval_json_num(double v) {
   if (isnan(v))
     fputs("null", stdout);
@@ -692,7 +647,7 @@ static void eval_json_num(double v) {
 
 static void eval_print_json(const struct eval *ev) {
   printf("{\"file\": ");
-  eval_json_str(ev->file);
+  sk_cli_json_cstr(stdout, ev->file);
   printf(", \"tokens\": %zu, \"budget\": %u, \"span\": %u, \"runs\": [",
          ev->n_tokens, ev->budget, ev->span);
   for (size_t i = 0; i < ev->n_runs; i++) {
@@ -700,7 +655,7 @@ static void eval_print_json(const struct eval *ev) {
     size_t cnt;
     double p = eval_ppl(r, 1, ev->n_tokens - 1, &cnt);
     printf("%s{\"label\": ", i ? ", " : "");
-    eval_json_str(r->label);
+    sk_cli_json_cstr(stdout, r->label);
     printf(", \"capacity\": %" PRIu64 ", \"scored\": %zu, \"evicted\": %" PRIu64
            ", \"seconds\": %.3f, \"perplexity\": ",
            r->capacity_used, cnt, r->evicted, r->seconds);
@@ -728,8 +683,7 @@ static void eval_print_json(const struct eval *ev) {
 static int eval_write_csv(const struct eval *ev, const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) {
-    fprintf(stderr, "sinkctl: eval: cannot write %s: %s\n", path,
-            strerror(errno));
+    sk_cli_note("cannot write %s: %s", path, strerror(errno));
     return EXIT_FAILURE;
   }
   fputs("first,last", f);
@@ -754,8 +708,7 @@ static int eval_write_csv(const struct eval *ev, const char *path) {
     fputc('\n', f);
   }
   if (fclose(f) != 0) {
-    fprintf(stderr, "sinkctl: eval: cannot write %s: %s\n", path,
-            strerror(errno));
+    sk_cli_note("cannot write %s: %s", path, strerror(errno));
     return EXIT_FAILURE;
   }
   return 0;
@@ -764,7 +717,7 @@ static int eval_write_csv(const struct eval *ev, const char *path) {
 static int eval_plot(const struct eval *ev, const char *csv) {
   FILE *g = popen("gnuplot", "w");
   if (!g) {
-    fprintf(stderr, "sinkctl: eval: cannot run gnuplot: %s\n", strerror(errno));
+    sk_cli_note("cannot run gnuplot: %s", strerror(errno));
     return EXIT_FAILURE;
   }
   const char *base = strrchr(ev->file, '/');
@@ -787,10 +740,9 @@ static int eval_plot(const struct eval *ev, const char *csv) {
   int st = pclose(g);
   if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 127)
-      fprintf(stderr, "sinkctl: eval: gnuplot is not installed (Debian: "
-                      "apt-get install gnuplot-nox)\n");
+      sk_cli_note("gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
     else
-      fprintf(stderr, "sinkctl: eval: gnuplot failed drawing %s\n", ev->plot);
+      sk_cli_note("gnuplot failed drawing %s", ev->plot);
     return EXIT_FAILURE;
   }
   return 0;
@@ -800,37 +752,24 @@ static int eval_plot(const struct eval *ev, const char *csv) {
 
 static char *eval_read_file(const char *path, size_t *ret_len) {
   FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "sinkctl: eval: cannot open %s: %s\n", path,
-            strerror(errno));
-    exit(EVAL_EXIT_FILE);
-  }
+  if (!f) sk_cli_die(EVAL_EXIT_FILE, "cannot open %s: %s", path, strerror(errno));
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap);
   for (;;) {
-    if (!buf) {
-      fprintf(stderr, "sinkctl: eval: out of memory\n");
-      exit(EXIT_FAILURE);
-    }
+    if (!buf) sk_cli_die(EXIT_FAILURE, "out of memory");
     size_t n = fread(buf + len, 1, cap - len, f);
     len += n;
     if (n == 0) break;
     if (len == cap) {
-      if (cap >= EVAL_MAX_FILE) {
-        fprintf(stderr, "sinkctl: eval: %s is larger than %u bytes\n", path,
-                EVAL_MAX_FILE);
-        exit(EVAL_EXIT_FILE);
-      }
+      if (cap >= EVAL_MAX_FILE)
+        sk_cli_die(EVAL_EXIT_FILE, "%s is larger than %u bytes", path, EVAL_MAX_FILE);
       cap *= 2;
       char *nb = realloc(buf, cap);
       if (!nb) free(buf);
       buf = nb;
     }
   }
-  if (ferror(f)) {
-    fprintf(stderr, "sinkctl: eval: cannot read %s\n", path);
-    exit(EVAL_EXIT_FILE);
-  }
+  if (ferror(f)) sk_cli_die(EVAL_EXIT_FILE, "cannot read %s", path);
   fclose(f);
   *ret_len = len;
   return buf;
@@ -861,8 +800,7 @@ static void eval_check_output(const char *flag, const char *path) {
     else if (access(dir, W_OK | X_OK) != 0) why = strerror(errno);
   }
   if (why) {
-    fprintf(stderr, "sinkctl: eval: %s: cannot write %s: %s\n", flag, path, why);
-    exit(EVAL_EXIT_FILE);
+    sk_cli_die(EVAL_EXIT_FILE, "%s: cannot write %s: %s", flag, path, why);
   }
 }
 
@@ -873,8 +811,7 @@ static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
   const char *dot = strrchr(plot, '.');
   if (dot && !strchr(dot, '/')) len = (size_t)(dot - plot);
   if (len + 5 > size) {
-    fprintf(stderr, "sinkctl: eval: --plot path too long\n");
-    exit(EVAL_EXIT_USAGE);
+    sk_cli_die(EVAL_EXIT_USAGE, "--plot path too long");
   }
   memcpy(buf, plot, len);
   memcpy(buf + len, ".csv", 5);
@@ -883,6 +820,7 @@ static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
 
 int sk_eval_main(int argc, char **argv, const char *global_socket,
                  bool global_json) {
+  sk_cli_init("sinkctl: eval", "sinkctl eval --help");
   struct eval *ev = calloc(1, sizeof *ev);
   if (!ev) return EXIT_FAILURE;
   ev->socket = global_socket;
@@ -923,7 +861,7 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   if (ev->max_tokens && ev->n_tokens > ev->max_tokens + 1)
     ev->n_tokens = (size_t)ev->max_tokens + 1;
   if (ev->n_tokens < 2) {
-    fprintf(stderr, "sinkctl: eval: %s has no token to score\n", ev->file);
+    sk_cli_note("%s has no token to score", ev->file);
     status = EVAL_EXIT_FILE;
     goto out;
   }
@@ -933,13 +871,13 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   sa.sa_handler = eval_on_sigint;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_sa);
-  ev->t_start = eval_now();
+  ev->t_start = sk_cli_now_s();
   for (ev->run_index = 0; ev->run_index < ev->n_runs && status == 0;
        ev->run_index++) {
     struct run *r = &ev->runs[ev->run_index];
     r->lp = malloc(ev->n_tokens * sizeof *r->lp);
     if (!r->lp) {
-      fprintf(stderr, "sinkctl: eval: out of memory\n");
+      sk_cli_note("out of memory");
       status = EXIT_FAILURE;
       break;
     }
@@ -962,8 +900,8 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   if (csv && (status = eval_write_csv(ev, csv)) != 0) goto out;
   if (ev->plot && (status = eval_plot(ev, csv)) != 0) goto out;
   if (!ev->json && (csv || ev->plot))
-    fprintf(stderr, "sinkctl: eval: wrote%s%s%s%s\n", csv ? " " : "",
-            csv ? csv : "", ev->plot ? " " : "", ev->plot ? ev->plot : "");
+    sk_cli_note("wrote%s%s%s%s", csv ? " " : "", csv ? csv : "", ev->plot ? " " : "",
+                ev->plot ? ev->plot : "");
 out:
   for (size_t i = 0; i < ev->n_runs; i++) free(ev->runs[i].lp);
   free(ev->tokens);

@@ -11,7 +11,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,13 +19,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "eval.h"
 #include "sinkd/client.h"
 #include "sk_config.h"
 
 enum {
   EXIT_DAEMON_ERROR = 1,
-  EXIT_USAGE = 2,
+  EXIT_USAGE = SK_CLI_EXIT_USAGE,
   EXIT_CONNECT = 3,
   EXIT_CONNECTION = 4,
   EXIT_INTERRUPTED = 130,
@@ -38,7 +38,7 @@ enum {
  * refused here rather than read without bound. */
 #define PROMPT_MAX ((size_t)SK_FRAME_MAX_CEILING)
 
-static const char *prog = "sinkctl";
+static const char *const prog = "sinkctl";
 /* --json given: errors too are JSON, on stdout (json_error). */
 static bool g_json;
 
@@ -46,40 +46,11 @@ static void json_error(const char *code, const char *message, const char *hint, 
 
 /* ---- messages --------------------------------------------------------- */
 
-_Noreturn static void usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-_Noreturn static void usage_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (g_json) {
-    char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    json_error("usage", msg, "", EXIT_USAGE);
-    exit(EXIT_USAGE);
-  }
-  fprintf(stderr, "%s: ", prog);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\nTry '%s --help' for more information.\n", prog);
-  va_end(ap);
-  exit(EXIT_USAGE);
-}
-
-_Noreturn static void die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-_Noreturn static void die(int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  if (g_json) {
-    char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    json_error(status == EXIT_CONNECT ? "connect" : "failure", msg, "", status);
-    exit(status);
-  }
-  fprintf(stderr, "%s: ", prog);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  exit(status);
+/* sk_cli's usage errors and sk_cli_die with --json: the error as JSON on
+ * stdout (json_error), with the same exit status. */
+static void json_cli_error(int status, const char *message) {
+  json_error(status == EXIT_USAGE ? "usage" : status == EXIT_CONNECT ? "connect" : "failure",
+             message, "", status);
 }
 
 /* The one wording for a dense session that holds all it can, whether a
@@ -210,30 +181,15 @@ static void help(void) {
       SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
 }
 
-/* ---- strict number parsing ------------------------------------------- */
+/* ---- durations ------------------------------------------------------- */
 
 static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-/* A decimal unsigned integer in [min, max], nothing else (no sign, no
- * spaces, no trailing characters). `what` names the flag or argument. */
-static uint64_t parse_u64(const char *what, const char *s, uint64_t min,
-                          uint64_t max) {
-  if (!is_digit(s[0])) usage_error("%s: '%s' is not a number", what, s);
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (*end) usage_error("%s: '%s' is not a number", what, s);
-  if (errno == ERANGE || v < min || v > max)
-    usage_error("%s: '%s' is not in [%" PRIu64 ", %" PRIu64 "]", what, s, min,
-                max);
-  return (uint64_t)v;
-}
 
 /* A duration in seconds: digits with an optional unit, s, m, h or d
  * ("90", "90s", "30m", "2h", "7d"). */
 static uint64_t parse_duration(const char *what, const char *s) {
   if (!is_digit(s[0]))
-    usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
+    sk_cli_usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
@@ -247,101 +203,23 @@ static uint64_t parse_duration(const char *what, const char *s) {
   default: end = (char *)"?"; break;
   }
   if (*end || errno == ERANGE || v > UINT64_MAX / unit)
-    usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
+    sk_cli_usage_error("%s: '%s' is not a duration (N, Ns, Nm, Nh or Nd)", what, s);
   return (uint64_t)v * unit;
 }
 
-/* A finite decimal number; range checked by the caller. */
-static double parse_double(const char *what, const char *s) {
-  if (!(is_digit(s[0]) || s[0] == '.' || s[0] == '-' || s[0] == '+'))
-    usage_error("%s: '%s' is not a number", what, s);
-  errno = 0;
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || *end || errno == ERANGE || !isfinite(v))
-    usage_error("%s: '%s' is not a number", what, s);
-  return v;
-}
-
 /* ---- JSON output ------------------------------------------------------ */
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  unsigned char c = s[0];
-  size_t len;
-  uint32_t cp;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (n < len) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-    return 0;
-  return len;
-}
-
-/* Writes s[0..n) as a JSON string. Bytes that are not valid UTF-8 become
- * U+FFFD, since JSON text must be UTF-8. */
-static void json_str(FILE *f, const char *str, size_t n) {
-  const unsigned char *s = (const unsigned char *)str;
-  fputc('"', f);
-  for (size_t i = 0; i < n;) {
-    unsigned char c = s[i];
-    if (c == '"' || c == '\\') {
-      fputc('\\', f);
-      fputc(c, f);
-      i++;
-    } else if (c < 0x20) {
-      switch (c) {
-      case '\n': fputs("\\n", f); break;
-      case '\r': fputs("\\r", f); break;
-      case '\t': fputs("\\t", f); break;
-      case '\b': fputs("\\b", f); break;
-      case '\f': fputs("\\f", f); break;
-      default: fprintf(f, "\\u%04x", c); break;
-      }
-      i++;
-    } else {
-      size_t len = utf8_len(s + i, n - i);
-      if (len == 0) {
-        fputs("\\ufffd", f);
-        i++;
-      } else {
-        fwrite(s + i, 1, len, f);
-        i += len;
-      }
-    }
-  }
-  fputc('"', f);
-}
-
-static void json_cstr(FILE *f, const char *s) { json_str(f, s, strlen(s)); }
 
 /* {"error": {"code": C, "message": M, "hint": H, "status": N}} and a
  * newline on stdout (hint only when there is one): what --json prints
  * instead of a message on stderr; the exit status is the same. */
 static void json_error(const char *code, const char *message, const char *hint, int status) {
   fputs("{\"error\": {\"code\": ", stdout);
-  json_cstr(stdout, code);
+  sk_cli_json_cstr(stdout, code);
   fputs(", \"message\": ", stdout);
-  json_cstr(stdout, message);
+  sk_cli_json_cstr(stdout, message);
   if (hint && *hint) {
     fputs(", \"hint\": ", stdout);
-    json_cstr(stdout, hint);
+    sk_cli_json_cstr(stdout, hint);
   }
   printf(", \"status\": %d}}\n", status);
   fflush(stdout);
@@ -351,7 +229,7 @@ static void json_error(const char *code, const char *message, const char *hint, 
 static void json_key(FILE *f, bool *first, const char *key) {
   if (!*first) fputs(", ", f);
   *first = false;
-  json_cstr(f, key);
+  sk_cli_json_cstr(f, key);
   fputs(": ", f);
 }
 
@@ -362,7 +240,7 @@ static void json_kv_u64(FILE *f, bool *first, const char *key, uint64_t v) {
 
 static void json_kv_str(FILE *f, bool *first, const char *key, const char *v) {
   json_key(f, first, key);
-  json_cstr(f, v);
+  sk_cli_json_cstr(f, v);
 }
 
 /* ---- options ---------------------------------------------------------- */
@@ -475,20 +353,20 @@ static char *read_stdin(size_t *ret_len) {
             prog);
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
-  if (!buf) die(EXIT_FAILURE, "out of memory");
+  if (!buf) sk_cli_die(EXIT_FAILURE, "out of memory");
   for (;;) {
     if (len + 1 == cap) {
       if (cap > PROMPT_MAX)
-        usage_error("the text on stdin is longer than %zu bytes", PROMPT_MAX);
+        sk_cli_usage_error("the text on stdin is longer than %zu bytes", PROMPT_MAX);
       char *nb = realloc(buf, cap * 2);
-      if (!nb) die(EXIT_FAILURE, "out of memory");
+      if (!nb) sk_cli_die(EXIT_FAILURE, "out of memory");
       buf = nb;
       cap *= 2;
     }
     size_t n = fread(buf + len, 1, cap - 1 - len, stdin);
     len += n;
     if (n == 0) {
-      if (ferror(stdin)) die(EXIT_USAGE, "cannot read stdin: %s", strerror(errno));
+      if (ferror(stdin)) sk_cli_die(EXIT_USAGE, "cannot read stdin: %s", strerror(errno));
       break;
     }
   }
@@ -505,7 +383,7 @@ static char *text_from_args(int argc, char **argv, size_t *ret_len) {
   size_t len = 0;
   for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
   char *s = malloc(len);
-  if (!s) die(EXIT_FAILURE, "out of memory");
+  if (!s) sk_cli_die(EXIT_FAILURE, "out of memory");
   char *p = s;
   for (int i = 0; i < argc; i++) {
     size_t n = strlen(argv[i]);
@@ -613,7 +491,7 @@ static void json_generate(uint64_t session, unsigned turn, const struct gen_stat
   if (turn) json_kv_u64(stdout, &first, "turn", turn);
   json_kv_u64(stdout, &first, "session", session);
   json_key(stdout, &first, "text");
-  json_str(stdout, g->text ? g->text : "", g->len);
+  sk_cli_json_str(stdout, g->text ? g->text : "", g->len);
   json_key(stdout, &first, "tokens");
   fputc('[', stdout);
   for (size_t i = 0; i < g->n_tokens; i++)
@@ -981,7 +859,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
   if (!roles) {
     fprintf(stderr, "%s: no chat template%s%s: plain text continuation (sinkd --chat-template "
             "NAME gives one)\n", prog, tmpl_error[0] ? ": " : "", tmpl_error);
-    if (o->system) die(EXIT_USAGE, "--system needs a chat template");
+    if (o->system) sk_cli_die(EXIT_USAGE, "--system needs a chat template");
   } else if (tty) {
     fprintf(stderr, "%s: chat template %s\n", prog, tmpl);
   }
@@ -1055,7 +933,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
     turn++;
     size_t text_len = strlen(text);
     char *prompt = malloc(text_len + 2);
-    if (!prompt) die(EXIT_FAILURE, "out of memory");
+    if (!prompt) sk_cli_die(EXIT_FAILURE, "out of memory");
     memcpy(prompt, text, text_len);
     prompt[text_len] = '\n';
     prompt[text_len + 1] = 0;
@@ -1178,9 +1056,9 @@ static int cmd_tokenize(struct sk_client *c, const struct opts *o, int argc,
 static int cmd_detokenize(struct sk_client *c, const struct opts *o, int argc,
                           char **argv) {
   int32_t *ids = malloc((size_t)argc * sizeof *ids);
-  if (!ids) die(EXIT_FAILURE, "out of memory");
+  if (!ids) sk_cli_die(EXIT_FAILURE, "out of memory");
   for (int i = 0; i < argc; i++)
-    ids[i] = (int32_t)parse_u64("detokenize", argv[i], 0, INT32_MAX);
+    ids[i] = (int32_t)sk_cli_parse_u64("detokenize", argv[i], 0, INT32_MAX);
   struct sk_error e;
   char *text = NULL;
   size_t len = 0;
@@ -1189,7 +1067,7 @@ static int cmd_detokenize(struct sk_client *c, const struct opts *o, int argc,
   if (rc < 0) return report(c, &e);
   if (o->json) {
     fputs("{\"text\": ", stdout);
-    json_str(stdout, text, len);
+    sk_cli_json_str(stdout, text, len);
     fputs("}\n", stdout);
   } else {
     fwrite(text, 1, len, stdout);
@@ -1627,7 +1505,7 @@ static int cmd_save(struct sk_client *c, const struct opts *o, uint64_t id,
   }
   if (o->json) {
     printf("{\"session\": %" PRIu64 ", \"file\": ", id);
-    json_cstr(stdout, path);
+    sk_cli_json_cstr(stdout, path);
     printf(", \"bytes\": %zu}\n", bytes);
   } else {
     printf("session %" PRIu64 " saved to %s (%zu bytes)\n", id, path, bytes);
@@ -1820,12 +1698,13 @@ static void parse_options(int argc, char **argv, struct opts *o) {
     if (c >= 0 && c < OPT__END) o->given[c] = true;
     switch (c) {
     case OPT_SOCKET:
-      if (!optarg[0]) usage_error("--socket: the path is empty");
+      if (!optarg[0]) sk_cli_usage_error("--socket: the path is empty");
       o->socket = optarg;
       break;
     case OPT_JSON:
       o->json = true;
       g_json = true;
+      sk_cli_set_error_fn(json_cli_error);
       break;
     case OPT_VERBOSE: o->verbose = true; break;
     case OPT_HELP: help(); exit(0);
@@ -1834,92 +1713,92 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       exit(0);
     case OPT_MAX_TOKENS:
       o->gen.max_tokens =
-          (uint32_t)parse_u64("--max-tokens", optarg, 1, MAX_TOKENS_LIMIT);
+          (uint32_t)sk_cli_parse_u64("--max-tokens", optarg, 1, MAX_TOKENS_LIMIT);
       break;
     case OPT_TEMPERATURE: {
-      double t = parse_double("--temperature", optarg);
+      double t = sk_cli_parse_double("--temperature", optarg);
       if (!(t >= 0 && t <= SK_MAX_TEMPERATURE))
-        usage_error("--temperature: '%s' is not in [0, %g]", optarg, SK_MAX_TEMPERATURE);
+        sk_cli_usage_error("--temperature: '%s' is not in [0, %g]", optarg, SK_MAX_TEMPERATURE);
       o->gen.temperature = t;
       break;
     }
     case OPT_TOP_K:
-      o->gen.top_k = (uint32_t)parse_u64("--top-k", optarg, 0, UINT32_MAX);
+      o->gen.top_k = (uint32_t)sk_cli_parse_u64("--top-k", optarg, 0, UINT32_MAX);
       break;
     case OPT_TOP_P: {
-      double p = parse_double("--top-p", optarg);
+      double p = sk_cli_parse_double("--top-p", optarg);
       if (!(p > 0 && p <= 1))
-        usage_error("--top-p: '%s' is not in (0, 1]", optarg);
+        sk_cli_usage_error("--top-p: '%s' is not in (0, 1]", optarg);
       o->gen.top_p = p;
       break;
     }
     case OPT_SEED:
-      o->gen.seed = parse_u64("--seed", optarg, 0, UINT64_MAX);
+      o->gen.seed = sk_cli_parse_u64("--seed", optarg, 0, UINT64_MAX);
       o->gen.has_seed = true;
       break;
     case OPT_STOP: {
-      if (!optarg[0]) usage_error("--stop: the text is empty");
+      if (!optarg[0]) sk_cli_usage_error("--stop: the text is empty");
       const char **ns = realloc(o->stops, (o->n_stop + 1) * sizeof *ns);
-      if (!ns) die(EXIT_FAILURE, "out of memory");
+      if (!ns) sk_cli_die(EXIT_FAILURE, "out of memory");
       o->stops = ns;
       o->stops[o->n_stop++] = optarg;
       break;
     }
     case OPT_IGNORE_EOS: o->gen.ignore_eos = true; break;
     case OPT_SESSION:
-      o->session = parse_u64("--session", optarg, 0, UINT64_MAX);
+      o->session = sk_cli_parse_u64("--session", optarg, 0, UINT64_MAX);
       o->has_session = true;
       break;
     case OPT_NO_ECHO: o->no_echo = true; break;
     case OPT_POLICY:
-      if (!optarg[0]) usage_error("--policy: the name is empty");
+      if (!optarg[0]) sk_cli_usage_error("--policy: the name is empty");
       o->open.policy = optarg;
       break;
     case OPT_SINKS:
-      o->open.n_sink = (uint32_t)parse_u64("--sinks", optarg, 0, UINT32_MAX);
+      o->open.n_sink = (uint32_t)sk_cli_parse_u64("--sinks", optarg, 0, UINT32_MAX);
       o->open.has_n_sink = true;
       break;
     case OPT_HEAVY:
-      o->open.heavy = (uint32_t)parse_u64("--heavy", optarg, 1, UINT32_MAX);
+      o->open.heavy = (uint32_t)sk_cli_parse_u64("--heavy", optarg, 1, UINT32_MAX);
       break;
     case OPT_RECENT:
-      o->open.recent = (uint32_t)parse_u64("--recent", optarg, 1, UINT32_MAX);
+      o->open.recent = (uint32_t)sk_cli_parse_u64("--recent", optarg, 1, UINT32_MAX);
       break;
     case OPT_ROPE_SCALE: {
-      double r = parse_double("--rope-scale", optarg);
+      double r = sk_cli_parse_double("--rope-scale", optarg);
       if (!(r > 0 && r <= SK_MAX_ROPE_SCALE))
-        usage_error("--rope-scale: '%s' is not in (0, %g]", optarg, SK_MAX_ROPE_SCALE);
+        sk_cli_usage_error("--rope-scale: '%s' is not in (0, %g]", optarg, SK_MAX_ROPE_SCALE);
       o->open.rope_scale = r;
       break;
     }
     case OPT_SYSTEM:
-      if (!optarg[0]) usage_error("--system: the text is empty");
+      if (!optarg[0]) sk_cli_usage_error("--system: the text is empty");
       o->system = optarg;
       break;
     case OPT_SPARSITY: {
-      double sp = parse_double("--sparsity", optarg);
-      if (!(sp >= 0 && sp < 1)) usage_error("--sparsity: '%s' is not in [0, 1)", optarg);
+      double sp = sk_cli_parse_double("--sparsity", optarg);
+      if (!(sp >= 0 && sp < 1)) sk_cli_usage_error("--sparsity: '%s' is not in [0, 1)", optarg);
       o->open.sparsity = sp;
       break;
     }
     case OPT_PIN:
-      if (o->open.pin) usage_error("--pin/--pin-file: given twice");
-      if (!optarg[0]) usage_error("--pin: the text is empty");
+      if (o->open.pin) sk_cli_usage_error("--pin/--pin-file: given twice");
+      if (!optarg[0]) sk_cli_usage_error("--pin: the text is empty");
       o->open.pin = optarg;
       break;
     case OPT_PIN_FILE: {
-      if (o->open.pin) usage_error("--pin/--pin-file: given twice");
+      if (o->open.pin) sk_cli_usage_error("--pin/--pin-file: given twice");
       FILE *f = fopen(optarg, "rb");
-      if (!f) usage_error("--pin-file: cannot open %s: %s", optarg, strerror(errno));
+      if (!f) sk_cli_usage_error("--pin-file: cannot open %s: %s", optarg, strerror(errno));
       size_t cap = 1 << 16, len = 0;
       char *t = malloc(cap + 1);
-      if (!t) die(EXIT_FAILURE, "out of memory");
+      if (!t) sk_cli_die(EXIT_FAILURE, "out of memory");
       len = fread(t, 1, cap + 1, f);
       bool bad = ferror(f) != 0;
       fclose(f);
-      if (bad) usage_error("--pin-file: cannot read %s", optarg);
-      if (len > cap) usage_error("--pin-file: %s is longer than %zu bytes", optarg, cap);
-      if (len == 0) usage_error("--pin-file: %s is empty", optarg);
+      if (bad) sk_cli_usage_error("--pin-file: cannot read %s", optarg);
+      if (len > cap) sk_cli_usage_error("--pin-file: %s is longer than %zu bytes", optarg, cap);
+      if (len == 0) sk_cli_usage_error("--pin-file: %s is empty", optarg);
       t[len] = 0;
       o->pin_file_text = t;
       o->open.pin = t;
@@ -1927,11 +1806,11 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       break;
     }
     case OPT_WINDOW:
-      o->open.window = (uint32_t)parse_u64("--window", optarg, 1, UINT32_MAX);
+      o->open.window = (uint32_t)sk_cli_parse_u64("--window", optarg, 1, UINT32_MAX);
       break;
     case OPT_CAPACITY:
       o->open.capacity =
-          (uint32_t)parse_u64("--capacity", optarg, 1, UINT32_MAX);
+          (uint32_t)sk_cli_parse_u64("--capacity", optarg, 1, UINT32_MAX);
       break;
     case OPT_NO_BOS: o->no_bos = true; break;
     case OPT_SPECIAL: o->gen.parse_special = true; break;
@@ -1945,12 +1824,12 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       break;
     case OPT_ALL: o->close_all = true; break;
     case ':':
-      usage_error("option '%s' needs a value", argv[optind - 1]);
+      sk_cli_usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
     default:
       if (optopt > 0 && optopt < 256 && strncmp(argv[optind - 1], "--", 2))
-        usage_error("unknown option '-%c'", optopt);
-      usage_error("unknown option '%s'", argv[optind - 1]);
+        sk_cli_usage_error("unknown option '-%c'", optopt);
+      sk_cli_usage_error("unknown option '%s'", argv[optind - 1]);
     }
   }
 }
@@ -1965,12 +1844,12 @@ static void check_open_options(const struct opts *o, const char *cmd) {
   if (o->has_session)
     for (size_t i = 0; i < sizeof shaping / sizeof shaping[0]; i++)
       if (o->given[shaping[i]])
-        usage_error("--%s: shapes a new session; %s --session %" PRIu64 " uses one that exists",
+        sk_cli_usage_error("--%s: shapes a new session; %s --session %" PRIu64 " uses one that exists",
                     opt_name(shaping[i]), cmd, o->session);
   const char *pol = o->open.policy;
   if (!pol) return; /* the daemon's default policy: it checks the rest */
   const unsigned parts = sk_policy_parts(pol, strlen(pol));
-  if (!parts) usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
+  if (!parts) sk_cli_usage_error("--policy: '%s' is not one of streaming, window, h2o, sink_h2o, dense", pol);
   /* a zero is "none of it", which any policy takes (as the daemon does) */
   const struct {
     int opt;
@@ -1985,7 +1864,7 @@ static void check_open_options(const struct opts *o, const char *cmd) {
                 {OPT_PIN_FILE, SK_PART_PIN, true}};
   for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
     if (o->given[params[j].opt] && params[j].nonzero && !(parts & params[j].part))
-      usage_error(params[j].part == SK_PART_PIN
+      sk_cli_usage_error(params[j].part == SK_PART_PIN
                       ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
                       : "--%s: policy %s has no such part",
                   opt_name(params[j].opt), pol);
@@ -2009,6 +1888,7 @@ static int find_command(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  sk_cli_init(prog, "sinkctl --help");
   struct opts o;
   memset(&o, 0, sizeof o);
   sk_generate_params_init(&o.gen);
@@ -2018,19 +1898,19 @@ int main(int argc, char **argv) {
     parse_options(cmd_at, argv, &o);
     for (int id = OPT_MAX_TOKENS; id < OPT__END; id++)
       if (o.given[id] && id != OPT_SOCKET && id != OPT_JSON && id != OPT_VERBOSE)
-        usage_error("--%s: not an option of 'eval'", opt_name(id));
+        sk_cli_usage_error("--%s: not an option of 'eval'", opt_name(id));
     return sk_eval_main(argc - cmd_at, argv + cmd_at, o.socket, o.json);
   }
   parse_options(argc, argv, &o);
 
   int nargs = argc - optind;
   char **args = argv + optind;
-  if (nargs == 0) usage_error("no command given");
+  if (nargs == 0) sk_cli_usage_error("no command given");
   size_t ci;
   for (ci = 0; ci < sizeof commands / sizeof commands[0]; ci++)
     if (strcmp(commands[ci].name, args[0]) == 0) break;
   if (ci == sizeof commands / sizeof commands[0])
-    usage_error("unknown command '%s'", args[0]);
+    sk_cli_usage_error("unknown command '%s'", args[0]);
   const char *name = commands[ci].name;
   nargs--;
   args++;
@@ -2042,13 +1922,13 @@ int main(int argc, char **argv) {
       continue;
     bool ok = false;
     for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;
-    if (!ok) usage_error("--%s: not an option of '%s'", opt_name(id), name);
+    if (!ok) sk_cli_usage_error("--%s: not an option of '%s'", opt_name(id), name);
   }
   check_open_options(&o, name);
   if (nargs < commands[ci].min_args)
-    usage_error("%s: missing %s", name, commands[ci].arg_name);
+    sk_cli_usage_error("%s: missing %s", name, commands[ci].arg_name);
   if (commands[ci].max_args >= 0 && nargs > commands[ci].max_args)
-    usage_error("%s: unexpected argument '%s'", name,
+    sk_cli_usage_error("%s: unexpected argument '%s'", name,
                 args[commands[ci].max_args]);
 
   /* Arguments are checked before connecting: a typo is a usage error
@@ -2057,21 +1937,21 @@ int main(int argc, char **argv) {
   enum cmd cmd = commands[ci].cmd;
   if (cmd == CMD_CLOSE) {
     int ways = (nargs > 0) + o.close_idle + o.close_all;
-    if (ways == 0) usage_error("close: missing session ID (or --idle DURATION, --all)");
-    if (ways > 1) usage_error("close: give one of a session ID, --idle DURATION, --all");
+    if (ways == 0) sk_cli_usage_error("close: missing session ID (or --idle DURATION, --all)");
+    if (ways > 1) sk_cli_usage_error("close: give one of a session ID, --idle DURATION, --all");
   }
   if ((cmd == CMD_CLOSE && nargs) || (cmd == CMD_STATS && nargs) || cmd == CMD_RESUME ||
       cmd == CMD_FORK || cmd == CMD_SAVE)
-    id = parse_u64(name, args[0], 0, UINT64_MAX);
+    id = sk_cli_parse_u64(name, args[0], 0, UINT64_MAX);
   if (o.tokens && !(cmd == CMD_STATS && nargs))
-    usage_error("--tokens: needs a session ID (stats ID --tokens)");
+    sk_cli_usage_error("--tokens: needs a session ID (stats ID --tokens)");
   if (commands[ci].cmd == CMD_DETOKENIZE)
-    for (int i = 0; i < nargs; i++) parse_u64(name, args[i], 0, INT32_MAX);
+    for (int i = 0; i < nargs; i++) sk_cli_parse_u64(name, args[i], 0, INT32_MAX);
 
   struct sk_client *c;
   struct sk_error e;
   if (sk_client_connect(o.socket, &c, &e) < 0)
-    die(EXIT_CONNECT, "%s", e.message);
+    sk_cli_die(EXIT_CONNECT, "%s", e.message);
 
   int status = 0;
   switch (commands[ci].cmd) {
@@ -2096,6 +1976,6 @@ int main(int argc, char **argv) {
   free(o.stops);
   free(o.pin_file_text);
   if (fflush(stdout) != 0 || ferror(stdout))
-    die(EXIT_FAILURE, "cannot write to stdout: %s", strerror(errno));
+    sk_cli_die(EXIT_FAILURE, "cannot write to stdout: %s", strerror(errno));
   return status;
 }

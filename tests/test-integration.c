@@ -1733,7 +1733,7 @@ static void test_eval_short(void **state) {
       {"--run recompute:window=2,capacity=2", "--run recompute:window=2,capacity=2: capacity 2 "
                                               "must exceed its window 2"},
       {"--run window:rope_scale=65", "--run window:rope_scale=65: rope_scale: '65' is above 64"},
-      {"--run window:window=0", "--run window:window=0: window: '0' is not a number in [1, "},
+      {"--run window:window=0", "--run window:window=0: window: '0' is not in [1, "},
   };
   for (size_t i = 0; i < sizeof no_room / sizeof no_room[0]; i++) {
     snprintf(cmd, sizeof cmd, "%s --socket %s eval %s %s 2>&1", sinkctl, g_socket,

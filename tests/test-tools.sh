@@ -32,16 +32,20 @@ expect 2 err "or give an even --head-dim" "$mk" --arch qwen3 --head-dim 33 -o "$
 [ ! -e "$dir/m.gguf" ] || { echo "FAIL: a file was written"; fail=1; }
 
 expect 0 out "Usage:" "$bench" --help
-expect 2 err "--gen: expected a whole number in [2, 1048576], not 'abc'" "$bench" --gen abc
-expect 2 err "--gen: expected a whole number in [2, 1048576], not '1'" "$bench" --gen 1
-expect 2 err "--reps: expected a whole number in [1, 100], not '2.5'" "$bench" --reps 2.5
-expect 2 err "--concurrency: '0' is not a list" "$bench" --concurrency 0
+expect 2 err "sinkd-bench: --gen: 'abc' is not a number" "$bench" --gen abc
+expect 2 err "--gen: '1' is not in [2, 1048576]" "$bench" --gen 1
+expect 2 err "--reps: '2.5' is not a number" "$bench" --reps 2.5
+expect 2 err "--concurrency: '0' is not a list of up to 16 numbers in [1, 4096]" "$bench" --concurrency 0
+expect 2 err "--positions: '1e3,,1e5' is not a list" "$bench" --positions 1e3,,1e5
+expect 2 err "Try 'sinkd-bench --help' for more information." "$bench" --sinks -1
 expect 3 err "cannot connect to $dir/none.sock" "$bench" --socket "$dir/none.sock" --sinks 0
 
 expect 0 out "usage: sinkd-kbench" "$kbench" --help
 expect 2 err "sinkd-kbench: unknown option --bogus" "$kbench" --bogus
 expect 2 err "sinkd-kbench: --membw needs a value" "$kbench" --membw
-expect 2 err "sinkd-kbench: --samples takes a number in 1..100000, not 'x'" "$kbench" --samples x
+expect 2 err "sinkd-kbench: --samples: 'x' is not a number" "$kbench" --samples x
+expect 2 err "sinkd-kbench: --samples: '0' is not in [1, 100000]" "$kbench" --samples 0
+expect 2 err "sinkd-kbench: --rows: '1,0' is not a list of up to 8 numbers in [1, 4096]" "$kbench" --rows 1,0
 expect 2 err "sinkd-kbench: unknown kernel variant 'fast'" "$kbench" --decode fast
 expect 2 err "--decode takes one --rows number" "$kbench" --decode --rows 1,16 generic
 exit $fail

@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "sinkd/client.h"
 #include "tool.h"
 
@@ -82,7 +83,7 @@ static struct sk_client *connect_or_die(const char *path) {
   struct sk_client *c = NULL;
   struct sk_error e = {0};
   if (sk_client_connect(path, &c, &e) < 0) { /* exit 3, as sinkctl's "cannot connect" */
-    sk_tool_note("%s", e.message);
+    sk_cli_note("%s", e.message);
     exit(3);
   }
   sk_client_set_timeout(c, 3600u * 1000u, NULL);
@@ -163,7 +164,7 @@ struct timing {
 static int on_token(void *user, const struct sk_token_event *ev) {
   (void)ev;
   struct timing *tm = user;
-  if (tm->n < tm->cap) tm->t[tm->n++] = sk_tool_now_s();
+  if (tm->n < tm->cap) tm->t[tm->n++] = sk_cli_now_s();
   return 0;
 }
 
@@ -177,20 +178,20 @@ static uint64_t open_session(struct sk_client *c, const struct opts *o, bool str
   }
   struct sk_open_result r;
   struct sk_error e = {0};
-  if (sk_client_open(c, &p, &r, &e) < 0) sk_tool_die("open: %s", e.message);
+  if (sk_client_open(c, &p, &r, &e) < 0) sk_cli_die(1, "open: %s", e.message);
   if (ret_kv_bytes) *ret_kv_bytes = r.kv_bytes;
   return r.session;
 }
 
 static void close_session(struct sk_client *c, uint64_t id) {
   struct sk_error e = {0};
-  if (sk_client_close(c, id, &e) < 0) sk_tool_die("close: %s", e.message);
+  if (sk_client_close(c, id, &e) < 0) sk_cli_die(1, "close: %s", e.message);
 }
 
 static void append_or_die(struct sk_client *c, uint64_t id, const int32_t *t, size_t n) {
   struct sk_error e = {0};
   if (sk_client_append_tokens(c, id, t, n, SK_BOS_FALSE, NULL, &e) < 0)
-    sk_tool_die("append: %s", e.message);
+    sk_cli_die(1, "append: %s", e.message);
 }
 
 static void generate_or_die(struct sk_client *c, uint64_t id, uint32_t n, struct timing *tm) {
@@ -201,8 +202,8 @@ static void generate_or_die(struct sk_client *c, uint64_t id, uint32_t n, struct
   p.ignore_eos = true;
   struct sk_generate_result r;
   struct sk_error e = {0};
-  if (sk_client_generate(c, id, &p, on_token, tm, &r, &e) < 0) sk_tool_die("generate: %s", e.message);
-  if (r.n_tokens != n) sk_tool_die("generate: %" PRIu64 " tokens, stop %s", r.n_tokens, r.stop);
+  if (sk_client_generate(c, id, &p, on_token, tm, &r, &e) < 0) sk_cli_die(1, "generate: %s", e.message);
+  if (r.n_tokens != n) sk_cli_die(1, "generate: %" PRIu64 " tokens, stop %s", r.n_tokens, r.stop);
 }
 
 /* ---- concurrency ---- */
@@ -239,7 +240,7 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
   struct worker *ws = calloc(n, sizeof *ws);
   pthread_t *th = calloc(n, sizeof *th);
   pthread_barrier_t ready;
-  if (!ws || !th) sk_tool_die("out of memory");
+  if (!ws || !th) sk_cli_die(1, "out of memory");
   pthread_barrier_init(&ready, NULL, n);
   for (uint32_t i = 0; i < n; i++) {
     ws[i] = (struct worker){.o = o, .n_vocab = n_vocab, .index = i, .ready = &ready};
@@ -247,16 +248,16 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
     ws[i].session = open_session(ws[i].c, o, false, NULL);
     ws[i].tm.cap = o->gen;
     ws[i].tm.t = calloc(o->gen, sizeof(double));
-    if (!ws[i].tm.t) sk_tool_die("out of memory");
+    if (!ws[i].tm.t) sk_cli_die(1, "out of memory");
   }
   for (uint32_t i = 0; i < n; i++)
-    if (pthread_create(&th[i], NULL, worker_main, &ws[i]) != 0) sk_tool_die("cannot start a thread");
+    if (pthread_create(&th[i], NULL, worker_main, &ws[i]) != 0) sk_cli_die(1, "cannot start a thread");
   for (uint32_t i = 0; i < n; i++) pthread_join(th[i], NULL);
   struct conc_result r = {.c = n, .rss = pid ? rss_bytes(pid) : 0};
   double first = INFINITY, last = 0.0;
   size_t n_gaps = 0, tokens = 0;
   double *gaps = malloc((size_t)n * o->gen * sizeof *gaps);
-  if (!gaps) sk_tool_die("out of memory");
+  if (!gaps) sk_cli_die(1, "out of memory");
   for (uint32_t i = 0; i < n; i++) {
     const struct timing *tm = &ws[i].tm;
     if (tm->n == 0) continue;
@@ -282,41 +283,6 @@ static struct conc_result run_concurrency(const struct opts *o, uint32_t n_vocab
 
 /* ---- options ---- */
 
-/* The whole number in [min, max] at the start of p (1e6 accepted), its
- * end in *end; false if there is none. */
-static bool whole_number(const char *p, char **end, double min, double max, double *ret) {
-  errno = 0;
-  double v = strtod(p, end);
-  *ret = v;
-  return !errno && *end != p && v >= min && v <= max && v == floor(v);
-}
-
-static uint32_t parse_list(const char *flag, const char *s, uint64_t *out, uint64_t max) {
-  uint32_t n = 0;
-  const char *p = s;
-  while (*p) {
-    char *end = NULL;
-    double v;
-    if (!whole_number(p, &end, 1, (double)max, &v) || n == MAX_LIST)
-      sk_tool_usage_die("%s: '%s' is not a list of up to %u whole numbers in [1, %" PRIu64 "]",
-                        flag, s, MAX_LIST, max);
-    out[n++] = (uint64_t)v;
-    p = end;
-    if (*p == ',') p++;
-    else if (*p) sk_tool_usage_die("%s: '%s': expected numbers separated by commas", flag, s);
-  }
-  if (n == 0) sk_tool_usage_die("%s: empty list", flag);
-  return n;
-}
-
-static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
-  char *end = NULL;
-  double v;
-  if (!whole_number(s, &end, min, max, &v) || *end)
-    sk_tool_usage_die("%s: expected a whole number in [%u, %u], not '%s'", flag, min, max, s);
-  return (uint32_t)v;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "Usage: %s [OPTIONS]\n"
@@ -340,7 +306,7 @@ static void usage(FILE *f) {
           "\n"
           "Exit status: 0 done, 1 the daemon answered with an error, 2 usage error,\n"
           "3 cannot connect.\n",
-          sk_tool_prog);
+          sk_cli_prog());
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o) {
@@ -367,20 +333,20 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
     switch (ch) {
     case 's': o->socket = optarg; break;
     case 'j': o->json = true; break;
-    case O_PREFILL: o->prefill = parse_u32("--prefill", optarg, 1, 1u << 20); break;
-    case O_GEN: o->gen = parse_u32("--gen", optarg, 2, 1u << 20); break;
-    case O_REPS: o->reps = parse_u32("--reps", optarg, 1, 100); break;
-    case O_POS_GEN: o->pos_gen = parse_u32("--pos-gen", optarg, 2, 1u << 20); break;
+    case O_PREFILL: o->prefill = (uint32_t)sk_cli_parse_u64("--prefill", optarg, 1, 1u << 20); break;
+    case O_GEN: o->gen = (uint32_t)sk_cli_parse_u64("--gen", optarg, 2, 1u << 20); break;
+    case O_REPS: o->reps = (uint32_t)sk_cli_parse_u64("--reps", optarg, 1, 100); break;
+    case O_POS_GEN: o->pos_gen = (uint32_t)sk_cli_parse_u64("--pos-gen", optarg, 2, 1u << 20); break;
     case O_WINDOW:
-      o->window = parse_u32("--window", optarg, 1, 1u << 20);
+      o->window = (uint32_t)sk_cli_parse_u64("--window", optarg, 1, 1u << 20);
       o->window_set = true;
       break;
-    case O_SINKS: o->sinks = parse_u32("--sinks", optarg, 0, 1u << 20); break;
+    case O_SINKS: o->sinks = (uint32_t)sk_cli_parse_u64("--sinks", optarg, 0, 1u << 20); break;
     case O_CONC:
-      o->n_conc = parse_list("--concurrency", optarg, tmp, 4096);
+      o->n_conc = sk_cli_parse_list("--concurrency", optarg, tmp, MAX_LIST, 1, 4096);
       for (uint32_t i = 0; i < o->n_conc; i++) o->conc[i] = (uint32_t)tmp[i];
       break;
-    case O_POS: o->n_pos = parse_list("--positions", optarg, o->pos, 1ull << 40); break;
+    case O_POS: o->n_pos = sk_cli_parse_list("--positions", optarg, o->pos, MAX_LIST, 1, 1ull << 40); break;
     case O_NO_PREFILL: o->no_prefill = true; break;
     case O_NO_DECODE: o->no_decode = true; break;
     case O_NO_CONC: o->no_conc = true; break;
@@ -395,19 +361,19 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
   }
   if (!o->socket) o->socket = sk_client_default_socket();
   for (uint32_t i = 1; i < o->n_pos; i++)
-    if (o->pos[i] <= o->pos[i - 1]) sk_tool_usage_die("--positions must increase");
+    if (o->pos[i] <= o->pos[i - 1]) sk_cli_usage_error("--positions must increase");
 }
 
 /* ---- main ---- */
 
 int main(int argc, char **argv) {
-  sk_tool_prog = "sinkd-bench";
+  sk_cli_init("sinkd-bench", "sinkd-bench --help");
   struct opts o;
   parse_opts(argc, argv, &o);
   struct sk_client *c = connect_or_die(o.socket);
   struct sk_hello h;
   struct sk_error e = {0};
-  if (sk_client_hello(c, &h, &e) < 0) sk_tool_die("hello: %s", e.message);
+  if (sk_client_hello(c, &h, &e) < 0) sk_cli_die(1, "hello: %s", e.message);
   const uint32_t V = h.model.n_vocab;
   /* A model trained on fewer positions than sinks + the default window
    * (stories15M: 256) gets the longest window its positions allow. */
@@ -423,17 +389,17 @@ int main(int argc, char **argv) {
   if (!o.no_prefill) {
     int32_t *toks = malloc(o.prefill * sizeof *toks);
     double *v = malloc(o.reps * sizeof *v);
-    if (!toks || !v) sk_tool_die("out of memory");
+    if (!toks || !v) sk_cli_die(1, "out of memory");
     for (uint32_t r = 0; r < o.reps; r++) {
       random_tokens(toks, o.prefill, V, &st);
       uint64_t id = open_session(c, &o, true, NULL);
-      double t0 = sk_tool_now_s();
+      double t0 = sk_cli_now_s();
       append_or_die(c, id, toks, o.prefill);
-      v[r] = (double)o.prefill / (sk_tool_now_s() - t0);
+      v[r] = (double)o.prefill / (sk_cli_now_s() - t0);
       close_session(c, id);
     }
     prefill_tps = quantile(v, o.reps, 0.5);
-    sk_tool_note("prefill: %.1f tokens/s", prefill_tps);
+    sk_cli_note("prefill: %.1f tokens/s", prefill_tps);
     free(toks);
     free(v);
   }
@@ -443,7 +409,7 @@ int main(int argc, char **argv) {
   if (!o.no_decode) {
     double *v = malloc(o.reps * sizeof *v);
     struct timing tm = {.t = calloc(o.gen, sizeof(double)), .cap = o.gen};
-    if (!v || !tm.t) sk_tool_die("out of memory");
+    if (!v || !tm.t) sk_cli_die(1, "out of memory");
     for (uint32_t r = 0; r < o.reps; r++) {
       int32_t prompt[PROMPT_TOKENS];
       random_tokens(prompt, PROMPT_TOKENS, V, &st);
@@ -455,7 +421,7 @@ int main(int argc, char **argv) {
       close_session(c, id);
     }
     decode_tps = quantile(v, o.reps, 0.5);
-    sk_tool_note("decode, one session: %.1f tokens/s", decode_tps);
+    sk_cli_note("decode, one session: %.1f tokens/s", decode_tps);
     free(v);
     free(tm.t);
   }
@@ -465,7 +431,7 @@ int main(int argc, char **argv) {
   uint32_t n_conc = o.no_conc ? 0 : o.n_conc;
   for (uint32_t i = 0; i < n_conc; i++) {
     conc[i] = run_concurrency(&o, V, o.conc[i], pid);
-    sk_tool_note("%u session%s: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms",
+    sk_cli_note("%u session%s: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms",
                  conc[i].c, conc[i].c == 1 ? "" : "s", conc[i].aggregate, conc[i].p50_ms,
                  conc[i].p99_ms);
   }
@@ -486,8 +452,8 @@ int main(int argc, char **argv) {
     double *seg = calloc((size_t)n_pos * seg_cap, sizeof *seg);
     size_t n_seg[MAX_LIST] = {0};
     uint64_t cpu[MAX_LIST] = {0};
-    if (!chunk || !tm.t || !seg) sk_tool_die("out of memory");
-    double t_adv = sk_tool_now_s();
+    if (!chunk || !tm.t || !seg) sk_cli_die(1, "out of memory");
+    double t_adv = sk_cli_now_s();
     for (uint32_t i = 0; i < n_pos; i++) {
       ids[i] = open_session(c, &o, true, &kv_bytes_stream);
       uint64_t seen = 0;
@@ -497,8 +463,8 @@ int main(int argc, char **argv) {
         append_or_die(c, ids[i], chunk, (size_t)n);
         seen += n;
         if (seen % (16 * APPEND_CHUNK) < n)
-          sk_tool_note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
-               (double)seen / (sk_tool_now_s() - t_adv));
+          sk_cli_note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
+               (double)seen / (sk_cli_now_s() - t_adv));
       }
       tm.n = 0;
       generate_or_die(c, ids[i], POS_WARMUP < tm.cap ? POS_WARMUP : (uint32_t)tm.cap, &tm);
@@ -519,7 +485,7 @@ int main(int argc, char **argv) {
     for (uint32_t i = 0; i < n_pos; i++) {
       pos_ms[i] = quantile(seg + (size_t)i * seg_cap, n_seg[i], 0.5);
       pos_cpu_ms[i] = (double)cpu[i] / 1e6 / ((double)per_round * POS_ROUNDS);
-      sk_tool_note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
+      sk_cli_note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
            pos_ms[i], pos_cpu_ms[i]);
       close_session(c, ids[i]);
     }
@@ -534,14 +500,20 @@ int main(int argc, char **argv) {
   }
 
   if (o.json) {
-    printf("{\"model\": {\"name\": \"%s\", \"weight_type\": \"%s\", \"weight_bytes\": %" PRIu64
-           ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
-           h.model.name, h.model.weight_type, h.model.weight_bytes, h.model.n_layer, h.model.dim,
-           V);
-    printf("\"compute\": {\"kernel\": \"%s\", \"threads\": %u, \"max_batch\": %u, "
-           "\"kv_type\": \"%s\"}, ",
-           h.compute.kernel, h.compute.threads, h.compute.max_batch,
-           h.compute.kv_type[0] ? h.compute.kv_type : "f32");
+    /* The names come from the daemon (the model's from its GGUF file):
+     * escaped as JSON strings. */
+    printf("{\"model\": {\"name\": ");
+    sk_cli_json_cstr(stdout, h.model.name);
+    printf(", \"weight_type\": ");
+    sk_cli_json_cstr(stdout, h.model.weight_type);
+    printf(", \"weight_bytes\": %" PRIu64 ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
+           h.model.weight_bytes, h.model.n_layer, h.model.dim, V);
+    printf("\"compute\": {\"kernel\": ");
+    sk_cli_json_cstr(stdout, h.compute.kernel);
+    printf(", \"threads\": %u, \"max_batch\": %u, \"kv_type\": ", h.compute.threads,
+           h.compute.max_batch);
+    sk_cli_json_cstr(stdout, h.compute.kv_type[0] ? h.compute.kv_type : "f32");
+    printf("}, ");
     printf("\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, ", prefill_tps,
            decode_tps);
     printf("\"concurrency\": [");

@@ -28,15 +28,14 @@
  * --rows N (one number; default 1), products of N activation rows each
  * (a step of N sessions). A
  * development tool, not a test. */
-#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "kernels.h"
 #include "pool.h"
@@ -54,19 +53,13 @@ static float frand(void) { /* uniform in [-1, 1) */
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "sinkd-kbench: out of memory\n");
-    exit(1);
-  }
+  if (!p) sk_cli_die(1, "out of memory");
   return p;
 }
 
 static void select_or_die(const char *name) {
   struct sk_error err = {0};
-  if (sk_kernels_select(name, &err) < 0) {
-    fprintf(stderr, "sinkd-kbench: %s\n", err.message);
-    exit(1);
-  }
+  if (sk_kernels_select(name, &err) < 0) sk_cli_die(1, "%s", err.message);
 }
 
 /* ---- memory read bandwidth (--membw) ---- */
@@ -126,21 +119,18 @@ static void membw_run(const uint8_t *buf, size_t n, int threads, size_t streams,
   for (int smp = 0; smp < samples; smp++) {
     struct membw_part part[2];
     pthread_t th[2];
-    double t0 = sk_tool_now_s();
+    double t0 = sk_cli_now_s();
     for (int k = 0; k < threads; k++) {
       part[k] = (struct membw_part){
           .p = buf + (size_t)64 * (n / threads * k), .n = n / threads, .streams = streams};
-      if (pthread_create(&th[k], NULL, read, &part[k]) != 0) {
-        fprintf(stderr, "sinkd-kbench: cannot start a thread\n");
-        exit(1);
-      }
+      if (pthread_create(&th[k], NULL, read, &part[k]) != 0) sk_cli_die(1, "cannot start a thread");
     }
     for (int k = 0; k < threads; k++) {
       pthread_join(th[k], NULL);
       check += part[k].sum;
     }
     const size_t lines = n / threads / streams * streams * threads; /* read (whole shares) */
-    gbs[smp] = (double)lines * 64 / (sk_tool_now_s() - t0) / 1e9;
+    gbs[smp] = (double)lines * 64 / (sk_cli_now_s() - t0) / 1e9;
   }
   qsort(gbs, (size_t)samples, sizeof *gbs, sk_tool_cmp_double);
   membw_sink = check; /* the sums are used: the reads stay */
@@ -155,10 +145,7 @@ static void membw_run(const uint8_t *buf, size_t n, int threads, size_t streams,
 static int membw(size_t mib, int samples) {
   const size_t n = (mib << 20) / 64;
   uint8_t *buf = aligned_alloc(64, n * 64);
-  if (!buf) {
-    fprintf(stderr, "sinkd-kbench: out of memory\n");
-    exit(1);
-  }
+  if (!buf) sk_cli_die(1, "out of memory");
   for (size_t i = 0; i < n * 64; i++) buf[i] = (uint8_t)i; /* touch every page */
   const size_t streams[] = {1, 8};
   for (size_t k = 0; k < 2; k++)
@@ -198,10 +185,7 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
     w[i] = (struct sk_wmat){.type = type, .rows = rows, .cols = cols, .row_bytes = rb,
                             .data = data[i]};
     struct sk_error err = {0};
-    if (sk_kernels_pack(&w[i], &mem[i], &err) < 0) {
-      fprintf(stderr, "sinkd-kbench: %s\n", err.message);
-      exit(1);
-    }
+    if (sk_kernels_pack(&w[i], &mem[i], &err) < 0) sk_cli_die(1, "%s", err.message);
   }
 }
 
@@ -226,7 +210,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
   struct sk_pool *pool = NULL;
   struct sk_error perr = {0};
   if (threads > 1 && sk_pool_new(threads, &pool, &perr) < 0) {
-    fprintf(stderr, "sinkd-kbench: %s\n", perr.message);
+    sk_cli_note("%s", perr.message);
     return 1;
   }
   const uint32_t per_thread = 4;
@@ -257,7 +241,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
       for (int k = 0; k < nv; k++) {
         int v = (smp + 1 + k) % nv;
         select_or_die(variants[v]);
-        double t0 = sk_tool_now_s();
+        double t0 = sk_cli_now_s();
         for (int i = 0; i < DECODE_MATS; i++) {
           const uint32_t cols = w[v][i].cols;
           if (sk_wmat_needs_q8(&w[v][i])) sk_kernels_quantize_rows(x, 2048, n, cols, q, d, qs);
@@ -271,7 +255,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
           }
           sk_pool_run(pool, decode_task, &mm, (w[v][i].rows + mm.chunk - 1) / mm.chunk);
         }
-        if (smp >= 0) t[v * samples + smp] = sk_tool_now_s() - t0;
+        if (smp >= 0) t[v * samples + smp] = sk_cli_now_s() - t0;
       }
     }
     printf("decode %s, 110M shape, %.1f MB per step, %u row%s, %u thread%s:\n",
@@ -303,18 +287,6 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
   return 0;
 }
 
-/* The value of option flag, a whole number in [lo, hi]; exits 2 otherwise. */
-static uint32_t arg_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi) {
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(s, &end, 10);
-  if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi) {
-    fprintf(stderr, "sinkd-kbench: %s takes a number in %u..%u, not '%s'\n", flag, lo, hi, s);
-    exit(2);
-  }
-  return (uint32_t)v;
-}
-
 static void usage(FILE *f) {
   fprintf(f, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
              "       sinkd-kbench --membw MIB [--samples N]\n"
@@ -328,14 +300,13 @@ static void usage(FILE *f) {
  * there is none. */
 static const char *opt_value(int argc, char **argv, int *i) {
   if (*i + 1 >= argc) {
-    fprintf(stderr, "sinkd-kbench: %s needs a value\n", argv[*i]);
-    usage(stderr);
-    exit(2);
+    sk_cli_usage_error("%s needs a value", argv[*i]);
   }
   return argv[++*i];
 }
 
 int main(int argc, char **argv) {
+  sk_cli_init("sinkd-kbench", "sinkd-kbench --help");
   int samples = 31;
   size_t membw_mib = 0;
   bool decode_mode = false;
@@ -346,30 +317,25 @@ int main(int argc, char **argv) {
   int nv = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--samples") == 0) {
-      samples = (int)arg_u32("--samples", opt_value(argc, argv, &i), 1, 100000);
+      samples = (int)sk_cli_parse_u64("--samples", opt_value(argc, argv, &i), 1, 100000);
     } else if (strcmp(argv[i], "--rows") == 0) {
-      n_rows = 0;
       rows_given = true;
-      char *list = (char *)opt_value(argc, argv, &i);
-      for (char *t = strtok(list, ","); t && n_rows < 8; t = strtok(NULL, ","))
-        rows_list[n_rows++] = arg_u32("--rows", t, 1, 4096);
+      uint64_t rows[8];
+      n_rows = sk_cli_parse_list("--rows", opt_value(argc, argv, &i), rows, 8, 1, 4096);
+      for (uint32_t k = 0; k < n_rows; k++) rows_list[k] = (uint32_t)rows[k];
     } else if (strcmp(argv[i], "--membw") == 0) {
-      membw_mib = arg_u32("--membw", opt_value(argc, argv, &i), 1, 65536);
+      membw_mib = sk_cli_parse_u64("--membw", opt_value(argc, argv, &i), 1, 65536);
     } else if (strcmp(argv[i], "--threads") == 0) {
-      threads = arg_u32("--threads", opt_value(argc, argv, &i), 1, 64);
+      threads = (uint32_t)sk_cli_parse_u64("--threads", opt_value(argc, argv, &i), 1, 64);
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
       return 0;
     } else if (argv[i][0] == '-') {
-      fprintf(stderr, "sinkd-kbench: unknown option %s\n", argv[i]);
-      usage(stderr);
-      return 2;
+      sk_cli_usage_error("unknown option %s", argv[i]);
     } else if (!sk_kernels_known(argv[i])) {
-      fprintf(stderr, "sinkd-kbench: unknown kernel variant '%s'\n", argv[i]);
-      usage(stderr);
-      return 2;
+      sk_cli_usage_error("unknown kernel variant '%s'", argv[i]);
     } else if (nv < MAX_VARIANTS) {
       variants[nv++] = argv[i];
     }
@@ -385,14 +351,13 @@ int main(int argc, char **argv) {
   }
   for (int v = 0; v < nv; v++)
     if (!sk_kernels_supported(variants[v])) {
-      fprintf(stderr, "sinkd-kbench: this CPU does not run %s (it runs: %s)\n", variants[v],
+      sk_cli_note("this CPU does not run %s (it runs: %s)", variants[v],
               sk_kernels_available());
       return 1;
     }
   if (decode_mode) {
     if (rows_given && n_rows != 1) {
-      fprintf(stderr, "sinkd-kbench: --decode takes one --rows number, not a list\n");
-      return 2;
+      sk_cli_usage_error("--decode takes one --rows number, not a list");
     }
     return decode(variants, nv, samples, threads, rows_list[0]);
   }
@@ -424,7 +389,7 @@ int main(int argc, char **argv) {
         w[v] = (struct sk_wmat){.type = types[ti], .rows = rows, .cols = cols, .row_bytes = rb,
                                 .data = data};
         if (sk_kernels_pack(&w[v], &mem[v], &err) < 0) {
-          fprintf(stderr, "sinkd-kbench: %s\n", err.message);
+          sk_cli_note("%s", err.message);
           return 1;
         }
       }
@@ -453,9 +418,9 @@ int main(int argc, char **argv) {
           for (int k = 0; k < nv; k++) {
             int v = (smp + k) % nv; /* alternate which variant goes first */
             select_or_die(variants[v]);
-            double t0 = sk_tool_now_s();
+            double t0 = sk_cli_now_s();
             for (int c = 0; c < calls; c++) sk_kernels_matmul(&w[v], &a, yr + v * n, 0, rows);
-            t[v * samples + smp] = (sk_tool_now_s() - t0) / calls;
+            t[v * samples + smp] = (sk_cli_now_s() - t0) / calls;
           }
         }
         bool same = true;

@@ -54,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "quant.h"
 #include "tool.h"
@@ -98,7 +99,7 @@ struct out {
 };
 
 static void put(struct out *o, const void *p, size_t n) {
-  if (n && fwrite(p, 1, n, o->f) != n) sk_tool_die("write %s: %s", o->path, strerror(errno));
+  if (n && fwrite(p, 1, n, o->f) != n) sk_cli_die(1, "write %s: %s", o->path, strerror(errno));
   o->pos += n;
 }
 static void put_u32(struct out *o, uint32_t v) { put(o, &v, 4); } /* little-endian hosts */
@@ -175,19 +176,19 @@ struct kv_copy {
 static void read_vocab_from(const char *path, struct kv_copy *kc) {
   struct sk_error err = {0};
   memset(kc, 0, sizeof *kc);
-  if (sk_gguf_open(path, &kc->g, &err) < 0) sk_tool_die("--vocab-from %s: %s", path, err.message);
+  if (sk_gguf_open(path, &kc->g, &err) < 0) sk_cli_die(1, "--vocab-from %s: %s", path, err.message);
   const struct sk_gguf_str *toks = NULL;
   uint64_t n_tok = 0;
   if (sk_gguf_get_str_array(kc->g, "tokenizer.ggml.tokens", &toks, &n_tok, &err) != 1 ||
       n_tok > (1u << 22))
-    sk_tool_die("--vocab-from %s: no usable tokenizer.ggml.tokens", path);
+    sk_cli_die(1, "--vocab-from %s: no usable tokenizer.ggml.tokens", path);
   kc->n_vocab = (uint32_t)n_tok;
   size_t size = 0;
   const uint8_t *base = sk_gguf_bytes(kc->g, &size), *end = base + size;
   const uint64_t n_kv = sk_gguf_n_kv(kc->g);
   kc->at = calloc(n_kv ? n_kv : 1, sizeof *kc->at);
   kc->len = calloc(n_kv ? n_kv : 1, sizeof *kc->len);
-  if (!kc->at || !kc->len) sk_tool_die("out of memory");
+  if (!kc->at || !kc->len) sk_cli_die(1, "out of memory");
   const uint8_t *p = base + 24; /* magic, version, n_tensors, n_kv */
   for (uint64_t i = 0; i < n_kv; i++) {
     uint64_t kl;
@@ -196,7 +197,7 @@ static void read_vocab_from(const char *path, struct kv_copy *kc) {
     const uint8_t *key = p + 8;
     memcpy(&t, key + kl, 4);
     size_t z = value_size(key + kl + 4, end, t);
-    if (!z) sk_tool_die("--vocab-from %s: metadata %" PRIu64 " runs past the file", path, i);
+    if (!z) sk_cli_die(1, "--vocab-from %s: metadata %" PRIu64 " runs past the file", path, i);
     const size_t len = 8 + (size_t)kl + 4 + z;
     if (kl > 10 && memcmp(key, "tokenizer.", 10) == 0) {
       kc->at[kc->n] = p;
@@ -250,7 +251,7 @@ static bool letter_piece(uint64_t k, char *buf, size_t cap) {
 static void make_vocab(struct vocab *v, uint32_t n) {
   v->n = n;
   v->text = calloc(n, sizeof *v->text);
-  if (!v->text) sk_tool_die("out of memory");
+  if (!v->text) sk_cli_die(1, "out of memory");
   char buf[32];
   for (uint32_t i = 0; i < n; i++) {
     if (i == 0) snprintf(buf, sizeof buf, "<unk>");
@@ -266,12 +267,12 @@ static void make_vocab(struct vocab *v, uint32_t n) {
        * covered by the ASCII run above */
       static uint64_t k = 0;
       for (;;) {
-        if (!letter_piece(k++, buf, sizeof buf)) sk_tool_die("vocabulary of %u is too large", n);
+        if (!letter_piece(k++, buf, sizeof buf)) sk_cli_die(1, "vocabulary of %u is too large", n);
         if (!(strlen(buf) == 1 && buf[0] >= 'a' && buf[0] <= 'z')) break;
       }
     }
     v->text[i] = strdup(buf);
-    if (!v->text[i]) sk_tool_die("out of memory");
+    if (!v->text[i]) sk_cli_die(1, "out of memory");
   }
 }
 
@@ -353,8 +354,8 @@ static uint32_t parse_type(const char *s, enum preset *ret_preset) {
   }
   for (uint32_t t = 0; t < 64; t++)
     if (sk_quant_supported(t) && !strcmp(s, sk_ggml_type_name(t))) return t;
-  sk_tool_usage_die("type '%s': expected one of %s%s", s, sk_quant_supported_names(),
-                    ret_preset ? ", q4_K_M, q5_K_M" : "");
+  sk_cli_usage_error("type '%s': expected one of %s%s", s, sk_quant_supported_names(),
+                     ret_preset ? ", q4_K_M, q5_K_M" : "");
 }
 
 /* llama-quantize's use_more_bits(i, n): the layers whose attn_v and
@@ -396,7 +397,7 @@ static void write_row(struct out *o, uint32_t t, const float *x, uint64_t ne0, f
   default: {
     uint64_t seed = rng_next();
     if (sk_quant_random_row(t, (uint32_t)ne0, a, &seed, tmp) < 0)
-      sk_tool_die("internal: type %u", t);
+      sk_cli_die(1, "internal: type %u", t);
     put(o, tmp, sk_quant_row_bytes(t, ne0));
     break;
   }
@@ -426,20 +427,11 @@ static void usage(FILE *f) {
           "  -h, --help            this text\n"
           "\n"
           "Exit status: 0 written, 1 could not write, 2 usage error.\n",
-          sk_tool_prog);
-}
-
-static uint32_t parse_u32(const char *flag, const char *s, uint32_t min, uint32_t max) {
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || !end || end == s || *end || v < min || v > max)
-    sk_tool_usage_die("%s: '%s' is not a number in [%u, %u]", flag, s, min, max);
-  return (uint32_t)v;
+          sk_cli_prog());
 }
 
 int main(int argc, char **argv) {
-  sk_tool_prog = "sinkd-mkmodel";
+  sk_cli_init("sinkd-mkmodel", "sinkd-mkmodel --help");
   struct shape sh = shapes[1];
   const char *type_name = "f32", *out_type_name = NULL, *path = NULL;
   uint64_t seed = 1;
@@ -471,32 +463,36 @@ int main(int argc, char **argv) {
       size_t i = 0;
       while (i < sizeof archs / sizeof archs[0] && strcmp(archs[i].name, optarg)) i++;
       if (i == sizeof archs / sizeof archs[0])
-        sk_tool_usage_die("arch '%s': expected llama, llama3, qwen2 or qwen3", optarg);
+        sk_cli_usage_error("arch '%s': expected llama, llama3, qwen2 or qwen3", optarg);
       arch = &archs[i];
       break;
     }
-    case O_HEAD_DIM: head_dim_opt = parse_u32("--head-dim", optarg, 2, 65536); break;
+    case O_HEAD_DIM:
+      head_dim_opt = (uint32_t)sk_cli_parse_u64("--head-dim", optarg, 2, 65536);
+      break;
     case 's': {
       size_t i = 0;
       while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
       if (i == sizeof shapes / sizeof shapes[0])
-        sk_tool_usage_die("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
+        sk_cli_usage_error("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
       sh = shapes[i];
       break;
     }
     case 't': type_name = optarg; break;
     case O_OUT_TYPE: out_type_name = optarg; break;
-    case O_DIM: sh.dim = parse_u32("--dim", optarg, 1, 65536); break;
-    case O_LAYERS: sh.n_layer = parse_u32("--layers", optarg, 1, 1024); break;
-    case O_HEADS: sh.n_head = parse_u32("--heads", optarg, 1, 1024); break;
+    case O_DIM: sh.dim = (uint32_t)sk_cli_parse_u64("--dim", optarg, 1, 65536); break;
+    case O_LAYERS: sh.n_layer = (uint32_t)sk_cli_parse_u64("--layers", optarg, 1, 1024); break;
+    case O_HEADS: sh.n_head = (uint32_t)sk_cli_parse_u64("--heads", optarg, 1, 1024); break;
     case O_KV_HEADS:
-      sh.n_kv_head = parse_u32("--kv-heads", optarg, 1, 1024);
+      sh.n_kv_head = (uint32_t)sk_cli_parse_u64("--kv-heads", optarg, 1, 1024);
       kv_heads_set = true;
       break;
-    case O_HIDDEN: sh.hidden = parse_u32("--hidden", optarg, 1, 1u << 20); break;
-    case O_VOCAB: sh.vocab = parse_u32("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22); break;
-    case O_CTX: sh.ctx = parse_u32("--ctx", optarg, 1, 1u << 24); break;
-    case O_SEED: seed = parse_u32("--seed", optarg, 0, UINT32_MAX); break;
+    case O_HIDDEN: sh.hidden = (uint32_t)sk_cli_parse_u64("--hidden", optarg, 1, 1u << 20); break;
+    case O_VOCAB:
+      sh.vocab = (uint32_t)sk_cli_parse_u64("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22);
+      break;
+    case O_CTX: sh.ctx = (uint32_t)sk_cli_parse_u64("--ctx", optarg, 1, 1u << 24); break;
+    case O_SEED: seed = (uint32_t)sk_cli_parse_u64("--seed", optarg, 0, UINT32_MAX); break;
     case O_VOCAB_FROM: vocab_from = optarg; break;
     case O_CHAT_TEXT: chat_text = optarg; break;
     case 'o': path = optarg; break;
@@ -504,14 +500,14 @@ int main(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (optind < argc) sk_tool_usage_die("unexpected argument '%s' (see --help)", argv[optind]);
-  if (!path) sk_tool_usage_die("no output file: give -o FILE (see --help)");
+  if (optind < argc) sk_cli_usage_error("unexpected argument '%s'", argv[optind]);
+  if (!path) sk_cli_usage_error("no output file: give -o FILE");
   if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
   if ((!head_dim_opt && (sh.dim % sh.n_head || (sh.dim / sh.n_head) % 2)) ||
       sh.n_head % sh.n_kv_head || head_dim_opt % 2)
-    sk_tool_usage_die("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
-                      "(or give an even --head-dim), heads into kv heads",
-                      sh.dim, sh.n_head, sh.n_kv_head);
+    sk_cli_usage_error("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
+                       "(or give an even --head-dim), heads into kv heads",
+                       sh.dim, sh.n_head, sh.n_kv_head);
   struct kv_copy kc = {0};
   if (vocab_from) {
     read_vocab_from(vocab_from, &kc);
@@ -533,7 +529,7 @@ int main(int argc, char **argv) {
   /* Tensor table in file order. */
   size_t n_t = 4 + 14 * (size_t)sh.n_layer; /* at most */
   struct tensor *ts = calloc(n_t, sizeof *ts);
-  if (!ts) sk_tool_die("out of memory");
+  if (!ts) sk_cli_die(1, "out of memory");
   size_t k = 0;
 #define T(NAME, NE0, NE1, TYPE, INIT)                                              \
   do {                                                                             \
@@ -597,7 +593,7 @@ int main(int argc, char **argv) {
   if (!vocab_from) make_vocab(&voc, sh.vocab);
 
   struct out o = {.f = fopen(path, "wb"), .path = path};
-  if (!o.f) sk_tool_die("cannot create %s: %s", path, strerror(errno));
+  if (!o.f) sk_cli_die(1, "cannot create %s: %s", path, strerror(errno));
   /* the model's keys, then the 7 of the made-up vocabulary or the copied
    * ones, then a chat template given as text (replacing a copied one) */
   const uint64_t n_kv = 11 + (head_keys ? 2 : 0) +
@@ -673,7 +669,7 @@ int main(int argc, char **argv) {
 
   float *row = malloc(max_row * sizeof *row);
   void *tmp = malloc(max_row * 4 + 64);
-  if (!row || !tmp) sk_tool_die("out of memory");
+  if (!row || !tmp) sk_cli_die(1, "out of memory");
   const uint64_t data_start = o.pos;
   for (size_t i = 0; i < n_t; i++) {
     const struct tensor *t = &ts[i];
@@ -691,8 +687,8 @@ int main(int argc, char **argv) {
       write_row(&o, t->type, row, t->ne0, a, tmp);
     }
   }
-  if (fclose(o.f) != 0) sk_tool_die("write %s: %s", path, strerror(errno));
-  fprintf(stderr, "%s: wrote %s: %s %s, %s weights (output %s), %.1f MB\n", sk_tool_prog, path,
+  if (fclose(o.f) != 0) sk_cli_die(1, "write %s: %s", path, strerror(errno));
+  fprintf(stderr, "%s: wrote %s: %s %s, %s weights (output %s), %.1f MB\n", sk_cli_prog(), path,
           arch->name, sh.name, type_name, arch->tied ? "tied" : sk_ggml_type_name(otype),
           (double)o.pos / 1e6);
   for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);

@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "gguf.h"
 #include "tokenizer.h"
 #include "tool.h"
@@ -34,15 +35,15 @@
 static void usage(void) {
   fprintf(stderr,
           "usage: %s [--bytes N] [--rounds R] [--llama-tokenize PATH] VOCAB TEXT\n",
-          sk_tool_prog);
+          sk_cli_prog());
   exit(2);
 }
 
 static char *read_prefix(const char *path, size_t max, size_t *ret_len) {
   FILE *f = fopen(path, "rb");
-  if (!f) sk_tool_die("%s: %s", path, strerror(errno));
+  if (!f) sk_cli_die(1, "%s: %s", path, strerror(errno));
   char *buf = malloc(max + 1);
-  if (!buf) sk_tool_die("out of memory");
+  if (!buf) sk_cli_die(1, "out of memory");
   size_t n = fread(buf, 1, max, f);
   fclose(f);
   /* Cut back to a character boundary. */
@@ -55,18 +56,18 @@ static char *read_prefix(const char *path, size_t max, size_t *ret_len) {
 /* Loads the vocabulary and tokenizes; returns the ids (caller frees). */
 static int32_t *sinkd_round(const char *vocab, const char *text, size_t len, size_t *ret_n,
                             double *ret_total, double *ret_encode) {
-  double t0 = sk_tool_now_s();
+  double t0 = sk_cli_now_s();
   struct sk_gguf *g = NULL;
   struct sk_tokenizer *tok = NULL;
   struct sk_error err = {0};
   if (sk_gguf_open(vocab, &g, &err) < 0 || sk_tokenizer_load(g, &tok, &err) < 0)
-    sk_tool_die("%s: %s", vocab, err.message);
+    sk_cli_die(1, "%s: %s", vocab, err.message);
   sk_gguf_close(g);
-  double t1 = sk_tool_now_s();
+  double t1 = sk_cli_now_s();
   int32_t *ids = NULL;
   if (sk_tokenizer_encode(tok, text, len, 0, &ids, ret_n, &err) < 0)
-    sk_tool_die("tokenize: %s", err.message);
-  double t2 = sk_tool_now_s();
+    sk_cli_die(1, "tokenize: %s", err.message);
+  double t2 = sk_cli_now_s();
   sk_tokenizer_free(tok);
   *ret_total = t2 - t0;
   *ret_encode = t2 - t1;
@@ -78,10 +79,10 @@ static int32_t *sinkd_round(const char *vocab, const char *text, size_t len, siz
 static double llama_round(const char *exe, const char *vocab, const char *file,
                           char **ret_out) {
   int fd[2];
-  if (pipe(fd) < 0) sk_tool_die("pipe: %s", strerror(errno));
-  double t0 = sk_tool_now_s();
+  if (pipe(fd) < 0) sk_cli_die(1, "pipe: %s", strerror(errno));
+  double t0 = sk_cli_now_s();
   pid_t pid = fork();
-  if (pid < 0) sk_tool_die("fork: %s", strerror(errno));
+  if (pid < 0) sk_cli_die(1, "fork: %s", strerror(errno));
   if (pid == 0) {
     dup2(fd[1], 1);
     close(fd[0]);
@@ -94,9 +95,9 @@ static double llama_round(const char *exe, const char *vocab, const char *file,
   close(fd[1]);
   size_t cap = 1 << 20, n = 0;
   char *out = malloc(cap);
-  if (!out) sk_tool_die("out of memory");
+  if (!out) sk_cli_die(1, "out of memory");
   for (;;) {
-    if (n + 4096 > cap && !(out = realloc(out, cap *= 2))) sk_tool_die("out of memory");
+    if (n + 4096 > cap && !(out = realloc(out, cap *= 2))) sk_cli_die(1, "out of memory");
     ssize_t r = read(fd[0], out + n, cap - n - 1);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
@@ -105,8 +106,8 @@ static double llama_round(const char *exe, const char *vocab, const char *file,
   close(fd[0]);
   int st;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  double dt = sk_tool_now_s() - t0;
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) sk_tool_die("%s failed (status %d)", exe, st);
+  double dt = sk_cli_now_s() - t0;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) sk_cli_die(1, "%s failed (status %d)", exe, st);
   out[n] = 0;
   if (ret_out)
     *ret_out = out;
@@ -140,22 +141,16 @@ static void compare(const char *out, const int32_t *ids, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  sk_tool_prog = "sinkd-tokbench";
+  sk_cli_init("sinkd-tokbench", NULL);
   size_t max = 102400;
   int rounds = 7;
   const char *llama = NULL;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc) {
-      char *e;
-      unsigned long long v = strtoull(argv[++i], &e, 10);
-      if (*e || v == 0 || v > (1ull << 30)) sk_tool_usage_die("--bytes: 1..2^30");
-      max = (size_t)v;
+      max = (size_t)sk_cli_parse_u64("--bytes", argv[++i], 1, 1ull << 30);
     } else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
-      char *e;
-      long v = strtol(argv[++i], &e, 10);
-      if (*e || v < 1 || v > 1000) sk_tool_usage_die("--rounds: 1..1000");
-      rounds = (int)v;
+      rounds = (int)sk_cli_parse_u64("--rounds", argv[++i], 1, 1000);
     } else if (strcmp(argv[i], "--llama-tokenize") == 0 && i + 1 < argc) {
       llama = argv[++i];
     } else {
@@ -171,14 +166,14 @@ int main(int argc, char **argv) {
   if (llama) {
     int fd = mkstemp(file);
     if (fd < 0 || write(fd, text, len) != (ssize_t)len || close(fd) < 0)
-      sk_tool_die("%s: %s", file, strerror(errno));
+      sk_cli_die(1, "%s: %s", file, strerror(errno));
     fd = mkstemp(one);
     if (fd < 0 || write(fd, "a", 1) != 1 || close(fd) < 0)
-      sk_tool_die("%s: %s", one, strerror(errno));
+      sk_cli_die(1, "%s: %s", one, strerror(errno));
   }
   double *tot = calloc((size_t)rounds, sizeof *tot), *enc = calloc((size_t)rounds, sizeof *enc),
          *lt = calloc((size_t)rounds, sizeof *lt), *l1 = calloc((size_t)rounds, sizeof *l1);
-  if (!tot || !enc || !lt || !l1) sk_tool_die("out of memory");
+  if (!tot || !enc || !lt || !l1) sk_cli_die(1, "out of memory");
   size_t n_ids = 0;
   for (int r = 0; r < rounds; r++) {
     int32_t *ids = sinkd_round(vocab, text, len, &n_ids, &tot[r], &enc[r]);
