@@ -251,6 +251,7 @@ static int sk__client_check(struct sk_client *c, struct sk_error *err) {
 static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
                             const char *op, uint32_t n_fields,
                             uint64_t *ret_id, struct sk_error *err) {
+  *ret_id = 0; /* defined on the error path too */
   if (sk_msgbuf_init(b) < 0)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   uint64_t id = c->next_id++;

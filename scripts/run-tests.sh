@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the dependencies (deps.sh --tests: building, running and the
-# test toolchain), builds, and runs the whole test suite:
+# test toolchain), builds, and runs the whole test suite (every build with
+# warnings as errors):
 #   1. ./build: every test (unit tests, integration, hostile frames,
 #      isolation between users, GGUF mutants, fuzz corpus replays, load);
+#      ./build-release: the release build a distribution makes (-O3),
+#      built, not run, for the warnings only an optimizer finds;
 #   2. ./build-asan (clang, ASan+UBSan, libFuzzer): the same suite again,
 #      then each fuzz target for SK_FUZZ_SECONDS (default 60) seconds;
 #   3. the integration test under valgrind memcheck (no errors, no leaks,
@@ -24,9 +27,13 @@ meson test -C build --print-errorlogs "$@"
 if [ $# -gt 0 ] || [ "${SK_TESTS:-full}" = quick ]; then exit 0; fi
 
 t0=$(date +%s)
+echo "== release build (--buildtype=release)" >&2
+[ -f build-release/build.ninja ] ||
+  meson setup build-release --buildtype=release -Dwerror=true >/dev/null
+ninja -C build-release
 echo "== sanitizers: ASan+UBSan build (clang) and the whole suite under it" >&2
 [ -f build-asan/build.ninja ] ||
-  CC=clang meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+  CC=clang meson setup build-asan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
     -Dc_args=-fno-sanitize-recover=all -Dfuzzing=true -Dman=disabled >/dev/null
 ninja -C build-asan
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
@@ -40,7 +47,8 @@ rm -f build/meson-logs/valgrind-*.log
 meson test -C build --setup valgrind --print-errorlogs integration
 echo "== ThreadSanitizer: the threaded parts (pool, daemon, clients)" >&2
 [ -f build-tsan/build.ninja ] ||
-  CC=clang meson setup build-tsan -Db_sanitize=thread -Db_lundef=false -Dman=disabled >/dev/null
+  CC=clang meson setup build-tsan -Dwerror=true -Db_sanitize=thread -Db_lundef=false \
+    -Dman=disabled >/dev/null
 ninja -C build-tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SK_LOAD_SECONDS=10 \
   meson test -C build-tsan --print-errorlogs kernels model integration persist hostile sinkctl load
@@ -85,4 +93,4 @@ print("counted: the normal build, the ASan+UBSan build, the valgrind run and the
       "%d fuzz targets that ran without a crash" % fuzz)
 print("tests: %d passed, %d failed, %d skipped" % (n["OK"] + fuzz, n["FAIL"], n["SKIP"]))
 PY
-echo "sanitizer, fuzzing, valgrind and TSan steps took $((t1 - t0)) s" >&2
+echo "release, sanitizer, fuzzing, valgrind and TSan steps took $((t1 - t0)) s" >&2
