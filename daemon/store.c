@@ -875,11 +875,9 @@ void sk_store_create_end(struct sk_store *st, int fd, uint64_t id) {
  *   still traps to the hypervisor, ~6 us a page, whatever the kernel
  *   mapped: so every page is also written once here, rewriting its first
  *   byte (the object is not shared yet).
- * A scratch test on that VM, 16 caches of 77 MB, the K and V rows (3 KB
- * each) of 12 layers written position by position: 12.5 us per sequence
- * and layer after MAP_POPULATE, 10.4 after MADV_POPULATE_WRITE, 2.1 after
- * the writes here; the writes cost 112 ms per 77 MB cache (on hardware
- * that maps pages itself, ~20,000 cached stores). */
+ * There, a step's first writes into a new cache cost about 5x as much
+ * without the writes here (doc/performance.md), which cost one write per
+ * page when the object is made instead. */
 static void sk__populate_write(void *map, size_t size) {
 #ifdef MADV_POPULATE_WRITE
   (void)madvise(map, size, MADV_POPULATE_WRITE); /* else: the writes below fault them in */

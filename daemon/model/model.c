@@ -1775,8 +1775,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   /* Rotated-keys tasks take kvh_per KV heads each: as many as keep about
    * eight tasks per thread, so that rows are read whole yet the threads
    * stay busy; with one thread there is nobody to keep busy, so all the
-   * heads (one session of the 110M Q8_0 model at position 1000, 4
-   * alternated rounds: 15.4-19.6 -> 14.4-16.6 ms per token). */
+   * heads (faster for one session far into a stream; doc/performance.md). */
   uint32_t kvh_per =
       s->n_threads == 1 ? c->n_kv_head : n_seqs * c->n_kv_head / (8 * s->n_threads);
   if (kvh_per > s->att_heads / (c->n_head / c->n_kv_head))
