@@ -258,7 +258,7 @@ static uint64_t w_u64(struct walk *w, enum section sec, const char *label) {
 
 /* A string: its length field, then its bytes (a boundary inside too). */
 static void w_str(struct walk *w, enum section sec, const char *label, char *out, size_t out_size) {
-  char l[96];
+  char l[192]; /* a label (up to 159 bytes) and its suffix, whole */
   snprintf(l, sizeof l, "%s length", label);
   uint64_t n = w_u64(w, sec, l);
   snprintf(l, sizeof l, "%s bytes", label);
@@ -291,7 +291,7 @@ static void walk_file(struct walk *w, const uint8_t *d, size_t size) {
   for (uint64_t i = 0; i < n_kv; i++) {
     struct kvinfo *kv = &w->kvs[w->n_kv++];
     kv->start = w->pos;
-    char label[96];
+    char label[160]; /* a key (up to 95 bytes) and its words, whole */
     snprintf(label, sizeof label, "kv %" PRIu64 " key", i);
     w_str(w, SEC_KV, label, kv->key, sizeof kv->key);
     snprintf(label, sizeof label, "kv '%s' type", kv->key);
