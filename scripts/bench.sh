@@ -1,10 +1,11 @@
 #!/bin/sh
-# Benchmarks sinkd on synthetic models (README, "Benchmark").
+# Benchmarks sinkd on synthetic models (doc/performance.md: the method
+# and the latest figures).
 #
 #   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
 #
-# sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench (README,
-# "Benchmark", which says how to build it): for each shape, weight type and thread
+# sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench
+# (doc/performance.md says how to build it): for each shape, weight type and thread
 # count it runs llama-bench tg64 and sinkd-bench's one-session decode of 64
 # tokens in ROUNDS rounds (default 3), the two taking turns at going first,
 # and prints one line per round and the median ratio, with the weight

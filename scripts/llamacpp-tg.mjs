@@ -1,5 +1,5 @@
 // llama.cpp's decode speed on a GGUF file, for a side-by-side run with
-// sinkd-bench on the same machine (README, "Benchmark"). llama.cpp comes
+// sinkd-bench on the same machine (doc/performance.md). llama.cpp comes
 // from node-llama-cpp's prebuilt CPU binaries (npm; no compiler, no
 // network beyond the npm registry), installed outside the tree:
 //

@@ -1073,7 +1073,7 @@ static void test_sinkctl(void **state) {
   json_decref(ref);
 }
 
-/* ---- issue 3: policies, pins, eviction reports, logprobs, eval ---- */
+/* ---- policies, pins, eviction reports, logprobs, eval ---- */
 
 /* Sessions the daemon lists for this uid. */
 static size_t count_sessions(struct sk_client *c) {
