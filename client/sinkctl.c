@@ -765,8 +765,8 @@ static void print_session_stats(const struct sk_session_stats *s) {
   printf("%-10s %" PRIu64 "\n", "commit", s->commit);
   printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
   printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
-  /* Only what the daemon sent (older daemons send neither); positions
-   * stays the last line. */
+  /* Only what the daemon sent (both are optional fields of the reply);
+   * positions stays the last line. */
   if (s->busy) {
     printf("%-10s (busy)\n", "indices");
   } else if (s->n_resident_ranges) {

@@ -1170,8 +1170,8 @@ int sk_store_image_check(const struct sk_store *st, const void *buf, size_t len,
     return sk__bad(err, "export file is for another model (fingerprint %s, loaded model %s)",
                    a, b);
   }
-  /* An image of another KV layout version (an older sinkd: other slot
-   * counts, so other offsets and sizes) is named as such before its
+  /* An image of another KV layout version (other slot counts, so other
+   * offsets and sizes) is named as such before its
    * geometry is compared with this daemon's. The body checksum matched, so
    * the bytes are the exporter's; bounds are checked all the same. */
   {

@@ -117,8 +117,8 @@ struct sk_compute_info {
   uint32_t threads;   /* compute threads */
   uint32_t max_batch; /* tokens of one forward pass, all sessions */
   char kv_type[SK_CLIENT_NAME_MAX]; /* new sessions' KV cache elements:
-                                       "f16" or "f32" ("" from older
-                                       daemons) */
+                                       "f16" or "f32" ("" if the
+                                       reply has none) */
 };
 
 /* Session defaults the daemon applies to fields `open` leaves out. */
@@ -221,8 +221,8 @@ struct sk_open_result {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens the cache holds */
   uint64_t kv_bytes; /* bytes of its KV cache */
-  char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32" ("" from
-                                       older daemons) */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32" ("" if the
+                                       reply has none) */
   uint64_t n_sink;   /* tokens; 0 where the policy has no such part */
   uint64_t window;
   uint64_t heavy;
@@ -259,9 +259,9 @@ struct sk_session_info {
   uint64_t resident; /* tokens in the cache now */
   uint64_t seen;     /* tokens the session has seen in total */
   bool adopted;      /* found in the state directory when the daemon started */
-  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" from older
-                                       daemons) */
-  /* From daemons that send them (0 / false from older ones): */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" if the
+                                       reply has none) */
+  /* 0 / false when the reply leaves them out: */
   uint64_t owner_uid;  /* uid that owns it */
   uint64_t kv_bytes;   /* bytes of its shared-memory object */
   uint64_t age_s;      /* seconds since it was made (open, fork, import) */
@@ -298,8 +298,8 @@ struct sk_session_stats {
   uint64_t kv_bytes; /* bytes of the cache */
   char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32", the
                                        type it was created with, which a
-                                       daemon adopting it keeps ("" from
-                                       older daemons) */
+                                       daemon adopting it keeps ("" if the
+                                       reply has none) */
   bool has_positions;      /* false when the cache is empty */
   uint64_t position_first; /* cache positions in use, inclusive */
   uint64_t position_last;
@@ -352,8 +352,8 @@ struct sk_session_summary {
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens */
   uint64_t kv_bytes; /* bytes of its shared-memory object */
-  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" from older
-                                       daemons) */
+  char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" if the
+                                       reply has none) */
   uint64_t resident; /* tokens in the cache */
   uint64_t seen;     /* tokens seen in total */
   uint64_t evicted;  /* tokens evicted in total */
