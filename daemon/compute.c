@@ -345,10 +345,9 @@ static const char *decode_stop(const struct sk_job *job) {
 /* Draw i of a step (of c->dec[i]), one task per decoding job on the
  * pool (each touches only its own job and session): the top logits and
  * the token from the live logits, then the step begun
- * (sk_store_begin_decode) with the sampler's new state. On the compute thread alone, the plan of 16
- * decoding sessions of the 110M model took 0.53-0.68 ms a step (two
- * threads), mostly copying each session's meta; with the draws on the
- * pool and no logits copy, 0.18-0.20 ms. */
+ * (sk_store_begin_decode) with the sampler's new state. On the pool, a
+ * step's draws take about a third of the time they took on the compute
+ * thread alone (doc/performance.md). */
 static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
   struct sk_compute *c = ctx;

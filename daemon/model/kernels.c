@@ -544,10 +544,7 @@ static const struct sk__kernels sk__generic = {
 /* Attention kernels prefetch the key and value rows this many rows ahead
  * (cache rows are kv_dim elements apart, a stride the hardware
  * prefetcher does not follow): 8 f32 rows, 16 f16 ones (about the same
- * bytes). 16 caches x 12 layers of the 110M shape, f16, one thread,
- * scores and weighted sums: 16 rows ahead (and both lines of a value
- * slice, where wsum_f16 fetched one) took 7-17% less time than 8 at 128,
- * 512 and 1024 rows per cache; 32 took more; f32 gained nothing. */
+ * bytes), the distances that read fastest (doc/performance.md). */
 #ifndef SK__ATT_PF
 #define SK__ATT_PF 8u
 #endif
