@@ -1865,9 +1865,9 @@ static void check_open_options(const struct opts *o, const char *cmd) {
   for (size_t j = 0; j < sizeof params / sizeof params[0]; j++)
     if (o->given[params[j].opt] && params[j].nonzero && !(parts & params[j].part))
       sk_cli_usage_error(params[j].part == SK_PART_PIN
-                      ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
-                      : "--%s: policy %s has no such part",
-                  opt_name(params[j].opt), pol);
+                             ? "--%s: policy %s takes no pin (streaming, sink_h2o and dense do)"
+                             : "--%s: policy %s has no such part",
+                         opt_name(params[j].opt), pol);
 }
 
 /* Index of the command word in argv (the first argument that is neither
@@ -1929,7 +1929,7 @@ int main(int argc, char **argv) {
     sk_cli_usage_error("%s: missing %s", name, commands[ci].arg_name);
   if (commands[ci].max_args >= 0 && nargs > commands[ci].max_args)
     sk_cli_usage_error("%s: unexpected argument '%s'", name,
-                args[commands[ci].max_args]);
+                       args[commands[ci].max_args]);
 
   /* Arguments are checked before connecting: a typo is a usage error
    * whether or not the daemon runs. */

@@ -352,7 +352,7 @@ int main(int argc, char **argv) {
   for (int v = 0; v < nv; v++)
     if (!sk_kernels_supported(variants[v])) {
       sk_cli_note("this CPU does not run %s (it runs: %s)", variants[v],
-              sk_kernels_available());
+                  sk_kernels_available());
       return 1;
     }
   if (decode_mode) {
