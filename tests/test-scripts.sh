@@ -2,7 +2,8 @@
 # The scripts a new user runs install only what they need:
 # scripts/deps.sh lists what building and running take, --tests adds the
 # test toolchain; run-demo.sh installs the first only and builds without
-# the test suite; run-tests.sh installs both.
+# the test suite; run-tests.sh installs both. build.sh and run-tests.sh
+# build with warnings as errors, meson.build leaves them warnings.
 #   test-scripts.sh SOURCE_ROOT
 set -u
 src=$1
@@ -10,7 +11,7 @@ status=0
 fail() { echo "FAIL: $*" >&2; status=1; }
 build=$("$src/scripts/deps.sh" --list) || fail "deps.sh --list"
 all=$("$src/scripts/deps.sh" --tests --list) || fail "deps.sh --tests --list"
-for p in meson ninja-build libuv1-dev libmsgpack-dev libopenblas-dev libsystemd-dev \
+for p in meson ninja-build libuv1-dev libmsgpack-dev libsystemd-dev \
          libinih-dev libxxhash-dev libpcre2-dev libjansson-dev libhttp-parser-dev; do
   echo "$build" | grep -qx "$p" || fail "deps.sh lacks $p, which building needs"
 done
@@ -25,5 +26,10 @@ done
 grep -qx '\./scripts/deps\.sh' "$src/scripts/run-demo.sh" || fail "run-demo.sh: not plain deps.sh"
 grep -q 'build\.sh -Dtests=false' "$src/scripts/run-demo.sh" || fail "run-demo.sh builds the tests"
 grep -qx '\./scripts/deps\.sh --tests' "$src/scripts/run-tests.sh" || fail "run-tests.sh: not deps.sh --tests"
+# The project's own builds treat warnings as errors; meson's default does not.
+grep -q -- '-Dwerror=true' "$src/scripts/build.sh" || fail "build.sh: warnings are not errors"
+grep -q -- '--buildtype=release -Dwerror=true' "$src/scripts/run-tests.sh" ||
+  fail "run-tests.sh: no release build with warnings as errors"
+grep -q "werror=true" "$src/meson.build" && fail "meson.build: werror is a default"
 [ $status -eq 0 ] && echo "ok: build list $(echo "$build" | wc -l) packages, with tests $(echo "$all" | wc -l)"
 exit $status
