@@ -16,6 +16,7 @@ build=(build-essential pkg-config meson ninja-build
 # systemd-analyze verify looks up.
 tests=(libcmocka-dev
        curl python3-msgpack  # the HTTP test (curl --unix-socket) and the Python client
+       python3-pip python3-setuptools python3-wheel  # the Python client's offline install
        nodejs  # the HTTP test runs the OpenAI JavaScript SDK (npm: Debian's npm, or nodesource's nodejs)
        systemd mandoc groff-base man-db
        procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
