@@ -32,8 +32,6 @@ enum {
   EXIT_INTERRUPTED = 130,
 };
 
-/* The protocol's limit for max_tokens. */
-#define MAX_TOKENS_LIMIT 1048576u
 /* A prompt read from stdin larger than any frame the daemon accepts is
  * refused here rather than read without bound. */
 #define PROMPT_MAX ((size_t)SK_FRAME_MAX_CEILING)
@@ -129,10 +127,10 @@ static void help(void) {
       "  -V, --version         show the version\n"
       "\n"
       "generate:\n"
-      "  -n, --max-tokens N    tokens to generate, 1..%u (default 128)\n"
-      "  -t, --temperature T   0..100, 0 = greedy (default 0.8)\n"
-      "      --top-k K         0 or >= the vocabulary = off (default 40)\n"
-      "      --top-p P         in (0, 1] (default 0.95)\n"
+      "  -n, --max-tokens N    tokens to generate, 1..%u (default %u)\n"
+      "  -t, --temperature T   0..100, 0 = greedy (default %g)\n"
+      "      --top-k K         0 or >= the vocabulary = off (default %u)\n"
+      "      --top-p P         in (0, 1] (default %g)\n"
       "      --seed N          sampling seed (default: random)\n"
       "      --stop TEXT       stop when the output contains TEXT (repeatable)\n"
       "      --ignore-eos      keep going past end-of-sequence\n"
@@ -178,7 +176,8 @@ static void help(void) {
       "chat goes on after a daemon error and ends with 1.\n"
       "\n"
       "See sinkctl(1) and sinkd-protocol(7).\n",
-      SK_CLIENT_DEFAULT_SOCKET, MAX_TOKENS_LIMIT);
+      SK_CLIENT_DEFAULT_SOCKET, SK_WIRE_MAX_TOKENS, SK_GENERATE_DEFAULT_MAX_TOKENS,
+      SK_GENERATE_DEFAULT_TEMPERATURE, SK_GENERATE_DEFAULT_TOP_K, SK_GENERATE_DEFAULT_TOP_P);
 }
 
 /* ---- durations ------------------------------------------------------- */
@@ -1652,43 +1651,49 @@ enum cmd {
   CMD_LOAD,
 };
 
+/* A command named after a protocol op takes the op's wire name (the bash
+ * completion lists the same names; tests/test-completion.sh checks it). */
+#define OP(NAME) SK_OP_##NAME, NULL
 static const struct {
-  const char *name;
+  int op;                 /* the op it is named after (SK_OP_...), or -1 for
+                             a command of sinkctl's own (save, load) */
+  const char *name;       /* the name of a command of sinkctl's own */
   enum cmd cmd;
   int min_args, max_args; /* positional arguments; -1 = any number */
   const char *arg_name;   /* for "missing ..." */
   const int *options;     /* command-specific options allowed, 0-ended */
 } commands[] = {
-    {"generate", CMD_GENERATE, 0, -1, "PROMPT",
+    {OP(GENERATE), CMD_GENERATE, 0, -1, "PROMPT",
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
                    OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY,
                    OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SPECIAL, 0}},
-    {"chat", CMD_CHAT, 0, 0, NULL,
+    {OP(CHAT), CMD_CHAT, 0, 0, NULL,
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
                    OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SYSTEM, 0}},
-    {"tokenize", CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
+    {OP(TOKENIZE), CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
      (const int[]){OPT_NO_BOS, OPT_SPECIAL, 0}},
-    {"detokenize", CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
-    {"open", CMD_OPEN, 0, 0, NULL,
+    {OP(DETOKENIZE), CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
+    {OP(OPEN), CMD_OPEN, 0, 0, NULL,
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
                    OPT_PIN_FILE, 0}},
-    {"close", CMD_CLOSE, 0, 1, "session ID (or --idle DURATION, --all)",
+    {OP(CLOSE), CMD_CLOSE, 0, 1, "session ID (or --idle DURATION, --all)",
      (const int[]){OPT_IDLE, OPT_ALL, 0}},
-    {"list", CMD_LIST, 0, 0, NULL, (const int[]){0}},
-    {"stats", CMD_STATS, 0, 1, "session ID", (const int[]){OPT_TOKENS, 0}},
-    {"resume", CMD_RESUME, 1, 1, "session ID", (const int[]){0}},
-    {"fork", CMD_FORK, 1, 1, "session ID", (const int[]){0}},
-    {"save", CMD_SAVE, 2, 2, "session ID and FILE", (const int[]){0}},
-    {"load", CMD_LOAD, 1, 1, "FILE", (const int[]){0}},
-    {"ping", CMD_PING, 0, 0, NULL, (const int[]){0}},
-    {"hello", CMD_HELLO, 0, 0, NULL, (const int[]){0}},
+    {OP(LIST), CMD_LIST, 0, 0, NULL, (const int[]){0}},
+    {OP(STATS), CMD_STATS, 0, 1, "session ID", (const int[]){OPT_TOKENS, 0}},
+    {OP(RESUME), CMD_RESUME, 1, 1, "session ID", (const int[]){0}},
+    {OP(FORK), CMD_FORK, 1, 1, "session ID", (const int[]){0}},
+    {-1, "save", CMD_SAVE, 2, 2, "session ID and FILE", (const int[]){0}},
+    {-1, "load", CMD_LOAD, 1, 1, "FILE", (const int[]){0}},
+    {OP(PING), CMD_PING, 0, 0, NULL, (const int[]){0}},
+    {OP(HELLO), CMD_HELLO, 0, 0, NULL, (const int[]){0}},
 };
+#undef OP
 
 static void parse_options(int argc, char **argv, struct opts *o) {
   opterr = 0;
@@ -1713,7 +1718,7 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       exit(0);
     case OPT_MAX_TOKENS:
       o->gen.max_tokens =
-          (uint32_t)sk_cli_parse_u64("--max-tokens", optarg, 1, MAX_TOKENS_LIMIT);
+          (uint32_t)sk_cli_parse_u64("--max-tokens", optarg, 1, SK_WIRE_MAX_TOKENS);
       break;
     case OPT_TEMPERATURE: {
       double t = sk_cli_parse_double("--temperature", optarg);
@@ -1907,11 +1912,13 @@ int main(int argc, char **argv) {
   char **args = argv + optind;
   if (nargs == 0) sk_cli_usage_error("no command given");
   size_t ci;
-  for (ci = 0; ci < sizeof commands / sizeof commands[0]; ci++)
-    if (strcmp(commands[ci].name, args[0]) == 0) break;
+  const char *name = NULL;
+  for (ci = 0; ci < sizeof commands / sizeof commands[0]; ci++) {
+    name = commands[ci].op >= 0 ? sk_op_name(commands[ci].op) : commands[ci].name;
+    if (strcmp(name, args[0]) == 0) break;
+  }
   if (ci == sizeof commands / sizeof commands[0])
     sk_cli_usage_error("unknown command '%s'", args[0]);
-  const char *name = commands[ci].name;
   nargs--;
   args++;
 

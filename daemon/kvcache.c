@@ -15,11 +15,9 @@
 /* ---- policies ------------------------------------------------------- */
 
 static const char *const sk__policy_names[] = {
-    [SK_POLICY_DENSE] = "dense",
-    [SK_POLICY_STREAMING] = "streaming",
-    [SK_POLICY_WINDOW] = "window",
-    [SK_POLICY_H2O] = "h2o",
-    [SK_POLICY_SINK_H2O] = "sink_h2o",
+#define SK__POLICY_NAME(NAME, value, wire, parts) [SK_POLICY_##NAME] = wire,
+    SK_POLICY_LIST(SK__POLICY_NAME)
+#undef SK__POLICY_NAME
 };
 #define SK__N_POLICIES (sizeof sk__policy_names / sizeof sk__policy_names[0])
 

@@ -131,12 +131,11 @@
  * positions differ by less than float precision in the slow dimensions. */
 #define SK_KV_MAX_ROPE_SCALE ((float)SK_MAX_ROPE_SCALE)
 
+/* The values sinkd/protocol.h's SK_POLICY_LIST gives (stored in headers). */
 enum sk_policy {
-  SK_POLICY_DENSE = 0,
-  SK_POLICY_STREAMING = 1,
-  SK_POLICY_WINDOW = 2,
-  SK_POLICY_H2O = 3,
-  SK_POLICY_SINK_H2O = 4,
+#define SK__POLICY_ENUM(NAME, value, wire, parts) SK_POLICY_##NAME = value,
+  SK_POLICY_LIST(SK__POLICY_ENUM)
+#undef SK__POLICY_ENUM
 };
 
 /* Element type of the cached keys and values. */
@@ -227,7 +226,7 @@ struct sk_kv {
 
 /* Evicted stream indices, merged into ranges of consecutive indices.
  * Keeps the first SK_EVICT_LOG_MAX_RANGES ranges; n_evicted counts all. */
-#define SK_EVICT_LOG_MAX_RANGES 64u
+#define SK_EVICT_LOG_MAX_RANGES SK_WIRE_MAX_RANGES
 struct sk_evict_log {
   uint64_t n_evicted;
   uint32_t n_ranges;

@@ -36,8 +36,6 @@
 /* Quiet time after the last disconnect before freed memory is given back
  * to the system (see on_trim). */
 #define SK_TRIM_DELAY_MS 1000u
-/* generate: the most tokens one request may ask for. */
-#define SK_MAX_TOKENS_CEILING (1u << 20)
 /* export: bytes of image per data event; far below any frame limit a
  * client accepts (libsinkd takes up to 16 MiB). */
 #define SK_EXPORT_CHUNK (256u * 1024u)
@@ -1514,10 +1512,10 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   bool bv;
   int rc;
   const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
-  job->max_tokens = 128;
-  job->sampling.temperature = 0.8f;
-  job->sampling.top_k = 40;
-  job->sampling.top_p = 0.95f;
+  job->max_tokens = SK_GENERATE_DEFAULT_MAX_TOKENS;
+  job->sampling.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE;
+  job->sampling.top_k = SK_GENERATE_DEFAULT_TOP_K;
+  job->sampling.top_p = (float)SK_GENERATE_DEFAULT_TOP_P;
   if ((rc = chat ? read_messages(r, job, &e) : read_input(r, job, false, &e)) < 0) goto bad;
   if (chat && s->conv.tmpl == SK_CHAT_NONE) {
     rc = srv->chat_error[0]
@@ -1528,7 +1526,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
                             (unsigned long long)s->id);
     goto bad;
   }
-  if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_MAX_TOKENS_CEILING, &u, &e)) < 0) goto bad;
+  if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_WIRE_MAX_TOKENS, &u, &e)) < 0) goto bad;
   if (rc == 1) job->max_tokens = (uint32_t)u;
   if ((rc = sk_msg_get_f64(r->map, "temperature", &d, &e)) < 0) goto bad;
   if (rc == 1) job->sampling.temperature = (float)d;
@@ -2138,6 +2136,42 @@ bad:
   send_error(r->conn, r->id, &e);
 }
 
+static void op_fork(struct sk_server *srv, const struct request *r) {
+  op_queued_inline(srv, r, SK_JOB_FORK);
+}
+static void op_export(struct sk_server *srv, const struct request *r) {
+  op_queued_inline(srv, r, SK_JOB_EXPORT);
+}
+static void op_tokenize_text(struct sk_server *srv, const struct request *r) {
+  op_tokenize(srv, r, false);
+}
+static void op_detokenize(struct sk_server *srv, const struct request *r) {
+  op_tokenize(srv, r, true);
+}
+
+/* The op table: one row per op of sinkd/protocol.h's SK_OP_LIST, in its
+ * order. Every op may come at any point of a connection (the protocol has
+ * no handshake: hello is informative), so a row holds the handler only. */
+struct op_entry {
+  void (*handler)(struct sk_server *srv, const struct request *r);
+};
+static const struct op_entry op_table[SK_OP__COUNT] = {
+    [SK_OP_PING] = {op_ping},           [SK_OP_HELLO] = {op_hello},
+    [SK_OP_OPEN] = {op_open},           [SK_OP_CLOSE] = {op_close},
+    [SK_OP_LIST] = {op_list},           [SK_OP_STATS] = {op_stats},
+    [SK_OP_APPEND] = {op_append},       [SK_OP_GENERATE] = {op_generate},
+    [SK_OP_CHAT] = {op_chat},           [SK_OP_CANCEL] = {op_cancel},
+    [SK_OP_RESUME] = {op_resume},       [SK_OP_FORK] = {op_fork},
+    [SK_OP_EXPORT] = {op_export},       [SK_OP_IMPORT] = {op_import},
+    [SK_OP_TOKENIZE] = {op_tokenize_text}, [SK_OP_DETOKENIZE] = {op_detokenize},
+};
+
+/* The row of the op named by op[0..len), or NULL for an unknown name. */
+static const struct op_entry *op_find(const char *op, size_t len) {
+  int i = sk_op_from_name(op, len);
+  return i >= 0 && op_table[i].handler ? &op_table[i] : NULL;
+}
+
 static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
   struct sk_server *srv = c->srv;
   struct sk_error e;
@@ -2161,23 +2195,8 @@ static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
     send_error(c, r.id, &e);
     goto out;
   }
-#define OP_IS(name) (op_len == sizeof(name) - 1 && memcmp(op, name, op_len) == 0)
-  if (OP_IS("ping")) op_ping(srv, &r);
-  else if (OP_IS("hello")) op_hello(srv, &r);
-  else if (OP_IS("open")) op_open(srv, &r);
-  else if (OP_IS("close")) op_close(srv, &r);
-  else if (OP_IS("list")) op_list(srv, &r);
-  else if (OP_IS("stats")) op_stats(srv, &r);
-  else if (OP_IS("append")) op_append(srv, &r);
-  else if (OP_IS("generate")) op_generate(srv, &r);
-  else if (OP_IS("chat")) op_chat(srv, &r);
-  else if (OP_IS("cancel")) op_cancel(srv, &r);
-  else if (OP_IS("resume")) op_resume(srv, &r);
-  else if (OP_IS("fork")) op_queued_inline(srv, &r, SK_JOB_FORK);
-  else if (OP_IS("export")) op_queued_inline(srv, &r, SK_JOB_EXPORT);
-  else if (OP_IS("import")) op_import(srv, &r);
-  else if (OP_IS("tokenize")) op_tokenize(srv, &r, false);
-  else if (OP_IS("detokenize")) op_tokenize(srv, &r, true);
+  const struct op_entry *entry = op_find(op, op_len);
+  if (entry) entry->handler(srv, &r);
   else {
     /* Show at most 32 bytes of the unknown name, escaped. */
     char shown[32 * 4 + 1];
@@ -2190,7 +2209,6 @@ static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
     shown[w] = 0;
     send_errorf(c, r.id, SK_ERR_UNKNOWN_OP, "unknown op '%s%s'", shown, op_len > 32 ? "..." : "");
   }
-#undef OP_IS
 out:
   sk_msg_free(&msg);
 }

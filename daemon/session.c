@@ -153,7 +153,9 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
   res->bytes = bytes;
   res->params = *params;
   /* The protocol's generate defaults, and a PRNG seeded per session. */
-  struct sk_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+  struct sk_sampler_params sp = {.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE,
+                                 .top_k = SK_GENERATE_DEFAULT_TOP_K,
+                                 .top_p = (float)SK_GENERATE_DEFAULT_TOP_P,
                                  .seed = seed};
   sk_sampler_state_seed(&res->sampler, &sp);
   t->n_reserved++;

@@ -49,7 +49,7 @@ enum sk_job_kind {
 #define SK_STOP_MAX_LEN 256u
 #define SK_STOP_MAX_COUNT 16u
 /* Most top logits a token event may carry. */
-#define SK_TOP_MAX 20u
+#define SK_TOP_MAX SK_WIRE_MAX_TOP
 /* Steps (forward calls) over which `stats` averages the attention
  * diagnostics: recent enough to follow a stream, long enough to smooth a
  * single token. */

@@ -1105,10 +1105,10 @@ int sk_client_append_logprobs(struct sk_client *client, uint64_t session,
 
 void sk_generate_params_init(struct sk_generate_params *p) {
   memset(p, 0, sizeof *p);
-  p->max_tokens = 128;
-  p->temperature = 0.8;
-  p->top_k = 40;
-  p->top_p = 0.95;
+  p->max_tokens = SK_GENERATE_DEFAULT_MAX_TOKENS;
+  p->temperature = SK_GENERATE_DEFAULT_TEMPERATURE;
+  p->top_k = SK_GENERATE_DEFAULT_TOP_K;
+  p->top_p = SK_GENERATE_DEFAULT_TOP_P;
 }
 
 /* Calls cb with one token event frame. Returns the callback's answer

@@ -82,6 +82,20 @@ if [[ -n ${SK_SINKCTL:-} ]]; then
     grep -q -- "$o\b" "$src/client/sinkctl.bash" || { echo "FAIL: sinkctl option $o not completed" >&2; fails=$((fails + 1)); }
   done
 fi
+# The commands named after protocol ops (OP(NAME) rows of sinkctl's table)
+# are completed under the op's wire name from sinkd/protocol.h's SK_OP_LIST.
+completed=$(sed -n 's/^ *local commands="\(.*\)"$/\1/p' "$src/client/sinkctl.bash")
+n_ops=0
+for op in $(sed -n 's/^ *{OP(\([A-Z_]*\)),.*/\1/p' "$src/client/sinkctl.c"); do
+  wire=$(sed -n "s/^ *X($op, \"\([a-z_]*\)\").*/\1/p" "$src/include/sinkd/protocol.h")
+  n_ops=$((n_ops + 1))
+  if [[ -z $wire ]]; then
+    echo "FAIL: sinkctl's OP($op) is not in SK_OP_LIST" >&2; fails=$((fails + 1))
+  elif [[ " $completed " != *" $wire "* ]]; then
+    echo "FAIL: op $wire (sinkctl's OP($op)) not completed" >&2; fails=$((fails + 1))
+  fi
+done
+[[ $n_ops -eq 12 ]] || { echo "FAIL: $n_ops ops in sinkctl's command table, expected 12" >&2; fails=$((fails + 1)); }
 if [[ -n ${SK_SINKD:-} ]]; then
   for o in $("$SK_SINKD" --help | grep -oE -- '--[a-z][a-z-]+' | sort -u); do
     grep -q -- "$o\b" "$src/daemon/sinkd.bash" || { echo "FAIL: sinkd option $o not completed" >&2; fails=$((fails + 1)); }

@@ -85,7 +85,9 @@ static const struct sk_kv_params streaming16 = {
 
 static struct sk_store_obj *create(struct sk_store *st, uint64_t id,
                                    const struct sk_kv_params *p) {
-  struct sk_sampler_params sp = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f,
+  struct sk_sampler_params sp = {.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE,
+                                 .top_k = SK_GENERATE_DEFAULT_TOP_K,
+                                 .top_p = (float)SK_GENERATE_DEFAULT_TOP_P,
                                  .seed = id};
   struct sk_sampler_state ss;
   sk_sampler_state_seed(&ss, &sp);

@@ -39,12 +39,12 @@ extern "C" {
 
 /* Where the daemon listens unless configured otherwise. */
 #define SK_CLIENT_DEFAULT_SOCKET "/run/sinkd/sinkd.sock"
-/* Most evicted ranges a reply carries (the daemon sends at most 64). */
-#define SK_CLIENT_MAX_RANGES 64u
+/* Most evicted ranges a reply carries (the daemon sends at most these). */
+#define SK_CLIENT_MAX_RANGES SK_WIRE_MAX_RANGES
 /* Most layers whose attention diagnostics `stats` copies out. */
 #define SK_CLIENT_MAX_LAYERS 128u
 /* Most [token, logit] pairs a token event carries (n_top is 0..20). */
-#define SK_CLIENT_MAX_TOP 20u
+#define SK_CLIENT_MAX_TOP SK_WIRE_MAX_TOP
 /* Fixed sizes of the short strings copied out of replies, including the
  * NUL; longer values are truncated. */
 #define SK_CLIENT_NAME_MAX 64u

@@ -48,10 +48,73 @@ extern "C" {
 #define SK_PART_PIN 0x10u      /* pin / pin_tokens: the sink region, or a
                                   dense cache's start */
 
+/* The eviction policies `open` takes. X(NAME, value, "wire_name", parts):
+ * value is the number a session's shared-memory header stores (so it never
+ * changes), parts the SK_PART_* bits the policy's cache has. */
+#define SK_POLICY_LIST(X)                                                     \
+  X(DENSE, 0, "dense", SK_PART_CAPACITY | SK_PART_PIN)                        \
+  X(STREAMING, 1, "streaming", SK_PART_SINKS | SK_PART_WINDOW | SK_PART_PIN)  \
+  X(WINDOW, 2, "window", SK_PART_WINDOW)                                      \
+  X(H2O, 3, "h2o", SK_PART_HEAVY)                                             \
+  X(SINK_H2O, 4, "sink_h2o", SK_PART_SINKS | SK_PART_HEAVY | SK_PART_PIN)
+
 /* The parts (SK_PART_* bits) of the policy named by the len bytes at name
  * (streaming, window, h2o, sink_h2o or dense; no NUL needed), or 0 for any
  * other name and for NULL. */
 unsigned sk_policy_parts(const char *name, size_t len);
+
+/* `generate` (and `chat`): the values of the sampling fields a request
+ * leaves out (sinkd-protocol(7), "generate"). */
+#define SK_GENERATE_DEFAULT_MAX_TOKENS 128u
+#define SK_GENERATE_DEFAULT_TEMPERATURE 0.8
+#define SK_GENERATE_DEFAULT_TOP_K 40u
+#define SK_GENERATE_DEFAULT_TOP_P 0.95
+
+/* Caps on what one request asks for and one reply carries, shared by the
+ * daemon (which enforces them) and clients (which size their buffers).
+ * Most tokens one generate may ask for: far past any cache, so a request
+ * is never cut short by it, yet a typo cannot start an endless job. */
+#define SK_WIRE_MAX_TOKENS (1u << 20)
+/* Most [token, logit] pairs a token event carries (n_top 0..20): enough to
+ * show the alternatives, small enough that an event stays tiny. */
+#define SK_WIRE_MAX_TOP 20u
+/* Most evicted ranges an append or generate reply lists (the daemon keeps
+ * the first 64 of a request's; "evicted" still counts every token). */
+#define SK_WIRE_MAX_RANGES 64u
+
+/* The operations of the protocol, in the order sinkd-protocol(7) lists
+ * them. X(NAME, "wire_name") generates enum sk_op and sk_op_name. */
+#define SK_OP_LIST(X)                                                         \
+  X(PING, "ping")                                                             \
+  X(HELLO, "hello")                                                           \
+  X(OPEN, "open")                                                             \
+  X(CLOSE, "close")                                                           \
+  X(LIST, "list")                                                             \
+  X(STATS, "stats")                                                           \
+  X(APPEND, "append")                                                         \
+  X(GENERATE, "generate")                                                     \
+  X(CHAT, "chat")                                                             \
+  X(CANCEL, "cancel")                                                         \
+  X(RESUME, "resume")                                                         \
+  X(FORK, "fork")                                                             \
+  X(EXPORT, "export")                                                         \
+  X(IMPORT, "import")                                                         \
+  X(TOKENIZE, "tokenize")                                                     \
+  X(DETOKENIZE, "detokenize")
+
+enum sk_op {
+#define SK__OP_ENUM(name, wire) SK_OP_##name,
+  SK_OP_LIST(SK__OP_ENUM)
+#undef SK__OP_ENUM
+  SK_OP__COUNT
+};
+
+/* Wire name of an op ("generate"); NULL for values out of range. Static
+ * storage. */
+const char *sk_op_name(int op);
+/* The op named by the len bytes at name (no NUL needed), or -1 for any
+ * other name. */
+int sk_op_from_name(const char *name, size_t len);
 
 /* X(NAME, "wire_code", "description") */
 #define SK_ERROR_LIST(X)                                                      \
