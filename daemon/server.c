@@ -24,6 +24,7 @@
 #include "session.h"
 #include "sk_config.h"
 #include "sparse.h"
+#include "wire.h"
 
 /* Bytes read per read callback: one buffer shared by all connections
  * (the loop is single-threaded and feeds it to the frame reader at once). */
@@ -394,35 +395,32 @@ static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct s
   return 0;
 }
 
-/* Fields of an open reply (after id and ok). */
-#define SK__OPEN_REPLY_FIELDS 11u
-
-static void pack_open_reply(msgpack_packer *pk, const struct sk_session *s) {
+/* The open reply of session s. */
+static void send_open_reply(struct sk_conn *c, uint64_t req_id, const struct sk_session *s) {
   /* The parameters as the session keeps them: the cache header's pointer
    * moves between the object's two copies while a step runs. */
   const struct sk_kv_params *h = &s->params;
-  sk_pack_kv_u64(pk, "session", s->id);
-  sk_pack_kv_str(pk, "policy", sk_policy_name(h->policy));
-  sk_pack_kv_u64(pk, "capacity", s->capacity);
-  sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
-  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(s->kv_type));
-  sk_pack_kv_u64(pk, "n_sink", h->n_sink);
-  sk_pack_kv_u64(pk, "window", h->window);
-  sk_pack_kv_u64(pk, "heavy", h->heavy);
-  sk_pack_kv_u64(pk, "recent", h->recent);
-  sk_pack_kv_f64(pk, "rope_scale", h->rope_scale);
-  sk_pack_kv_u64(pk, "pinned", h->n_pin);
+  struct sk_open_result o = {.session = s->id,
+                             .capacity = s->capacity,
+                             .kv_bytes = s->kv_bytes,
+                             .n_sink = h->n_sink,
+                             .window = h->window,
+                             .heavy = h->heavy,
+                             .recent = h->recent,
+                             .rope_scale = h->rope_scale,
+                             .pinned = h->n_pin};
+  snprintf(o.policy, sizeof o.policy, "%s", sk_policy_name(h->policy));
+  snprintf(o.kv_type, sizeof o.kv_type, "%s", sk_kv_type_name(s->kv_type));
+  struct sk_msgbuf b;
+  if (sk_wire_pack_open(&b, req_id, &o) == 0) conn_send_buf(c, &b);
 }
 
-static void pack_evicted(msgpack_packer *pk, const struct sk_evict_log *log) {
-  sk_pack_kv_u64(pk, "evicted", log->n_evicted);
-  sk_pack_cstr(pk, "evicted_ranges");
-  msgpack_pack_array(pk, log->n_ranges);
-  for (uint32_t i = 0; i < log->n_ranges; i++) {
-    msgpack_pack_array(pk, 2);
-    msgpack_pack_uint64(pk, log->first[i]);
-    msgpack_pack_uint64(pk, log->last[i]);
-  }
+/* An evict log as a reply's ranges. */
+static void evicted_ranges(const struct sk_evict_log *log, struct sk_range *ranges,
+                           size_t *ret_n) {
+  for (uint32_t i = 0; i < log->n_ranges; i++)
+    ranges[i] = (struct sk_range){log->first[i], log->last[i]};
+  *ret_n = log->n_ranges;
 }
 
 static void on_event(void *user, struct sk_event *ev) {
@@ -431,24 +429,12 @@ static void on_event(void *user, struct sk_event *ev) {
   struct sk_conn *c = job->conn;
   if (ev->kind == SK_EVENT_TOKEN) {
     if (c) {
+      struct sk_top_pair top[SK_TOP_MAX];
+      for (uint32_t i = 0; i < ev->n_top; i++) top[i] = (struct sk_top_pair){ev->top_id[i], ev->top_logit[i]};
+      struct sk_token_event te = {.token = ev->token, .text = ev->text, .text_len = ev->text_len,
+                                  .top = top, .n_top = ev->n_top};
       struct sk_msgbuf b;
-      if (sk_msgbuf_init(&b) == 0) {
-        msgpack_pack_map(&b.pk, ev->n_top ? 5 : 4);
-        sk_pack_kv_u64(&b.pk, "id", job->req_id);
-        sk_pack_kv_str(&b.pk, "event", "token");
-        sk_pack_kv_i64(&b.pk, "token", ev->token);
-        sk_pack_kv_strn(&b.pk, "text", ev->text, ev->text_len);
-        if (ev->n_top) {
-          sk_pack_cstr(&b.pk, "top");
-          msgpack_pack_array(&b.pk, ev->n_top);
-          for (uint32_t i = 0; i < ev->n_top; i++) {
-            msgpack_pack_array(&b.pk, 2);
-            msgpack_pack_int32(&b.pk, ev->top_id[i]);
-            msgpack_pack_float(&b.pk, ev->top_logit[i]);
-          }
-        }
-        conn_send_buf(c, &b);
-      }
+      if (sk_wire_pack_token_event(&b, job->req_id, &te) == 0) conn_send_buf(c, &b);
     }
     free(ev);
     return;
@@ -463,11 +449,7 @@ static void on_event(void *user, struct sk_event *ev) {
       if (c) send_error(c, job->req_id, &job->err);
       s->closing = true;
     } else if (c) {
-      struct sk_msgbuf b;
-      if (reply_begin(&b, job->req_id, SK__OPEN_REPLY_FIELDS) == 0) {
-        pack_open_reply(&b.pk, s);
-        conn_send_buf(c, &b);
-      }
+      send_open_reply(c, job->req_id, s);
     } else { /* the client left before it learned the id: nothing to keep */
       s->closing = true;
     }
@@ -486,38 +468,27 @@ static void on_event(void *user, struct sk_event *ev) {
       bool eog = gen && job->stop_reason && strcmp(job->stop_reason, "eos") == 0 &&
                  sk_tokenizer_text(srv->tok, job->stop_token, &eog_text, &eog_len) == 0;
       if (eog && !sk_utf8_valid(eog_text, eog_len)) eog_len = 0; /* frames are UTF-8 */
-      if (reply_begin(&b, job->req_id, (gen ? 8 : 5) + lp + 2 * eog) == 0) {
-        if (gen) {
-          sk_pack_kv_str(&b.pk, "stop", job->stop_reason ? job->stop_reason : "length");
-          if (eog) {
-            sk_pack_kv_u64(&b.pk, "stop_token", (uint64_t)job->stop_token);
-            sk_pack_kv_strn(&b.pk, "stop_text", eog_text, eog_len);
-          }
-          sk_pack_kv_u64(&b.pk, "n_tokens", job->n_generated);
-          sk_pack_cstr(&b.pk, "usage");
-          msgpack_pack_map(&b.pk, 2);
-          sk_pack_kv_u64(&b.pk, "prompt_tokens", job->n_done);
-          sk_pack_kv_u64(&b.pk, "completion_tokens", job->n_generated);
-          sk_pack_kv_strn(&b.pk, "text", job->final_text, job->final_text_len);
-        } else {
-          sk_pack_kv_u64(&b.pk, "n_tokens", job->n_done);
-        }
-        pack_evicted(&b.pk, &job->evicted);
-        sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
-        sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
-        if (lp) {
-          /* One float32 per appended token; nil where there was nothing
-           * to score it with (the session's very first token). */
-          sk_pack_cstr(&b.pk, "logprobs");
-          msgpack_pack_array(&b.pk, (uint32_t)job->n_done);
-          for (size_t i = 0; i < job->n_done; i++) {
-            if (isnan(job->logprobs[i]))
-              msgpack_pack_nil(&b.pk);
-            else
-              msgpack_pack_float(&b.pk, job->logprobs[i]);
-          }
-        }
-        conn_send_buf(c, &b);
+      if (gen) {
+        struct sk_generate_result g = {.stop_token = eog ? job->stop_token : -1,
+                                       .n_tokens = job->n_generated,
+                                       .prompt_tokens = job->n_done,
+                                       .completion_tokens = job->n_generated,
+                                       .evicted = job->evicted.n_evicted,
+                                       .resident = cnt.resident,
+                                       .seen = cnt.seen};
+        snprintf(g.stop, sizeof g.stop, "%s", job->stop_reason ? job->stop_reason : "length");
+        evicted_ranges(&job->evicted, g.ranges, &g.n_ranges);
+        if (sk_wire_pack_generate(&b, job->req_id, &g, eog_text, eog_len, job->final_text,
+                                  job->final_text_len) == 0)
+          conn_send_buf(c, &b);
+      } else {
+        struct sk_append_result a = {.n_tokens = job->n_done,
+                                     .evicted = job->evicted.n_evicted,
+                                     .resident = cnt.resident,
+                                     .seen = cnt.seen};
+        evicted_ranges(&job->evicted, a.ranges, &a.n_ranges);
+        if (sk_wire_pack_append(&b, job->req_id, &a, lp ? job->logprobs : NULL) == 0)
+          conn_send_buf(c, &b);
       }
     }
   }
@@ -933,10 +904,7 @@ static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_i
     return;
   }
   free(pin);
-  struct sk_msgbuf b;
-  if (reply_begin(&b, req_id, SK__OPEN_REPLY_FIELDS) < 0) return;
-  pack_open_reply(&b.pk, s);
-  conn_send_buf(c, &b);
+  send_open_reply(c, req_id, s);
 }
 
 static void open_work_done(uv_work_t *req, int status) {
@@ -1580,20 +1548,25 @@ bad:
 
 /* Ten fields describing a session: id, policy, capacity, kv_bytes,
  * kv_type, resident, seen, evicted, commit, adopted. */
-static void pack_session_summary(struct sk_server *srv, msgpack_packer *pk,
-                                 const struct sk_session *s) {
+/* The reply of resume, fork (from: the source) and import (received: the
+ * image's bytes) about session s. */
+static void send_session_summary(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
+                                 const struct sk_session *s, uint64_t from, uint64_t received) {
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
-  sk_pack_kv_u64(pk, "session", s->id);
-  sk_pack_kv_str(pk, "policy", sk_policy_name(s->params.policy));
-  sk_pack_kv_u64(pk, "capacity", s->capacity);
-  sk_pack_kv_u64(pk, "kv_bytes", s->kv_bytes);
-  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(s->kv_type));
-  sk_pack_kv_u64(pk, "resident", cnt.resident);
-  sk_pack_kv_u64(pk, "seen", cnt.seen);
-  sk_pack_kv_u64(pk, "evicted", cnt.evicted);
-  sk_pack_kv_u64(pk, "commit", cnt.commit);
-  sk_pack_kv_bool(pk, "adopted", s->adopted);
+  struct sk_session_summary v = {.session = s->id,
+                                 .capacity = s->capacity,
+                                 .kv_bytes = s->kv_bytes,
+                                 .resident = cnt.resident,
+                                 .seen = cnt.seen,
+                                 .evicted = cnt.evicted,
+                                 .commit = cnt.commit,
+                                 .adopted = s->adopted,
+                                 .from = from};
+  snprintf(v.policy, sizeof v.policy, "%s", sk_policy_name(s->params.policy));
+  snprintf(v.kv_type, sizeof v.kv_type, "%s", sk_kv_type_name(s->kv_type));
+  struct sk_msgbuf b;
+  if (sk_wire_pack_summary(&b, req_id, &v, received) == 0) conn_send_buf(c, &b);
 }
 
 /* resume: the client picks a session up again by id (typically after the
@@ -1601,10 +1574,7 @@ static void pack_session_summary(struct sk_server *srv, msgpack_packer *pk,
 static void op_resume(struct sk_server *srv, const struct request *r) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
-  struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 10) < 0) return;
-  pack_session_summary(srv, &b.pk, s);
-  conn_send_buf(r->conn, &b);
+  send_session_summary(srv, r->conn, r->id, s, 0, 0);
 }
 
 /* fork and export wait for the jobs queued before them, then run here. */
@@ -1708,7 +1678,6 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   }
   ns->last_used_ms = now_ms();
   counts_changed(srv);
-  struct sk_msgbuf b;
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
     struct sk_error ce;
@@ -1722,18 +1691,13 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
            "copied, %zu bytes",
            (unsigned long long)ns->id, (unsigned long long)w->src->id, c->uid,
            ns->kv->hdr->n_resident, ns->kv_bytes);
-    if (reply_begin(&b, req_id, 11) < 0) return;
-    pack_session_summary(srv, &b.pk, ns);
-    sk_pack_kv_u64(&b.pk, "from", w->src->id);
+    send_session_summary(srv, c, req_id, ns, w->src->id, 0);
   } else {
     ns->conv.tmpl = srv->cfg.chat_template;
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
            (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
-    if (reply_begin(&b, req_id, 11) < 0) return;
-    pack_session_summary(srv, &b.pk, ns);
-    sk_pack_kv_u64(&b.pk, "received", w->len);
+    send_session_summary(srv, c, req_id, ns, 0, w->len);
   }
-  conn_send_buf(c, &b);
 }
 
 static void copy_work_done(uv_work_t *req, int status) {

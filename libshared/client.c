@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "msg.h"
+#include "wire.h"
 
 /* Bytes read from the socket per recv(). */
 #define SK__CLIENT_READ_CHUNK 65536u
@@ -362,6 +363,13 @@ static int sk__client_bad_reply(struct sk_client *c, struct sk_error *err,
                          "invalid reply from the daemon: %s", what);
 }
 
+/* The result of a wire decoder: a malformed reply closes the connection
+ * like any protocol error. */
+static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *perr,
+                           struct sk_error *err) {
+  return rc < 0 ? sk__client_bad_reply(c, err, perr->message) : 0;
+}
+
 /* Looks at "ok" of a final reply: 0 if true; the daemon's error (code
  * mapped, message kept) if false. The connection stays usable after an
  * error reply. */
@@ -510,26 +518,6 @@ static bool sk__obj_range(const msgpack_object *o, struct sk_range *ret) {
   return o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
          sk__obj_u64(&o->via.array.ptr[0], &ret->first) &&
          sk__obj_u64(&o->via.array.ptr[1], &ret->last);
-}
-
-/* evicted_ranges: up to SK_CLIENT_MAX_RANGES ranges (extra ones, which
- * the protocol does not allow, are ignored). */
-static int sk__reply_ranges(struct sk_client *c, const msgpack_object *map,
-                            struct sk_range *ranges, size_t *ret_n,
-                            struct sk_error *err) {
-  struct sk_error perr;
-  const msgpack_object_array *a;
-  *ret_n = 0;
-  int rc = sk_msg_get_array(map, "evicted_ranges", &a, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 0) return 0;
-  size_t n = a->size < SK_CLIENT_MAX_RANGES ? a->size : SK_CLIENT_MAX_RANGES;
-  for (size_t i = 0; i < n; i++)
-    if (!sk__obj_range(&a->ptr[i], &ranges[i]))
-      return sk__client_bad_reply(
-          c, err, "field 'evicted_ranges' must hold [first, last] pairs");
-  *ret_n = n;
-  return 0;
 }
 
 /* ---- simple ops ------------------------------------------------------- */
@@ -734,26 +722,9 @@ int sk_client_open(struct sk_client *client,
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
   struct sk_open_result o;
-  memset(&o, 0, sizeof o);
-  o.rope_scale = 1.0;
   struct sk_error perr;
-  const msgpack_object *r = &reply.root;
-  rc = sk_msg_need_u64(r, "session", UINT64_MAX, &o.session, &perr);
-  if (rc < 0) rc = sk__client_bad_reply(client, err, perr.message);
-  if (rc == 0 &&
-      (rc = sk__reply_name(client, r, "policy", o.policy, sizeof o.policy,
-                           err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "capacity", &o.capacity, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "kv_bytes", &o.kv_bytes, err)) == 0 &&
-      (rc = sk__reply_name(client, r, "kv_type", o.kv_type, sizeof o.kv_type,
-                           err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "n_sink", &o.n_sink, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "window", &o.window, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "heavy", &o.heavy, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "recent", &o.recent, err)) == 0 &&
-      (rc = sk__reply_f64(client, r, "rope_scale", &o.rope_scale, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "pinned", &o.pinned, err)) == 0 && ret)
-    *ret = o;
+  rc = sk__client_wire(client, sk_wire_unpack_open(&reply.root, &o, &perr), &perr, err);
+  if (rc == 0 && ret) *ret = o;
   sk_msg_free(&reply);
   return rc;
 }
@@ -967,37 +938,9 @@ static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
                                    double *logprobs, size_t n,
                                    struct sk_error *err) {
   struct sk_append_result a;
-  memset(&a, 0, sizeof a);
-  const msgpack_object *r = &reply->root;
-  int rc;
-  if ((rc = sk__reply_u64(c, r, "n_tokens", &a.n_tokens, err)) == 0 &&
-      (rc = sk__reply_u64(c, r, "resident", &a.resident, err)) == 0 &&
-      (rc = sk__reply_u64(c, r, "seen", &a.seen, err)) == 0 &&
-      (rc = sk__reply_u64(c, r, "evicted", &a.evicted, err)) == 0 &&
-      (rc = sk__reply_ranges(c, r, a.ranges, &a.n_ranges, err)) == 0 &&
-      logprobs) {
-    struct sk_error perr;
-    const msgpack_object_array *arr;
-    rc = sk_msg_get_array(r, "logprobs", &arr, &perr);
-    if (rc <= 0 || arr->size != n) {
-      rc = sk__client_bad_reply(c, err, rc < 0 ? perr.message
-                                               : "field 'logprobs' missing "
-                                                 "or of the wrong length");
-    } else {
-      rc = 0;
-      for (size_t i = 0; i < n && rc == 0; i++) {
-        const msgpack_object *o = &arr->ptr[i];
-        if (o->type == MSGPACK_OBJECT_NIL)
-          logprobs[i] = NAN;
-        else if (o->type == MSGPACK_OBJECT_FLOAT32 ||
-                 o->type == MSGPACK_OBJECT_FLOAT64)
-          logprobs[i] = o->via.f64;
-        else
-          rc = sk__client_bad_reply(c, err,
-                                    "field 'logprobs' must hold floats or nil");
-      }
-    }
-  }
+  struct sk_error perr;
+  int rc = sk__client_wire(c, sk_wire_unpack_append(&reply->root, &a, logprobs, n, &perr), &perr,
+                           err);
   if (rc == 0 && ret) *ret = a;
   sk_msg_free(reply);
   return rc;
@@ -1117,47 +1060,12 @@ static int sk__client_token_event(struct sk_client *c,
                                   const msgpack_object *ev, uint64_t session,
                                   sk_token_cb cb, void *user,
                                   int *ret_stop, struct sk_error *err) {
-  struct sk_top_pair top[SK_CLIENT_MAX_TOP];
+  struct sk_top_pair top[SK_WIRE_MAX_TOP];
   struct sk_token_event te;
-  memset(&te, 0, sizeof te);
-  te.session = session;
-  const msgpack_object *tok = sk_msg_get(ev, "token");
-  if (!tok || !sk__obj_i32(tok, &te.token))
-    return sk__client_bad_reply(c, err,
-                                "token event without an integer 'token'");
   struct sk_error perr;
-  int rc = sk_msg_get_str(ev, "text", &te.text, &te.text_len, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 0) te.text = "";
-  const msgpack_object_array *a;
-  rc = sk_msg_get_array(ev, "top", &a, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 1) {
-    size_t n = a->size < SK_CLIENT_MAX_TOP ? a->size : SK_CLIENT_MAX_TOP;
-    for (size_t i = 0; i < n; i++) {
-      const msgpack_object *pair = &a->ptr[i];
-      const msgpack_object *lo;
-      if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2 ||
-          !sk__obj_i32(&pair->via.array.ptr[0], &top[i].token))
-        return sk__client_bad_reply(c, err,
-                                    "field 'top' must hold [token, logit] "
-                                    "pairs");
-      lo = &pair->via.array.ptr[1];
-      if (lo->type == MSGPACK_OBJECT_FLOAT32 ||
-          lo->type == MSGPACK_OBJECT_FLOAT64)
-        top[i].logit = lo->via.f64;
-      else if (lo->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-        top[i].logit = (double)lo->via.u64;
-      else if (lo->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-        top[i].logit = (double)lo->via.i64;
-      else
-        return sk__client_bad_reply(c, err,
-                                    "field 'top' must hold [token, logit] "
-                                    "pairs");
-    }
-    te.top = top;
-    te.n_top = n;
-  }
+  int rc = sk__client_wire(c, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
+  if (rc < 0) return rc;
+  te.session = session;
   *ret_stop = cb ? cb(user, &te) : 0;
   return 0;
 }
@@ -1166,29 +1074,8 @@ static int sk__client_generate_result(struct sk_client *c,
                                       const msgpack_object *r,
                                       struct sk_generate_result *g,
                                       struct sk_error *err) {
-  int rc;
-  const msgpack_object *usage = NULL;
-  memset(g, 0, sizeof *g);
-  uint64_t stop_token = UINT64_MAX;
-  if ((rc = sk__reply_u64(c, r, "stop_token", &stop_token, err)) < 0 ||
-      (rc = sk__reply_name(c, r, "stop_text", g->stop_text, sizeof g->stop_text, err)) < 0)
-    return rc;
-  g->stop_token = stop_token <= INT32_MAX ? (int32_t)stop_token : -1;
-  if ((rc = sk__reply_name(c, r, "stop", g->stop, sizeof g->stop, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "n_tokens", &g->n_tokens, err)) < 0 ||
-      (rc = sk__reply_map(c, r, "usage", &usage, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "evicted", &g->evicted, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "resident", &g->resident, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "seen", &g->seen, err)) < 0 ||
-      (rc = sk__reply_ranges(c, r, g->ranges, &g->n_ranges, err)) < 0)
-    return rc;
-  if (usage &&
-      ((rc = sk__reply_u64(c, usage, "prompt_tokens", &g->prompt_tokens,
-                           err)) < 0 ||
-       (rc = sk__reply_u64(c, usage, "completion_tokens",
-                           &g->completion_tokens, err)) < 0))
-    return rc;
-  return 0;
+  struct sk_error perr;
+  return sk__client_wire(c, sk_wire_unpack_generate(r, g, &perr), &perr, err);
 }
 
 static int sk__client_generate(struct sk_client *client, uint64_t session,
@@ -1390,23 +1277,10 @@ static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
                              struct sk_session_summary *ret,
                              struct sk_error *err) {
   struct sk_session_summary s;
-  memset(&s, 0, sizeof s);
   struct sk_error perr;
-  int rc = sk_msg_need_u64(r, "session", UINT64_MAX, &s.session, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if ((rc = sk__reply_name(c, r, "policy", s.policy, sizeof s.policy, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "capacity", &s.capacity, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "kv_bytes", &s.kv_bytes, err)) < 0 ||
-      (rc = sk__reply_name(c, r, "kv_type", s.kv_type, sizeof s.kv_type, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "resident", &s.resident, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "seen", &s.seen, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "evicted", &s.evicted, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "commit", &s.commit, err)) < 0 ||
-      (rc = sk__reply_bool(c, r, "adopted", &s.adopted, err)) < 0 ||
-      (rc = sk__reply_u64(c, r, "from", &s.from, err)) < 0)
-    return rc;
-  if (ret) *ret = s;
-  return 0;
+  int rc = sk__client_wire(c, sk_wire_unpack_summary(r, &s, &perr), &perr, err);
+  if (rc == 0 && ret) *ret = s;
+  return rc;
 }
 
 static int sk__client_summary_op(struct sk_client *c, const char *op,

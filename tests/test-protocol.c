@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "msg.h"
+#include "wire.h"
 #include "sinkd/client.h"
 #include "sinkd/protocol.h"
 #include "testutil.h"
@@ -769,55 +770,28 @@ static bool fake_read(struct fake *f, int fd, struct sk_msg *msg) {
   }
 }
 
-static void fake_pack_ranges(msgpack_packer *pk) {
-  sk_pack_cstr(pk, "evicted_ranges");
-  msgpack_pack_array(pk, 2);
-  msgpack_pack_array(pk, 2);
-  msgpack_pack_uint64(pk, 4);
-  msgpack_pack_uint64(pk, 5);
-  msgpack_pack_array(pk, 2);
-  msgpack_pack_uint64(pk, 9);
-  msgpack_pack_uint64(pk, 9);
-}
+/* The evicted ranges of the fake's append and generate replies. */
+static const struct sk_range fake_ranges[2] = {{4, 5}, {9, 9}};
 
 static void fake_token(int fd, uint64_t id, int32_t token, const char *text,
                        bool with_top) {
+  /* a float32 logit and one sent as a whole number of float32 */
+  const struct sk_top_pair top[2] = {{token, 1.5}, {3, -2.25}};
+  struct sk_token_event ev = {.token = token, .text = text, .text_len = strlen(text),
+                              .top = top, .n_top = with_top ? 2 : 0};
   struct sk_msgbuf b;
-  sk_msgbuf_init(&b);
-  msgpack_pack_map(&b.pk, with_top ? 5 : 4);
-  sk_pack_kv_u64(&b.pk, "id", id);
-  sk_pack_kv_str(&b.pk, "event", "token");
-  sk_pack_kv_i64(&b.pk, "token", token);
-  sk_pack_kv_str(&b.pk, "text", text);
-  if (with_top) {
-    sk_pack_cstr(&b.pk, "top");
-    msgpack_pack_array(&b.pk, 2);
-    msgpack_pack_array(&b.pk, 2);
-    msgpack_pack_int32(&b.pk, token);
-    msgpack_pack_float(&b.pk, 1.5f);
-    msgpack_pack_array(&b.pk, 2);
-    msgpack_pack_int32(&b.pk, 3);
-    msgpack_pack_double(&b.pk, -2.25);
-  }
-  fake_write(fd, &b);
+  if (sk_wire_pack_token_event(&b, id, &ev) == 0) fake_write(fd, &b);
 }
 
 static void fake_generate_final(int fd, uint64_t id, const char *stop,
                                 uint64_t n) {
+  struct sk_generate_result g = {.stop_token = -1, .n_tokens = n, .prompt_tokens = 4,
+                                 .completion_tokens = n, .evicted = 3, .resident = 20,
+                                 .seen = 23, .n_ranges = 2};
+  snprintf(g.stop, sizeof g.stop, "%s", stop);
+  memcpy(g.ranges, fake_ranges, sizeof fake_ranges);
   struct sk_msgbuf b;
-  fake_begin(&b, id, 7);
-  msgpack_packer *pk = &b.pk;
-  sk_pack_kv_str(pk, "stop", stop);
-  sk_pack_kv_u64(pk, "n_tokens", n);
-  sk_pack_cstr(pk, "usage");
-  msgpack_pack_map(pk, 2);
-  sk_pack_kv_u64(pk, "prompt_tokens", 4);
-  sk_pack_kv_u64(pk, "completion_tokens", n);
-  sk_pack_kv_u64(pk, "evicted", 3);
-  sk_pack_kv_u64(pk, "resident", 20);
-  sk_pack_kv_u64(pk, "seen", 23);
-  fake_pack_ranges(pk);
-  fake_write(fd, &b);
+  if (sk_wire_pack_generate(&b, id, &g, NULL, 0, NULL, 0) == 0) fake_write(fd, &b);
 }
 
 static void fake_generate(struct fake *f, int fd, uint64_t id,
@@ -863,8 +837,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
   if (session == 99) {
     fake_error(fd, id, SK_ERR_NO_SUCH_SESSION, "no session 99");
   } else if (OP("ping")) {
-    fake_begin(&b, id, 0);
-    fake_write(fd, &b);
+    if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
   } else if (OP("hello")) {
     fake_begin(&b, id, 6);
     msgpack_packer *pk = &b.pk;
@@ -895,15 +868,11 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_kv_u64(pk, "capacity", 256);
     fake_write(fd, &b);
   } else if (OP("open")) {
-    fake_begin(&b, id, 4);
-    sk_pack_kv_u64(&b.pk, "session", 7);
-    sk_pack_kv_str(&b.pk, "policy", "streaming");
-    sk_pack_kv_u64(&b.pk, "capacity", 260);
-    sk_pack_kv_u64(&b.pk, "kv_bytes", 1234);
-    fake_write(fd, &b);
+    struct sk_open_result o = {.session = 7, .policy = "streaming", .capacity = 260,
+                               .kv_bytes = 1234, .rope_scale = 1.0};
+    if (sk_wire_pack_open(&b, id, &o) == 0) fake_write(fd, &b);
   } else if (OP("close")) {
-    fake_begin(&b, id, 0);
-    fake_write(fd, &b);
+    if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
   } else if (OP("list")) {
     fake_begin(&b, id, 1);
     sk_pack_cstr(&b.pk, "sessions");
@@ -963,13 +932,10 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_kv_u64(&b.pk, "max_user_memory", 0);
     fake_write(fd, &b);
   } else if (OP("append")) {
-    fake_begin(&b, id, 5);
-    sk_pack_kv_u64(&b.pk, "n_tokens", 5);
-    sk_pack_kv_u64(&b.pk, "resident", 20);
-    sk_pack_kv_u64(&b.pk, "seen", 25);
-    sk_pack_kv_u64(&b.pk, "evicted", 3);
-    fake_pack_ranges(&b.pk);
-    fake_write(fd, &b);
+    struct sk_append_result a = {.n_tokens = 5, .resident = 20, .seen = 25, .evicted = 3,
+                                 .n_ranges = 2};
+    memcpy(a.ranges, fake_ranges, sizeof fake_ranges);
+    if (sk_wire_pack_append(&b, id, &a, NULL) == 0) fake_write(fd, &b);
   } else if (OP("tokenize")) {
     fake_begin(&b, id, 1);
     sk_pack_cstr(&b.pk, "tokens");
@@ -989,18 +955,11 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_pack_kv_bool(&b.pk, "cancelled", false);
     fake_write(fd, &b);
   } else if (OP("resume") || OP("fork")) {
-    fake_begin(&b, id, OP("fork") ? 10 : 9);
-    sk_pack_kv_u64(&b.pk, "session", OP("fork") ? 8 : session);
-    sk_pack_kv_str(&b.pk, "policy", "streaming");
-    sk_pack_kv_u64(&b.pk, "capacity", 260);
-    sk_pack_kv_u64(&b.pk, "kv_bytes", 57344);
-    sk_pack_kv_u64(&b.pk, "resident", 260);
-    sk_pack_kv_u64(&b.pk, "seen", 1000);
-    sk_pack_kv_u64(&b.pk, "evicted", 740);
-    sk_pack_kv_u64(&b.pk, "commit", 77);
-    sk_pack_kv_bool(&b.pk, "adopted", true);
-    if (OP("fork")) sk_pack_kv_u64(&b.pk, "from", session);
-    fake_write(fd, &b);
+    struct sk_session_summary v = {.session = OP("fork") ? 8 : session, .policy = "streaming",
+                                   .capacity = 260, .kv_bytes = 57344, .resident = 260,
+                                   .seen = 1000, .evicted = 740, .commit = 77, .adopted = true,
+                                   .from = OP("fork") ? session : 0};
+    if (sk_wire_pack_summary(&b, id, &v, 0) == 0) fake_write(fd, &b);
   } else if (OP("export")) {
     /* session 7: 3 chunks "abc" "de" "" then the reply; 8: a chunk out of
      * order; 9: a size that disagrees with the data */
@@ -1036,18 +995,9 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
       sk_pack_kv_u64(&b.pk, "received", offset + len);
       fake_write(fd, &b);
     } else {
-      fake_begin(&b, id, 10);
-      sk_pack_kv_u64(&b.pk, "session", 12);
-      sk_pack_kv_str(&b.pk, "policy", "dense");
-      sk_pack_kv_u64(&b.pk, "capacity", 64);
-      sk_pack_kv_u64(&b.pk, "kv_bytes", 8192);
-      sk_pack_kv_u64(&b.pk, "resident", 5);
-      sk_pack_kv_u64(&b.pk, "seen", 5);
-      sk_pack_kv_u64(&b.pk, "evicted", 0);
-      sk_pack_kv_u64(&b.pk, "commit", 3);
-      sk_pack_kv_bool(&b.pk, "adopted", false);
-      sk_pack_kv_u64(&b.pk, "received", total);
-      fake_write(fd, &b);
+      struct sk_session_summary v = {.session = 12, .policy = "dense", .capacity = 64,
+                                     .kv_bytes = 8192, .resident = 5, .seen = 5, .commit = 3};
+      if (sk_wire_pack_summary(&b, id, &v, total) == 0) fake_write(fd, &b);
     }
   } else {
     fake_error(fd, id, SK_ERR_UNKNOWN_OP, "unknown op");

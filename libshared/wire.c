@@ -1,0 +1,462 @@
+/* The wire schema of replies and events (see wire.h and
+ * sinkd-protocol(7)). */
+#include "wire.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- counted maps ----------------------------------------------------- */
+
+static int sk__wire_body_write(void *data, const char *buf, size_t len) {
+  struct sk_wire_map *m = data;
+  if (m->failed) return -1;
+  if (msgpack_sbuffer_write(&m->body, buf, len) != 0) {
+    m->failed = true;
+    return -1;
+  }
+  return 0;
+}
+
+void sk_wire_map_begin(struct sk_wire_map *m, msgpack_packer *out) {
+  m->out = out;
+  msgpack_sbuffer_init(&m->body);
+  msgpack_packer_init(&m->pk, m, sk__wire_body_write);
+  m->n = 0;
+  m->failed = false;
+}
+
+msgpack_packer *sk_wire_map_key(struct sk_wire_map *m, const char *key) {
+  m->n++;
+  sk_pack_cstr(&m->pk, key);
+  return &m->pk;
+}
+
+void sk_wire_map_u64(struct sk_wire_map *m, const char *key, uint64_t v) {
+  msgpack_pack_uint64(sk_wire_map_key(m, key), v);
+}
+
+void sk_wire_map_i64(struct sk_wire_map *m, const char *key, int64_t v) {
+  msgpack_pack_int64(sk_wire_map_key(m, key), v);
+}
+
+void sk_wire_map_f64(struct sk_wire_map *m, const char *key, double v) {
+  msgpack_pack_double(sk_wire_map_key(m, key), v);
+}
+
+void sk_wire_map_bool(struct sk_wire_map *m, const char *key, bool v) {
+  msgpack_packer *pk = sk_wire_map_key(m, key);
+  if (v)
+    msgpack_pack_true(pk);
+  else
+    msgpack_pack_false(pk);
+}
+
+void sk_wire_map_str(struct sk_wire_map *m, const char *key, const char *v) {
+  sk_pack_cstr(sk_wire_map_key(m, key), v ? v : "");
+}
+
+void sk_wire_map_strn(struct sk_wire_map *m, const char *key, const char *v, size_t len) {
+  sk_pack_strn(sk_wire_map_key(m, key), v ? v : "", v ? len : 0);
+}
+
+int sk_wire_map_end(struct sk_wire_map *m) {
+  int rc = m->failed ? -SK_ERR_NO_MEMORY : 0;
+  if (rc == 0 && msgpack_pack_map(m->out, m->n) != 0) rc = -SK_ERR_NO_MEMORY;
+  if (rc == 0 && m->body.size && m->out->callback(m->out->data, m->body.data, m->body.size) != 0)
+    rc = -SK_ERR_NO_MEMORY;
+  msgpack_sbuffer_destroy(&m->body);
+  msgpack_sbuffer_init(&m->body);
+  return rc;
+}
+
+/* Starts a reply frame in *b: its map with "id" and "ok" written. */
+static int sk__wire_reply_begin(struct sk_msgbuf *b, struct sk_wire_map *m, uint64_t id) {
+  if (sk_msgbuf_init(b) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_begin(m, &b->pk);
+  sk_wire_map_u64(m, "id", id);
+  sk_wire_map_bool(m, "ok", true);
+  return 0;
+}
+
+/* Ends the frame's map; frees b on failure. */
+static int sk__wire_end(struct sk_msgbuf *b, struct sk_wire_map *m) {
+  int rc = sk_wire_map_end(m);
+  if (rc < 0) sk_msgbuf_free(b);
+  return rc;
+}
+
+/* [[first, last], ...] */
+static void sk__wire_ranges(struct sk_wire_map *m, const char *key, const struct sk_range *r,
+                            size_t n) {
+  msgpack_packer *pk = sk_wire_map_key(m, key);
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++) {
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_uint64(pk, r[i].first);
+    msgpack_pack_uint64(pk, r[i].last);
+  }
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
+/* A protocol error naming the problem (the getters' message, which names
+ * the field). */
+static int sk__wire_bad(struct sk_error *err, const char *what) {
+  return sk_error_set(err, SK_ERR_PROTOCOL, "%s", what);
+}
+
+/* An unsigned field: absent leaves *ret as is; a wrong type is an error. */
+static int sk__wire_u64(const msgpack_object *map, const char *key, uint64_t *ret,
+                        struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_u64(map, key, UINT64_MAX, ret, &perr);
+  return rc < 0 ? sk__wire_bad(err, perr.message) : 0;
+}
+
+static int sk__wire_bool(const msgpack_object *map, const char *key, bool *ret,
+                         struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_bool(map, key, ret, &perr);
+  return rc < 0 ? sk__wire_bad(err, perr.message) : 0;
+}
+
+/* A number (float or integer). */
+static int sk__wire_f64(const msgpack_object *map, const char *key, double *ret,
+                        struct sk_error *err) {
+  struct sk_error perr;
+  int rc = sk_msg_get_f64(map, key, ret, &perr);
+  return rc < 0 ? sk__wire_bad(err, perr.message) : 0;
+}
+
+/* A string copied into dst[size] (truncated, NUL-terminated). */
+static int sk__wire_name(const msgpack_object *map, const char *key, char *dst, size_t size,
+                         struct sk_error *err) {
+  struct sk_error perr;
+  const char *s;
+  size_t len;
+  int rc = sk_msg_get_str(map, key, &s, &len, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1) {
+    if (len >= size) len = size - 1;
+    memcpy(dst, s, len);
+    dst[len] = 0;
+  }
+  return 0;
+}
+
+/* A map field: *ret NULL if absent; an error if not a map. */
+static int sk__wire_map(const msgpack_object *map, const char *key, const msgpack_object **ret,
+                        struct sk_error *err) {
+  const msgpack_object *o = sk_msg_get(map, key);
+  if (o && o->type != MSGPACK_OBJECT_MAP)
+    return sk_error_set(err, SK_ERR_PROTOCOL, "field '%s' must be a map", key);
+  *ret = o;
+  return 0;
+}
+
+/* The required "session". */
+static int sk__wire_session(const msgpack_object *map, uint64_t *ret, struct sk_error *err) {
+  struct sk_error perr;
+  return sk_msg_need_u64(map, "session", UINT64_MAX, ret, &perr) < 0
+             ? sk__wire_bad(err, perr.message)
+             : 0;
+}
+
+/* An integer object that fits an int32 (token ids). */
+static bool sk__wire_obj_i32(const msgpack_object *o, int32_t *ret) {
+  if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX) {
+    *ret = (int32_t)o->via.u64;
+    return true;
+  }
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
+    *ret = (int32_t)o->via.i64;
+    return true;
+  }
+  return false;
+}
+
+static bool sk__wire_obj_u64(const msgpack_object *o, uint64_t *ret) {
+  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
+  *ret = o->via.u64;
+  return true;
+}
+
+/* evicted_ranges: the first SK_WIRE_MAX_RANGES [first, last] pairs (extra
+ * ones, which the protocol does not allow, are ignored). */
+static int sk__wire_ranges_get(const msgpack_object *map, struct sk_range *ranges, size_t *ret_n,
+                               struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  *ret_n = 0;
+  int rc = sk_msg_get_array(map, "evicted_ranges", &a, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 0) return 0;
+  size_t n = a->size < SK_WIRE_MAX_RANGES ? a->size : SK_WIRE_MAX_RANGES;
+  for (size_t i = 0; i < n; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 ||
+        !sk__wire_obj_u64(&o->via.array.ptr[0], &ranges[i].first) ||
+        !sk__wire_obj_u64(&o->via.array.ptr[1], &ranges[i].last))
+      return sk__wire_bad(err, "field 'evicted_ranges' must hold [first, last] pairs");
+  }
+  *ret_n = n;
+  return 0;
+}
+
+/* ---- replies ---------------------------------------------------------- */
+
+int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_pack_open(struct sk_msgbuf *b, uint64_t id, const struct sk_open_result *o) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "session", o->session);
+  sk_wire_map_str(&m, "policy", o->policy);
+  sk_wire_map_u64(&m, "capacity", o->capacity);
+  sk_wire_map_u64(&m, "kv_bytes", o->kv_bytes);
+  sk_wire_map_str(&m, "kv_type", o->kv_type);
+  sk_wire_map_u64(&m, "n_sink", o->n_sink);
+  sk_wire_map_u64(&m, "window", o->window);
+  sk_wire_map_u64(&m, "heavy", o->heavy);
+  sk_wire_map_u64(&m, "recent", o->recent);
+  sk_wire_map_f64(&m, "rope_scale", o->rope_scale);
+  sk_wire_map_u64(&m, "pinned", o->pinned);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_open(const msgpack_object *map, struct sk_open_result *ret,
+                        struct sk_error *err) {
+  struct sk_open_result o;
+  memset(&o, 0, sizeof o);
+  o.rope_scale = 1.0;
+  int rc;
+  if ((rc = sk__wire_session(map, &o.session, err)) < 0 ||
+      (rc = sk__wire_name(map, "policy", o.policy, sizeof o.policy, err)) < 0 ||
+      (rc = sk__wire_u64(map, "capacity", &o.capacity, err)) < 0 ||
+      (rc = sk__wire_u64(map, "kv_bytes", &o.kv_bytes, err)) < 0 ||
+      (rc = sk__wire_name(map, "kv_type", o.kv_type, sizeof o.kv_type, err)) < 0 ||
+      (rc = sk__wire_u64(map, "n_sink", &o.n_sink, err)) < 0 ||
+      (rc = sk__wire_u64(map, "window", &o.window, err)) < 0 ||
+      (rc = sk__wire_u64(map, "heavy", &o.heavy, err)) < 0 ||
+      (rc = sk__wire_u64(map, "recent", &o.recent, err)) < 0 ||
+      (rc = sk__wire_f64(map, "rope_scale", &o.rope_scale, err)) < 0 ||
+      (rc = sk__wire_u64(map, "pinned", &o.pinned, err)) < 0)
+    return rc;
+  *ret = o;
+  return 0;
+}
+
+int sk_wire_pack_summary(struct sk_msgbuf *b, uint64_t id, const struct sk_session_summary *s,
+                         uint64_t received) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "session", s->session);
+  sk_wire_map_str(&m, "policy", s->policy);
+  sk_wire_map_u64(&m, "capacity", s->capacity);
+  sk_wire_map_u64(&m, "kv_bytes", s->kv_bytes);
+  sk_wire_map_str(&m, "kv_type", s->kv_type);
+  sk_wire_map_u64(&m, "resident", s->resident);
+  sk_wire_map_u64(&m, "seen", s->seen);
+  sk_wire_map_u64(&m, "evicted", s->evicted);
+  sk_wire_map_u64(&m, "commit", s->commit);
+  sk_wire_map_bool(&m, "adopted", s->adopted);
+  if (s->from) sk_wire_map_u64(&m, "from", s->from);
+  if (received) sk_wire_map_u64(&m, "received", received);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_summary(const msgpack_object *map, struct sk_session_summary *ret,
+                           struct sk_error *err) {
+  struct sk_session_summary s;
+  memset(&s, 0, sizeof s);
+  int rc;
+  if ((rc = sk__wire_session(map, &s.session, err)) < 0 ||
+      (rc = sk__wire_name(map, "policy", s.policy, sizeof s.policy, err)) < 0 ||
+      (rc = sk__wire_u64(map, "capacity", &s.capacity, err)) < 0 ||
+      (rc = sk__wire_u64(map, "kv_bytes", &s.kv_bytes, err)) < 0 ||
+      (rc = sk__wire_name(map, "kv_type", s.kv_type, sizeof s.kv_type, err)) < 0 ||
+      (rc = sk__wire_u64(map, "resident", &s.resident, err)) < 0 ||
+      (rc = sk__wire_u64(map, "seen", &s.seen, err)) < 0 ||
+      (rc = sk__wire_u64(map, "evicted", &s.evicted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "commit", &s.commit, err)) < 0 ||
+      (rc = sk__wire_bool(map, "adopted", &s.adopted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "from", &s.from, err)) < 0)
+    return rc;
+  *ret = s;
+  return 0;
+}
+
+int sk_wire_pack_append(struct sk_msgbuf *b, uint64_t id, const struct sk_append_result *a,
+                        const float *logprobs) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "n_tokens", a->n_tokens);
+  sk_wire_map_u64(&m, "evicted", a->evicted);
+  sk__wire_ranges(&m, "evicted_ranges", a->ranges, a->n_ranges);
+  sk_wire_map_u64(&m, "resident", a->resident);
+  sk_wire_map_u64(&m, "seen", a->seen);
+  if (logprobs) {
+    /* One float32 per appended token; nil where there was nothing to
+     * score it with (the session's very first token). */
+    msgpack_packer *pk = sk_wire_map_key(&m, "logprobs");
+    msgpack_pack_array(pk, (size_t)a->n_tokens);
+    for (uint64_t i = 0; i < a->n_tokens; i++) {
+      if (isnan(logprobs[i]))
+        msgpack_pack_nil(pk);
+      else
+        msgpack_pack_float(pk, logprobs[i]);
+    }
+  }
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_append(const msgpack_object *map, struct sk_append_result *ret,
+                          double *logprobs, size_t n, struct sk_error *err) {
+  struct sk_append_result a;
+  memset(&a, 0, sizeof a);
+  int rc;
+  if ((rc = sk__wire_u64(map, "n_tokens", &a.n_tokens, err)) < 0 ||
+      (rc = sk__wire_u64(map, "resident", &a.resident, err)) < 0 ||
+      (rc = sk__wire_u64(map, "seen", &a.seen, err)) < 0 ||
+      (rc = sk__wire_u64(map, "evicted", &a.evicted, err)) < 0 ||
+      (rc = sk__wire_ranges_get(map, a.ranges, &a.n_ranges, err)) < 0)
+    return rc;
+  if (logprobs) {
+    struct sk_error perr;
+    const msgpack_object_array *arr;
+    rc = sk_msg_get_array(map, "logprobs", &arr, &perr);
+    if (rc < 0) return sk__wire_bad(err, perr.message);
+    if (rc == 0 || arr->size != n)
+      return sk__wire_bad(err, "field 'logprobs' missing or of the wrong length");
+    for (size_t i = 0; i < n; i++) {
+      const msgpack_object *o = &arr->ptr[i];
+      if (o->type == MSGPACK_OBJECT_NIL)
+        logprobs[i] = NAN;
+      else if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+        logprobs[i] = o->via.f64;
+      else
+        return sk__wire_bad(err, "field 'logprobs' must hold floats or nil");
+    }
+  }
+  *ret = a;
+  return 0;
+}
+
+int sk_wire_pack_generate(struct sk_msgbuf *b, uint64_t id, const struct sk_generate_result *g,
+                          const char *stop_text, size_t stop_text_len, const char *text,
+                          size_t text_len) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_str(&m, "stop", g->stop[0] ? g->stop : "length");
+  if (g->stop_token >= 0) {
+    sk_wire_map_u64(&m, "stop_token", (uint64_t)g->stop_token);
+    if (stop_text)
+      sk_wire_map_strn(&m, "stop_text", stop_text, stop_text_len);
+    else
+      sk_wire_map_str(&m, "stop_text", g->stop_text);
+  }
+  sk_wire_map_u64(&m, "n_tokens", g->n_tokens);
+  struct sk_wire_map usage;
+  sk_wire_map_begin(&usage, sk_wire_map_key(&m, "usage"));
+  sk_wire_map_u64(&usage, "prompt_tokens", g->prompt_tokens);
+  sk_wire_map_u64(&usage, "completion_tokens", g->completion_tokens);
+  if (sk_wire_map_end(&usage) < 0) m.failed = true;
+  sk_wire_map_strn(&m, "text", text ? text : "", text ? text_len : 0);
+  sk_wire_map_u64(&m, "evicted", g->evicted);
+  sk__wire_ranges(&m, "evicted_ranges", g->ranges, g->n_ranges);
+  sk_wire_map_u64(&m, "resident", g->resident);
+  sk_wire_map_u64(&m, "seen", g->seen);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result *ret,
+                            struct sk_error *err) {
+  struct sk_generate_result g;
+  memset(&g, 0, sizeof g);
+  const msgpack_object *usage = NULL;
+  uint64_t stop_token = UINT64_MAX;
+  int rc;
+  if ((rc = sk__wire_u64(map, "stop_token", &stop_token, err)) < 0 ||
+      (rc = sk__wire_name(map, "stop_text", g.stop_text, sizeof g.stop_text, err)) < 0 ||
+      (rc = sk__wire_name(map, "stop", g.stop, sizeof g.stop, err)) < 0 ||
+      (rc = sk__wire_u64(map, "n_tokens", &g.n_tokens, err)) < 0 ||
+      (rc = sk__wire_map(map, "usage", &usage, err)) < 0 ||
+      (rc = sk__wire_u64(map, "evicted", &g.evicted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "resident", &g.resident, err)) < 0 ||
+      (rc = sk__wire_u64(map, "seen", &g.seen, err)) < 0 ||
+      (rc = sk__wire_ranges_get(map, g.ranges, &g.n_ranges, err)) < 0)
+    return rc;
+  g.stop_token = stop_token <= INT32_MAX ? (int32_t)stop_token : -1;
+  if (usage &&
+      ((rc = sk__wire_u64(usage, "prompt_tokens", &g.prompt_tokens, err)) < 0 ||
+       (rc = sk__wire_u64(usage, "completion_tokens", &g.completion_tokens, err)) < 0))
+    return rc;
+  *ret = g;
+  return 0;
+}
+
+/* ---- events ----------------------------------------------------------- */
+
+int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_token_event *ev) {
+  if (sk_msgbuf_init(b) < 0) return -SK_ERR_NO_MEMORY;
+  struct sk_wire_map m;
+  sk_wire_map_begin(&m, &b->pk);
+  sk_wire_map_u64(&m, "id", id);
+  sk_wire_map_str(&m, "event", "token");
+  sk_wire_map_i64(&m, "token", ev->token);
+  sk_wire_map_strn(&m, "text", ev->text, ev->text_len);
+  if (ev->n_top) {
+    msgpack_packer *pk = sk_wire_map_key(&m, "top");
+    msgpack_pack_array(pk, ev->n_top);
+    for (size_t i = 0; i < ev->n_top; i++) {
+      msgpack_pack_array(pk, 2);
+      msgpack_pack_int32(pk, ev->top[i].token);
+      msgpack_pack_float(pk, (float)ev->top[i].logit);
+    }
+  }
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event *ret,
+                               struct sk_top_pair top[SK_WIRE_MAX_TOP], struct sk_error *err) {
+  struct sk_token_event te;
+  memset(&te, 0, sizeof te);
+  const msgpack_object *tok = sk_msg_get(map, "token");
+  if (!tok || !sk__wire_obj_i32(tok, &te.token))
+    return sk__wire_bad(err, "token event without an integer 'token'");
+  struct sk_error perr;
+  int rc = sk_msg_get_str(map, "text", &te.text, &te.text_len, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 0) te.text = "";
+  const msgpack_object_array *a;
+  rc = sk_msg_get_array(map, "top", &a, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1) {
+    size_t n = a->size < SK_WIRE_MAX_TOP ? a->size : SK_WIRE_MAX_TOP;
+    for (size_t i = 0; i < n; i++) {
+      const msgpack_object *pair = &a->ptr[i];
+      if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2 ||
+          !sk__wire_obj_i32(&pair->via.array.ptr[0], &top[i].token))
+        return sk__wire_bad(err, "field 'top' must hold [token, logit] pairs");
+      const msgpack_object *lo = &pair->via.array.ptr[1];
+      if (lo->type == MSGPACK_OBJECT_FLOAT32 || lo->type == MSGPACK_OBJECT_FLOAT64)
+        top[i].logit = lo->via.f64;
+      else if (lo->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        top[i].logit = (double)lo->via.u64;
+      else if (lo->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        top[i].logit = (double)lo->via.i64;
+      else
+        return sk__wire_bad(err, "field 'top' must hold [token, logit] pairs");
+    }
+    te.top = top;
+    te.n_top = n;
+  }
+  *ret = te;
+  return 0;
+}

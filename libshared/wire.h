@@ -1,0 +1,115 @@
+/* The wire schema of sinkd's replies and events, written once: each
+ * sk_wire_pack_* writes one whole frame (reply or event) from a public
+ * value struct of sinkd/client.h, and the matching sk_wire_unpack_* reads
+ * such a frame's map back into that struct. The daemon packs with it,
+ * libsinkd decodes with it, the tests' fake daemon packs with it, and
+ * tests/test-wire.c round-trips every one (sinkd-protocol(7) describes the
+ * fields).
+ *
+ * No map size is counted by hand: a map's entries are packed into a side
+ * buffer and counted as they are written, and its header is written once
+ * they are all known (so optional fields cannot throw the count off).
+ *
+ * Internal header (not installed).
+ */
+#ifndef SK_WIRE_H
+#define SK_WIRE_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "msg.h"
+#include "sinkd/client.h"
+
+/* A map being written: entries go to a side buffer and are counted;
+ * sk_wire_map_end writes the header with the count, then the entries, to
+ * the packer given to sk_wire_map_begin. */
+struct sk_wire_map {
+  msgpack_packer *out;  /* where the finished map goes (not owned) */
+  msgpack_sbuffer body; /* the entries packed so far (owned) */
+  msgpack_packer pk;    /* packs into body: write each value with it */
+  uint32_t n;           /* entries written */
+  bool failed;          /* an allocation failed */
+};
+
+/* Starts a map whose finished bytes go to out. No allocation yet. */
+void sk_wire_map_begin(struct sk_wire_map *m, msgpack_packer *out);
+/* Writes the key of one more entry and returns the packer for its value
+ * (exactly one value must follow, possibly a nested array or map). */
+msgpack_packer *sk_wire_map_key(struct sk_wire_map *m, const char *key);
+/* Entry helpers: a key and its value. */
+void sk_wire_map_u64(struct sk_wire_map *m, const char *key, uint64_t v);
+void sk_wire_map_i64(struct sk_wire_map *m, const char *key, int64_t v);
+void sk_wire_map_f64(struct sk_wire_map *m, const char *key, double v);
+void sk_wire_map_bool(struct sk_wire_map *m, const char *key, bool v);
+void sk_wire_map_str(struct sk_wire_map *m, const char *key, const char *v);
+void sk_wire_map_strn(struct sk_wire_map *m, const char *key, const char *v, size_t len);
+/* Writes the header (m->n entries) and the entries to out, and frees the
+ * side buffer. Returns 0, or -SK_ERR_NO_MEMORY (nothing usable written). */
+int sk_wire_map_end(struct sk_wire_map *m);
+
+/* ---- replies ----------------------------------------------------------
+ * Every sk_wire_pack_* below starts the frame in *b (sk_msgbuf_init) and
+ * writes the whole reply {"id": id, "ok": true, fields...}; the caller
+ * sends it (sk_msgbuf_finish) or frees it. Returns 0 or -SK_ERR_NO_MEMORY
+ * (b is freed).
+ *
+ * Every sk_wire_unpack_* reads the fields of a reply's map into *ret,
+ * which it fills whole: fields the reply leaves out keep the protocol's
+ * value for "absent" (0, "", false; rope_scale 1). String fields are
+ * copied, truncated to the struct's buffer. Returns 0, or -SK_ERR_PROTOCOL
+ * with err's message naming the field ("field 'seen' must be ..."). */
+
+/* An ok reply with no fields (ping, close). */
+int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id);
+
+/* open: every field of *o; "session" is required when unpacking. */
+int sk_wire_pack_open(struct sk_msgbuf *b, uint64_t id, const struct sk_open_result *o);
+int sk_wire_unpack_open(const msgpack_object *map, struct sk_open_result *ret,
+                        struct sk_error *err);
+
+/* resume, fork and import: *s; "from" is written only when s->from is not
+ * 0 (fork), and "received" (the bytes of the image) only when received is
+ * not 0 (import; unpacking does not read it). "session" is required when
+ * unpacking. */
+int sk_wire_pack_summary(struct sk_msgbuf *b, uint64_t id, const struct sk_session_summary *s,
+                         uint64_t received);
+int sk_wire_unpack_summary(const msgpack_object *map, struct sk_session_summary *ret,
+                           struct sk_error *err);
+
+/* append: *a, and with logprobs (a->n_tokens float32 values, NaN where
+ * nothing preceded the token, sent as nil) a "logprobs" array. Unpacking
+ * with logprobs not NULL requires that array with exactly n entries and
+ * stores them (nil -> NaN); with logprobs NULL it is not read. */
+int sk_wire_pack_append(struct sk_msgbuf *b, uint64_t id, const struct sk_append_result *a,
+                        const float *logprobs);
+int sk_wire_unpack_append(const msgpack_object *map, struct sk_append_result *ret,
+                          double *logprobs, size_t n, struct sk_error *err);
+
+/* generate and chat, the final reply: *g, with stop_token and stop_text
+ * written only when g->stop_token >= 0 (an end-of-generation stop). The
+ * daemon's full texts, which outgrow the struct's buffers, are given
+ * apart: stop_text (stop_text_len bytes; NULL: g->stop_text) and the
+ * generated text (text_len bytes; NULL: ""). Unpacking ignores "text" and
+ * sets stop_token -1 when it is absent. */
+int sk_wire_pack_generate(struct sk_msgbuf *b, uint64_t id, const struct sk_generate_result *g,
+                          const char *stop_text, size_t stop_text_len, const char *text,
+                          size_t text_len);
+int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result *ret,
+                            struct sk_error *err);
+
+/* ---- events ----------------------------------------------------------- */
+
+/* A token event of request id: {"id", "event": "token", "token", "text",
+ * "top" (only when ev->n_top > 0: [token, logit] pairs, logits as
+ * float32)}. ev->session is not sent. Same returns as the replies. */
+int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_token_event *ev);
+/* Reads a token event's map into *ret: ret->text points into the message
+ * ("" when absent); ret->top points to top[], which receives the first
+ * SK_WIRE_MAX_TOP pairs. ret->session is left 0 (the caller knows it). */
+int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event *ret,
+                               struct sk_top_pair top[SK_WIRE_MAX_TOP], struct sk_error *err);
+
+#endif
