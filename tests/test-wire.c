@@ -1,0 +1,385 @@
+/* The wire schema (libshared/wire.c): every reply and event it packs is
+ * read back into the same struct, its map holds exactly the entries
+ * written, and a malformed field is a protocol error naming it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+
+#include "msg.h"
+#include "wire.h"
+
+/* A packed frame, parsed. */
+struct frame {
+  struct sk_msgbuf b;
+  struct sk_msg msg;
+};
+
+/* Finishes b, checks the header against the body and parses the body. */
+static const msgpack_object *parse(struct frame *f) {
+  int64_t size = sk_msgbuf_finish(&f->b);
+  assert_true(size > (int64_t)SK_FRAME_HEADER_SIZE);
+  const uint8_t *data = (const uint8_t *)f->b.sbuf.data;
+  assert_int_equal(sk_frame_header_get(data), (uint64_t)size - SK_FRAME_HEADER_SIZE);
+  struct sk_error e;
+  assert_int_equal(sk_msg_parse(data + SK_FRAME_HEADER_SIZE, (size_t)size - SK_FRAME_HEADER_SIZE,
+                                &f->msg, &e),
+                   0);
+  return &f->msg.root;
+}
+
+static void frame_free(struct frame *f) {
+  sk_msg_free(&f->msg);
+  sk_msgbuf_free(&f->b);
+}
+
+/* The map's keys in order, space-separated, into out. */
+static void keys(const msgpack_object *map, char *out, size_t size) {
+  size_t w = 0;
+  out[0] = 0;
+  for (uint32_t i = 0; i < map->via.map.size; i++) {
+    const msgpack_object *k = &map->via.map.ptr[i].key;
+    assert_int_equal(k->type, MSGPACK_OBJECT_STR);
+    w += (size_t)snprintf(out + w, size - w, "%s%.*s", i ? " " : "", (int)k->via.str.size,
+                          k->via.str.ptr);
+    assert_true(w < size);
+  }
+}
+
+/* id and ok of a reply. */
+static void assert_reply(const msgpack_object *map, uint64_t id) {
+  uint64_t got = 0;
+  bool ok = false;
+  assert_int_equal(sk_msg_get_u64(map, "id", UINT64_MAX, &got, NULL), 1);
+  assert_int_equal(got, id);
+  assert_int_equal(sk_msg_get_bool(map, "ok", &ok, NULL), 1);
+  assert_true(ok);
+}
+
+/* Field by field (the structs have padding). */
+static void assert_summary_equal(const struct sk_session_summary *a,
+                                 const struct sk_session_summary *b) {
+  assert_int_equal(a->session, b->session);
+  assert_string_equal(a->policy, b->policy);
+  assert_int_equal(a->capacity, b->capacity);
+  assert_int_equal(a->kv_bytes, b->kv_bytes);
+  assert_string_equal(a->kv_type, b->kv_type);
+  assert_int_equal(a->resident, b->resident);
+  assert_int_equal(a->seen, b->seen);
+  assert_int_equal(a->evicted, b->evicted);
+  assert_int_equal(a->commit, b->commit);
+  assert_int_equal(a->adopted, b->adopted);
+  assert_int_equal(a->from, b->from);
+}
+
+static void assert_ranges_equal(const struct sk_range *a, size_t na, const struct sk_range *b,
+                                size_t nb) {
+  assert_int_equal(na, nb);
+  for (size_t i = 0; i < na; i++) {
+    assert_int_equal(a[i].first, b[i].first);
+    assert_int_equal(a[i].last, b[i].last);
+  }
+}
+
+static void assert_generate_equal(const struct sk_generate_result *a,
+                                  const struct sk_generate_result *b) {
+  assert_string_equal(a->stop, b->stop);
+  assert_int_equal(a->stop_token, b->stop_token);
+  assert_string_equal(a->stop_text, b->stop_text);
+  assert_int_equal(a->n_tokens, b->n_tokens);
+  assert_int_equal(a->prompt_tokens, b->prompt_tokens);
+  assert_int_equal(a->completion_tokens, b->completion_tokens);
+  assert_int_equal(a->evicted, b->evicted);
+  assert_int_equal(a->resident, b->resident);
+  assert_int_equal(a->seen, b->seen);
+  assert_ranges_equal(a->ranges, a->n_ranges, b->ranges, b->n_ranges);
+}
+
+static void test_ok_bytes(void **state) {
+  (void)state;
+  struct frame f;
+  assert_int_equal(sk_wire_pack_ok(&f.b, 7), 0);
+  int64_t size = sk_msgbuf_finish(&f.b);
+  /* {"id": 7, "ok": true}: fixmap of 2, fixstr keys, fixint, true. */
+  static const uint8_t want[] = {0, 0, 0, 9, 0x82, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xc3};
+  assert_int_equal(size, sizeof want);
+  assert_memory_equal(f.b.sbuf.data, want, sizeof want);
+  sk_msgbuf_free(&f.b);
+}
+
+/* A map of 16 entries and more takes the map16 header: the count is the
+ * entries written, whatever their number. */
+static void test_map_counts(void **state) {
+  (void)state;
+  for (uint32_t n = 0; n < 40; n += 3) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    struct sk_wire_map m;
+    sk_wire_map_begin(&m, &pk);
+    for (uint32_t i = 0; i < n; i++) {
+      char key[16];
+      snprintf(key, sizeof key, "k%u", i);
+      sk_wire_map_u64(&m, key, i * 1000u);
+    }
+    assert_int_equal(sk_wire_map_end(&m), 0);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 1024);
+    msgpack_object o;
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack(sb.data, sb.size, &off, &zone, &o), MSGPACK_UNPACK_SUCCESS);
+    assert_int_equal(off, sb.size);
+    assert_int_equal(o.type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(o.via.map.size, n);
+    if (n) assert_int_equal(o.via.map.ptr[n - 1].val.via.u64, (n - 1) * 1000u);
+    assert_int_equal((uint8_t)sb.data[0], n < 16 ? 0x80 | n : 0xde);
+    msgpack_zone_destroy(&zone);
+    msgpack_sbuffer_destroy(&sb);
+  }
+}
+
+static void test_open(void **state) {
+  (void)state;
+  struct sk_open_result o = {.session = 41, .policy = "sink_h2o", .capacity = 300,
+                             .kv_bytes = 1u << 20, .kv_type = "f16", .n_sink = 4, .window = 0,
+                             .heavy = 128, .recent = 168, .rope_scale = 2.5, .pinned = 3};
+  struct frame f;
+  assert_int_equal(sk_wire_pack_open(&f.b, 9, &o), 0);
+  const msgpack_object *map = parse(&f);
+  char k[512];
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok session policy capacity kv_bytes kv_type n_sink window heavy "
+                         "recent rope_scale pinned");
+  assert_reply(map, 9);
+  struct sk_open_result got;
+  memset(&got, 0xa5, sizeof got);
+  struct sk_error e;
+  assert_int_equal(sk_wire_unpack_open(map, &got, &e), 0);
+  assert_int_equal(got.session, o.session);
+  assert_string_equal(got.policy, o.policy);
+  assert_int_equal(got.capacity, o.capacity);
+  assert_int_equal(got.kv_bytes, o.kv_bytes);
+  assert_string_equal(got.kv_type, o.kv_type);
+  assert_int_equal(got.n_sink, o.n_sink);
+  assert_int_equal(got.window, o.window);
+  assert_int_equal(got.heavy, o.heavy);
+  assert_int_equal(got.recent, o.recent);
+  assert_true(got.rope_scale == o.rope_scale);
+  assert_int_equal(got.pinned, o.pinned);
+  frame_free(&f);
+}
+
+static void test_summary(void **state) {
+  (void)state;
+  struct sk_session_summary s = {.session = 8, .policy = "streaming", .capacity = 260,
+                                 .kv_bytes = 57344, .kv_type = "f32", .resident = 260,
+                                 .seen = 1000, .evicted = 740, .commit = 77, .adopted = true,
+                                 .from = 5};
+  /* fork: with "from"; import: with "received"; resume: neither */
+  const struct {
+    uint64_t from, received;
+    const char *tail;
+  } cases[] = {{5, 0, " from"}, {0, 4096, " received"}, {0, 0, ""}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    s.from = cases[i].from;
+    struct frame f;
+    assert_int_equal(sk_wire_pack_summary(&f.b, 100 + i, &s, cases[i].received), 0);
+    const msgpack_object *map = parse(&f);
+    char k[512], want[512];
+    keys(map, k, sizeof k);
+    snprintf(want, sizeof want,
+             "id ok session policy capacity kv_bytes kv_type resident seen evicted commit "
+             "adopted%s",
+             cases[i].tail);
+    assert_string_equal(k, want);
+    assert_reply(map, 100 + i);
+    uint64_t received = 0;
+    assert_int_equal(sk_msg_get_u64(map, "received", UINT64_MAX, &received, NULL),
+                     cases[i].received ? 1 : 0);
+    assert_int_equal(received, cases[i].received);
+    struct sk_session_summary got;
+    memset(&got, 0xa5, sizeof got);
+    assert_int_equal(sk_wire_unpack_summary(map, &got, NULL), 0);
+    assert_summary_equal(&got, &s);
+    frame_free(&f);
+  }
+}
+
+static void test_append(void **state) {
+  (void)state;
+  struct sk_append_result a;
+  memset(&a, 0, sizeof a);
+  a.n_tokens = 4;
+  a.resident = 60;
+  a.seen = 104;
+  a.evicted = 44;
+  a.n_ranges = 2;
+  a.ranges[0] = (struct sk_range){4, 40};
+  a.ranges[1] = (struct sk_range){UINT64_C(1) << 40, (UINT64_C(1) << 40) + 6};
+  const float lp[4] = {NAN, -0.5f, -12.25f, 0.0f};
+  for (int with_lp = 0; with_lp < 2; with_lp++) {
+    struct frame f;
+    assert_int_equal(sk_wire_pack_append(&f.b, 3, &a, with_lp ? lp : NULL), 0);
+    const msgpack_object *map = parse(&f);
+    char k[512];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, with_lp ? "id ok n_tokens evicted evicted_ranges resident seen logprobs"
+                                    : "id ok n_tokens evicted evicted_ranges resident seen");
+    assert_reply(map, 3);
+    struct sk_append_result got;
+    memset(&got, 0xa5, sizeof got);
+    double glp[4] = {0};
+    assert_int_equal(sk_wire_unpack_append(map, &got, with_lp ? glp : NULL, 4, NULL), 0);
+    assert_int_equal(got.n_tokens, a.n_tokens);
+    assert_int_equal(got.resident, a.resident);
+    assert_int_equal(got.seen, a.seen);
+    assert_int_equal(got.evicted, a.evicted);
+    assert_ranges_equal(got.ranges, got.n_ranges, a.ranges, a.n_ranges);
+    if (with_lp) {
+      assert_true(isnan(glp[0]));
+      assert_true(glp[1] == -0.5 && glp[2] == -12.25 && glp[3] == 0.0);
+      /* a count that disagrees is refused */
+      struct sk_error e;
+      assert_int_equal(sk_wire_unpack_append(map, &got, glp, 3, &e), -SK_ERR_PROTOCOL);
+      assert_string_equal(e.message, "field 'logprobs' missing or of the wrong length");
+    }
+    frame_free(&f);
+  }
+}
+
+static void test_generate(void **state) {
+  (void)state;
+  struct sk_generate_result g;
+  memset(&g, 0, sizeof g);
+  snprintf(g.stop, sizeof g.stop, "eos");
+  g.stop_token = 2;
+  snprintf(g.stop_text, sizeof g.stop_text, "</s>");
+  g.n_tokens = 17;
+  g.prompt_tokens = 5;
+  g.completion_tokens = 17;
+  g.evicted = 1;
+  g.resident = 21;
+  g.seen = 22;
+  g.n_ranges = 1;
+  g.ranges[0] = (struct sk_range){4, 4};
+  struct frame f;
+  assert_int_equal(sk_wire_pack_generate(&f.b, 12, &g, NULL, 0, "hello", 5), 0);
+  const msgpack_object *map = parse(&f);
+  char k[512];
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok stop stop_token stop_text n_tokens usage text evicted "
+                         "evicted_ranges resident seen");
+  assert_reply(map, 12);
+  const char *text;
+  size_t len;
+  assert_int_equal(sk_msg_get_str(map, "text", &text, &len, NULL), 1);
+  assert_int_equal(len, 5);
+  assert_memory_equal(text, "hello", 5);
+  keys(sk_msg_get(map, "usage"), k, sizeof k);
+  assert_string_equal(k, "prompt_tokens completion_tokens");
+  struct sk_generate_result got;
+  memset(&got, 0xa5, sizeof got);
+  assert_int_equal(sk_wire_unpack_generate(map, &got, NULL), 0);
+  assert_generate_equal(&got, &g);
+  frame_free(&f);
+
+  /* Not an end-of-generation stop: no stop_token nor stop_text; the
+   * daemon's full stop text given apart is what goes out. */
+  snprintf(g.stop, sizeof g.stop, "length");
+  g.stop_token = -1;
+  g.stop_text[0] = 0;
+  assert_int_equal(sk_wire_pack_generate(&f.b, 13, &g, NULL, 0, NULL, 0), 0);
+  map = parse(&f);
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok stop n_tokens usage text evicted evicted_ranges resident seen");
+  assert_int_equal(sk_wire_unpack_generate(map, &got, NULL), 0);
+  assert_generate_equal(&got, &g);
+  frame_free(&f);
+
+  g.stop_token = 7;
+  snprintf(g.stop, sizeof g.stop, "eos");
+  assert_int_equal(sk_wire_pack_generate(&f.b, 14, &g, "<|im_end|>", 10, "x", 1), 0);
+  map = parse(&f);
+  assert_int_equal(sk_wire_unpack_generate(map, &got, NULL), 0);
+  assert_int_equal(got.stop_token, 7);
+  assert_string_equal(got.stop_text, "<|im_end|>");
+  frame_free(&f);
+}
+
+static void test_token_event(void **state) {
+  (void)state;
+  const struct sk_top_pair top[3] = {{10, 1.5}, {3, -2.25}, {70000, 0.125}};
+  struct sk_token_event ev = {.token = 10, .text = "\xc3\xbc", .text_len = 2, .top = top,
+                              .n_top = 3};
+  for (int with_top = 0; with_top < 2; with_top++) {
+    ev.n_top = with_top ? 3 : 0;
+    ev.top = with_top ? top : NULL;
+    struct frame f;
+    assert_int_equal(sk_wire_pack_token_event(&f.b, 5, &ev), 0);
+    const msgpack_object *map = parse(&f);
+    char k[256];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, with_top ? "id event token text top" : "id event token text");
+    const char *name;
+    size_t len;
+    assert_int_equal(sk_msg_get_str(map, "event", &name, &len, NULL), 1);
+    assert_int_equal(len, 5);
+    assert_memory_equal(name, "token", 5);
+    struct sk_top_pair gtop[SK_WIRE_MAX_TOP];
+    struct sk_token_event got;
+    assert_int_equal(sk_wire_unpack_token_event(map, &got, gtop, NULL), 0);
+    assert_int_equal(got.token, 10);
+    assert_int_equal(got.text_len, 2);
+    assert_memory_equal(got.text, "\xc3\xbc", 2);
+    assert_int_equal(got.n_top, ev.n_top);
+    for (size_t i = 0; i < got.n_top; i++) {
+      assert_int_equal(got.top[i].token, top[i].token);
+      assert_true(got.top[i].logit == top[i].logit);
+    }
+    frame_free(&f);
+  }
+}
+
+/* A field of the wrong type is a protocol error that names it. */
+static void test_bad_field(void **state) {
+  (void)state;
+  struct sk_msgbuf b;
+  assert_int_equal(sk_msgbuf_init(&b), 0);
+  struct sk_wire_map m;
+  sk_wire_map_begin(&m, &b.pk);
+  sk_wire_map_u64(&m, "session", 4);
+  sk_wire_map_str(&m, "seen", "many");
+  assert_int_equal(sk_wire_map_end(&m), 0);
+  struct frame f = {.b = b};
+  const msgpack_object *map = parse(&f);
+  struct sk_error e;
+  struct sk_session_summary s;
+  assert_int_equal(sk_wire_unpack_summary(map, &s, &e), -SK_ERR_PROTOCOL);
+  assert_non_null(strstr(e.message, "'seen'"));
+  struct sk_open_result o;
+  assert_int_equal(sk_wire_unpack_open(map, &o, &e), 0); /* open has no "seen" */
+  struct sk_append_result a;
+  assert_int_equal(sk_wire_unpack_append(map, &a, NULL, 0, &e), -SK_ERR_PROTOCOL);
+  assert_non_null(strstr(e.message, "'seen'"));
+  struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_token_event ev;
+  assert_int_equal(sk_wire_unpack_token_event(map, &ev, top, &e), -SK_ERR_PROTOCOL);
+  assert_string_equal(e.message, "token event without an integer 'token'");
+  frame_free(&f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ok_bytes),   cmocka_unit_test(test_map_counts),
+      cmocka_unit_test(test_open),       cmocka_unit_test(test_summary),
+      cmocka_unit_test(test_append),     cmocka_unit_test(test_generate),
+      cmocka_unit_test(test_token_event), cmocka_unit_test(test_bad_field),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
