@@ -540,7 +540,7 @@ static struct sk_session *req_session(struct sk_server *srv, const struct reques
 static void op_ping(struct sk_server *srv, const struct request *r) {
   (void)srv;
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_ok(&b, r->id) == 0) conn_send_buf(r->conn, &b);
 }
 
 /* "compute": {"kernel", "threads", "max_batch", "kv_type"} of hello and
@@ -1086,7 +1086,7 @@ static void op_close(struct sk_server *srv, const struct request *r) {
   if (!s) return;
   session_close(srv, s);
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 0) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_ok(&b, r->id) == 0) conn_send_buf(r->conn, &b);
 }
 
 static int session_id_cmp(const void *a, const void *b) {
@@ -1592,25 +1592,13 @@ static void export_pump(struct sk_conn *c) {
     struct sk_msgbuf b;
     if (x->off < x->len) {
       size_t n = x->len - x->off < SK_EXPORT_CHUNK ? x->len - x->off : SK_EXPORT_CHUNK;
-      if (sk_msgbuf_init(&b) < 0) return;
-      msgpack_pack_map(&b.pk, 4);
-      sk_pack_kv_u64(&b.pk, "id", x->req_id);
-      sk_pack_kv_str(&b.pk, "event", "data");
-      sk_pack_kv_u64(&b.pk, "offset", x->off);
-      sk_pack_cstr(&b.pk, "data");
-      msgpack_pack_bin(&b.pk, n);
-      msgpack_pack_bin_body(&b.pk, x->buf + x->off, n);
+      if (sk_wire_pack_data_event(&b, x->req_id, x->off, x->buf + x->off, n) < 0) return;
       x->off += n;
       conn_send_buf(c, &b);
       continue;
     }
-    if (reply_begin(&b, x->req_id, 4) == 0) {
-      sk_pack_kv_u64(&b.pk, "session", x->session);
-      sk_pack_kv_u64(&b.pk, "bytes", x->len);
-      sk_pack_kv_u64(&b.pk, "resident", x->resident);
-      sk_pack_kv_u64(&b.pk, "seen", x->seen);
+    if (sk_wire_pack_export(&b, x->req_id, x->session, x->len, x->resident, x->seen) == 0)
       conn_send_buf(c, &b);
-    }
     c->exports = x->next;
     free(x->buf);
     free(x);
@@ -1864,10 +1852,7 @@ static void op_import(struct sk_server *srv, const struct request *r) {
   c->import_len += len;
   struct sk_msgbuf b;
   if (c->import_len < c->import_total) {
-    if (reply_begin(&b, r->id, 1) == 0) {
-      sk_pack_kv_u64(&b.pk, "received", c->import_len);
-      conn_send_buf(c, &b);
-    }
+    if (sk_wire_pack_received(&b, r->id, c->import_len) == 0) conn_send_buf(c, &b);
     return;
   }
   /* All in: checked and copied into a new session in a worker, which
@@ -1951,9 +1936,7 @@ static void op_cancel(struct sk_server *srv, const struct request *r) {
     }
   if (any) sk_compute_wake(srv->compute);
   struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 1) < 0) return;
-  sk_pack_kv_bool(&b.pk, "cancelled", any);
-  conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_cancel(&b, r->id, any) == 0) conn_send_buf(r->conn, &b);
 }
 
 /* tokenize/detokenize run on libuv's thread pool: the tokenizer is
@@ -2008,16 +1991,9 @@ static void tok_work_done(uv_work_t *req, int status) {
       send_error(c, w->id, &w->err);
     } else {
       struct sk_msgbuf b;
-      if (reply_begin(&b, w->id, 1) == 0) {
-        if (w->detok) {
-          sk_pack_kv_strn(&b.pk, "text", w->text, w->text_len);
-        } else {
-          sk_pack_cstr(&b.pk, "tokens");
-          msgpack_pack_array(&b.pk, (uint32_t)w->n_tokens);
-          for (size_t i = 0; i < w->n_tokens; i++) msgpack_pack_int32(&b.pk, w->tokens[i]);
-        }
+      if ((w->detok ? sk_wire_pack_text(&b, w->id, w->text, w->text_len)
+                    : sk_wire_pack_tokens(&b, w->id, w->tokens, w->n_tokens)) == 0)
         conn_send_buf(c, &b);
-      }
     }
   }
   free(w->text);

@@ -364,10 +364,12 @@ static int sk__client_bad_reply(struct sk_client *c, struct sk_error *err,
 }
 
 /* The result of a wire decoder: a malformed reply closes the connection
- * like any protocol error. */
+ * like any protocol error; other errors (no memory) are passed on. */
 static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *perr,
                            struct sk_error *err) {
-  return rc < 0 ? sk__client_bad_reply(c, err, perr->message) : 0;
+  if (rc == -SK_ERR_PROTOCOL) return sk__client_bad_reply(c, err, perr->message);
+  if (rc < 0) return sk_error_set(err, -rc, "%s", perr->message);
+  return 0;
 }
 
 /* Looks at "ok" of a final reply: 0 if true; the daemon's error (code
@@ -492,19 +494,6 @@ static int sk__reply_map(struct sk_client *c, const msgpack_object *map,
   }
   *ret = o;
   return 0;
-}
-
-/* An integer object that must fit an int32 (token ids). */
-static bool sk__obj_i32(const msgpack_object *o, int32_t *ret) {
-  if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX) {
-    *ret = (int32_t)o->via.u64;
-    return true;
-  }
-  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
-    *ret = (int32_t)o->via.i64;
-    return true;
-  }
-  return false;
 }
 
 static bool sk__obj_u64(const msgpack_object *o, uint64_t *ret) {
@@ -1252,11 +1241,7 @@ int sk_client_cancel(struct sk_client *client, uint64_t session,
   if (rc < 0) return rc;
   struct sk_error perr;
   bool cancelled = false;
-  rc = sk_msg_get_bool(&reply.root, "cancelled", &cancelled, &perr);
-  if (rc < 0)
-    rc = sk__client_bad_reply(client, err, perr.message);
-  else
-    rc = 0;
+  rc = sk__client_wire(client, sk_wire_unpack_cancel(&reply.root, &cancelled, &perr), &perr, err);
   if (rc == 0 && ret_cancelled) *ret_cancelled = cancelled;
   sk_msg_free(&reply);
   return rc;
@@ -1318,29 +1303,13 @@ int sk_client_session_tokens(struct sk_client *client, uint64_t session,
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   struct sk_error perr;
-  const msgpack_object_array *a;
   int32_t *ids = NULL;
-  rc = sk_msg_get_array(&reply.root, "tokens", &a, &perr);
-  if (rc <= 0) {
-    rc = sk__client_bad_reply(client, err,
-                              rc < 0 ? perr.message : "missing field 'tokens'");
-    goto out;
+  size_t n = 0;
+  rc = sk__client_wire(client, sk_wire_unpack_tokens(&reply.root, &ids, &n, &perr), &perr, err);
+  if (rc == 0) {
+    *ret_tokens = ids;
+    *ret_n = n;
   }
-  rc = 0;
-  if (a->size > 0 && !(ids = malloc(a->size * sizeof *ids))) {
-    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    goto out;
-  }
-  for (uint32_t i = 0; i < a->size; i++)
-    if (!sk__obj_i32(&a->ptr[i], &ids[i])) {
-      rc = sk__client_bad_reply(client, err, "field 'tokens' must hold token ids");
-      goto out;
-    }
-  *ret_tokens = ids;
-  *ret_n = a->size;
-  ids = NULL;
-out:
-  free(ids);
   sk_msg_free(&reply);
   return rc;
 }
@@ -1381,8 +1350,7 @@ int sk_client_export(struct sk_client *client, uint64_t session,
       const char *data;
       size_t n;
       if (event_len == 4 && memcmp(event, "data", 4) == 0) {
-        if (sk_msg_get_u64(r, "offset", UINT64_MAX, &off, &perr) != 1 || off != len ||
-            sk_msg_get_str(r, "data", &data, &n, &perr) != 1) {
+        if (sk_wire_unpack_data_event(r, &off, &data, &n, &perr) < 0 || off != len) {
           sk_msg_free(&msg);
           rc = sk__client_bad_reply(client, err, "export data event out of order");
           goto fail;
@@ -1410,7 +1378,8 @@ int sk_client_export(struct sk_client *client, uint64_t session,
     if (rc == 0 && got == 0)
       rc = sk__client_fail(client, err, SK_ERR_PROTOCOL,
                            "reply with id 0 while waiting for %" PRIu64, id);
-    if (rc == 0 && (rc = sk__reply_u64(client, r, "bytes", &bytes, err)) == 0 &&
+    if (rc == 0 &&
+        (rc = sk__client_wire(client, sk_wire_unpack_export(r, &bytes, &perr), &perr, err)) == 0 &&
         bytes != len)
       rc = sk__client_bad_reply(client, err, "export size differs from the data received");
     sk_msg_free(&msg);
@@ -1573,34 +1542,13 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
   struct sk_error perr;
-  const msgpack_object_array *a;
   int32_t *ids = NULL;
-  rc = sk_msg_get_array(&reply.root, "tokens", &a, &perr);
-  if (rc <= 0) {
-    rc = sk__client_bad_reply(client, err,
-                              rc < 0 ? perr.message : "missing field 'tokens'");
-    goto out;
+  size_t n = 0;
+  rc = sk__client_wire(client, sk_wire_unpack_tokens(&reply.root, &ids, &n, &perr), &perr, err);
+  if (rc == 0) {
+    *ret_tokens = ids;
+    *ret_n = n;
   }
-  rc = 0;
-  if (a->size > 0) {
-    ids = malloc(a->size * sizeof *ids);
-    if (!ids) {
-      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-      goto out;
-    }
-  }
-  for (uint32_t i = 0; i < a->size; i++) {
-    if (!sk__obj_i32(&a->ptr[i], &ids[i])) {
-      rc = sk__client_bad_reply(client, err,
-                                "field 'tokens' must hold token ids");
-      goto out;
-    }
-  }
-  *ret_tokens = ids;
-  *ret_n = a->size;
-  ids = NULL;
-out:
-  free(ids);
   sk_msg_free(&reply);
   return rc;
 }
@@ -1623,23 +1571,12 @@ int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
   struct sk_error perr;
-  const char *text;
-  size_t len;
-  rc = sk_msg_get_str(&reply.root, "text", &text, &len, &perr);
-  if (rc <= 0) {
-    rc = sk__client_bad_reply(client, err,
-                              rc < 0 ? perr.message : "missing field 'text'");
-  } else {
-    char *out = malloc(len + 1);
-    if (!out) {
-      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    } else {
-      if (len > 0) memcpy(out, text, len);
-      out[len] = 0;
-      *ret_text = out;
-      *ret_len = len;
-      rc = 0;
-    }
+  char *text = NULL;
+  size_t len = 0;
+  rc = sk__client_wire(client, sk_wire_unpack_text(&reply.root, &text, &len, &perr), &perr, err);
+  if (rc == 0) {
+    *ret_text = text;
+    *ret_len = len;
   }
   sk_msg_free(&reply);
   return rc;

@@ -401,7 +401,136 @@ int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result
   return 0;
 }
 
+int sk_wire_pack_cancel(struct sk_msgbuf *b, uint64_t id, bool cancelled) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_bool(&m, "cancelled", cancelled);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_cancel(const msgpack_object *map, bool *ret, struct sk_error *err) {
+  bool v = false;
+  int rc = sk__wire_bool(map, "cancelled", &v, err);
+  if (rc == 0) *ret = v;
+  return rc;
+}
+
+int sk_wire_pack_tokens(struct sk_msgbuf *b, uint64_t id, const int32_t *tokens, size_t n) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  msgpack_packer *pk = sk_wire_map_key(&m, "tokens");
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++) msgpack_pack_int32(pk, tokens[i]);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_tokens(const msgpack_object *map, int32_t **ret_tokens, size_t *ret_n,
+                          struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  int rc = sk_msg_get_array(map, "tokens", &a, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 0) return sk__wire_bad(err, "missing field 'tokens'");
+  int32_t *ids = NULL;
+  if (a->size > 0 && !(ids = malloc(a->size * sizeof *ids)))
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  for (uint32_t i = 0; i < a->size; i++)
+    if (!sk__wire_obj_i32(&a->ptr[i], &ids[i])) {
+      free(ids);
+      return sk__wire_bad(err, "field 'tokens' must hold token ids");
+    }
+  *ret_tokens = ids;
+  *ret_n = a->size;
+  return 0;
+}
+
+int sk_wire_pack_text(struct sk_msgbuf *b, uint64_t id, const char *text, size_t len) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_strn(&m, "text", text, len);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_text(const msgpack_object *map, char **ret_text, size_t *ret_len,
+                        struct sk_error *err) {
+  struct sk_error perr;
+  const char *text;
+  size_t len;
+  int rc = sk_msg_get_str(map, "text", &text, &len, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 0) return sk__wire_bad(err, "missing field 'text'");
+  char *out = malloc(len + 1);
+  if (!out) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (len > 0) memcpy(out, text, len);
+  out[len] = 0;
+  *ret_text = out;
+  *ret_len = len;
+  return 0;
+}
+
+int sk_wire_pack_received(struct sk_msgbuf *b, uint64_t id, uint64_t received) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "received", received);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_received(const msgpack_object *map, uint64_t *ret, struct sk_error *err) {
+  uint64_t v = 0;
+  int rc = sk__wire_u64(map, "received", &v, err);
+  if (rc == 0) *ret = v;
+  return rc;
+}
+
+int sk_wire_pack_export(struct sk_msgbuf *b, uint64_t id, uint64_t session, uint64_t bytes,
+                        uint64_t resident, uint64_t seen) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "session", session);
+  sk_wire_map_u64(&m, "bytes", bytes);
+  sk_wire_map_u64(&m, "resident", resident);
+  sk_wire_map_u64(&m, "seen", seen);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_export(const msgpack_object *map, uint64_t *ret_bytes, struct sk_error *err) {
+  uint64_t v = 0;
+  int rc = sk__wire_u64(map, "bytes", &v, err);
+  if (rc == 0) *ret_bytes = v;
+  return rc;
+}
+
 /* ---- events ----------------------------------------------------------- */
+
+int sk_wire_pack_data_event(struct sk_msgbuf *b, uint64_t id, uint64_t offset, const void *data,
+                            size_t n) {
+  if (sk_msgbuf_init(b) < 0) return -SK_ERR_NO_MEMORY;
+  struct sk_wire_map m;
+  sk_wire_map_begin(&m, &b->pk);
+  sk_wire_map_u64(&m, "id", id);
+  sk_wire_map_str(&m, "event", "data");
+  sk_wire_map_u64(&m, "offset", offset);
+  msgpack_packer *pk = sk_wire_map_key(&m, "data");
+  msgpack_pack_bin(pk, n);
+  msgpack_pack_bin_body(pk, data, n);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_data_event(const msgpack_object *map, uint64_t *ret_offset,
+                              const char **ret_data, size_t *ret_n, struct sk_error *err) {
+  struct sk_error perr;
+  uint64_t off;
+  const char *data;
+  size_t n;
+  if (sk_msg_need_u64(map, "offset", UINT64_MAX, &off, &perr) < 0 ||
+      sk_msg_need_str(map, "data", &data, &n, &perr) < 0)
+    return sk__wire_bad(err, perr.message);
+  *ret_offset = off;
+  *ret_data = data;
+  *ret_n = n;
+  return 0;
+}
+
 
 int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_token_event *ev) {
   if (sk_msgbuf_init(b) < 0) return -SK_ERR_NO_MEMORY;

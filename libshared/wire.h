@@ -100,7 +100,46 @@ int sk_wire_pack_generate(struct sk_msgbuf *b, uint64_t id, const struct sk_gene
 int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result *ret,
                             struct sk_error *err);
 
+/* cancel: {"cancelled"} (absent: false). */
+int sk_wire_pack_cancel(struct sk_msgbuf *b, uint64_t id, bool cancelled);
+int sk_wire_unpack_cancel(const msgpack_object *map, bool *ret, struct sk_error *err);
+
+/* tokenize (and stats with "tokens"): {"tokens": [id, ...]}, n ids.
+ * Unpacking requires the field: *ret_tokens is a malloc'd array of
+ * *ret_n ids the caller frees (NULL when empty). Errors also
+ * -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_tokens(struct sk_msgbuf *b, uint64_t id, const int32_t *tokens, size_t n);
+int sk_wire_unpack_tokens(const msgpack_object *map, int32_t **ret_tokens, size_t *ret_n,
+                          struct sk_error *err);
+
+/* detokenize: {"text"} of len bytes. Unpacking requires the field:
+ * *ret_text is a malloc'd copy with a NUL after its *ret_len bytes, the
+ * caller's to free. Errors also -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_text(struct sk_msgbuf *b, uint64_t id, const char *text, size_t len);
+int sk_wire_unpack_text(const msgpack_object *map, char **ret_text, size_t *ret_len,
+                        struct sk_error *err);
+
+/* import, a chunk taken before the last: {"received"}, bytes so far. */
+int sk_wire_pack_received(struct sk_msgbuf *b, uint64_t id, uint64_t received);
+int sk_wire_unpack_received(const msgpack_object *map, uint64_t *ret, struct sk_error *err);
+
+/* export, the final reply after the data events: the session, the
+ * image's bytes and the session's resident and seen tokens. Unpacking
+ * reads "bytes" (absent: 0). */
+int sk_wire_pack_export(struct sk_msgbuf *b, uint64_t id, uint64_t session, uint64_t bytes,
+                        uint64_t resident, uint64_t seen);
+int sk_wire_unpack_export(const msgpack_object *map, uint64_t *ret_bytes, struct sk_error *err);
+
 /* ---- events ----------------------------------------------------------- */
+
+/* An export's data event of request id: {"id", "event": "data", "offset",
+ * "data": bin of n bytes}. Unpacking requires both: *ret_data points into
+ * the message. */
+int sk_wire_pack_data_event(struct sk_msgbuf *b, uint64_t id, uint64_t offset, const void *data,
+                            size_t n);
+int sk_wire_unpack_data_event(const msgpack_object *map, uint64_t *ret_offset,
+                              const char **ret_data, size_t *ret_n, struct sk_error *err);
+
 
 /* A token event of request id: {"id", "event": "token", "token", "text",
  * "top" (only when ev->n_top > 0: [token, logit] pairs, logits as

@@ -819,9 +819,7 @@ static void fake_generate(struct fake *f, int fd, uint64_t id,
   fake_token(fd, id, 12, "c", false);
   struct sk_msgbuf b;
   if (f->final_before_cancel_reply) fake_generate_final(fd, id, "cancelled", 3);
-  fake_begin(&b, cancel_id, 1);
-  sk_pack_kv_bool(&b.pk, "cancelled", true);
-  fake_write(fd, &b);
+  if (sk_wire_pack_cancel(&b, cancel_id, true) == 0) fake_write(fd, &b);
   if (!f->final_before_cancel_reply) fake_generate_final(fd, id, "cancelled", 3);
 }
 
@@ -937,23 +935,14 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     memcpy(a.ranges, fake_ranges, sizeof fake_ranges);
     if (sk_wire_pack_append(&b, id, &a, NULL) == 0) fake_write(fd, &b);
   } else if (OP("tokenize")) {
-    fake_begin(&b, id, 1);
-    sk_pack_cstr(&b.pk, "tokens");
-    msgpack_pack_array(&b.pk, 3);
-    msgpack_pack_int32(&b.pk, 1);
-    msgpack_pack_int32(&b.pk, 365);
-    msgpack_pack_int32(&b.pk, 2147483647);
-    fake_write(fd, &b);
+    const int32_t ids[3] = {1, 365, 2147483647};
+    if (sk_wire_pack_tokens(&b, id, ids, 3) == 0) fake_write(fd, &b);
   } else if (OP("detokenize")) {
-    fake_begin(&b, id, 1);
-    sk_pack_kv_strn(&b.pk, "text", "he\0llo", 6);
-    fake_write(fd, &b);
+    if (sk_wire_pack_text(&b, id, "he\0llo", 6) == 0) fake_write(fd, &b);
   } else if (OP("generate")) {
     fake_generate(f, fd, id, req);
   } else if (OP("cancel")) {
-    fake_begin(&b, id, 1);
-    sk_pack_kv_bool(&b.pk, "cancelled", false);
-    fake_write(fd, &b);
+    if (sk_wire_pack_cancel(&b, id, false) == 0) fake_write(fd, &b);
   } else if (OP("resume") || OP("fork")) {
     struct sk_session_summary v = {.session = OP("fork") ? 8 : session, .policy = "streaming",
                                    .capacity = 260, .kv_bytes = 57344, .resident = 260,
@@ -966,21 +955,12 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     const char *parts[3] = {"abc", "de", ""};
     uint64_t off = 0;
     for (int i = 0; i < 3; i++) {
-      sk_msgbuf_init(&b);
-      msgpack_pack_map(&b.pk, 4);
-      sk_pack_kv_u64(&b.pk, "id", id);
-      sk_pack_kv_str(&b.pk, "event", "data");
-      sk_pack_kv_u64(&b.pk, "offset", session == 8 && i == 1 ? off + 1 : off);
-      sk_pack_cstr(&b.pk, "data");
-      msgpack_pack_bin(&b.pk, strlen(parts[i]));
-      msgpack_pack_bin_body(&b.pk, parts[i], strlen(parts[i]));
-      fake_write(fd, &b);
+      if (sk_wire_pack_data_event(&b, id, session == 8 && i == 1 ? off + 1 : off, parts[i],
+                                  strlen(parts[i])) == 0)
+        fake_write(fd, &b);
       off += strlen(parts[i]);
     }
-    fake_begin(&b, id, 2);
-    sk_pack_kv_u64(&b.pk, "session", session);
-    sk_pack_kv_u64(&b.pk, "bytes", session == 9 ? 6 : 5);
-    fake_write(fd, &b);
+    if (sk_wire_pack_export(&b, id, session, session == 9 ? 6 : 5, 0, 0) == 0) fake_write(fd, &b);
   } else if (OP("import")) {
     uint64_t total = 0, offset = 0;
     const char *data = NULL;
@@ -991,9 +971,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     if (len > 100000) { /* as a daemon with a small frame limit does */
       fake_error(fd, 0, SK_ERR_TOO_LARGE, "frame too large");
     } else if (offset + len < total) {
-      fake_begin(&b, id, 1);
-      sk_pack_kv_u64(&b.pk, "received", offset + len);
-      fake_write(fd, &b);
+      if (sk_wire_pack_received(&b, id, offset + len) == 0) fake_write(fd, &b);
     } else {
       struct sk_session_summary v = {.session = 12, .policy = "dense", .capacity = 64,
                                      .kv_bytes = 8192, .resident = 5, .seen = 5, .commit = 3};

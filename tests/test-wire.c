@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -346,6 +347,106 @@ static void test_token_event(void **state) {
   }
 }
 
+static void test_cancel_received_export(void **state) {
+  (void)state;
+  char k[256];
+  for (int v = 0; v < 2; v++) {
+    struct frame f;
+    assert_int_equal(sk_wire_pack_cancel(&f.b, 20, v), 0);
+    const msgpack_object *map = parse(&f);
+    keys(map, k, sizeof k);
+    assert_string_equal(k, "id ok cancelled");
+    assert_reply(map, 20);
+    bool got = !v;
+    assert_int_equal(sk_wire_unpack_cancel(map, &got, NULL), 0);
+    assert_int_equal(got, v);
+    frame_free(&f);
+  }
+  struct frame f;
+  assert_int_equal(sk_wire_pack_received(&f.b, 21, UINT64_C(5000000000)), 0);
+  const msgpack_object *map = parse(&f);
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok received");
+  uint64_t u = 0;
+  assert_int_equal(sk_wire_unpack_received(map, &u, NULL), 0);
+  assert_int_equal(u, UINT64_C(5000000000));
+  frame_free(&f);
+
+  assert_int_equal(sk_wire_pack_export(&f.b, 22, 7, 123456, 260, 1000), 0);
+  map = parse(&f);
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok session bytes resident seen");
+  assert_reply(map, 22);
+  assert_int_equal(sk_wire_unpack_export(map, &u, NULL), 0);
+  assert_int_equal(u, 123456);
+  assert_int_equal(sk_msg_get_u64(map, "session", UINT64_MAX, &u, NULL), 1);
+  assert_int_equal(u, 7);
+  assert_int_equal(sk_msg_get_u64(map, "resident", UINT64_MAX, &u, NULL), 1);
+  assert_int_equal(u, 260);
+  assert_int_equal(sk_msg_get_u64(map, "seen", UINT64_MAX, &u, NULL), 1);
+  assert_int_equal(u, 1000);
+  frame_free(&f);
+}
+
+static void test_tokens_text(void **state) {
+  (void)state;
+  const int32_t ids[4] = {1, 365, INT32_MAX, INT32_MIN};
+  char k[256];
+  for (size_t n = 0; n <= 4; n += 4) {
+    struct frame f;
+    assert_int_equal(sk_wire_pack_tokens(&f.b, 30, ids, n), 0);
+    const msgpack_object *map = parse(&f);
+    keys(map, k, sizeof k);
+    assert_string_equal(k, "id ok tokens");
+    int32_t *got = (int32_t *)1;
+    size_t got_n = 99;
+    assert_int_equal(sk_wire_unpack_tokens(map, &got, &got_n, NULL), 0);
+    assert_int_equal(got_n, n);
+    if (n) assert_memory_equal(got, ids, sizeof ids);
+    else assert_null(got);
+    free(got);
+    frame_free(&f);
+  }
+  struct frame f;
+  assert_int_equal(sk_wire_pack_text(&f.b, 31, "he\0llo", 6), 0);
+  const msgpack_object *map = parse(&f);
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id ok text");
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(sk_wire_unpack_text(map, &text, &len, NULL), 0);
+  assert_int_equal(len, 6);
+  assert_memory_equal(text, "he\0llo", 7); /* and the NUL after */
+  free(text);
+  /* each requires its field */
+  struct sk_error e;
+  int32_t *ids_got;
+  size_t n_got;
+  assert_int_equal(sk_wire_unpack_tokens(map, &ids_got, &n_got, &e), -SK_ERR_PROTOCOL);
+  assert_string_equal(e.message, "missing field 'tokens'");
+  frame_free(&f);
+}
+
+static void test_data_event(void **state) {
+  (void)state;
+  const char bytes[5] = {0, 1, (char)0xff, 'a', 0};
+  struct frame f;
+  assert_int_equal(sk_wire_pack_data_event(&f.b, 40, 262144, bytes, sizeof bytes), 0);
+  const msgpack_object *map = parse(&f);
+  char k[256];
+  keys(map, k, sizeof k);
+  assert_string_equal(k, "id event offset data");
+  assert_int_equal(sk_msg_get(map, "data")->type, MSGPACK_OBJECT_BIN);
+  uint64_t off = 0;
+  const char *data = NULL;
+  size_t n = 0;
+  assert_int_equal(sk_wire_unpack_data_event(map, &off, &data, &n, NULL), 0);
+  assert_int_equal(off, 262144);
+  assert_int_equal(n, sizeof bytes);
+  assert_memory_equal(data, bytes, sizeof bytes);
+  frame_free(&f);
+}
+
 /* A field of the wrong type is a protocol error that names it. */
 static void test_bad_field(void **state) {
   (void)state;
@@ -380,6 +481,8 @@ int main(void) {
       cmocka_unit_test(test_open),       cmocka_unit_test(test_summary),
       cmocka_unit_test(test_append),     cmocka_unit_test(test_generate),
       cmocka_unit_test(test_token_event), cmocka_unit_test(test_bad_field),
+      cmocka_unit_test(test_cancel_received_export), cmocka_unit_test(test_tokens_text),
+      cmocka_unit_test(test_data_event),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
