@@ -593,48 +593,55 @@ static int read_sparsity(struct sk_server *srv, const struct request *r, float *
                       sk_sparse_calib_levels(cal, lv, sizeof lv));
 }
 
+/* "compute" of hello and stats. */
+static void compute_info(struct sk_server *srv, struct sk_compute_info *ret) {
+  snprintf(ret->kernel, sizeof ret->kernel, "%s", sk_kernels_name());
+  ret->threads = sk_compute_threads(srv->compute);
+  ret->max_batch = srv->cfg.max_batch;
+  snprintf(ret->kv_type, sizeof ret->kv_type, "%s", sk_kv_type_name(srv->cfg.kv_type));
+}
+
 static void op_hello(struct sk_server *srv, const struct request *r) {
   const struct sk_model_config *mc = sk_model_config(srv->model);
-  struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 7) < 0) return;
-  msgpack_packer *pk = &b.pk;
-  sk_pack_kv_u64(pk, "protocol", SK_PROTOCOL_VERSION);
-  pack_chat_template(srv, pk);
-  sk_pack_kv_str(pk, "server", "sinkd");
-  sk_pack_kv_str(pk, "version", SK_VERSION);
-  pack_compute(srv, pk);
-  sk_pack_cstr(pk, "model");
-  msgpack_pack_map(pk, 14);
-  sk_pack_kv_str(pk, "name", mc->name);
-  sk_pack_kv_str(pk, "file", srv->cfg.model_path ? srv->cfg.model_path : "");
-  sk_pack_kv_u64(pk, "n_vocab", mc->n_vocab);
-  sk_pack_kv_u64(pk, "n_ctx_train", mc->n_ctx_train);
-  sk_pack_kv_u64(pk, "n_layer", mc->n_layer);
-  sk_pack_kv_u64(pk, "dim", mc->dim);
-  sk_pack_kv_u64(pk, "n_head", mc->n_head);
-  sk_pack_kv_u64(pk, "n_kv_head", mc->n_kv_head);
+  struct sk_hello h;
+  memset(&h, 0, sizeof h);
+  h.protocol = SK_PROTOCOL_VERSION;
+  snprintf(h.chat_template, sizeof h.chat_template, "%s", sk_chat_name(srv->cfg.chat_template));
+  snprintf(h.chat_template_error, sizeof h.chat_template_error, "%s", srv->chat_error);
+  snprintf(h.server, sizeof h.server, "sinkd");
+  snprintf(h.version, sizeof h.version, "%s", SK_VERSION);
+  compute_info(srv, &h.compute);
+  struct sk_model_info *m = &h.model;
+  snprintf(m->name, sizeof m->name, "%s", mc->name);
+  m->n_vocab = mc->n_vocab;
+  m->n_ctx_train = mc->n_ctx_train;
+  m->n_layer = mc->n_layer;
+  m->dim = mc->dim;
+  m->n_head = mc->n_head;
+  m->n_kv_head = mc->n_kv_head;
   /* As a session's rope_scale: positions are divided by it (the GGUF's
    * linear scaling factor; the config holds its inverse). */
-  sk_pack_kv_f64(pk, "rope_scale", 1.0 / mc->rope_scale);
-  sk_pack_kv_u64(pk, "max_capacity", srv->cfg.max_capacity);
-  sk_pack_kv_str(pk, "weight_type", sk_model_weight_type(srv->model));
-  sk_pack_kv_u64(pk, "weight_bytes", sk_model_weight_bytes(srv->model));
-  /* the transposed down projections of the sparse MLP (0 without) */
-  sk_pack_kv_u64(pk, "sparse_weight_bytes", sk_model_sparse_bytes(srv->model));
-  sk_pack_cstr(pk, "sparsity_levels");
-  const uint32_t n_lv = srv->cfg.sparse ? srv->cfg.sparse->n_levels : 0;
-  msgpack_pack_array(pk, n_lv);
-  for (uint32_t i = 0; i < n_lv; i++) msgpack_pack_float(pk, srv->cfg.sparse->level[i]);
-  sk_pack_cstr(pk, "defaults");
-  msgpack_pack_map(pk, 7);
-  sk_pack_kv_str(pk, "policy", sk_policy_name(srv->cfg.defaults.policy));
-  sk_pack_kv_u64(pk, "n_sink", srv->cfg.defaults.n_sink);
-  sk_pack_kv_u64(pk, "window", srv->cfg.defaults.window);
-  sk_pack_kv_u64(pk, "heavy", srv->cfg.defaults.heavy);
-  sk_pack_kv_u64(pk, "recent", srv->cfg.defaults.recent);
-  sk_pack_kv_u64(pk, "capacity", srv->cfg.defaults.capacity);
-  sk_pack_kv_f64(pk, "rope_scale", srv->cfg.defaults.rope_scale);
-  conn_send_buf(r->conn, &b);
+  m->rope_scale = 1.0 / mc->rope_scale;
+  m->max_capacity = srv->cfg.max_capacity;
+  snprintf(m->weight_type, sizeof m->weight_type, "%s", sk_model_weight_type(srv->model));
+  m->weight_bytes = sk_model_weight_bytes(srv->model);
+  struct sk_session_defaults *d = &h.defaults;
+  snprintf(d->policy, sizeof d->policy, "%s", sk_policy_name(srv->cfg.defaults.policy));
+  d->n_sink = srv->cfg.defaults.n_sink;
+  d->window = srv->cfg.defaults.window;
+  d->heavy = srv->cfg.defaults.heavy;
+  d->recent = srv->cfg.defaults.recent;
+  d->capacity = srv->cfg.defaults.capacity;
+  d->rope_scale = srv->cfg.defaults.rope_scale;
+  struct sk_wire_hello_extra x = {
+      .model_file = srv->cfg.model_path,
+      /* the transposed down projections of the sparse MLP (0 without) */
+      .sparse_weight_bytes = sk_model_sparse_bytes(srv->model),
+      .sparsity_levels = srv->cfg.sparse ? srv->cfg.sparse->level : NULL,
+      .n_sparsity_levels = srv->cfg.sparse ? srv->cfg.sparse->n_levels : 0,
+  };
+  struct sk_msgbuf b;
+  if (sk_wire_pack_hello(&b, r->id, &h, &x) == 0) conn_send_buf(r->conn, &b);
 }
 
 /* Reads "pin" (text, tokenized here with BOS first) or "pin_tokens" into

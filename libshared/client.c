@@ -563,61 +563,9 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
   int rc = sk__client_simple(client, "hello", &reply, err);
   if (rc < 0) return rc;
   struct sk_hello h;
-  memset(&h, 0, sizeof h);
-  const msgpack_object *r = &reply.root, *model = NULL, *defs = NULL;
-  if ((rc = sk__reply_u32(client, r, "protocol", &h.protocol, err)) < 0 ||
-      (rc = sk__reply_name(client, r, "server", h.server, sizeof h.server,
-                           err)) < 0 ||
-      (rc = sk__reply_name(client, r, "version", h.version, sizeof h.version,
-                           err)) < 0 ||
-      (rc = sk__reply_map(client, r, "model", &model, err)) < 0 ||
-      (rc = sk__reply_map(client, r, "defaults", &defs, err)) < 0)
-    goto out;
-  if (model) {
-    struct sk_model_info *m = &h.model;
-    if ((rc = sk__reply_name(client, model, "name", m->name, sizeof m->name,
-                             err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "n_vocab", &m->n_vocab, err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "n_ctx_train", &m->n_ctx_train,
-                            err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "n_layer", &m->n_layer, err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "dim", &m->dim, err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "n_head", &m->n_head, err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "n_kv_head", &m->n_kv_head, err)) <
-            0 ||
-        (rc = sk__reply_f64(client, model, "rope_scale", &m->rope_scale,
-                            err)) < 0 ||
-        (rc = sk__reply_u32(client, model, "max_capacity", &m->max_capacity,
-                            err)) < 0 ||
-        (rc = sk__reply_name(client, model, "weight_type", m->weight_type,
-                             sizeof m->weight_type, err)) < 0 ||
-        (rc = sk__reply_u64(client, model, "weight_bytes", &m->weight_bytes, err)) < 0)
-      goto out;
-  }
-  if ((rc = sk__reply_compute(client, r, &h.compute, err)) < 0) goto out;
-  const msgpack_object *chat = NULL;
-  if ((rc = sk__reply_map(client, r, "chat_template", &chat, err)) < 0) goto out;
-  if (chat &&
-      ((rc = sk__reply_name(client, chat, "name", h.chat_template, sizeof h.chat_template,
-                            err)) < 0 ||
-       (rc = sk__reply_name(client, chat, "error", h.chat_template_error,
-                            sizeof h.chat_template_error, err)) < 0))
-    goto out;
-  if (defs) {
-    struct sk_session_defaults *d = &h.defaults;
-    if ((rc = sk__reply_name(client, defs, "policy", d->policy,
-                             sizeof d->policy, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "n_sink", &d->n_sink, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "window", &d->window, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "heavy", &d->heavy, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "recent", &d->recent, err)) < 0 ||
-        (rc = sk__reply_u32(client, defs, "capacity", &d->capacity, err)) < 0 ||
-        (rc = sk__reply_f64(client, defs, "rope_scale", &d->rope_scale,
-                            err)) < 0)
-      goto out;
-  }
-  *ret = h;
-out:
+  struct sk_error perr;
+  rc = sk__client_wire(client, sk_wire_unpack_hello(&reply.root, &h, &perr), &perr, err);
+  if (rc == 0) *ret = h;
   sk_msg_free(&reply);
   return rc;
 }

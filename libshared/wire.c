@@ -207,6 +207,145 @@ static int sk__wire_ranges_get(const msgpack_object *map, struct sk_range *range
 
 /* ---- replies ---------------------------------------------------------- */
 
+/* A nested map under key, written by sk__wire_nested_end. */
+static void sk__wire_nested(struct sk_wire_map *parent, struct sk_wire_map *m, const char *key) {
+  sk_wire_map_begin(m, sk_wire_map_key(parent, key));
+}
+
+static void sk__wire_nested_end(struct sk_wire_map *parent, struct sk_wire_map *m) {
+  if (sk_wire_map_end(m) < 0) parent->failed = true;
+}
+
+/* "compute" of hello and stats. */
+static void sk__wire_compute(struct sk_wire_map *parent, const struct sk_compute_info *c) {
+  struct sk_wire_map m;
+  sk__wire_nested(parent, &m, "compute");
+  sk_wire_map_str(&m, "kernel", c->kernel);
+  sk_wire_map_u64(&m, "threads", c->threads);
+  sk_wire_map_u64(&m, "max_batch", c->max_batch);
+  sk_wire_map_str(&m, "kv_type", c->kv_type);
+  sk__wire_nested_end(parent, &m);
+}
+
+/* A number field that must fit 32 bits. */
+static int sk__wire_u32(const msgpack_object *map, const char *key, uint32_t *ret,
+                        struct sk_error *err) {
+  struct sk_error perr;
+  uint64_t v;
+  int rc = sk_msg_get_u64(map, key, UINT32_MAX, &v, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1) *ret = (uint32_t)v;
+  return 0;
+}
+
+static int sk__wire_compute_get(const msgpack_object *map, struct sk_compute_info *ret,
+                                struct sk_error *err) {
+  const msgpack_object *m = NULL;
+  int rc = sk__wire_map(map, "compute", &m, err);
+  if (rc < 0 || !m) return rc;
+  if ((rc = sk__wire_name(m, "kernel", ret->kernel, sizeof ret->kernel, err)) < 0 ||
+      (rc = sk__wire_u32(m, "threads", &ret->threads, err)) < 0 ||
+      (rc = sk__wire_u32(m, "max_batch", &ret->max_batch, err)) < 0 ||
+      (rc = sk__wire_name(m, "kv_type", ret->kv_type, sizeof ret->kv_type, err)) < 0)
+    return rc;
+  return 0;
+}
+
+int sk_wire_pack_hello(struct sk_msgbuf *b, uint64_t id, const struct sk_hello *h,
+                       const struct sk_wire_hello_extra *x) {
+  const struct sk_wire_hello_extra none = {0};
+  if (!x) x = &none;
+  struct sk_wire_map m, sub;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "protocol", h->protocol);
+  sk__wire_nested(&m, &sub, "chat_template");
+  sk_wire_map_str(&sub, "name", h->chat_template);
+  if (h->chat_template_error[0]) sk_wire_map_str(&sub, "error", h->chat_template_error);
+  sk__wire_nested_end(&m, &sub);
+  sk_wire_map_str(&m, "server", h->server);
+  sk_wire_map_str(&m, "version", h->version);
+  sk__wire_compute(&m, &h->compute);
+  const struct sk_model_info *mi = &h->model;
+  sk__wire_nested(&m, &sub, "model");
+  sk_wire_map_str(&sub, "name", mi->name);
+  sk_wire_map_str(&sub, "file", x->model_file ? x->model_file : "");
+  sk_wire_map_u64(&sub, "n_vocab", mi->n_vocab);
+  sk_wire_map_u64(&sub, "n_ctx_train", mi->n_ctx_train);
+  sk_wire_map_u64(&sub, "n_layer", mi->n_layer);
+  sk_wire_map_u64(&sub, "dim", mi->dim);
+  sk_wire_map_u64(&sub, "n_head", mi->n_head);
+  sk_wire_map_u64(&sub, "n_kv_head", mi->n_kv_head);
+  sk_wire_map_f64(&sub, "rope_scale", mi->rope_scale);
+  sk_wire_map_u64(&sub, "max_capacity", mi->max_capacity);
+  sk_wire_map_str(&sub, "weight_type", mi->weight_type);
+  sk_wire_map_u64(&sub, "weight_bytes", mi->weight_bytes);
+  sk_wire_map_u64(&sub, "sparse_weight_bytes", x->sparse_weight_bytes);
+  msgpack_packer *pk = sk_wire_map_key(&sub, "sparsity_levels");
+  msgpack_pack_array(pk, x->n_sparsity_levels);
+  for (size_t i = 0; i < x->n_sparsity_levels; i++) msgpack_pack_float(pk, x->sparsity_levels[i]);
+  sk__wire_nested_end(&m, &sub);
+  const struct sk_session_defaults *d = &h->defaults;
+  sk__wire_nested(&m, &sub, "defaults");
+  sk_wire_map_str(&sub, "policy", d->policy);
+  sk_wire_map_u64(&sub, "n_sink", d->n_sink);
+  sk_wire_map_u64(&sub, "window", d->window);
+  sk_wire_map_u64(&sub, "heavy", d->heavy);
+  sk_wire_map_u64(&sub, "recent", d->recent);
+  sk_wire_map_u64(&sub, "capacity", d->capacity);
+  sk_wire_map_f64(&sub, "rope_scale", d->rope_scale);
+  sk__wire_nested_end(&m, &sub);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct sk_error *err) {
+  struct sk_hello h;
+  memset(&h, 0, sizeof h);
+  const msgpack_object *model = NULL, *defs = NULL, *chat = NULL;
+  int rc;
+  if ((rc = sk__wire_u32(map, "protocol", &h.protocol, err)) < 0 ||
+      (rc = sk__wire_name(map, "server", h.server, sizeof h.server, err)) < 0 ||
+      (rc = sk__wire_name(map, "version", h.version, sizeof h.version, err)) < 0 ||
+      (rc = sk__wire_map(map, "model", &model, err)) < 0 ||
+      (rc = sk__wire_map(map, "defaults", &defs, err)) < 0)
+    return rc;
+  if (model) {
+    struct sk_model_info *m = &h.model;
+    if ((rc = sk__wire_name(model, "name", m->name, sizeof m->name, err)) < 0 ||
+        (rc = sk__wire_u32(model, "n_vocab", &m->n_vocab, err)) < 0 ||
+        (rc = sk__wire_u32(model, "n_ctx_train", &m->n_ctx_train, err)) < 0 ||
+        (rc = sk__wire_u32(model, "n_layer", &m->n_layer, err)) < 0 ||
+        (rc = sk__wire_u32(model, "dim", &m->dim, err)) < 0 ||
+        (rc = sk__wire_u32(model, "n_head", &m->n_head, err)) < 0 ||
+        (rc = sk__wire_u32(model, "n_kv_head", &m->n_kv_head, err)) < 0 ||
+        (rc = sk__wire_f64(model, "rope_scale", &m->rope_scale, err)) < 0 ||
+        (rc = sk__wire_u32(model, "max_capacity", &m->max_capacity, err)) < 0 ||
+        (rc = sk__wire_name(model, "weight_type", m->weight_type, sizeof m->weight_type, err)) <
+            0 ||
+        (rc = sk__wire_u64(model, "weight_bytes", &m->weight_bytes, err)) < 0)
+      return rc;
+  }
+  if ((rc = sk__wire_compute_get(map, &h.compute, err)) < 0) return rc;
+  if ((rc = sk__wire_map(map, "chat_template", &chat, err)) < 0) return rc;
+  if (chat &&
+      ((rc = sk__wire_name(chat, "name", h.chat_template, sizeof h.chat_template, err)) < 0 ||
+       (rc = sk__wire_name(chat, "error", h.chat_template_error, sizeof h.chat_template_error,
+                           err)) < 0))
+    return rc;
+  if (defs) {
+    struct sk_session_defaults *d = &h.defaults;
+    if ((rc = sk__wire_name(defs, "policy", d->policy, sizeof d->policy, err)) < 0 ||
+        (rc = sk__wire_u32(defs, "n_sink", &d->n_sink, err)) < 0 ||
+        (rc = sk__wire_u32(defs, "window", &d->window, err)) < 0 ||
+        (rc = sk__wire_u32(defs, "heavy", &d->heavy, err)) < 0 ||
+        (rc = sk__wire_u32(defs, "recent", &d->recent, err)) < 0 ||
+        (rc = sk__wire_u32(defs, "capacity", &d->capacity, err)) < 0 ||
+        (rc = sk__wire_f64(defs, "rope_scale", &d->rope_scale, err)) < 0)
+      return rc;
+  }
+  *ret = h;
+  return 0;
+}
+
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id) {
   struct sk_wire_map m;
   if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;

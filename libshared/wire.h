@@ -62,6 +62,21 @@ int sk_wire_map_end(struct sk_wire_map *m);
  * copied, truncated to the struct's buffer. Returns 0, or -SK_ERR_PROTOCOL
  * with err's message naming the field ("field 'seen' must be ..."). */
 
+/* The fields of hello's "model" that libsinkd does not keep. */
+struct sk_wire_hello_extra {
+  const char *model_file;        /* NULL: "" */
+  uint64_t sparse_weight_bytes;  /* the sparse MLP's extra weights (0: none) */
+  const float *sparsity_levels;  /* n_sparsity_levels calibrated levels */
+  size_t n_sparsity_levels;
+};
+
+/* hello: *h, and *x (NULL: none of them) in "model"; "chat_template"
+ * carries "error" only when h->chat_template_error is not empty.
+ * Unpacking reads *h only. */
+int sk_wire_pack_hello(struct sk_msgbuf *b, uint64_t id, const struct sk_hello *h,
+                       const struct sk_wire_hello_extra *x);
+int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct sk_error *err);
+
 /* An ok reply with no fields (ping, close). */
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id);
 

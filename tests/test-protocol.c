@@ -837,34 +837,18 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
   } else if (OP("ping")) {
     if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
   } else if (OP("hello")) {
-    fake_begin(&b, id, 6);
-    msgpack_packer *pk = &b.pk;
-    sk_pack_kv_u64(pk, "protocol", 1);
-    sk_pack_kv_str(pk, "server", "sinkd");
-    sk_pack_kv_str(pk, "version", "0.1.0");
-    sk_pack_cstr(pk, "compute");
-    msgpack_pack_map(pk, 3);
-    sk_pack_kv_str(pk, "kernel", "avx2");
-    sk_pack_kv_u64(pk, "threads", 2);
-    sk_pack_kv_u64(pk, "max_batch", 64);
-    sk_pack_cstr(pk, "model");
-    msgpack_pack_map(pk, 9);
-    sk_pack_kv_str(pk, "weight_type", "q8_0");
-    sk_pack_kv_u64(pk, "weight_bytes", 5000000000u);
-    sk_pack_kv_str(pk, "name", "stories260K");
-    sk_pack_kv_u64(pk, "n_vocab", 512);
-    sk_pack_kv_u64(pk, "n_ctx_train", 512);
-    sk_pack_kv_u64(pk, "n_layer", 5);
-    sk_pack_kv_u64(pk, "dim", 64);
-    sk_pack_kv_u64(pk, "n_head", 8);
-    sk_pack_kv_u64(pk, "n_kv_head", 4);
-    sk_pack_cstr(pk, "defaults");
-    msgpack_pack_map(pk, 4);
-    sk_pack_kv_str(pk, "policy", "streaming");
-    sk_pack_kv_u64(pk, "n_sink", 4);
-    sk_pack_kv_u64(pk, "window", 252);
-    sk_pack_kv_u64(pk, "capacity", 256);
-    fake_write(fd, &b);
+    struct sk_hello h = {
+        .protocol = 1,
+        .server = "sinkd",
+        .version = "0.1.0",
+        .compute = {.kernel = "avx2", .threads = 2, .max_batch = 64},
+        .model = {.weight_type = "q8_0", .weight_bytes = 5000000000u, .name = "stories260K",
+                  .n_vocab = 512, .n_ctx_train = 512, .n_layer = 5, .dim = 64, .n_head = 8,
+                  .n_kv_head = 4},
+        .defaults = {.policy = "streaming", .n_sink = 4, .window = 252, .capacity = 256},
+    };
+    const struct sk_wire_hello_extra x = {.model_file = "/models/stories260K.gguf"};
+    if (sk_wire_pack_hello(&b, id, &h, &x) == 0) fake_write(fd, &b);
   } else if (OP("open")) {
     struct sk_open_result o = {.session = 7, .policy = "streaming", .capacity = 260,
                                .kv_bytes = 1234, .rope_scale = 1.0};

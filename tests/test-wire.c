@@ -447,6 +447,86 @@ static void test_data_event(void **state) {
   frame_free(&f);
 }
 
+static void test_hello(void **state) {
+  (void)state;
+  struct sk_hello h;
+  memset(&h, 0, sizeof h);
+  h.protocol = SK_PROTOCOL_VERSION;
+  snprintf(h.server, sizeof h.server, "sinkd");
+  snprintf(h.version, sizeof h.version, "0.1.0");
+  snprintf(h.chat_template, sizeof h.chat_template, "chatml");
+  h.compute = (struct sk_compute_info){.kernel = "avx2-vnni", .threads = 6, .max_batch = 64,
+                                       .kv_type = "f16"};
+  h.model = (struct sk_model_info){.name = "stories15M", .n_vocab = 32000, .n_ctx_train = 256,
+                                   .n_layer = 6, .dim = 288, .n_head = 6, .n_kv_head = 6,
+                                   .rope_scale = 0.25, .max_capacity = 4096,
+                                   .weight_type = "q8_0", .weight_bytes = 16000000};
+  h.defaults = (struct sk_session_defaults){.policy = "streaming", .n_sink = 4, .window = 252,
+                                            .heavy = 0, .recent = 0, .capacity = 256,
+                                            .rope_scale = 1.0};
+  for (int with_error = 0; with_error < 2; with_error++) {
+    snprintf(h.chat_template_error, sizeof h.chat_template_error, "%s",
+             with_error ? "the model's template is not one sinkd knows" : "");
+    struct frame f;
+    const float levels[2] = {0.5f, 0.75f};
+    const struct sk_wire_hello_extra x = {.model_file = "/var/lib/sinkd/model.gguf",
+                                          .sparse_weight_bytes = 123,
+                                          .sparsity_levels = levels,
+                                          .n_sparsity_levels = 2};
+    assert_int_equal(sk_wire_pack_hello(&f.b, 1, &h, &x), 0);
+    const msgpack_object *map = parse(&f);
+    char k[512];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, "id ok protocol chat_template server version compute model defaults");
+    keys(sk_msg_get(map, "chat_template"), k, sizeof k);
+    assert_string_equal(k, with_error ? "name error" : "name");
+    keys(sk_msg_get(map, "model"), k, sizeof k);
+    assert_string_equal(k, "name file n_vocab n_ctx_train n_layer dim n_head n_kv_head rope_scale "
+                           "max_capacity weight_type weight_bytes sparse_weight_bytes "
+                           "sparsity_levels");
+    const msgpack_object *lv = sk_msg_get(sk_msg_get(map, "model"), "sparsity_levels");
+    assert_int_equal(lv->via.array.size, 2);
+    assert_true(lv->via.array.ptr[1].via.f64 == 0.75);
+    keys(sk_msg_get(map, "compute"), k, sizeof k);
+    assert_string_equal(k, "kernel threads max_batch kv_type");
+    keys(sk_msg_get(map, "defaults"), k, sizeof k);
+    assert_string_equal(k, "policy n_sink window heavy recent capacity rope_scale");
+    struct sk_hello got;
+    memset(&got, 0xa5, sizeof got);
+    assert_int_equal(sk_wire_unpack_hello(map, &got, NULL), 0);
+    assert_int_equal(got.protocol, h.protocol);
+    assert_string_equal(got.server, h.server);
+    assert_string_equal(got.version, h.version);
+    assert_string_equal(got.chat_template, h.chat_template);
+    assert_string_equal(got.chat_template_error, h.chat_template_error);
+    assert_string_equal(got.compute.kernel, h.compute.kernel);
+    assert_int_equal(got.compute.threads, h.compute.threads);
+    assert_int_equal(got.compute.max_batch, h.compute.max_batch);
+    assert_string_equal(got.compute.kv_type, h.compute.kv_type);
+    const struct sk_model_info *gm = &got.model, *hm = &h.model;
+    assert_string_equal(gm->name, hm->name);
+    assert_int_equal(gm->n_vocab, hm->n_vocab);
+    assert_int_equal(gm->n_ctx_train, hm->n_ctx_train);
+    assert_int_equal(gm->n_layer, hm->n_layer);
+    assert_int_equal(gm->dim, hm->dim);
+    assert_int_equal(gm->n_head, hm->n_head);
+    assert_int_equal(gm->n_kv_head, hm->n_kv_head);
+    assert_true(gm->rope_scale == hm->rope_scale);
+    assert_int_equal(gm->max_capacity, hm->max_capacity);
+    assert_string_equal(gm->weight_type, hm->weight_type);
+    assert_int_equal(gm->weight_bytes, hm->weight_bytes);
+    const struct sk_session_defaults *gd = &got.defaults, *hd = &h.defaults;
+    assert_string_equal(gd->policy, hd->policy);
+    assert_int_equal(gd->n_sink, hd->n_sink);
+    assert_int_equal(gd->window, hd->window);
+    assert_int_equal(gd->heavy, hd->heavy);
+    assert_int_equal(gd->recent, hd->recent);
+    assert_int_equal(gd->capacity, hd->capacity);
+    assert_true(gd->rope_scale == hd->rope_scale);
+    frame_free(&f);
+  }
+}
+
 /* A field of the wrong type is a protocol error that names it. */
 static void test_bad_field(void **state) {
   (void)state;
@@ -482,7 +562,7 @@ int main(void) {
       cmocka_unit_test(test_append),     cmocka_unit_test(test_generate),
       cmocka_unit_test(test_token_event), cmocka_unit_test(test_bad_field),
       cmocka_unit_test(test_cancel_received_export), cmocka_unit_test(test_tokens_text),
-      cmocka_unit_test(test_data_event),
+      cmocka_unit_test(test_data_event),  cmocka_unit_test(test_hello),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
