@@ -543,31 +543,6 @@ static void op_ping(struct sk_server *srv, const struct request *r) {
   if (sk_wire_pack_ok(&b, r->id) == 0) conn_send_buf(r->conn, &b);
 }
 
-/* "compute": {"kernel", "threads", "max_batch", "kv_type"} of hello and
- * stats. */
-static void pack_compute(struct sk_server *srv, msgpack_packer *pk) {
-  sk_pack_cstr(pk, "compute");
-  msgpack_pack_map(pk, 4);
-  sk_pack_kv_str(pk, "kernel", sk_kernels_name());
-  sk_pack_kv_u64(pk, "threads", sk_compute_threads(srv->compute));
-  sk_pack_kv_u64(pk, "max_batch", srv->cfg.max_batch);
-  sk_pack_kv_str(pk, "kv_type", sk_kv_type_name(srv->cfg.kv_type));
-}
-
-/* "chat_template": the family new sessions get ("none": no template; the
- * reason the model's was not taken, if any, as "chat_template_error"). */
-static void pack_chat_template(struct sk_server *srv, msgpack_packer *pk) {
-  sk_pack_cstr(pk, "chat_template");
-  if (srv->chat_error[0]) {
-    msgpack_pack_map(pk, 2);
-    sk_pack_kv_str(pk, "name", sk_chat_name(srv->cfg.chat_template));
-    sk_pack_kv_str(pk, "error", srv->chat_error);
-  } else {
-    msgpack_pack_map(pk, 1);
-    sk_pack_kv_str(pk, "name", sk_chat_name(srv->cfg.chat_template));
-  }
-}
-
 /* Reads "sparsity" of an open: absent or 0 = dense, else one of the
  * calibrated levels (stored as the calibration's value). */
 static int read_sparsity(struct sk_server *srv, const struct request *r, float *ret,
@@ -1116,38 +1091,38 @@ static void op_list(struct sk_server *srv, const struct request *r) {
   }
   qsort(list, n, sizeof *list, session_id_cmp);
   const uint64_t now = now_ms(), now_unix = (uint64_t)time(NULL);
-  struct sk_msgbuf b;
-  if (reply_begin(&b, r->id, 1) < 0) {
+  struct sk_session_info *rows = calloc(n ? n : 1, sizeof *rows);
+  if (!rows) {
     free(list);
+    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
     return;
   }
-  sk_pack_cstr(&b.pk, "sessions");
-  msgpack_pack_array(&b.pk, n);
   for (uint32_t i = 0; i < n; i++) {
     const struct sk_session *s = list[i];
+    struct sk_session_info *row = &rows[i];
     struct sk_session_counters cnt;
     sk_session_counters_get(&srv->sessions, s, &cnt);
-    msgpack_pack_map(&b.pk, 13);
-    sk_pack_kv_u64(&b.pk, "session", s->id);
-    sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
-    sk_pack_kv_str(&b.pk, "policy", sk_policy_name(s->params.policy));
-    sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
-    sk_pack_kv_str(&b.pk, "kv_type", sk_kv_type_name(s->kv_type));
-    sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
-    sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
-    sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
-    sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
+    row->session = s->id;
+    row->owner_uid = s->owner_uid;
+    snprintf(row->policy, sizeof row->policy, "%s", sk_policy_name(s->params.policy));
+    row->capacity = s->capacity;
+    snprintf(row->kv_type, sizeof row->kv_type, "%s", sk_kv_type_name(s->kv_type));
+    row->resident = cnt.resident;
+    row->seen = cnt.seen;
+    row->busy = s->running != NULL;
+    row->adopted = s->adopted;
     /* What `sinkctl list` needs to tell what can go: its memory, how old
      * it is, how long since it was last used (0 while busy). */
-    sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
+    row->kv_bytes = s->kv_bytes;
     uint64_t created = s->obj->hdr->created_unix;
-    sk_pack_kv_u64(&b.pk, "age_s", now_unix > created ? now_unix - created : 0);
-    sk_pack_kv_u64(&b.pk, "idle_s",
-                   s->running || s->queue_head ? 0 : (now - s->last_used_ms) / 1000u);
-    sk_pack_kv_bool(&b.pk, "temporary", s->temp_conn != 0);
+    row->age_s = now_unix > created ? now_unix - created : 0;
+    row->idle_s = s->running || s->queue_head ? 0 : (now - s->last_used_ms) / 1000u;
+    row->temporary = s->temp_conn != 0;
   }
   free(list);
-  conn_send_buf(r->conn, &b);
+  struct sk_msgbuf b;
+  if (sk_wire_pack_list(&b, r->id, rows, n) == 0) conn_send_buf(r->conn, &b);
+  free(rows);
 }
 
 /* The stats reply of one session; with tokens, its resident token ids in
@@ -1280,28 +1255,34 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
     uint32_t user_n;
     uint64_t user_bytes;
     user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
-    if (reply_begin(&b, r->id, 21) < 0) return;
-    pack_compute(srv, &b.pk);
-    pack_chat_template(srv, &b.pk);
-    sk_pack_kv_u64(&b.pk, "weights_mapped_bytes", sk_model_mapped_bytes(srv->model));
-    sk_pack_kv_u64(&b.pk, "weights_repacked_bytes", sk_model_repacked_bytes(srv->model));
-    sk_pack_kv_u64(&b.pk, "steps", sk_compute_steps(srv->compute));
-    sk_pack_kv_u64(&b.pk, "sessions", srv->sessions.count);
-    sk_pack_kv_u64(&b.pk, "user_sessions", user_n);
-    sk_pack_kv_u64(&b.pk, "user_memory_bytes", user_bytes);
-    sk_pack_kv_u64(&b.pk, "max_user_sessions", srv->cfg.max_user_sessions);
-    sk_pack_kv_u64(&b.pk, "max_user_memory", srv->cfg.max_user_kv_bytes);
-    sk_pack_kv_u64(&b.pk, "clients", srv->n_conns);
-    sk_pack_kv_u64(&b.pk, "uptime_s", (now_ms() - srv->started_ms) / 1000u);
-    sk_pack_kv_u64(&b.pk, "tokens_prefilled", sk_compute_tokens_prefilled(srv->compute));
-    sk_pack_kv_u64(&b.pk, "tokens_generated", sk_compute_tokens_generated(srv->compute));
-    sk_pack_kv_u64(&b.pk, "max_sessions", srv->sessions.max_sessions);
-    sk_pack_kv_u64(&b.pk, "memory_bytes", srv->sessions.bytes);
-    sk_pack_kv_u64(&b.pk, "max_memory", srv->sessions.max_bytes);
-    sk_pack_kv_u64(&b.pk, "adopted", srv->n_adopted);
-    sk_pack_kv_u64(&b.pk, "set_aside", srv->n_set_aside);
-    sk_pack_kv_u64(&b.pk, "idle_ttl_s", srv->cfg.idle_ttl_s);
-    sk_pack_kv_str(&b.pk, "state_dir", sk_store_dir(srv->cfg.store));
+    struct sk_daemon_stats st = {
+        .steps = sk_compute_steps(srv->compute),
+        .sessions = srv->sessions.count,
+        .has_user = true,
+        .user_sessions = user_n,
+        .user_memory_bytes = user_bytes,
+        .max_user_sessions = srv->cfg.max_user_sessions,
+        .max_user_memory = srv->cfg.max_user_kv_bytes,
+        .clients = srv->n_conns,
+        .uptime_s = (now_ms() - srv->started_ms) / 1000u,
+        .tokens_prefilled = sk_compute_tokens_prefilled(srv->compute),
+        .tokens_generated = sk_compute_tokens_generated(srv->compute),
+        .max_sessions = srv->sessions.max_sessions,
+        .memory_bytes = srv->sessions.bytes,
+        .max_memory = srv->sessions.max_bytes,
+        .adopted = srv->n_adopted,
+        .set_aside = srv->n_set_aside,
+        .idle_ttl_s = srv->cfg.idle_ttl_s,
+    };
+    compute_info(srv, &st.compute);
+    struct sk_wire_daemon_extra x = {
+        .chat_template = sk_chat_name(srv->cfg.chat_template),
+        .chat_template_error = srv->chat_error,
+        .weights_mapped_bytes = sk_model_mapped_bytes(srv->model),
+        .weights_repacked_bytes = sk_model_repacked_bytes(srv->model),
+        .state_dir = sk_store_dir(srv->cfg.store),
+    };
+    if (sk_wire_pack_daemon_stats(&b, r->id, &st, &x) < 0) return;
     conn_send_buf(r->conn, &b);
     return;
   }

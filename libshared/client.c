@@ -438,17 +438,6 @@ static int sk__reply_u64(struct sk_client *c, const msgpack_object *map,
   return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
 }
 
-static int sk__reply_u32(struct sk_client *c, const msgpack_object *map,
-                         const char *key, uint32_t *ret,
-                         struct sk_error *err) {
-  struct sk_error perr;
-  uint64_t v;
-  int rc = sk_msg_get_u64(map, key, UINT32_MAX, &v, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 1) *ret = (uint32_t)v;
-  return 0;
-}
-
 /* A bool field: absent leaves *ret as is. */
 static int sk__reply_bool(struct sk_client *c, const msgpack_object *map,
                           const char *key, bool *ret, struct sk_error *err) {
@@ -523,20 +512,6 @@ static int sk__client_simple(struct sk_client *c, const char *op,
 }
 
 /* A request with id, op and session. */
-/* Reads a `compute` map into *ret (absent: left zeroed). */
-static int sk__reply_compute(struct sk_client *c, const msgpack_object *r,
-                             struct sk_compute_info *ret, struct sk_error *err) {
-  const msgpack_object *m = NULL;
-  int rc = sk__reply_map(c, r, "compute", &m, err);
-  if (rc < 0 || !m) return rc;
-  if ((rc = sk__reply_name(c, m, "kernel", ret->kernel, sizeof ret->kernel, err)) < 0 ||
-      (rc = sk__reply_u32(c, m, "threads", &ret->threads, err)) < 0 ||
-      (rc = sk__reply_u32(c, m, "max_batch", &ret->max_batch, err)) < 0 ||
-      (rc = sk__reply_name(c, m, "kv_type", ret->kv_type, sizeof ret->kv_type, err)) < 0)
-    return rc;
-  return 0;
-}
-
 static int sk__client_on_session(struct sk_client *c, const char *op,
                                  uint64_t session, struct sk_msg *reply,
                                  struct sk_error *err) {
@@ -576,30 +551,9 @@ int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
   int rc = sk__client_simple(client, "stats", &reply, err);
   if (rc < 0) return rc;
   struct sk_daemon_stats s;
-  memset(&s, 0, sizeof s);
-  const msgpack_object *r = &reply.root;
-  if ((rc = sk__reply_u64(client, r, "sessions", &s.sessions, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "clients", &s.clients, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "uptime_s", &s.uptime_s, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "tokens_prefilled", &s.tokens_prefilled,
-                          err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "tokens_generated", &s.tokens_generated,
-                          err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "max_sessions", &s.max_sessions, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "memory_bytes", &s.memory_bytes, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "max_memory", &s.max_memory, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "adopted", &s.adopted, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "set_aside", &s.set_aside, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "idle_ttl_s", &s.idle_ttl_s, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "steps", &s.steps, err)) == 0 &&
-      (rc = sk__reply_compute(client, r, &s.compute, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "user_sessions", &s.user_sessions, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "user_memory_bytes", &s.user_memory_bytes, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "max_user_sessions", &s.max_user_sessions, err)) == 0 &&
-      (rc = sk__reply_u64(client, r, "max_user_memory", &s.max_user_memory, err)) == 0) {
-    s.has_user = sk_msg_get(r, "user_sessions") != NULL;
-    *ret = s;
-  }
+  struct sk_error perr;
+  rc = sk__client_wire(client, sk_wire_unpack_daemon_stats(&reply.root, &s, &perr), &perr, err);
+  if (rc == 0) *ret = s;
   sk_msg_free(&reply);
   return rc;
 }
@@ -681,54 +635,14 @@ int sk_client_list(struct sk_client *client,
   struct sk_msg reply;
   int rc = sk__client_simple(client, "list", &reply, err);
   if (rc < 0) return rc;
-  struct sk_error perr;
-  const msgpack_object_array *a = NULL;
   struct sk_session_info *rows = NULL;
-  rc = sk_msg_get_array(&reply.root, "sessions", &a, &perr);
-  if (rc < 0) {
-    rc = sk__client_bad_reply(client, err, perr.message);
-    goto out;
+  size_t n = 0;
+  struct sk_error perr;
+  rc = sk__client_wire(client, sk_wire_unpack_list(&reply.root, &rows, &n, &perr), &perr, err);
+  if (rc == 0) {
+    *ret_sessions = rows;
+    *ret_n = n;
   }
-  rc = 0;
-  size_t n = a ? a->size : 0;
-  /* n <= the frame's length (checked by sk_msg_check), so bounded. */
-  if (n > 0) {
-    rows = calloc(n, sizeof *rows);
-    if (!rows) {
-      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-      goto out;
-    }
-  }
-  for (size_t i = 0; i < n; i++) {
-    const msgpack_object *o = &a->ptr[i];
-    struct sk_session_info *s = &rows[i];
-    if (o->type != MSGPACK_OBJECT_MAP) {
-      rc = sk__client_bad_reply(client, err,
-                                "field 'sessions' must hold maps");
-      goto out;
-    }
-    if ((rc = sk__reply_u64(client, o, "session", &s->session, err)) < 0 ||
-        (rc = sk__reply_name(client, o, "policy", s->policy,
-                             sizeof s->policy, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "capacity", &s->capacity, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "resident", &s->resident, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "seen", &s->seen, err)) < 0 ||
-        (rc = sk__reply_bool(client, o, "adopted", &s->adopted, err)) < 0 ||
-        (rc = sk__reply_name(client, o, "kv_type", s->kv_type,
-                             sizeof s->kv_type, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "owner_uid", &s->owner_uid, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "kv_bytes", &s->kv_bytes, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "age_s", &s->age_s, err)) < 0 ||
-        (rc = sk__reply_u64(client, o, "idle_s", &s->idle_s, err)) < 0 ||
-        (rc = sk__reply_bool(client, o, "busy", &s->busy, err)) < 0 ||
-        (rc = sk__reply_bool(client, o, "temporary", &s->temporary, err)) < 0)
-      goto out;
-  }
-  *ret_sessions = rows;
-  *ret_n = n;
-  rows = NULL;
-out:
-  free(rows);
   sk_msg_free(&reply);
   return rc;
 }

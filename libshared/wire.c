@@ -346,6 +346,138 @@ int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct
   return 0;
 }
 
+int sk_wire_pack_list(struct sk_msgbuf *b, uint64_t id, const struct sk_session_info *rows,
+                      size_t n) {
+  struct sk_wire_map m;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  msgpack_packer *pk = sk_wire_map_key(&m, "sessions");
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n && !m.failed; i++) {
+    const struct sk_session_info *s = &rows[i];
+    struct sk_wire_map row;
+    sk_wire_map_begin(&row, pk);
+    sk_wire_map_u64(&row, "session", s->session);
+    sk_wire_map_u64(&row, "owner_uid", s->owner_uid);
+    sk_wire_map_str(&row, "policy", s->policy);
+    sk_wire_map_u64(&row, "capacity", s->capacity);
+    sk_wire_map_str(&row, "kv_type", s->kv_type);
+    sk_wire_map_u64(&row, "resident", s->resident);
+    sk_wire_map_u64(&row, "seen", s->seen);
+    sk_wire_map_bool(&row, "busy", s->busy);
+    sk_wire_map_bool(&row, "adopted", s->adopted);
+    sk_wire_map_u64(&row, "kv_bytes", s->kv_bytes);
+    sk_wire_map_u64(&row, "age_s", s->age_s);
+    sk_wire_map_u64(&row, "idle_s", s->idle_s);
+    sk_wire_map_bool(&row, "temporary", s->temporary);
+    if (sk_wire_map_end(&row) < 0) m.failed = true;
+  }
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_list(const msgpack_object *map, struct sk_session_info **ret_rows,
+                        size_t *ret_n, struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a = NULL;
+  if (sk_msg_get_array(map, "sessions", &a, &perr) < 0) return sk__wire_bad(err, perr.message);
+  size_t n = a ? a->size : 0;
+  struct sk_session_info *rows = NULL;
+  /* n <= the frame's length (checked by sk_msg_check), so bounded. */
+  if (n > 0 && !(rows = calloc(n, sizeof *rows)))
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    struct sk_session_info *s = &rows[i];
+    if (o->type != MSGPACK_OBJECT_MAP) {
+      rc = sk__wire_bad(err, "field 'sessions' must hold maps");
+      break;
+    }
+    if ((rc = sk__wire_u64(o, "session", &s->session, err)) < 0 ||
+        (rc = sk__wire_name(o, "policy", s->policy, sizeof s->policy, err)) < 0 ||
+        (rc = sk__wire_u64(o, "capacity", &s->capacity, err)) < 0 ||
+        (rc = sk__wire_u64(o, "resident", &s->resident, err)) < 0 ||
+        (rc = sk__wire_u64(o, "seen", &s->seen, err)) < 0 ||
+        (rc = sk__wire_bool(o, "adopted", &s->adopted, err)) < 0 ||
+        (rc = sk__wire_name(o, "kv_type", s->kv_type, sizeof s->kv_type, err)) < 0 ||
+        (rc = sk__wire_u64(o, "owner_uid", &s->owner_uid, err)) < 0 ||
+        (rc = sk__wire_u64(o, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+        (rc = sk__wire_u64(o, "age_s", &s->age_s, err)) < 0 ||
+        (rc = sk__wire_u64(o, "idle_s", &s->idle_s, err)) < 0 ||
+        (rc = sk__wire_bool(o, "busy", &s->busy, err)) < 0 ||
+        (rc = sk__wire_bool(o, "temporary", &s->temporary, err)) < 0)
+      break;
+  }
+  if (rc < 0) {
+    free(rows);
+    return rc;
+  }
+  *ret_rows = rows;
+  *ret_n = n;
+  return 0;
+}
+
+int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_daemon_stats *s,
+                              const struct sk_wire_daemon_extra *x) {
+  struct sk_wire_map m, sub;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk__wire_compute(&m, &s->compute);
+  sk__wire_nested(&m, &sub, "chat_template");
+  sk_wire_map_str(&sub, "name", x->chat_template);
+  if (x->chat_template_error && x->chat_template_error[0])
+    sk_wire_map_str(&sub, "error", x->chat_template_error);
+  sk__wire_nested_end(&m, &sub);
+  sk_wire_map_u64(&m, "weights_mapped_bytes", x->weights_mapped_bytes);
+  sk_wire_map_u64(&m, "weights_repacked_bytes", x->weights_repacked_bytes);
+  sk_wire_map_u64(&m, "steps", s->steps);
+  sk_wire_map_u64(&m, "sessions", s->sessions);
+  if (s->has_user) {
+    sk_wire_map_u64(&m, "user_sessions", s->user_sessions);
+    sk_wire_map_u64(&m, "user_memory_bytes", s->user_memory_bytes);
+    sk_wire_map_u64(&m, "max_user_sessions", s->max_user_sessions);
+    sk_wire_map_u64(&m, "max_user_memory", s->max_user_memory);
+  }
+  sk_wire_map_u64(&m, "clients", s->clients);
+  sk_wire_map_u64(&m, "uptime_s", s->uptime_s);
+  sk_wire_map_u64(&m, "tokens_prefilled", s->tokens_prefilled);
+  sk_wire_map_u64(&m, "tokens_generated", s->tokens_generated);
+  sk_wire_map_u64(&m, "max_sessions", s->max_sessions);
+  sk_wire_map_u64(&m, "memory_bytes", s->memory_bytes);
+  sk_wire_map_u64(&m, "max_memory", s->max_memory);
+  sk_wire_map_u64(&m, "adopted", s->adopted);
+  sk_wire_map_u64(&m, "set_aside", s->set_aside);
+  sk_wire_map_u64(&m, "idle_ttl_s", s->idle_ttl_s);
+  sk_wire_map_str(&m, "state_dir", x->state_dir);
+  return sk__wire_end(b, &m);
+}
+
+int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stats *ret,
+                                struct sk_error *err) {
+  struct sk_daemon_stats s;
+  memset(&s, 0, sizeof s);
+  int rc;
+  if ((rc = sk__wire_u64(map, "sessions", &s.sessions, err)) < 0 ||
+      (rc = sk__wire_u64(map, "clients", &s.clients, err)) < 0 ||
+      (rc = sk__wire_u64(map, "uptime_s", &s.uptime_s, err)) < 0 ||
+      (rc = sk__wire_u64(map, "tokens_prefilled", &s.tokens_prefilled, err)) < 0 ||
+      (rc = sk__wire_u64(map, "tokens_generated", &s.tokens_generated, err)) < 0 ||
+      (rc = sk__wire_u64(map, "max_sessions", &s.max_sessions, err)) < 0 ||
+      (rc = sk__wire_u64(map, "memory_bytes", &s.memory_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "max_memory", &s.max_memory, err)) < 0 ||
+      (rc = sk__wire_u64(map, "adopted", &s.adopted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "set_aside", &s.set_aside, err)) < 0 ||
+      (rc = sk__wire_u64(map, "idle_ttl_s", &s.idle_ttl_s, err)) < 0 ||
+      (rc = sk__wire_u64(map, "steps", &s.steps, err)) < 0 ||
+      (rc = sk__wire_compute_get(map, &s.compute, err)) < 0 ||
+      (rc = sk__wire_u64(map, "user_sessions", &s.user_sessions, err)) < 0 ||
+      (rc = sk__wire_u64(map, "user_memory_bytes", &s.user_memory_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "max_user_sessions", &s.max_user_sessions, err)) < 0 ||
+      (rc = sk__wire_u64(map, "max_user_memory", &s.max_user_memory, err)) < 0)
+    return rc;
+  s.has_user = sk_msg_get(map, "user_sessions") != NULL;
+  *ret = s;
+  return 0;
+}
+
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id) {
   struct sk_wire_map m;
   if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;

@@ -77,6 +77,31 @@ int sk_wire_pack_hello(struct sk_msgbuf *b, uint64_t id, const struct sk_hello *
                        const struct sk_wire_hello_extra *x);
 int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct sk_error *err);
 
+/* list: n rows ({"sessions": [{...}, ...]}). Unpacking: *ret_rows is a
+ * calloc'd array of *ret_n rows the caller frees (NULL when empty; an
+ * absent "sessions" is an empty list). Errors also -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_list(struct sk_msgbuf *b, uint64_t id, const struct sk_session_info *rows,
+                      size_t n);
+int sk_wire_unpack_list(const msgpack_object *map, struct sk_session_info **ret_rows,
+                        size_t *ret_n, struct sk_error *err);
+
+/* The fields of `stats` without a session that libsinkd does not keep. */
+struct sk_wire_daemon_extra {
+  const char *chat_template;       /* family new sessions get */
+  const char *chat_template_error; /* why the model's was not taken, or "" */
+  uint64_t weights_mapped_bytes;   /* of the model file, mapped */
+  uint64_t weights_repacked_bytes; /* copies made at load */
+  const char *state_dir;
+};
+
+/* stats without a session: *s and *x; the caller's user figures go out
+ * only when s->has_user (which unpacking sets when "user_sessions" is
+ * there). Unpacking reads *s only. */
+int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_daemon_stats *s,
+                              const struct sk_wire_daemon_extra *x);
+int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stats *ret,
+                                struct sk_error *err);
+
 /* An ok reply with no fields (ping, close). */
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id);
 

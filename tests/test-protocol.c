@@ -856,27 +856,46 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
   } else if (OP("close")) {
     if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
   } else if (OP("list")) {
-    fake_begin(&b, id, 1);
-    sk_pack_cstr(&b.pk, "sessions");
-    msgpack_pack_array(&b.pk, 2);
-    for (int i = 0; i < 2; i++) {
-      msgpack_pack_map(&b.pk, 6 + 7 * (i == 0)); /* the second as an older daemon's */
-      sk_pack_kv_u64(&b.pk, "session", 7 + (uint64_t)i);
-      sk_pack_kv_str(&b.pk, "policy", i ? "dense" : "streaming");
-      sk_pack_kv_u64(&b.pk, "capacity", 260);
-      sk_pack_kv_u64(&b.pk, "resident", 100 + (uint64_t)i);
-      sk_pack_kv_u64(&b.pk, "seen", 5000000000u);
-      sk_pack_kv_bool(&b.pk, "adopted", i == 0);
-      if (i == 0) {
-        sk_pack_kv_str(&b.pk, "kv_type", "f32");
-        sk_pack_kv_u64(&b.pk, "owner_uid", 1000);
-        sk_pack_kv_u64(&b.pk, "kv_bytes", 5u << 20);
-        sk_pack_kv_u64(&b.pk, "age_s", 90061);  /* 1d 1h 1m 1s */
-        sk_pack_kv_u64(&b.pk, "idle_s", 3700);  /* 1h 1m 40s */
-        sk_pack_kv_bool(&b.pk, "busy", false);
-        sk_pack_kv_bool(&b.pk, "temporary", true);
-      }
+    /* the first row as this daemon's (wire), the second as an older
+     * daemon's, with only the fields it had */
+    struct sk_session_info row = {.session = 7, .policy = "streaming", .capacity = 260,
+                                  .resident = 100, .seen = 5000000000u, .adopted = true,
+                                  .kv_type = "f32", .owner_uid = 1000, .kv_bytes = 5u << 20,
+                                  .age_s = 90061 /* 1d 1h 1m 1s */,
+                                  .idle_s = 3700 /* 1h 1m 40s */, .temporary = true};
+    struct frame_rows {
+      struct sk_msgbuf b;
+      struct sk_msg msg;
+    } one;
+    /* (no cmocka assertions on this thread: a failure shows as a missing
+     * reply) */
+    if (sk_wire_pack_list(&one.b, id, &row, 1) < 0) return;
+    int64_t size = sk_msgbuf_finish(&one.b);
+    if (size < 0 || sk_msg_parse((const uint8_t *)one.b.sbuf.data + SK_FRAME_HEADER_SIZE,
+                                 (size_t)size - SK_FRAME_HEADER_SIZE, &one.msg, NULL) < 0) {
+      sk_msgbuf_free(&one.b);
+      return;
     }
+    const msgpack_object *first = &sk_msg_get(&one.msg.root, "sessions")->via.array.ptr[0];
+    sk_msgbuf_init(&b);
+    struct sk_wire_map m, old;
+    sk_wire_map_begin(&m, &b.pk);
+    sk_wire_map_u64(&m, "id", id);
+    sk_wire_map_bool(&m, "ok", true);
+    msgpack_packer *pk = sk_wire_map_key(&m, "sessions");
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_object(pk, *first);
+    sk_wire_map_begin(&old, pk);
+    sk_wire_map_u64(&old, "session", 8);
+    sk_wire_map_str(&old, "policy", "dense");
+    sk_wire_map_u64(&old, "capacity", 260);
+    sk_wire_map_u64(&old, "resident", 101);
+    sk_wire_map_u64(&old, "seen", 5000000000u);
+    sk_wire_map_bool(&old, "adopted", false);
+    sk_wire_map_end(&old);
+    sk_wire_map_end(&m);
+    sk_msg_free(&one.msg);
+    sk_msgbuf_free(&one.b);
     fake_write(fd, &b);
   } else if (OP("stats") && has_session == 1) {
     fake_begin(&b, id, 10);
@@ -900,18 +919,13 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     }
     fake_write(fd, &b);
   } else if (OP("stats")) {
-    fake_begin(&b, id, 11);
-    sk_pack_kv_u64(&b.pk, "sessions", 2);
-    sk_pack_kv_u64(&b.pk, "clients", 1);
-    sk_pack_kv_u64(&b.pk, "uptime_s", 60);
-    sk_pack_kv_u64(&b.pk, "tokens_prefilled", 123);
-    sk_pack_kv_u64(&b.pk, "tokens_generated", 456);
-    sk_pack_kv_u64(&b.pk, "memory_bytes", 8192);
-    sk_pack_kv_u64(&b.pk, "adopted", 1);
-    sk_pack_kv_u64(&b.pk, "user_sessions", 1);
-    sk_pack_kv_u64(&b.pk, "user_memory_bytes", 4096);
-    sk_pack_kv_u64(&b.pk, "max_user_sessions", 16);
-    sk_pack_kv_u64(&b.pk, "max_user_memory", 0);
+    struct sk_daemon_stats st = {.sessions = 2, .clients = 1, .uptime_s = 60,
+                                 .tokens_prefilled = 123, .tokens_generated = 456,
+                                 .memory_bytes = 8192, .adopted = 1, .has_user = true,
+                                 .user_sessions = 1, .user_memory_bytes = 4096,
+                                 .max_user_sessions = 16, .max_user_memory = 0};
+    struct sk_wire_daemon_extra x = {.chat_template = "none", .state_dir = "/run/sinkd"};
+    if (sk_wire_pack_daemon_stats(&b, id, &st, &x) < 0) return;
     fake_write(fd, &b);
   } else if (OP("append")) {
     struct sk_append_result a = {.n_tokens = 5, .resident = 20, .seen = 25, .evicted = 3,

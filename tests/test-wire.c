@@ -527,6 +527,125 @@ static void test_hello(void **state) {
   }
 }
 
+static void test_list(void **state) {
+  (void)state;
+  struct sk_session_info rows[3];
+  memset(rows, 0, sizeof rows);
+  for (int i = 0; i < 3; i++) {
+    rows[i].session = 7 + (uint64_t)i;
+    snprintf(rows[i].policy, sizeof rows[i].policy, "%s", i ? "dense" : "streaming");
+    rows[i].capacity = 260;
+    rows[i].resident = 100 + (uint64_t)i;
+    rows[i].seen = 5000000000u;
+    rows[i].adopted = i == 1;
+    snprintf(rows[i].kv_type, sizeof rows[i].kv_type, "f16");
+    rows[i].owner_uid = 1000 + (uint64_t)i;
+    rows[i].kv_bytes = 5u << 20;
+    rows[i].age_s = 90061;
+    rows[i].idle_s = 3700 * (uint64_t)i;
+    rows[i].busy = i == 2;
+    rows[i].temporary = i == 0;
+  }
+  for (size_t n = 0; n <= 3; n += 3) {
+    struct frame f;
+    assert_int_equal(sk_wire_pack_list(&f.b, 50, rows, n), 0);
+    const msgpack_object *map = parse(&f);
+    char k[512];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, "id ok sessions");
+    if (n) {
+      keys(&sk_msg_get(map, "sessions")->via.array.ptr[1], k, sizeof k);
+      assert_string_equal(k, "session owner_uid policy capacity kv_type resident seen busy "
+                             "adopted kv_bytes age_s idle_s temporary");
+    }
+    struct sk_session_info *got = (struct sk_session_info *)1;
+    size_t got_n = 99;
+    assert_int_equal(sk_wire_unpack_list(map, &got, &got_n, NULL), 0);
+    assert_int_equal(got_n, n);
+    if (!n) assert_null(got);
+    for (size_t i = 0; i < n; i++) {
+      assert_int_equal(got[i].session, rows[i].session);
+      assert_string_equal(got[i].policy, rows[i].policy);
+      assert_int_equal(got[i].capacity, rows[i].capacity);
+      assert_int_equal(got[i].resident, rows[i].resident);
+      assert_int_equal(got[i].seen, rows[i].seen);
+      assert_int_equal(got[i].adopted, rows[i].adopted);
+      assert_string_equal(got[i].kv_type, rows[i].kv_type);
+      assert_int_equal(got[i].owner_uid, rows[i].owner_uid);
+      assert_int_equal(got[i].kv_bytes, rows[i].kv_bytes);
+      assert_int_equal(got[i].age_s, rows[i].age_s);
+      assert_int_equal(got[i].idle_s, rows[i].idle_s);
+      assert_int_equal(got[i].busy, rows[i].busy);
+      assert_int_equal(got[i].temporary, rows[i].temporary);
+    }
+    free(got);
+    frame_free(&f);
+  }
+}
+
+static void test_daemon_stats(void **state) {
+  (void)state;
+  struct sk_daemon_stats s = {.sessions = 2, .clients = 3, .uptime_s = 60,
+                              .tokens_prefilled = 123, .tokens_generated = 456,
+                              .max_sessions = 64, .memory_bytes = 8192, .max_memory = 1u << 30,
+                              .adopted = 1, .set_aside = 2, .idle_ttl_s = 3600, .steps = 999,
+                              .compute = {.kernel = "avx2", .threads = 2, .max_batch = 64,
+                                          .kv_type = "f16"},
+                              .user_sessions = 1, .user_memory_bytes = 4096,
+                              .max_user_sessions = 16, .max_user_memory = 1u << 20};
+  const struct sk_wire_daemon_extra x = {.chat_template = "chatml", .chat_template_error = "",
+                                         .weights_mapped_bytes = 1000,
+                                         .weights_repacked_bytes = 2000,
+                                         .state_dir = "/dev/shm/sinkd"};
+  for (int has_user = 0; has_user < 2; has_user++) {
+    s.has_user = has_user;
+    struct frame f;
+    assert_int_equal(sk_wire_pack_daemon_stats(&f.b, 60, &s, &x), 0);
+    const msgpack_object *map = parse(&f);
+    char k[1024];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, has_user
+                               ? "id ok compute chat_template weights_mapped_bytes "
+                                 "weights_repacked_bytes steps sessions user_sessions "
+                                 "user_memory_bytes max_user_sessions max_user_memory clients "
+                                 "uptime_s tokens_prefilled tokens_generated max_sessions "
+                                 "memory_bytes max_memory adopted set_aside idle_ttl_s state_dir"
+                               : "id ok compute chat_template weights_mapped_bytes "
+                                 "weights_repacked_bytes steps sessions clients uptime_s "
+                                 "tokens_prefilled tokens_generated max_sessions memory_bytes "
+                                 "max_memory adopted set_aside idle_ttl_s state_dir");
+    struct sk_daemon_stats got;
+    assert_int_equal(sk_wire_unpack_daemon_stats(map, &got, NULL), 0);
+    assert_int_equal(got.sessions, s.sessions);
+    assert_int_equal(got.clients, s.clients);
+    assert_int_equal(got.uptime_s, s.uptime_s);
+    assert_int_equal(got.tokens_prefilled, s.tokens_prefilled);
+    assert_int_equal(got.tokens_generated, s.tokens_generated);
+    assert_int_equal(got.max_sessions, s.max_sessions);
+    assert_int_equal(got.memory_bytes, s.memory_bytes);
+    assert_int_equal(got.max_memory, s.max_memory);
+    assert_int_equal(got.adopted, s.adopted);
+    assert_int_equal(got.set_aside, s.set_aside);
+    assert_int_equal(got.idle_ttl_s, s.idle_ttl_s);
+    assert_int_equal(got.steps, s.steps);
+    assert_string_equal(got.compute.kernel, s.compute.kernel);
+    assert_int_equal(got.compute.threads, s.compute.threads);
+    assert_int_equal(got.compute.max_batch, s.compute.max_batch);
+    assert_string_equal(got.compute.kv_type, s.compute.kv_type);
+    assert_int_equal(got.has_user, has_user);
+    assert_int_equal(got.user_sessions, has_user ? s.user_sessions : 0);
+    assert_int_equal(got.user_memory_bytes, has_user ? s.user_memory_bytes : 0);
+    assert_int_equal(got.max_user_sessions, has_user ? s.max_user_sessions : 0);
+    assert_int_equal(got.max_user_memory, has_user ? s.max_user_memory : 0);
+    const char *dir;
+    size_t len;
+    assert_int_equal(sk_msg_get_str(map, "state_dir", &dir, &len, NULL), 1);
+    assert_int_equal(len, strlen(x.state_dir));
+    assert_memory_equal(dir, x.state_dir, len);
+    frame_free(&f);
+  }
+}
+
 /* A field of the wrong type is a protocol error that names it. */
 static void test_bad_field(void **state) {
   (void)state;
@@ -563,6 +682,7 @@ int main(void) {
       cmocka_unit_test(test_token_event), cmocka_unit_test(test_bad_field),
       cmocka_unit_test(test_cancel_received_export), cmocka_unit_test(test_tokens_text),
       cmocka_unit_test(test_data_event),  cmocka_unit_test(test_hello),
+      cmocka_unit_test(test_list),       cmocka_unit_test(test_daemon_stats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
