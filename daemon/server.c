@@ -256,15 +256,6 @@ static void send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fm
   send_error(c, id, &e);
 }
 
-/* Starts an ok reply with n_fields op-specific fields to follow. */
-static int reply_begin(struct sk_msgbuf *b, uint64_t id, uint32_t n_fields) {
-  if (sk_msgbuf_init(b) < 0) return -1;
-  msgpack_pack_map(&b->pk, 2 + n_fields);
-  sk_pack_kv_u64(&b->pk, "id", id);
-  sk_pack_kv_bool(&b->pk, "ok", true);
-  return 0;
-}
-
 /* glibc keeps the memory freed by a burst of clients (their frames,
  * replies, jobs, sessions) in its arenas, one per thread that allocated,
  * and gives back only the top of each heap. Once clients have stopped
@@ -1133,7 +1124,6 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
                                struct sk_session *s, bool tokens) {
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
-  struct sk_msgbuf b;
   /* Parameters from the session, never from the cache header, whose
    * pointer the compute thread moves between the object's two copies
    * while a step runs. */
@@ -1149,100 +1139,100 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   /* The resident set itself is read only while no job runs on the
    * session (the compute thread owns the cache meanwhile). */
   bool idle = tokens || s->running == NULL;
-  uint64_t *kept = calloc(n_layer, sizeof *kept);
-  if (!kept || reply_begin(&b, req_id, 27 + idle + tokens) < 0) {
-    free(kept);
-    free(mass);
-    return;
-  }
-  sk_pack_kv_u64(&b.pk, "session", s->id);
-  sk_pack_kv_str(&b.pk, "chat_template", sk_chat_name(s->conv.tmpl));
-  sk_pack_kv_str(&b.pk, "policy", sk_policy_name(h->policy));
-  sk_pack_kv_u64(&b.pk, "n_sink", h->n_sink);
-  sk_pack_kv_u64(&b.pk, "window", h->window);
-  sk_pack_kv_u64(&b.pk, "heavy", h->heavy);
-  sk_pack_kv_u64(&b.pk, "recent", h->recent);
-  sk_pack_kv_u64(&b.pk, "pinned", h->n_pin);
-  sk_pack_kv_f64(&b.pk, "rope_scale", h->rope_scale);
-  sk_pack_kv_f64(&b.pk, "model_rope_scale", 1.0 / sk_model_config(srv->model)->rope_scale);
-  sk_pack_kv_u64(&b.pk, "capacity", s->capacity);
-  sk_pack_kv_u64(&b.pk, "resident", cnt.resident);
-  sk_pack_kv_u64(&b.pk, "seen", cnt.seen);
-  sk_pack_kv_u64(&b.pk, "evicted", cnt.evicted);
-  sk_pack_kv_u64(&b.pk, "kv_bytes", s->kv_bytes);
-  sk_pack_kv_str(&b.pk, "kv_type", sk_kv_type_name(s->kv_type));
-  /* MLP sparsity: the level, the tokens that ran sparse, and per layer the
-   * fraction of neurons they skipped */
-  const uint64_t sp_tokens = sk_session_sparse_get(&srv->sessions, s, kept);
-  const struct sk_model_config *smc = sk_model_config(srv->model);
-  sk_pack_kv_f64(&b.pk, "sparsity", s->params.sparsity);
-  sk_pack_kv_u64(&b.pk, "sparse_tokens", sp_tokens);
-  sk_pack_cstr(&b.pk, "sparsity_measured");
-  msgpack_pack_array(&b.pk, sp_tokens ? n_layer : 0);
-  for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
-    msgpack_pack_double(&b.pk, 1.0 - (double)kept[l] / ((double)sp_tokens * smc->hidden_dim));
-  /* bytes of weights one of its tokens reads, on average (the model's
-   * weight_bytes for a dense session) */
-  double bpt = (double)sk_model_weight_bytes(srv->model);
-  double *mean = sp_tokens ? malloc(n_layer * sizeof *mean) : NULL;
-  if (mean) {
-    for (uint32_t l = 0; l < n_layer; l++) mean[l] = (double)kept[l] / (double)sp_tokens;
-    bpt = sk_model_sparse_step_bytes(srv->model, mean);
-    free(mean);
-  }
-  sk_pack_kv_f64(&b.pk, "weight_bytes_per_token", bpt);
-  free(kept);
-  sk_pack_cstr(&b.pk, "positions");
-  if (cnt.resident) {
-    msgpack_pack_array(&b.pk, 2);
-    msgpack_pack_uint32(&b.pk, 0);
-    msgpack_pack_uint32(&b.pk, cnt.resident - 1);
-  } else {
-    msgpack_pack_array(&b.pk, 0);
-  }
-  sk_pack_cstr(&b.pk, "attention");
-  msgpack_pack_map(&b.pk, 4);
-  sk_pack_kv_u64(&b.pk, "steps", steps);
-  sk_pack_kv_u64(&b.pk, "sink_tokens", probe);
-  sk_pack_cstr(&b.pk, "sink_mass");
-  msgpack_pack_array(&b.pk, steps ? n_layer : 0);
-  for (uint32_t l = 0; steps && l < n_layer; l++) msgpack_pack_float(&b.pk, mass[l]);
-  sk_pack_cstr(&b.pk, "entropy");
-  msgpack_pack_array(&b.pk, steps ? n_layer : 0);
-  for (uint32_t l = 0; steps && l < n_layer; l++) msgpack_pack_float(&b.pk, ent[l]);
-  free(mass);
-  sk_pack_kv_bool(&b.pk, "busy", s->running != NULL);
-  sk_pack_kv_u64(&b.pk, "commit", cnt.commit);
-  sk_pack_kv_bool(&b.pk, "adopted", s->adopted);
-  sk_pack_kv_u64(&b.pk, "idle_s", (now_ms() - s->last_used_ms) / 1000u);
-  sk_pack_kv_u64(&b.pk, "owner_uid", s->owner_uid);
+  struct sk_session_stats *st = calloc(1, sizeof *st); /* ~3 KiB */
+  struct sk_range *ranges = NULL;
+  int32_t *ids = NULL;
+  const struct sk_kv *kv = s->kv;
+  uint32_t nr = idle ? kv->hdr->n_resident : 0, shown = 0;
   if (idle) {
     /* Stream indices of the resident tokens in cache-position order, as
      * ranges of consecutive indices (at most SK_STATS_MAX_RANGES). */
-    const struct sk_kv *kv = s->kv;
-    uint32_t nr = kv->hdr->n_resident, n_ranges = 0;
+    uint32_t n_ranges = 0;
     for (uint32_t p = 0; p < nr; p++)
       if (p == 0 || sk_kv_index_at(kv, p) != sk_kv_index_at(kv, p - 1) + 1) n_ranges++;
-    uint32_t shown = n_ranges < SK_STATS_MAX_RANGES ? n_ranges : SK_STATS_MAX_RANGES;
-    sk_pack_cstr(&b.pk, "resident_ranges");
-    msgpack_pack_array(&b.pk, shown);
-    for (uint32_t p = 0, k = 0; p < nr && k < shown; k++) {
+    shown = n_ranges < SK_STATS_MAX_RANGES ? n_ranges : SK_STATS_MAX_RANGES;
+    ranges = calloc(shown ? shown : 1, sizeof *ranges);
+    for (uint32_t p = 0, k = 0; ranges && p < nr && k < shown; k++) {
       uint32_t q = p;
       while (q + 1 < nr && sk_kv_index_at(kv, q + 1) == sk_kv_index_at(kv, q) + 1) q++;
-      msgpack_pack_array(&b.pk, 2);
-      msgpack_pack_uint64(&b.pk, sk_kv_index_at(kv, p));
-      msgpack_pack_uint64(&b.pk, sk_kv_index_at(kv, q));
+      ranges[k] = (struct sk_range){sk_kv_index_at(kv, p), sk_kv_index_at(kv, q)};
       p = q + 1;
     }
   }
   if (tokens) {
-    const struct sk_kv *kv = s->kv;
-    sk_pack_cstr(&b.pk, "tokens");
-    msgpack_pack_array(&b.pk, kv->hdr->n_resident);
-    for (uint32_t p = 0; p < kv->hdr->n_resident; p++)
-      msgpack_pack_int32(&b.pk, kv->token[sk_kv_slot(kv, p)]);
+    ids = calloc(kv->hdr->n_resident ? kv->hdr->n_resident : 1, sizeof *ids);
+    for (uint32_t p = 0; ids && p < kv->hdr->n_resident; p++) ids[p] = kv->token[sk_kv_slot(kv, p)];
   }
-  conn_send_buf(c, &b);
+  /* MLP sparsity: the tokens that ran sparse and, per layer, the neurons
+   * they kept */
+  uint64_t *kept = calloc(n_layer ? n_layer : 1, sizeof *kept);
+  double *measured = calloc(n_layer ? n_layer : 1, sizeof *measured);
+  const uint64_t sp_tokens = kept ? sk_session_sparse_get(&srv->sessions, s, kept) : 0;
+  if (!st || (idle && !ranges) || (tokens && !ids) || !kept || !measured) {
+    send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+  } else {
+    const struct sk_model_config *smc = sk_model_config(srv->model);
+    for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
+      measured[l] = 1.0 - (double)kept[l] / ((double)sp_tokens * smc->hidden_dim);
+    st->sparsity = s->params.sparsity;
+    st->sparse_tokens = sp_tokens;
+    /* bytes of weights one of its tokens reads, on average (the model's
+     * weight_bytes for a dense session) */
+    st->weight_bytes_per_token = (double)sk_model_weight_bytes(srv->model);
+    if (sp_tokens) {
+      double *mean = malloc(n_layer * sizeof *mean);
+      if (mean) {
+        for (uint32_t l = 0; l < n_layer; l++) mean[l] = (double)kept[l] / (double)sp_tokens;
+        st->weight_bytes_per_token = sk_model_sparse_step_bytes(srv->model, mean);
+        free(mean);
+      }
+    }
+    st->session = s->id;
+    snprintf(st->chat_template, sizeof st->chat_template, "%s", sk_chat_name(s->conv.tmpl));
+    snprintf(st->policy, sizeof st->policy, "%s", sk_policy_name(h->policy));
+    st->n_sink = h->n_sink;
+    st->window = h->window;
+    st->heavy = h->heavy;
+    st->recent = h->recent;
+    st->pinned = h->n_pin;
+    st->rope_scale = h->rope_scale;
+    st->model_rope_scale = 1.0 / sk_model_config(srv->model)->rope_scale;
+    st->capacity = s->capacity;
+    st->resident = cnt.resident;
+    st->seen = cnt.seen;
+    st->evicted = cnt.evicted;
+    st->kv_bytes = s->kv_bytes;
+    snprintf(st->kv_type, sizeof st->kv_type, "%s", sk_kv_type_name(s->kv_type));
+    st->has_positions = cnt.resident > 0;
+    st->position_first = 0;
+    st->position_last = cnt.resident ? cnt.resident - 1 : 0;
+    st->attn_steps = steps;
+    st->sink_tokens = probe;
+    st->busy = s->running != NULL;
+    st->commit = cnt.commit;
+    st->adopted = s->adopted;
+    st->idle_s = (now_ms() - s->last_used_ms) / 1000u;
+    struct sk_wire_session_extra x = {.owner_uid = s->owner_uid,
+                                      .has_resident_ranges = idle,
+                                      .ranges = ranges,
+                                      .n_ranges = shown,
+                                      .sink_mass = mass,
+                                      .entropy = ent,
+                                      .n_layers = n_layer,
+                                      .sparsity_measured = measured,
+                                      .n_sparse_layers = sp_tokens ? n_layer : 0,
+                                      .has_tokens = tokens,
+                                      .tokens = ids,
+                                      .n_tokens = tokens ? kv->hdr->n_resident : 0};
+    struct sk_msgbuf b;
+    if (sk_wire_pack_session_stats(&b, req_id, st, &x) == 0) conn_send_buf(c, &b);
+  }
+  free(measured);
+  free(kept);
+  free(ids);
+  free(ranges);
+  free(st);
+  free(mass);
 }
 
 static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s);

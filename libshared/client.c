@@ -426,78 +426,6 @@ static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
   return rc;
 }
 
-/* ---- reply fields ----------------------------------------------------- */
-
-/* An unsigned field of a reply: absent leaves *ret as is; a wrong type is
- * a protocol error. */
-static int sk__reply_u64(struct sk_client *c, const msgpack_object *map,
-                         const char *key, uint64_t *ret,
-                         struct sk_error *err) {
-  struct sk_error perr;
-  int rc = sk_msg_get_u64(map, key, UINT64_MAX, ret, &perr);
-  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
-}
-
-/* A bool field: absent leaves *ret as is. */
-static int sk__reply_bool(struct sk_client *c, const msgpack_object *map,
-                          const char *key, bool *ret, struct sk_error *err) {
-  struct sk_error perr;
-  int rc = sk_msg_get_bool(map, key, ret, &perr);
-  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
-}
-
-/* A number field (float or integer); absent leaves *ret as is. */
-static int sk__reply_f64(struct sk_client *c, const msgpack_object *map,
-                         const char *key, double *ret, struct sk_error *err) {
-  struct sk_error perr;
-  int rc = sk_msg_get_f64(map, key, ret, &perr);
-  return rc < 0 ? sk__client_bad_reply(c, err, perr.message) : 0;
-}
-
-/* A string field copied into dst[size] (truncated, NUL-terminated). */
-static int sk__reply_name(struct sk_client *c, const msgpack_object *map,
-                          const char *key, char *dst, size_t size,
-                          struct sk_error *err) {
-  struct sk_error perr;
-  const char *s;
-  size_t len;
-  int rc = sk_msg_get_str(map, key, &s, &len, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 1) {
-    if (len >= size) len = size - 1;
-    memcpy(dst, s, len);
-    dst[len] = 0;
-  }
-  return 0;
-}
-
-/* An optional map field: NULL if absent; a protocol error if not a map. */
-static int sk__reply_map(struct sk_client *c, const msgpack_object *map,
-                         const char *key, const msgpack_object **ret,
-                         struct sk_error *err) {
-  const msgpack_object *o = sk_msg_get(map, key);
-  if (o && o->type != MSGPACK_OBJECT_MAP) {
-    char what[96];
-    snprintf(what, sizeof what, "field '%s' must be a map", key);
-    return sk__client_bad_reply(c, err, what);
-  }
-  *ret = o;
-  return 0;
-}
-
-static bool sk__obj_u64(const msgpack_object *o, uint64_t *ret) {
-  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return false;
-  *ret = o->via.u64;
-  return true;
-}
-
-/* [first, last] as an array of two unsigned integers. */
-static bool sk__obj_range(const msgpack_object *o, struct sk_range *ret) {
-  return o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 2 &&
-         sk__obj_u64(&o->via.array.ptr[0], &ret->first) &&
-         sk__obj_u64(&o->via.array.ptr[1], &ret->last);
-}
-
 /* ---- simple ops ------------------------------------------------------- */
 
 /* A request with only id and op, reply into *reply. */
@@ -648,133 +576,20 @@ int sk_client_list(struct sk_client *client,
 }
 
 /* A float array field into dst[max]; *ret_n entries copied. */
-static int sk__reply_floats(struct sk_client *c, const msgpack_object *map,
-                            const char *key, double *dst, size_t max,
-                            size_t *ret_n, struct sk_error *err) {
-  struct sk_error perr;
-  const msgpack_object_array *a;
-  *ret_n = 0;
-  int rc = sk_msg_get_array(map, key, &a, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 0) return 0;
-  size_t n = a->size < max ? a->size : max;
-  for (size_t i = 0; i < n; i++) {
-    const msgpack_object *o = &a->ptr[i];
-    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
-      dst[i] = o->via.f64;
-    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-      dst[i] = (double)o->via.u64;
-    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-      dst[i] = (double)o->via.i64;
-    else {
-      char what[96];
-      snprintf(what, sizeof what, "field '%s' must hold numbers", key);
-      return sk__client_bad_reply(c, err, what);
-    }
-  }
-  *ret_n = n;
-  return 0;
-}
-
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
                             struct sk_session_stats *ret,
                             struct sk_error *err) {
   struct sk_msg reply;
   int rc = sk__client_on_session(client, "stats", session, &reply, err);
   if (rc < 0) return rc;
-  struct sk_session_stats *s = calloc(1, sizeof *s); /* ~3 KiB */
+  struct sk_session_stats *s = malloc(sizeof *s); /* ~3 KiB */
   if (!s) {
     sk_msg_free(&reply);
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   }
-  s->rope_scale = 1.0;
-  s->model_rope_scale = 1.0;
-  const msgpack_object *r = &reply.root, *attn = NULL;
   struct sk_error perr;
-  const msgpack_object_array *pos;
-  if ((rc = sk__reply_u64(client, r, "session", &s->session, err)) < 0 ||
-      (rc = sk__reply_name(client, r, "policy", s->policy, sizeof s->policy,
-                           err)) < 0 ||
-      (rc = sk__reply_name(client, r, "chat_template", s->chat_template,
-                           sizeof s->chat_template, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "n_sink", &s->n_sink, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "window", &s->window, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "heavy", &s->heavy, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "recent", &s->recent, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "pinned", &s->pinned, err)) < 0 ||
-      (rc = sk__reply_f64(client, r, "rope_scale", &s->rope_scale, err)) < 0 ||
-      (rc = sk__reply_f64(client, r, "model_rope_scale", &s->model_rope_scale,
-                          err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "capacity", &s->capacity, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "resident", &s->resident, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "seen", &s->seen, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "evicted", &s->evicted, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "kv_bytes", &s->kv_bytes, err)) < 0 ||
-      (rc = sk__reply_name(client, r, "kv_type", s->kv_type, sizeof s->kv_type,
-                           err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "commit", &s->commit, err)) < 0 ||
-      (rc = sk__reply_bool(client, r, "adopted", &s->adopted, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "idle_s", &s->idle_s, err)) < 0 ||
-      (rc = sk__reply_map(client, r, "attention", &attn, err)) < 0)
-    goto out;
-  rc = sk_msg_get_bool(r, "busy", &s->busy, &perr);
-  if (rc < 0) {
-    rc = sk__client_bad_reply(client, err, perr.message);
-    goto out;
-  }
-  rc = sk_msg_get_array(r, "positions", &pos, &perr);
-  if (rc < 0) {
-    rc = sk__client_bad_reply(client, err, perr.message);
-    goto out;
-  }
-  if (rc == 1 && pos->size > 0) {
-    if (pos->size != 2 || !sk__obj_u64(&pos->ptr[0], &s->position_first) ||
-        !sk__obj_u64(&pos->ptr[1], &s->position_last)) {
-      rc = sk__client_bad_reply(client, err,
-                                "field 'positions' must be [first, last] "
-                                "or empty");
-      goto out;
-    }
-    s->has_positions = true;
-  }
-  const msgpack_object_array *rr;
-  rc = sk_msg_get_array(r, "resident_ranges", &rr, &perr);
-  if (rc < 0) {
-    rc = sk__client_bad_reply(client, err, perr.message);
-    goto out;
-  }
-  if (rc == 1) {
-    size_t n = rr->size < SK_CLIENT_MAX_RANGES ? rr->size : SK_CLIENT_MAX_RANGES;
-    for (size_t i = 0; i < n; i++)
-      if (!sk__obj_range(&rr->ptr[i], &s->resident_ranges[i])) {
-        rc = sk__client_bad_reply(
-            client, err, "field 'resident_ranges' must hold [first, last] pairs");
-        goto out;
-      }
-    s->n_resident_ranges = n;
-  }
-  if ((rc = sk__reply_f64(client, r, "sparsity", &s->sparsity, err)) < 0 ||
-      (rc = sk__reply_u64(client, r, "sparse_tokens", &s->sparse_tokens, err)) < 0 ||
-      (rc = sk__reply_f64(client, r, "weight_bytes_per_token", &s->weight_bytes_per_token,
-                          err)) < 0 ||
-      (rc = sk__reply_floats(client, r, "sparsity_measured", s->sparsity_measured,
-                             SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0)
-    goto out;
-  rc = 0;
-  if (attn) {
-    size_t nm = 0, ne = 0;
-    if ((rc = sk__reply_u64(client, attn, "steps", &s->attn_steps, err)) < 0 ||
-        (rc = sk__reply_u64(client, attn, "sink_tokens", &s->sink_tokens,
-                            err)) < 0 ||
-        (rc = sk__reply_floats(client, attn, "sink_mass", s->sink_mass,
-                               SK_CLIENT_MAX_LAYERS, &nm, err)) < 0 ||
-        (rc = sk__reply_floats(client, attn, "entropy", s->entropy,
-                               SK_CLIENT_MAX_LAYERS, &ne, err)) < 0)
-      goto out;
-    s->n_layers = nm < ne ? nm : ne;
-  }
-  *ret = *s;
-out:
+  rc = sk__client_wire(client, sk_wire_unpack_session_stats(&reply.root, s, &perr), &perr, err);
+  if (rc == 0) *ret = *s;
   free(s);
   sk_msg_free(&reply);
   return rc;

@@ -478,6 +478,179 @@ int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stat
   return 0;
 }
 
+/* n float32 values from floats (or, when NULL, from doubles). */
+static void sk__wire_floats(struct sk_wire_map *m, const char *key, const float *floats,
+                            const double *doubles, size_t n) {
+  msgpack_packer *pk = sk_wire_map_key(m, key);
+  msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n; i++) msgpack_pack_float(pk, floats ? floats[i] : (float)doubles[i]);
+}
+
+int sk_wire_pack_session_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_session_stats *s,
+                               const struct sk_wire_session_extra *x) {
+  struct sk_wire_session_extra none = {.has_resident_ranges = !s->busy};
+  if (!x) x = &none;
+  struct sk_wire_map m, sub;
+  if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;
+  sk_wire_map_u64(&m, "session", s->session);
+  sk_wire_map_str(&m, "chat_template", s->chat_template);
+  sk_wire_map_str(&m, "policy", s->policy);
+  sk_wire_map_u64(&m, "n_sink", s->n_sink);
+  sk_wire_map_u64(&m, "window", s->window);
+  sk_wire_map_u64(&m, "heavy", s->heavy);
+  sk_wire_map_u64(&m, "recent", s->recent);
+  sk_wire_map_u64(&m, "pinned", s->pinned);
+  sk_wire_map_f64(&m, "rope_scale", s->rope_scale);
+  sk_wire_map_f64(&m, "model_rope_scale", s->model_rope_scale);
+  sk_wire_map_u64(&m, "capacity", s->capacity);
+  sk_wire_map_u64(&m, "resident", s->resident);
+  sk_wire_map_u64(&m, "seen", s->seen);
+  sk_wire_map_u64(&m, "evicted", s->evicted);
+  sk_wire_map_u64(&m, "kv_bytes", s->kv_bytes);
+  sk_wire_map_str(&m, "kv_type", s->kv_type);
+  /* MLP sparsity: the level, the tokens that ran sparse, and per layer the
+   * fraction of neurons they skipped */
+  sk_wire_map_f64(&m, "sparsity", s->sparsity);
+  sk_wire_map_u64(&m, "sparse_tokens", s->sparse_tokens);
+  msgpack_packer *pk = sk_wire_map_key(&m, "sparsity_measured");
+  const double *measured = x->sparsity_measured ? x->sparsity_measured : s->sparsity_measured;
+  size_t n_measured =
+      s->sparse_tokens ? (x->sparsity_measured ? x->n_sparse_layers : s->n_sparse_layers) : 0;
+  msgpack_pack_array(pk, n_measured);
+  for (size_t i = 0; i < n_measured; i++) msgpack_pack_double(pk, measured[i]);
+  sk_wire_map_f64(&m, "weight_bytes_per_token", s->weight_bytes_per_token);
+  pk = sk_wire_map_key(&m, "positions");
+  if (s->has_positions) {
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_uint64(pk, s->position_first);
+    msgpack_pack_uint64(pk, s->position_last);
+  } else {
+    msgpack_pack_array(pk, 0);
+  }
+  sk__wire_nested(&m, &sub, "attention");
+  sk_wire_map_u64(&sub, "steps", s->attn_steps);
+  sk_wire_map_u64(&sub, "sink_tokens", s->sink_tokens);
+  size_t n_layers = s->attn_steps ? (x->sink_mass ? x->n_layers : s->n_layers) : 0;
+  sk__wire_floats(&sub, "sink_mass", x->sink_mass, s->sink_mass, n_layers);
+  sk__wire_floats(&sub, "entropy", x->entropy, s->entropy, n_layers);
+  sk__wire_nested_end(&m, &sub);
+  sk_wire_map_bool(&m, "busy", s->busy);
+  sk_wire_map_u64(&m, "commit", s->commit);
+  sk_wire_map_bool(&m, "adopted", s->adopted);
+  sk_wire_map_u64(&m, "idle_s", s->idle_s);
+  sk_wire_map_u64(&m, "owner_uid", x->owner_uid);
+  if (x->has_resident_ranges) {
+    if (x->ranges)
+      sk__wire_ranges(&m, "resident_ranges", x->ranges, x->n_ranges);
+    else
+      sk__wire_ranges(&m, "resident_ranges", s->resident_ranges, s->n_resident_ranges);
+  }
+  if (x->has_tokens) {
+    pk = sk_wire_map_key(&m, "tokens");
+    msgpack_pack_array(pk, x->n_tokens);
+    for (size_t i = 0; i < x->n_tokens; i++) msgpack_pack_int32(pk, x->tokens[i]);
+  }
+  return sk__wire_end(b, &m);
+}
+
+/* Numbers of an array field into dst (the first max). */
+static int sk__wire_floats_get(const msgpack_object *map, const char *key, double *dst,
+                               size_t max, size_t *ret_n, struct sk_error *err) {
+  struct sk_error perr;
+  const msgpack_object_array *a;
+  *ret_n = 0;
+  int rc = sk_msg_get_array(map, key, &a, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 0) return 0;
+  size_t n = a->size < max ? a->size : max;
+  for (size_t i = 0; i < n; i++) {
+    const msgpack_object *o = &a->ptr[i];
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+      dst[i] = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+      dst[i] = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+      dst[i] = (double)o->via.i64;
+    else
+      return sk_error_set(err, SK_ERR_PROTOCOL, "field '%s' must hold numbers", key);
+  }
+  *ret_n = n;
+  return 0;
+}
+
+int sk_wire_unpack_session_stats(const msgpack_object *map, struct sk_session_stats *ret,
+                                 struct sk_error *err) {
+  struct sk_session_stats *s = ret;
+  memset(s, 0, sizeof *s);
+  s->rope_scale = 1.0;
+  s->model_rope_scale = 1.0;
+  const msgpack_object *attn = NULL;
+  struct sk_error perr;
+  const msgpack_object_array *pos, *rr;
+  int rc;
+  if ((rc = sk__wire_u64(map, "session", &s->session, err)) < 0 ||
+      (rc = sk__wire_name(map, "policy", s->policy, sizeof s->policy, err)) < 0 ||
+      (rc = sk__wire_name(map, "chat_template", s->chat_template, sizeof s->chat_template,
+                          err)) < 0 ||
+      (rc = sk__wire_u64(map, "n_sink", &s->n_sink, err)) < 0 ||
+      (rc = sk__wire_u64(map, "window", &s->window, err)) < 0 ||
+      (rc = sk__wire_u64(map, "heavy", &s->heavy, err)) < 0 ||
+      (rc = sk__wire_u64(map, "recent", &s->recent, err)) < 0 ||
+      (rc = sk__wire_u64(map, "pinned", &s->pinned, err)) < 0 ||
+      (rc = sk__wire_f64(map, "rope_scale", &s->rope_scale, err)) < 0 ||
+      (rc = sk__wire_f64(map, "model_rope_scale", &s->model_rope_scale, err)) < 0 ||
+      (rc = sk__wire_u64(map, "capacity", &s->capacity, err)) < 0 ||
+      (rc = sk__wire_u64(map, "resident", &s->resident, err)) < 0 ||
+      (rc = sk__wire_u64(map, "seen", &s->seen, err)) < 0 ||
+      (rc = sk__wire_u64(map, "evicted", &s->evicted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+      (rc = sk__wire_name(map, "kv_type", s->kv_type, sizeof s->kv_type, err)) < 0 ||
+      (rc = sk__wire_u64(map, "commit", &s->commit, err)) < 0 ||
+      (rc = sk__wire_bool(map, "adopted", &s->adopted, err)) < 0 ||
+      (rc = sk__wire_u64(map, "idle_s", &s->idle_s, err)) < 0 ||
+      (rc = sk__wire_map(map, "attention", &attn, err)) < 0 ||
+      (rc = sk__wire_bool(map, "busy", &s->busy, err)) < 0 ||
+      (rc = sk__wire_f64(map, "sparsity", &s->sparsity, err)) < 0 ||
+      (rc = sk__wire_u64(map, "sparse_tokens", &s->sparse_tokens, err)) < 0 ||
+      (rc = sk__wire_f64(map, "weight_bytes_per_token", &s->weight_bytes_per_token, err)) < 0 ||
+      (rc = sk__wire_floats_get(map, "sparsity_measured", s->sparsity_measured,
+                                SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0)
+    return rc;
+  rc = sk_msg_get_array(map, "positions", &pos, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1 && pos->size > 0) {
+    if (pos->size != 2 || !sk__wire_obj_u64(&pos->ptr[0], &s->position_first) ||
+        !sk__wire_obj_u64(&pos->ptr[1], &s->position_last))
+      return sk__wire_bad(err, "field 'positions' must be [first, last] or empty");
+    s->has_positions = true;
+  }
+  rc = sk_msg_get_array(map, "resident_ranges", &rr, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1) {
+    size_t n = rr->size < SK_CLIENT_MAX_RANGES ? rr->size : SK_CLIENT_MAX_RANGES;
+    for (size_t i = 0; i < n; i++) {
+      const msgpack_object *o = &rr->ptr[i];
+      if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 ||
+          !sk__wire_obj_u64(&o->via.array.ptr[0], &s->resident_ranges[i].first) ||
+          !sk__wire_obj_u64(&o->via.array.ptr[1], &s->resident_ranges[i].last))
+        return sk__wire_bad(err, "field 'resident_ranges' must hold [first, last] pairs");
+    }
+    s->n_resident_ranges = n;
+  }
+  if (attn) {
+    size_t nm = 0, ne = 0;
+    if ((rc = sk__wire_u64(attn, "steps", &s->attn_steps, err)) < 0 ||
+        (rc = sk__wire_u64(attn, "sink_tokens", &s->sink_tokens, err)) < 0 ||
+        (rc = sk__wire_floats_get(attn, "sink_mass", s->sink_mass, SK_CLIENT_MAX_LAYERS, &nm,
+                                  err)) < 0 ||
+        (rc = sk__wire_floats_get(attn, "entropy", s->entropy, SK_CLIENT_MAX_LAYERS, &ne, err)) <
+            0)
+      return rc;
+    s->n_layers = nm < ne ? nm : ne;
+  }
+  return 0;
+}
+
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id) {
   struct sk_wire_map m;
   if (sk__wire_reply_begin(b, &m, id) < 0) return -SK_ERR_NO_MEMORY;

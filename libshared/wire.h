@@ -102,6 +102,34 @@ int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_
 int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stats *ret,
                                 struct sk_error *err);
 
+/* The parts of `stats` of a session that outgrow struct sk_session_stats
+ * or that libsinkd does not keep. NULL arrays: the struct's own. */
+struct sk_wire_session_extra {
+  uint64_t owner_uid;
+  bool has_resident_ranges;      /* send them (the session was idle) */
+  const struct sk_range *ranges; /* n_ranges resident ranges */
+  size_t n_ranges;
+  const float *sink_mass;        /* n_layers each */
+  const float *entropy;
+  size_t n_layers;
+  const double *sparsity_measured; /* n_sparse_layers, or NULL */
+  size_t n_sparse_layers;
+  bool has_tokens;               /* send "tokens" (stats with tokens) */
+  const int32_t *tokens;         /* n_tokens resident ids */
+  size_t n_tokens;
+};
+
+/* stats of a session: *s with *x (x may be NULL: the struct's arrays,
+ * resident ranges when !s->busy, no tokens). Attention values go out as
+ * float32. Unpacking fills *s, keeping the first SK_CLIENT_MAX_RANGES
+ * ranges and SK_CLIENT_MAX_LAYERS layers; it does not read "tokens"
+ * (sk_wire_unpack_tokens does). Unlike the others it writes *ret in place
+ * (the struct is ~3 KiB): after a failure its contents are unspecified. */
+int sk_wire_pack_session_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_session_stats *s,
+                               const struct sk_wire_session_extra *x);
+int sk_wire_unpack_session_stats(const msgpack_object *map, struct sk_session_stats *ret,
+                                 struct sk_error *err);
+
 /* An ok reply with no fields (ping, close). */
 int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id);
 

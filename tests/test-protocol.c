@@ -898,25 +898,21 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     sk_msgbuf_free(&one.b);
     fake_write(fd, &b);
   } else if (OP("stats") && has_session == 1) {
-    fake_begin(&b, id, 10);
-    msgpack_packer *pk = &b.pk;
-    sk_pack_kv_u64(pk, "session", session);
-    sk_pack_kv_str(pk, "policy", "streaming");
-    sk_pack_kv_u64(pk, "n_sink", 4);
-    sk_pack_kv_u64(pk, "window", 256);
-    sk_pack_kv_u64(pk, "capacity", 260);
-    sk_pack_kv_u64(pk, "resident", 260);
-    sk_pack_kv_u64(pk, "seen", 1000);
-    sk_pack_kv_u64(pk, "evicted", 740);
-    sk_pack_kv_u64(pk, "kv_bytes", 1234);
-    sk_pack_cstr(pk, "positions");
-    if (session == 8) {
-      msgpack_pack_array(pk, 0);
-    } else {
-      msgpack_pack_array(pk, 2);
-      msgpack_pack_uint64(pk, 0);
-      msgpack_pack_uint64(pk, 259);
-    }
+    static struct sk_session_stats st; /* ~3 KiB: off the fake's stack */
+    memset(&st, 0, sizeof st);
+    st.session = session;
+    snprintf(st.policy, sizeof st.policy, "streaming");
+    st.n_sink = 4;
+    st.window = 256;
+    st.capacity = 260;
+    st.resident = 260;
+    st.seen = 1000;
+    st.evicted = 740;
+    st.kv_bytes = 1234;
+    st.rope_scale = st.model_rope_scale = 1.0;
+    st.has_positions = session != 8;
+    st.position_last = 259;
+    if (sk_wire_pack_session_stats(&b, id, &st, NULL) < 0) return;
     fake_write(fd, &b);
   } else if (OP("stats")) {
     struct sk_daemon_stats st = {.sessions = 2, .clients = 1, .uptime_s = 60,

@@ -646,6 +646,147 @@ static void test_daemon_stats(void **state) {
   }
 }
 
+static void test_session_stats(void **state) {
+  (void)state;
+  static struct sk_session_stats s, got;
+  memset(&s, 0, sizeof s);
+  s.session = 3;
+  snprintf(s.policy, sizeof s.policy, "sink_h2o");
+  snprintf(s.chat_template, sizeof s.chat_template, "llama2");
+  s.n_sink = 4;
+  s.heavy = 60;
+  s.recent = 60;
+  s.pinned = 4;
+  s.rope_scale = 2.0;
+  s.model_rope_scale = 0.5;
+  s.capacity = 128;
+  s.resident = 128;
+  s.seen = 4000;
+  s.evicted = 3872;
+  s.kv_bytes = 9000;
+  snprintf(s.kv_type, sizeof s.kv_type, "f32");
+  s.has_positions = true;
+  s.position_last = 127;
+  s.commit = 41;
+  s.adopted = true;
+  s.idle_s = 12;
+  s.n_resident_ranges = 2;
+  s.resident_ranges[0] = (struct sk_range){0, 3};
+  s.resident_ranges[1] = (struct sk_range){3880, 3999};
+  s.attn_steps = 64;
+  s.sink_tokens = 4;
+  s.n_layers = 3;
+  const double mass[3] = {0.5, 0.25, 0.875}, ent[3] = {1.5, 2.0, 0.125};
+  memcpy(s.sink_mass, mass, sizeof mass);
+  memcpy(s.entropy, ent, sizeof ent);
+  s.sparsity = 0.5;
+  s.sparse_tokens = 77;
+  s.n_sparse_layers = 3;
+  const double measured[3] = {0.5, 0.625, 0.4375};
+  memcpy(s.sparsity_measured, measured, sizeof measured);
+  s.weight_bytes_per_token = 12345.5;
+  /* The struct's own arrays (x NULL), then the daemon's extras: more
+   * ranges than the struct keeps, float layers, the owner and tokens. */
+  struct sk_range many[SK_CLIENT_MAX_RANGES + 6];
+  for (size_t i = 0; i < sizeof many / sizeof many[0]; i++) many[i] = (struct sk_range){2 * i, 2 * i};
+  const float fmass[3] = {0.5f, 0.25f, 0.875f}, fent[3] = {1.5f, 2.0f, 0.125f};
+  const int32_t ids[2] = {1, 29871};
+  const struct sk_wire_session_extra x = {.owner_uid = 1000, .has_resident_ranges = true,
+                                          .ranges = many, .n_ranges = sizeof many / sizeof many[0],
+                                          .sink_mass = fmass, .entropy = fent, .n_layers = 3,
+                                          .sparsity_measured = measured, .n_sparse_layers = 3,
+                                          .has_tokens = true, .tokens = ids, .n_tokens = 2};
+  for (int with_x = 0; with_x < 2; with_x++) {
+    struct frame f;
+    assert_int_equal(sk_wire_pack_session_stats(&f.b, 70, &s, with_x ? &x : NULL), 0);
+    const msgpack_object *map = parse(&f);
+    char k[1024];
+    keys(map, k, sizeof k);
+    assert_string_equal(k, with_x ? "id ok session chat_template policy n_sink window heavy recent "
+                                    "pinned rope_scale model_rope_scale capacity resident seen "
+                                    "evicted kv_bytes kv_type sparsity sparse_tokens "
+                                    "sparsity_measured weight_bytes_per_token positions "
+                                    "attention busy commit "
+                                    "adopted idle_s owner_uid resident_ranges tokens"
+                                  : "id ok session chat_template policy n_sink window heavy recent "
+                                    "pinned rope_scale model_rope_scale capacity resident seen "
+                                    "evicted kv_bytes kv_type sparsity sparse_tokens "
+                                    "sparsity_measured weight_bytes_per_token positions "
+                                    "attention busy commit "
+                                    "adopted idle_s owner_uid resident_ranges");
+    keys(sk_msg_get(map, "attention"), k, sizeof k);
+    assert_string_equal(k, "steps sink_tokens sink_mass entropy");
+    memset(&got, 0xa5, sizeof got);
+    assert_int_equal(sk_wire_unpack_session_stats(map, &got, NULL), 0);
+    assert_int_equal(got.session, s.session);
+    assert_string_equal(got.policy, s.policy);
+    assert_string_equal(got.chat_template, s.chat_template);
+    assert_int_equal(got.n_sink, s.n_sink);
+    assert_int_equal(got.window, s.window);
+    assert_int_equal(got.heavy, s.heavy);
+    assert_int_equal(got.recent, s.recent);
+    assert_int_equal(got.pinned, s.pinned);
+    assert_true(got.rope_scale == s.rope_scale);
+    assert_true(got.model_rope_scale == s.model_rope_scale);
+    assert_int_equal(got.capacity, s.capacity);
+    assert_int_equal(got.resident, s.resident);
+    assert_int_equal(got.seen, s.seen);
+    assert_int_equal(got.evicted, s.evicted);
+    assert_int_equal(got.kv_bytes, s.kv_bytes);
+    assert_string_equal(got.kv_type, s.kv_type);
+    assert_true(got.has_positions);
+    assert_int_equal(got.position_first, 0);
+    assert_int_equal(got.position_last, 127);
+    assert_int_equal(got.commit, s.commit);
+    assert_int_equal(got.adopted, s.adopted);
+    assert_int_equal(got.idle_s, s.idle_s);
+    assert_int_equal(got.busy, s.busy);
+    assert_true(got.sparsity == 0.5);
+    assert_int_equal(got.sparse_tokens, 77);
+    assert_int_equal(got.n_sparse_layers, 3);
+    for (int l = 0; l < 3; l++) assert_true(got.sparsity_measured[l] == measured[l]);
+    assert_true(got.weight_bytes_per_token == 12345.5);
+    assert_int_equal(got.attn_steps, 64);
+    assert_int_equal(got.sink_tokens, 4);
+    assert_int_equal(got.n_layers, 3);
+    for (int l = 0; l < 3; l++) {
+      assert_true(got.sink_mass[l] == mass[l]);
+      assert_true(got.entropy[l] == ent[l]);
+    }
+    if (with_x) {
+      assert_int_equal(sk_msg_get(map, "resident_ranges")->via.array.size, x.n_ranges);
+      assert_ranges_equal(got.resident_ranges, got.n_resident_ranges, many, SK_CLIENT_MAX_RANGES);
+      uint64_t uid = 0;
+      assert_int_equal(sk_msg_get_u64(map, "owner_uid", UINT64_MAX, &uid, NULL), 1);
+      assert_int_equal(uid, 1000);
+      int32_t *gids = NULL;
+      size_t n = 0;
+      assert_int_equal(sk_wire_unpack_tokens(map, &gids, &n, NULL), 0);
+      assert_int_equal(n, 2);
+      assert_memory_equal(gids, ids, sizeof ids);
+      free(gids);
+    } else {
+      assert_ranges_equal(got.resident_ranges, got.n_resident_ranges, s.resident_ranges,
+                          s.n_resident_ranges);
+    }
+    frame_free(&f);
+  }
+  /* busy and empty: no ranges, positions [] */
+  s.busy = true;
+  s.has_positions = false;
+  s.resident = 0;
+  struct frame f;
+  assert_int_equal(sk_wire_pack_session_stats(&f.b, 71, &s, NULL), 0);
+  const msgpack_object *map = parse(&f);
+  assert_null(sk_msg_get(map, "resident_ranges"));
+  assert_int_equal(sk_msg_get(map, "positions")->via.array.size, 0);
+  assert_int_equal(sk_wire_unpack_session_stats(map, &got, NULL), 0);
+  assert_true(got.busy);
+  assert_false(got.has_positions);
+  assert_int_equal(got.n_resident_ranges, 0);
+  frame_free(&f);
+}
+
 /* A field of the wrong type is a protocol error that names it. */
 static void test_bad_field(void **state) {
   (void)state;
@@ -683,6 +824,7 @@ int main(void) {
       cmocka_unit_test(test_cancel_received_export), cmocka_unit_test(test_tokens_text),
       cmocka_unit_test(test_data_event),  cmocka_unit_test(test_hello),
       cmocka_unit_test(test_list),       cmocka_unit_test(test_daemon_stats),
+      cmocka_unit_test(test_session_stats),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
