@@ -247,16 +247,15 @@ static int sk__client_check(struct sk_client *c, struct sk_error *err) {
 
 /* ---- frames ----------------------------------------------------------- */
 
-/* Starts a request frame: a map of 2 + n_fields entries with id and op.
- * Returns the id in *ret_id. */
+/* Starts a request frame with its id and op; the caller packs the other
+ * fields as key, value pairs, and sk__client_send counts them and puts
+ * the map header in front. Returns the id in *ret_id. */
 static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
-                            const char *op, uint32_t n_fields,
-                            uint64_t *ret_id, struct sk_error *err) {
+                            const char *op, uint64_t *ret_id, struct sk_error *err) {
   *ret_id = 0; /* defined on the error path too */
   if (sk_msgbuf_init(b) < 0)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   uint64_t id = c->next_id++;
-  msgpack_pack_map(&b->pk, 2 + n_fields);
   sk_pack_kv_u64(&b->pk, "id", id);
   sk_pack_kv_str(&b->pk, "op", op);
   *ret_id = id;
@@ -266,7 +265,7 @@ static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
 /* Finishes and sends a request frame; frees b either way. */
 static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
                            struct sk_error *err) {
-  int64_t size = sk_msgbuf_finish(b);
+  int64_t size = sk_msgbuf_finish_map(b);
   if (size < 0) {
     sk_msgbuf_free(b);
     return sk_error_set(err, (int)-size,
@@ -435,7 +434,7 @@ static int sk__client_simple(struct sk_client *c, const char *op,
   if (rc < 0) return rc;
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, 0, &id, err)) < 0) return rc;
+  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
   return sk__client_call(c, &b, id, reply, err);
 }
 
@@ -447,7 +446,7 @@ static int sk__client_on_session(struct sk_client *c, const char *op,
   if (rc < 0) return rc;
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, 1, &id, err)) < 0) return rc;
+  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   return sk__client_call(c, &b, id, reply, err);
 }
@@ -511,14 +510,9 @@ int sk_client_open(struct sk_client *client,
   bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
   size_t system_len = p->system ? (p->system_len ? p->system_len : strlen(p->system)) : 0;
   if (system_len > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "system too long");
-  uint32_t n = (p->policy != NULL) + (p->n_sink != 0 || p->has_n_sink) +
-               (p->window != 0) + (p->heavy != 0) + (p->recent != 0) +
-               (p->capacity != 0) + (p->rope_scale != 0) + (p->pin != NULL) +
-               has_pin_tokens + p->temporary + (p->chat_template != NULL) +
-               (p->system != NULL) + (p->sparsity != 0);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "open", n, &id, err)) < 0) return rc;
+  if ((rc = sk__client_begin(client, &b, "open", &id, err)) < 0) return rc;
   if (p->policy) sk_pack_kv_str(&b.pk, "policy", p->policy);
   if (p->n_sink || p->has_n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
   if (p->window) sk_pack_kv_u64(&b.pk, "window", p->window);
@@ -612,12 +606,6 @@ static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
   return rc;
 }
 
-/* Fields sk__pack_bos writes for bos (an enum sk_bos, maybe with
- * SK_TEXT_SPECIAL). */
-static uint32_t sk__bos_fields(enum sk_bos bos) {
-  return ((bos & 3) != SK_BOS_DEFAULT) + ((bos & SK_TEXT_SPECIAL) != 0);
-}
-
 static void sk__pack_bos(msgpack_packer *pk, enum sk_bos bos) {
   if ((bos & 3) != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", (bos & 3) == SK_BOS_TRUE);
   if (bos & SK_TEXT_SPECIAL) sk_pack_kv_bool(pk, "parse_special", true);
@@ -651,8 +639,7 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append",
-                             2 + sk__bos_fields(bos), &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
     return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
@@ -677,9 +664,7 @@ static int sk__client_append_tokens(struct sk_client *client,
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append",
-                             2 + (bos != SK_BOS_DEFAULT) + (logprobs != NULL),
-                             &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
     return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   sk__pack_tokens(&b.pk, tokens, n);
@@ -794,21 +779,24 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 
   /* The sampling fields are always sent (sk_generate_params_init holds
    * the protocol's defaults); the optional ones only when set. */
-  uint32_t n = 6 + p->has_seed + (p->n_stop > 0) + has_prompt + (p->n_top > 0) +
-               (has_prompt && p->parse_special) + (msgs != NULL);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, msgs ? "chat" : "generate", n, &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, msgs ? "chat" : "generate", &id, err)) < 0)
     return rc;
   msgpack_packer *pk = &b.pk;
   if (msgs) {
     sk_pack_cstr(pk, "messages");
     msgpack_pack_array(pk, (uint32_t)n_msgs);
     for (size_t i = 0; i < n_msgs; i++) {
-      msgpack_pack_map(pk, 2);
-      sk_pack_kv_str(pk, "role", msgs[i].role);
-      sk_pack_kv_strn(pk, "content", msgs[i].content,
-                      msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content));
+      struct sk_wire_map m;
+      sk_wire_map_begin(&m, pk);
+      sk_wire_map_str(&m, "role", msgs[i].role);
+      sk_wire_map_strn(&m, "content", msgs[i].content,
+                       msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content));
+      if (sk_wire_map_end(&m) < 0) {
+        sk_msgbuf_free(&b);
+        return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory building the request");
+      }
     }
   }
   sk_pack_kv_u64(pk, "session", session);
@@ -864,8 +852,7 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
           }
           if (stop && !cancel_id) {
             struct sk_msgbuf cb_buf;
-            if ((rc = sk__client_begin(client, &cb_buf, "cancel", 1,
-                                       &cancel_id, err)) < 0 ||
+            if ((rc = sk__client_begin(client, &cb_buf, "cancel", &cancel_id, err)) < 0 ||
                 (sk_pack_kv_u64(&cb_buf.pk, "session", session),
                  rc = sk__client_send(client, &cb_buf, err)) < 0) {
               sk_msg_free(&msg);
@@ -974,7 +961,7 @@ int sk_client_session_tokens(struct sk_client *client, uint64_t session,
   if (rc < 0) return rc;
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "stats", 2, &id, err)) < 0) return rc;
+  if ((rc = sk__client_begin(client, &b, "stats", &id, err)) < 0) return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   sk_pack_kv_bool(&b.pk, "tokens", true);
   struct sk_msg reply;
@@ -997,7 +984,7 @@ int sk_client_export(struct sk_client *client, uint64_t session,
   if (rc < 0) return rc;
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "export", 1, &id, err)) < 0) return rc;
+  if ((rc = sk__client_begin(client, &b, "export", &id, err)) < 0) return rc;
   sk_pack_kv_u64(&b.pk, "session", session);
   if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
   char *buf = NULL;
@@ -1080,7 +1067,7 @@ int sk_client_import(struct sk_client *client, const void *data, size_t len,
     size_t n = len - off < chunk ? len - off : chunk;
     struct sk_msgbuf b;
     uint64_t id;
-    if ((rc = sk__client_begin(client, &b, "import", 3, &id, err)) < 0) return rc;
+    if ((rc = sk__client_begin(client, &b, "import", &id, err)) < 0) return rc;
     sk_pack_kv_u64(&b.pk, "total", len);
     sk_pack_kv_u64(&b.pk, "offset", off);
     sk_pack_cstr(&b.pk, "data");
@@ -1210,8 +1197,7 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "tokenize",
-                             1 + sk__bos_fields(bos), &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, "tokenize", &id, err)) < 0)
     return rc;
   sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
   sk__pack_bos(&b.pk, bos);
@@ -1241,7 +1227,7 @@ int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
   struct sk_msgbuf b;
   uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "detokenize", 1, &id, err)) < 0)
+  if ((rc = sk__client_begin(client, &b, "detokenize", &id, err)) < 0)
     return rc;
   sk__pack_tokens(&b.pk, tokens, n);
   struct sk_msg reply;

@@ -9,6 +9,7 @@
  * by a small multiple of the body length.
  */
 #include "msg.h"
+#include "wire.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -379,6 +380,43 @@ int sk_msgbuf_init(struct sk_msgbuf *b) {
   return 0;
 }
 
+int64_t sk_msgbuf_finish_map(struct sk_msgbuf *b) {
+  if (b->pk.callback == sk__msgbuf_write_failed || b->sbuf.size < SK_FRAME_HEADER_SIZE)
+    return -SK_ERR_NO_MEMORY;
+  const uint8_t *body = (const uint8_t *)b->sbuf.data + SK_FRAME_HEADER_SIZE;
+  size_t len = b->sbuf.size - SK_FRAME_HEADER_SIZE;
+  struct sk_error e;
+  struct sk__walk w = {.start = body, .p = body, .end = body + len, .err = &e};
+  uint64_t n = 0;
+  while (w.p != w.end) {
+    if (sk__walk_object(&w, 2, "entry") < 0) return -SK_ERR_INTERNAL;
+    n++;
+  }
+  if (n % 2) return -SK_ERR_INTERNAL; /* a key without its value */
+  /* The map header as msgpack-c writes it for n / 2 entries. */
+  uint8_t head[5];
+  size_t hlen;
+  uint64_t entries = n / 2;
+  if (entries < 16) {
+    head[0] = (uint8_t)(0x80u | entries);
+    hlen = 1;
+  } else if (entries <= UINT16_MAX) {
+    head[0] = 0xde;
+    head[1] = (uint8_t)(entries >> 8);
+    head[2] = (uint8_t)entries;
+    hlen = 3;
+  } else {
+    head[0] = 0xdf;
+    for (int i = 0; i < 4; i++) head[1 + i] = (uint8_t)(entries >> (24 - 8 * i));
+    hlen = 5;
+  }
+  if (msgpack_sbuffer_write(&b->sbuf, (const char *)head, hlen) != 0) return -SK_ERR_NO_MEMORY;
+  char *start = b->sbuf.data + SK_FRAME_HEADER_SIZE;
+  memmove(start + hlen, start, len);
+  memcpy(start, head, hlen);
+  return sk_msgbuf_finish(b);
+}
+
 int64_t sk_msgbuf_finish(struct sk_msgbuf *b) {
   if (b->pk.callback == sk__msgbuf_write_failed ||
       b->sbuf.size < SK_FRAME_HEADER_SIZE)
@@ -453,14 +491,15 @@ int sk_msg_pack_error(struct sk_msgbuf *b, uint64_t id,
                       const struct sk_error *e) {
   int code = e && e->code ? e->code : SK_ERR_INTERNAL;
   const char *message = e && e->message[0] ? e->message : sk_strerror(code);
-  msgpack_packer *pk = &b->pk;
-  msgpack_pack_map(pk, 3);
-  sk_pack_kv_u64(pk, "id", id);
-  sk_pack_kv_bool(pk, "ok", false);
-  sk_pack_cstr(pk, "error");
-  msgpack_pack_map(pk, 2);
-  sk_pack_kv_str(pk, "code", sk_error_name(code));
-  sk_pack_kv_str(pk, "message", message);
+  struct sk_wire_map m, em;
+  sk_wire_map_begin(&m, &b->pk);
+  sk_wire_map_u64(&m, "id", id);
+  sk_wire_map_bool(&m, "ok", false);
+  sk_wire_map_begin(&em, sk_wire_map_key(&m, "error"));
+  sk_wire_map_str(&em, "code", sk_error_name(code));
+  sk_wire_map_str(&em, "message", message);
+  if (sk_wire_map_end(&em) < 0) m.failed = true;
+  if (sk_wire_map_end(&m) < 0) return -SK_ERR_NO_MEMORY;
   int64_t rc = sk_msgbuf_finish(b);
   return rc < 0 ? (int)rc : 0;
 }

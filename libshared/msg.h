@@ -78,6 +78,13 @@ int sk_msgbuf_init(struct sk_msgbuf *b);
  * -SK_ERR_TOO_LARGE if the body exceeds 4 GiB - 1. The bytes are
  * b->sbuf.data[0..size). */
 int64_t sk_msgbuf_finish(struct sk_msgbuf *b);
+/* For a frame whose body holds a map's entries without its header (key,
+ * value, key, value, ... packed one after another): counts them as
+ * written, puts the map header msgpack writes for that count in front,
+ * and finishes like sk_msgbuf_finish. So a request built field by field
+ * needs no count kept beside it. Errors also -SK_ERR_INTERNAL (a key
+ * without a value, or bytes that are not msgpack). */
+int64_t sk_msgbuf_finish_map(struct sk_msgbuf *b);
 /* Takes ownership of the frame bytes (free with free()); b is reset. */
 char *sk_msgbuf_release(struct sk_msgbuf *b, size_t *ret_size);
 void sk_msgbuf_free(struct sk_msgbuf *b);

@@ -787,6 +787,64 @@ static void test_session_stats(void **state) {
   frame_free(&f);
 }
 
+/* A request built field by field: sk_msgbuf_finish_map counts the
+ * entries and writes the header msgpack-c would have, byte for byte. */
+static void test_finish_map(void **state) {
+  (void)state;
+  const uint32_t counts[] = {0, 1, 15, 16, 40};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    uint32_t n = counts[c];
+    struct sk_msgbuf counted, literal;
+    assert_int_equal(sk_msgbuf_init(&counted), 0);
+    assert_int_equal(sk_msgbuf_init(&literal), 0);
+    msgpack_pack_map(&literal.pk, n);
+    for (uint32_t i = 0; i < n; i++) {
+      char key[16];
+      snprintf(key, sizeof key, "k%u", i);
+      /* nested values too: an array of a map and a bin */
+      sk_pack_cstr(&counted.pk, key);
+      sk_pack_cstr(&literal.pk, key);
+      for (int w = 0; w < 2; w++) {
+        msgpack_packer *pk = w ? &literal.pk : &counted.pk;
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_map(pk, 1);
+        sk_pack_kv_u64(pk, "x", i);
+        msgpack_pack_bin(pk, 3);
+        msgpack_pack_bin_body(pk, "a\0b", 3);
+      }
+    }
+    int64_t a = sk_msgbuf_finish_map(&counted), b = sk_msgbuf_finish(&literal);
+    assert_true(a > 0);
+    assert_int_equal(a, b);
+    assert_memory_equal(counted.sbuf.data, literal.sbuf.data, (size_t)a);
+    sk_msgbuf_free(&counted);
+    sk_msgbuf_free(&literal);
+  }
+  /* a key without its value is refused */
+  struct sk_msgbuf odd;
+  assert_int_equal(sk_msgbuf_init(&odd), 0);
+  sk_pack_cstr(&odd.pk, "alone");
+  assert_int_equal(sk_msgbuf_finish_map(&odd), -SK_ERR_INTERNAL);
+  sk_msgbuf_free(&odd);
+}
+
+/* The error reply, byte for byte. */
+static void test_error_bytes(void **state) {
+  (void)state;
+  struct sk_msgbuf b;
+  assert_int_equal(sk_msgbuf_init(&b), 0);
+  struct sk_error e;
+  sk_error_set(&e, SK_ERR_BUSY, "x");
+  assert_int_equal(sk_msg_pack_error(&b, 2, &e), 0);
+  static const uint8_t want[] = {0, 0, 0, 36,  0x83, 0xa2, 'i', 'd', 0x02, 0xa2, 'o', 'k', 0xc2,
+                                 0xa5, 'e', 'r', 'r', 'o', 'r', 0x82, 0xa4, 'c', 'o', 'd', 'e',
+                                 0xa4, 'b', 'u', 's', 'y', 0xa7, 'm', 'e', 's', 's', 'a', 'g',
+                                 'e', 0xa1, 'x'};
+  assert_int_equal(b.sbuf.size, sizeof want);
+  assert_memory_equal(b.sbuf.data, want, sizeof want);
+  sk_msgbuf_free(&b);
+}
+
 /* A field of the wrong type is a protocol error that names it. */
 static void test_bad_field(void **state) {
   (void)state;
@@ -825,6 +883,7 @@ int main(void) {
       cmocka_unit_test(test_data_event),  cmocka_unit_test(test_hello),
       cmocka_unit_test(test_list),       cmocka_unit_test(test_daemon_stats),
       cmocka_unit_test(test_session_stats),
+      cmocka_unit_test(test_finish_map), cmocka_unit_test(test_error_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
