@@ -10,6 +10,11 @@
  * buffer and counted as they are written, and its header is written once
  * they are all known (so optional fields cannot throw the count off).
  *
+ * A new reply field: a member of the client.h struct (or, for what
+ * libsinkd does not keep, of the sk_wire_*_extra struct), one line in the
+ * pack function, one in the unpack function, and its value in
+ * tests/test-wire.c; sinkd-protocol(7) documents it.
+ *
  * Internal header (not installed).
  */
 #ifndef SK_WIRE_H

@@ -732,14 +732,6 @@ static void fake_write(int fd, struct sk_msgbuf *b) {
   sk_msgbuf_free(b);
 }
 
-/* Starts a reply map with id, ok true and n more fields. */
-static void fake_begin(struct sk_msgbuf *b, uint64_t id, uint32_t n) {
-  sk_msgbuf_init(b);
-  msgpack_pack_map(&b->pk, 2 + n);
-  sk_pack_kv_u64(&b->pk, "id", id);
-  sk_pack_kv_bool(&b->pk, "ok", true);
-}
-
 static void fake_error(int fd, uint64_t id, int code, const char *message) {
   struct sk_error e;
   sk_error_set(&e, code, "%s", message);
@@ -987,8 +979,7 @@ static void fake_serve(struct fake *f, int fd) {
       break;
     } else if (f->mode == FAKE_WRONG_ID) {
       struct sk_msgbuf b;
-      fake_begin(&b, id + 5, 0);
-      fake_write(fd, &b);
+      if (sk_wire_pack_ok(&b, id + 5) == 0) fake_write(fd, &b);
     } else if (f->mode == FAKE_ID0) {
       fake_error(fd, 0, SK_ERR_TOO_LARGE, "frame of 2000000 bytes (limit 1048576)");
       f->mode = FAKE_NORMAL;
