@@ -14,12 +14,36 @@
 
 /* ---- policies ------------------------------------------------------- */
 
-static const char *const sk__policy_names[] = {
-#define SK__POLICY_NAME(NAME, value, wire, parts) [SK_POLICY_##NAME] = wire,
-    SK_POLICY_LIST(SK__POLICY_NAME)
-#undef SK__POLICY_NAME
+/* What each policy is (kvcache.h, sk_policy_parts_of ...): the one table.
+ * Name, value and parts come from sinkd/protocol.h's SK_POLICY_LIST; the
+ * rest, per policy: rotated keys, attention scores, evict_chunk. A policy
+ * added to the list without its SK__RULES_ line does not compile. */
+#define SK__RULES_DENSE true, false, 0u
+#define SK__RULES_STREAMING true, false, SK_KV_SPARE_SLOTS
+#define SK__RULES_WINDOW true, false, SK_KV_SPARE_SLOTS
+#define SK__RULES_H2O false, true, 1u
+#define SK__RULES_SINK_H2O false, true, 1u
+static const struct sk__policy {
+  const char *name;
+  unsigned parts;
+  bool rotated, scores;
+  uint32_t evict_chunk;
+} sk__policies[] = {
+#define SK__POLICY_ROW(NAME, value, wire, parts) [SK_POLICY_##NAME] = {wire, parts, SK__RULES_##NAME},
+    SK_POLICY_LIST(SK__POLICY_ROW)
+#undef SK__POLICY_ROW
 };
-#define SK__N_POLICIES (sizeof sk__policy_names / sizeof sk__policy_names[0])
+#define SK__N_POLICIES (sizeof sk__policies / sizeof sk__policies[0])
+
+static const struct sk__policy *sk__policy(uint32_t policy) {
+  static const struct sk__policy none = {0};
+  return policy < SK__N_POLICIES && sk__policies[policy].name ? &sk__policies[policy] : &none;
+}
+
+unsigned sk_policy_parts_of(uint32_t policy) { return sk__policy(policy)->parts; }
+bool sk_policy_rotated(uint32_t policy) { return sk__policy(policy)->rotated; }
+bool sk_policy_scores(uint32_t policy) { return sk__policy(policy)->scores; }
+uint32_t sk_policy_evict_chunk(uint32_t policy) { return sk__policy(policy)->evict_chunk; }
 
 static const char *const sk__kv_type_names[] = {[SK_KV_F32] = "f32", [SK_KV_F16] = "f16"};
 #define SK__N_KV_TYPES (sizeof sk__kv_type_names / sizeof sk__kv_type_names[0])
@@ -41,14 +65,14 @@ int sk_kv_type_parse(const char *name, size_t len, uint32_t *ret, struct sk_erro
 }
 
 const char *sk_policy_name(uint32_t policy) {
-  return policy < SK__N_POLICIES ? sk__policy_names[policy] : NULL;
+  return sk__policy(policy)->name;
 }
 
 int sk_policy_parse(const char *name, size_t len, uint32_t *ret,
                     struct sk_error *err) {
   for (uint32_t i = 0; i < SK__N_POLICIES; i++) {
-    const char *s = sk__policy_names[i];
-    if (strlen(s) == len && memcmp(s, name, len) == 0) {
+    const char *s = sk__policies[i].name;
+    if (s && strlen(s) == len && memcmp(s, name, len) == 0) {
       *ret = i;
       return 0;
     }
@@ -83,43 +107,48 @@ void sk_evict_log_add(struct sk_evict_log *log, uint64_t index) {
 
 /* ---- parameters and sizes ------------------------------------------- */
 
+/* The budget: the sum of the parts the policy keeps (capacity for an
+ * unknown policy, as for dense). */
+static uint64_t sk__capacity(const struct sk_kv_params *p) {
+  const unsigned parts = sk_policy_parts_of(p->policy);
+  if (!parts || (parts & SK_PART_CAPACITY)) return p->capacity;
+  uint64_t c = 0;
+  if (parts & SK_PART_SINKS) c += p->n_sink;
+  if (parts & SK_PART_WINDOW) c += p->window;
+  if (parts & SK_PART_HEAVY) c += (uint64_t)p->heavy + p->recent;
+  return c;
+}
+
 uint32_t sk_kv_params_capacity(const struct sk_kv_params *p) {
-  uint64_t c;
-  switch (p->policy) {
-  case SK_POLICY_STREAMING: c = (uint64_t)p->n_sink + p->window; break;
-  case SK_POLICY_WINDOW: c = p->window; break;
-  case SK_POLICY_H2O: c = (uint64_t)p->heavy + p->recent; break;
-  case SK_POLICY_SINK_H2O:
-    c = (uint64_t)p->n_sink + p->heavy + p->recent;
-    break;
-  default: c = p->capacity; break;
-  }
+  uint64_t c = sk__capacity(p);
   return c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
 }
 
-/* The budget spelled out for messages: "n_sink + window = 4 + 60 = 64". */
+/* The budget spelled out for messages, from the parts the policy keeps:
+ * "n_sink + window = 4 + 60 = 64", "window 60", "capacity 64". */
 static void sk__budget_text(const struct sk_kv_params *p, char *buf,
                             size_t size) {
-  unsigned long long c;
-  switch (p->policy) {
-  case SK_POLICY_STREAMING:
-    c = (unsigned long long)p->n_sink + p->window;
-    snprintf(buf, size, "n_sink + window = %u + %u = %llu", p->n_sink,
-             p->window, c);
-    break;
-  case SK_POLICY_WINDOW: snprintf(buf, size, "window %u", p->window); break;
-  case SK_POLICY_H2O:
-    c = (unsigned long long)p->heavy + p->recent;
-    snprintf(buf, size, "heavy + recent = %u + %u = %llu", p->heavy,
-             p->recent, c);
-    break;
-  case SK_POLICY_SINK_H2O:
-    c = (unsigned long long)p->n_sink + p->heavy + p->recent;
-    snprintf(buf, size, "n_sink + heavy + recent = %u + %u + %u = %llu",
-             p->n_sink, p->heavy, p->recent, c);
-    break;
-  default: snprintf(buf, size, "capacity %u", p->capacity); break;
+  const unsigned parts = sk_policy_parts_of(p->policy);
+  const char *names[4];
+  uint32_t values[4];
+  unsigned n = 0;
+  if (parts & SK_PART_SINKS) names[n] = "n_sink", values[n++] = p->n_sink;
+  if (parts & SK_PART_WINDOW) names[n] = "window", values[n++] = p->window;
+  if (parts & SK_PART_HEAVY) {
+    names[n] = "heavy", values[n++] = p->heavy;
+    names[n] = "recent", values[n++] = p->recent;
   }
+  if (n == 0) names[n] = "capacity", values[n++] = p->capacity;
+  if (n == 1) {
+    snprintf(buf, size, "%s %u", names[0], values[0]);
+    return;
+  }
+  size_t at = 0;
+  for (unsigned i = 0; i < n && at < size; i++)
+    at += (size_t)snprintf(buf + at, size - at, "%s%s", i ? " + " : "", names[i]);
+  for (unsigned i = 0; i < n && at < size; i++)
+    at += (size_t)snprintf(buf + at, size - at, "%s%u", i ? " + " : " = ", values[i]);
+  if (at < size) snprintf(buf + at, size - at, " = %llu", (unsigned long long)sk__capacity(p));
 }
 
 int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
@@ -134,46 +163,26 @@ int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
                         "rope_scale %g must be finite, > 0 and <= %g",
                         (double)p->rope_scale, (double)SK_KV_MAX_ROPE_SCALE);
   const char *name = sk_policy_name(p->policy);
-  switch (p->policy) {
-  case SK_POLICY_STREAMING:
-  case SK_POLICY_WINDOW:
-    if (p->window < 1)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "window %u must be >= 1 (%s keeps at least the "
-                          "newest token)",
-                          p->window, name);
-    break;
-  case SK_POLICY_H2O:
-  case SK_POLICY_SINK_H2O:
-    if (p->recent < 1)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "recent %u must be >= 1 (the newest token is "
-                          "always kept)",
-                          p->recent);
-    if (p->heavy < 1)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "heavy %u must be >= 1 (with no heavy hitters use "
-                          "policy %s)",
-                          p->heavy,
-                          p->policy == SK_POLICY_H2O ? "window" : "streaming");
-    break;
-  default:
-    if (p->capacity < 1)
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "capacity %u must be >= 1", p->capacity);
-    break;
-  }
-  uint64_t c;
-  switch (p->policy) {
-  case SK_POLICY_STREAMING: c = (uint64_t)p->n_sink + p->window; break;
-  case SK_POLICY_WINDOW: c = p->window; break;
-  case SK_POLICY_H2O: c = (uint64_t)p->heavy + p->recent; break;
-  case SK_POLICY_SINK_H2O:
-    c = (uint64_t)p->n_sink + p->heavy + p->recent;
-    break;
-  default: c = p->capacity; break;
-  }
-  if (c > max_capacity) {
+  const unsigned parts = sk_policy_parts_of(p->policy);
+  if ((parts & SK_PART_WINDOW) && p->window < 1)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "window %u must be >= 1 (%s keeps at least the "
+                        "newest token)",
+                        p->window, name);
+  if ((parts & SK_PART_HEAVY) && p->recent < 1)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "recent %u must be >= 1 (the newest token is "
+                        "always kept)",
+                        p->recent);
+  if ((parts & SK_PART_HEAVY) && p->heavy < 1)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "heavy %u must be >= 1 (with no heavy hitters use "
+                        "policy %s)",
+                        p->heavy, parts & SK_PART_SINKS ? "streaming" : "window");
+  if ((parts & SK_PART_CAPACITY) && p->capacity < 1)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "capacity %u must be >= 1", p->capacity);
+  if (sk__capacity(p) > max_capacity) {
     char what[128];
     sk__budget_text(p, what, sizeof what);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
@@ -181,28 +190,22 @@ int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
                         max_capacity);
   }
   if (p->n_pin > 0) {
-    switch (p->policy) {
-    case SK_POLICY_STREAMING:
-    case SK_POLICY_SINK_H2O:
-      if (p->n_sink != p->n_pin)
-        return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                            "n_sink %u differs from the %u pinned tokens "
-                            "(the pin is the sink region)",
-                            p->n_sink, p->n_pin);
-      break;
-    case SK_POLICY_DENSE:
-      if (p->n_pin >= p->capacity)
-        return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                            "pin of %u tokens leaves no room in capacity %u "
-                            "(it must be smaller)",
-                            p->n_pin, p->capacity);
-      break;
-    default:
+    /* The pin is the sink region, or a dense cache's start. */
+    if (!(parts & SK_PART_PIN))
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "policy %s has no sink region: a pin needs "
                           "streaming, sink_h2o or dense",
                           name);
-    }
+    if ((parts & SK_PART_SINKS) && p->n_sink != p->n_pin)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "n_sink %u differs from the %u pinned tokens "
+                          "(the pin is the sink region)",
+                          p->n_sink, p->n_pin);
+    if ((parts & SK_PART_CAPACITY) && p->n_pin >= p->capacity)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "pin of %u tokens leaves no room in capacity %u "
+                          "(it must be smaller)",
+                          p->n_pin, p->capacity);
   }
   return 0;
 }
@@ -347,16 +350,11 @@ int sk_kv_init_split(struct sk_kv *kv, void *meta, size_t meta_size,
   h->capacity = capacity;
   h->n_slots = capacity + SK_KV_SPARE_SLOTS;
   h->policy = p->policy;
-  bool sinks = p->policy == SK_POLICY_STREAMING ||
-               p->policy == SK_POLICY_SINK_H2O;
-  bool h2o = sk_policy_scores(p->policy);
-  h->n_sink = sinks ? p->n_sink : 0;
-  h->window = p->policy == SK_POLICY_STREAMING ||
-                      p->policy == SK_POLICY_WINDOW
-                  ? p->window
-                  : 0;
-  h->heavy = h2o ? p->heavy : 0;
-  h->recent = h2o ? p->recent : 0;
+  const unsigned parts = sk_policy_parts_of(p->policy);
+  h->n_sink = parts & SK_PART_SINKS ? p->n_sink : 0;
+  h->window = parts & SK_PART_WINDOW ? p->window : 0;
+  h->heavy = parts & SK_PART_HEAVY ? p->heavy : 0;
+  h->recent = parts & SK_PART_HEAVY ? p->recent : 0;
   h->n_pin = p->n_pin;
   h->rope_scale = p->rope_scale;
   h->n_resident = 0;
@@ -433,12 +431,9 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
   if (sk_kv_params_check(&hp, SK_KV_MAX_CAPACITY, &perr) < 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "cache header: %s",
                         perr.message);
-  bool sinks = h->policy == SK_POLICY_STREAMING ||
-               h->policy == SK_POLICY_SINK_H2O;
-  bool win = h->policy == SK_POLICY_STREAMING || h->policy == SK_POLICY_WINDOW;
-  bool h2o = sk_policy_scores(h->policy);
-  if ((!sinks && h->n_sink) || (!win && h->window) ||
-      (!h2o && (h->heavy || h->recent)))
+  const unsigned parts = sk_policy_parts_of(h->policy);
+  if ((!(parts & SK_PART_SINKS) && h->n_sink) || (!(parts & SK_PART_WINDOW) && h->window) ||
+      (!(parts & SK_PART_HEAVY) && (h->heavy || h->recent)))
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "cache header: a parameter that policy %s does not "
                         "use is set (n_sink %u, window %u, heavy %u, "
@@ -660,7 +655,7 @@ int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                         "room for %u tokens asked at once; the %s policy "
                         "makes room for at most %u per step",
                         n, sk_policy_name(h->policy), max_room);
-  if (h->policy == SK_POLICY_DENSE)
+  if (sk_policy_evict_chunk(h->policy) == 0)
     return sk_error_set(err, SK_ERR_CONTEXT_FULL,
                         "context full: needs %u, %u of %u free", n,
                         free_slots, h->capacity);
@@ -704,3 +699,32 @@ void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n) {
 }
 
 void sk_kv_clear(struct sk_kv *kv) { kv->hdr->n_resident = 0; }
+
+/* ---- the forward pass's view (kvstep.h) ----------------------------- */
+
+void sk_kv_step_view(const struct sk_kv *kv, struct sk_kv_step *ret) {
+  const struct sk_kv_header *h = kv->hdr;
+  const struct sk__policy *pol = sk__policy(h->policy);
+  *ret = (struct sk_kv_step){
+      .n_layer = h->n_layer,
+      .kv_dim = h->kv_dim,
+      .f16 = h->kv_type == SK_KV_F16,
+      .row_bytes = sk_kv_row_bytes(kv),
+      .capacity = h->capacity,
+      .n_slots = h->n_slots,
+      .n_resident = h->n_resident,
+      .n_seen = h->n_seen,
+      .first_index = h->n_resident ? sk_kv_index_at(kv, 0) : h->n_seen,
+      .n_sink = h->n_sink,
+      .rope_scale = h->rope_scale,
+      .rotated = pol->rotated,
+      .scores = pol->scores,
+      .chunk_evicts = pol->evict_chunk > 1,
+      .order = kv->order,
+      .score = pol->scores ? kv->score : NULL,
+  };
+}
+
+void *sk_kv_layer_k(const struct sk_kv *kv, uint32_t layer) { return sk_kv_krow(kv, layer, 0); }
+
+void *sk_kv_layer_v(const struct sk_kv *kv, uint32_t layer) { return sk_kv_vrow(kv, layer, 0); }

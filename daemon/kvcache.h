@@ -112,6 +112,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvstep.h"
 #include "sinkd/protocol.h"
 
 #define SK_KV_MAGIC 0x564b4b53u /* "SKKV" little-endian */
@@ -122,10 +123,8 @@
  * step). 16 slots cost 16 / capacity of a cache's memory (1.6% at 1024)
  * and let an append into a full window run 16 tokens per pass, not 1. */
 #define SK_KV_SPARE_SLOTS 16u
-/* Largest capacity a session may ask for: positions and slots are 32-bit,
- * and one session's cache must stay far below a machine's memory. The
- * daemon's memory limit is the tighter bound in practice. */
-#define SK_KV_MAX_CAPACITY (1u << 20)
+/* SK_KV_MAX_CAPACITY, enum sk_kv_type and struct sk_kv_shape are in
+ * kvstep.h, the part of the cache the model uses. */
 /* Largest rope_scale (position interpolation factor) a session may ask
  * for: Chen et al. 2023 stretch contexts by 2-32x; past 64 neighbouring
  * positions differ by less than float precision in the slow dimensions. */
@@ -138,11 +137,6 @@ enum sk_policy {
 #undef SK__POLICY_ENUM
 };
 
-/* Element type of the cached keys and values. */
-enum sk_kv_type {
-  SK_KV_F32 = 0,
-  SK_KV_F16 = 1, /* IEEE binary16 */
-};
 /* "f32", "f16"; NULL for unknown values. */
 const char *sk_kv_type_name(uint32_t kv_type);
 /* Parses a type name of len bytes. Returns 0 or -SK_ERR_BAD_REQUEST. */
@@ -173,18 +167,26 @@ struct sk_kv_params {
                         (sparse.h), 0 = dense; kept in the store's meta */
 };
 
-/* True for the policies that need accumulated attention scores. */
-static inline bool sk_policy_scores(uint32_t policy) {
-  return policy == SK_POLICY_H2O || policy == SK_POLICY_SINK_H2O;
-}
-
-/* Shape of the cached tensors: from the model, and the element type the
- * daemon stores (sinkd.conf kv_type). */
-struct sk_kv_shape {
-  uint32_t n_layer;
-  uint32_t kv_dim;  /* n_kv_head * head_dim */
-  uint32_t kv_type; /* enum sk_kv_type (0: f32) */
-};
+/* What each policy is, from the one table in kvcache.c; every other
+ * place asks these rather than naming policies. policy must be a known
+ * value (sk_policy_name != NULL); unknown values give 0 / false.
+ *   parts: the SK_PART_* bits of its cache (sinkd/protocol.h): which of
+ *     n_sink, window, heavy + recent, capacity and a pin it keeps.
+ *   rotated: keys are stored rotated by RoPE at their stream index
+ *     (dense, streaming, window), else before RoPE (h2o, sink_h2o; see
+ *     "Positions" above).
+ *   scores: the cache evicts by accumulated attention score, which the
+ *     forward pass must add up (h2o, sink_h2o).
+ *   evict_chunk: most tokens one forward step may evict: 0 never evicts
+ *     (dense: an append that does not fit is refused, context_full);
+ *     SK_KV_SPARE_SLOTS for caches that evict their oldest window tokens
+ *     and take a chunk of that many new ones per pass once full
+ *     (streaming, window); 1 for caches whose each eviction depends on the
+ *     scores of the step before (h2o, sink_h2o). */
+unsigned sk_policy_parts_of(uint32_t policy);
+bool sk_policy_rotated(uint32_t policy);
+bool sk_policy_scores(uint32_t policy);
+uint32_t sk_policy_evict_chunk(uint32_t policy);
 
 struct sk_kv_header {
   uint32_t magic;          /* SK_KV_MAGIC */
@@ -352,11 +354,7 @@ static inline uint64_t sk_kv_index_at(const struct sk_kv *kv, uint32_t pos) {
   return kv->index[kv->order[pos]];
 }
 
-/* Records tokens[0..n) in slots order[n_resident..n_resident+n) (whose K/V
- * the forward pass has written, and whose score it has reset and
- * accumulated), with stream indices n_seen.., and makes them resident.
- * Requires n <= sk_kv_free_slots(). */
-void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n);
+/* sk_kv_commit, sk_kv_step_view, sk_kv_layer_k/v: kvstep.h. */
 
 /* Drops every resident token (the session starts over); counters of
  * evictions are kept, n_seen is kept. */

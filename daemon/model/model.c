@@ -95,12 +95,14 @@ struct sk__seq {
   const struct sk_seq *in;
   uint32_t row0;     /* first row of the batch */
   uint32_t nr;       /* resident tokens after make_room */
-  uint32_t n_sink;   /* S: positions that never move (0 unless streaming) */
+  uint32_t n_sink;   /* S: positions that never move (the sinks of a
+                        cache with rotated keys; 0 otherwise) */
   float freq_scale;  /* RoPE position scale of this cache */
   uint32_t probe;    /* positions counted as sinks by the diagnostics */
   bool rotated;      /* keys stored rotated at their stream index (every
                         policy but h2o / sink_h2o, see kvcache.h) */
   bool f16;          /* the cache stores halves (kv_type f16) */
+  struct sk_kv_step kv; /* the cache, as taken before the pass (kvstep.h) */
 };
 
 /* Attention buffers of one pool thread. */
@@ -1284,15 +1286,16 @@ static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
  * held old keys the queries still read. */
 static void sk__kv_write(const struct sk_scratch *s, const struct sk__seq *sq, uint32_t layer,
                          size_t b0, size_t b1) {
-  const struct sk_kv *kv = sq->in->kv;
+  const struct sk_kv_step *kv = &sq->kv;
+  char *kl = sk_kv_layer_k(sq->in->kv, layer), *vl = sk_kv_layer_v(sq->in->kv, layer);
   const size_t esz = sq->f16 ? sizeof(uint16_t) : sizeof(float);
   const char *k = sq->f16 ? (const char *)s->k16 : (const char *)s->k;
   const char *v = sq->f16 ? (const char *)s->v16 : (const char *)s->v;
   for (uint32_t j = 0; j < sq->in->n; j++) {
-    const uint32_t slot = sk_kv_slot(kv, sq->nr + j); /* a free slot until commit */
+    const size_t slot = kv->order[sq->nr + j]; /* a free slot until commit */
     const size_t r = (size_t)(sq->row0 + j) * s->m->cfg.kv_dim * esz;
-    memcpy((char *)sk_kv_krow(kv, layer, slot) + b0, k + r + b0, b1 - b0);
-    memcpy((char *)sk_kv_vrow(kv, layer, slot) + b0, v + r + b0, b1 - b0);
+    memcpy(kl + slot * kv->row_bytes + b0, k + r + b0, b1 - b0);
+    memcpy(vl + slot * kv->row_bytes + b0, v + r + b0, b1 - b0);
   }
 }
 
@@ -1308,11 +1311,13 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   const float scale = 1.0f / sqrtf((float)hd);
   const uint32_t si = s->task_seq[task];
   const struct sk__seq *sq = &s->seqs[si];
-  const struct sk_kv *kv = sq->in->kv;
-  const bool scores = sk_policy_scores(kv->hdr->policy);
+  const struct sk_kv_step *kv = &sq->kv;
+  const bool scores = kv->scores;
   const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
-  const uint32_t cap = kv->hdr->capacity - 1;
+  const uint32_t cap = kv->capacity - 1;
+  const char *kl = sk_kv_layer_k(sq->in->kv, a->layer), *vl = sk_kv_layer_v(sq->in->kv, a->layer);
+  const size_t rb = kv->row_bytes;
   struct sk__tscratch *ts = &s->ts[thread];
   const bool tables = sq->freq_scale == s->rope_freq_scale;
   /* one KV head, or all of them for a cache that accumulates scores (one
@@ -1335,13 +1340,13 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
  * idx, sr <= idx < nb: make_room put the evicted slots, oldest first, at
  * the tail of the free list (kvcache.h) */
 #define SK__SLOT(idx)                                                  \
-  ((idx) - sr < e ? kv->order[kv->hdr->n_slots - e + ((idx) - sr)] \
+  ((idx) - sr < e ? kv->order[kv->n_slots - e + ((idx) - sr)] \
                   : kv->order[(idx) - e])
 
   for (uint32_t p = 0; p < sr; p++) {
     const uint32_t slot = kv->order[p];
-    ts->kp[p] = (const char *)sk_kv_krow(kv, a->layer, slot) + off;
-    ts->vp[p] = (const char *)sk_kv_vrow(kv, a->layer, slot) + off;
+    ts->kp[p] = kl + slot * rb + off;
+    ts->vp[p] = vl + slot * rb + off;
     ts->sp[p] = slot;
   }
   sk__rope_keys(s, sq, ts, 0, sr);
@@ -1358,8 +1363,8 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       const void *k, *v;
       if (idx < nb) {
         const uint32_t slot = SK__SLOT(idx);
-        k = sk_kv_krow(kv, a->layer, slot);
-        v = sk_kv_vrow(kv, a->layer, slot);
+        k = kl + slot * rb;
+        v = vl + slot * rb;
         ts->sp[p] = slot;
       } else { /* this chunk's rows, as the cache will hold them */
         const size_t r = (size_t)(sq->row0 + idx - nb) * D;
@@ -1403,7 +1408,7 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
   s->mass_part[(size_t)si * c->n_kv_head + kvh] = mass_sum;
   s->ent_part[(size_t)si * c->n_kv_head + kvh] = ent_sum;
   } /* kv heads */
-  sk__kv_write(s, sq, a->layer, 0, sk_kv_row_bytes(kv));
+  sk__kv_write(s, sq, a->layer, 0, rb);
 #undef SK__ANGLES
 #undef SK__SLOT
 }
@@ -1442,10 +1447,10 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
   const float scale = 1.0f / sqrtf((float)hd);
   const uint32_t si = s->task_seq[task];
   const struct sk__seq *sq = &s->seqs[si];
-  const struct sk_kv *kv = sq->in->kv;
+  const struct sk_kv_step *kv = &sq->kv;
   const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
-  const uint32_t cap = kv->hdr->capacity - 1;
+  const uint32_t cap = kv->capacity - 1;
   struct sk__tscratch *ts = &s->ts[thread];
   const uint32_t kvh0 = s->task_kvh[task];
   const uint32_t kvh1 = kvh0 + a->kvh_per < c->n_kv_head ? kvh0 + a->kvh_per : c->n_kv_head;
@@ -1458,12 +1463,11 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
    * the slots in one go (small heads pay for every kernel call). */
   const bool one = kvh1 - kvh0 == 1;
   const size_t at = one ? b0 : 0; /* bytes into a row of ts->kp / ts->vp */
-  /* the layer's rows, read once: the cache header is shared memory, which
-   * the compiler would reload at every pointer stored */
-  const char *kl = (const char *)sk_kv_krow(kv, a->layer, 0) + at;
-  const char *vl = (const char *)sk_kv_vrow(kv, a->layer, 0) + at;
-  const size_t rb = sk_kv_row_bytes(kv);
-  const uint32_t *order = kv->order, n_slots = kv->hdr->n_slots;
+  /* the layer's rows, read once (kvstep.h) */
+  const char *kl = (const char *)sk_kv_layer_k(sq->in->kv, a->layer) + at;
+  const char *vl = (const char *)sk_kv_layer_v(sq->in->kv, a->layer) + at;
+  const size_t rb = kv->row_bytes;
+  const uint32_t *order = kv->order, n_slots = kv->n_slots;
 
   for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) {
     s->mass_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
@@ -1668,12 +1672,13 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
                          const struct sk_seq *q, uint32_t n_seqs, uint32_t i,
                          struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
-  const struct sk_kv *kv = q->kv;
-  if (kv->hdr->n_layer != c->n_layer || kv->hdr->kv_dim != c->kv_dim)
+  struct sk_kv_step kv;
+  sk_kv_step_view(q->kv, &kv);
+  if (kv.n_layer != c->n_layer || kv.kv_dim != c->kv_dim)
     return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
                          "cache shape n_layer %u x kv_dim %u does not match "
                          "the model's %u x %u",
-                         kv->hdr->n_layer, kv->hdr->kv_dim, c->n_layer, c->kv_dim);
+                         kv.n_layer, kv.kv_dim, c->n_layer, c->kv_dim);
   if (q->n == 0)
     return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST, "no tokens to process");
   if (q->n > s->max_batch)
@@ -1685,10 +1690,10 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
                            "token %u of the batch is id %d, outside the "
                            "vocabulary 0..%u",
                            j, q->tokens[j], c->n_vocab - 1);
-  const uint32_t nr = kv->hdr->n_resident;
-  if (q->n > sk_kv_free_slots(kv))
+  const uint32_t nr = kv.n_resident;
+  if (q->n > kv.capacity - nr)
     return sk__seq_error(err, n_seqs, i, SK_ERR_CONTEXT_FULL, "context full: needs %u, %u of %u free",
-                         q->n, sk_kv_free_slots(kv), kv->hdr->capacity);
+                         q->n, kv.capacity - nr, kv.capacity);
   if ((uint64_t)nr + q->n > s->max_ctx)
     return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
                          "%u resident + %u new tokens exceed the scratch "
@@ -1699,9 +1704,7 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
                          "sparse MLP asked for, but the model was not prepared for it "
                          "(sk_model_sparse_prepare before the scratch)");
   if (q->n_evicted &&
-      ((kv->hdr->policy != SK_POLICY_STREAMING && kv->hdr->policy != SK_POLICY_WINDOW) ||
-       q->n_evicted > q->n ||
-       nr + q->n != kv->hdr->capacity || nr < kv->hdr->n_sink))
+      (!kv.chunk_evicts || q->n_evicted > q->n || nr + q->n != kv.capacity || nr < kv.n_sink))
     return sk__seq_error(err, n_seqs, i, SK_ERR_BAD_REQUEST,
                          "n_evicted %u does not describe a streaming or window make_room "
                          "for %u tokens",
@@ -1736,23 +1739,23 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   for (uint32_t i = 0; i < n_seqs; i++)
     if (!seqs[i].sparse_thr) nd += seqs[i].n;
   uint32_t max_pos = 0, row_d = 0, row_s = nd;
-  const float common_scale = c->rope_scale / seqs[0].kv->hdr->rope_scale;
+  for (uint32_t i = 0; i < n_seqs; i++) sk_kv_step_view(seqs[i].kv, &s->seqs[i].kv);
+  const float common_scale = c->rope_scale / s->seqs[0].kv.rope_scale;
   for (uint32_t i = 0; i < n_seqs; i++) {
-    const struct sk_kv_header *h = seqs[i].kv->hdr;
     struct sk__seq *sq = &s->seqs[i];
+    const struct sk_kv_step *h = &sq->kv;
     const uint32_t row = seqs[i].sparse_thr ? row_s : row_d;
     sq->in = &seqs[i];
     sq->row0 = row;
     sq->nr = h->n_resident;
-    sq->n_sink = h->policy == SK_POLICY_STREAMING ? h->n_sink : 0;
+    sq->n_sink = h->rotated ? h->n_sink : 0;
     sq->freq_scale = c->rope_scale / h->rope_scale;
     sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
-    sq->rotated = !sk_policy_scores(h->policy);
-    sq->f16 = h->kv_type == SK_KV_F16;
+    sq->rotated = h->rotated;
+    sq->f16 = h->f16;
     if (sq->rotated) { /* the angles of each row (see the attention above) */
-      const struct sk_kv *kv = seqs[i].kv;
       const uint32_t nb = sq->nr + seqs[i].n_evicted, cap = h->capacity - 1;
-      const uint64_t t0 = sq->nr ? sk_kv_index_at(kv, 0) : h->n_seen;
+      const uint64_t t0 = h->first_index;
       for (uint32_t j = 0; j < seqs[i].n; j++) {
         const size_t r = (size_t)(row + j) * c->rope_dim;
         sk__rope_angles_at(m, h->n_seen + j, sq->freq_scale, s->row_cos + r, s->row_sin + r);
@@ -1784,9 +1787,9 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   if (kvh_per > c->n_kv_head) kvh_per = c->n_kv_head;
   uint32_t n_tasks = 0;
   for (uint32_t i = 0; i < n_seqs; i++) {
-    const struct sk_kv *kv = seqs[i].kv;
-    if (sk_policy_scores(kv->hdr->policy)) {
-      for (uint32_t j = 0; j < seqs[i].n; j++) kv->score[sk_kv_slot(kv, s->seqs[i].nr + j)] = 0.0f;
+    const struct sk_kv_step *kv = &s->seqs[i].kv;
+    if (kv->scores) {
+      for (uint32_t j = 0; j < seqs[i].n; j++) kv->score[kv->order[s->seqs[i].nr + j]] = 0.0f;
       s->task_seq[n_tasks] = i;
       s->task_kvh[n_tasks++] = 0;
     } else {

@@ -28,7 +28,7 @@
  * Positions are cache positions (StreamingLLM, Xiao et al. 2023 sec.
  * 3.2). Dense, streaming and window caches store keys rotated at their
  * stream index and rotate each query once per run of positions
- * (kvcache.h); h2o caches store keys unrotated and rotate them at
+ * (kvstep.h, kvcache.h); h2o caches store keys unrotated and rotate them at
  * attention time by their current position in the cache.
  */
 #ifndef SK_MODEL_H
@@ -39,7 +39,7 @@
 #include <stdint.h>
 
 #include "gguf.h"
-#include "kvcache.h"
+#include "kvstep.h"
 #include "pool.h"
 #include "sinkd/protocol.h"
 
