@@ -742,11 +742,10 @@ static void print_session_stats(const struct sk_session_stats *s) {
   human_bytes(s->kv_bytes, kv, sizeof kv);
   printf("%-10s %" PRIu64 "\n", "session", s->session);
   printf("%-10s %s\n", "policy", s->policy);
-  if (strcmp(s->policy, "streaming") == 0 || strcmp(s->policy, "sink_h2o") == 0)
-    printf("%-10s %" PRIu64 "\n", "sinks", s->n_sink);
-  if (strcmp(s->policy, "streaming") == 0 || strcmp(s->policy, "window") == 0)
-    printf("%-10s %" PRIu64 "\n", "window", s->window);
-  if (strcmp(s->policy, "h2o") == 0 || strcmp(s->policy, "sink_h2o") == 0) {
+  const unsigned parts = sk_policy_parts(s->policy, strlen(s->policy));
+  if (parts & SK_PART_SINKS) printf("%-10s %" PRIu64 "\n", "sinks", s->n_sink);
+  if (parts & SK_PART_WINDOW) printf("%-10s %" PRIu64 "\n", "window", s->window);
+  if (parts & SK_PART_HEAVY) {
     printf("%-10s %" PRIu64 "\n", "heavy", s->heavy);
     printf("%-10s %" PRIu64 "\n", "recent", s->recent);
   }

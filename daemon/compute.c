@@ -183,7 +183,7 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
       return sk_error_set(&job->err, SK_ERR_NO_MEMORY,
                           "out of memory for %zu log-probabilities", job->n_tokens);
   }
-  if (kv->hdr->policy == SK_POLICY_DENSE) {
+  if (sk_policy_evict_chunk(kv->hdr->policy) == 0) {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (job->n_tokens > free_slots)
       return sk_error_set(&job->err, SK_ERR_CONTEXT_FULL,
@@ -338,7 +338,7 @@ static bool step_prepare(struct sk_compute *c, struct sk_job *job) {
 static const char *decode_stop(const struct sk_job *job) {
   if (job->n_generated >= job->max_tokens) return "length";
   const struct sk_kv *kv = job->sess->kv;
-  if (kv->hdr->policy == SK_POLICY_DENSE && sk_kv_free_slots(kv) == 0) return "context_full";
+  if (sk_policy_evict_chunk(kv->hdr->policy) == 0 && sk_kv_free_slots(kv) == 0) return "context_full";
   return NULL;
 }
 
@@ -438,7 +438,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
   struct sk_utf8_stream none;
   sk_utf8_stream_init(&none);
   sk_store_utf8_set(s->obj, &none);
-  if (kv->hdr->policy == SK_POLICY_STREAMING || kv->hdr->policy == SK_POLICY_WINDOW) {
+  if (sk_policy_evict_chunk(kv->hdr->policy) > 1) {
     uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
     if (n > room) n = room;
     if (n > sk_kv_max_room(kv)) n = sk_kv_max_room(kv);

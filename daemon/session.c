@@ -513,7 +513,7 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
     sk_chat_text_free(&st);
     sk_conv_free(&probe);
     if (rc < 0) goto out;
-    if (kv->hdr->policy == SK_POLICY_STREAMING || kv->hdr->policy == SK_POLICY_SINK_H2O) {
+    if (sk_policy_parts_of(kv->hdr->policy) & SK_PART_SINKS) {
       uint32_t sinks = kv->hdr->n_sink;
       if (n > sinks) {
         rc = sk_error_set(err, SK_ERR_BAD_REQUEST,

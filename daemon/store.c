@@ -564,11 +564,9 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
    * sink_h2o, kvcache.h) are read assuming the sinks are consecutive
    * stream indices, and so is the rest, ending at n_seen - 1: the forward
    * pass derives every distance from n_seen and the first sink's index. */
-  const bool rotated = !sk_policy_scores(kh->policy);
+  const bool rotated = sk_policy_rotated(kh->policy);
   const uint32_t nr = kh->n_resident;
-  const uint32_t sr = kh->policy == SK_POLICY_STREAMING && kh->n_sink < nr ? kh->n_sink
-                      : kh->policy == SK_POLICY_STREAMING                ? nr
-                                                                         : 0;
+  const uint32_t sr = rotated ? (kh->n_sink < nr ? kh->n_sink : nr) : 0;
   const uint64_t t0 = nr ? obj->kv.index[obj->kv.order[0]] : 0;
   for (uint32_t p = 0; p < nr; p++) {
     uint32_t slot = obj->kv.order[p];
