@@ -390,7 +390,7 @@ int sk_http_call(struct sk_http_req *req, struct sk_msgbuf *b, struct sk_error *
     }
     back_resume(c);
   }
-  int64_t n = sk_msgbuf_finish(b);
+  int64_t n = sk_msgbuf_finish_map(b);
   if (n < 0) {
     rc = sk_error_set(err, SK_ERR_TOO_LARGE, "request too large");
     goto out;

@@ -117,8 +117,9 @@ void sk_http_stream_end(struct sk_http_req *req);
 
 /* The id for the next call on the request's msgpack connection. */
 uint64_t sk_http_next_id(struct sk_http_req *req);
-/* Sends the frame in b (a request map that includes "id" from
- * sk_http_next_id; the caller has packed it, not finished it) on the
+/* Sends the frame in b (a request's map entries, "id" from
+ * sk_http_next_id among them, packed one after another without the map
+ * header, which this counts and writes: sk_msgbuf_finish_map) on the
  * request's msgpack connection, made on first use with req->uid. Its
  * replies and events come to req->on_frame; if the server closes the
  * connection first, on_frame gets map NULL once. Takes b in every case.

@@ -14,6 +14,7 @@
 #include "http.h"
 #include "log.h"
 #include "msg.h"
+#include "wire.h"
 
 /* OpenAI's default max_tokens of a completion. */
 #define SK_OPENAI_DEFAULT_MAX_TOKENS 16u
@@ -528,7 +529,6 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
      * session now rather than with the connection. */
     struct sk_msgbuf b;
     if (sk_msgbuf_init(&b) == 0) {
-      msgpack_pack_map(&b.pk, 3);
       sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
       sk_pack_kv_str(&b.pk, "op", "close");
       sk_pack_kv_u64(&b.pk, "session", f->session);
@@ -584,8 +584,6 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     return;
   }
   f->gen_id = sk_http_next_id(req);
-  uint32_t n = 7 + (f->p.has_seed ? 1 : 0) + (f->p.n_stop ? 1 : 0) + 1;
-  msgpack_pack_map(&b.pk, n);
   sk_pack_kv_u64(&b.pk, "id", f->gen_id);
   /* A chat request is the chat op: the session's chat template formats
    * the messages, as for protocol clients. */
@@ -609,12 +607,18 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     for (size_t i = f->first_msg; i < json_array_size(f->p.messages); i++) {
       json_t *m = json_array_get(f->p.messages, i);
       json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-      msgpack_pack_map(&b.pk, 2);
-      sk_pack_kv_strn(&b.pk, "role", json_string_value(role), json_string_length(role));
+      struct sk_wire_map mm;
+      sk_wire_map_begin(&mm, &b.pk);
+      sk_wire_map_strn(&mm, "role", json_string_value(role), json_string_length(role));
       if (json_is_string(content))
-        sk_pack_kv_strn(&b.pk, "content", json_string_value(content), json_string_length(content));
+        sk_wire_map_strn(&mm, "content", json_string_value(content), json_string_length(content));
       else
-        sk_pack_kv_str(&b.pk, "content", "");
+        sk_wire_map_str(&mm, "content", "");
+      if (sk_wire_map_end(&mm) < 0) {
+        sk_msgbuf_free(&b);
+        fail(req, 507, "no_memory", "out of memory");
+        return;
+      }
     }
   } else {
     sk_pack_kv_strn(&b.pk, "prompt", f->p.prompt ? f->p.prompt : "", f->p.prompt_len);
@@ -719,9 +723,6 @@ static void handle_completion(struct sk_http_req *req, bool chat) {
   }
   f->temporary = f->p.session == SK_OPENAI_SESSION_NONE;
   f->open_id = sk_http_next_id(req);
-  uint32_t n = 3 + (f->p.policy ? 1 : 0) + f->p.has_n_sink + f->p.has_window + f->p.has_heavy +
-               f->p.has_recent + f->p.has_capacity;
-  msgpack_pack_map(&b.pk, n);
   sk_pack_kv_u64(&b.pk, "id", f->open_id);
   sk_pack_kv_str(&b.pk, "op", "open");
   sk_pack_kv_bool(&b.pk, "temporary", f->temporary);
@@ -882,7 +883,6 @@ static void handle_metrics(struct sk_http_req *req) {
   req->state = ms;
   req->on_frame = metrics_frame;
   req->on_gone = metrics_gone;
-  msgpack_pack_map(&b.pk, 2);
   sk_pack_kv_u64(&b.pk, "id", ms->id);
   sk_pack_kv_str(&b.pk, "op", "stats");
   struct sk_error e;
