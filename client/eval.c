@@ -506,7 +506,7 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
              st.n_sparse_layers * sizeof *st.sparsity_measured);
     }
   }
-  if (sk_client_connected(c)) sk_client_close(c, o.session, NULL);
+  if (sk_client_connected(c)) sk_client_close_session(c, o.session, NULL);
   return status;
 }
 
@@ -542,7 +542,7 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
                                        t - start + 1, SK_BOS_DEFAULT, lp, NULL,
                                        &e);
     if (rc < 0) status = eval_report(c, &e, r->label);
-    if (sk_client_connected(c)) sk_client_close(c, o.session, NULL);
+    if (sk_client_connected(c)) sk_client_close_session(c, o.session, NULL);
     if (rc < 0) break;
     r->lp[t] = lp[t - start];
     done++;

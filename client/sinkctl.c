@@ -677,7 +677,7 @@ close:;
      * closes a temporary session when its connection ends (a daemon that
      * stops answers the generation `cancelled`, then hangs up). */
     struct sk_error ce;
-    if (sk_client_close(c, session, &ce) < 0 && status == 0 && sk_client_connected(c))
+    if (sk_client_close_session(c, session, &ce) < 0 && status == 0 && sk_client_connected(c))
       status = report(c, &ce);
   }
 
@@ -1024,7 +1024,7 @@ static int cmd_chat(struct sk_client *c, const struct opts *o) {
     if (o->given[OPT_KEEP]) {
       fprintf(stderr, "%s: session %" PRIu64 " kept; continue with: %s chat --session %" PRIu64
                 "\n", prog, session, prog, session);
-    } else if (sk_client_close(c, session, &e) < 0 && status == 0) {
+    } else if (sk_client_close_session(c, session, &e) < 0 && status == 0) {
       status = report(c, &e);
     }
   }
@@ -1105,7 +1105,7 @@ static int cmd_open(struct sk_client *c, const struct opts *o) {
 
 static int cmd_close(struct sk_client *c, const struct opts *o, uint64_t id) {
   struct sk_error e;
-  if (sk_client_close(c, id, &e) < 0) return report(c, &e);
+  if (sk_client_close_session(c, id, &e) < 0) return report(c, &e);
   if (o->json) printf("{\"session\": %" PRIu64 ", \"closed\": true}\n", id);
   return 0;
 }
@@ -1124,7 +1124,7 @@ static int cmd_close_many(struct sk_client *c, const struct opts *o) {
   int status = 0;
   for (size_t i = 0; i < n; i++) {
     if (!o->close_all && (s[i].busy || s[i].idle_s < o->idle_s)) continue;
-    if (sk_client_close(c, s[i].session, &e) < 0) {
+    if (sk_client_close_session(c, s[i].session, &e) < 0) {
       if (e.code == SK_ERR_NO_SUCH_SESSION) continue;
       status = report(c, &e);
       break;

@@ -542,8 +542,8 @@ int sk_client_open(struct sk_client *client,
   return rc;
 }
 
-int sk_client_close(struct sk_client *client, uint64_t session,
-                    struct sk_error *err) {
+int sk_client_close_session(struct sk_client *client, uint64_t session,
+                            struct sk_error *err) {
   struct sk_msg reply;
   int rc = sk__client_on_session(client, "close", session, &reply, err);
   if (rc < 0) return rc;

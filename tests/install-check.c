@@ -40,8 +40,8 @@ int main(int argc, char **argv) {
   size_t n = 0;
   if (sk_client_generate(c, s.session, &p, print_token, &n, &r, &err) < 0) return 1;
   printf("\nstop %s, %zu tokens\n", r.stop, n);
-  if (sk_client_close(c, s.session, &err) < 0) return 1;
-  if (sk_client_close(c, s.session, &err) != -SK_ERR_NO_SUCH_SESSION) return 1;
+  if (sk_client_close_session(c, s.session, &err) < 0) return 1;
+  if (sk_client_close_session(c, s.session, &err) != -SK_ERR_NO_SUCH_SESSION) return 1;
   printf("%s: %s\n", sk_error_name(err.code), sk_strerror(err.code));
   unsigned char hdr[SK_FRAME_HEADER_SIZE];
   sk_frame_header_put(hdr, 13);

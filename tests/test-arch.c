@@ -551,7 +551,7 @@ static void test_daemon_qwen3(void **state) {
                    num(json_array_get(pair, 1)));
       }
     }
-    assert_int_equal(sk_client_close(cl, o.session, &e), 0);
+    assert_int_equal(sk_client_close_session(cl, o.session, &e), 0);
     free(ids);
     free(gen);
   }

@@ -78,7 +78,7 @@ static void test_chat_named_template(void **state) {
   assert_int_equal(sk_client_chat(c, o.session, &hi, 1, NULL, NULL, NULL, NULL, &e),
                    -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(e.message, "no chat template"));
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   struct sk_open_params bad = {.chat_template = "{{ jinja }}"};
   assert_int_equal(sk_client_open(c, &bad, &o, &e), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(e.message, "unrecognised chat template; set chat_template to one of"));
@@ -371,7 +371,7 @@ static void test_conversation_survives_restart(void **state) {
                                "<|im_start|>assistant\n",
                             SK_BOS_FALSE));
   /* close deletes the conversation with the session */
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   assert_int_equal(stat(path, &st), -1);
   free(ss);
   sk_client_free(c);

@@ -872,7 +872,7 @@ static void *bystander_run(void *arg) {
     }
     bs->rounds++;
   }
-  sk_client_close(c, o.session, NULL);
+  sk_client_close_session(c, o.session, NULL);
   sk_client_free(c);
   return NULL;
 }
@@ -1019,7 +1019,7 @@ static void test_hostile_table(void **state) {
     assert_true(costly_grew < 256 * 1024);
     assert_true(worst < 100.0);
   }
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   sk_client_free(c);
   free_cases();
 }
@@ -1131,7 +1131,7 @@ static void test_open_burst_limits(void **state) {
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
   assert_int_equal(ds.sessions, 5);
   assert_int_equal(ds.memory_bytes, 5 * bytes);
-  for (uint32_t i = 0; i < ok; i++) assert_int_equal(sk_client_close(c, ids[i], &e), 0);
+  for (uint32_t i = 0; i < ok; i++) assert_int_equal(sk_client_close_session(c, ids[i], &e), 0);
   /* Small caches: the session count binds. */
   uint64_t small = 0;
   open_burst(fd, 12, 16, 200);

@@ -252,7 +252,7 @@ class Completions(unittest.TestCase):
         self.assertEqual(code, 404)
         self.assertEqual(json.loads(body)["error"]["code"], "no_such_session")
         with sinkd.Client(socket=D.sock) as c:
-            c.close(sid)
+            c.close_session(sid)
 
     def test_metrics(self):
         curl("http://x/v1/completions", data={"prompt": PROMPT, "max_tokens": 3})
@@ -338,8 +338,8 @@ class Chat(unittest.TestCase):
         self.assertGreater(full["sinkd"]["seen"], first[0]["sinkd"]["seen"])
         with sinkd.Client(socket=D.sock) as c:
             self.assertEqual(c.stats(a)["seen"], full["sinkd"]["seen"])
-            c.close(a)
-            c.close(b)
+            c.close_session(a)
+            c.close_session(b)
 
 
 class Tcp(unittest.TestCase):
@@ -604,7 +604,7 @@ class Cancel(unittest.TestCase):
             # Far less than asked: it stopped. The session keeps what was made.
             self.assertLess(seen - seen0, 5000)
             self.assertGreaterEqual(seen - seen0, 5)
-            c.close(sid)
+            c.close_session(sid)
         print("disconnect: generation stopped %.1f ms after the client closed, "
               "%d tokens generated" % (stopped_ms, seen - seen0 - 1), file=sys.stderr)
 

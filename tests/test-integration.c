@@ -290,7 +290,7 @@ static void greedy_case(struct sk_client *c, json_t *p, const struct sk_open_par
   assert_true(col->text_valid);
   const char *want_text = json_string_value(json_object_get(p, "generated_text"));
   assert_string_equal(col->text, want_text);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   free(col->text);
   free(col);
   free(ref);
@@ -335,9 +335,9 @@ static void test_generate_with_text_prompt(void **state) {
   assert_int_equal(gr.prompt_tokens, json_integer_value(json_object_get(p, "n_prompt_tokens")));
   assert_int_equal(col->n, n_ref);
   for (size_t i = 0; i < n_ref; i++) assert_int_equal(col->ids[i], want[i]);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   /* A closed session is gone. */
-  assert_int_equal(sk_client_close(c, o.session, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), -SK_ERR_NO_SUCH_SESSION);
   free(want);
   free(col->text);
   free(col);
@@ -385,7 +385,7 @@ static void test_dense_context_full(void **state) {
   assert_int_equal(sk_client_append_tokens(c, o.session, bad, 2, SK_BOS_DEFAULT, NULL, &e),
                    -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(e.message, "512"));
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   sk_client_free(c);
 }
 
@@ -496,7 +496,7 @@ static void test_streaming_5000_tokens(void **state) {
   assert_int_equal(rest.gr.n_ranges, 1);
   assert_int_equal(rest.gr.ranges[0].first, 4 + (105 - 64));
   assert_int_equal(rest.gr.ranges[0].last, 4 + (105 - 64) + 4900 - 1);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   sk_client_free(c);
 }
 
@@ -523,7 +523,7 @@ static void test_cancel(void **state) {
   bool any = true;
   assert_int_equal(sk_client_cancel(c, o.session, &any, &e), 0);
   assert_false(any);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   free(col->text);
   free(col);
   sk_client_free(c);
@@ -777,7 +777,7 @@ static void test_batching_unchanged(void **state) {
            pass ? "16 sessions at once" : "16 sessions one after another", tokens, steps);
     if (pass) assert_true(steps * 4 < tokens); /* batched: > 4 tokens per pass on average */
     else assert_true(steps >= tokens);         /* alone: one token per pass at most */
-    for (int i = 0; i < NS; i++) assert_int_equal(sk_client_close(c, runs[i].session, &e), 0);
+    for (int i = 0; i < NS; i++) assert_int_equal(sk_client_close_session(c, runs[i].session, &e), 0);
   }
   for (int i = 0; i < NS; i++) {
     assert_int_equal(alone[i].n, 200);
@@ -859,8 +859,8 @@ static void test_long_prefill_does_not_block(void **state) {
   assert_false(append_done_first);
   assert_int_equal(la.ar.n_tokens, la.n);
   assert_int_equal(la.ar.evicted, la.n - 64); /* 4 sinks + 60 stay */
-  assert_int_equal(sk_client_close(c, oa.session, &e), 0);
-  assert_int_equal(sk_client_close(c, ob.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, oa.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, ob.session, &e), 0);
   free(la.tokens);
   sk_client_free(c);
 }
@@ -990,7 +990,7 @@ static void test_sinkctl(void **state) {
     assert_int_equal(col->n, 24);
     assert_true(strlen(out) == col->text_len + 1 && out[col->text_len] == '\n');
     assert_memory_equal(out, col->text, col->text_len);
-    assert_int_equal(sk_client_close(bc, bo.session, &be), 0);
+    assert_int_equal(sk_client_close_session(bc, bo.session, &be), 0);
     free(col->text);
     free(col);
     sk_client_free(bc);
@@ -1021,7 +1021,7 @@ static void test_sinkctl(void **state) {
     if (seen < 16) usleep(20000);
   }
   assert_true(seen >= 16);
-  assert_int_equal(sk_client_close(cc, long_id, &ce), 0);
+  assert_int_equal(sk_client_close_session(cc, long_id, &ce), 0);
   sk_client_free(cc);
   char msg[512];
   size_t got = fread(msg, 1, sizeof msg - 1, gen);
@@ -1115,7 +1115,7 @@ static void test_temporary_sessions(void **state) {
   struct sk_session_stats st;
   assert_int_equal(sk_client_session_stats(b, tmp.session, &st, &e), -SK_ERR_NO_SUCH_SESSION);
   assert_int_equal(sk_client_session_stats(b, keep.session, &st, &e), 0);
-  assert_int_equal(sk_client_close(b, keep.session, &e), 0);
+  assert_int_equal(sk_client_close_session(b, keep.session, &e), 0);
   assert_int_equal(count_sessions(b), n0);
 
   /* sinkctl generate without --session, killed by SIGPIPE mid-stream:
@@ -1138,11 +1138,10 @@ static void test_temporary_sessions(void **state) {
 static void send_session_op(int fd, uint64_t id, const char *op, uint64_t session) {
   struct sk_msgbuf b;
   assert_int_equal(sk_msgbuf_init(&b), 0);
-  msgpack_pack_map(&b.pk, 3);
   sk_pack_kv_u64(&b.pk, "id", id);
   sk_pack_kv_str(&b.pk, "op", op);
   sk_pack_kv_u64(&b.pk, "session", session);
-  int64_t n = sk_msgbuf_finish(&b);
+  int64_t n = sk_msgbuf_finish_map(&b);
   assert_true(n > 0);
   write_all(fd, b.sbuf.data, (size_t)n);
   sk_msgbuf_free(&b);
@@ -1206,15 +1205,15 @@ static void test_copies_hold_their_session(void **state) {
   struct sk_open_result la, lb, lc;
   assert_int_equal(sk_client_open(c, &lp, &la, &e), 0);
   assert_int_equal(sk_client_open(c, &lp, &lb, &e), 0);
-  assert_int_equal(sk_client_close(c, la.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, la.session, &e), 0);
   assert_int_equal(sk_client_open(c, &lp, &lc, &e), 0);
   assert_int_equal(sk_client_list(c, &rows, &n, &e), 0);
   assert_true(n >= 2);
   for (size_t i = 1; i < n; i++) assert_true(rows[i].session > rows[i - 1].session);
   assert_int_equal(rows[n - 1].session, lc.session);
   free(rows);
-  assert_int_equal(sk_client_close(c, lb.session, &e), 0);
-  assert_int_equal(sk_client_close(c, lc.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, lb.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, lc.session, &e), 0);
 
   /* an open whose client leaves during its pin's prefill (~2000 tokens):
    * nobody learned the id, nothing is kept (not under valgrind: its
@@ -1228,14 +1227,13 @@ static void test_copies_hold_their_session(void **state) {
     for (size_t i = 0; i < reps; i++) memcpy(pin + i * (sizeof piece - 1), piece, sizeof piece - 1);
     struct sk_msgbuf b;
     assert_int_equal(sk_msgbuf_init(&b), 0);
-    msgpack_pack_map(&b.pk, 6);
     sk_pack_kv_u64(&b.pk, "id", 1);
     sk_pack_kv_str(&b.pk, "op", "open");
     sk_pack_kv_str(&b.pk, "policy", "dense");
     sk_pack_kv_u64(&b.pk, "capacity", 2048);
     sk_pack_kv_f64(&b.pk, "rope_scale", 1);
     sk_pack_kv_strn(&b.pk, "pin", pin, reps * (sizeof piece - 1));
-    int64_t fn = sk_msgbuf_finish(&b);
+    int64_t fn = sk_msgbuf_finish_map(&b);
     assert_true(fn > 0);
     write_all(fd, b.sbuf.data, (size_t)fn);
     sk_msgbuf_free(&b);
@@ -1252,7 +1250,7 @@ static void test_copies_hold_their_session(void **state) {
   assert_int_equal(sk_client_ping(c, &e), 0);
   assert_int_equal(sk_client_session_stats(c, fork_id, &st1, &e), 0);
   assert_int_equal(st1.resident, st0.resident);
-  assert_int_equal(sk_client_close(c, fork_id, &e), 0);
+  assert_int_equal(sk_client_close_session(c, fork_id, &e), 0);
   assert_int_equal(count_sessions(c), n0);
   sk_client_free(c);
 }
@@ -1313,7 +1311,7 @@ static void test_logprobs_through_daemon(void **state) {
     assert_int_equal(sk_client_append_logprobs(c, o.session, more, 2, SK_BOS_DEFAULT, lp, NULL, &e),
                      -SK_ERR_CONTEXT_FULL);
     assert_non_null(strstr(e.message, "0 of 2048"));
-    assert_int_equal(sk_client_close(c, o.session, &e), 0);
+    assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
     free(ids);
   }
   print_message("logprobs through the daemon: max abs diff vs llama.cpp %.3g\n", maxd);
@@ -1394,7 +1392,7 @@ static void test_utf8_across_generates(void **state) {
       random_generate(c, b, 1, false, 0, &steps);
       if (i % 4 == 1) {
         assert_int_equal(sk_client_fork(c, b, &sum, &e), 0);
-        assert_int_equal(sk_client_close(c, b, &e), 0);
+        assert_int_equal(sk_client_close_session(c, b, &e), 0);
         b = sum.session;
       } else if (i % 4 == 3) {
         void *img = NULL;
@@ -1402,7 +1400,7 @@ static void test_utf8_across_generates(void **state) {
         assert_int_equal(sk_client_export(c, b, &img, &img_len, &e), 0);
         assert_int_equal(sk_client_import(c, img, img_len, &sum, &e), 0);
         free(img);
-        assert_int_equal(sk_client_close(c, b, &e), 0);
+        assert_int_equal(sk_client_close_session(c, b, &e), 0);
         b = sum.session;
       }
     }
@@ -1412,8 +1410,8 @@ static void test_utf8_across_generates(void **state) {
       fail_msg("run %d: %zu bytes in one generate, %zu in %d one-token generates", run,
                whole.len, steps.len, N);
     with_multibyte += has_multibyte(whole.text, whole.len);
-    assert_int_equal(sk_client_close(c, oa.session, &e), 0);
-    assert_int_equal(sk_client_close(c, b, &e), 0);
+    assert_int_equal(sk_client_close_session(c, oa.session, &e), 0);
+    assert_int_equal(sk_client_close_session(c, b, &e), 0);
   }
   /* The streams do hold characters that byte tokens build. */
   assert_true(with_multibyte > 0);
@@ -1472,7 +1470,7 @@ static void test_pin_survives_10000_evictions(void **state) {
   assert_int_equal(st.resident_ranges[1].first, 300 + N - 32);
   assert_int_equal(st.resident_ranges[1].last, 300 + N - 1);
   assert_int_equal(st.sink_tokens, 300);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
 
   /* A pin as text is tokenized with BOS; pins are refused where the
    * policy has no sink region, and when they do not fit. */
@@ -1486,7 +1484,7 @@ static void test_pin_survives_10000_evictions(void **state) {
   assert_int_equal(nres, o.pinned);
   assert_int_equal(res[0], 1);
   free(res);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   struct sk_open_params wp = {.policy = "window", .window = 8, .pin = "Hello"};
   assert_int_equal(sk_client_open(c, &wp, &o, &e), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(e.message, "no sink region"));
@@ -1530,7 +1528,7 @@ static void h2o_session(struct sk_client *c, int32_t **ret_tokens, struct sk_ses
   size_t nres = 0;
   assert_int_equal(sk_client_session_tokens(c, o.session, ret_tokens, &nres, &e), 0);
   assert_int_equal(nres, 32);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   free(ids);
   json_decref(ref);
 }
@@ -1603,7 +1601,7 @@ static void test_open_policies(void **state) {
     int rc = sk_client_open(c, &bad[i].p, &o, &e);
     if (!bad[i].needle) {
       assert_int_equal(rc, 0);
-      assert_int_equal(sk_client_close(c, o.session, &e), 0);
+      assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
       continue;
     }
     assert_int_equal(rc, -SK_ERR_BAD_REQUEST);
@@ -1618,7 +1616,7 @@ static void test_open_policies(void **state) {
   assert_true(st.rope_scale == 2.0);
   assert_true(st.model_rope_scale == 1.0);
   assert_int_equal(st.attn_steps, 0);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
 
   struct sk_open_params wp = {.policy = "window", .window = 12};
   assert_int_equal(sk_client_open(c, &wp, &o, &e), 0);
@@ -1640,7 +1638,7 @@ static void test_open_policies(void **state) {
   assert_int_equal(nres, 12);
   assert_memory_equal(res, toks + 28, 12 * sizeof *res);
   free(res);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   sk_client_free(c);
 }
 

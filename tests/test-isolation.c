@@ -217,7 +217,7 @@ static void child_every_op(FILE *out, void *arg) {
   report(out, "export", rc_export, &e);
   free(image);
   memset(&e, 0, sizeof e);
-  report(out, "close", sk_client_close(c, s, &e), &e);
+  report(out, "close", sk_client_close_session(c, s, &e), &e);
   struct sk_session_info *rows = NULL;
   size_t n = 0;
   memset(&e, 0, sizeof e);
@@ -257,7 +257,7 @@ static void child_close(FILE *out, void *arg) {
   struct sk_client *c = child_connect(out);
   if (!c) return;
   struct sk_error e = {0};
-  report(out, "close", sk_client_close(c, s, &e), &e);
+  report(out, "close", sk_client_close_session(c, s, &e), &e);
   sk_client_free(c);
 }
 
@@ -455,7 +455,7 @@ static void test_other_user_is_forbidden(void **state) {
 
   /* Root may use every session: stats, append, close B's. */
   assert_int_equal(sk_client_append_text(root, sa, " The end.", 9, SK_BOS_DEFAULT, NULL, &e), 0);
-  assert_int_equal(sk_client_close(root, sb, &e), 0);
+  assert_int_equal(sk_client_close_session(root, sb, &e), 0);
   out = as_user(&g_b, child_close, &sb);
   char want[128];
   snprintf(want, sizeof want, "close no_such_session no session %llu", (unsigned long long)sb);

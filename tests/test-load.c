@@ -138,7 +138,7 @@ static uint64_t open_session(struct sk_client *c) {
 
 static void close_session(struct sk_client *c, uint64_t s) {
   struct sk_error e = {0};
-  int rc = sk_client_close(c, s, &e);
+  int rc = sk_client_close_session(c, s, &e);
   check_rc(rc, &e, "close");
 }
 
@@ -569,7 +569,7 @@ static size_t close_leftovers(void) {
   size_t n = 0;
   struct sk_error e = {0};
   assert_int_equal(sk_client_list(c, &rows, &n, &e), 0);
-  for (size_t i = 0; i < n; i++) sk_client_close(c, rows[i].session, NULL);
+  for (size_t i = 0; i < n; i++) sk_client_close_session(c, rows[i].session, NULL);
   free(rows);
   sk_client_free(c);
   return n;

@@ -1239,7 +1239,7 @@ static void test_limits(void **state) {
   assert_int_equal(ds.memory_bytes, state_dir_bytes());
   assert_int_equal(ds.max_memory, 1u << 20);
   /* memory: a cache that does not fit */
-  assert_int_equal(sk_client_close(c, o[2].session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o[2].session, &e), 0);
   struct sk_open_params big = {.policy = "dense", .capacity = 2048};
   assert_int_equal(sk_client_open(c, &big, &o[3], &e), -SK_ERR_BUSY);
   assert_non_null(strstr(e.message, "max_memory 1048576"));
@@ -1292,7 +1292,7 @@ static void test_limits(void **state) {
     assert_true(l[1].idle_s >= 1);
     free(l);
   }
-  assert_int_equal(sk_client_close(c, tmp.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, tmp.session, &e), 0);
   assert_int_equal(state_dir_bytes(), sstats(c, s1).kv_bytes);
   assert_true(log_has("closed: idle for"));
   sk_client_free(c);
@@ -1329,7 +1329,7 @@ static void test_sigterm_keeps(void **state) {
   assert_int_equal(sum.seen, s0.seen);
   assert_int_equal(sum.commit, s0.commit);
   /* close deletes it for good */
-  assert_int_equal(sk_client_close(c, a, &e), 0);
+  assert_int_equal(sk_client_close_session(c, a, &e), 0);
   assert_int_equal(state_dir_bytes(), 0);
   sk_client_free(c);
   /* and its id is not given again, even after a restart */

@@ -1154,10 +1154,10 @@ static void test_client_ops(void **state) {
   bool cancelled = true;
   assert_int_equal(sk_client_cancel(c, 7, &cancelled, &e), 0);
   assert_false(cancelled);
-  assert_int_equal(sk_client_close(c, 7, &e), 0);
+  assert_int_equal(sk_client_close_session(c, 7, &e), 0);
 
   /* A daemon error: code mapped, message kept, connection still usable. */
-  assert_int_equal(sk_client_close(c, 99, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(sk_client_close_session(c, 99, &e), -SK_ERR_NO_SUCH_SESSION);
   assert_int_equal(e.code, SK_ERR_NO_SUCH_SESSION);
   assert_string_equal(e.message, "no session 99");
   assert_true(sk_client_connected(c));

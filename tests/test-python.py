@@ -90,8 +90,8 @@ class Live(unittest.TestCase):
         again = "".join(c.generate(s2, max_tokens=40, temperature=0))
         self.assertEqual("".join(pieces), again)
         self.assertIn(s, [x["session"] for x in c.list()])
-        c.close(s)
-        c.close(s2)
+        c.close_session(s)
+        c.close_session(s2)
         with self.assertRaises(sinkd.NoSuchSession) as e:
             c.stats(s)
         self.assertEqual(e.exception.code, "no_such_session")
@@ -112,7 +112,7 @@ class Live(unittest.TestCase):
         self.assertEqual("".join(c.generate(g, max_tokens=4, temperature=0)),
                          "".join(c.generate(f, max_tokens=4, temperature=0)))
         for x in (s, f, g):
-            c.close(x)
+            c.close_session(x)
 
     def test_errors(self):
         c = self.c
@@ -124,7 +124,7 @@ class Live(unittest.TestCase):
         s = c.open(policy="dense", capacity=4)
         with self.assertRaises(sinkd.ContextFull):
             c.append(s, tokens=[1, 2, 3, 4, 5])
-        c.close(s)
+        c.close_session(s)
         self.assertTrue(issubclass(sinkd.Busy, sinkd.SinkdError))
         with self.assertRaises(sinkd.IOError_):
             sinkd.Client(socket=os.path.join(self.dir, "none.sock"))
@@ -150,7 +150,7 @@ class Live(unittest.TestCase):
         with self.assertRaises(sinkd.BadRequest):
             list(c.chat(s, [{"role": "Bad Role", "content": "x"}]))
         self.assertTrue(text)
-        c.close(s)
+        c.close_session(s)
 
     def test_cancel(self):
         c = self.c
@@ -165,7 +165,7 @@ class Live(unittest.TestCase):
         self.assertEqual(res["stop"], "cancelled")
         self.assertLess(len(rest), 100000)
         other.close()
-        c.close(s)
+        c.close_session(s)
 
 
 if __name__ == "__main__":

@@ -303,7 +303,7 @@ static void test_notify_lifecycle(void **state) {
   wait_message(&d, "RELOADING=1", NULL, 0);
   wait_message(&d, "READY=1", NULL, 0);
   assert_int_equal(sk_client_open(c, NULL, &second, &e), 0);
-  assert_int_equal(sk_client_close(c, 999, &e), -SK_ERR_NO_SUCH_SESSION);
+  assert_int_equal(sk_client_close_session(c, 999, &e), -SK_ERR_NO_SUCH_SESSION);
   sk_client_free(c);
   assert_true(log_has(&d, "<7>client "));
 
@@ -358,7 +358,7 @@ static void test_memory_and_session_limits(void **state) {
   /* A smaller session still fits. */
   struct sk_open_params small = {.policy = "dense", .capacity = 64};
   assert_int_equal(sk_client_open(c, &small, &b, &e), 0);
-  assert_int_equal(sk_client_close(c, b.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, b.session, &e), 0);
 
   /* More memory by SIGHUP; max_sessions cannot grow past its value at
    * start (the table is sized then): capped, and said so. */

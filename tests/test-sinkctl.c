@@ -282,9 +282,9 @@ static void test_chat_keeps_history(void **state) {
   assert_int_equal(chat.resident, lib.resident);
   assert_true(chat.seen > 24);
 
-  assert_int_equal(sk_client_close(c, kept, &e), 0);
-  assert_int_equal(sk_client_close(c, o.session, &e), 0);
-  assert_int_equal(sk_client_close(c, o2.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, kept, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o2.session, &e), 0);
   sk_client_free(c);
   free(out);
   free(err);

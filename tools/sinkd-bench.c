@@ -185,7 +185,7 @@ static uint64_t open_session(struct sk_client *c, const struct opts *o, bool str
 
 static void close_session(struct sk_client *c, uint64_t id) {
   struct sk_error e = {0};
-  if (sk_client_close(c, id, &e) < 0) sk_cli_die(1, "close: %s", e.message);
+  if (sk_client_close_session(c, id, &e) < 0) sk_cli_die(1, "close: %s", e.message);
 }
 
 static void append_or_die(struct sk_client *c, uint64_t id, const int32_t *t, size_t n) {

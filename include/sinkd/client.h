@@ -234,7 +234,7 @@ struct sk_open_result {
 /* Opens a session. params may be NULL (all defaults). With a pin, the
  * call returns once the pinned tokens are in the cache (for streaming and
  * sink_h2o they are the sink region: n_sink is their count). On success
- * *ret describes the session; close it with sk_client_close (sessions
+ * *ret describes the session; close it with sk_client_close_session (sessions
  * outlive the connection, unless opened temporary). Invalid combinations of parameters give
  * -SK_ERR_BAD_REQUEST with the daemon's message naming the limit. */
 int sk_client_open(struct sk_client *client,
@@ -242,8 +242,8 @@ int sk_client_open(struct sk_client *client,
                    struct sk_open_result *ret, struct sk_error *err);
 
 /* Closes a session (a running generate on it is cancelled). */
-int sk_client_close(struct sk_client *client, uint64_t session,
-                    struct sk_error *err);
+int sk_client_close_session(struct sk_client *client, uint64_t session,
+                            struct sk_error *err);
 
 /* An inclusive range of stream indices. */
 struct sk_range {

@@ -238,12 +238,13 @@ class Client:
         """open, returning the whole reply (capacity, kv_bytes, ...)."""
         return self.call("open", **fields)
 
-    def close(self, session=None):
-        """close(session) closes a session; close() the connection."""
-        if session is None:
-            self._sock.close()
-            return None
+    def close_session(self, session):
+        """Closes a session (a running generate on it is cancelled)."""
         return self.call("close", session=session)
+
+    def close(self):
+        """Closes the connection (temporary sessions end with it)."""
+        self._sock.close()
 
     def append(self, session, text=None, tokens=None, bos=None, logprobs=None):
         """Prefills text (str or bytes) or token ids; returns the reply
