@@ -738,8 +738,9 @@ static void human_bytes(uint64_t v, char *buf, size_t size) {
 }
 
 static void print_session_stats(const struct sk_session_stats *s) {
-  char kv[32];
+  char kv[32], obj[32];
   human_bytes(s->kv_bytes, kv, sizeof kv);
+  human_bytes(s->object_bytes, obj, sizeof obj);
   printf("%-10s %" PRIu64 "\n", "session", s->session);
   printf("%-10s %s\n", "policy", s->policy);
   const unsigned parts = sk_policy_parts(s->policy, strlen(s->policy));
@@ -760,6 +761,7 @@ static void print_session_stats(const struct sk_session_stats *s) {
     printf("%-10s %s (%" PRIu64 " bytes, %s)\n", "kv cache", kv, s->kv_bytes, s->kv_type);
   else
     printf("%-10s %s (%" PRIu64 " bytes)\n", "kv cache", kv, s->kv_bytes);
+  printf("%-10s %s (%" PRIu64 " bytes)\n", "object", obj, s->object_bytes);
   printf("%-10s %" PRIu64 "\n", "commit", s->commit);
   printf("%-10s %s\n", "adopted", s->adopted ? "yes" : "no");
   printf("%-10s %" PRIu64 " s\n", "idle", s->idle_s);
@@ -1088,6 +1090,7 @@ static int cmd_open(struct sk_client *c, const struct opts *o) {
     json_kv_str(stdout, &first, "policy", r.policy);
     json_kv_u64(stdout, &first, "capacity", r.capacity);
     json_kv_u64(stdout, &first, "kv_bytes", r.kv_bytes);
+    json_kv_u64(stdout, &first, "object_bytes", r.object_bytes);
     if (r.kv_type[0]) json_kv_str(stdout, &first, "kv_type", r.kv_type);
     json_kv_u64(stdout, &first, "n_sink", r.n_sink);
     json_kv_u64(stdout, &first, "window", r.window);
@@ -1181,6 +1184,7 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
       json_kv_u64(stdout, &first, "resident", s[i].resident);
       json_kv_u64(stdout, &first, "seen", s[i].seen);
       json_kv_u64(stdout, &first, "kv_bytes", s[i].kv_bytes);
+      json_kv_u64(stdout, &first, "object_bytes", s[i].object_bytes);
       json_kv_u64(stdout, &first, "age_s", s[i].age_s);
       json_kv_u64(stdout, &first, "idle_s", s[i].idle_s);
       json_key(stdout, &first, "busy");
@@ -1198,7 +1202,7 @@ static int cmd_list(struct sk_client *c, const struct opts *o) {
            "POLICY", "CAPACITY", "RESIDENT", "SEEN", "MEMORY", "AGE", "IDLE", "ADOPTED", "KV");
     for (size_t i = 0; i < n; i++) {
       char mem[16], age[24], idle[24];
-      format_bytes(s[i].kv_bytes, mem, sizeof mem);
+      format_bytes(s[i].object_bytes, mem, sizeof mem);
       format_duration(s[i].age_s, age, sizeof age);
       if (s[i].busy)
         snprintf(idle, sizeof idle, "busy");
@@ -1406,6 +1410,7 @@ static void json_session_stats_members(struct kv_out *k, const struct sk_session
   out_u64(k, "seen", s->seen);
   out_u64(k, "evicted", s->evicted);
   out_u64(k, "kv_bytes", s->kv_bytes);
+  out_u64(k, "object_bytes", s->object_bytes);
   if (s->kv_type[0]) out_str(k, "kv_type", s->kv_type);
   json_key(stdout, &k->first, "positions");
   if (s->has_positions)
@@ -1465,6 +1470,7 @@ static void print_summary(const struct opts *o, const struct sk_session_summary 
   out_str(&k, "policy", s->policy);
   out_u64(&k, "capacity", s->capacity);
   out_u64(&k, "kv_bytes", s->kv_bytes);
+  out_u64(&k, "object_bytes", s->object_bytes);
   if (s->kv_type[0]) out_str(&k, "kv_type", s->kv_type);
   out_u64(&k, "resident", s->resident);
   out_u64(&k, "seen", s->seen);

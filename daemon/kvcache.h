@@ -332,6 +332,11 @@ static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
 static inline size_t sk_kv_row_bytes(const struct sk_kv *kv) {
   return (size_t)kv->hdr->kv_dim * sk_kv_type_size(kv->hdr->kv_type);
 }
+/* Bytes of the keys and values the block holds: 2 x L x S x D x element
+ * size (the wire's kv_bytes; the block's size adds the meta part). */
+static inline uint64_t sk_kv_tensor_bytes(const struct sk_kv *kv) {
+  return 2 * (uint64_t)kv->hdr->n_layer * kv->hdr->n_slots * sk_kv_row_bytes(kv);
+}
 /* Key / value row of (layer, slot), any kv_type: D elements. */
 static inline void *sk_kv_krow(const struct sk_kv *kv, uint32_t layer, uint32_t slot) {
   return (char *)kv->k + ((size_t)layer * kv->hdr->n_slots + slot) * sk_kv_row_bytes(kv);

@@ -393,7 +393,7 @@ static void send_open_reply(struct sk_conn *c, uint64_t req_id, const struct sk_
   const struct sk_kv_params *h = &s->params;
   struct sk_open_result o = {.session = s->id,
                              .capacity = s->capacity,
-                             .kv_bytes = s->kv_bytes,
+                             .kv_bytes = s->tensor_bytes, .object_bytes = s->kv_bytes,
                              .n_sink = h->n_sink,
                              .window = h->window,
                              .heavy = h->heavy,
@@ -1104,7 +1104,7 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     row->adopted = s->adopted;
     /* What `sinkctl list` needs to tell what can go: its memory, how old
      * it is, how long since it was last used (0 while busy). */
-    row->kv_bytes = s->kv_bytes;
+    row->kv_bytes = s->tensor_bytes, row->object_bytes = s->kv_bytes;
     uint64_t created = s->obj->hdr->created_unix;
     row->age_s = now_unix > created ? now_unix - created : 0;
     row->idle_s = s->running || s->queue_head ? 0 : (now - s->last_used_ms) / 1000u;
@@ -1201,7 +1201,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
     st->resident = cnt.resident;
     st->seen = cnt.seen;
     st->evicted = cnt.evicted;
-    st->kv_bytes = s->kv_bytes;
+    st->kv_bytes = s->tensor_bytes, st->object_bytes = s->kv_bytes;
     snprintf(st->kv_type, sizeof st->kv_type, "%s", sk_kv_type_name(s->kv_type));
     st->has_positions = cnt.resident > 0;
     st->position_first = 0;
@@ -1534,7 +1534,7 @@ static void send_session_summary(struct sk_server *srv, struct sk_conn *c, uint6
   sk_session_counters_get(&srv->sessions, s, &cnt);
   struct sk_session_summary v = {.session = s->id,
                                  .capacity = s->capacity,
-                                 .kv_bytes = s->kv_bytes,
+                                 .kv_bytes = s->tensor_bytes, .object_bytes = s->kv_bytes,
                                  .resident = cnt.resident,
                                  .seen = cnt.seen,
                                  .evicted = cnt.evicted,

@@ -108,7 +108,7 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.rope_scale = h->rope_scale;
   s->params.sparsity = obj->meta->sparsity;
   s->capacity = h->capacity;
-  s->kv_bytes = obj->size;
+  s->kv_bytes = obj->size, s->tensor_bytes = sk_kv_tensor_bytes(&obj->kv);
   s->kv_type = obj->hdr->kv_type;
   t->items[slot] = s;
   t->count++;

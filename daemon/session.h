@@ -153,6 +153,7 @@ struct sk_session {
   uint32_t capacity;
   size_t kv_bytes;           /* bytes of its shared-memory object: what
                                 counts toward max_memory */
+  uint64_t tensor_bytes;     /* bytes of its keys and values, of those */
   uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
                                 from creation; may differ from the
                                 daemon's kv_type after adoption) */

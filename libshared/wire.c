@@ -366,6 +366,7 @@ int sk_wire_pack_list(struct sk_msgbuf *b, uint64_t id, const struct sk_session_
     sk_wire_map_bool(&row, "busy", s->busy);
     sk_wire_map_bool(&row, "adopted", s->adopted);
     sk_wire_map_u64(&row, "kv_bytes", s->kv_bytes);
+    sk_wire_map_u64(&row, "object_bytes", s->object_bytes);
     sk_wire_map_u64(&row, "age_s", s->age_s);
     sk_wire_map_u64(&row, "idle_s", s->idle_s);
     sk_wire_map_bool(&row, "temporary", s->temporary);
@@ -401,6 +402,7 @@ int sk_wire_unpack_list(const msgpack_object *map, struct sk_session_info **ret_
         (rc = sk__wire_name(o, "kv_type", s->kv_type, sizeof s->kv_type, err)) < 0 ||
         (rc = sk__wire_u64(o, "owner_uid", &s->owner_uid, err)) < 0 ||
         (rc = sk__wire_u64(o, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+        (rc = sk__wire_u64(o, "object_bytes", &s->object_bytes, err)) < 0 ||
         (rc = sk__wire_u64(o, "age_s", &s->age_s, err)) < 0 ||
         (rc = sk__wire_u64(o, "idle_s", &s->idle_s, err)) < 0 ||
         (rc = sk__wire_bool(o, "busy", &s->busy, err)) < 0 ||
@@ -507,6 +509,7 @@ int sk_wire_pack_session_stats(struct sk_msgbuf *b, uint64_t id, const struct sk
   sk_wire_map_u64(&m, "seen", s->seen);
   sk_wire_map_u64(&m, "evicted", s->evicted);
   sk_wire_map_u64(&m, "kv_bytes", s->kv_bytes);
+  sk_wire_map_u64(&m, "object_bytes", s->object_bytes);
   sk_wire_map_str(&m, "kv_type", s->kv_type);
   /* MLP sparsity: the level, the tokens that ran sparse, and per layer the
    * fraction of neurons they skipped */
@@ -604,6 +607,7 @@ int sk_wire_unpack_session_stats(const msgpack_object *map, struct sk_session_st
       (rc = sk__wire_u64(map, "seen", &s->seen, err)) < 0 ||
       (rc = sk__wire_u64(map, "evicted", &s->evicted, err)) < 0 ||
       (rc = sk__wire_u64(map, "kv_bytes", &s->kv_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "object_bytes", &s->object_bytes, err)) < 0 ||
       (rc = sk__wire_name(map, "kv_type", s->kv_type, sizeof s->kv_type, err)) < 0 ||
       (rc = sk__wire_u64(map, "commit", &s->commit, err)) < 0 ||
       (rc = sk__wire_bool(map, "adopted", &s->adopted, err)) < 0 ||
@@ -664,6 +668,7 @@ int sk_wire_pack_open(struct sk_msgbuf *b, uint64_t id, const struct sk_open_res
   sk_wire_map_str(&m, "policy", o->policy);
   sk_wire_map_u64(&m, "capacity", o->capacity);
   sk_wire_map_u64(&m, "kv_bytes", o->kv_bytes);
+  sk_wire_map_u64(&m, "object_bytes", o->object_bytes);
   sk_wire_map_str(&m, "kv_type", o->kv_type);
   sk_wire_map_u64(&m, "n_sink", o->n_sink);
   sk_wire_map_u64(&m, "window", o->window);
@@ -684,6 +689,7 @@ int sk_wire_unpack_open(const msgpack_object *map, struct sk_open_result *ret,
       (rc = sk__wire_name(map, "policy", o.policy, sizeof o.policy, err)) < 0 ||
       (rc = sk__wire_u64(map, "capacity", &o.capacity, err)) < 0 ||
       (rc = sk__wire_u64(map, "kv_bytes", &o.kv_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "object_bytes", &o.object_bytes, err)) < 0 ||
       (rc = sk__wire_name(map, "kv_type", o.kv_type, sizeof o.kv_type, err)) < 0 ||
       (rc = sk__wire_u64(map, "n_sink", &o.n_sink, err)) < 0 ||
       (rc = sk__wire_u64(map, "window", &o.window, err)) < 0 ||
@@ -704,6 +710,7 @@ int sk_wire_pack_summary(struct sk_msgbuf *b, uint64_t id, const struct sk_sessi
   sk_wire_map_str(&m, "policy", s->policy);
   sk_wire_map_u64(&m, "capacity", s->capacity);
   sk_wire_map_u64(&m, "kv_bytes", s->kv_bytes);
+  sk_wire_map_u64(&m, "object_bytes", s->object_bytes);
   sk_wire_map_str(&m, "kv_type", s->kv_type);
   sk_wire_map_u64(&m, "resident", s->resident);
   sk_wire_map_u64(&m, "seen", s->seen);
@@ -724,6 +731,7 @@ int sk_wire_unpack_summary(const msgpack_object *map, struct sk_session_summary 
       (rc = sk__wire_name(map, "policy", s.policy, sizeof s.policy, err)) < 0 ||
       (rc = sk__wire_u64(map, "capacity", &s.capacity, err)) < 0 ||
       (rc = sk__wire_u64(map, "kv_bytes", &s.kv_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "object_bytes", &s.object_bytes, err)) < 0 ||
       (rc = sk__wire_name(map, "kv_type", s.kv_type, sizeof s.kv_type, err)) < 0 ||
       (rc = sk__wire_u64(map, "resident", &s.resident, err)) < 0 ||
       (rc = sk__wire_u64(map, "seen", &s.seen, err)) < 0 ||

@@ -1097,7 +1097,7 @@ static uint32_t burst_replies(int fd, uint32_t n, const char *needle, uint64_t *
     assert_false(rep.closed || rep.timed_out);
     if (rep.ok) {
       ids[ok++] = sk_test_reply_u64(&rep, "session");
-      uint64_t b = sk_test_reply_u64(&rep, "kv_bytes");
+      uint64_t b = sk_test_reply_u64(&rep, "object_bytes");
       if (*ret_bytes) assert_int_equal(b, *ret_bytes);
       *ret_bytes = b;
     } else {

@@ -174,7 +174,7 @@ static void child_open(FILE *out, void *arg) {
   struct sk_error e = {0};
   int rc = sk_client_open(c, &op, &o, &e);
   if (rc == 0) fprintf(out, "open ok %llu %llu\n", (unsigned long long)o.session,
-                       (unsigned long long)o.kv_bytes);
+                       (unsigned long long)o.object_bytes);
   else report(out, "open", rc, &e);
   sk_client_free(c);
 }
@@ -281,13 +281,13 @@ static void child_long_generate(FILE *out, void *arg) {
 }
 
 static uint64_t open_as(const struct user *u, const char *policy, uint32_t window,
-                        uint32_t capacity, uint64_t *ret_kv_bytes) {
+                        uint32_t capacity, uint64_t *ret_object_bytes) {
   struct open_arg a = {policy, window, capacity};
   char *out = as_user(u, child_open, &a);
   unsigned long long id = 0, kv = 0;
   if (sscanf(out, "open ok %llu %llu", &id, &kv) != 2) fail_msg("open as %s: %s", u->name, out);
   free(out);
-  if (ret_kv_bytes) *ret_kv_bytes = kv;
+  if (ret_object_bytes) *ret_object_bytes = kv;
   return id;
 }
 

@@ -892,7 +892,7 @@ static void test_kv_f16(void **state) {
   for (size_t i = 0; i < n_prompts; i++) {
     json_t *p = json_array_get(prompts, i);
     ids[i] = open_session(c, "dense", 0, 0, 512);
-    assert_int_equal(sstats(c, ids[i]).kv_bytes, want16);
+    assert_int_equal(sstats(c, ids[i]).object_bytes, want16);
     size_t n_p = 0, n_ref = 0;
     int32_t *prompt = sk_test_json_ids(json_object_get(p, "prompt_ids"), &n_p);
     int32_t *want = sk_test_json_ids(json_object_get(p, "generated_ids"), &n_ref);
@@ -945,7 +945,7 @@ static void test_kv_f16(void **state) {
   assert_int_equal(ds.adopted, n_prompts + 3); /* and the forks and the import */
   assert_int_equal(ds.set_aside, 0);
   assert_int_equal(ds.memory_bytes, want16 * (n_prompts + 3));
-  assert_int_equal(sstats(c, fk2.session).kv_bytes, want16);
+  assert_int_equal(sstats(c, fk2.session).object_bytes, want16);
   assert_string_equal(sstats(c, fk2.session).kv_type, "f16");
   {
     struct sk_session_summary sum;
@@ -961,17 +961,17 @@ static void test_kv_f16(void **state) {
   /* a fork, and an import of the f16 daemon's export, stay f16 */
   struct sk_session_summary fk3, im2;
   assert_int_equal(sk_client_fork(c, ids[1], &fk3, &e), 0);
-  assert_int_equal(sstats(c, fk3.session).kv_bytes, want16);
+  assert_int_equal(sstats(c, fk3.session).object_bytes, want16);
   assert_string_equal(fk3.kv_type, "f16");
   assert_int_equal(sk_client_import(c, img, img_len, &im2, &e), 0);
-  assert_int_equal(sstats(c, im2.session).kv_bytes, want16);
+  assert_int_equal(sstats(c, im2.session).object_bytes, want16);
   assert_string_equal(im2.kv_type, "f16");
   memset(again, 0, sizeof *again);
   gen(c, im2.session, 20, 0, false, 0, again, NULL);
   assert_memory_equal(again->v, more[0]->v, 20 * sizeof(int32_t));
   /* new sessions get the daemon's own type */
   uint64_t s32 = open_session(c, "dense", 0, 0, 512);
-  assert_int_equal(sstats(c, s32).kv_bytes, want32);
+  assert_int_equal(sstats(c, s32).object_bytes, want32);
   assert_string_equal(sstats(c, s32).kv_type, "f32");
   {
     struct sk_session_info *rows = NULL;
@@ -1039,13 +1039,13 @@ static void test_fork_300(void **state) {
   assert_int_equal(f.seen, 300);
   assert_int_equal(d1.tokens_prefilled - d0.tokens_prefilled, 300);
   assert_int_equal(d2.tokens_prefilled - d1.tokens_prefilled, 0); /* no re-prefill */
-  assert_int_equal(d2.memory_bytes - d1.memory_bytes, f.kv_bytes);
+  assert_int_equal(d2.memory_bytes - d1.memory_bytes, f.object_bytes);
   printf("fork of a 300-token session: prefill of the 300 tokens %.2f ms (tokens_prefilled "
          "+%llu); fork %.2f ms (tokens_prefilled +%llu; a new %llu-byte object, the 300 "
          "resident tokens' K/V rows copied); fork resident %llu, seen %llu\n",
          t_prefill * 1e3, (unsigned long long)(d1.tokens_prefilled - d0.tokens_prefilled),
          t_fork * 1e3, (unsigned long long)(d2.tokens_prefilled - d1.tokens_prefilled),
-         (unsigned long long)f.kv_bytes, (unsigned long long)f.resident,
+         (unsigned long long)f.object_bytes, (unsigned long long)f.resident,
          (unsigned long long)f.seen);
   /* both continue the same from the same cache ... */
   struct ids *ga = calloc(1, sizeof *ga), *gf = calloc(1, sizeof *gf);
@@ -1234,8 +1234,8 @@ static void test_limits(void **state) {
   assert_non_null(strstr(e.message, "max_sessions 3"));
   struct sk_daemon_stats ds;
   assert_int_equal(sk_client_stats(c, &ds, &e), 0);
-  assert_int_equal(o[0].kv_bytes, 204800);
-  assert_int_equal(ds.memory_bytes, o[0].kv_bytes * 3);
+  assert_int_equal(o[0].object_bytes, 204800);
+  assert_int_equal(ds.memory_bytes, o[0].object_bytes * 3);
   assert_int_equal(ds.memory_bytes, state_dir_bytes());
   assert_int_equal(ds.max_memory, 1u << 20);
   /* memory: a cache that does not fit */
@@ -1293,7 +1293,7 @@ static void test_limits(void **state) {
     free(l);
   }
   assert_int_equal(sk_client_close_session(c, tmp.session, &e), 0);
-  assert_int_equal(state_dir_bytes(), sstats(c, s1).kv_bytes);
+  assert_int_equal(state_dir_bytes(), sstats(c, s1).object_bytes);
   assert_true(log_has("closed: idle for"));
   sk_client_free(c);
   kill9();
@@ -1357,7 +1357,7 @@ static void test_kill_closes_temporary(void **state) {
   struct sk_error e = {0};
   assert_int_equal(sk_client_open(c, &tp, &to, &e), 0);
   append_text(c, to.session, "One day");
-  assert_int_equal(state_dir_bytes(), s0.kv_bytes + sstats(c, to.session).kv_bytes);
+  assert_int_equal(state_dir_bytes(), s0.object_bytes + sstats(c, to.session).object_bytes);
   kill9(); /* the connection is still open */
   sk_client_free(c);
   start_daemon();
@@ -1367,7 +1367,7 @@ static void test_kill_closes_temporary(void **state) {
   assert_int_equal(sk_client_resume(c, keep, &sum, &e), 0);
   assert_true(sum.adopted);
   assert_int_equal(sum.seen, s0.seen);
-  assert_int_equal(state_dir_bytes(), s0.kv_bytes); /* its file is gone */
+  assert_int_equal(state_dir_bytes(), s0.object_bytes); /* its file is gone */
   char line[96];
   snprintf(line, sizeof line, "session %llu of uid %u closed: temporary",
            (unsigned long long)to.session, (unsigned)getuid());

@@ -843,7 +843,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     if (sk_wire_pack_hello(&b, id, &h, &x) == 0) fake_write(fd, &b);
   } else if (OP("open")) {
     struct sk_open_result o = {.session = 7, .policy = "streaming", .capacity = 260,
-                               .kv_bytes = 1234, .rope_scale = 1.0};
+                               .kv_bytes = 1234, .object_bytes = 4096, .rope_scale = 1.0};
     if (sk_wire_pack_open(&b, id, &o) == 0) fake_write(fd, &b);
   } else if (OP("close")) {
     if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
@@ -852,7 +852,8 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
      * daemon's, with only the fields it had */
     struct sk_session_info row = {.session = 7, .policy = "streaming", .capacity = 260,
                                   .resident = 100, .seen = 5000000000u, .adopted = true,
-                                  .kv_type = "f32", .owner_uid = 1000, .kv_bytes = 5u << 20,
+                                  .kv_type = "f32", .owner_uid = 1000, .kv_bytes = 4u << 20,
+                                  .object_bytes = 5u << 20,
                                   .age_s = 90061 /* 1d 1h 1m 1s */,
                                   .idle_s = 3700 /* 1h 1m 40s */, .temporary = true};
     struct frame_rows {
@@ -901,6 +902,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     st.seen = 1000;
     st.evicted = 740;
     st.kv_bytes = 1234;
+    st.object_bytes = 4096;
     st.rope_scale = st.model_rope_scale = 1.0;
     st.has_positions = session != 8;
     st.position_last = 259;
@@ -931,7 +933,8 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
     if (sk_wire_pack_cancel(&b, id, false) == 0) fake_write(fd, &b);
   } else if (OP("resume") || OP("fork")) {
     struct sk_session_summary v = {.session = OP("fork") ? 8 : session, .policy = "streaming",
-                                   .capacity = 260, .kv_bytes = 57344, .resident = 260,
+                                   .capacity = 260, .kv_bytes = 57344, .object_bytes = 73728,
+                                   .resident = 260,
                                    .seen = 1000, .evicted = 740, .commit = 77, .adopted = true,
                                    .from = OP("fork") ? session : 0};
     if (sk_wire_pack_summary(&b, id, &v, 0) == 0) fake_write(fd, &b);
@@ -1100,6 +1103,7 @@ static void test_client_ops(void **state) {
   assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
   assert_int_equal(o.session, 7);
   assert_int_equal(o.kv_bytes, 1234);
+  assert_int_equal(o.object_bytes, 4096);
   struct sk_open_params op = {.policy = "dense", .capacity = 64, .temporary = true};
   assert_int_equal(sk_client_open(c, &op, NULL, &e), 0);
 
@@ -1249,6 +1253,7 @@ static void test_client_persistence(void **state) {
   assert_int_equal(s.session, 7);
   assert_string_equal(s.policy, "streaming");
   assert_int_equal(s.kv_bytes, 57344);
+  assert_int_equal(s.object_bytes, 73728);
   assert_int_equal(s.evicted, 740);
   assert_int_equal(s.commit, 77);
   assert_true(s.adopted);
@@ -1778,6 +1783,7 @@ static void test_sinkctl(void **state) {
                       "policy     streaming\n"
                       "capacity   260\n"
                       "kv_bytes   57344\n"
+                      "object_bytes 73728\n"
                       "resident   260\n"
                       "seen       1000\n"
                       "evicted    740\n"
@@ -1847,11 +1853,11 @@ static void test_sinkctl(void **state) {
   assert_string_equal(out,
                       "{\"sessions\": [{\"session\": 7, \"owner_uid\": 1000, \"policy\": "
                       "\"streaming\", \"capacity\": 260, \"resident\": 100, \"seen\": "
-                      "5000000000, \"kv_bytes\": 5242880, \"age_s\": 90061, \"idle_s\": 3700, "
+                      "5000000000, \"kv_bytes\": 4194304, \"object_bytes\": 5242880, \"age_s\": 90061, \"idle_s\": 3700, "
                       "\"busy\": false, \"temporary\": true, \"adopted\": true, \"kv_type\": "
                       "\"f32\"}, {\"session\": 8, \"owner_uid\": 0, \"policy\": \"dense\", "
                       "\"capacity\": 260, \"resident\": 101, \"seen\": 5000000000, "
-                      "\"kv_bytes\": 0, \"age_s\": 0, \"idle_s\": 0, \"busy\": false, "
+                      "\"kv_bytes\": 0, \"object_bytes\": 0, \"age_s\": 0, \"idle_s\": 0, \"busy\": false, "
                       "\"temporary\": false, \"adopted\": false}]}\n");
   assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
   assert_string_equal(out,
@@ -1864,6 +1870,7 @@ static void test_sinkctl(void **state) {
                       "seen       1000 tokens\n"
                       "evicted    740 tokens\n"
                       "kv cache   1.2 KiB (1234 bytes)\n"
+                      "object     4.0 KiB (4096 bytes)\n"
                       "commit     0\n"
                       "adopted    no\n"
                       "idle       0 s\n"

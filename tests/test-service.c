@@ -335,8 +335,9 @@ static void test_memory_and_session_limits(void **state) {
   char notify_env[160];
   snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
   /* A streaming session of the test model (4 + 1020 tokens), with the
-   * default f16 cache, holds 737280 bytes (its shared-memory object): two
-   * do not fit in 1M. */
+   * default f16 cache, holds 737280 bytes (its shared-memory object), of
+   * them 2 x 5 layers x 1040 slots x 32 x 2 = 665600 of keys and values:
+   * two do not fit in 1M. */
   write_text(conf, "[limits]\nmax_memory = 1M\nmax_sessions = 2\n");
   drain_messages();
   struct child d;
@@ -351,7 +352,8 @@ static void test_memory_and_session_limits(void **state) {
   assert_string_equal(h.compute.kv_type, "f16"); /* the default */
   struct sk_open_result a, b;
   assert_int_equal(sk_client_open(c, NULL, &a, &e), 0);
-  assert_int_equal(a.kv_bytes, 737280);
+  assert_int_equal(a.object_bytes, 737280);
+  assert_int_equal(a.kv_bytes, 665600);
   assert_int_equal(sk_client_open(c, NULL, &b, &e), -SK_ERR_BUSY);
   assert_string_equal(e.message, "memory limit reached: 737280 bytes of sessions + 737280 "
                                  "for this one exceed max_memory 1048576 bytes");

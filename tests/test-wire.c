@@ -69,6 +69,7 @@ static void assert_summary_equal(const struct sk_session_summary *a,
   assert_string_equal(a->policy, b->policy);
   assert_int_equal(a->capacity, b->capacity);
   assert_int_equal(a->kv_bytes, b->kv_bytes);
+  assert_int_equal(a->object_bytes, b->object_bytes);
   assert_string_equal(a->kv_type, b->kv_type);
   assert_int_equal(a->resident, b->resident);
   assert_int_equal(a->seen, b->seen);
@@ -148,14 +149,16 @@ static void test_map_counts(void **state) {
 static void test_open(void **state) {
   (void)state;
   struct sk_open_result o = {.session = 41, .policy = "sink_h2o", .capacity = 300,
-                             .kv_bytes = 1u << 20, .kv_type = "f16", .n_sink = 4, .window = 0,
+                             .kv_bytes = 1u << 20, .object_bytes = (1u << 20) + 12288,
+                             .kv_type = "f16", .n_sink = 4, .window = 0,
                              .heavy = 128, .recent = 168, .rope_scale = 2.5, .pinned = 3};
   struct frame f;
   assert_int_equal(sk_wire_pack_open(&f.b, 9, &o), 0);
   const msgpack_object *map = parse(&f);
   char k[512];
   keys(map, k, sizeof k);
-  assert_string_equal(k, "id ok session policy capacity kv_bytes kv_type n_sink window heavy "
+  assert_string_equal(k, "id ok session policy capacity kv_bytes object_bytes kv_type n_sink "
+                         "window heavy "
                          "recent rope_scale pinned");
   assert_reply(map, 9);
   struct sk_open_result got;
@@ -166,6 +169,7 @@ static void test_open(void **state) {
   assert_string_equal(got.policy, o.policy);
   assert_int_equal(got.capacity, o.capacity);
   assert_int_equal(got.kv_bytes, o.kv_bytes);
+  assert_int_equal(got.object_bytes, o.object_bytes);
   assert_string_equal(got.kv_type, o.kv_type);
   assert_int_equal(got.n_sink, o.n_sink);
   assert_int_equal(got.window, o.window);
@@ -179,7 +183,8 @@ static void test_open(void **state) {
 static void test_summary(void **state) {
   (void)state;
   struct sk_session_summary s = {.session = 8, .policy = "streaming", .capacity = 260,
-                                 .kv_bytes = 57344, .kv_type = "f32", .resident = 260,
+                                 .kv_bytes = 57344, .object_bytes = 73728, .kv_type = "f32",
+                                 .resident = 260,
                                  .seen = 1000, .evicted = 740, .commit = 77, .adopted = true,
                                  .from = 5};
   /* fork: with "from"; import: with "received"; resume: neither */
@@ -195,7 +200,8 @@ static void test_summary(void **state) {
     char k[512], want[512];
     keys(map, k, sizeof k);
     snprintf(want, sizeof want,
-             "id ok session policy capacity kv_bytes kv_type resident seen evicted commit "
+             "id ok session policy capacity kv_bytes object_bytes kv_type resident seen "
+             "evicted commit "
              "adopted%s",
              cases[i].tail);
     assert_string_equal(k, want);
@@ -541,6 +547,7 @@ static void test_list(void **state) {
     snprintf(rows[i].kv_type, sizeof rows[i].kv_type, "f16");
     rows[i].owner_uid = 1000 + (uint64_t)i;
     rows[i].kv_bytes = 5u << 20;
+    rows[i].object_bytes = (5u << 20) + 8192;
     rows[i].age_s = 90061;
     rows[i].idle_s = 3700 * (uint64_t)i;
     rows[i].busy = i == 2;
@@ -556,7 +563,7 @@ static void test_list(void **state) {
     if (n) {
       keys(&sk_msg_get(map, "sessions")->via.array.ptr[1], k, sizeof k);
       assert_string_equal(k, "session owner_uid policy capacity kv_type resident seen busy "
-                             "adopted kv_bytes age_s idle_s temporary");
+                             "adopted kv_bytes object_bytes age_s idle_s temporary");
     }
     struct sk_session_info *got = (struct sk_session_info *)1;
     size_t got_n = 99;
@@ -573,6 +580,7 @@ static void test_list(void **state) {
       assert_string_equal(got[i].kv_type, rows[i].kv_type);
       assert_int_equal(got[i].owner_uid, rows[i].owner_uid);
       assert_int_equal(got[i].kv_bytes, rows[i].kv_bytes);
+      assert_int_equal(got[i].object_bytes, rows[i].object_bytes);
       assert_int_equal(got[i].age_s, rows[i].age_s);
       assert_int_equal(got[i].idle_s, rows[i].idle_s);
       assert_int_equal(got[i].busy, rows[i].busy);
@@ -664,6 +672,7 @@ static void test_session_stats(void **state) {
   s.seen = 4000;
   s.evicted = 3872;
   s.kv_bytes = 9000;
+  s.object_bytes = 12288;
   snprintf(s.kv_type, sizeof s.kv_type, "f32");
   s.has_positions = true;
   s.position_last = 127;
@@ -704,13 +713,13 @@ static void test_session_stats(void **state) {
     keys(map, k, sizeof k);
     assert_string_equal(k, with_x ? "id ok session chat_template policy n_sink window heavy recent "
                                     "pinned rope_scale model_rope_scale capacity resident seen "
-                                    "evicted kv_bytes kv_type sparsity sparse_tokens "
+                                    "evicted kv_bytes object_bytes kv_type sparsity sparse_tokens "
                                     "sparsity_measured weight_bytes_per_token positions "
                                     "attention busy commit "
                                     "adopted idle_s owner_uid resident_ranges tokens"
                                   : "id ok session chat_template policy n_sink window heavy recent "
                                     "pinned rope_scale model_rope_scale capacity resident seen "
-                                    "evicted kv_bytes kv_type sparsity sparse_tokens "
+                                    "evicted kv_bytes object_bytes kv_type sparsity sparse_tokens "
                                     "sparsity_measured weight_bytes_per_token positions "
                                     "attention busy commit "
                                     "adopted idle_s owner_uid resident_ranges");
@@ -733,6 +742,7 @@ static void test_session_stats(void **state) {
     assert_int_equal(got.seen, s.seen);
     assert_int_equal(got.evicted, s.evicted);
     assert_int_equal(got.kv_bytes, s.kv_bytes);
+    assert_int_equal(got.object_bytes, s.object_bytes);
     assert_string_equal(got.kv_type, s.kv_type);
     assert_true(got.has_positions);
     assert_int_equal(got.position_first, 0);

@@ -169,7 +169,7 @@ static int on_token(void *user, const struct sk_token_event *ev) {
 }
 
 static uint64_t open_session(struct sk_client *c, const struct opts *o, bool streaming,
-                             uint64_t *ret_kv_bytes) {
+                             uint64_t *ret_object_bytes) {
   struct sk_open_params p = {0};
   if (streaming) {
     p.policy = "streaming";
@@ -179,7 +179,7 @@ static uint64_t open_session(struct sk_client *c, const struct opts *o, bool str
   struct sk_open_result r;
   struct sk_error e = {0};
   if (sk_client_open(c, &p, &r, &e) < 0) sk_cli_die(1, "open: %s", e.message);
-  if (ret_kv_bytes) *ret_kv_bytes = r.kv_bytes;
+  if (ret_object_bytes) *ret_object_bytes = r.object_bytes;
   return r.session;
 }
 

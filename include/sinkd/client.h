@@ -220,7 +220,12 @@ struct sk_open_result {
   uint64_t session;  /* the new session's id */
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens the cache holds */
-  uint64_t kv_bytes; /* bytes of its KV cache */
+  uint64_t kv_bytes; /* bytes of its keys and values: 2 x n_layer x
+                        (capacity + 16 spare slots) x kv_dim x 2 (f16) or
+                        4 (f32) */
+  uint64_t object_bytes; /* bytes of its whole shared-memory object (keys
+                            and values, header, bookkeeping, logits): what
+                            it takes of memory_bytes */
   char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32" ("" if the
                                        reply has none) */
   uint64_t n_sink;   /* tokens; 0 where the policy has no such part */
@@ -263,7 +268,8 @@ struct sk_session_info {
                                        reply has none) */
   /* 0 / false when the reply leaves them out: */
   uint64_t owner_uid;  /* uid that owns it */
-  uint64_t kv_bytes;   /* bytes of its shared-memory object */
+  uint64_t kv_bytes;   /* bytes of its keys and values (sk_open_result) */
+  uint64_t object_bytes; /* bytes of its shared-memory object */
   uint64_t age_s;      /* seconds since it was made (open, fork, import) */
   uint64_t idle_s;     /* seconds since its last request or job (0 while
                           busy) */
@@ -295,7 +301,8 @@ struct sk_session_stats {
   uint64_t resident; /* tokens in the cache now */
   uint64_t seen;     /* tokens seen in total */
   uint64_t evicted;  /* tokens evicted in total */
-  uint64_t kv_bytes; /* bytes of the cache */
+  uint64_t kv_bytes; /* bytes of its keys and values (sk_open_result) */
+  uint64_t object_bytes; /* bytes of its shared-memory object */
   char kv_type[SK_CLIENT_NAME_MAX]; /* its elements: "f16" or "f32", the
                                        type it was created with, which a
                                        daemon adopting it keeps ("" if the
@@ -351,7 +358,8 @@ struct sk_session_summary {
   uint64_t session;  /* its id */
   char policy[SK_CLIENT_NAME_MAX];
   uint64_t capacity; /* tokens */
-  uint64_t kv_bytes; /* bytes of its shared-memory object */
+  uint64_t kv_bytes; /* bytes of its keys and values (sk_open_result) */
+  uint64_t object_bytes; /* bytes of its shared-memory object */
   char kv_type[SK_CLIENT_NAME_MAX]; /* "f16" or "f32" ("" if the
                                        reply has none) */
   uint64_t resident; /* tokens in the cache */

@@ -235,7 +235,8 @@ class Client:
                          **params)["session"]
 
     def open_info(self, **fields):
-        """open, returning the whole reply (capacity, kv_bytes, ...)."""
+        """open, returning the whole reply (capacity, kv_bytes,
+        object_bytes, ...)."""
         return self.call("open", **fields)
 
     def close_session(self, session):
