@@ -548,7 +548,7 @@ int sk_kv_new(struct sk_kv_shape shape, const struct sk_kv_params *p,
   return 0;
 }
 
-void sk_kv_delete(struct sk_kv *kv) {
+void sk_kv_free(struct sk_kv *kv) {
   if (!kv) return;
   free(kv->hdr);
   free(kv);

@@ -292,10 +292,10 @@ int sk_kv_attach_split(struct sk_kv *kv, void *meta, size_t meta_size,
 void sk_kv_rebind_meta(struct sk_kv *kv, void *meta);
 
 /* Convenience for malloc'd caches: allocates and formats; free with
- * sk_kv_delete. */
+ * sk_kv_free. */
 int sk_kv_new(struct sk_kv_shape shape, const struct sk_kv_params *p,
               struct sk_kv **ret, struct sk_error *err);
-void sk_kv_delete(struct sk_kv *kv);
+void sk_kv_free(struct sk_kv *kv);
 
 static inline uint32_t sk_kv_free_slots(const struct sk_kv *kv) {
   return kv->hdr->capacity - kv->hdr->n_resident;

@@ -502,7 +502,7 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok, c
   const int32_t bos = sk_tokenizer_bos(tok);
   for (uint32_t at = 0; at < n_use;) {
     /* one window: BOS (if the model has one), then text */
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
     kv = NULL;
     if (sk_kv_new(sk_model_kv_shape(m), &kp, &kv, &err) < 0) goto fail;
     if (bos >= 0 && sk_model_forward(m, s, kv, &bos, 1, NULL, false, &err) < 0) goto fail;
@@ -547,7 +547,7 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok, c
 fail:
   fprintf(stderr, "sinkd: --calibrate: %s\n", err.message);
 done:
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   sk_sparse_calib_free(&cal);
   sk_sparse_collect_free(col);
   sk_scratch_free(s);

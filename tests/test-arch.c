@@ -186,7 +186,7 @@ static void reference_run(const struct fx *f, const struct sk_kv_params *p, cons
       step(f->m, s, kv, &gen[t], 1, logits, false);
     }
     assert_int_equal(kv->hdr->n_evicted, 0);
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
     free(ids);
     free(gen);
   }
@@ -389,7 +389,7 @@ static void neox_cache(const char *arch, float *ret_next) {
     const float *k = sk_kv_k(dense, 0, sk_kv_slot(dense, p));
     for (uint32_t d = 0; d < c->kv_dim; d++) maxk = fmax(maxk, fabs(k[d] - want[d]));
   }
-  sk_kv_delete(dense);
+  sk_kv_free(dense);
 
   struct sk_kv_params sp = {.policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 12,
                             .rope_scale = 1.0f};
@@ -445,8 +445,8 @@ static void neox_cache(const char *arch, float *ret_next) {
          "diff %.3g\n",
          arch, maxl);
   assert_true(maxl < 1e-4);
-  sk_kv_delete(dense);
-  sk_kv_delete(kv);
+  sk_kv_free(dense);
+  sk_kv_free(kv);
   sk_scratch_free(s);
   unload(&f);
 }
@@ -642,7 +642,7 @@ static void test_daemon_qwen3(void **state) {
          maxn);
   free(all);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   unload(&f);
   sk_client_free(cl);
   int st = sk_test_daemon_stop(&d, 10000);
@@ -806,7 +806,7 @@ static double vs_naive(const struct sk_gguf *g, const struct sk_model *m, const 
   for (uint32_t i = 0; i < c->n_vocab; i++) maxd = fmax(maxd, fabs(logits[i] - want[i]));
   free(want);
   free(logits);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   sk_scratch_free(s);
   return maxd;
 }
@@ -960,8 +960,8 @@ static void batch_check(const struct sk_model *m, const char *what) {
     if (i % 4) assert_true(ka[i]->hdr->n_evicted > 0);
     assert_memory_equal(ta[i], tb[i], sizeof ta[i]);
     assert_memory_equal(la + (size_t)i * V, lb + (size_t)i * V, V * sizeof *la);
-    sk_kv_delete(ka[i]);
-    sk_kv_delete(kb[i]);
+    sk_kv_free(ka[i]);
+    sk_kv_free(kb[i]);
   }
   printf("%s: 8 sessions batched on 2 threads = each alone, bit for bit\n", what);
   free(la);
@@ -1187,7 +1187,7 @@ static void test_rope_freqs_values(void **state) {
   for (uint32_t i = 0; i < c->n_vocab; i++) assert_true(isfinite(logits[i]));
   free(logits);
   sk_scratch_free(sc);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   sk_model_free(m);
   sk_gguf_close(g);
   free(buf);

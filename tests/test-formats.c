@@ -156,7 +156,7 @@ static void compare(struct run *r, const json_t *ref, double min_gap, struct dif
         if ((int32_t)b != gen[st]) d->argmax_wrong++;
       }
     }
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
     free(ids);
     free(gen);
   }
@@ -342,7 +342,7 @@ static void test_mkmodel_types(void **state) {
       feed(&r, kv, prompt, 6, l);
       if (dq) ld = l;
       else lq = l;
-      sk_kv_delete(kv);
+      sk_kv_free(kv);
       sk_scratch_free(r.s);
       sk_model_free(m);
     }

@@ -80,7 +80,7 @@ static int exercise(const struct sk_model *m, const struct sk_tokenizer *t,
     free(text);
   }
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   free(logits);
   free(toks);
   return rc;

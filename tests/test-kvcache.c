@@ -156,7 +156,7 @@ static void test_streaming(void **state) {
   uint64_t after[5] = {70, 71, 72, 73, 74};
   assert_resident(kv, after, 5);
   free(before);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 /* No sinks (plain window) and larger steps keep the same invariants. */
@@ -181,7 +181,7 @@ static void test_window_random_steps(void **state) {
   assert_int_equal(log.n_ranges, 1);
   assert_int_equal(log.first[0], 0);
   assert_int_equal(log.last[0], seen - 8);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 static void test_dense(void **state) {
@@ -209,7 +209,7 @@ static void test_dense(void **state) {
   assert_resident(kv, want, 8);
   assert_int_equal(kv->hdr->n_evicted, 0);
   free(before);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 static void test_size(void **state) {
@@ -251,7 +251,7 @@ static void test_size(void **state) {
   assert_int_equal(meta_size, h->off_k);
   assert_int_equal(data_size, h->size - h->off_k);
   assert_false(sk_kv_part_sizes(sh, 0, &meta_size, &data_size));
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 static void expect_params_error(struct sk_kv_params p, uint32_t max,
@@ -415,7 +415,7 @@ static void test_window_policy(void **state) {
   assert_int_equal(log.n_evicted, 30);
   assert_int_equal(log.first[0], 28);
   assert_int_equal(log.last[0], 57);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 /* One token appended with a given score (what the forward pass would
@@ -480,7 +480,7 @@ static void test_h2o_scripted(void **state) {
     assert_int_equal(log.first[0], 9);
     assert_int_equal(log.last[0], 11);
     assert_permutation(kv);
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
   }
 }
 
@@ -510,7 +510,7 @@ static void test_sink_h2o_scripted(void **state) {
   assert_int_equal(sk_kv_make_room(kv, 4, &log, &err), 0);
   uint64_t sink_only[1] = {0};
   assert_resident(kv, sink_only, 1);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 /* A long random run of every evicting policy against a brute-force model
@@ -584,7 +584,7 @@ static void test_policies_against_model(void **state) {
         assert_true(kv->score[sk_kv_slot(kv, q)] == score[res[q]]);
       assert_true(seen < 4096 - 16);
     }
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
   }
 }
 
@@ -674,7 +674,7 @@ static void test_pin_streaming(void **state) {
   for (uint32_t i = 0; i < 5; i++) want[30 + i] = 1030 + i;
   assert_resident(kv, want, 35);
   assert_int_equal(kv->hdr->n_evicted, 1000);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 /* attach: a valid block round-trips; each corruption is named. */
@@ -748,7 +748,7 @@ static void test_attach(void **state) {
   order[3] = o3;
   assert_int_equal(sk_kv_attach(&view, mem, size, &err), 0);
   free(mem);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 
@@ -802,7 +802,7 @@ static void test_fifo_free_slots(void **state) {
     for (uint32_t p = 0; p < s0; p++) want[p] = p;
     for (uint32_t p = 0; p < 9; p++) want[s0 + p] = seen - 9 + p;
     assert_resident(kv, want, s0 + 9);
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
   }
 }
 
@@ -1003,9 +1003,9 @@ static void test_model_keys_after_evictions(void **state) {
   assert_true(maxl < 1e-4);
   assert_int_equal(argmax(l_stream, 512), argmax(l_dense, 512));
 
-  sk_kv_delete(dense);
+  sk_kv_free(dense);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   free(ids);
   json_decref(ref);
   sk_model_free(f.m);
@@ -1067,7 +1067,7 @@ static void test_model_far_stream(void **state) {
       }
       if (ps[pi].policy != SK_POLICY_DENSE) assert_true(kv->hdr->n_evicted > 40);
       assert_int_equal(kv->hdr->n_seen, (si ? starts[si - 1] : 0) + 80);
-      sk_kv_delete(kv);
+      sk_kv_free(kv);
     }
     free(want);
   }
@@ -1120,7 +1120,7 @@ static void test_model_long_stream(void **state) {
     assert_int_equal(kv->index[sk_kv_slot(kv, p)], p < 4 ? p : 5005 - 64 + p);
   assert_permutation(kv);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   sk_model_free(f.m);
   sk_gguf_close(f.g);
 }
@@ -1185,7 +1185,7 @@ static void test_model_keys_all_policies(void **state) {
     if (ps[pi].policy == SK_POLICY_SINK_H2O)
       for (uint32_t p = 0; p < 4; p++)
         assert_int_equal(sk_kv_index_at(kv, p), p);
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
   }
   printf("layer-0 keys after window/h2o/sink_h2o evictions: max abs diff "
          "%.3g\n", maxd);
@@ -1237,7 +1237,7 @@ static void h2o_run(const struct model_fx *f, const int32_t *prompt,
   }
   assert_int_equal(kv->hdr->n_evicted, 24 + 64 - 32);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 static void test_model_h2o(void **state) {

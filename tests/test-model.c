@@ -178,10 +178,10 @@ static void test_prefill_logits(void **state) {
                 &max_diff_prefill, "last only", n - 1, j);
 
   free(last_only);
-  sk_kv_delete(kv2);
+  sk_kv_free(kv2);
   free(logits);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   free(ids);
   json_decref(ref);
 }
@@ -245,7 +245,7 @@ static void run_greedy(uint32_t policy) {
     }
     assert_int_equal(kv->hdr->n_resident, n_prompt + n_gen);
     assert_int_equal(kv->hdr->n_evicted, 0);
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
     free(prompt);
     free(want);
   }
@@ -314,7 +314,7 @@ static void test_logprobs(void **state) {
         fail_msg("text %zu %s: %.9g, want %.9g", ti, ppl[i].key, got,
                  exp_ppl);
     }
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
     free(ids);
   }
   free(lp);
@@ -381,10 +381,10 @@ static void test_bad_input(void **state) {
   assert_int_equal(sk_kv_new(shape, &p, &other, &err), 0);
   expect_forward_error(s, other, ok, 1, SK_ERR_BAD_REQUEST, "does not match");
 
-  sk_kv_delete(other);
-  sk_kv_delete(big_kv);
+  sk_kv_free(other);
+  sk_kv_free(big_kv);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 /* ---- GGUF writer for the F16 / BF16 / bad-model tests ---------------- */
@@ -639,7 +639,7 @@ static float *prefill_scaled(const struct sk_model *m, const int32_t *ids,
   assert_non_null(logits);
   forward_ok(m, s, kv, ids, (uint32_t)n, logits, true);
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   return logits;
 }
 
@@ -867,8 +867,8 @@ static void batch_invariance(const struct sk_model *m) {
     assert_memory_equal(ta[i], tb[i], sizeof ta[i]);
     assert_memory_equal(la + (size_t)i * V, lb + (size_t)i * V, V * sizeof *la);
     assert_int_equal(ka[i]->hdr->n_seen, kb[i]->hdr->n_seen);
-    sk_kv_delete(ka[i]);
-    sk_kv_delete(kb[i]);
+    sk_kv_free(ka[i]);
+    sk_kv_free(kb[i]);
   }
   free(la);
   free(lb);
@@ -924,9 +924,9 @@ static void test_batch_errors(void **state) {
   seqs[0].n_evicted = 1;
   assert_int_equal(sk_model_forward_batch(fx.m, s, seqs, 1, &err), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(err.message, "n_evicted 1"));
-  sk_kv_delete(three[2].kv);
-  sk_kv_delete(a);
-  sk_kv_delete(b);
+  sk_kv_free(three[2].kv);
+  sk_kv_free(a);
+  sk_kv_free(b);
   sk_scratch_free(s);
 }
 
@@ -985,8 +985,8 @@ static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
   free(l1);
   free(l2);
   sk_scratch_free(s);
-  sk_kv_delete(one);
-  sk_kv_delete(chk);
+  sk_kv_free(one);
+  sk_kv_free(chk);
 }
 
 static void test_streaming_chunks_exact(void **state) {
@@ -1077,8 +1077,8 @@ static void test_f16_cache_vs_f32(void **state) {
     printf("\n");
     assert_true(maxd > 0.0 && maxd < 0.1);
     assert_true((double)agree / STEPS >= 0.97);
-    sk_kv_delete(kf);
-    sk_kv_delete(kh);
+    sk_kv_free(kf);
+    sk_kv_free(kh);
   }
   free(lf);
   free(lh);
@@ -1147,8 +1147,8 @@ static void quant_vs_f32(uint32_t type, double max_diff_bound, double agree_boun
   assert_true((double)agree / STEPS >= agree_bound);
   free(lf);
   free(lq);
-  sk_kv_delete(kf);
-  sk_kv_delete(kq);
+  sk_kv_free(kf);
+  sk_kv_free(kq);
   sk_scratch_free(sf);
   sk_scratch_free(sq);
   sk_model_free(mq);

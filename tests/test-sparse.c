@@ -87,7 +87,7 @@ static int setup(void **state) {
     struct sk_kv *kv = new_kv();
     if (sk_model_forward(fx.m, s, kv, fx.tok + (size_t)w * CTX, CTX, NULL, false, &err) < 0)
       return -1;
-    sk_kv_delete(kv);
+    sk_kv_free(kv);
   }
   sk_scratch_free(s);
   const float levels[] = SK_SPARSE_DEFAULT_LEVELS;
@@ -125,7 +125,7 @@ static void run(struct sk_scratch *s, const float *thr, float *out, uint64_t *ke
     assert_int_equal(rows, thr ? 1 : 0);
     for (uint32_t l = 0; kept_sum && l < fx.c->n_layer; l++) kept_sum[l] += kept[l];
   }
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
 }
 
 static void test_threshold_zero_is_dense(void **state) {
@@ -216,7 +216,7 @@ static void test_batch_mixed_same_bits(void **state) {
     assert_true(memcmp(out[1], dense_alone, nl * sizeof(float)) != 0);
     for (int j = 0; j < 3; j++) {
       free(out[j]);
-      sk_kv_delete(kv[j]);
+      sk_kv_free(kv[j]);
     }
   }
   sk_scratch_free(sp);

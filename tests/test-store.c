@@ -179,7 +179,7 @@ static void assert_snap(const struct snap *s, const struct sk_store_obj *obj) {
 }
 
 static void free_snap(struct snap *s) {
-  sk_kv_delete(s->kv);
+  sk_kv_free(s->kv);
   free(s->logits);
 }
 
@@ -291,7 +291,7 @@ static void test_same_as_plain_cache(void **state) {
   snprintf(path, sizeof path, "%s/session-1.skv", dir);
   assert_int_equal(stat(path, &sb), -1);
   sk_store_close(st);
-  sk_kv_delete(ref);
+  sk_kv_free(ref);
   free(ref_logits);
   rm_rf(dir);
   free(dir);

@@ -53,7 +53,7 @@ static void run(const struct sk_model *m, const struct sk_tokenizer *t, const ui
     if (rc < 0 && rc != -SK_ERR_BAD_REQUEST) sk_fuzz_fail("forward: %d %s", rc, e.message);
   }
   sk_scratch_free(s);
-  sk_kv_delete(kv);
+  sk_kv_free(kv);
   free(logits);
   free(toks);
 }
