@@ -253,6 +253,37 @@ static void sk__simple(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n
   }
 }
 
+/* One row of a family's framing by role: the message of role `role`
+ * (NULL: any role the rows before did not name) goes out as pre, its
+ * content (trimmed of white space if trim), post. */
+struct sk__turn {
+  const char *role;
+  const char *pre, *post;
+  bool trim;
+};
+
+/* The families that frame each message by its role alone: the first row
+ * naming the message's role (or the NULL row) frames it; a message no
+ * row takes is left out. */
+static void sk__turns(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n,
+                      const struct sk__turn *rows, size_t n_rows) {
+  for (size_t i = 0; i < n; i++) {
+    const struct sk_chat_msg *m = &msgs[i];
+    for (size_t k = 0; k < n_rows; k++) {
+      if (rows[k].role && !sk__role_is(m, rows[k].role)) continue;
+      sk__tpl(r, rows[k].pre);
+      sk__content(r, m, rows[k].trim);
+      sk__tpl(r, rows[k].post);
+      break;
+    }
+  }
+}
+#define SK__TURNS(r, msgs, n, ...)                                                        \
+  do {                                                                                    \
+    static const struct sk__turn rows_[] = {__VA_ARGS__};                                 \
+    sk__turns((r), (msgs), (n), rows_, sizeof rows_ / sizeof rows_[0]);                  \
+  } while (0)
+
 static void sk__mistral(struct sk__r *r, int tmpl, const struct sk_chat_msg *msgs, size_t n) {
   const char *lead = tmpl == SK_CHAT_MISTRAL_V1 ? " " : "";
   const char *trail = tmpl == SK_CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
@@ -371,37 +402,39 @@ static void sk__role_upper(struct sk__r *r, const struct sk_chat_msg *m) {
   }
 }
 
-int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_ass,
-                   struct sk_chat_text *out, struct sk_error *err) {
-  struct sk__r rr = {.out = out, .rc = 0}, *r = &rr;
+/* The ChatML-like families: lead, then per message open, role, mid,
+ * content (trimmed if trim), end; the generation prompt last. */
+static const struct sk__simple_family {
+  int tmpl;
+  const char *lead, *open, *mid, *end;
+  bool trim;
+  const char *gen;
+} sk__simple_families[] = {
+    {SK_CHAT_CHATML, "", "<|im_start|>", "\n", "<|im_end|>\n", false, "<|im_start|>assistant\n"},
+    {SK_CHAT_PHI3, "", "<|", "|>\n", "<|end|>\n", false, "<|assistant|>\n"},
+    {SK_CHAT_PHI4, "", "<|im_start|>", "<|im_sep|>", "<|im_end|>", false, "<|im_start|>assistant<|im_sep|>"},
+    {SK_CHAT_FALCON3, "", "<|", "|>\n", "\n", false, "<|assistant|>\n"},
+    {SK_CHAT_ZEPHYR, "", "<|", "|>\n", "<|endoftext|>\n", false, "<|assistant|>\n"},
+    {SK_CHAT_LLAMA3, "", "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true, "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+    {SK_CHAT_CHATGLM3, "[gMASK]sop", "<|", "|>\n ", "", false, "<|assistant|>"},
+    {SK_CHAT_CHATGLM4, "[gMASK]<sop>", "<|", "|>\n", "", false, "<|assistant|>\n"},
+    {SK_CHAT_GLMEDGE, "", "<|", "|>\n", "", false, "<|assistant|>"},
+    {SK_CHAT_MEGREZ, "", "<|role_start|>", "<|role_end|>", "<|turn_end|>", false, "<|role_start|>assistant<|role_end|>"},
+    {SK_CHAT_LLAMA4, "", "<|header_start|>", "<|header_end|>\n\n", "<|eot|>", true, "<|header_start|>assistant<|header_end|>\n\n"},
+};
+
+/* The families of their own shape; false for a family it does not know. */
+static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_msg *msgs, size_t n,
+                              bool add_ass) {
   switch (tmpl) {
-  case SK_CHAT_CHATML:
-    sk__simple(r, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", false);
-    if (add_ass) sk__tpl(r, "<|im_start|>assistant\n");
-    break;
   case SK_CHAT_MISTRAL_V7:
-  case SK_CHAT_MISTRAL_V7_TEKKEN: {
-    const char *sp = tmpl == SK_CHAT_MISTRAL_V7 ? " " : "";
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        sk__tpl(r, "[SYSTEM_PROMPT]");
-        sk__tpl(r, sp);
-        sk__content(r, m, false);
-        sk__tpl(r, "[/SYSTEM_PROMPT]");
-      } else if (sk__role_is(m, "user")) {
-        sk__tpl(r, "[INST]");
-        sk__tpl(r, sp);
-        sk__content(r, m, false);
-        sk__tpl(r, "[/INST]");
-      } else {
-        sk__tpl(r, sp);
-        sk__content(r, m, false);
-        sk__tpl(r, "</s>");
-      }
-    }
+    SK__TURNS(r, msgs, n, {"system", "[SYSTEM_PROMPT] ", "[/SYSTEM_PROMPT]", false},
+              {"user", "[INST] ", "[/INST]", false}, {NULL, " ", "</s>", false});
     break;
-  }
+  case SK_CHAT_MISTRAL_V7_TEKKEN:
+    SK__TURNS(r, msgs, n, {"system", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", false},
+              {"user", "[INST]", "[/INST]", false}, {NULL, "", "</s>", false});
+    break;
   case SK_CHAT_MISTRAL_V1:
   case SK_CHAT_MISTRAL_V3:
   case SK_CHAT_MISTRAL_V3_TEKKEN:
@@ -412,22 +445,6 @@ int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_
   case SK_CHAT_LLAMA2_SYS_BOS:
   case SK_CHAT_LLAMA2_SYS_STRIP:
     sk__llama2(r, tmpl, msgs, n);
-    break;
-  case SK_CHAT_PHI3:
-    sk__simple(r, msgs, n, "<|", "|>\n", "<|end|>\n", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>\n");
-    break;
-  case SK_CHAT_PHI4:
-    sk__simple(r, msgs, n, "<|im_start|>", "<|im_sep|>", "<|im_end|>", false);
-    if (add_ass) sk__tpl(r, "<|im_start|>assistant<|im_sep|>");
-    break;
-  case SK_CHAT_FALCON3:
-    sk__simple(r, msgs, n, "<|", "|>\n", "\n", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>\n");
-    break;
-  case SK_CHAT_ZEPHYR:
-    sk__simple(r, msgs, n, "<|", "|>\n", "<|endoftext|>\n", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>\n");
     break;
   case SK_CHAT_MONARCH:
     for (size_t i = 0; i < n; i++) {
@@ -465,152 +482,64 @@ int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_
     break;
   case SK_CHAT_VICUNA:
   case SK_CHAT_VICUNA_ORCA:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        if (tmpl == SK_CHAT_VICUNA_ORCA) {
-          sk__tpl(r, "SYSTEM: ");
-          sk__content(r, m, false);
-          sk__tpl(r, "\n");
-        } else {
-          sk__content(r, m, false);
-          sk__tpl(r, "\n\n");
-        }
-      } else if (sk__role_is(m, "user")) {
-        sk__tpl(r, "USER: ");
-        sk__content(r, m, false);
-        sk__tpl(r, "\n");
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, "ASSISTANT: ");
-        sk__content(r, m, false);
-        sk__tpl(r, "</s>\n");
-      }
-    }
+    if (tmpl == SK_CHAT_VICUNA_ORCA)
+      SK__TURNS(r, msgs, n, {"system", "SYSTEM: ", "\n", false}, {"user", "USER: ", "\n", false},
+                {"assistant", "ASSISTANT: ", "</s>\n", false});
+    else
+      SK__TURNS(r, msgs, n, {"system", "", "\n\n", false}, {"user", "USER: ", "\n", false},
+                {"assistant", "ASSISTANT: ", "</s>\n", false});
     if (add_ass) sk__tpl(r, "ASSISTANT:");
     break;
   case SK_CHAT_DEEPSEEK:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        sk__content(r, m, false);
-      } else if (sk__role_is(m, "user")) {
-        sk__tpl(r, "### Instruction:\n");
-        sk__content(r, m, false);
-        sk__tpl(r, "\n");
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, "### Response:\n");
-        sk__content(r, m, false);
-        sk__tpl(r, "\n<|EOT|>\n");
-      }
-    }
+    SK__TURNS(r, msgs, n, {"system", "", "", false},
+              {"user", "### Instruction:\n", "\n", false},
+              {"assistant", "### Response:\n", "\n<|EOT|>\n", false});
     if (add_ass) sk__tpl(r, "### Response:\n");
     break;
   case SK_CHAT_COMMAND_R:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      const char *tok = sk__role_is(m, "system")      ? "<|SYSTEM_TOKEN|>"
-                        : sk__role_is(m, "user")      ? "<|USER_TOKEN|>"
-                        : sk__role_is(m, "assistant") ? "<|CHATBOT_TOKEN|>"
-                                                      : NULL;
-      if (!tok) continue;
-      sk__tpl(r, "<|START_OF_TURN_TOKEN|>");
-      sk__tpl(r, tok);
-      sk__content(r, m, true);
-      sk__tpl(r, "<|END_OF_TURN_TOKEN|>");
-    }
+    SK__TURNS(r, msgs, n,
+              {"system", "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>", "<|END_OF_TURN_TOKEN|>", true},
+              {"user", "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>", "<|END_OF_TURN_TOKEN|>", true},
+              {"assistant", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
+               true});
     if (add_ass) sk__tpl(r, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
     break;
-  case SK_CHAT_LLAMA3:
-    sk__simple(r, msgs, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true);
-    if (add_ass) sk__tpl(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    break;
-  case SK_CHAT_CHATGLM3:
-    sk__tpl(r, "[gMASK]sop");
-    sk__simple(r, msgs, n, "<|", "|>\n ", "", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>");
-    break;
-  case SK_CHAT_CHATGLM4:
-    sk__tpl(r, "[gMASK]<sop>");
-    sk__simple(r, msgs, n, "<|", "|>\n", "", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>\n");
-    break;
-  case SK_CHAT_GLMEDGE:
-    sk__simple(r, msgs, n, "<|", "|>\n", "", false);
-    if (add_ass) sk__tpl(r, "<|assistant|>");
-    break;
   case SK_CHAT_MINICPM: /* no generation prompt: "<AI>" ends each user turn */
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "user")) {
-        sk__tpl(r, "<\xe7\x94\xa8\xe6\x88\xb7>");
-        sk__content(r, m, true);
-        sk__tpl(r, "<AI>");
-      } else {
-        sk__content(r, m, true);
-      }
-    }
+    SK__TURNS(r, msgs, n, {"user", "<\xe7\x94\xa8\xe6\x88\xb7>", "<AI>", true},
+              {NULL, "", "", true});
     break;
   case SK_CHAT_DEEPSEEK2:
   case SK_CHAT_DEEPSEEK3: {
-    const bool v3 = tmpl == SK_CHAT_DEEPSEEK3;
-    static const char eos[] = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
-    static const char user3[] = "<\xef\xbd\x9cUser\xef\xbd\x9c>";
-    static const char ass3[] = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        sk__content(r, m, false);
-        sk__tpl(r, "\n\n");
-      } else if (sk__role_is(m, "user")) {
-        sk__tpl(r, v3 ? user3 : "User: ");
-        sk__content(r, m, false);
-        if (!v3) sk__tpl(r, "\n\n");
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, v3 ? ass3 : "Assistant: ");
-        sk__content(r, m, false);
-        sk__tpl(r, eos);
-      }
-    }
-    if (add_ass) sk__tpl(r, v3 ? ass3 : "Assistant:");
+#define SK__DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
+#define SK__DS_ASS3 "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
+    if (tmpl == SK_CHAT_DEEPSEEK3)
+      SK__TURNS(r, msgs, n, {"system", "", "\n\n", false},
+                {"user", "<\xef\xbd\x9cUser\xef\xbd\x9c>", "", false},
+                {"assistant", SK__DS_ASS3, SK__DS_EOS, false});
+    else
+      SK__TURNS(r, msgs, n, {"system", "", "\n\n", false}, {"user", "User: ", "\n\n", false},
+                {"assistant", "Assistant: ", SK__DS_EOS, false});
+    if (add_ass) sk__tpl(r, tmpl == SK_CHAT_DEEPSEEK3 ? SK__DS_ASS3 : "Assistant:");
+#undef SK__DS_EOS
+#undef SK__DS_ASS3
     break;
   }
   case SK_CHAT_EXAONE3:
-  case SK_CHAT_EXAONE4:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        sk__tpl(r, "[|system|]");
-        sk__content(r, m, true);
-        sk__tpl(r, "[|endofturn|]\n");
-      } else if (sk__role_is(m, "user")) {
-        sk__tpl(r, "[|user|]");
-        sk__content(r, m, true);
-        sk__tpl(r, "\n");
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, "[|assistant|]");
-        sk__content(r, m, true);
-        sk__tpl(r, "[|endofturn|]\n");
-      } else if (tmpl == SK_CHAT_EXAONE4 && sk__role_is(m, "tool")) {
-        sk__tpl(r, "[|tool|]");
-        sk__content(r, m, true);
-        sk__tpl(r, "[|endofturn|]\n");
-      }
-    }
+  case SK_CHAT_EXAONE4: {
+    static const struct sk__turn rows[] = {
+        {"system", "[|system|]", "[|endofturn|]\n", true},
+        {"user", "[|user|]", "\n", true},
+        {"assistant", "[|assistant|]", "[|endofturn|]\n", true},
+        {"tool", "[|tool|]", "[|endofturn|]\n", true}, /* exaone4's only */
+    };
+    sk__turns(r, msgs, n, rows, tmpl == SK_CHAT_EXAONE4 ? 4 : 3);
     if (add_ass) sk__tpl(r, "[|assistant|]");
     break;
+  }
   case SK_CHAT_RWKV_WORLD: /* "\n\n" ends a turn; "Assistant:" follows the last user */
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      const char *who = sk__role_is(m, "system")      ? "System: "
-                        : sk__role_is(m, "user")      ? "User: "
-                        : sk__role_is(m, "assistant") ? "Assistant: "
-                                                      : NULL;
-      if (!who) continue;
-      sk__tpl(r, who);
-      sk__content(r, m, true);
-      sk__tpl(r, "\n\n");
-      if (i == n - 1 && sk__role_is(m, "user")) sk__tpl(r, "Assistant:");
-    }
+    SK__TURNS(r, msgs, n, {"system", "System: ", "\n\n", true},
+              {"user", "User: ", "\n\n", true}, {"assistant", "Assistant: ", "\n\n", true});
+    if (n && sk__role_is(&msgs[n - 1], "user")) sk__tpl(r, "Assistant:");
     break;
   case SK_CHAT_GRANITE:
     for (size_t i = 0; i < n; i++) {
@@ -647,47 +576,24 @@ int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_
       sk__content(r, &msgs[0], false);
       sk__tpl(r, "<|message_sep|>");
     }
-    for (size_t i = has_sys ? 1 : 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "user")) {
-        sk__tpl(r, "user<|role_sep|>");
-        sk__content(r, m, false);
-        sk__tpl(r, "<|message_sep|>available functions<|role_sep|>[]<|message_sep|>");
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, "assistant<|role_sep|>");
-        sk__content(r, m, false);
-        sk__tpl(r, "<|message_sep|>");
-      }
-    }
+    const size_t from = has_sys ? 1 : 0;
+    SK__TURNS(r, msgs + from, n - from,
+              {"user", "user<|role_sep|>",
+               "<|message_sep|>available functions<|role_sep|>[]<|message_sep|>", false},
+              {"assistant", "assistant<|role_sep|>", "<|message_sep|>", false});
     if (add_ass) sk__tpl(r, "assistant<|role_sep|>");
     break;
   }
-  case SK_CHAT_MEGREZ:
-    sk__simple(r, msgs, n, "<|role_start|>", "<|role_end|>", "<|turn_end|>", false);
-    if (add_ass) sk__tpl(r, "<|role_start|>assistant<|role_end|>");
-    break;
   case SK_CHAT_YANDEX: { /* "\n\n" ends a turn; no system role */
-    static const char user[] = " \xd0\x9f\xd0\xbe\xd0\xbb\xd1\x8c\xd0\xb7\xd0\xbe\xd0\xb2\xd0\xb0"
-                               "\xd1\x82\xd0\xb5\xd0\xbb\xd1\x8c: "; /* " Пользователь: " */
-    static const char ass[] = " \xd0\x90\xd1\x81\xd1\x81\xd0\xb8\xd1\x81\xd1\x82\xd0\xb5\xd0\xbd"
-                              "\xd1\x82:"; /* " Ассистент:" */
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "user")) {
-        sk__tpl(r, user);
-      } else if (sk__role_is(m, "assistant")) {
-        sk__tpl(r, ass);
-        sk__tpl(r, " ");
-      } else {
-        continue;
-      }
-      sk__content(r, m, false);
-      sk__tpl(r, "\n\n");
-    }
-    if (add_ass) {
-      sk__tpl(r, ass);
-      sk__tpl(r, "[SEP]");
-    }
+#define SK__YA_USER " \xd0\x9f\xd0\xbe\xd0\xbb\xd1\x8c\xd0\xb7\xd0\xbe\xd0\xb2\xd0\xb0" \
+                    "\xd1\x82\xd0\xb5\xd0\xbb\xd1\x8c: " /* " Пользователь: " */
+#define SK__YA_ASS " \xd0\x90\xd1\x81\xd1\x81\xd0\xb8\xd1\x81\xd1\x82\xd0\xb5\xd0\xbd" \
+                   "\xd1\x82:" /* " Ассистент:" */
+    SK__TURNS(r, msgs, n, {"user", SK__YA_USER, "\n\n", false},
+              {"assistant", SK__YA_ASS " ", "\n\n", false});
+    if (add_ass) sk__tpl(r, SK__YA_ASS "[SEP]");
+#undef SK__YA_USER
+#undef SK__YA_ASS
     break;
   }
   case SK_CHAT_BAILING:
@@ -710,23 +616,11 @@ int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_
     }
     break;
   }
-  case SK_CHAT_LLAMA4:
-    sk__simple(r, msgs, n, "<|header_start|>", "<|header_end|>\n\n", "<|eot|>", true);
-    if (add_ass) sk__tpl(r, "<|header_start|>assistant<|header_end|>\n\n");
-    break;
   case SK_CHAT_SMOLVLM:
     sk__tpl(r, "<|im_start|>");
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "system")) {
-        sk__content(r, m, false);
-        sk__tpl(r, "\n\n");
-      } else {
-        sk__tpl(r, sk__role_is(m, "user") ? "User: " : "Assistant: ");
-        sk__content(r, m, false);
-        sk__tpl(r, "<end_of_utterance>\n");
-      }
-    }
+    SK__TURNS(r, msgs, n, {"system", "", "\n\n", false},
+              {"user", "User: ", "<end_of_utterance>\n", false},
+              {NULL, "Assistant: ", "<end_of_utterance>\n", false});
     if (add_ass) sk__tpl(r, "Assistant:");
     break;
   case SK_CHAT_SEED_OSS:
@@ -741,6 +635,22 @@ int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_
     if (add_ass) sk__tpl(r, "<seed:bos>assistant\n");
     break;
   default:
+    return false;
+  }
+  return true;
+}
+
+int sk_chat_render(int tmpl, const struct sk_chat_msg *msgs, size_t n, bool add_ass,
+                   struct sk_chat_text *out, struct sk_error *err) {
+  struct sk__r rr = {.out = out, .rc = 0}, *r = &rr;
+  const struct sk__simple_family *sf = NULL;
+  for (size_t i = 0; i < sizeof sk__simple_families / sizeof sk__simple_families[0]; i++)
+    if (sk__simple_families[i].tmpl == tmpl) sf = &sk__simple_families[i];
+  if (sf) {
+    sk__tpl(r, sf->lead);
+    sk__simple(r, msgs, n, sf->open, sf->mid, sf->end, sf->trim);
+    if (add_ass) sk__tpl(r, sf->gen);
+  } else if (!sk__render_family(r, tmpl, msgs, n, add_ass)) {
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "no chat template (family %d)", tmpl);
   }
   if (rr.rc < 0) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory rendering a chat");
