@@ -766,41 +766,47 @@ static bool sk__bigram_before(const struct sk__bigram *a, const struct sk__bigra
   return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static int sk__heap_push(struct sk__spm *s, struct sk__bigram bg) {
-  if (s->n_heap == s->cap_heap) {
-    size_t cap = s->cap_heap ? s->cap_heap * 2 : 64;
-    if (cap > SIZE_MAX / sizeof *s->heap) return -SK_ERR_NO_MEMORY;
-    struct sk__bigram *h = realloc(s->heap, cap * sizeof *h);
-    if (!h) return -SK_ERR_NO_MEMORY;
-    s->heap = h;
-    s->cap_heap = cap;
+/* A binary heap of entries of type T in the growable array heap[n_heap]
+ * (cap_heap allocated) of a struct S, the entry BEFORE(a, b) puts first
+ * on top: PUSH adds one (0 or -SK_ERR_NO_MEMORY), POP takes the top
+ * (n_heap > 0). Both merge loops below queue their candidate pairs so. */
+#define SK__HEAP_DEFINE(PUSH, POP, S, T, BEFORE)                              \
+  static int PUSH(struct S *s, T x) {                                         \
+    if (s->n_heap == s->cap_heap) {                                           \
+      size_t cap = s->cap_heap ? s->cap_heap * 2 : 64;                        \
+      if (cap > SIZE_MAX / sizeof *s->heap) return -SK_ERR_NO_MEMORY;         \
+      T *h = realloc(s->heap, cap * sizeof *h);                               \
+      if (!h) return -SK_ERR_NO_MEMORY;                                       \
+      s->heap = h;                                                            \
+      s->cap_heap = cap;                                                      \
+    }                                                                         \
+    size_t i = s->n_heap++;                                                   \
+    while (i > 0) {                                                           \
+      size_t parent = (i - 1) / 2;                                            \
+      if (!BEFORE(&x, &s->heap[parent])) break;                               \
+      s->heap[i] = s->heap[parent];                                           \
+      i = parent;                                                             \
+    }                                                                         \
+    s->heap[i] = x;                                                           \
+    return 0;                                                                 \
+  }                                                                           \
+  static T POP(struct S *s) {                                                 \
+    T top = s->heap[0];                                                       \
+    T last = s->heap[--s->n_heap];                                            \
+    size_t i = 0, n = s->n_heap;                                              \
+    for (;;) {                                                                \
+      size_t c = 2 * i + 1;                                                   \
+      if (c >= n) break;                                                      \
+      if (c + 1 < n && BEFORE(&s->heap[c + 1], &s->heap[c])) c++;             \
+      if (!BEFORE(&s->heap[c], &last)) break;                                 \
+      s->heap[i] = s->heap[c];                                                \
+      i = c;                                                                  \
+    }                                                                         \
+    if (n) s->heap[i] = last;                                                 \
+    return top;                                                               \
   }
-  size_t i = s->n_heap++;
-  while (i > 0) {
-    size_t parent = (i - 1) / 2;
-    if (!sk__bigram_before(&bg, &s->heap[parent])) break;
-    s->heap[i] = s->heap[parent];
-    i = parent;
-  }
-  s->heap[i] = bg;
-  return 0;
-}
 
-static struct sk__bigram sk__heap_pop(struct sk__spm *s) {
-  struct sk__bigram top = s->heap[0];
-  struct sk__bigram last = s->heap[--s->n_heap];
-  size_t i = 0, n = s->n_heap;
-  for (;;) {
-    size_t c = 2 * i + 1;
-    if (c >= n) break;
-    if (c + 1 < n && sk__bigram_before(&s->heap[c + 1], &s->heap[c])) c++;
-    if (!sk__bigram_before(&s->heap[c], &last)) break;
-    s->heap[i] = s->heap[c];
-    i = c;
-  }
-  if (n) s->heap[i] = last;
-  return top;
-}
+SK__HEAP_DEFINE(sk__heap_push, sk__heap_pop, sk__spm, struct sk__bigram, sk__bigram_before)
 
 /* try_add_bigram: queue the merge of left and right if their
  * concatenation (contiguous in the text) is a token. llama.cpp also
@@ -903,41 +909,7 @@ static bool sk__bpair_before(const struct sk__bpair *a, const struct sk__bpair *
   return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static int sk__bheap_push(struct sk__bpe *s, struct sk__bpair p) {
-  if (s->n_heap == s->cap_heap) {
-    size_t cap = s->cap_heap ? s->cap_heap * 2 : 64;
-    if (cap > SIZE_MAX / sizeof *s->heap) return -SK_ERR_NO_MEMORY;
-    struct sk__bpair *h = realloc(s->heap, cap * sizeof *h);
-    if (!h) return -SK_ERR_NO_MEMORY;
-    s->heap = h;
-    s->cap_heap = cap;
-  }
-  size_t i = s->n_heap++;
-  while (i > 0) {
-    size_t parent = (i - 1) / 2;
-    if (!sk__bpair_before(&p, &s->heap[parent])) break;
-    s->heap[i] = s->heap[parent];
-    i = parent;
-  }
-  s->heap[i] = p;
-  return 0;
-}
-
-static struct sk__bpair sk__bheap_pop(struct sk__bpe *s) {
-  struct sk__bpair top = s->heap[0];
-  struct sk__bpair last = s->heap[--s->n_heap];
-  size_t i = 0, n = s->n_heap;
-  for (;;) {
-    size_t c = 2 * i + 1;
-    if (c >= n) break;
-    if (c + 1 < n && sk__bpair_before(&s->heap[c + 1], &s->heap[c])) c++;
-    if (!sk__bpair_before(&s->heap[c], &last)) break;
-    s->heap[i] = s->heap[c];
-    i = c;
-  }
-  if (n) s->heap[i] = last;
-  return top;
-}
+SK__HEAP_DEFINE(sk__bheap_push, sk__bheap_pop, sk__bpe, struct sk__bpair, sk__bpair_before)
 
 static int sk__bpe_try_pair(const struct sk_tokenizer *t, struct sk__bpe *s, int32_t left,
                             int32_t right) {
