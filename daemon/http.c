@@ -164,31 +164,41 @@ static void on_written(uv_write_t *w, int status) {
   conn_unref(c);
 }
 
-/* Queues data (taken: freed after the write). */
+/* Queues data[0..len) (taken: freed after the write) on the client's
+ * stream, or with back on the msgpack connection (not counted as HTTP
+ * output). Returns 0, or -SK_ERR_NO_MEMORY / -SK_ERR_IO with data freed
+ * and nothing queued. */
+static int out_write(struct hconn *c, bool back, char *data, size_t len) {
+  struct out_req *o = malloc(sizeof *o);
+  if (!o) {
+    free(data);
+    return -SK_ERR_NO_MEMORY;
+  }
+  o->c = c;
+  o->data = data;
+  o->len = back ? 0 : len;
+  o->back = back;
+  uv_buf_t buf = uv_buf_init(data, (unsigned)len);
+  c->refs++;
+  c->out_bytes += o->len;
+  if (uv_write(&o->req, back ? (uv_stream_t *)&c->back : &c->h.stream, &buf, 1, on_written) < 0) {
+    c->out_bytes -= o->len;
+    free(data);
+    free(o);
+    conn_unref(c);
+    return -SK_ERR_IO;
+  }
+  return 0;
+}
+
+/* Queues data (taken: freed after the write) for the client; a failure
+ * closes the connection. */
 static void conn_write(struct hconn *c, char *data, size_t len) {
   if (dead(c) || len == 0) {
     free(data);
     return;
   }
-  struct out_req *o = malloc(sizeof *o);
-  if (!o) {
-    free(data);
-    conn_close(c);
-    return;
-  }
-  o->c = c;
-  o->data = data;
-  o->len = len;
-  o->back = false;
-  uv_buf_t buf = uv_buf_init(data, (unsigned)len);
-  c->refs++;
-  c->out_bytes += len;
-  int rc = uv_write(&o->req, &c->h.stream, &buf, 1, on_written);
-  if (rc < 0) {
-    c->out_bytes -= len;
-    free(data);
-    free(o);
-    conn_unref(c);
+  if (out_write(c, false, data, len) < 0) {
     conn_close(c);
     return;
   }
@@ -312,7 +322,10 @@ void sk_http_stream_end(struct sk_http_req *req) {
 
 /* ---- the msgpack connection ---- */
 
-static void back_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+/* Both of a connection's streams (the client's and the msgpack one) read
+ * into the server's one read buffer: each read is handled before the
+ * next starts. */
+static void conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   struct hconn *c = h->data;
   buf->base = c->http->readbuf;
@@ -351,7 +364,7 @@ static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
 
 static void back_resume(struct hconn *c) {
   if (c->back_open && !c->back_reading && !c->back_gone && !c->closing) {
-    uv_read_start((uv_stream_t *)&c->back, back_alloc, back_read);
+    uv_read_start((uv_stream_t *)&c->back, conn_alloc, back_read);
     c->back_reading = true;
   }
 }
@@ -397,25 +410,10 @@ int sk_http_call(struct sk_http_req *req, struct sk_msgbuf *b, struct sk_error *
   }
   size_t size = 0;
   char *data = sk_msgbuf_release(b, &size);
-  struct out_req *o = data ? malloc(sizeof *o) : NULL;
-  if (!o) {
-    free(data);
-    rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    goto out;
-  }
-  o->c = c;
-  o->data = data;
-  o->len = 0; /* not counted as HTTP output */
-  o->back = true;
-  uv_buf_t buf = uv_buf_init(data, (unsigned)size);
-  c->refs++;
-  if (uv_write(&o->req, (uv_stream_t *)&c->back, &buf, 1, on_written) < 0) {
-    free(data);
-    free(o);
-    conn_unref(c);
-    rc = sk_error_set(err, SK_ERR_IO, "the daemon closed this client's connection");
-  }
-  return rc;
+  rc = data ? out_write(c, true, data, size) : -SK_ERR_NO_MEMORY;
+  if (rc == -SK_ERR_NO_MEMORY) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  if (rc < 0) return sk_error_set(err, SK_ERR_IO, "the daemon closed this client's connection");
+  return 0;
 out:
   sk_msgbuf_free(b);
   return rc;
@@ -425,7 +423,6 @@ out:
 
 static void conn_process(struct hconn *c, const char *data, size_t len);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 
 static void on_timer(uv_timer_t *t) {
   struct hconn *c = t->data;
@@ -465,7 +462,7 @@ static void request_done(struct hconn *c) {
     free(p);
   }
   if (!c->closing && !c->reading) {
-    uv_read_start(&c->h.stream, on_alloc, on_read);
+    uv_read_start(&c->h.stream, conn_alloc, on_read);
     c->reading = true;
   }
 }
@@ -578,13 +575,6 @@ static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
   }
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  struct hconn *c = h->data;
-  buf->base = c->http->readbuf;
-  buf->len = sizeof c->http->readbuf;
-}
-
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   struct hconn *c = s->data;
   if (nread < 0) {
@@ -610,17 +600,25 @@ static void conn_start(struct sk_http *h, struct hconn *c) {
     return;
   }
   uv_timer_start(&c->timer, on_timer, SK_HTTP_REQUEST_TIMEOUT_MS, 0);
-  uv_read_start(&c->h.stream, on_alloc, on_read);
+  uv_read_start(&c->h.stream, conn_alloc, on_read);
   c->reading = true;
+}
+
+/* A new connection's state (one reference, its own), or NULL when the
+ * listener reported an error or memory ran out (the peer is not taken). */
+static struct hconn *conn_new(struct sk_http *h, int status) {
+  if (status < 0) return NULL;
+  struct hconn *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->http = h;
+  c->refs = 1;
+  return c;
 }
 
 static void on_unix_conn(uv_stream_t *l, int status) {
   struct sk_http *h = l->data;
-  if (status < 0) return;
-  struct hconn *c = calloc(1, sizeof *c);
+  struct hconn *c = conn_new(h, status);
   if (!c) return;
-  c->http = h;
-  c->refs = 1;
   uv_pipe_init(h->loop, &c->h.pipe, 0);
   c->h.handle.data = c;
   if (uv_accept(l, &c->h.stream) < 0) {
@@ -640,11 +638,8 @@ static void on_unix_conn(uv_stream_t *l, int status) {
 
 static void on_tcp_conn(uv_stream_t *l, int status) {
   struct sk_http *h = l->data;
-  if (status < 0) return;
-  struct hconn *c = calloc(1, sizeof *c);
+  struct hconn *c = conn_new(h, status);
   if (!c) return;
-  c->http = h;
-  c->refs = 1;
   c->is_tcp = true;
   c->uid = h->cfg.tcp_uid;
   uv_tcp_init(h->loop, &c->h.tcp);
