@@ -506,10 +506,8 @@ static void test_daemon_qwen3(void **state) {
   struct sk_test_daemon d;
   const char *extra[] = {"--config", "/dev/null", "--kv-type", "f32", NULL};
   sk_test_daemon_start(&d, extra);
-  struct sk_client *cl = NULL;
+  struct sk_client *cl = sk_test_connect(d.socket);
   struct sk_error e = {0};
-  assert_int_equal(sk_client_connect(d.socket, &cl, &e), 0);
-  sk_client_set_timeout(cl, 120000, NULL);
 
   struct fx f;
   load("qwen3", &f);
@@ -525,10 +523,7 @@ static void test_daemon_qwen3(void **state) {
     assert_int_equal(sk_client_open(cl, &op, &o, &e), 0);
     assert_int_equal(sk_client_append_tokens(cl, o.session, ids, np, SK_BOS_FALSE, NULL, &e), 0);
     struct sk_generate_params gp;
-    sk_generate_params_init(&gp);
-    gp.max_tokens = 32;
-    gp.temperature = 0.0;
-    gp.ignore_eos = true;
+    sk_test_greedy_params(&gp, 32);
     gp.n_top = 10;
     struct collect col = {0};
     struct sk_generate_result gr;
@@ -628,10 +623,7 @@ static void test_daemon_qwen3(void **state) {
                    0);
   assert_int_equal(ar.evicted, 1);
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 1;
-  gp.temperature = 0.0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 1);
   gp.n_top = 10;
   struct collect col = {0};
   assert_int_equal(sk_client_generate(cl, o.session, &gp, collect_cb, &col, NULL, &e), 0);

@@ -39,10 +39,18 @@ static int on_token(void *user, const struct sk_token_event *ev) {
 }
 
 static struct sk_client *connect_to(const struct sk_test_daemon *d) {
-  struct sk_client *c = NULL;
+  return sk_test_connect(d->socket);
+}
+
+/* Starts d with extra, connects, and checks that hello (into *h) names
+ * want as the daemon's chat template. */
+static struct sk_client *start_with_template(struct sk_test_daemon *d, const char *const *extra,
+                                             const char *want, struct sk_hello *h) {
+  sk_test_daemon_start(d, extra);
+  struct sk_client *c = connect_to(d);
   struct sk_error e = {0};
-  if (sk_client_connect(d->socket, &c, &e) < 0) fail_msg("connect: %s", e.message);
-  sk_client_set_timeout(c, 120000, NULL);
+  assert_int_equal(sk_client_hello(c, h, &e), 0);
+  assert_string_equal(h->chat_template, want);
   return c;
 }
 
@@ -62,13 +70,9 @@ static void test_chat_named_template(void **state) {
   (void)state;
   struct sk_test_daemon d;
   const char *extra[] = {"--config", "/dev/null", NULL};
-  sk_test_daemon_start(&d, extra);
-  struct sk_client *c = connect_to(&d);
-  struct sk_error e = {0};
-
   struct sk_hello h;
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "none");
+  struct sk_client *c = start_with_template(&d, extra, "none", &h);
+  struct sk_error e = {0};
   assert_string_equal(h.chat_template_error, "");
 
   /* Without a template the op says what to do. */
@@ -195,12 +199,9 @@ static void test_sinkctl_chat(void **state) {
   (void)state;
   struct sk_test_daemon d;
   const char *extra[] = {"--config", "/dev/null", "--chat-template", "chatml", NULL};
-  sk_test_daemon_start(&d, extra);
-  struct sk_client *c = connect_to(&d);
-  struct sk_error e = {0};
   struct sk_hello h;
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "chatml");
+  struct sk_client *c = start_with_template(&d, extra, "chatml", &h);
+  struct sk_error e = {0};
   char *out = NULL, *err = NULL;
   assert_int_equal(run_sinkctl(&d, "Hello\n/system late\nHow are you?\n", &out, &err,
                                (const char *const[]){"--json", "chat", "-t", "0", "-n", "6",
@@ -263,12 +264,10 @@ static void test_model_template(void **state) {
                                 "{% endfor %}",
                                 "-o", model, NULL});
   struct sk_test_daemon d;
-  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL});
-  struct sk_client *c = connect_to(&d);
-  struct sk_error e = {0};
   struct sk_hello h;
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "chatml");
+  struct sk_client *c = start_with_template(
+      &d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL}, "chatml", &h);
+  struct sk_error e = {0};
   struct sk_open_result o;
   assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
   struct sk_generate_params gp;
@@ -284,21 +283,18 @@ static void test_model_template(void **state) {
   /* the daemon's option wins over the model's template */
   sk_client_free(c);
   assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
-  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model,
-                                                 "--chat-template", "llama3", NULL});
-  c = connect_to(&d);
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "llama3");
+  c = start_with_template(&d,
+                          (const char *const[]){"--config", "/dev/null", "--model", model,
+                                                "--chat-template", "llama3", NULL},
+                          "llama3", &h);
   sk_client_free(c);
   assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
 
   snprintf(model, sizeof model, "%s/odd.gguf", dir);
   mkmodel((const char *const[]){"-s", "260K", "--chat-template-text",
                                 "{{ messages | tojson }}", "-o", model, NULL});
-  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL});
-  c = connect_to(&d);
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "none");
+  c = start_with_template(
+      &d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL}, "none", &h);
   char *out = NULL, *err = NULL;
   assert_int_equal(run_sinkctl(&d, "", &out, &err, (const char *const[]){"hello", NULL}), 0);
   assert_non_null(strstr(out, "\nchat_template: none\nchat_template.error: the model's "
@@ -424,11 +420,9 @@ static void test_qwen2_chat(void **state) {
   assert_false(sk_tokenizer_add_bos(tok));
 
   struct sk_test_daemon d;
-  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL});
-  struct sk_client *c = connect_to(&d);
-  struct sk_hello h;
-  assert_int_equal(sk_client_hello(c, &h, &e), 0);
-  assert_string_equal(h.chat_template, "chatml"); /* the GGUF's own template */
+  struct sk_hello h; /* the GGUF's own template */
+  struct sk_client *c = start_with_template(
+      &d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL}, "chatml", &h);
 
   enum { CAP = 4096 };
   int32_t *want = malloc(CAP * sizeof *want);

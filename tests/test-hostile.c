@@ -859,10 +859,7 @@ static void *bystander_run(void *arg) {
   }
   while (!bs->stop) {
     struct sk_generate_params gp;
-    sk_generate_params_init(&gp);
-    gp.max_tokens = 64;
-    gp.temperature = 0;
-    gp.ignore_eos = true;
+    sk_test_greedy_params(&gp, 64);
     gp.prompt = bs->rounds == 0 ? "Once upon a time" : NULL;
     struct sk_generate_result gr;
     if (sk_client_generate(c, o.session, &gp, NULL, NULL, &gr, &e) < 0 || gr.n_tokens != 64) {

@@ -23,6 +23,7 @@
 
 #include "msg.h"
 #include "sinkd/client.h"
+#include "testdaemon.h"
 #include "testutil.h"
 #include "utf8.h"
 
@@ -31,12 +32,6 @@ static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static char g_log[256];
 static char g_state[256];
 static pid_t g_pid;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void dump_log(void) {
   size_t n = 0;
@@ -56,13 +51,6 @@ static struct sk_client *connect_or_fail(void) {
   }
   sk_client_set_timeout(c, 120000, NULL);
   return c;
-}
-
-/* Under valgrind or a sanitizer (SK_TEST_TOOL), time and memory figures
- * measure the tool: they are printed, not asserted. */
-static bool under_tool(void) {
-  const char *t = getenv("SK_TEST_TOOL");
-  return t && *t;
 }
 
 /* Memcheck runs the daemon some 50x slower. The longest streams (a
@@ -107,7 +95,7 @@ static int start_daemon(void **state) {
     _exit(127);
   }
   /* Ready when the socket accepts (valgrind takes seconds to start). */
-  for (int i = 0; i < (under_tool() ? 6000 : 500); i++) {
+  for (int i = 0; i < (sk_test_under_tool() ? 6000 : 500); i++) {
     struct sk_client *c = NULL;
     if (sk_client_connect(g_socket, &c, NULL) == 0) {
       sk_client_free(c);
@@ -257,10 +245,7 @@ static void greedy_case(struct sk_client *c, json_t *p, const struct sk_open_par
   assert_int_equal(ar.n_tokens, n_prompt);
   assert_int_equal(ar.evicted, 0);
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 64;
-  gp.temperature = 0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 64);
   gp.n_top = 10;
   struct collect *col = calloc(1, sizeof *col);
   col->text_valid = true;
@@ -370,10 +355,7 @@ static void test_dense_context_full(void **state) {
   assert_int_equal(sk_client_append_tokens(c, o.session, toks, 10, SK_BOS_DEFAULT, &ar, &e), 0);
   assert_int_equal(ar.resident, 10);
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 20;
-  gp.temperature = 0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 20);
   struct sk_generate_result gr;
   assert_int_equal(sk_client_generate(c, o.session, &gp, NULL, NULL, &gr, &e), 0);
   assert_string_equal(gr.stop, "context_full");
@@ -387,19 +369,6 @@ static void test_dense_context_full(void **state) {
   assert_non_null(strstr(e.message, "512"));
   assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
   sk_client_free(c);
-}
-
-static long daemon_rss_kib(void) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)g_pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  char line[256];
-  long kib = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  fclose(f);
-  return kib;
 }
 
 struct long_run {
@@ -450,7 +419,7 @@ static void test_streaming_5000_tokens(void **state) {
   long_generate(&first);
   assert_int_equal(first.rc, 0);
   assert_int_equal(first.gr.n_tokens, 100);
-  long rss_100 = daemon_rss_kib();
+  long rss_100 = sk_test_proc_rss_kib(g_pid);
 
   /* The rest in a thread while this thread pings on another connection. */
   struct long_run rest = {.session = o.session, .n = 4900};
@@ -460,9 +429,9 @@ static void test_streaming_5000_tokens(void **state) {
   int pings = 0;
   usleep(20000);
   while (!rest.done) {
-    double t0 = now_s();
+    double t0 = sk_test_now();
     assert_int_equal(sk_client_ping(c, &e), 0);
-    double dt = now_s() - t0;
+    double dt = sk_test_now() - t0;
     if (dt > worst) worst = dt;
     pings++;
     usleep(5000);
@@ -470,7 +439,7 @@ static void test_streaming_5000_tokens(void **state) {
   pthread_join(th, NULL);
   assert_int_equal(rest.rc, 0);
   assert_int_equal(rest.gr.n_tokens, 4900);
-  long rss_5000 = daemon_rss_kib();
+  long rss_5000 = sk_test_proc_rss_kib(g_pid);
   print_message("pings during generation: %d, worst round trip %.2f ms\n", pings, worst * 1e3);
   print_message("daemon RSS after 100 tokens %ld KiB, after 5000 tokens %ld KiB\n", rss_100, rss_5000);
   assert_true(pings >= 5);
@@ -479,7 +448,7 @@ static void test_streaming_5000_tokens(void **state) {
    * asserted: a unit test is no place for a timing target. The memory
    * figure measures the allocator of a sanitizer or valgrind when one
    * runs (SK_TEST_TOOL). */
-  if (!under_tool()) assert_true(labs(rss_5000 - rss_100) <= 1024);
+  if (!sk_test_under_tool()) assert_true(labs(rss_5000 - rss_100) <= 1024);
 
   struct sk_session_stats st;
   assert_int_equal(sk_client_session_stats(c, o.session, &st, &e), 0);
@@ -531,27 +500,6 @@ static void test_cancel(void **state) {
 
 /* ---- bad input on a raw connection ---- */
 
-static int raw_connect(void) {
-  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  memcpy(a.sun_path, g_socket, sizeof a.sun_path);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-  struct timeval tv = {.tv_sec = 10};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
-static void write_all(int fd, const void *p, size_t n) {
-  const char *b = p;
-  while (n) {
-    ssize_t w = write(fd, b, n);
-    assert_true(w > 0);
-    b += w;
-    n -= (size_t)w;
-  }
-}
-
 static void read_all(int fd, void *p, size_t n) {
   char *b = p;
   while (n) {
@@ -591,8 +539,8 @@ static void read_reply(int fd, uint64_t *ret_id, char *code, size_t code_size) {
 static void send_frame(int fd, const void *body, uint32_t n) {
   uint8_t hdr[4];
   sk_frame_header_put(hdr, n);
-  write_all(fd, hdr, 4);
-  if (n) write_all(fd, body, n);
+  sk_test_write_all(fd, hdr, 4);
+  if (n) sk_test_write_all(fd, body, n);
 }
 
 static void expect(int fd, const void *body, uint32_t n, uint64_t want_id, const char *want_code) {
@@ -606,7 +554,7 @@ static void expect(int fd, const void *body, uint32_t n, uint64_t want_id, const
 
 static void test_bad_frames(void **state) {
   (void)state;
-  int fd = raw_connect();
+  int fd = sk_test_raw_connect(g_socket, 10000);
   static const uint8_t ping[] = {0x82, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
   expect(fd, ping, sizeof ping, 7, "");
   /* Unknown op. */
@@ -646,9 +594,9 @@ static void test_bad_frames(void **state) {
   /* A frame split into single bytes. */
   uint8_t hdr[4];
   sk_frame_header_put(hdr, sizeof ping);
-  for (int i = 0; i < 4; i++) write_all(fd, hdr + i, 1);
+  for (int i = 0; i < 4; i++) sk_test_write_all(fd, hdr + i, 1);
   for (size_t i = 0; i < sizeof ping; i++) {
-    write_all(fd, ping + i, 1);
+    sk_test_write_all(fd, ping + i, 1);
     usleep(1000);
   }
   uint64_t id;
@@ -666,7 +614,7 @@ static void test_bad_frames(void **state) {
 /* Pipelining: two requests sent before reading; replies carry their ids. */
 static void test_pipelining(void **state) {
   (void)state;
-  int fd = raw_connect();
+  int fd = sk_test_raw_connect(g_socket, 10000);
   static const uint8_t a[] = {0x82, 0xa2, 'i', 'd', 0x15, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g'};
   static const uint8_t b[] = {0x82, 0xa2, 'i', 'd', 0x16, 0xa2, 'o', 'p', 0xa5, 'h', 'e', 'l', 'l', 'o'};
   send_frame(fd, a, sizeof a);
@@ -714,10 +662,7 @@ static void *batch_session(void *arg) {
   r->rc = sk_client_append_tokens(c, r->session, r->prompt, r->n_prompt, SK_BOS_FALSE, &ar, &r->err);
   if (r->start) pthread_barrier_wait(r->start);
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 200;
-  gp.temperature = 0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 200);
   struct sk_generate_result gr;
   r->n = 0;
   if (r->rc == 0) r->rc = sk_client_generate(c, r->session, &gp, batch_cb, r, &gr, &r->err);
@@ -819,7 +764,7 @@ static void *long_append_main(void *arg) {
 static void test_long_prefill_does_not_block(void **state) {
   (void)state;
   skip_under_valgrind();
-  if (under_tool()) { /* 200,000 tokens under ASan+UBSan take minutes */
+  if (sk_test_under_tool()) { /* 200,000 tokens under ASan+UBSan take minutes */
     print_message("skipped under %s (runs in the normal build)\n", getenv("SK_TEST_TOOL"));
     skip();
   }
@@ -845,10 +790,7 @@ static void test_long_prefill_does_not_block(void **state) {
     usleep(1000);
   }
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 32;
-  gp.temperature = 0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 32);
   gp.prompt = "Once upon a time";
   struct sk_generate_result gr;
   assert_int_equal(sk_client_generate(c, ob.session, &gp, NULL, NULL, &gr, &e), 0);
@@ -867,22 +809,6 @@ static void test_long_prefill_does_not_block(void **state) {
 
 /* ---- sinkctl ---- */
 
-static char *run_capture(const char *cmd, int *ret_status) {
-  FILE *f = popen(cmd, "r");
-  assert_non_null(f);
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap);
-  size_t r;
-  while ((r = fread(out + len, 1, cap - len - 1, f)) > 0) {
-    len += r;
-    if (len + 1 >= cap) out = realloc(out, cap *= 2);
-  }
-  out[len] = 0;
-  int st = pclose(f);
-  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
-
 static void test_sinkctl(void **state) {
   (void)state;
   const char *sinkctl = getenv("SK_SINKCTL");
@@ -894,7 +820,7 @@ static void test_sinkctl(void **state) {
            "%s --socket %s generate --temperature 0 --max-tokens 64 'Once upon a time'", sinkctl,
            g_socket);
   int status = -1;
-  char *out = run_capture(cmd, &status);
+  char *out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   char want[4096];
   snprintf(want, sizeof want, "Once upon a time%s\n",
@@ -903,55 +829,55 @@ static void test_sinkctl(void **state) {
   free(out);
 
   snprintf(cmd, sizeof cmd, "%s --socket %s tokenize 'Once upon a time'", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_string_equal(out, "1 403 407 261 378\n");
   free(out);
 
   snprintf(cmd, sizeof cmd, "%s --socket %s detokenize 403 407 261 378", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_string_equal(out, "Once upon a time"); /* exact bytes, no newline added */
   free(out);
 
   /* Exit codes scripts rely on: daemon error 1, usage 2, no daemon 3. */
   snprintf(cmd, sizeof cmd, "%s --socket %s close 999999 2>/dev/null", sinkctl, g_socket);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 1);
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-p 1.5 x 2>/dev/null", sinkctl, g_socket);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   /* the daemon's limits, checked by sinkctl: usage errors */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate -t 150 x 2>/dev/null", sinkctl, g_socket);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --rope-scale 65 x 2>/dev/null", sinkctl,
            g_socket);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   /* a zero of a part the policy has not is none of it: taken, as the
    * daemon takes it; a nonzero one is a usage error */
   snprintf(cmd, sizeof cmd, "%s --socket %s open --policy window --sinks 0", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket,
            strtoull(out, NULL, 10));
   free(out);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 0);
   snprintf(cmd, sizeof cmd, "%s --socket %s open --policy window --sinks 1 2>/dev/null", sinkctl,
            g_socket);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   /* a dense session that fills: generate says why it stopped (stderr) */
   snprintf(cmd, sizeof cmd, "%s --socket %s open --policy dense --capacity 8", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   unsigned long long full_id = strtoull(out, NULL, 10);
   free(out);
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --session %llu -n 50 Once 2>&1 >/dev/null",
            sinkctl, g_socket, full_id);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_string_equal(out, "sinkctl: the dense session is full (8 tokens): open one with "
                            "--policy streaming to keep going\n");
@@ -959,19 +885,19 @@ static void test_sinkctl(void **state) {
   /* ... and an append that no longer fits says it in the same words */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --session %llu -n 5 Once 2>&1 >/dev/null",
            sinkctl, g_socket, full_id);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 1);
   assert_string_equal(out, "sinkctl: context_full: the dense session is full: 1 tokens to "
                            "append, 0 of 8 slots free (8 resident); nothing was appended (open "
                            "one with --policy streaming to keep going)\n");
   free(out);
   snprintf(cmd, sizeof cmd, "%s --socket %s close %llu", sinkctl, g_socket, full_id);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 0);
   /* an empty prompt: the model starts from BOS alone, as through libsinkd
    * with the one token BOS */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate -n 24 -t 0 '' 2>&1", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   {
     struct sk_client *bc = connect_or_fail();
@@ -999,7 +925,7 @@ static void test_sinkctl(void **state) {
   /* a generation another client cancels (by closing its session): exit 1,
    * and stderr says why */
   snprintf(cmd, sizeof cmd, "%s --socket %s open", sinkctl, g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   const uint64_t long_id = strtoull(out, NULL, 10);
   free(out);
@@ -1034,13 +960,13 @@ static void test_sinkctl(void **state) {
   /* an eval output that cannot be written: refused before the run */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
            g_socket, g_dir, getenv("SK_MODEL"));
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 1); /* a file that cannot be written, as save's */
   assert_non_null(strstr(out, "--csv: cannot write "));
   free(out);
   /* a folder to load */
   snprintf(cmd, sizeof cmd, "%s --socket %s load %s 2>&1", sinkctl, g_socket, g_dir);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 1);
   assert_non_null(strstr(out, " is a folder, not an exported session file"));
   free(out);
@@ -1051,24 +977,24 @@ static void test_sinkctl(void **state) {
                           "open --policy window --pin x"};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>/dev/null", sinkctl, g_socket, shapes[i]);
-    free(run_capture(cmd, &status));
+    free(sk_test_run_capture(cmd, &status));
     if (status != 2) fail_msg("'%s': exit %d, expected 2", shapes[i], status);
   }
   /* a top_k beyond the vocabulary (512) keeps every token, as 0 does */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 100000 --seed 7 -n 12 Once",
            sinkctl, g_socket);
-  char *wide = run_capture(cmd, &status);
+  char *wide = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 0 --seed 7 -n 12 Once", sinkctl,
            g_socket);
-  out = run_capture(cmd, &status);
+  out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_string_equal(wide, out);
   assert_true(strlen(out) > strlen("Once\n"));
   free(wide);
   free(out);
   snprintf(cmd, sizeof cmd, "%s --socket %s/nope.sock ping 2>/dev/null", sinkctl, g_dir);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 3);
   json_decref(ref);
 }
@@ -1089,10 +1015,10 @@ static size_t count_sessions(struct sk_client *c) {
  * connection happens on the daemon's side, a moment later); fails after
  * 20 s. */
 static void wait_sessions(struct sk_client *c, size_t want) {
-  double t0 = now_s();
+  double t0 = sk_test_now();
   size_t n;
   while ((n = count_sessions(c)) != want) {
-    if (now_s() - t0 > 20) fail_msg("%zu sessions listed, expected %zu", n, want);
+    if (sk_test_now() - t0 > 20) fail_msg("%zu sessions listed, expected %zu", n, want);
     usleep(20000);
   }
 }
@@ -1127,7 +1053,7 @@ static void test_temporary_sessions(void **state) {
            "%s --socket %s generate --ignore-eos -n 100000 Once 2>/dev/null | head -c 1",
            sinkctl, g_socket);
   int status;
-  char *out = run_capture(cmd, &status);
+  char *out = sk_test_run_capture(cmd, &status);
   assert_string_equal(out, "O");
   free(out);
   wait_sessions(b, n0);
@@ -1143,7 +1069,7 @@ static void send_session_op(int fd, uint64_t id, const char *op, uint64_t sessio
   sk_pack_kv_u64(&b.pk, "session", session);
   int64_t n = sk_msgbuf_finish_map(&b);
   assert_true(n > 0);
-  write_all(fd, b.sbuf.data, (size_t)n);
+  sk_test_write_all(fd, b.sbuf.data, (size_t)n);
   sk_msgbuf_free(&b);
 }
 
@@ -1166,7 +1092,7 @@ static void test_copies_hold_their_session(void **state) {
   assert_int_equal(sk_client_session_stats(c, src.session, &st0, &e), 0);
   assert_true(st0.resident > 10);
 
-  int fd = raw_connect();
+  int fd = sk_test_raw_connect(g_socket, 10000);
   send_session_op(fd, 1, "fork", src.session);
   send_session_op(fd, 2, "stats", src.session);
   send_session_op(fd, 3, "close", src.session);
@@ -1220,7 +1146,7 @@ static void test_copies_hold_their_session(void **state) {
    * prefill takes a minute there) */
   const char *tool = getenv("SK_TEST_TOOL");
   if (!tool || strcmp(tool, "valgrind") != 0) {
-    fd = raw_connect();
+    fd = sk_test_raw_connect(g_socket, 10000);
     static const char piece[] = "Once upon a time, there was a dog. ";
     size_t reps = 180;
     char *pin = malloc(reps * (sizeof piece - 1) + 1);
@@ -1235,7 +1161,7 @@ static void test_copies_hold_their_session(void **state) {
     sk_pack_kv_strn(&b.pk, "pin", pin, reps * (sizeof piece - 1));
     int64_t fn = sk_msgbuf_finish_map(&b);
     assert_true(fn > 0);
-    write_all(fd, b.sbuf.data, (size_t)fn);
+    sk_test_write_all(fd, b.sbuf.data, (size_t)fn);
     sk_msgbuf_free(&b);
     free(pin);
     wait_sessions(c, n0 + 2); /* the fork and the new one, whose pin goes in */
@@ -1244,7 +1170,7 @@ static void test_copies_hold_their_session(void **state) {
   }
 
   /* an export whose client leaves at once */
-  fd = raw_connect();
+  fd = sk_test_raw_connect(g_socket, 10000);
   send_session_op(fd, 1, "export", fork_id);
   close(fd);
   assert_int_equal(sk_client_ping(c, &e), 0);
@@ -1515,10 +1441,7 @@ static void h2o_session(struct sk_client *c, int32_t **ret_tokens, struct sk_ses
   int32_t *ids = ref_ids(ref, 0, &n);
   assert_int_equal(sk_client_append_tokens(c, o.session, ids, 24, SK_BOS_DEFAULT, NULL, &e), 0);
   struct sk_generate_params gp;
-  sk_generate_params_init(&gp);
-  gp.max_tokens = 64;
-  gp.temperature = 0;
-  gp.ignore_eos = true;
+  sk_test_greedy_params(&gp, 64);
   struct sk_generate_result gr;
   assert_int_equal(sk_client_generate(c, o.session, &gp, NULL, NULL, &gr, &e), 0);
   assert_int_equal(gr.n_tokens, 64);
@@ -1660,7 +1583,7 @@ static void test_eval_short(void **state) {
            "--recompute-stride 64 --csv %s --plot %s %s",
            sinkctl, g_socket, csv, png, text);
   int status = -1;
-  char *out = run_capture(cmd, &status);
+  char *out = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_non_null(strstr(out, "1793-2047"));
   assert_non_null(strstr(out, "all scored"));
@@ -1700,16 +1623,16 @@ static void test_eval_short(void **state) {
 
   /* usage errors: exit 2, nothing sent */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --run lru %s 2>/dev/null", sinkctl, g_socket, text);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --run streaming:sink=4 %s 2>/dev/null", sinkctl,
            g_socket, text);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 2);
   /* a text that cannot be read: exit 1, as load's */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval %s/missing.txt 2>/dev/null", sinkctl, g_socket,
            g_dir);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 1);
   /* given parts that leave the budget nothing for a derived one */
   const struct {
@@ -1736,7 +1659,7 @@ static void test_eval_short(void **state) {
   for (size_t i = 0; i < sizeof no_room / sizeof no_room[0]; i++) {
     snprintf(cmd, sizeof cmd, "%s --socket %s eval %s %s 2>&1", sinkctl, g_socket,
              no_room[i].args, text);
-    char *msg = run_capture(cmd, &status);
+    char *msg = sk_test_run_capture(cmd, &status);
     assert_int_equal(status, 2);
     assert_non_null(strstr(msg, no_room[i].msg));
     free(msg);
@@ -1745,7 +1668,7 @@ static void test_eval_short(void **state) {
   snprintf(cmd, sizeof cmd,
            "%s --socket %s eval --budget 4 --tokens 20 --no-progress %s 2>&1 >/dev/null", sinkctl,
            g_socket, text);
-  char *notes = run_capture(cmd, &status);
+  char *notes = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 0);
   assert_string_equal(notes,
                       "sinkctl: eval: run streaming:sinks=4 left out: 4 of --budget 4 go to its "
@@ -1759,14 +1682,14 @@ static void test_eval_short(void **state) {
   free(notes);
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --run window:sinks=1 %s 2>&1", sinkctl, g_socket,
            text);
-  char *msg = run_capture(cmd, &status);
+  char *msg = sk_test_run_capture(cmd, &status);
   assert_int_equal(status, 2);
   assert_non_null(strstr(msg, "window has no parameter 'sinks'"));
   free(msg);
   /* a run the daemon refuses: exit 1 */
   snprintf(cmd, sizeof cmd, "%s --socket %s eval --tokens 10 --run dense:capacity=99999 %s 2>/dev/null",
            sinkctl, g_socket, text);
-  free(run_capture(cmd, &status));
+  free(sk_test_run_capture(cmd, &status));
   assert_int_equal(status, 1);
   free(text);
   json_decref(ref);
@@ -1779,9 +1702,9 @@ static void test_sigterm(void **state) {
   assert_int_equal(stat(g_socket, &st), 0);
   kill(g_pid, SIGTERM);
   int status = 0;
-  double t0 = now_s();
+  double t0 = sk_test_now();
   pid_t r;
-  while ((r = waitpid(g_pid, &status, WNOHANG)) == 0 && now_s() - t0 < (under_tool() ? 300 : 10))
+  while ((r = waitpid(g_pid, &status, WNOHANG)) == 0 && sk_test_now() - t0 < (sk_test_under_tool() ? 300 : 10))
     usleep(10000);
   assert_int_equal(r, g_pid);
   g_pid = 0;

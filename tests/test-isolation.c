@@ -299,19 +299,7 @@ static char *sinkctl_as(const struct user *u, const char *args, int *ret_status)
            "setpriv --reuid=%u --regid=%u --init-groups env LD_LIBRARY_PATH=%s %s/sinkctl "
            "--socket %s %s 2>&1",
            (unsigned)u->uid, (unsigned)u->gid, g_bin, g_bin, g_d.socket, args);
-  FILE *f = popen(cmd, "r");
-  assert_non_null(f);
-  size_t cap = 4096, len = 0;
-  char *out = malloc(cap);
-  size_t r;
-  while ((r = fread(out + len, 1, cap - len - 1, f)) > 0) {
-    len += r;
-    if (len + 1 >= cap) out = realloc(out, cap *= 2);
-  }
-  out[len] = 0;
-  int st = pclose(f);
-  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  return sk_test_run_capture(cmd, ret_status);
 }
 
 /* Session ids in `sinkctl list --json` output. */

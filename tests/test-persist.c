@@ -1079,17 +1079,6 @@ static void test_fork_300(void **state) {
 
 /* ---- export / import ---- */
 
-static char *run_capture(const char *cmd, int *ret_status) {
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  static char buf[8192];
-  size_t n = fread(buf, 1, sizeof buf - 1, p);
-  buf[n] = 0;
-  int st = pclose(p);
-  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return buf;
-}
-
 static void test_export_import(void **state) {
   (void)state;
   fresh_state("export");
@@ -1152,35 +1141,42 @@ static void test_export_import(void **state) {
   int st = 0;
   snprintf(cmd, sizeof cmd, "%s --socket %s save %llu %s/ctl.sinkd", ctl, g_socket,
            (unsigned long long)a, g_dir);
-  char *out = run_capture(cmd, &st);
+  char *out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 0);
   assert_non_null(strstr(out, "saved to"));
   snprintf(cmd, sizeof cmd, "%s --socket %s load %s/ctl.sinkd", ctl, g_socket, g_dir);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 0);
   uint64_t loaded = strtoull(out, NULL, 10);
   assert_true(loaded > b.session);
   snprintf(cmd, sizeof cmd, "%s --socket %s --json resume %llu", ctl, g_socket,
            (unsigned long long)loaded);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 0);
   assert_non_null(strstr(out, "\"resident\": "));
   snprintf(cmd, sizeof cmd, "%s --socket %s fork %llu", ctl, g_socket, (unsigned long long)loaded);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 0);
   assert_true(strtoull(out, NULL, 10) > loaded);
   snprintf(cmd, sizeof cmd, "%s --socket %s load %s 2>&1", ctl, g_socket, bad);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 1);
   assert_non_null(strstr(out, "bad_request: export file corrupted"));
   snprintf(cmd, sizeof cmd, "%s --socket %s load %s/nonexistent 2>&1", ctl, g_socket, g_dir);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 1);
   assert_non_null(strstr(out, "cannot open"));
   snprintf(cmd, sizeof cmd, "%s --socket %s resume 99999 2>&1", ctl, g_socket);
-  out = run_capture(cmd, &st);
+  free(out);
+  out = sk_test_run_capture(cmd, &st);
   assert_int_equal(st, 1);
   assert_non_null(strstr(out, "no_such_session"));
+  free(out);
   /* a small frame limit: the client halves its chunks until they fit */
   sk_client_free(c);
   kill9();

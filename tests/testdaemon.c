@@ -17,7 +17,23 @@
 #include <cmocka.h>
 
 #include "msg.h"
+#include "sinkd/client.h"
 #include "testutil.h"
+
+struct sk_client *sk_test_connect(const char *socket_path) {
+  struct sk_client *c = NULL;
+  struct sk_error e = {0};
+  if (sk_client_connect(socket_path, &c, &e) < 0) fail_msg("connect %s: %s", socket_path, e.message);
+  sk_client_set_timeout(c, 120000, NULL);
+  return c;
+}
+
+void sk_test_greedy_params(struct sk_generate_params *gp, uint32_t max_tokens) {
+  sk_generate_params_init(gp);
+  gp->max_tokens = max_tokens;
+  gp->temperature = 0;
+  gp->ignore_eos = true;
+}
 
 double sk_test_now(void) {
   struct timespec ts;

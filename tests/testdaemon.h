@@ -49,6 +49,17 @@ bool sk_test_proc_reset_hwm(pid_t pid);
  * figures its slowdown, so assertions on them are relaxed where noted. */
 bool sk_test_under_tool(void);
 
+struct sk_client;
+/* A libsinkd client connected to socket_path with a reply timeout of
+ * 120 s (a slow machine, a tool's slowdown); fails the test naming the
+ * error if it cannot connect. Free with sk_client_free. */
+struct sk_client *sk_test_connect(const char *socket_path);
+
+struct sk_generate_params;
+/* Greedy decoding of exactly max_tokens tokens: the protocol's defaults
+ * (sk_generate_params_init) with temperature 0 and ignore_eos. */
+void sk_test_greedy_params(struct sk_generate_params *gp, uint32_t max_tokens);
+
 /* Seconds on the monotonic clock. */
 double sk_test_now(void);
 

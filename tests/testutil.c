@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -94,6 +95,26 @@ char *sk_test_hex_decode(const char *hex, size_t *ret_len) {
   }
   out[n / 2] = 0;
   *ret_len = n / 2;
+  return out;
+}
+
+char *sk_test_run_capture(const char *cmd, int *ret_status) {
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap);
+  assert_non_null(out);
+  size_t r;
+  while ((r = fread(out + len, 1, cap - len - 1, f)) > 0) {
+    len += r;
+    if (len + 1 >= cap) {
+      out = realloc(out, cap *= 2);
+      assert_non_null(out);
+    }
+  }
+  out[len] = 0;
+  int st = pclose(f);
+  *ret_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return out;
 }
 

@@ -22,6 +22,10 @@ void *sk_test_read_file(const char *path, size_t *ret_len);
 int32_t *sk_test_json_ids(const json_t *arr, size_t *ret_n);
 /* Bytes from a hex string ("48656c6c6f"), malloc'd, NUL-terminated. */
 char *sk_test_hex_decode(const char *hex, size_t *ret_len);
+/* Runs cmd through the shell (popen) and returns everything it wrote to
+ * stdout, NUL-terminated (malloc'd; the caller frees it); *ret_status is
+ * its exit status, or -1 if it did not exit normally. */
+char *sk_test_run_capture(const char *cmd, int *ret_status);
 /* A fresh temporary directory (mkdtemp under $TMPDIR or /tmp); malloc'd. */
 char *sk_test_tmpdir(void);
 /* In a forked child that will exec a daemon: the kernel kills it with
