@@ -303,35 +303,81 @@ static void test_calibration_file(void **state) {
   free(dir);
 }
 
-/* The transposed copy of a quantized matrix holds the same weights up to
- * one more rounding: Q8_0 requantized along the other axis. */
-static void test_transpose_q8_0(void **state) {
+/* The Q8_0 kernels of the sparse MLP against the dense kernels on the
+ * same weights: the down copy holds down's own quants and scales, and a
+ * token's output is the dense MLP's with the skipped neurons' h set to 0
+ * (to the float rounding of up's sums), in every kernel variant. DIM is
+ * not a multiple of 64, so the padding of the tiles is crossed too. */
+static void test_q8_kernels(void **state) {
   (void)state;
-  enum { DIM = 64, HID = 96 };
-  float w[DIM][HID], back[HID][DIM];
-  for (int o = 0; o < DIM; o++)
-    for (int j = 0; j < HID; j++) w[o][j] = sinf(0.37f * (float)(o * HID + j)) * (1 + o % 3);
-  struct sk_block_q8_0 q[DIM][HID / 32];
-  for (int o = 0; o < DIM; o++) sk_quantize_row_q8_0(w[o], HID, q[o]);
-  struct sk_wmat m = {.type = SK_GGML_Q8_0, .rows = DIM, .cols = HID,
-                      .row_bytes = sk_quant_row_bytes(SK_GGML_Q8_0, HID), .data = q};
-  struct sk_wmat t;
-  void *mem = NULL;
-  struct sk_error err = {0};
-  assert_int_equal(sk_sparse_transpose(&m, &t, &mem, &err), 0);
-  assert_int_equal(t.type, SK_GGML_Q8_0);
-  assert_int_equal(t.rows, HID);
-  assert_int_equal(t.cols, DIM);
-  assert_int_equal(t.row_bytes, 2 * 34);
-  float deq[DIM][HID];
-  for (int o = 0; o < DIM; o++) sk_dequantize_row(SK_GGML_Q8_0, q[o], HID, deq[o]);
+  enum { DIM = 96, HID = 160 };
+  static float wu[HID][DIM], wd[DIM][HID];
+  static struct sk_block_q8_0 qu[HID][DIM / 32], qd[DIM][HID / 32];
   for (int j = 0; j < HID; j++)
-    sk_dequantize_row(SK_GGML_Q8_0, (const uint8_t *)t.data + (size_t)j * t.row_bytes, DIM,
-                      back[j]);
-  for (int o = 0; o < DIM; o++)
-    for (int j = 0; j < HID; j++) /* half a step of the new scale (<= 3/127), plus its
-                                     rounding to f16 (2^-11 relative, times 127 steps) */
-      assert_true(fabsf(back[j][o] - deq[o][j]) <= 3.0f / 127.0f * 0.5f + 3.0f / 2048.0f);
+    for (int o = 0; o < DIM; o++) {
+      wu[j][o] = sinf(0.37f * (float)(j * DIM + o)) * (1 + j % 3);
+      wd[o][j] = cosf(0.11f * (float)(o * HID + j) + 0.5f) * (1 + o % 5);
+    }
+  for (int j = 0; j < HID; j++) sk_quantize_row_q8_0(wu[j], DIM, qu[j]);
+  for (int o = 0; o < DIM; o++) sk_quantize_row_q8_0(wd[o], HID, qd[o]);
+  const struct sk_wmat up = {.type = SK_GGML_Q8_0, .rows = HID, .cols = DIM,
+                             .row_bytes = sk_quant_row_bytes(SK_GGML_Q8_0, DIM), .data = qu};
+  const struct sk_wmat down = {.type = SK_GGML_Q8_0, .rows = DIM, .cols = HID,
+                               .row_bytes = sk_quant_row_bytes(SK_GGML_Q8_0, HID), .data = qd};
+  struct sk_sparse_mlp w;
+  void *mem = NULL;
+  size_t bytes = 0;
+  struct sk_error err = {0};
+  assert_int_equal(sk_sparse_prepare(&w, &up, &down, &mem, &bytes, &err), 0);
+  assert_int_equal(w.down_type, SK_GGML_Q8_0);
+  assert_int_equal(w.ld, 128);
+  assert_non_null(w.uq);
+  float deq[HID];
+  for (int o = 0; o < DIM; o++) {
+    sk_dequantize_row(SK_GGML_Q8_0, qd[o], HID, deq);
+    for (int j = 0; j < HID; j++) assert_true(sk_sparse_down_weight(&w, j, o) == deq[j]);
+  }
+  /* kept rows of up and down plus the scales of the 5 blocks */
+  assert_true(sk_sparse_step_bytes(&w, 10.0) == 10.0 * (102 + 128) + 5 * 128 * 2);
+
+  static float x[DIM], gate[HID], u[HID], h[HID], yd[DIM], ys[DIM];
+  static int8_t xq[DIM], hq[HID];
+  static float xd[DIM / 32], hd[HID / 32];
+  static int32_t xs[DIM / 32], hs[HID / 32];
+  for (int o = 0; o < DIM; o++) x[o] = sinf(1.3f * (float)o) + 0.25f;
+  for (int j = 0; j < HID; j++) gate[j] = 3.0f * sinf(0.7f * (float)j + 1.0f);
+  sk_kernels_quantize_rows(x, DIM, 1, DIM, xq, xd, xs);
+  const struct sk_act ax = {.n = 1, .cols = DIM, .f = x, .ldf = DIM, .q = xq, .d = xd, .s = xs};
+  const char *variants[] = {"auto", "generic"};
+  const float thrs[] = {0.0f, 0.4f, 1.5f};
+  struct sk_sparse_work wk;
+  assert_int_equal(sk_sparse_work_init(&wk, HID, DIM, 1, &err), 0);
+  for (size_t v = 0; v < 2; v++) {
+    assert_int_equal(sk_kernels_select(variants[v], &err), 0);
+    float *urow[1] = {u}, *yrow[1] = {yd};
+    sk_kernels_matmul(&up, &ax, urow, 0, HID);
+    for (size_t t = 0; t < 3; t++) {
+      uint32_t kept = 0;
+      for (int j = 0; j < HID; j++) {
+        const float si = gate[j] / (1.0f + expf(-gate[j]));
+        h[j] = fabsf(si) > thrs[t] ? si * u[j] : 0.0f;
+        kept += fabsf(si) > thrs[t];
+      }
+      sk_kernels_quantize_rows(h, HID, 1, HID, hq, hd, hs);
+      const struct sk_act ah = {.n = 1, .cols = HID, .f = h, .ldf = HID, .q = hq, .d = hd,
+                                .s = hs};
+      sk_kernels_matmul(&down, &ah, yrow, 0, DIM);
+      assert_int_equal(sk_sparse_mlp_row(&w, gate, thrs[t], &ax, ys, &wk, NULL), kept);
+      float mx = 0.0f;
+      for (int o = 0; o < DIM; o++) mx = fmaxf(mx, fabsf(yd[o]));
+      for (int o = 0; o < DIM; o++)
+        if (fabsf(ys[o] - yd[o]) > 1e-5f * mx)
+          fail_msg("%s, threshold %g: output %d is %.9g, dense %.9g", variants[v],
+                   (double)thrs[t], o, (double)ys[o], (double)yd[o]);
+    }
+  }
+  assert_int_equal(sk_kernels_select("auto", &err), 0);
+  sk_sparse_work_free(&wk);
   free(mem);
 }
 
@@ -341,7 +387,7 @@ int main(void) {
       cmocka_unit_test(test_batch_mixed_same_bits),
       cmocka_unit_test(test_calibration_levels),
       cmocka_unit_test(test_calibration_file),
-      cmocka_unit_test(test_transpose_q8_0),
+      cmocka_unit_test(test_q8_kernels),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

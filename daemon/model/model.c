@@ -775,17 +775,15 @@ int sk_model_sparse_prepare(struct sk_model *m, struct sk_error *err) {
   uint64_t bytes = 0;
   for (uint32_t l = 0; l < c->n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
-    sp[l].up = L->w_up;
-    sp[l].up.packed = NULL; /* rows read one by one: the GGUF layout */
-    sp[l].up.pack_rows = 0;
     void *mem = NULL;
-    int rc = sk_sparse_transpose(&L->w_down, &sp[l].down_t, &mem, err);
-    if (rc == 0) rc = sk__own(m, mem, "ffn_down (transposed)", err);
+    size_t n = 0;
+    int rc = sk_sparse_prepare(&sp[l], &L->w_up, &L->w_down, &mem, &n, err);
+    if (rc == 0) rc = sk__own(m, mem, "ffn_up, ffn_down (sparse MLP)", err);
     if (rc < 0) {
       free(sp);
       return rc;
     }
-    bytes += (uint64_t)sp[l].down_t.row_bytes * sp[l].down_t.rows;
+    bytes += n;
   }
   m->sparse = sp;
   m->sparse_bytes = bytes;
@@ -800,7 +798,7 @@ double sk_model_sparse_step_bytes(const struct sk_model *m, const double *kept) 
   for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
     const struct sk__layer *L = &m->layers[l];
     b -= (double)L->w_up.row_bytes * L->w_up.rows + (double)L->w_down.row_bytes * L->w_down.rows;
-    b += kept[l] * (double)(m->sparse[l].up.row_bytes + m->sparse[l].down_t.row_bytes);
+    b += sk_sparse_step_bytes(&m->sparse[l], kept[l]);
   }
   return b;
 }
@@ -1712,6 +1710,15 @@ static int sk__check_seq(const struct sk_model *m, const struct sk_scratch *s,
   return 0;
 }
 
+/* The thresholds a sequence's MLP runs with: its sparse_thr for a decode
+ * step (one token) and for scoring (every row's logits), NULL (dense) for
+ * a prefill of more than one token. Prefill is batched and compute-bound:
+ * skipping neurons one row at a time there costs more than it saves, and
+ * the prompt's cache entries are then the dense model's. */
+static const float *sk__sparse_thr(const struct sk_seq *q) {
+  return q->n > 1 && !q->all_logits ? NULL : q->sparse_thr;
+}
+
 int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
                            const struct sk_seq *seqs, uint32_t n_seqs, struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
@@ -1737,14 +1744,14 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
    * them: the dense MLP products then run on one block of rows. */
   uint32_t nd = 0;
   for (uint32_t i = 0; i < n_seqs; i++)
-    if (!seqs[i].sparse_thr) nd += seqs[i].n;
+    if (!sk__sparse_thr(&seqs[i])) nd += seqs[i].n;
   uint32_t max_pos = 0, row_d = 0, row_s = nd;
   for (uint32_t i = 0; i < n_seqs; i++) sk_kv_step_view(seqs[i].kv, &s->seqs[i].kv);
   const float common_scale = c->rope_scale / s->seqs[0].kv.rope_scale;
   for (uint32_t i = 0; i < n_seqs; i++) {
     struct sk__seq *sq = &s->seqs[i];
     const struct sk_kv_step *h = &sq->kv;
-    const uint32_t row = seqs[i].sparse_thr ? row_s : row_d;
+    const uint32_t row = sk__sparse_thr(&seqs[i]) ? row_s : row_d;
     sq->in = &seqs[i];
     sq->row0 = row;
     sq->nr = h->n_resident;
@@ -1765,7 +1772,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
         }
       }
     }
-    if (seqs[i].sparse_thr) row_s += seqs[i].n;
+    if (sk__sparse_thr(&seqs[i])) row_s += seqs[i].n;
     else row_d += seqs[i].n;
     if (sq->freq_scale == common_scale && sq->nr + seqs[i].n > max_pos)
       max_pos = sq->nr + seqs[i].n;
@@ -1877,7 +1884,8 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     /* Sparse rows (sparse.h): their input is still in xb/aq, their
      * output goes to their row of xb2 as the dense product's would. */
     for (uint32_t i = 0; i < n_seqs && nd < n; i++) {
-      if (!seqs[i].sparse_thr) continue;
+      const float *thr = sk__sparse_thr(&seqs[i]);
+      if (!thr) continue;
       const size_t nb = dim / SK_QK;
       for (uint32_t j = 0; j < seqs[i].n; j++) {
         const size_t r = s->seqs[i].row0 + j;
@@ -1889,7 +1897,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
         x1.kd += r * (dim / SK_QKK);
         x1.ks += r * (dim / 16);
         s->sp_kept[(size_t)i * c->n_layer + l] +=
-            sk_sparse_mlp_row(&m->sparse[l], s->hb + r * H, seqs[i].sparse_thr[l], &x1,
+            sk_sparse_mlp_row(&m->sparse[l], s->hb + r * H, thr[l], &x1,
                               s->xb2 + r * dim, &s->sp, s->pool);
       }
       if (l == 0) s->sp_rows[i] = seqs[i].n;

@@ -138,7 +138,8 @@ uint64_t sk_model_mapped_bytes(const struct sk_model *m);
 uint64_t sk_model_repacked_bytes(const struct sk_model *m);
 
 /* Makes the weights the sparse MLP reads (sparse.h): each layer's down
- * projection transposed, a copy the model owns (sk_model_sparse_bytes).
+ * projection read neuron by neuron (and Q8_0 up rows in the sparse
+ * kernels' layout), copies the model owns (sk_model_sparse_bytes).
  * Call once, before making the scratches that run sparse sequences; a
  * second call does nothing. Errors: -SK_ERR_NO_MEMORY, -SK_ERR_BAD_MODEL. */
 int sk_model_sparse_prepare(struct sk_model *m, struct sk_error *err);
@@ -146,8 +147,8 @@ int sk_model_sparse_prepare(struct sk_model *m, struct sk_error *err);
 uint64_t sk_model_sparse_bytes(const struct sk_model *m);
 /* Bytes of weights one token reads when layer l keeps kept[l] neurons
  * (n_layer values; means over tokens are fine): sk_model_weight_bytes
- * with each layer's up and down replaced by the kept rows of up and of
- * the transposed down. sk_model_weight_bytes before sparse_prepare. */
+ * with each layer's up and down replaced by what the sparse MLP reads
+ * (sk_sparse_step_bytes). sk_model_weight_bytes before sparse_prepare. */
 double sk_model_sparse_step_bytes(const struct sk_model *m, const double *kept);
 
 /* Activations for one forward call: sized for batches of up to max_batch
@@ -181,9 +182,11 @@ struct sk_seq {
                             (n, n_vocab) with all_logits */
   bool all_logits;
   /* Contextual sparsity of the MLP (sparse.h): NULL = dense, else the
-   * per-layer thresholds (n_layer floats, not owned) every token of this
-   * sequence uses, one token at a time. Needs sk_model_sparse_prepare
-   * before the scratch was made. */
+   * per-layer thresholds (n_layer floats, not owned) the tokens of this
+   * sequence use, one token at a time, when it is one token (decode) or
+   * asks for all_logits (scoring); a prefill of more than one token
+   * without all_logits runs dense. Needs sk_model_sparse_prepare before
+   * the scratch was made. */
   const float *sparse_thr;
 };
 

@@ -20,17 +20,16 @@
  *   h_j = silu(g_j) * u_j            for j in K (sk_kernels_swiglu)
  *   y = sum over j in K, in order, of h_j * down^T_j
  *
- * down^T is the down projection transposed, one row of dim outputs per
- * neuron, in the weight type of down when sinkd can quantize to it (F32,
- * F16: exact; Q8_0, Q4_0: requantized from the dequantized weights, one
- * more rounding of each weight) and in Q8_0 otherwise: a copy the model
- * owns (sk_model_sparse_bytes). The up rows are read in the GGUF layout
- * (the file's mapping), whatever layout the dense products use.
+ * down^T is the down projection read neuron by neuron: a copy the model
+ * owns (sk_model_sparse_bytes), exact for F32 and F16 weights, Q8_0
+ * along the GGUF rows otherwise (struct sk_sparse_mlp below). The up
+ * rows of Q8_0 weights are a copy too; other types are read in the GGUF
+ * layout (the file's mapping), whatever layout the dense products use.
  *
  * With t = 0 every neuron with silu(g_j) != 0 is kept and y is the dense
- * MLP's output up to the order of the down sums (and, for quantized down
- * weights, the requantization and the float rather than int8
- * activations): bit-for-bit what the F32 dense path gives to ~1e-6.
+ * MLP's output up to the order of the sums of up (and of down for F32
+ * and F16 weights) and, for down types other than Q8_0, the
+ * requantization of down to Q8_0: F32 gives the dense logits to ~1e-6.
  *
  * Determinism: each output element is summed over K in ascending order,
  * whatever the threads, so a row's result depends only on that row.
@@ -117,28 +116,72 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
                                  uint32_t n_levels, struct sk_sparse_calib *out,
                                  struct sk_error *err);
 
-/* The weights of one layer's sparse MLP. */
+/* The weights of one layer's sparse MLP, in the layouts its kernels
+ * read (sk_sparse_prepare). Read only after preparation.
+ *
+ * up: Q8_0 up projections get a copy (uq, ud): row j = neuron j's dim
+ * quants plus 128 as bytes (vpdpbusd multiplies unsigned by signed bytes;
+ * the offset is taken back exactly with the activation block sums), its
+ * dim / 32 fp16 scales apart; the same bytes per row as the GGUF rows.
+ * Other types: the GGUF rows (up).
+ *
+ * down: F32 and F16 down projections are transposed (down_type F32/F16):
+ * row j = neuron j's dim outputs, exact. Every quantized type becomes
+ * "Q8 tiles" (down_type Q8_0): the down projection quantized as Q8_0
+ * along its rows (the GGUF orientation: one scale per output and block
+ * of 32 neurons; a Q8_0 file's own quants and scales, bit for bit; other
+ * types dequantized and requantized), stored neuron-major: row j = the
+ * quants of neuron j for every output, plus 128, ld bytes (dim rounded
+ * up to 64, each 64 permuted so that vpdpbusd's interleave of four rows
+ * comes out in output order, sparse.c), and the scales apart, down_d
+ * (hidden / 32, ld) fp16. The kept neurons' h is quantized as the dense
+ * down product's activations are (sk_kernels_quantize_rows, the skipped
+ * neurons 0), so every output is, as in the dense kernels, the sum over
+ * the blocks of 32 neurons, in order, of fmaf(exact int32 block sum,
+ * fp16 scale * activation scale, sum): with every neuron kept, the bits
+ * of the dense Q8_0 product. */
 struct sk_sparse_mlp {
-  struct sk_wmat up;     /* (hidden, dim) in the GGUF layout (packed NULL) */
-  struct sk_wmat down_t; /* (hidden, dim): row j = neuron j's dim outputs */
+  uint32_t hidden, dim;
+  struct sk_wmat up;       /* (hidden, dim) the GGUF layout (packed NULL) */
+  const uint8_t *uq;       /* Q8_0 up: (hidden, dim) quants + 128, or NULL */
+  const uint16_t *ud;      /* Q8_0 up: (hidden, dim / 32) fp16 scales */
+  uint32_t down_type;      /* SK_GGML_F32, SK_GGML_F16 or SK_GGML_Q8_0 */
+  uint32_t ld;             /* Q8 tiles: bytes of a neuron's row (dim up to 64) */
+  size_t down_row_bytes;   /* bytes of one neuron's row of down */
+  const void *down;        /* (hidden, down_row_bytes) */
+  const uint16_t *down_d;  /* Q8 tiles: (hidden / 32, ld) fp16 scales */
 };
 
-/* Makes down_t from the down projection w (dim rows of hidden): *ret_mem
- * is the malloc'd copy (caller frees), ret->data points into it. Errors:
- * -SK_ERR_BAD_MODEL (a type sk_dequantize_row cannot read, or a shape
- * its type cannot hold), -SK_ERR_NO_MEMORY. */
-int sk_sparse_transpose(const struct sk_wmat *w, struct sk_wmat *ret, void **ret_mem,
-                        struct sk_error *err);
+/* Makes w from one layer's up (hidden rows of dim) and down (dim rows of
+ * hidden) projections. *ret_mem is the one malloc'd copy both point into
+ * (caller frees with free(), after the last use), *ret_bytes its size.
+ * Errors: -SK_ERR_BAD_MODEL (a type sk_dequantize_row cannot read, or
+ * mismatched shapes), -SK_ERR_NO_MEMORY. */
+int sk_sparse_prepare(struct sk_sparse_mlp *w, const struct sk_wmat *up,
+                      const struct sk_wmat *down, void **ret_mem, size_t *ret_bytes,
+                      struct sk_error *err);
+
+/* The weight of output o (< dim) for neuron j (< hidden) in w's down
+ * copy, dequantized (for tests). */
+float sk_sparse_down_weight(const struct sk_sparse_mlp *w, uint32_t j, uint32_t o);
 
 /* Work buffers of sk_sparse_mlp_row, for hidden neurons, dim outputs and
  * n_threads threads. */
 struct sk_sparse_work {
   uint32_t hidden, dim, n_threads;
-  uint32_t *idx; /* (hidden) kept neurons */
-  float *u;      /* (hidden) up outputs at their neuron */
-  float *g;      /* (hidden) kept gates, then h */
-  float *uk;     /* (hidden) kept up outputs */
-  float *tmp;    /* (n_threads, 2 * dim) dequantized rows, partial sums */
+  uint32_t *idx;  /* (hidden) kept neurons */
+  float *u;       /* (hidden) up outputs at their neuron */
+  float *g;       /* (hidden) kept gates, then h */
+  float *uk;      /* (hidden) kept up outputs */
+  float *hf;      /* (hidden) h at every neuron, 0 where skipped */
+  int8_t *hq;     /* (hidden) h quantized (Q8 tiles) */
+  int8_t *hqk;    /* (hidden) hq of the kept neurons */
+  float *hd;      /* (hidden / 32) their block scales */
+  int32_t *hs;    /* (hidden / 32) their block sums */
+  uint32_t *grp;  /* (hidden / 32 + 1, 3) blocks with kept neurons: block,
+                     first and end of its kept neurons */
+  int32_t *corr;  /* (dim / 4 + 16) -128 x the activation block sums */
+  float *tmp;     /* (n_threads, 2 * dim) dequantized rows, partial sums */
 };
 int sk_sparse_work_init(struct sk_sparse_work *w, uint32_t hidden, uint32_t dim,
                         uint32_t n_threads, struct sk_error *err);
@@ -147,13 +190,19 @@ void sk_sparse_work_free(struct sk_sparse_work *w);
 /* One token's MLP by the rule above: gate = its hidden gate values, x =
  * its input as one activation row (float and, for quantized up weights,
  * int8 as the kernels want), y = the dim outputs (overwritten). thr is the
- * layer's threshold (>= 0). Runs on pool (may be NULL). Returns |K|. */
+ * layer's threshold (>= 0). Runs on pool (may be NULL). Returns |K|.
+ * Kernels: AVX-512 VNNI (vpdpbusd) for Q8_0 up and the Q8 tiles when the
+ * selected kernel variant is avx512-vnni or amx, with the same bits as
+ * the portable code for the tiles; sk_kernels_matmul on the GGUF rows of
+ * other up types, sk_kernels_axpy for float down rows. */
 uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, float thr,
                            const struct sk_act *x, float *y, struct sk_sparse_work *wk,
                            struct sk_pool *pool);
 
 /* Bytes of weights the sparse MLP of one token reads beyond the gate
- * when it keeps `kept` neurons: kept rows of up and of down_t. */
-uint64_t sk_sparse_row_bytes(const struct sk_sparse_mlp *w, uint64_t kept);
+ * when it keeps `kept` neurons (a mean, hence a double): kept rows of up
+ * and of down, plus, for Q8 tiles, every block's scales (a block
+ * without a kept neuron is not read; counted anyway). */
+double sk_sparse_step_bytes(const struct sk_sparse_mlp *w, double kept);
 
 #endif
