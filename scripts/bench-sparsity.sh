@@ -10,7 +10,9 @@
 # prompt, then for ROUNDS rounds (default 6) has each generate TOKENS
 # tokens (default 32, EOS ignored), one after the other, the two taking
 # turns at going first, so that the machine's swings fall on both. Prints
-# tokens/s of each round and their ratio, the medians, and the weight
+# tokens/s of each round, the daemon's CPU time per token (all its
+# threads, /proc/PID/stat: less disturbed by other processes than wall
+# time) and the ratios (sparse over dense speed), the medians, and the weight
 # bytes one token reads in each session (stats: weight_bytes_per_token,
 # from the neurons the sparse session kept). THREADS (default 2) compute
 # threads. Prints the machine load before and after: shared machines
@@ -45,23 +47,33 @@ prompt="Once upon a time there was a little dog who liked to run in the park."
 "$ctl" -s "$sock" generate --session "$dense" -n 1 "$prompt" >/dev/null
 "$ctl" -s "$sock" generate --session "$sparse" -n 1 "$prompt" >/dev/null
 
-# gen SESSION -> tokens/s of one generate of $tokens tokens
+# the daemon's CPU time so far (all threads), in clock ticks
+cpu() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
+tck=$(getconf CLK_TCK)
+# gen SESSION -> "tokens/s CPU-ms/token" of one generate of $tokens tokens
 gen() {
+  c0=$(cpu)
   t0=$(date +%s.%N)
   n=$("$ctl" -s "$sock" --json generate --session "$1" --max-tokens "$tokens" --ignore-eos \
     | sed -n 's/.*"completion_tokens": \([0-9]*\).*/\1/p')
   t1=$(date +%s.%N)
-  awk -v n="$n" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", n / (b - a) }'
+  c1=$(cpu)
+  awk -v n="$n" -v a="$t0" -v b="$t1" -v c="$((c1 - c0))" -v k="$tck" \
+    'BEGIN { printf "%.3f %.1f", n / (b - a), 1000 * c / k / n }'
 }
 
-printf '%-6s %12s %12s %8s\n' round "dense tok/s" "$level tok/s" ratio
-all_d="" all_s=""
+printf '%-6s %12s %12s %8s %14s %14s %8s\n' round "dense tok/s" "$level tok/s" ratio \
+  "dense cpu ms" "$level cpu ms" ratio
+all_d="" all_s="" all_cd="" all_cs=""
 r=1
 while [ $r -le "$rounds" ]; do
-  if [ $((r % 2)) -eq 1 ]; then d=$(gen "$dense"); s=$(gen "$sparse")
-  else s=$(gen "$sparse"); d=$(gen "$dense"); fi
-  printf '%-6s %12s %12s %8s\n' "$r" "$d" "$s" "$(awk -v d="$d" -v s="$s" 'BEGIN { printf "%.3f", s / d }')"
-  all_d="$all_d $d" all_s="$all_s $s"
+  if [ $((r % 2)) -eq 1 ]; then dd=$(gen "$dense"); ss=$(gen "$sparse")
+  else ss=$(gen "$sparse"); dd=$(gen "$dense"); fi
+  d=${dd% *} cd=${dd#* } s=${ss% *} cs=${ss#* }
+  printf '%-6s %12s %12s %8s %14s %14s %8s\n' "$r" "$d" "$s" \
+    "$(awk -v d="$d" -v s="$s" 'BEGIN { printf "%.3f", s / d }')" "$cd" "$cs" \
+    "$(awk -v d="$cd" -v s="$cs" 'BEGIN { printf "%.3f", d / s }')"
+  all_d="$all_d $d" all_s="$all_s $s" all_cd="$all_cd $cd" all_cs="$all_cs $cs"
   r=$((r + 1))
 done
 median() { echo "$@" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END {
@@ -69,6 +81,10 @@ median() { echo "$@" | tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 }
 md=$(median "$all_d")
 ms=$(median "$all_s")
 echo "median: dense $md tok/s, sparsity $level $ms tok/s, ratio $(awk -v d="$md" -v s="$ms" 'BEGIN { printf "%.3f", s / d }')"
+mcd=$(median "$all_cd")
+mcs=$(median "$all_cs")
+echo "median CPU time per token (all daemon threads): dense $mcd ms, sparsity $level $mcs ms," \
+  "ratio $(awk -v d="$mcd" -v s="$mcs" 'BEGIN { printf "%.3f", d / s }')"
 bytes() { "$ctl" -s "$sock" --json stats "$1" | sed -n 's/.*"weight_bytes_per_token": \([0-9.e+]*\).*/\1/p'; }
 bd=$(bytes "$dense")
 bs=$(bytes "$sparse")
