@@ -381,6 +381,89 @@ static void test_q8_kernels(void **state) {
   free(mem);
 }
 
+/* A 4-bit down projection (Q4_0) becomes Q4 tiles: each weight within
+ * half a step of its Q4_1 requantization (plus the fp16 rounding of d and
+ * m), and a token's output is the sum over the blocks of 32 neurons of
+ * the quantized h times those weights, in every kernel variant. */
+static void test_q4_tiles(void **state) {
+  (void)state;
+  enum { DIM = 160, HID = 96 };
+  static float wu[HID][DIM], wd[DIM][HID];
+  static struct sk_block_q8_0 qu[HID][DIM / 32];
+  static struct sk_block_q4_0 qd[DIM][HID / 32];
+  for (int j = 0; j < HID; j++)
+    for (int o = 0; o < DIM; o++) {
+      wu[j][o] = sinf(0.29f * (float)(j * DIM + o)) * (1 + j % 4);
+      wd[o][j] = cosf(0.13f * (float)(o * HID + j) + 0.2f) * (1 + o % 3);
+    }
+  for (int j = 0; j < HID; j++) sk_quantize_row_q8_0(wu[j], DIM, qu[j]);
+  for (int o = 0; o < DIM; o++) sk_quantize_row_q4_0(wd[o], HID, qd[o]);
+  const struct sk_wmat up = {.type = SK_GGML_Q8_0, .rows = HID, .cols = DIM,
+                             .row_bytes = sk_quant_row_bytes(SK_GGML_Q8_0, DIM), .data = qu};
+  const struct sk_wmat down = {.type = SK_GGML_Q4_0, .rows = DIM, .cols = HID,
+                               .row_bytes = sk_quant_row_bytes(SK_GGML_Q4_0, HID), .data = qd};
+  struct sk_sparse_mlp w;
+  void *mem = NULL;
+  size_t bytes = 0;
+  struct sk_error err = {0};
+  assert_int_equal(sk_sparse_prepare(&w, &up, &down, &mem, &bytes, &err), 0);
+  assert_int_equal(w.down_type, SK_GGML_Q4_1);
+  assert_int_equal(w.ld, 192);
+  assert_int_equal(w.down_row_bytes, 96);
+  /* kept rows of up and down, the scales and minimums of the 3 blocks */
+  assert_true(sk_sparse_step_bytes(&w, 10.0) == 10.0 * (170 + 96) + 3 * 192 * 2 * 2);
+  float deq[HID];
+  for (int o = 0; o < DIM; o++) {
+    sk_dequantize_row(SK_GGML_Q4_0, qd[o], HID, deq);
+    for (int g = 0; g < HID / 32; g++) {
+      float mn = deq[32 * g], mx = deq[32 * g];
+      for (int e = 0; e < 32; e++) {
+        mn = fminf(mn, deq[32 * g + e]);
+        mx = fmaxf(mx, deq[32 * g + e]);
+      }
+      const float tol = 0.5f * (mx - mn) / 15.0f + (fabsf(mn) + fabsf(mx)) / 1024.0f;
+      for (int e = 0; e < 32; e++)
+        assert_true(fabsf(sk_sparse_down_weight(&w, 32 * g + e, o) - deq[32 * g + e]) <= tol);
+    }
+  }
+  static float x[DIM], gate[HID], u[HID], h[HID], ys[DIM];
+  static double yr[DIM];
+  static int8_t xq[DIM], hq[HID];
+  static float xd[DIM / 32], hd[HID / 32];
+  static int32_t xs[DIM / 32], hs[HID / 32];
+  for (int o = 0; o < DIM; o++) x[o] = cosf(0.9f * (float)o) - 0.1f;
+  for (int j = 0; j < HID; j++) gate[j] = 3.0f * cosf(0.61f * (float)j);
+  sk_kernels_quantize_rows(x, DIM, 1, DIM, xq, xd, xs);
+  const struct sk_act ax = {.n = 1, .cols = DIM, .f = x, .ldf = DIM, .q = xq, .d = xd, .s = xs};
+  const char *variants[] = {"auto", "generic"};
+  struct sk_sparse_work wk;
+  assert_int_equal(sk_sparse_work_init(&wk, HID, DIM, 1, &err), 0);
+  for (size_t v = 0; v < 2; v++) {
+    assert_int_equal(sk_kernels_select(variants[v], &err), 0);
+    float *urow[1] = {u};
+    sk_kernels_matmul(&up, &ax, urow, 0, HID);
+    for (int j = 0; j < HID; j++) {
+      const float si = gate[j] / (1.0f + expf(-gate[j]));
+      h[j] = fabsf(si) > 0.3f ? si * u[j] : 0.0f;
+    }
+    sk_kernels_quantize_rows(h, HID, 1, HID, hq, hd, hs);
+    double mx = 0.0;
+    for (int o = 0; o < DIM; o++) {
+      yr[o] = 0.0;
+      for (int j = 0; j < HID; j++)
+        yr[o] += (double)hd[j / 32] * hq[j] * (double)sk_sparse_down_weight(&w, j, o);
+      mx = fmax(mx, fabs(yr[o]));
+    }
+    sk_sparse_mlp_row(&w, gate, 0.3f, &ax, ys, &wk, NULL);
+    for (int o = 0; o < DIM; o++)
+      if (fabs(ys[o] - yr[o]) > 1e-5 * mx)
+        fail_msg("%s: output %d is %.9g, expected %.9g", variants[v], o, (double)ys[o], yr[o]);
+  }
+  assert_int_equal(sk_kernels_select("auto", &err), 0);
+  sk_sparse_work_free(&wk);
+  free(mem);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_threshold_zero_is_dense),
@@ -388,6 +471,7 @@ int main(void) {
       cmocka_unit_test(test_calibration_levels),
       cmocka_unit_test(test_calibration_file),
       cmocka_unit_test(test_q8_kernels),
+      cmocka_unit_test(test_q4_tiles),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

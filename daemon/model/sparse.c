@@ -340,6 +340,38 @@ static void *sk__alloc_huge(size_t n) {
   return p;
 }
 
+/* Whether a down projection of this type becomes Q4 tiles (types of at
+ * most 4.5 bits per weight) rather than Q8 tiles. */
+static bool sk__q4_tiles(uint32_t t) {
+  switch (t) {
+  case SK_GGML_Q4_0:
+  case SK_GGML_Q4_1:
+  case SK_GGML_Q4_K:
+  case SK_GGML_IQ4_NL:
+  case SK_GGML_IQ4_XS:
+  case SK_GGML_Q3_K:
+  case SK_GGML_Q2_K: return true;
+  default: return false;
+  }
+}
+
+/* 32 values as ggml's quantize_row_q4_1_ref: m = min, d = (max - min) /
+ * 15, q = min(15, (int)((x - m) / d + 0.5)); d and m as fp16. */
+static void sk__quantize_q4_1(const float *x, uint8_t *q, uint16_t *d, uint16_t *m) {
+  float mn = x[0], mx = x[0];
+  for (uint32_t e = 1; e < SK_QK; e++) {
+    mn = x[e] < mn ? x[e] : mn;
+    mx = x[e] > mx ? x[e] : mx;
+  }
+  const float dv = (mx - mn) / 15.0f, id = dv ? 1.0f / dv : 0.0f;
+  *d = sk_f32_to_f16(dv);
+  *m = sk_f32_to_f16(mn);
+  for (uint32_t e = 0; e < SK_QK; e++) {
+    const int v = (int)((x[e] - mn) * id + 0.5f);
+    q[e] = (uint8_t)(v > 15 ? 15 : v < 0 ? 0 : v);
+  }
+}
+
 int sk_sparse_prepare(struct sk_sparse_mlp *w, const struct sk_wmat *up,
                       const struct sk_wmat *down, void **ret_mem, size_t *ret_bytes,
                       struct sk_error *err) {
@@ -357,14 +389,15 @@ int sk_sparse_prepare(struct sk_sparse_mlp *w, const struct sk_wmat *up,
   w->up.pack_rows = 0;
   const bool uq8 = up->type == SK_GGML_Q8_0;
   const uint32_t nbx = dim / SK_QK, nbh = hidden / SK_QK;
-  w->down_type = fdown ? down->type : SK_GGML_Q8_0;
+  const bool q4 = !fdown && sk__q4_tiles(down->type);
+  w->down_type = fdown ? down->type : q4 ? SK_GGML_Q4_1 : SK_GGML_Q8_0;
   w->ld = fdown ? 0 : (dim + SK__CH - 1) / SK__CH * SK__CH;
-  w->down_row_bytes = fdown ? sk_quant_row_bytes(down->type, dim) : w->ld;
+  w->down_row_bytes = fdown ? sk_quant_row_bytes(down->type, dim) : q4 ? w->ld / 2 : w->ld;
   /* one buffer: [uq][ud][down][down_d], each 64-byte aligned */
   const size_t n_uq = uq8 ? sk__align64((size_t)hidden * dim) : 0;
   const size_t n_ud = uq8 ? sk__align64((size_t)hidden * nbx * 2) : 0;
   const size_t n_dn = sk__align64((size_t)hidden * w->down_row_bytes);
-  const size_t n_dd = fdown ? 0 : sk__align64((size_t)nbh * w->ld * 2);
+  const size_t n_dd = fdown ? 0 : sk__align64((size_t)nbh * w->ld * 2) * (q4 ? 2 : 1);
   const size_t total = n_uq + n_ud + n_dn + n_dd;
   uint8_t *mem = sk__alloc_huge(total);
   float *row = malloc((size_t)(dim > hidden ? dim : hidden) * sizeof *row);
@@ -410,6 +443,29 @@ int sk_sparse_prepare(struct sk_sparse_mlp *w, const struct sk_wmat *up,
         }
       }
     }
+  } else if (q4) { /* Q4 tiles: Q4_1 blocks of each output, spread over neurons */
+    uint16_t *dd = (uint16_t *)(void *)(dn + n_dn);
+    uint16_t *dm = dd + n_dd / 4;
+    memset(dn, 0, n_dn);
+    memset(dd, 0, n_dd);
+    for (uint32_t o = 0; o < dim; o++) {
+      if (sk_dequantize_row(down->type,
+                            (const uint8_t *)down->data + (size_t)o * down->row_bytes, hidden,
+                            row) < 0)
+        goto bad_type;
+      const uint32_t pos = sk__tile_pos(o), c = pos & ~(SK__CH - 1), i = pos & (SK__CH - 1);
+      const size_t at = c / 2 + (i & 31);
+      const unsigned shift = i < 32 ? 0 : 4;
+      for (uint32_t g = 0; g < nbh; g++) {
+        uint8_t q[SK_QK];
+        sk__quantize_q4_1(row + (size_t)g * SK_QK, q, &dd[(size_t)g * w->ld + o],
+                          &dm[(size_t)g * w->ld + o]);
+        for (uint32_t e = 0; e < SK_QK; e++)
+          dn[(size_t)(g * SK_QK + e) * w->down_row_bytes + at] |= (uint8_t)(q[e] << shift);
+      }
+    }
+    w->down_d = dd;
+    w->down_m = dm;
   } else { /* Q8 tiles: the Q8_0 blocks of each output, spread over neurons */
     uint16_t *dd = (uint16_t *)(void *)(dn + n_dn);
     memset(dn, 128, n_dn);
@@ -459,13 +515,21 @@ float sk_sparse_down_weight(const struct sk_sparse_mlp *w, uint32_t j, uint32_t 
     memcpy(&h, r + 2 * (size_t)o, 2);
     return sk_f16_to_f32(h);
   }
-  return (float)((int32_t)r[sk__tile_pos(o)] - 128) *
-         sk_f16_to_f32(w->down_d[(size_t)(j / SK_QK) * w->ld + o]);
+  const size_t sc = (size_t)(j / SK_QK) * w->ld + o;
+  const uint32_t pos = sk__tile_pos(o);
+  if (w->down_type == SK_GGML_Q4_1) {
+    const uint32_t c = pos & ~(SK__CH - 1), i = pos & (SK__CH - 1);
+    const uint8_t b = r[c / 2 + (i & 31)];
+    return sk_f16_to_f32(w->down_d[sc]) * (float)(i < 32 ? b & 15 : b >> 4) +
+           sk_f16_to_f32(w->down_m[sc]);
+  }
+  return (float)((int32_t)r[pos] - 128) * sk_f16_to_f32(w->down_d[sc]);
 }
 
 double sk_sparse_step_bytes(const struct sk_sparse_mlp *w, double kept) {
   double b = kept * ((double)w->up.row_bytes + (double)w->down_row_bytes);
   if (w->down_d) b += (double)(w->hidden / SK_QK) * w->ld * 2;
+  if (w->down_m) b += (double)(w->hidden / SK_QK) * w->ld * 2;
   return b;
 }
 
@@ -593,6 +657,18 @@ static void sk__down_q8_generic(const struct sk__row *r, uint32_t p0, uint32_t p
     for (uint32_t o = p0; o < p1; o++) {
       const uint32_t pos = sk__tile_pos(o);
       int32_t isum = 0;
+      if (w->down_m) {
+        const uint32_t c = pos & ~(SK__CH - 1), i = pos & (SK__CH - 1);
+        const size_t at = c / 2 + (i & 31);
+        for (uint32_t k = kb; k < ke; k++) {
+          const uint8_t b = base[(size_t)wk->idx[k] * w->down_row_bytes + at];
+          isum += wk->hqk[k] * (int32_t)(i < 32 ? b & 15 : b >> 4);
+        }
+        const float mt = fmaf((float)wk->hs[g], sk_f16_to_f32(w->down_m[(size_t)g * w->ld + o]) * dh,
+                              acc[o - p0]);
+        acc[o - p0] = fmaf((float)isum, sk_f16_to_f32(dd[o]) * dh, mt);
+        continue;
+      }
       for (uint32_t k = kb; k < ke; k++)
         isum += wk->hqk[k] * ((int32_t)base[(size_t)wk->idx[k] * w->ld + pos] - 128);
       acc[o - p0] = fmaf((float)isum, sk_f16_to_f32(dd[o]) * dh, acc[o - p0]);
@@ -650,17 +726,27 @@ __attribute__((target(SK__V512))) static float sk__up_row_v512(const uint8_t *q,
  * stream); the sums start at -128 x the block's sum of hq, which takes
  * the +128 back exactly. A block's last quad is padded with hq 0 (its
  * first row again). */
-__attribute__((target(SK__V512))) static void sk__down_q8_v512(const struct sk__row *r,
-                                                               uint32_t p0, uint32_t p1,
-                                                               float *acc, int32_t *isum) {
+__attribute__((target(SK__V512), always_inline)) static inline __m512i sk__tile_load(
+    const uint8_t *row, uint32_t p, bool q4) {
+  if (!q4) return _mm512_loadu_si512(row + p);
+  /* 32 bytes: their low nibbles are tile bytes 0..31, high ones 32..63 */
+  const __m256i x = _mm256_loadu_si256((const void *)(row + p / 2)), m = _mm256_set1_epi8(15);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(x, m)),
+                            _mm256_and_si256(_mm256_srli_epi16(x, 4), m), 1);
+}
+
+/* Q8 tiles (q4 false) and Q4 tiles (q4 true: unsigned nibbles, no
+ * offset; the min's term added per block as the generic code does). */
+__attribute__((target(SK__V512), always_inline)) static inline void sk__down_tiles_v512(
+    const struct sk__row *r, uint32_t p0, uint32_t p1, float *acc, int32_t *isum, bool q4) {
   const struct sk_sparse_mlp *w = r->w;
   const struct sk_sparse_work *wk = r->wk;
   const uint8_t *base = w->down;
-  const size_t ld = w->ld;
+  const size_t ld = w->ld, rb = w->down_row_bytes, off = q4 ? p0 / 2 : p0;
   const uint32_t len = p1 - p0;
   for (uint32_t t = 0; t < r->n_grp; t++) {
     const uint32_t g = wk->grp[3 * t], kb = wk->grp[3 * t + 1], ke = wk->grp[3 * t + 2];
-    const __m512i bias = _mm512_set1_epi32(-128 * wk->hs[g]);
+    const __m512i bias = _mm512_set1_epi32(q4 ? 0 : -128 * wk->hs[g]);
     const uint32_t nq = (ke - kb + 3) / 4;
     /* the rows of quad i */
     const uint8_t *rows[SK_QK];
@@ -669,26 +755,27 @@ __attribute__((target(SK__V512))) static void sk__down_q8_v512(const struct sk__
       uint32_t hv = 0;
       for (uint32_t e = 0; e < 4; e++) {
         const uint32_t k = kb + 4 * i + e;
-        rows[4 * i + e] = base + (size_t)wk->idx[k < ke ? k : kb] * ld + p0;
+        rows[4 * i + e] = base + (size_t)wk->idx[k < ke ? k : kb] * rb + off;
         hv |= (uint32_t)(uint8_t)(k < ke ? wk->hqk[k] : 0) << (8 * e);
       }
       h4[i] = (int32_t)hv;
     }
     for (uint32_t i = 0; i < nq; i++) {
-      const uint8_t *ra = rows[4 * i], *rb = rows[4 * i + 1], *rc = rows[4 * i + 2],
+      const uint8_t *ra = rows[4 * i], *rb_ = rows[4 * i + 1], *rc = rows[4 * i + 2],
                     *rd = rows[4 * i + 3];
       /* the kept rows SK__DOWN_AHEAD on (in the order of K, across
        * blocks), fetched into L2 while these are computed */
       const uint8_t *nx[4];
       for (uint32_t e = 0; e < 4; e++) {
         const uint32_t k = kb + 4 * i + e + SK__DOWN_AHEAD;
-        nx[e] = base + (size_t)wk->idx[k < r->nk ? k : r->nk - 1] * ld + p0;
+        nx[e] = base + (size_t)wk->idx[k < r->nk ? k : r->nk - 1] * rb + off;
       }
       const __m512i hv = _mm512_set1_epi32(h4[i]);
       for (uint32_t p = 0; p < len; p += SK__CH) {
-        for (uint32_t e = 0; e < 4; e++) _mm_prefetch((const char *)nx[e] + p, _MM_HINT_T1);
-        const __m512i va = _mm512_loadu_si512(ra + p), vb = _mm512_loadu_si512(rb + p);
-        const __m512i vc = _mm512_loadu_si512(rc + p), vd = _mm512_loadu_si512(rd + p);
+        for (uint32_t e = 0; e < 4; e++)
+          _mm_prefetch((const char *)nx[e] + (q4 ? p / 2 : p), _MM_HINT_T1);
+        const __m512i va = sk__tile_load(ra, p, q4), vb = sk__tile_load(rb_, p, q4);
+        const __m512i vc = sk__tile_load(rc, p, q4), vd = sk__tile_load(rd, p, q4);
         const __m512i ab0 = _mm512_unpacklo_epi8(va, vb), ab1 = _mm512_unpackhi_epi8(va, vb);
         const __m512i cd0 = _mm512_unpacklo_epi8(vc, vd), cd1 = _mm512_unpackhi_epi8(vc, vd);
         int32_t *s = isum + p;
@@ -704,15 +791,33 @@ __attribute__((target(SK__V512))) static void sk__down_q8_v512(const struct sk__
         _mm512_storeu_si512(s + 48, a3);
       }
     }
-    const __m512 dh = _mm512_set1_ps(wk->hd[g]);
+    const __m512 dh = _mm512_set1_ps(wk->hd[g]), hs = _mm512_set1_ps((float)wk->hs[g]);
     const uint16_t *dd = w->down_d + (size_t)g * ld + p0;
-    for (uint32_t p = 0; p < len; p += 16)
+    const uint16_t *dm = q4 ? w->down_m + (size_t)g * ld + p0 : NULL;
+    for (uint32_t p = 0; p < len; p += 16) {
+      __m512 a = _mm512_loadu_ps(acc + p);
+      if (q4)
+        a = _mm512_fmadd_ps(
+            hs, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dm + p))), dh), a);
       _mm512_storeu_ps(acc + p, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(isum + p)),
                                                 _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(
                                                                   (const void *)(dd + p))),
                                                               dh),
-                                                _mm512_loadu_ps(acc + p)));
+                                                a));
+    }
   }
+}
+
+__attribute__((target(SK__V512))) static void sk__down_q8_v512(const struct sk__row *r,
+                                                               uint32_t p0, uint32_t p1,
+                                                               float *acc, int32_t *isum) {
+  sk__down_tiles_v512(r, p0, p1, acc, isum, false);
+}
+
+__attribute__((target(SK__V512))) static void sk__down_q4_v512(const struct sk__row *r,
+                                                               uint32_t p0, uint32_t p1,
+                                                               float *acc, int32_t *isum) {
+  sk__down_tiles_v512(r, p0, p1, acc, isum, true);
 }
 #endif
 
@@ -766,7 +871,8 @@ static void sk__down_q8_task(void *ctx, uint32_t task, uint32_t thread) {
 #ifdef SK__HAVE_X86
   /* the int32 sums: the second half of the thread's tmp */
   int32_t *isum = (int32_t *)(void *)(acc + (r->wk->dim + SK__CH));
-  if (sk__use_v512()) sk__down_q8_v512(r, p0, p1, acc, isum);
+  if (sk__use_v512() && w->down_m) sk__down_q4_v512(r, p0, p1, acc, isum);
+  else if (sk__use_v512()) sk__down_q8_v512(r, p0, p1, acc, isum);
   else
 #endif
     sk__down_q8_generic(r, p0, p1, acc);
@@ -832,7 +938,7 @@ uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, flo
     }
     sk_kernels_swiglu(wk->g, wk->uk, nk);
   }
-  if (w->down_type == SK_GGML_Q8_0) {
+  if (w->down_type == SK_GGML_Q8_0 || w->down_type == SK_GGML_Q4_1) {
     /* h quantized as the dense product quantizes its activations */
     memset(wk->hf, 0, (size_t)H * sizeof *wk->hf);
     for (uint32_t k = 0; k < nk; k++) wk->hf[wk->idx[k]] = wk->g[k];

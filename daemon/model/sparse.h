@@ -139,17 +139,27 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
  * neurons 0), so every output is, as in the dense kernels, the sum over
  * the blocks of 32 neurons, in order, of fmaf(exact int32 block sum,
  * fp16 scale * activation scale, sum): with every neuron kept, the bits
- * of the dense Q8_0 product. */
+ * of the dense Q8_0 product. Down types of at most 4.5 bits per weight
+ * (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS, Q3_K, Q2_K) become "Q4 tiles"
+ * instead (down_type Q4_1): requantized as Q4_1 (ggml's
+ * quantize_row_q4_1_ref: w = d q + m, q in 0..15) along the GGUF rows,
+ * the same layout with two outputs per byte (tile bytes 0..31 of each 64
+ * in the low nibbles of 32 bytes, 32..63 in the high ones, ld / 2 bytes
+ * a neuron) and the minimums apart too (down_m); each block of 32
+ * neurons adds fmaf(exact int32 sum of hq q, d * activation scale,
+ * fmaf(sum of the block's hq, m * activation scale, sum)). */
 struct sk_sparse_mlp {
   uint32_t hidden, dim;
   struct sk_wmat up;       /* (hidden, dim) the GGUF layout (packed NULL) */
   const uint8_t *uq;       /* Q8_0 up: (hidden, dim) quants + 128, or NULL */
   const uint16_t *ud;      /* Q8_0 up: (hidden, dim / 32) fp16 scales */
-  uint32_t down_type;      /* SK_GGML_F32, SK_GGML_F16 or SK_GGML_Q8_0 */
-  uint32_t ld;             /* Q8 tiles: bytes of a neuron's row (dim up to 64) */
+  uint32_t down_type;      /* SK_GGML_F32, SK_GGML_F16, SK_GGML_Q8_0 (Q8
+                              tiles) or SK_GGML_Q4_1 (Q4 tiles) */
+  uint32_t ld;             /* tiles: dim rounded up to 64 */
   size_t down_row_bytes;   /* bytes of one neuron's row of down */
   const void *down;        /* (hidden, down_row_bytes) */
-  const uint16_t *down_d;  /* Q8 tiles: (hidden / 32, ld) fp16 scales */
+  const uint16_t *down_d;  /* tiles: (hidden / 32, ld) fp16 scales */
+  const uint16_t *down_m;  /* Q4 tiles: (hidden / 32, ld) fp16 minimums */
 };
 
 /* Makes w from one layer's up (hidden rows of dim) and down (dim rows of
