@@ -309,6 +309,8 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
 #ifndef SK__UP_AHEAD
 #define SK__UP_AHEAD 16u
 #endif
+/* Parts the tiles' sum is split in (sk__down_tiles_task). */
+#define SK__PARTS 4u
 #ifndef SK__DOWN_AHEAD
 #define SK__DOWN_AHEAD 16u
 #endif
@@ -547,6 +549,7 @@ int sk_sparse_work_init(struct sk_sparse_work *w, uint32_t hidden, uint32_t dim,
   w->g = malloc((size_t)hidden * sizeof *w->g);
   w->uk = malloc((size_t)hidden * sizeof *w->uk);
   w->hf = malloc((size_t)hidden * sizeof *w->hf);
+  w->ones = malloc((size_t)hidden * sizeof *w->ones);
   w->hq = malloc((size_t)hidden + SK_QK);
   w->hqk = malloc((size_t)hidden + SK_QK);
   w->hd = malloc(nbh * sizeof *w->hd);
@@ -554,11 +557,13 @@ int sk_sparse_work_init(struct sk_sparse_work *w, uint32_t hidden, uint32_t dim,
   w->grp = malloc(nbh * 3 * sizeof *w->grp);
   w->corr = malloc(((size_t)dim / 4 + 16) * sizeof *w->corr);
   w->tmp = malloc((size_t)n_threads * 2 * (dim + SK__CH) * sizeof *w->tmp);
-  if (!w->idx || !w->u || !w->g || !w->uk || !w->hf || !w->hq || !w->hqk || !w->hd || !w->hs ||
-      !w->grp || !w->corr || !w->tmp) {
+  w->part = malloc((size_t)SK__PARTS * (dim + SK__CH) * sizeof *w->part);
+  if (!w->idx || !w->u || !w->g || !w->uk || !w->hf || !w->ones || !w->hq || !w->hqk || !w->hd || !w->hs ||
+      !w->grp || !w->corr || !w->tmp || !w->part) {
     sk_sparse_work_free(w);
     return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate the sparse MLP's buffers");
   }
+  for (uint32_t j = 0; j < hidden; j++) w->ones[j] = 1.0f;
   return 0;
 }
 
@@ -568,6 +573,7 @@ void sk_sparse_work_free(struct sk_sparse_work *w) {
   free(w->g);
   free(w->uk);
   free(w->hf);
+  free(w->ones);
   free(w->hq);
   free(w->hqk);
   free(w->hd);
@@ -575,6 +581,7 @@ void sk_sparse_work_free(struct sk_sparse_work *w) {
   free(w->grp);
   free(w->corr);
   free(w->tmp);
+  free(w->part);
   memset(w, 0, sizeof *w);
 }
 
@@ -584,7 +591,7 @@ struct sk__row {
   struct sk_sparse_work *wk;
   uint32_t nk;       /* |K| */
   uint32_t per;      /* kept neurons (up) or outputs (down) per task */
-  uint32_t n_grp;    /* blocks of 32 neurons with kept ones (Q8 tiles) */
+  uint32_t n_grp;    /* blocks of 32 neurons with kept ones (tiles) */
   float *y;
 };
 
@@ -642,15 +649,18 @@ static void sk__add_rows_float(uint32_t type, const uint8_t *const *rows, const 
   }
 }
 
-/* Q8 tiles, outputs [p0, p1) (multiples of 64 or ld) into acc (zeroed,
- * p1 - p0 floats): for each block of 32 neurons with kept ones, in order,
- * the exact int32 sum over its kept neurons of hq * (byte - 128), then
- * acc = fmaf(sum, fp16 scale * activation scale, acc). */
-static void sk__down_q8_generic(const struct sk__row *r, uint32_t p0, uint32_t p1, float *acc) {
+/* The tiles' blocks [t0, t1) of wk->grp, outputs [p0, p1) (multiples of
+ * 64, or ld) into acc (p1 - p0 floats, added to): for each block of 32
+ * neurons with kept ones, in order, the exact int32 sum over its kept
+ * neurons of hq * (byte - 128) (Q8 tiles; Q4 tiles: hq * nibble), then
+ * acc = fmaf(sum, fp16 scale * activation scale, acc) (Q4 tiles: after
+ * acc = fmaf(the block's sum of hq, minimum * activation scale, acc)). */
+static void sk__down_tiles_generic(const struct sk__row *r, uint32_t t0, uint32_t t1, uint32_t p0,
+                                uint32_t p1, float *acc) {
   const struct sk_sparse_mlp *w = r->w;
   const struct sk_sparse_work *wk = r->wk;
   const uint8_t *base = w->down;
-  for (uint32_t t = 0; t < r->n_grp; t++) {
+  for (uint32_t t = t0; t < t1; t++) {
     const uint32_t g = wk->grp[3 * t], kb = wk->grp[3 * t + 1], ke = wk->grp[3 * t + 2];
     const float dh = wk->hd[g];
     const uint16_t *dd = w->down_d + (size_t)g * w->ld;
@@ -718,7 +728,7 @@ __attribute__((target(SK__V512))) static float sk__up_row_v512(const uint8_t *q,
   return _mm512_reduce_add_ps(acc);
 }
 
-/* sk__down_q8_generic on AVX-512 VNNI, with its bits: four kept neurons
+/* sk__down_tiles_generic on AVX-512 VNNI, with its bits: four kept neurons
  * at a time, their rows' bytes interleaved per 64 outputs (the tile
  * layout makes the results come out in output order) and multiplied by
  * the four hq bytes broadcast, one vpdpbusd per 16 outputs, into int32
@@ -738,13 +748,14 @@ __attribute__((target(SK__V512), always_inline)) static inline __m512i sk__tile_
 /* Q8 tiles (q4 false) and Q4 tiles (q4 true: unsigned nibbles, no
  * offset; the min's term added per block as the generic code does). */
 __attribute__((target(SK__V512), always_inline)) static inline void sk__down_tiles_v512(
-    const struct sk__row *r, uint32_t p0, uint32_t p1, float *acc, int32_t *isum, bool q4) {
+    const struct sk__row *r, uint32_t t0, uint32_t t1, uint32_t p0, uint32_t p1, float *acc,
+    int32_t *isum, bool q4) {
   const struct sk_sparse_mlp *w = r->w;
   const struct sk_sparse_work *wk = r->wk;
   const uint8_t *base = w->down;
   const size_t ld = w->ld, rb = w->down_row_bytes, off = q4 ? p0 / 2 : p0;
   const uint32_t len = p1 - p0;
-  for (uint32_t t = 0; t < r->n_grp; t++) {
+  for (uint32_t t = t0; t < t1; t++) {
     const uint32_t g = wk->grp[3 * t], kb = wk->grp[3 * t + 1], ke = wk->grp[3 * t + 2];
     const __m512i bias = _mm512_set1_epi32(q4 ? 0 : -128 * wk->hs[g]);
     const uint32_t nq = (ke - kb + 3) / 4;
@@ -809,15 +820,17 @@ __attribute__((target(SK__V512), always_inline)) static inline void sk__down_til
 }
 
 __attribute__((target(SK__V512))) static void sk__down_q8_v512(const struct sk__row *r,
+                                                               uint32_t t0, uint32_t t1,
                                                                uint32_t p0, uint32_t p1,
                                                                float *acc, int32_t *isum) {
-  sk__down_tiles_v512(r, p0, p1, acc, isum, false);
+  sk__down_tiles_v512(r, t0, t1, p0, p1, acc, isum, false);
 }
 
 __attribute__((target(SK__V512))) static void sk__down_q4_v512(const struct sk__row *r,
+                                                               uint32_t t0, uint32_t t1,
                                                                uint32_t p0, uint32_t p1,
                                                                float *acc, int32_t *isum) {
-  sk__down_tiles_v512(r, p0, p1, acc, isum, true);
+  sk__down_tiles_v512(r, t0, t1, p0, p1, acc, isum, true);
 }
 #endif
 
@@ -859,25 +872,26 @@ static void sk__up_q8_task(void *ctx, uint32_t task, uint32_t thread) {
   }
 }
 
-/* Outputs [task * per, +per) of y from the Q8 tiles. */
-static void sk__down_q8_task(void *ctx, uint32_t task, uint32_t thread) {
+/* Part `task` of the tiles' sum: the blocks of 32 neurons with kept ones
+ * are split in SK__PARTS parts, whatever the threads, so that each part
+ * reads whole rows (a split of the outputs would read each row in
+ * pieces, which the memory system serves slower); every output of part
+ * i goes to wk->part row i, and the parts are then added in order. */
+static void sk__down_tiles_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__row *r = ctx;
   const struct sk_sparse_mlp *w = r->w;
-  const uint32_t p0 = task * r->per;
-  if (p0 >= w->ld) return;
-  const uint32_t p1 = p0 + r->per < w->ld ? p0 + r->per : w->ld;
-  float *acc = r->wk->tmp + (size_t)thread * 2 * (r->wk->dim + SK__CH);
-  memset(acc, 0, (p1 - p0) * sizeof *acc);
+  const uint32_t t0 = r->n_grp * task / SK__PARTS, t1 = r->n_grp * (task + 1) / SK__PARTS;
+  float *acc = r->wk->part + (size_t)task * (r->wk->dim + SK__CH);
+  memset(acc, 0, w->ld * sizeof *acc);
 #ifdef SK__HAVE_X86
-  /* the int32 sums: the second half of the thread's tmp */
-  int32_t *isum = (int32_t *)(void *)(acc + (r->wk->dim + SK__CH));
-  if (sk__use_v512() && w->down_m) sk__down_q4_v512(r, p0, p1, acc, isum);
-  else if (sk__use_v512()) sk__down_q8_v512(r, p0, p1, acc, isum);
+  int32_t *isum = (int32_t *)(void *)(r->wk->tmp + (size_t)thread * 2 * (r->wk->dim + SK__CH));
+  if (sk__use_v512() && w->down_m) sk__down_q4_v512(r, t0, t1, 0, w->ld, acc, isum);
+  else if (sk__use_v512()) sk__down_q8_v512(r, t0, t1, 0, w->ld, acc, isum);
   else
+#else
+  (void)thread;
 #endif
-    sk__down_q8_generic(r, p0, p1, acc);
-  const uint32_t o1 = p1 < w->dim ? p1 : w->dim;
-  if (o1 > p0) memcpy(r->y + p0, acc, (o1 - p0) * sizeof *acc);
+    sk__down_tiles_generic(r, t0, t1, 0, w->ld, acc);
 }
 
 /* Outputs [task * per, +per) of y from float rows (F32, F16): the kept
@@ -912,11 +926,12 @@ uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, flo
                            const struct sk_act *x, float *y, struct sk_sparse_work *wk,
                            struct sk_pool *pool) {
   const uint32_t H = w->hidden, T = sk_pool_threads(pool);
+  /* silu of every gate, by the vector kernel (times 1) */
+  memcpy(wk->hf, gate, (size_t)H * sizeof *wk->hf);
+  sk_kernels_swiglu(wk->hf, wk->ones, H);
   uint32_t nk = 0;
-  for (uint32_t j = 0; j < H; j++) {
-    const float g = gate[j];
-    if (fabsf(g / (1.0f + expf(-g))) > thr) wk->idx[nk++] = j;
-  }
+  for (uint32_t j = 0; j < H; j++)
+    if (fabsf(wk->hf[j]) > thr) wk->idx[nk++] = j;
   struct sk__row r = {.w = w, .x = x, .wk = wk, .nk = nk, .y = y};
   if (nk) {
     const uint32_t n_tasks = T == 1 ? 1 : 4 * T;
@@ -952,9 +967,10 @@ uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, flo
       wk->grp[3 * ng++ + 2] = k;
     }
     r.n_grp = ng;
-    uint32_t per = (w->ld / SK__CH + T - 1) / T * SK__CH;
-    r.per = per;
-    sk_pool_run(pool, sk__down_q8_task, &r, (w->ld + per - 1) / per);
+    sk_pool_run(pool, sk__down_tiles_task, &r, SK__PARTS);
+    memcpy(y, wk->part, w->dim * sizeof *y);
+    for (uint32_t i = 1; i < SK__PARTS; i++)
+      sk_kernels_axpy(y, 1.0f, wk->part + (size_t)i * (w->dim + SK__CH), w->dim);
     return nk;
   }
   /* float rows: outputs split in multiples of 16 */

@@ -21,15 +21,16 @@
  *   y = sum over j in K, in order, of h_j * down^T_j
  *
  * down^T is the down projection read neuron by neuron: a copy the model
- * owns (sk_model_sparse_bytes), exact for F32 and F16 weights, Q8_0
- * along the GGUF rows otherwise (struct sk_sparse_mlp below). The up
+ * owns (sk_model_sparse_bytes), exact for F32 and F16 weights, Q8_0 or
+ * Q4_1 along the GGUF rows otherwise (struct sk_sparse_mlp below). The up
  * rows of Q8_0 weights are a copy too; other types are read in the GGUF
  * layout (the file's mapping), whatever layout the dense products use.
  *
  * With t = 0 every neuron with silu(g_j) != 0 is kept and y is the dense
  * MLP's output up to the order of the sums of up (and of down for F32
- * and F16 weights) and, for down types other than Q8_0, the
- * requantization of down to Q8_0: F32 gives the dense logits to ~1e-6.
+ * and F16 weights, and of the blocks of down otherwise) and, for down
+ * types other than Q8_0, the requantization of down to Q8_0 or Q4_1:
+ * F32 gives the dense logits to ~1e-6.
  *
  * Determinism: each output element is summed over K in ascending order,
  * whatever the threads, so a row's result depends only on that row.
@@ -126,8 +127,8 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
  * Other types: the GGUF rows (up).
  *
  * down: F32 and F16 down projections are transposed (down_type F32/F16):
- * row j = neuron j's dim outputs, exact. Every quantized type becomes
- * "Q8 tiles" (down_type Q8_0): the down projection quantized as Q8_0
+ * row j = neuron j's dim outputs, exact. Quantized types of more than
+ * 4.5 bits per weight become "Q8 tiles" (down_type Q8_0): the down projection quantized as Q8_0
  * along its rows (the GGUF orientation: one scale per output and block
  * of 32 neurons; a Q8_0 file's own quants and scales, bit for bit; other
  * types dequantized and requantized), stored neuron-major: row j = the
@@ -136,12 +137,14 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
  * comes out in output order, sparse.c), and the scales apart, down_d
  * (hidden / 32, ld) fp16. The kept neurons' h is quantized as the dense
  * down product's activations are (sk_kernels_quantize_rows, the skipped
- * neurons 0), so every output is, as in the dense kernels, the sum over
+ * neurons 0), so every output is, as in the dense kernels, a sum over
  * the blocks of 32 neurons, in order, of fmaf(exact int32 block sum,
- * fp16 scale * activation scale, sum): with every neuron kept, the bits
- * of the dense Q8_0 product. Down types of at most 4.5 bits per weight
- * (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS, Q3_K, Q2_K) become "Q4 tiles"
- * instead (down_type Q4_1): requantized as Q4_1 (ggml's
+ * fp16 scale * activation scale, sum), except that the blocks with kept
+ * neurons are split in 4 parts (by count, whatever the threads) summed
+ * apart, then added in order: with every neuron kept, the dense Q8_0
+ * product up to that order of its float sums. Down types of at most 4.5
+ * bits per weight (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS, Q3_K, Q2_K) become
+ * "Q4 tiles" instead (down_type Q4_1): requantized as Q4_1 (ggml's
  * quantize_row_q4_1_ref: w = d q + m, q in 0..15) along the GGUF rows,
  * the same layout with two outputs per byte (tile bytes 0..31 of each 64
  * in the low nibbles of 32 bytes, 32..63 in the high ones, ld / 2 bytes
@@ -183,15 +186,19 @@ struct sk_sparse_work {
   float *u;       /* (hidden) up outputs at their neuron */
   float *g;       /* (hidden) kept gates, then h */
   float *uk;      /* (hidden) kept up outputs */
-  float *hf;      /* (hidden) h at every neuron, 0 where skipped */
-  int8_t *hq;     /* (hidden) h quantized (Q8 tiles) */
+  float *hf;      /* (hidden) silu of the gates, then h at every neuron,
+                     0 where skipped */
+  float *ones;    /* (hidden) 1.0f */
+  int8_t *hq;     /* (hidden) h quantized (tiles) */
   int8_t *hqk;    /* (hidden) hq of the kept neurons */
   float *hd;      /* (hidden / 32) their block scales */
   int32_t *hs;    /* (hidden / 32) their block sums */
   uint32_t *grp;  /* (hidden / 32 + 1, 3) blocks with kept neurons: block,
                      first and end of its kept neurons */
   int32_t *corr;  /* (dim / 4 + 16) -128 x the activation block sums */
-  float *tmp;     /* (n_threads, 2 * dim) dequantized rows, partial sums */
+  float *tmp;     /* (n_threads, 2 * (dim + 64)) dequantized rows and
+                     partial sums (float rows), int32 sums (tiles) */
+  float *part;    /* (4, dim + 64) the tiles' partial sums */
 };
 int sk_sparse_work_init(struct sk_sparse_work *w, uint32_t hidden, uint32_t dim,
                         uint32_t n_threads, struct sk_error *err);
@@ -200,8 +207,10 @@ void sk_sparse_work_free(struct sk_sparse_work *w);
 /* One token's MLP by the rule above: gate = its hidden gate values, x =
  * its input as one activation row (float and, for quantized up weights,
  * int8 as the kernels want), y = the dim outputs (overwritten). thr is the
- * layer's threshold (>= 0). Runs on pool (may be NULL). Returns |K|.
- * Kernels: AVX-512 VNNI (vpdpbusd) for Q8_0 up and the Q8 tiles when the
+ * layer's threshold (>= 0), compared with silu as sk_kernels_swiglu
+ * computes it (within ~2 ulp of the calibration's expf). Runs on pool
+ * (may be NULL). Returns |K|.
+ * Kernels: AVX-512 VNNI (vpdpbusd) for Q8_0 up and the tiles when the
  * selected kernel variant is avx512-vnni or amx, with the same bits as
  * the portable code for the tiles; sk_kernels_matmul on the GGUF rows of
  * other up types, sk_kernels_axpy for float down rows. */
