@@ -327,6 +327,8 @@ static inline uint32_t sk__tile_pos(uint32_t o) {
 
 static size_t sk__align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
+static bool sk__use_v512(void);
+
 /* A buffer of n bytes for weights read at scattered rows: 2 MiB aligned
  * and, on Linux, advised to be backed by transparent huge pages, so that
  * the rows do not each cost a TLB miss (a 1B layer's matrices span ~12
@@ -389,7 +391,7 @@ int sk_sparse_prepare(struct sk_sparse_mlp *w, const struct sk_wmat *up,
   w->up = *up;
   w->up.packed = NULL; /* rows read one by one: the GGUF layout */
   w->up.pack_rows = 0;
-  const bool uq8 = up->type == SK_GGML_Q8_0;
+  const bool uq8 = up->type == SK_GGML_Q8_0 && sk__use_v512(); /* (its only reader) */
   const uint32_t nbx = dim / SK_QK, nbh = hidden / SK_QK;
   const bool q4 = !fdown && sk__q4_tiles(down->type);
   w->down_type = fdown ? down->type : q4 ? SK_GGML_Q4_1 : SK_GGML_Q8_0;
@@ -832,6 +834,116 @@ __attribute__((target(SK__V512))) static void sk__down_q4_v512(const struct sk__
                                                                float *acc, int32_t *isum) {
   sk__down_tiles_v512(r, t0, t1, p0, p1, acc, isum, true);
 }
+
+#define SK__AVX2 "avx2,fma,f16c"
+
+/* Whether the selected kernels run AVX2 (every x86 variant but generic). */
+static bool sk__use_avx2(void) { return strcmp(sk_kernels_name(), "generic") != 0; }
+
+/* 16 tile bytes of quad q (< 4) of a 64-output chunk as signed 16-bit
+ * weights: bytes - 128 (Q8 tiles) or nibbles (Q4 tiles: the chunk's 32
+ * bytes at row, low nibbles for q 0 and 1, high ones for 2 and 3). */
+__attribute__((target(SK__AVX2), always_inline)) static inline __m256i sk__tile_w16(
+    const uint8_t *row, uint32_t p, uint32_t q, bool q4) {
+  if (!q4)
+    return _mm256_sub_epi16(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(row + p + 16 * q))),
+        _mm256_set1_epi16(128));
+  __m128i x = _mm_loadu_si128((const void *)(row + p / 2 + 16 * (q & 1)));
+  if (q >= 2) x = _mm_srli_epi16(x, 4);
+  return _mm256_cvtepu8_epi16(_mm_and_si128(x, _mm_set1_epi8(15)));
+}
+
+/* sk__down_tiles_generic on AVX2, with its bits: two kept neurons at a
+ * time, their 16-bit weights interleaved and multiplied by the two hq
+ * (vpmaddwd: exact int32 sums), into int32 sums of the block's outputs in
+ * the order the interleave leaves them (isum, in L1), put back in output
+ * order per 64 (128-bit lane moves) before the float steps. */
+__attribute__((target(SK__AVX2), always_inline)) static inline void sk__down_tiles_avx2(
+    const struct sk__row *r, uint32_t t0, uint32_t t1, uint32_t p0, uint32_t p1, float *acc,
+    int32_t *isum, bool q4) {
+  const struct sk_sparse_mlp *w = r->w;
+  const struct sk_sparse_work *wk = r->wk;
+  const uint8_t *base = w->down;
+  const size_t ld = w->ld, rb = w->down_row_bytes, off = q4 ? p0 / 2 : p0;
+  const uint32_t len = p1 - p0;
+  for (uint32_t t = t0; t < t1; t++) {
+    const uint32_t g = wk->grp[3 * t], kb = wk->grp[3 * t + 1], ke = wk->grp[3 * t + 2];
+    memset(isum, 0, len * sizeof *isum);
+    for (uint32_t k = kb; k < ke; k += 2) {
+      const uint8_t *ra = base + (size_t)wk->idx[k] * rb + off;
+      const uint8_t *rb2 = k + 1 < ke ? base + (size_t)wk->idx[k + 1] * rb + off : ra;
+      const uint32_t hv = (uint32_t)(uint16_t)wk->hqk[k] |
+                          (uint32_t)(uint16_t)(k + 1 < ke ? wk->hqk[k + 1] : 0) << 16;
+      const __m256i h2 = _mm256_set1_epi32((int)hv);
+      const uint32_t kn = k + SK__DOWN_AHEAD < r->nk ? k + SK__DOWN_AHEAD : r->nk - 1;
+      const uint8_t *nx = base + (size_t)wk->idx[kn] * rb + off;
+      for (uint32_t p = 0; p < len; p += SK__CH) {
+        _mm_prefetch((const char *)nx + (q4 ? p / 2 : p), _MM_HINT_T1);
+        for (uint32_t q = 0; q < 4; q++) {
+          const __m256i wa = sk__tile_w16(ra, p, q, q4), wb = sk__tile_w16(rb2, p, q, q4);
+          int32_t *s = isum + p + 16 * q;
+          _mm256_storeu_si256((void *)s,
+                              _mm256_add_epi32(_mm256_loadu_si256((const void *)s),
+                                               _mm256_madd_epi16(_mm256_unpacklo_epi16(wa, wb), h2)));
+          _mm256_storeu_si256((void *)(s + 8),
+                              _mm256_add_epi32(_mm256_loadu_si256((const void *)(s + 8)),
+                                               _mm256_madd_epi16(_mm256_unpackhi_epi16(wa, wb), h2)));
+        }
+      }
+    }
+    /* isum + p + 16q holds, 4 ints each, the sums of tile bytes 16q +
+     * 4t .. + 4, i.e. of outputs 16t + 4q .. + 4, for t = 0, 2, 1, 3: the
+     * 16 outputs of block t are one 128-bit half of each q's 16 ints */
+    const float dh = wk->hd[g], hsf = (float)wk->hs[g];
+    const __m256 dhv = _mm256_set1_ps(dh), hsv = _mm256_set1_ps(hsf);
+    const uint16_t *dd = w->down_d + (size_t)g * ld + p0;
+    const uint16_t *dm = q4 ? w->down_m + (size_t)g * ld + p0 : NULL;
+    for (uint32_t p = 0; p < len; p += SK__CH) {
+      const int32_t *s = isum + p;
+      __m256i v[8];
+      for (uint32_t tb = 0; tb < 4; tb++) {
+        const uint32_t hi = tb & 1 ? 8 : 0, sel = tb & 2 ? 0x31 : 0x20;
+        const __m256i q0 = _mm256_loadu_si256((const void *)(s + hi));
+        const __m256i q1 = _mm256_loadu_si256((const void *)(s + 16 + hi));
+        const __m256i q2 = _mm256_loadu_si256((const void *)(s + 32 + hi));
+        const __m256i q3 = _mm256_loadu_si256((const void *)(s + 48 + hi));
+        v[2 * tb] = sel == 0x20 ? _mm256_permute2x128_si256(q0, q1, 0x20)
+                                : _mm256_permute2x128_si256(q0, q1, 0x31);
+        v[2 * tb + 1] = sel == 0x20 ? _mm256_permute2x128_si256(q2, q3, 0x20)
+                                    : _mm256_permute2x128_si256(q2, q3, 0x31);
+      }
+      /* v[2 tb + j]: outputs 16 tb + 8 j .. + 8 */
+      for (uint32_t tb = 0; tb < 4; tb++)
+        for (uint32_t j = 0; j < 2; j++) {
+          const uint32_t o = p + 16 * tb + 8 * j;
+          __m256 a = _mm256_loadu_ps(acc + o);
+          if (q4)
+            a = _mm256_fmadd_ps(
+                hsv,
+                _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const void *)(dm + o))), dhv), a);
+          a = _mm256_fmadd_ps(
+              _mm256_cvtepi32_ps(v[2 * tb + j]),
+              _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const void *)(dd + o))), dhv), a);
+          _mm256_storeu_ps(acc + o, a);
+        }
+    }
+  }
+}
+
+__attribute__((target(SK__AVX2))) static void sk__down_q8_avx2(const struct sk__row *r,
+                                                             uint32_t t0, uint32_t t1,
+                                                             uint32_t p0, uint32_t p1,
+                                                             float *acc, int32_t *isum) {
+  sk__down_tiles_avx2(r, t0, t1, p0, p1, acc, isum, false);
+}
+
+__attribute__((target(SK__AVX2))) static void sk__down_q4_avx2(const struct sk__row *r,
+                                                             uint32_t t0, uint32_t t1,
+                                                             uint32_t p0, uint32_t p1,
+                                                             float *acc, int32_t *isum) {
+  sk__down_tiles_avx2(r, t0, t1, p0, p1, acc, isum, true);
+}
 #endif
 
 /* Whether the selected kernels are the AVX-512 VNNI ones. */
@@ -885,8 +997,11 @@ static void sk__down_tiles_task(void *ctx, uint32_t task, uint32_t thread) {
   memset(acc, 0, w->ld * sizeof *acc);
 #ifdef SK__HAVE_X86
   int32_t *isum = (int32_t *)(void *)(r->wk->tmp + (size_t)thread * 2 * (r->wk->dim + SK__CH));
-  if (sk__use_v512() && w->down_m) sk__down_q4_v512(r, t0, t1, 0, w->ld, acc, isum);
-  else if (sk__use_v512()) sk__down_q8_v512(r, t0, t1, 0, w->ld, acc, isum);
+  const bool v512 = sk__use_v512(), avx2 = !v512 && sk__use_avx2();
+  if (v512 && w->down_m) sk__down_q4_v512(r, t0, t1, 0, w->ld, acc, isum);
+  else if (v512) sk__down_q8_v512(r, t0, t1, 0, w->ld, acc, isum);
+  else if (avx2 && w->down_m) sk__down_q4_avx2(r, t0, t1, 0, w->ld, acc, isum);
+  else if (avx2) sk__down_q8_avx2(r, t0, t1, 0, w->ld, acc, isum);
   else
 #else
   (void)thread;
@@ -936,7 +1051,7 @@ uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, flo
   if (nk) {
     const uint32_t n_tasks = T == 1 ? 1 : 4 * T;
     r.per = (nk + n_tasks - 1) / n_tasks;
-    if (w->uq) {
+    if (w->uq && sk__use_v512()) {
       /* per pair of blocks, 16 lanes: -128 x each block's activation sum
        * in the first lane of its 8 */
       const uint32_t nbx = w->dim / SK_QK;

@@ -120,7 +120,8 @@ int sk_sparse_collect_thresholds(struct sk_sparse_collect *c, const float *level
 /* The weights of one layer's sparse MLP, in the layouts its kernels
  * read (sk_sparse_prepare). Read only after preparation.
  *
- * up: Q8_0 up projections get a copy (uq, ud): row j = neuron j's dim
+ * up: Q8_0 up projections get a copy (uq, ud) when the selected kernels
+ * are avx512-vnni or amx: row j = neuron j's dim
  * quants plus 128 as bytes (vpdpbusd multiplies unsigned by signed bytes;
  * the offset is taken back exactly with the activation block sums), its
  * dim / 32 fp16 scales apart; the same bytes per row as the GGUF rows.
@@ -210,10 +211,12 @@ void sk_sparse_work_free(struct sk_sparse_work *w);
  * layer's threshold (>= 0), compared with silu as sk_kernels_swiglu
  * computes it (within ~2 ulp of the calibration's expf). Runs on pool
  * (may be NULL). Returns |K|.
- * Kernels: AVX-512 VNNI (vpdpbusd) for Q8_0 up and the tiles when the
- * selected kernel variant is avx512-vnni or amx, with the same bits as
- * the portable code for the tiles; sk_kernels_matmul on the GGUF rows of
- * other up types, sk_kernels_axpy for float down rows. */
+ * Kernels: AVX-512 VNNI (vpdpbusd) for Q8_0 up (its copy is made only
+ * then) and the tiles when the selected kernel variant is avx512-vnni or
+ * amx; AVX2 (vpmaddwd) for the tiles with the other x86 variants; the
+ * tiles' kernels all give the portable code's bits. sk_kernels_matmul
+ * on the GGUF rows of other up types (and of Q8_0 up without AVX-512),
+ * sk_kernels_axpy for float down rows. */
 uint32_t sk_sparse_mlp_row(const struct sk_sparse_mlp *w, const float *gate, float thr,
                            const struct sk_act *x, float *y, struct sk_sparse_work *wk,
                            struct sk_pool *pool);
