@@ -12,7 +12,7 @@ void sk_admit_done(struct sk_admit *a) {
 
 uint32_t sk_admit_root_reserve(uint32_t max_clients) {
   uint32_t half = max_clients / 2;
-  return half < SK_ADMIT_ROOT_RESERVE ? half : SK_ADMIT_ROOT_RESERVE;
+  return half < SK_LIMIT_ROOT_CLIENTS ? half : SK_LIMIT_ROOT_CLIENTS;
 }
 
 /* The entry of uid, or NULL. Linear: a machine has few users connected

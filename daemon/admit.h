@@ -21,12 +21,8 @@
 
 #include <stdint.h>
 
+#include "sk_limits.h"
 #include "sinkd/protocol.h"
-
-/* Connections kept for root out of max_clients (at most half of it, so
- * that a small max_clients still admits others): enough for an
- * administrator's sinkctl, a monitoring probe and a chat. */
-#define SK_ADMIT_ROOT_RESERVE 8u
 
 struct sk_admit_limits {
   uint32_t max_clients;      /* connections in all, >= 1 */
@@ -53,7 +49,7 @@ void sk_admit_init(struct sk_admit *a);
 void sk_admit_done(struct sk_admit *a);
 
 /* Connections of max_clients that only root may take:
- * min(SK_ADMIT_ROOT_RESERVE, max_clients / 2). */
+ * min(SK_LIMIT_ROOT_CLIENTS, max_clients / 2). */
 uint32_t sk_admit_root_reserve(uint32_t max_clients);
 
 /* Admits one more connection of uid, counting it, or refuses it.

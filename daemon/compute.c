@@ -55,8 +55,8 @@ struct sk_compute {
 struct sk__draw {
   const char *stop; /* non-NULL: no draw, the job stops (decode_stop) */
   int32_t token;
-  int32_t top_id[SK_TOP_MAX];
-  float top_logit[SK_TOP_MAX];
+  int32_t top_id[SK_WIRE_MAX_TOP];
+  float top_logit[SK_WIRE_MAX_TOP];
 };
 
 /* ---- events (compute thread -> loop thread) ---- */
@@ -252,10 +252,10 @@ static void top_logits(const float *logits, uint32_t n_vocab, uint32_t n,
 }
 
 static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
-  /* Keep the last SK_STOP_MAX_LEN + len bytes at most. */
-  if (len > SK_STOP_MAX_LEN) {
-    text += len - SK_STOP_MAX_LEN;
-    len = SK_STOP_MAX_LEN;
+  /* Keep the last SK_LIMIT_STOP_LEN + len bytes at most. */
+  if (len > SK_LIMIT_STOP_LEN) {
+    text += len - SK_LIMIT_STOP_LEN;
+    len = SK_LIMIT_STOP_LEN;
   }
   if (job->tail_len + len > sizeof job->tail) {
     size_t drop = job->tail_len + len - sizeof job->tail;

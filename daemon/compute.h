@@ -40,8 +40,8 @@ struct sk_event {
   struct sk_job *job;
   int32_t token;
   uint32_t n_top;
-  int32_t top_id[SK_TOP_MAX];   /* highest logits first, ties lower id */
-  float top_logit[SK_TOP_MAX];
+  int32_t top_id[SK_WIRE_MAX_TOP];   /* highest logits first, ties lower id */
+  float top_logit[SK_WIRE_MAX_TOP];
   struct sk_event *next;
   size_t text_len;
   char text[];                  /* (text_len) valid UTF-8 */

@@ -17,38 +17,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "sk_limits.h"
 #include "model.h"
 #include "sinkd/protocol.h"
 
-/* ---- hard ceilings, each with its reason -------------------------------- */
-
-/* Connections at once: each holds a descriptor and up to 1 MiB of queued
- * output; past 65536 any usual RLIMIT_NOFILE runs out first anyway. */
-#define SK_LIMIT_MAX_CLIENTS 65536u
-/* Sessions at once: the session table is allocated up front and each
- * session holds a whole KV cache. */
-#define SK_LIMIT_MAX_SESSIONS 65536u
-/* One session's cache: positions and slots are 32-bit and one cache must
- * stay far below the machine's memory (SK_KV_MAX_CAPACITY). */
-#define SK_LIMIT_MAX_CAPACITY SK_KV_MAX_CAPACITY
-/* One request frame is buffered whole before it is parsed. */
-#define SK_LIMIT_MAX_FRAME SK_FRAME_MAX_CEILING
-/* Smallest frame limit: a request with a short prompt must still fit. */
-#define SK_LIMIT_MIN_FRAME 64u
-/* Compute threads: no machine sinkd targets has more cores (pool.h). */
-#define SK_LIMIT_MAX_THREADS 256u
-/* Prefill chunk: scratch buffers grow with chunk x model width; past 4096
- * tokens bigger chunks stop paying and only delay other sessions. */
-#define SK_LIMIT_MAX_BATCH 4096u
-/* Total KV memory is capped by the machine's physical memory (computed at
- * run time): more would only end with the OOM killer. Below 1 MiB not
- * even the smallest model's session fits. */
-#define SK_LIMIT_MIN_MEMORY (1ull << 20)
-/* Idle TTL: a year; longer is "never", which is 0. */
-#define SK_LIMIT_MAX_IDLE_TTL (366u * 24u * 3600u)
-/* Deadline for a request frame: an hour; a client slower than that is
- * gone (0 = no deadline). */
-#define SK_LIMIT_MAX_FRAME_TIMEOUT 3600u
+/* Ceilings of every setting: limits.h. */
 
 /* ---- defaults ------------------------------------------------------------ */
 

@@ -67,13 +67,13 @@ int sk_conv_set_system(struct sk_conv *c, const char *text, size_t len, struct s
 
 int sk_conv_check(const struct sk_chat_msg *msgs, size_t n, struct sk_error *err) {
   if (n == 0) return sk_error_set(err, SK_ERR_BAD_REQUEST, "field 'messages': no message");
-  if (n > SK_CONV_MAX_MSGS)
+  if (n > SK_LIMIT_CONV_MSGS)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "field 'messages': %zu messages, at most %u", n,
-                        SK_CONV_MAX_MSGS);
+                        SK_LIMIT_CONV_MSGS);
   for (size_t i = 0; i < n; i++) {
     /* A role is template text (it is not tokenized as content): only
      * plain lower-case names, so none can carry a marker. */
-    bool ok = msgs[i].role_len > 0 && msgs[i].role_len <= SK_CONV_MAX_ROLE;
+    bool ok = msgs[i].role_len > 0 && msgs[i].role_len <= SK_LIMIT_CONV_ROLE;
     for (size_t k = 0; ok && k < msgs[i].role_len; k++) {
       char ch = msgs[i].role[k];
       ok = (ch >= 'a' && ch <= 'z') || ch == '_';
@@ -82,7 +82,7 @@ int sk_conv_check(const struct sk_chat_msg *msgs, size_t n, struct sk_error *err
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "messages[%zu]: role must be 1 to %u characters of a-z and _ "
                           "(system, user, assistant, tool, ...)",
-                          i, SK_CONV_MAX_ROLE);
+                          i, SK_LIMIT_CONV_ROLE);
   }
   return 0;
 }
@@ -493,7 +493,7 @@ int sk_conv_load(struct sk_conv *c, const char *dir, uint64_t id, struct sk_erro
   size_t sl = 0, tl = 0;
   const char *sys = get_str(&b, &sl);
   const char *text = get_str(&b, &tl);
-  if (b.bad || tmpl >= SK_CHAT__COUNT || n_msgs > SK_CONV_MAX_MSGS + 1 || (flags & ~3u) ||
+  if (b.bad || tmpl >= SK_CHAT__COUNT || n_msgs > SK_LIMIT_CONV_MSGS + 1 || (flags & ~3u) ||
       (!(flags & 1u) && sl)) {
     rc = sk_error_set(err, SK_ERR_BAD_REQUEST, "%s: bad header", path);
     goto out;

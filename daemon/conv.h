@@ -51,13 +51,10 @@
 #include <stdint.h>
 
 #include "chat.h"
+#include "sk_limits.h"
 #include "sinkd/protocol.h"
 
 #define SK_CONV_FILE_VERSION 1u
-/* Messages one chat may send: a few turns, each a role and a text. */
-#define SK_CONV_MAX_MSGS 64u
-/* Longest role name: the templates' roles are short words. */
-#define SK_CONV_MAX_ROLE 32u
 
 /* One owned message. */
 struct sk_conv_msg {
@@ -91,7 +88,7 @@ int sk_conv_set_system(struct sk_conv *c, const char *text, size_t len, struct s
  * Errors: those of sk_chat_render. */
 int sk_conv_system_text(const struct sk_conv *c, struct sk_chat_text *out, struct sk_error *err);
 
-/* Checks roles (1..SK_CONV_MAX_ROLE bytes of [a-z_]) and count.
+/* Checks roles (1..SK_LIMIT_CONV_ROLE bytes of [a-z_]) and count.
  * Errors: -SK_ERR_BAD_REQUEST naming the message. */
 int sk_conv_check(const struct sk_chat_msg *msgs, size_t n, struct sk_error *err);
 

@@ -32,7 +32,7 @@
 /* A keep-alive connection with no request for this long is closed. */
 #define SK_HTTP_IDLE_TIMEOUT_MS 60000u
 /* Bytes of responses waiting for a slow reader before its generation
- * pauses (as SK_CONN_OUT_MAX for msgpack clients). */
+ * pauses (as SK_LIMIT_CONN_OUT for msgpack clients). */
 #define SK_HTTP_OUT_MAX (1u << 20)
 
 struct sk_http_config {

@@ -19,6 +19,7 @@
 #include "compute.h"
 #include "conv.h"
 #include "kernels.h"
+#include "sk_limits.h"
 #include "log.h"
 #include "msg.h"
 #include "session.h"
@@ -26,26 +27,6 @@
 #include "sparse.h"
 #include "wire.h"
 
-/* Bytes read per read callback: one buffer shared by all connections
- * (the loop is single-threaded and feeds it to the frame reader at once). */
-#define SK_READ_BUF_SIZE (64u * 1024u)
-/* Bytes waiting to be written to one client above which its reading and
- * its generation pause (a client that never reads costs at most this). */
-#define SK_CONN_OUT_MAX (1u << 20)
-/* Requests queued behind a running one on a session. */
-#define SK_SESSION_QUEUE_MAX 64u
-/* Quiet time after the last disconnect before freed memory is given back
- * to the system (see on_trim). */
-#define SK_TRIM_DELAY_MS 1000u
-/* export: bytes of image per data event; far below any frame limit a
- * client accepts (libsinkd takes up to 16 MiB). */
-#define SK_EXPORT_CHUNK (256u * 1024u)
-/* Idle-TTL check period bounds (ms): often enough for short TTLs, rare
- * enough to cost nothing. */
-/* Sessions a uid's temporary opens may take past max_user_sessions. */
-#define SK_TEMP_SESSION_RESERVE 4u
-#define SK_TTL_TICK_MIN_MS 100u
-#define SK_TTL_TICK_MAX_MS 60000u
 
 /* An export being streamed to a client: the image is a snapshot, sent in
  * data events as the connection's output drains. */
@@ -58,12 +39,6 @@ struct export_stream {
   uint64_t seen;
   struct export_stream *next;
 };
-/* open: the longest pin text, tokenized on the loop thread (a system
- * prompt; ~16K tokens at most, well under a millisecond to tokenize). */
-#define SK_PIN_TEXT_MAX (64u * 1024u)
-/* stats: most evicted-style ranges and resident tokens one reply lists. */
-#define SK_STATS_MAX_RANGES 256u
-#define SK_STATS_MAX_TOKENS 65536u
 
 struct sk_conn {
   uv_pipe_t pipe;
@@ -72,7 +47,7 @@ struct sk_conn {
   uint32_t uid;
   struct sk_frame_reader rd;
   size_t out_bytes;   /* queued in uv_write, not yet written */
-  bool out_paused;    /* over SK_CONN_OUT_MAX */
+  bool out_paused;    /* over SK_LIMIT_CONN_OUT */
   bool closing;       /* uv_close called */
   uint32_t refs;      /* the handle + in-flight thread-pool work */
   struct export_stream *exports; /* FIFO, streamed one after the other */
@@ -118,7 +93,7 @@ struct sk_server {
   bool frame_timer_ready;
   uv_timer_t trim_timer;   /* runs on_trim once clients stop leaving */
   bool trim_timer_ready;
-  char readbuf[SK_READ_BUF_SIZE];
+  char readbuf[SK_LIMIT_READ_BUF];
 };
 
 static uint64_t now_ms(void) {
@@ -183,7 +158,7 @@ static void on_write(uv_write_t *req, int status) {
   if (status < 0 && status != UV_ECANCELED)
     sk_log(SK_LOG_DEBUG, "client %llu: write failed: %s", (unsigned long long)c->id,
            uv_strerror(status));
-  if (c->out_paused && !c->closing && c->out_bytes < SK_CONN_OUT_MAX / 2) {
+  if (c->out_paused && !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT / 2) {
     c->out_paused = false;
     uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
     set_jobs_paused(c->srv, c, false);
@@ -215,7 +190,7 @@ static void conn_send(struct sk_conn *c, char *data, size_t len) {
   }
   c->refs++;
   c->out_bytes += len;
-  if (!c->out_paused && c->out_bytes > SK_CONN_OUT_MAX) {
+  if (!c->out_paused && c->out_bytes > SK_LIMIT_CONN_OUT) {
     /* Slow reader: stop taking its requests and pause its generation. */
     c->out_paused = true;
     uv_read_stop((uv_stream_t *)&c->pipe);
@@ -308,7 +283,7 @@ static void conn_close(struct sk_conn *c) {
   srv->n_conns--;
   sk_log(SK_LOG_DEBUG, "client %llu disconnected", (unsigned long long)c->id);
   if (srv->trim_timer_ready && !srv->shutting_down)
-    uv_timer_start(&srv->trim_timer, on_trim, SK_TRIM_DELAY_MS, 0);
+    uv_timer_start(&srv->trim_timer, on_trim, SK_LIMIT_TRIM_DELAY_MS, 0);
   uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
   if (!srv->shutting_down) counts_changed(srv);
 }
@@ -375,10 +350,10 @@ static int session_enqueue(struct sk_server *srv, struct sk_session *s, struct s
     session_dispatch(srv, s, job);
     return 0;
   }
-  if (s->n_queued >= SK_SESSION_QUEUE_MAX)
+  if (s->n_queued >= SK_LIMIT_SESSION_QUEUE)
     return sk_error_set(err, SK_ERR_BUSY,
                         "session %llu has %u requests queued (limit %u)",
-                        (unsigned long long)s->id, s->n_queued, SK_SESSION_QUEUE_MAX);
+                        (unsigned long long)s->id, s->n_queued, SK_LIMIT_SESSION_QUEUE);
   job->next = NULL;
   if (s->queue_tail) s->queue_tail->next = job; else s->queue_head = job;
   s->queue_tail = job;
@@ -420,7 +395,7 @@ static void on_event(void *user, struct sk_event *ev) {
   struct sk_conn *c = job->conn;
   if (ev->kind == SK_EVENT_TOKEN) {
     if (c) {
-      struct sk_top_pair top[SK_TOP_MAX];
+      struct sk_top_pair top[SK_WIRE_MAX_TOP];
       for (uint32_t i = 0; i < ev->n_top; i++) top[i] = (struct sk_top_pair){ev->top_id[i], ev->top_logit[i]};
       struct sk_token_event te = {.token = ev->token, .text = ev->text, .text_len = ev->text_len,
                                   .top = top, .n_top = ev->n_top};
@@ -626,9 +601,9 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
   if (has_text && has_tokens)
     return sk_error_set(e, SK_ERR_BAD_REQUEST, "give either 'pin' or 'pin_tokens', not both");
   if (has_text) {
-    if (len > SK_PIN_TEXT_MAX)
+    if (len > SK_LIMIT_PIN_TEXT)
       return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'pin': %zu bytes, at most %u", len,
-                          SK_PIN_TEXT_MAX);
+                          SK_LIMIT_PIN_TEXT);
     return sk_tokenizer_encode(srv->tok, text, len,
                                sk_tokenizer_add_bos(srv->tok) ? SK_TOKENIZE_BOS : 0, ret, ret_n,
                                e);
@@ -675,9 +650,9 @@ static int read_chat(struct sk_server *srv, const struct request *r, struct sk_c
   if (conv->tmpl == SK_CHAT_NONE)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
                         "field 'system': the session has no chat template (give chat_template)");
-  if (sys_len > SK_PIN_TEXT_MAX)
+  if (sys_len > SK_LIMIT_PIN_TEXT)
     return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'system': %zu bytes, at most %u", sys_len,
-                        SK_PIN_TEXT_MAX);
+                        SK_LIMIT_PIN_TEXT);
   struct sk_chat_text t;
   sk_chat_text_init(&t);
   if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) == 0 &&
@@ -807,7 +782,7 @@ static void user_usage(const struct sk_server *srv, uint32_t uid, const struct s
 /* Whether uid may own one more session of `bytes` (besides `except`, a
  * session of its already in the table, or NULL). A temporary session
  * (one that ends with its connection: `sinkctl generate` without
- * --session) may go SK_TEMP_SESSION_RESERVE past max_user_sessions, so
+ * --session) may go SK_LIMIT_TEMP_SESSIONS past max_user_sessions, so
  * that persistent sessions left behind do not stop one-off requests. */
 static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
                              const struct sk_session *except, bool temporary,
@@ -818,7 +793,7 @@ static int check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
   /* A per-user limit at or above the daemon's is implied by it: the
    * daemon's check (sk_session_reserve) then names the limit that binds. */
   uint32_t max_n = srv->cfg.max_user_sessions;
-  uint32_t allowed = max_n + (temporary ? SK_TEMP_SESSION_RESERVE : 0);
+  uint32_t allowed = max_n + (temporary ? SK_LIMIT_TEMP_SESSIONS : 0);
   if (max_n && max_n < srv->sessions.max_sessions && n >= allowed)
     return sk_error_set(e, SK_ERR_BUSY,
                         "uid %u already has %u sessions (max_user_sessions %u): `sinkctl list` "
@@ -1146,11 +1121,11 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   uint32_t nr = idle ? kv->hdr->n_resident : 0, shown = 0;
   if (idle) {
     /* Stream indices of the resident tokens in cache-position order, as
-     * ranges of consecutive indices (at most SK_STATS_MAX_RANGES). */
+     * ranges of consecutive indices (at most SK_LIMIT_STATS_RANGES). */
     uint32_t n_ranges = 0;
     for (uint32_t p = 0; p < nr; p++)
       if (p == 0 || sk_kv_index_at(kv, p) != sk_kv_index_at(kv, p - 1) + 1) n_ranges++;
-    shown = n_ranges < SK_STATS_MAX_RANGES ? n_ranges : SK_STATS_MAX_RANGES;
+    shown = n_ranges < SK_LIMIT_STATS_RANGES ? n_ranges : SK_LIMIT_STATS_RANGES;
     ranges = calloc(shown ? shown : 1, sizeof *ranges);
     for (uint32_t p = 0, k = 0; ranges && p < nr && k < shown; k++) {
       uint32_t q = p;
@@ -1398,10 +1373,10 @@ static int read_messages(const struct request *r, struct sk_job *job, struct sk_
   if (rc == 0) return sk_error_set(e, SK_ERR_BAD_REQUEST, "missing field 'messages'");
   if (sk_msg_get(r->map, "prompt") || sk_msg_get(r->map, "tokens"))
     return sk_error_set(e, SK_ERR_BAD_REQUEST, "chat takes 'messages', not 'prompt' or 'tokens'");
-  struct sk_chat_msg m[SK_CONV_MAX_MSGS];
-  if (arr->size > SK_CONV_MAX_MSGS)
+  struct sk_chat_msg m[SK_LIMIT_CONV_MSGS];
+  if (arr->size > SK_LIMIT_CONV_MSGS)
     return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'messages': %u messages, at most %u",
-                        arr->size, SK_CONV_MAX_MSGS);
+                        arr->size, SK_LIMIT_CONV_MSGS);
   for (uint32_t i = 0; i < arr->size; i++) {
     const msgpack_object *o = &arr->ptr[i];
     const char *role = NULL, *content = NULL;
@@ -1487,24 +1462,24 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   } /* else: the session's PRNG stream goes on (compute.c) */
   if ((rc = sk_msg_get_bool(r->map, "ignore_eos", &bv, &e)) < 0) goto bad;
   if (rc == 1) job->ignore_eos = bv;
-  if ((rc = sk_msg_get_u64(r->map, "n_top", SK_TOP_MAX, &u, &e)) < 0) goto bad;
+  if ((rc = sk_msg_get_u64(r->map, "n_top", SK_WIRE_MAX_TOP, &u, &e)) < 0) goto bad;
   if (rc == 1) job->n_top = (uint32_t)u;
   if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
   const msgpack_object_array *stops = NULL;
   if ((rc = sk_msg_get_array(r->map, "stop", &stops, &e)) < 0) goto bad;
   if (rc == 1) {
-    if (stops->size > SK_STOP_MAX_COUNT) {
+    if (stops->size > SK_LIMIT_STOP_COUNT) {
       rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %u strings given, at most %u",
-                        stops->size, SK_STOP_MAX_COUNT);
+                        stops->size, SK_LIMIT_STOP_COUNT);
       goto bad;
     }
     for (uint32_t i = 0; i < stops->size; i++) {
       const msgpack_object *o = &stops->ptr[i];
       if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
-          o->via.str.size > SK_STOP_MAX_LEN || memchr(o->via.str.ptr, 0, o->via.str.size)) {
+          o->via.str.size > SK_LIMIT_STOP_LEN || memchr(o->via.str.ptr, 0, o->via.str.size)) {
         rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
                           "field 'stop': element %u must be a non-empty string of at most %u bytes",
-                          i, SK_STOP_MAX_LEN);
+                          i, SK_LIMIT_STOP_LEN);
         goto bad;
       }
       job->stop[i] = strndup(o->via.str.ptr, o->via.str.size);
@@ -1565,11 +1540,11 @@ static void op_queued_inline(struct sk_server *srv, const struct request *r,
 /* Sends the next data events of the connection's exports while its output
  * has room; the final reply of each follows its last event. */
 static void export_pump(struct sk_conn *c) {
-  while (c->exports && !c->closing && c->out_bytes < SK_CONN_OUT_MAX) {
+  while (c->exports && !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT) {
     struct export_stream *x = c->exports;
     struct sk_msgbuf b;
     if (x->off < x->len) {
-      size_t n = x->len - x->off < SK_EXPORT_CHUNK ? x->len - x->off : SK_EXPORT_CHUNK;
+      size_t n = x->len - x->off < SK_LIMIT_EXPORT_CHUNK ? x->len - x->off : SK_LIMIT_EXPORT_CHUNK;
       if (sk_wire_pack_data_event(&b, x->req_id, x->off, x->buf + x->off, n) < 0) return;
       x->off += n;
       conn_send_buf(c, &b);
@@ -1877,8 +1852,8 @@ static void ttl_timer_set(struct sk_server *srv) {
   uv_timer_stop(&srv->ttl_timer);
   if (srv->cfg.idle_ttl_s == 0) return;
   uint64_t tick = (uint64_t)srv->cfg.idle_ttl_s * 1000u / 4;
-  if (tick < SK_TTL_TICK_MIN_MS) tick = SK_TTL_TICK_MIN_MS;
-  if (tick > SK_TTL_TICK_MAX_MS) tick = SK_TTL_TICK_MAX_MS;
+  if (tick < SK_LIMIT_TTL_TICK_MIN_MS) tick = SK_LIMIT_TTL_TICK_MIN_MS;
+  if (tick > SK_LIMIT_TTL_TICK_MAX_MS) tick = SK_LIMIT_TTL_TICK_MAX_MS;
   uv_timer_start(&srv->ttl_timer, on_ttl, tick, tick);
 }
 
@@ -2238,8 +2213,8 @@ static void frame_timer_set(struct sk_server *srv) {
   uv_timer_stop(&srv->frame_timer);
   if (!srv->cfg.frame_timeout_s) return;
   uint64_t tick = (uint64_t)srv->cfg.frame_timeout_s * 1000u / 4u;
-  if (tick < 100) tick = 100;
-  if (tick > 1000) tick = 1000;
+  if (tick < SK_LIMIT_FRAME_TICK_MIN_MS) tick = SK_LIMIT_FRAME_TICK_MIN_MS;
+  if (tick > SK_LIMIT_FRAME_TICK_MAX_MS) tick = SK_LIMIT_FRAME_TICK_MAX_MS;
   uv_timer_start(&srv->frame_timer, on_frame_timer, tick, tick);
 }
 
@@ -2362,7 +2337,7 @@ static int bind_socket(struct sk_server *srv, struct sk_error *err) {
   uv_pipe_init(srv->loop, &srv->listener, 0);
   srv->listener.data = srv;
   rc = uv_pipe_bind(&srv->listener, path);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, SK_LIMIT_LISTEN_BACKLOG, on_connection);
   if (rc < 0) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
@@ -2378,7 +2353,7 @@ static int open_passed_socket(struct sk_server *srv, struct sk_error *err) {
   uv_pipe_init(srv->loop, &srv->listener, 0);
   srv->listener.data = srv;
   int rc = uv_pipe_open(&srv->listener, srv->cfg.listen_fd);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, SK_LIMIT_LISTEN_BACKLOG, on_connection);
   if (rc < 0) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     return sk_error_set(err, SK_ERR_IO, "cannot listen on the socket passed as fd %d: %s",

@@ -84,8 +84,8 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   if (!s) return NULL;
   const struct sk_kv_header *h = obj->kv.hdr;
   s->attn.n_layer = h->n_layer;
-  s->attn.sink_mass = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
-  s->attn.entropy = calloc((size_t)SK_ATTN_STEPS * h->n_layer, sizeof(float));
+  s->attn.sink_mass = calloc((size_t)SK_LIMIT_ATTN_STEPS * h->n_layer, sizeof(float));
+  s->attn.entropy = calloc((size_t)SK_LIMIT_ATTN_STEPS * h->n_layer, sizeof(float));
   s->sp_kept = calloc(h->n_layer, sizeof *s->sp_kept);
   if (!s->attn.sink_mass || !s->attn.entropy || !s->sp_kept) {
     free(s->attn.sink_mass);
@@ -291,8 +291,8 @@ void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
          a->n_layer * sizeof(float));
   memcpy(a->entropy + (size_t)a->next * a->n_layer, ent,
          a->n_layer * sizeof(float));
-  a->next = (a->next + 1) % SK_ATTN_STEPS;
-  if (a->n_steps < SK_ATTN_STEPS) a->n_steps++;
+  a->next = (a->next + 1) % SK_LIMIT_ATTN_STEPS;
+  if (a->n_steps < SK_LIMIT_ATTN_STEPS) a->n_steps++;
   a->probe = probe;
   pthread_mutex_unlock(&t->counters_lock);
 }
@@ -592,8 +592,8 @@ static void chat_save(struct sk_session *s) {
 void sk_session_chat_prompt_done(struct sk_session *s, struct sk_job *job) {
   if (job->prompt_done) return;
   job->prompt_done = true;
-  struct sk_chat_msg m[SK_CONV_MAX_MSGS];
-  size_t n = job->n_chat < SK_CONV_MAX_MSGS ? job->n_chat : SK_CONV_MAX_MSGS;
+  struct sk_chat_msg m[SK_LIMIT_CONV_MSGS];
+  size_t n = job->n_chat < SK_LIMIT_CONV_MSGS ? job->n_chat : SK_LIMIT_CONV_MSGS;
   for (size_t i = 0; i < n; i++)
     m[i] = (struct sk_chat_msg){job->chat_msgs[i].role, job->chat_msgs[i].role_len,
                                 job->chat_msgs[i].content, job->chat_msgs[i].content_len};

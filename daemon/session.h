@@ -23,6 +23,7 @@
 
 #include "conv.h"
 #include "kvcache.h"
+#include "sk_limits.h"
 #include "model.h"
 #include "sampler.h"
 #include "store.h"
@@ -44,16 +45,6 @@ enum sk_job_kind {
   SK_JOB_STATS,
 };
 
-/* Longest stop string accepted, and how many: bounded so the tail kept for
- * matching stays small. */
-#define SK_STOP_MAX_LEN 256u
-#define SK_STOP_MAX_COUNT 16u
-/* Most top logits a token event may carry. */
-#define SK_TOP_MAX SK_WIRE_MAX_TOP
-/* Steps (forward calls) over which `stats` averages the attention
- * diagnostics: recent enough to follow a stream, long enough to smooth a
- * single token. */
-#define SK_ATTN_STEPS 64u
 
 /* One append or generate request. Created by the loop thread, run by the
  * compute thread, finished (reply sent, freed) by the loop thread. */
@@ -78,7 +69,7 @@ struct sk_job {
   bool has_seed;             /* false: continue the session's PRNG */
   bool ignore_eos;
   uint32_t n_top;
-  char *stop[SK_STOP_MAX_COUNT]; /* owned, NUL-terminated */
+  char *stop[SK_LIMIT_STOP_COUNT]; /* owned, NUL-terminated */
   uint32_t n_stop;
 
   /* append */
@@ -108,7 +99,7 @@ struct sk_job {
   struct sk_sampler sampler;
   bool sampler_ready;
   struct sk_utf8_stream utf8;
-  char tail[2 * SK_STOP_MAX_LEN]; /* end of the generated text, for stops */
+  char tail[2 * SK_LIMIT_STOP_LEN]; /* end of the generated text, for stops */
   size_t tail_len;
 
   /* Result, compute thread, read by the loop after the DONE event. */
@@ -134,16 +125,16 @@ struct sk_session_counters {
 };
 
 /* Attention diagnostics of a session's recent steps: a ring of the last
- * SK_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
+ * SK_LIMIT_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
  * Written by the compute thread and read by the loop thread, both under
  * the table's counters lock. */
 struct sk_attn_stats {
   uint32_t n_layer;
   uint32_t probe;      /* sink positions counted by the newest entry */
-  uint32_t n_steps;    /* entries filled, <= SK_ATTN_STEPS */
+  uint32_t n_steps;    /* entries filled, <= SK_LIMIT_ATTN_STEPS */
   uint32_t next;       /* ring position of the next entry */
-  float *sink_mass;    /* (SK_ATTN_STEPS, n_layer) */
-  float *entropy;      /* (SK_ATTN_STEPS, n_layer) nats */
+  float *sink_mass;    /* (SK_LIMIT_ATTN_STEPS, n_layer) */
+  float *entropy;      /* (SK_LIMIT_ATTN_STEPS, n_layer) nats */
 };
 
 struct sk_session {

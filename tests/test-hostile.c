@@ -754,15 +754,15 @@ static void cases_numbers(void) {
     b_str(&b, "max_tokens");
     msgpack_pack_uint32(&b.pk, 1);
     b_str(&b, "stop");
-    char s[SK_STOP_MAX_LEN + 2];
+    char s[SK_LIMIT_STOP_LEN + 2];
     memset(s, 'z', sizeof s);
     if (k == 0 || k == 1) { /* 16 strings ok, 17 refused */
-      uint32_t n = SK_STOP_MAX_COUNT + (uint32_t)k;
+      uint32_t n = SK_LIMIT_STOP_COUNT + (uint32_t)k;
       msgpack_pack_array(&b.pk, n);
       for (uint32_t i = 0; i < n; i++) b_str(&b, "zz");
     } else { /* 256 bytes ok, 257 refused */
       msgpack_pack_array(&b.pk, 1);
-      size_t len = SK_STOP_MAX_LEN + (size_t)(k - 2);
+      size_t len = SK_LIMIT_STOP_LEN + (size_t)(k - 2);
       msgpack_pack_str(&b.pk, len);
       msgpack_pack_str_body(&b.pk, s, len);
     }

@@ -1,0 +1,102 @@
+/* The daemon's limits: every bound the daemon puts on a client, a
+ * session or itself, each with the reason for its value. Ceilings of
+ * the configuration come first (config.c refuses values past them),
+ * then the fixed limits of the modules that use them. Caps of the wire
+ * format itself (frame ceiling, ranges, top logits, tokens of a
+ * generate) live in sinkd/protocol.h; the cache's and the store's
+ * layout constants in kvcache.h and store.h.
+ */
+#ifndef SK_SK_LIMITS_H
+#define SK_SK_LIMITS_H
+
+#include "kvcache.h"
+#include "sinkd/protocol.h"
+
+/* ---- ceilings of the configuration (config.c) ---- */
+
+/* Connections at once: each holds a descriptor and up to 1 MiB of queued
+ * output; past 65536 any usual RLIMIT_NOFILE runs out first anyway. */
+#define SK_LIMIT_MAX_CLIENTS 65536u
+/* Sessions at once: the session table is allocated up front and each
+ * session holds a whole KV cache. */
+#define SK_LIMIT_MAX_SESSIONS 65536u
+/* One session's cache: positions and slots are 32-bit and one cache must
+ * stay far below the machine's memory (SK_KV_MAX_CAPACITY). */
+#define SK_LIMIT_MAX_CAPACITY SK_KV_MAX_CAPACITY
+/* One request frame is buffered whole before it is parsed. */
+#define SK_LIMIT_MAX_FRAME SK_FRAME_MAX_CEILING
+/* Smallest frame limit: a request with a short prompt must still fit. */
+#define SK_LIMIT_MIN_FRAME 64u
+/* Compute threads: no machine sinkd targets has more cores (pool.h). */
+#define SK_LIMIT_MAX_THREADS 256u
+/* Prefill chunk: scratch buffers grow with chunk x model width; past 4096
+ * tokens bigger chunks stop paying and only delay other sessions. */
+#define SK_LIMIT_MAX_BATCH 4096u
+/* Total KV memory is capped by the machine's physical memory (computed at
+ * run time): more would only end with the OOM killer. Below 1 MiB not
+ * even the smallest model's session fits. */
+#define SK_LIMIT_MIN_MEMORY (1ull << 20)
+/* Idle TTL: a year; longer is "never", which is 0. */
+#define SK_LIMIT_MAX_IDLE_TTL (366u * 24u * 3600u)
+/* Deadline for a request frame: an hour; a client slower than that is
+ * gone (0 = no deadline). */
+#define SK_LIMIT_MAX_FRAME_TIMEOUT 3600u
+
+/* ---- connections (listen.c, conn.c, admit.c) ---- */
+
+/* Pending connections the kernel queues for accept: the usual SOMAXCONN
+ * of Linux before 5.4, plenty for a burst of local clients. */
+#define SK_LIMIT_LISTEN_BACKLOG 128
+/* Bytes read per read callback: one buffer shared by all connections
+ * (the loop is single-threaded and feeds it to the frame reader at once). */
+#define SK_LIMIT_READ_BUF (64u * 1024u)
+/* Bytes waiting to be written to one client above which its reading and
+ * its generation pause (a client that never reads costs at most this). */
+#define SK_LIMIT_CONN_OUT (1u << 20)
+/* Connections kept for root out of max_clients (at most half of it, so
+ * that a small max_clients still admits others): enough for an
+ * administrator's sinkctl, a monitoring probe and a chat. */
+#define SK_LIMIT_ROOT_CLIENTS 8u
+/* Bounds of the frame-deadline check period (ms): a connection past
+ * frame_timeout_s is closed at most this late, and checking costs nothing. */
+#define SK_LIMIT_FRAME_TICK_MIN_MS 100u
+#define SK_LIMIT_FRAME_TICK_MAX_MS 1000u
+/* Quiet time after the last disconnect before freed memory is given back
+ * to the system (malloc_trim): a burst of clients pays it once. */
+#define SK_LIMIT_TRIM_DELAY_MS 1000u
+
+/* ---- sessions and requests (session.c, server.c, ops.c, copy.c) ---- */
+
+/* Requests queued behind a running one on a session: a client cannot
+ * make the loop hold an unbounded list of jobs. */
+#define SK_LIMIT_SESSION_QUEUE 64u
+/* Sessions a uid's temporary opens may take past max_user_sessions, so
+ * that persistent sessions left behind do not stop one-off requests. */
+#define SK_LIMIT_TEMP_SESSIONS 4u
+/* Idle-TTL check period bounds (ms): often enough for short TTLs, rare
+ * enough to cost nothing. */
+#define SK_LIMIT_TTL_TICK_MIN_MS 100u
+#define SK_LIMIT_TTL_TICK_MAX_MS 60000u
+/* open: the longest pin text, tokenized on the loop thread (a system
+ * prompt; ~16K tokens at most, well under a millisecond to tokenize). */
+#define SK_LIMIT_PIN_TEXT (64u * 1024u)
+/* stats: most resident ranges one reply lists (a session's resident set
+ * is a few ranges; an h2o cache's can be one per token). */
+#define SK_LIMIT_STATS_RANGES 256u
+/* export: bytes of image per data event; far below any frame limit a
+ * client accepts (libsinkd takes up to 16 MiB). */
+#define SK_LIMIT_EXPORT_CHUNK (256u * 1024u)
+/* Longest stop string accepted, and how many: bounded so the tail kept
+ * for matching stays small. */
+#define SK_LIMIT_STOP_LEN 256u
+#define SK_LIMIT_STOP_COUNT 16u
+/* Steps (forward calls) over which `stats` averages the attention
+ * diagnostics: recent enough to follow a stream, long enough to smooth a
+ * single token. */
+#define SK_LIMIT_ATTN_STEPS 64u
+/* Messages of one chat request, and bytes of a role name: a conversation
+ * is rendered on every chat, and roles are short words. */
+#define SK_LIMIT_CONV_MSGS 64u
+#define SK_LIMIT_CONV_ROLE 32u
+
+#endif
