@@ -5,7 +5,7 @@
 
 void sk_admit_init(struct sk_admit *a) { memset(a, 0, sizeof *a); }
 
-void sk_admit_done(struct sk_admit *a) {
+void sk_admit_free(struct sk_admit *a) {
   free(a->users);
   memset(a, 0, sizeof *a);
 }

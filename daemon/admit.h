@@ -46,7 +46,7 @@ struct sk_admit {
 };
 
 void sk_admit_init(struct sk_admit *a);
-void sk_admit_done(struct sk_admit *a);
+void sk_admit_free(struct sk_admit *a);
 
 /* Connections of max_clients that only root may take:
  * min(SK_LIMIT_ROOT_CLIENTS, max_clients / 2). */

@@ -16,7 +16,9 @@
 
 #include "admit.h"
 #include "chat.h"
+#include "clock.h"
 #include "compute.h"
+#include "conn.h"
 #include "conv.h"
 #include "kernels.h"
 #include "sk_limits.h"
@@ -40,26 +42,15 @@ struct export_stream {
   struct export_stream *next;
 };
 
-struct sk_conn {
-  uv_pipe_t pipe;
-  struct sk_server *srv;
-  uint64_t id;
-  uint32_t uid;
-  struct sk_frame_reader rd;
-  size_t out_bytes;   /* queued in uv_write, not yet written */
-  bool out_paused;    /* over SK_LIMIT_CONN_OUT */
-  bool closing;       /* uv_close called */
-  uint32_t refs;      /* the handle + in-flight thread-pool work */
+/* What the server keeps with each connection (sk_conn_data). */
+struct peer {
   struct export_stream *exports; /* FIFO, streamed one after the other */
   char *import_buf;   /* an import in progress: received bytes (owned) */
   size_t import_len, import_cap;
   uint64_t import_total; /* declared size of the file */
-  bool admitted;      /* counted in srv->admit */
-  uint64_t input_bytes;      /* of an unfinished frame, as counted in srv->admit */
-  uint64_t frame_since_ms;   /* since when a frame is awaited (connect, or
-                                its first bytes); 0 = none */
-  struct sk_conn *prev, *next;
 };
+
+static struct peer *peer(struct sk_conn *c) { return sk_conn_data(c); }
 
 struct sk_server {
   uv_loop_t *loop;
@@ -74,9 +65,7 @@ struct sk_server {
   uint32_t start_max_capacity;
   struct sk_compute *compute;
   struct sk_session_table sessions;
-  struct sk_conn *conns;
-  uint32_t n_conns;
-  uint64_t next_conn_id;
+  struct sk_conns conns;    /* the clients */
   uint64_t started_ms;
   bool shutting_down;
   struct open_work *opens;   /* opens whose object is being made */
@@ -88,56 +77,32 @@ struct sk_server {
   char chat_error[SK_ERROR_MESSAGE_MAX]; /* cfg.chat_error, copied */
   uv_timer_t ttl_timer;
   bool ttl_running;
-  struct sk_admit admit;   /* connections and partial input per uid */
-  uv_timer_t frame_timer;  /* closes connections past frame_timeout_s */
-  bool frame_timer_ready;
-  uv_timer_t trim_timer;   /* runs on_trim once clients stop leaving */
-  bool trim_timer_ready;
-  char readbuf[SK_LIMIT_READ_BUF];
 };
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* Tells the owner that the number of sessions or clients changed. */
 static void counts_changed(struct sk_server *srv) {
-  if (srv->cfg.on_change) srv->cfg.on_change(srv->cfg.user, srv->sessions.count, srv->n_conns);
+  if (srv->cfg.on_change) srv->cfg.on_change(srv->cfg.user, srv->sessions.count, srv->conns.count);
 }
 
 /* ---- connections and output ---- */
 
-struct write_req {
-  uv_write_t req;
-  struct sk_conn *conn;
-  char *data;
-  size_t len;
-};
-
-static void import_drop(struct sk_conn *c) {
-  c->srv->import_bytes -= c->import_cap;
-  free(c->import_buf);
-  c->import_buf = NULL;
-  c->import_len = c->import_cap = 0;
-  c->import_total = 0;
+static void import_drop(struct sk_server *srv, struct sk_conn *c) {
+  struct peer *p = peer(c);
+  srv->import_bytes -= p->import_cap;
+  free(p->import_buf);
+  p->import_buf = NULL;
+  p->import_len = p->import_cap = 0;
+  p->import_total = 0;
 }
 
-static void conn_unref(struct sk_conn *c) {
-  if (--c->refs == 0) {
-    while (c->exports) {
-      struct export_stream *x = c->exports;
-      c->exports = x->next;
-      free(x->buf);
-      free(x);
-    }
-    sk_frame_reader_free(&c->rd);
-    free(c);
-  }
-}
+static void export_pump(struct sk_conn *c);
+static void session_close(struct sk_server *srv, struct sk_session *s);
 
-static void set_jobs_paused(struct sk_server *srv, struct sk_conn *c, bool paused) {
+/* conn.h hooks */
+
+/* A slow reader's generation pauses with its reading. */
+static void on_conn_pause(void *user, struct sk_conn *c, bool paused) {
+  struct sk_server *srv = user;
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
     struct sk_session *s = srv->sessions.items[i];
     if (s && s->running && s->running->conn == c) atomic_store(&s->running->paused, paused);
@@ -145,115 +110,13 @@ static void set_jobs_paused(struct sk_server *srv, struct sk_conn *c, bool pause
   if (!paused && srv->compute) sk_compute_wake(srv->compute);
 }
 
-static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void export_pump(struct sk_conn *c);
-
-static void on_write(uv_write_t *req, int status) {
-  struct write_req *w = (struct write_req *)req;
-  struct sk_conn *c = w->conn;
-  c->out_bytes -= w->len;
-  free(w->data);
-  free(w);
-  if (status < 0 && status != UV_ECANCELED)
-    sk_log(SK_LOG_DEBUG, "client %llu: write failed: %s", (unsigned long long)c->id,
-           uv_strerror(status));
-  if (c->out_paused && !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT / 2) {
-    c->out_paused = false;
-    uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
-    set_jobs_paused(c->srv, c, false);
-  }
-  if (c->exports && !c->closing) export_pump(c);
-  conn_unref(c);
+static void on_conn_drain(void *user, struct sk_conn *c) {
+  (void)user;
+  if (peer(c)->exports) export_pump(c);
 }
 
-/* Sends a whole frame; takes ownership of data (malloc'd). */
-static void conn_send(struct sk_conn *c, char *data, size_t len) {
-  if (c->closing) {
-    free(data);
-    return;
-  }
-  struct write_req *w = malloc(sizeof *w);
-  if (!w) {
-    free(data);
-    return;
-  }
-  w->conn = c;
-  w->data = data;
-  w->len = len;
-  uv_buf_t b = uv_buf_init(data, (unsigned)len);
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
-  if (rc < 0) {
-    free(data);
-    free(w);
-    return;
-  }
-  c->refs++;
-  c->out_bytes += len;
-  if (!c->out_paused && c->out_bytes > SK_LIMIT_CONN_OUT) {
-    /* Slow reader: stop taking its requests and pause its generation. */
-    c->out_paused = true;
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    set_jobs_paused(c->srv, c, true);
-  }
-}
-
-static void conn_send_buf(struct sk_conn *c, struct sk_msgbuf *b) {
-  if (sk_msgbuf_finish(b) < 0) {
-    sk_msgbuf_free(b);
-    return;
-  }
-  size_t len = 0;
-  char *data = sk_msgbuf_release(b, &len);
-  if (data) conn_send(c, data, len);
-}
-
-static void send_error(struct sk_conn *c, uint64_t id, const struct sk_error *e) {
-  struct sk_msgbuf b;
-  if (sk_msgbuf_init(&b) < 0) return;
-  if (sk_msg_pack_error(&b, id, e) < 0) {
-    sk_msgbuf_free(&b);
-    return;
-  }
-  sk_log(SK_LOG_DEBUG, "client %llu: request %llu: %s: %s", (unsigned long long)c->id,
-         (unsigned long long)id, sk_error_name(e->code), e->message);
-  conn_send_buf(c, &b);
-}
-
-static void send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...) {
-  struct sk_error e;
-  va_list ap;
-  va_start(ap, fmt);
-  sk_error_setv(&e, code, fmt, ap);
-  va_end(ap);
-  send_error(c, id, &e);
-}
-
-/* glibc keeps the memory freed by a burst of clients (their frames,
- * replies, jobs, sessions) in its arenas, one per thread that allocated,
- * and gives back only the top of each heap. Once clients have stopped
- * leaving for a moment, return all of it, so the daemon's footprint
- * follows its load down as well as up. */
-static void on_trim(uv_timer_t *t) {
-  (void)t;
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
-}
-
-static void on_conn_closed(uv_handle_t *h) {
-  struct sk_conn *c = h->data;
-  conn_unref(c);
-}
-
-static void session_close(struct sk_server *srv, struct sk_session *s);
-
-static void conn_close(struct sk_conn *c) {
-  if (c->closing) return;
-  struct sk_server *srv = c->srv;
-  c->closing = true;
+static void on_conn_close(void *user, struct sk_conn *c) {
+  struct sk_server *srv = user;
   /* Work of a client that left: generations stop, appends complete (the
    * session keeps what was sent). No job keeps a pointer to c. */
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
@@ -274,19 +137,26 @@ static void conn_close(struct sk_conn *c) {
     if (s->temp_conn == c->id && !s->closing) session_close(srv, s);
   }
   if (srv->compute) sk_compute_wake(srv->compute);
-  if (c->import_buf) import_drop(c);
-  if (c->admitted) sk_admit_conn_remove(&srv->admit, c->uid, c->input_bytes);
-  c->admitted = false;
-  c->input_bytes = 0;
-  if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
-  srv->n_conns--;
-  sk_log(SK_LOG_DEBUG, "client %llu disconnected", (unsigned long long)c->id);
-  if (srv->trim_timer_ready && !srv->shutting_down)
-    uv_timer_start(&srv->trim_timer, on_trim, SK_LIMIT_TRIM_DELAY_MS, 0);
-  uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
-  if (!srv->shutting_down) counts_changed(srv);
+  if (peer(c)->import_buf) import_drop(srv, c);
 }
+
+static void on_conn_release(void *user, struct sk_conn *c) {
+  (void)user;
+  struct peer *p = peer(c);
+  while (p->exports) {
+    struct export_stream *x = p->exports;
+    p->exports = x->next;
+    free(x->buf);
+    free(x);
+  }
+}
+
+static void on_conn_count(void *user, uint32_t n_conns) {
+  (void)n_conns;
+  counts_changed(user);
+}
+
+static void handle_frame(void *user, struct sk_conn *c, const uint8_t *body, size_t len);
 
 /* ---- session work ---- */
 
@@ -315,7 +185,7 @@ static void session_dispatch(struct sk_server *srv, struct sk_session *s, struct
   if (srv->shutting_down) {
     /* The compute thread is gone: answer instead of running. */
     if (job->conn)
-      send_errorf(job->conn, job->req_id, SK_ERR_CANCELLED, "the daemon is shutting down");
+      sk_conn_send_errorf(job->conn, job->req_id, SK_ERR_CANCELLED, "the daemon is shutting down");
     sk_job_free(job);
     return;
   }
@@ -378,7 +248,7 @@ static void send_open_reply(struct sk_conn *c, uint64_t req_id, const struct sk_
   snprintf(o.policy, sizeof o.policy, "%s", sk_policy_name(h->policy));
   snprintf(o.kv_type, sizeof o.kv_type, "%s", sk_kv_type_name(s->kv_type));
   struct sk_msgbuf b;
-  if (sk_wire_pack_open(&b, req_id, &o) == 0) conn_send_buf(c, &b);
+  if (sk_wire_pack_open(&b, req_id, &o) == 0) sk_conn_send_msg(c, &b);
 }
 
 /* An evict log as a reply's ranges. */
@@ -400,7 +270,7 @@ static void on_event(void *user, struct sk_event *ev) {
       struct sk_token_event te = {.token = ev->token, .text = ev->text, .text_len = ev->text_len,
                                   .top = top, .n_top = ev->n_top};
       struct sk_msgbuf b;
-      if (sk_wire_pack_token_event(&b, job->req_id, &te) == 0) conn_send_buf(c, &b);
+      if (sk_wire_pack_token_event(&b, job->req_id, &te) == 0) sk_conn_send_msg(c, &b);
     }
     free(ev);
     return;
@@ -412,7 +282,7 @@ static void on_event(void *user, struct sk_event *ev) {
     /* The pinned prefix of an open: the open's reply; a session whose pin
      * did not go in is closed (never half-pinned). */
     if (job->err.code != 0) {
-      if (c) send_error(c, job->req_id, &job->err);
+      if (c) sk_conn_send_error(c, job->req_id, &job->err);
       s->closing = true;
     } else if (c) {
       send_open_reply(c, job->req_id, s);
@@ -421,7 +291,7 @@ static void on_event(void *user, struct sk_event *ev) {
     }
   } else if (c) {
     if (job->err.code != 0) {
-      send_error(c, job->req_id, &job->err);
+      sk_conn_send_error(c, job->req_id, &job->err);
     } else {
       struct sk_session_counters cnt;
       sk_session_counters_get(&srv->sessions, s, &cnt);
@@ -446,7 +316,7 @@ static void on_event(void *user, struct sk_event *ev) {
         evicted_ranges(&job->evicted, g.ranges, &g.n_ranges);
         if (sk_wire_pack_generate(&b, job->req_id, &g, eog_text, eog_len, job->final_text,
                                   job->final_text_len) == 0)
-          conn_send_buf(c, &b);
+          sk_conn_send_msg(c, &b);
       } else {
         struct sk_append_result a = {.n_tokens = job->n_done,
                                      .evicted = job->evicted.n_evicted,
@@ -454,13 +324,13 @@ static void on_event(void *user, struct sk_event *ev) {
                                      .seen = cnt.seen};
         evicted_ranges(&job->evicted, a.ranges, &a.n_ranges);
         if (sk_wire_pack_append(&b, job->req_id, &a, lp ? job->logprobs : NULL) == 0)
-          conn_send_buf(c, &b);
+          sk_conn_send_msg(c, &b);
       }
     }
   }
   free(ev);
   s->running = NULL;
-  s->last_used_ms = now_ms();
+  s->last_used_ms = sk_clock_ms();
   sk_job_free(job);
   submit_next(srv, s);
 }
@@ -486,27 +356,27 @@ static struct sk_session *req_session(struct sk_server *srv, const struct reques
   struct sk_error e;
   uint64_t sid = 0;
   if (sk_msg_need_u64(r->map, "session", UINT64_MAX, &sid, &e) < 0) {
-    send_error(r->conn, r->id, &e);
+    sk_conn_send_error(r->conn, r->id, &e);
     return NULL;
   }
   struct sk_session *s = sk_session_find(&srv->sessions, sid);
   if (!s || s->closing) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
     return NULL;
   }
   if (!may_use(r->conn, s)) {
-    send_errorf(r->conn, r->id, SK_ERR_FORBIDDEN, "session %llu belongs to another user",
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_FORBIDDEN, "session %llu belongs to another user",
                 (unsigned long long)sid);
     return NULL;
   }
-  s->last_used_ms = now_ms();
+  s->last_used_ms = sk_clock_ms();
   return s;
 }
 
 static void op_ping(struct sk_server *srv, const struct request *r) {
   (void)srv;
   struct sk_msgbuf b;
-  if (sk_wire_pack_ok(&b, r->id) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_ok(&b, r->id) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
 /* Reads "sparsity" of an open: absent or 0 = dense, else one of the
@@ -582,7 +452,7 @@ static void op_hello(struct sk_server *srv, const struct request *r) {
       .n_sparsity_levels = srv->cfg.sparse ? srv->cfg.sparse->n_levels : 0,
   };
   struct sk_msgbuf b;
-  if (sk_wire_pack_hello(&b, r->id, &h, &x) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_hello(&b, r->id, &h, &x) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
 /* Reads "pin" (text, tokenized here with BOS first) or "pin_tokens" into
@@ -819,7 +689,7 @@ static void open_work_run(uv_work_t *req) {
  * the cache, on_event). Takes pin. */
 static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
                         struct sk_session *s, int32_t *pin, size_t n_pin, struct sk_conv *conv) {
-  s->last_used_ms = now_ms();
+  s->last_used_ms = sk_clock_ms();
   /* The conversation (template, pinned system prompt) is the session's. */
   sk_conv_free(&s->conv);
   s->conv = *conv;
@@ -841,7 +711,7 @@ static void open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_i
       free(pin);
       sk_session_free(&srv->sessions, s);
       counts_changed(srv);
-      send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+      sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
       return;
     }
     job->is_pin = true;
@@ -869,7 +739,7 @@ static void open_work_done(uv_work_t *req, int status) {
   if (w->rc < 0 || c->closing || srv->shutting_down) {
     /* A client that left never learns the id: nothing to keep. */
     sk_session_unreserve(&srv->sessions, &w->res);
-    if (w->rc < 0 && !c->closing) send_error(c, w->id, &w->err);
+    if (w->rc < 0 && !c->closing) sk_conn_send_error(c, w->id, &w->err);
     free(w->pin);
     sk_conv_free(&w->conv);
   } else {
@@ -878,14 +748,14 @@ static void open_work_done(uv_work_t *req, int status) {
     if (sk_session_commit(&srv->sessions, &w->res, &s, &e) < 0) {
       free(w->pin);
       sk_conv_free(&w->conv);
-      send_error(c, w->id, &e);
+      sk_conn_send_error(c, w->id, &e);
     } else {
       if (w->temporary) s->temp_conn = c->id;
       open_finish(srv, c, w->id, s, w->pin, w->n_pin, &w->conv);
     }
   }
   free(w);
-  conn_unref(c);
+  sk_conn_unref(c);
 }
 
 static void op_open(struct sk_server *srv, const struct request *r) {
@@ -968,7 +838,7 @@ static void op_open(struct sk_server *srv, const struct request *r) {
     goto bad;
   }
   uint64_t seed;
-  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = now_ms() ^ r->conn->id;
+  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = sk_clock_ms() ^ r->conn->id;
   rc = sk_session_reserve(&srv->sessions, &p, srv->cfg.max_capacity, r->conn->uid,
                           temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, &e);
   if (rc < 0) {
@@ -996,12 +866,12 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   w->next = srv->opens;
   if (srv->opens) srv->opens->prev = w;
   srv->opens = w;
-  r->conn->refs++;
+  sk_conn_ref(r->conn);
   return;
 bad:
   free(pin);
   sk_conv_free(&conv);
-  send_error(r->conn, r->id, &e);
+  sk_conn_send_error(r->conn, r->id, &e);
 }
 
 /* Closes s: queued requests are answered `cancelled`, a running one is
@@ -1011,7 +881,7 @@ static void session_close(struct sk_server *srv, struct sk_session *s) {
     struct sk_job *j = s->queue_head;
     s->queue_head = j->next;
     if (j->conn)
-      send_errorf(j->conn, j->req_id, SK_ERR_CANCELLED, "session %llu was closed",
+      sk_conn_send_errorf(j->conn, j->req_id, SK_ERR_CANCELLED, "session %llu was closed",
                   (unsigned long long)s->id);
     sk_job_free(j);
   }
@@ -1034,7 +904,7 @@ static void op_close(struct sk_server *srv, const struct request *r) {
   if (!s) return;
   session_close(srv, s);
   struct sk_msgbuf b;
-  if (sk_wire_pack_ok(&b, r->id) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_ok(&b, r->id) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
 static int session_id_cmp(const void *a, const void *b) {
@@ -1047,7 +917,7 @@ static int session_id_cmp(const void *a, const void *b) {
 static void op_list(struct sk_server *srv, const struct request *r) {
   struct sk_session **list = malloc((srv->sessions.cap ? srv->sessions.cap : 1) * sizeof *list);
   if (!list) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
     return;
   }
   uint32_t n = 0;
@@ -1056,11 +926,11 @@ static void op_list(struct sk_server *srv, const struct request *r) {
     if (s && !s->closing && may_use(r->conn, s)) list[n++] = s;
   }
   qsort(list, n, sizeof *list, session_id_cmp);
-  const uint64_t now = now_ms(), now_unix = (uint64_t)time(NULL);
+  const uint64_t now = sk_clock_ms(), now_unix = (uint64_t)time(NULL);
   struct sk_session_info *rows = calloc(n ? n : 1, sizeof *rows);
   if (!rows) {
     free(list);
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
     return;
   }
   for (uint32_t i = 0; i < n; i++) {
@@ -1087,7 +957,7 @@ static void op_list(struct sk_server *srv, const struct request *r) {
   }
   free(list);
   struct sk_msgbuf b;
-  if (sk_wire_pack_list(&b, r->id, rows, n) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_list(&b, r->id, rows, n) == 0) sk_conn_send_msg(r->conn, &b);
   free(rows);
 }
 
@@ -1106,7 +976,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   uint32_t n_layer = s->attn.n_layer, probe = 0;
   float *mass = calloc(2 * (size_t)n_layer, sizeof *mass);
   if (!mass) {
-    send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   float *ent = mass + n_layer;
@@ -1144,7 +1014,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
   double *measured = calloc(n_layer ? n_layer : 1, sizeof *measured);
   const uint64_t sp_tokens = kept ? sk_session_sparse_get(&srv->sessions, s, kept) : 0;
   if (!st || (idle && !ranges) || (tokens && !ids) || !kept || !measured) {
-    send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
   } else {
     const struct sk_model_config *smc = sk_model_config(srv->model);
     for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
@@ -1186,7 +1056,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
     st->busy = s->running != NULL;
     st->commit = cnt.commit;
     st->adopted = s->adopted;
-    st->idle_s = (now_ms() - s->last_used_ms) / 1000u;
+    st->idle_s = (sk_clock_ms() - s->last_used_ms) / 1000u;
     struct sk_wire_session_extra x = {.owner_uid = s->owner_uid,
                                       .has_resident_ranges = idle,
                                       .ranges = ranges,
@@ -1200,7 +1070,7 @@ static void send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_
                                       .tokens = ids,
                                       .n_tokens = tokens ? kv->hdr->n_resident : 0};
     struct sk_msgbuf b;
-    if (sk_wire_pack_session_stats(&b, req_id, st, &x) == 0) conn_send_buf(c, &b);
+    if (sk_wire_pack_session_stats(&b, req_id, st, &x) == 0) sk_conn_send_msg(c, &b);
   }
   free(measured);
   free(kept);
@@ -1228,8 +1098,8 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
         .user_memory_bytes = user_bytes,
         .max_user_sessions = srv->cfg.max_user_sessions,
         .max_user_memory = srv->cfg.max_user_kv_bytes,
-        .clients = srv->n_conns,
-        .uptime_s = (now_ms() - srv->started_ms) / 1000u,
+        .clients = srv->conns.count,
+        .uptime_s = (sk_clock_ms() - srv->started_ms) / 1000u,
         .tokens_prefilled = sk_compute_tokens_prefilled(srv->compute),
         .tokens_generated = sk_compute_tokens_generated(srv->compute),
         .max_sessions = srv->sessions.max_sessions,
@@ -1248,13 +1118,13 @@ static void op_stats(struct sk_server *srv, const struct request *r) {
         .state_dir = sk_store_dir(srv->cfg.store),
     };
     if (sk_wire_pack_daemon_stats(&b, r->id, &st, &x) < 0) return;
-    conn_send_buf(r->conn, &b);
+    sk_conn_send_msg(r->conn, &b);
     return;
   }
   struct sk_error e;
   bool tokens = false;
   if (sk_msg_get_bool(r->map, "tokens", &tokens, &e) < 0) {
-    send_error(r->conn, r->id, &e);
+    sk_conn_send_error(r->conn, r->id, &e);
     return;
   }
   struct sk_session *s = req_session(srv, r);
@@ -1339,12 +1209,12 @@ static void enqueue_plain(struct sk_server *srv, const struct request *r, struct
   struct sk_error e;
   struct sk_job *job = job_new(kind, r, s);
   if (!job) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   if (session_enqueue(srv, s, job, &e) < 0) {
     sk_job_free(job);
-    send_error(r->conn, r->id, &e);
+    sk_conn_send_error(r->conn, r->id, &e);
   }
 }
 
@@ -1354,14 +1224,14 @@ static void op_append(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
   struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
   if (!job) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   bool lp = false;
   if (read_input(r, job, true, &e) < 0 || sk_msg_get_bool(r->map, "logprobs", &lp, &e) < 0 ||
       (job->want_logprobs = lp, session_enqueue(srv, s, job, &e)) < 0) {
     sk_job_free(job);
-    send_error(r->conn, r->id, &e);
+    sk_conn_send_error(r->conn, r->id, &e);
   }
 }
 
@@ -1425,7 +1295,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   struct sk_error e;
   struct sk_job *job = job_new(SK_JOB_GENERATE, r, s);
   if (!job) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   uint64_t u;
@@ -1494,7 +1364,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   return;
 bad:
   sk_job_free(job);
-  send_error(r->conn, r->id, &e);
+  sk_conn_send_error(r->conn, r->id, &e);
 }
 
 /* ---- persistence: resume, fork, export, import ---- */
@@ -1519,7 +1389,7 @@ static void send_session_summary(struct sk_server *srv, struct sk_conn *c, uint6
   snprintf(v.policy, sizeof v.policy, "%s", sk_policy_name(s->params.policy));
   snprintf(v.kv_type, sizeof v.kv_type, "%s", sk_kv_type_name(s->kv_type));
   struct sk_msgbuf b;
-  if (sk_wire_pack_summary(&b, req_id, &v, received) == 0) conn_send_buf(c, &b);
+  if (sk_wire_pack_summary(&b, req_id, &v, received) == 0) sk_conn_send_msg(c, &b);
 }
 
 /* resume: the client picks a session up again by id (typically after the
@@ -1540,19 +1410,19 @@ static void op_queued_inline(struct sk_server *srv, const struct request *r,
 /* Sends the next data events of the connection's exports while its output
  * has room; the final reply of each follows its last event. */
 static void export_pump(struct sk_conn *c) {
-  while (c->exports && !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT) {
-    struct export_stream *x = c->exports;
+  while (peer(c)->exports && sk_conn_has_room(c)) {
+    struct export_stream *x = peer(c)->exports;
     struct sk_msgbuf b;
     if (x->off < x->len) {
       size_t n = x->len - x->off < SK_LIMIT_EXPORT_CHUNK ? x->len - x->off : SK_LIMIT_EXPORT_CHUNK;
       if (sk_wire_pack_data_event(&b, x->req_id, x->off, x->buf + x->off, n) < 0) return;
       x->off += n;
-      conn_send_buf(c, &b);
+      sk_conn_send_msg(c, &b);
       continue;
     }
     if (sk_wire_pack_export(&b, x->req_id, x->session, x->len, x->resident, x->seen) == 0)
-      conn_send_buf(c, &b);
-    c->exports = x->next;
+      sk_conn_send_msg(c, &b);
+    peer(c)->exports = x->next;
     free(x->buf);
     free(x);
   }
@@ -1598,7 +1468,7 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   struct sk_session *ns = NULL;
   if (w->rc < 0) {
     sk_session_unhold(&srv->sessions, w->bytes);
-    if (c) send_error(c, req_id, &w->err);
+    if (c) sk_conn_send_error(c, req_id, &w->err);
     return;
   }
   if (!c) { /* the client left: it never learns the id */
@@ -1607,17 +1477,17 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
     return;
   }
   if (sk_session_take_held(&srv->sessions, w->bytes, w->obj, &ns, &e) < 0) {
-    send_error(c, req_id, &e);
+    sk_conn_send_error(c, req_id, &e);
     return;
   }
   /* An import's size is known once it is in: over the user's limits, it
    * goes (a fork's was checked before the copy). */
   if (w->kind == COPY_IMPORT && check_user_limits(srv, c->uid, ns->kv_bytes, ns, false, &e) < 0) {
     sk_session_free(&srv->sessions, ns);
-    send_error(c, req_id, &e);
+    sk_conn_send_error(c, req_id, &e);
     return;
   }
-  ns->last_used_ms = now_ms();
+  ns->last_used_ms = sk_clock_ms();
   counts_changed(srv);
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
@@ -1657,7 +1527,7 @@ static void copy_work_done(uv_work_t *req, int status) {
   if (w->kind == COPY_EXPORT) {
     struct export_stream *x = NULL;
     if (w->rc < 0) {
-      if (c) send_error(c, req_id, &w->err);
+      if (c) sk_conn_send_error(c, req_id, &w->err);
     } else if (c && (x = calloc(1, sizeof *x)) != NULL) {
       /* streamed as the output drains */
       x->req_id = req_id;
@@ -1667,14 +1537,14 @@ static void copy_work_done(uv_work_t *req, int status) {
       x->resident = w->src->kv->hdr->n_resident;
       x->seen = w->src->kv->hdr->n_seen;
       w->buf = NULL;
-      struct export_stream **tail = &c->exports;
+      struct export_stream **tail = &peer(c)->exports;
       while (*tail) tail = &(*tail)->next;
       *tail = x;
       sk_log(SK_LOG_DEBUG, "session %llu exported: %zu bytes", (unsigned long long)x->session,
              x->len);
       export_pump(c);
     } else if (c) {
-      send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+      sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
     }
     free(w->buf);
   } else {
@@ -1683,10 +1553,10 @@ static void copy_work_done(uv_work_t *req, int status) {
   if (w->kind == COPY_IMPORT) {
     srv->import_bytes -= w->cap;
     free(w->buf);
-    conn_unref(w->conn);
+    sk_conn_unref(w->conn);
   } else { /* the source session goes on with its queue (or closes) */
     w->src->running = NULL;
-    w->src->last_used_ms = now_ms();
+    w->src->last_used_ms = sk_clock_ms();
     sk_job_free(w->job);
     submit_next(srv, w->src);
   }
@@ -1713,7 +1583,7 @@ static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_jo
   struct sk_error e;
   struct copy_work *w = calloc(1, sizeof *w);
   if (!w) {
-    send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory");
     return false;
   }
   w->kind = job->kind == SK_JOB_FORK ? COPY_FORK : COPY_EXPORT;
@@ -1725,7 +1595,7 @@ static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_jo
     if (check_user_limits(srv, c->uid, s->kv_bytes, NULL, false, &e) < 0 ||
         sk_session_hold(&srv->sessions, w->bytes, &w->id, &e) < 0) {
       free(w);
-      send_error(c, job->req_id, &e);
+      sk_conn_send_error(c, job->req_id, &e);
       return false;
     }
   } else {
@@ -1734,7 +1604,7 @@ static bool copy_start(struct sk_server *srv, struct sk_session *s, struct sk_jo
   if (copy_queue(srv, w, &e) < 0) {
     if (w->kind == COPY_FORK) sk_session_unhold(&srv->sessions, w->bytes);
     free(w);
-    send_error(c, job->req_id, &e);
+    sk_conn_send_error(c, job->req_id, &e);
     return false;
   }
   s->running = job;
@@ -1756,23 +1626,23 @@ static void op_import(struct sk_server *srv, const struct request *r) {
       sk_msg_need_str(r->map, "data", &data, &len, &e) < 0)
     goto bad;
   if (offset == 0) {
-    if (c->import_buf || c->import_total) import_drop(c);
+    if (peer(c)->import_buf || peer(c)->import_total) import_drop(srv, c);
     if (total > srv->sessions.max_bytes) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: a %llu-byte import exceeds max_memory %llu bytes",
                    (unsigned long long)total, (unsigned long long)srv->sessions.max_bytes);
       goto bad;
     }
-    c->import_total = total;
-  } else if (c->import_total == 0) {
+    peer(c)->import_total = total;
+  } else if (peer(c)->import_total == 0) {
     sk_error_set(&e, SK_ERR_BAD_REQUEST,
                  "no import in progress on this connection: the first chunk has offset 0");
     goto bad_drop;
-  } else if (offset != c->import_len || total != c->import_total) {
+  } else if (offset != peer(c)->import_len || total != peer(c)->import_total) {
     sk_error_set(&e, SK_ERR_BAD_REQUEST,
                  "import chunk at offset %llu of %llu bytes, expected offset %zu of %llu",
-                 (unsigned long long)offset, (unsigned long long)total, c->import_len,
-                 (unsigned long long)c->import_total);
+                 (unsigned long long)offset, (unsigned long long)total, peer(c)->import_len,
+                 (unsigned long long)peer(c)->import_total);
     goto bad_drop;
   }
   if (len > total - offset) {
@@ -1781,31 +1651,31 @@ static void op_import(struct sk_server *srv, const struct request *r) {
                  (unsigned long long)offset, (unsigned long long)total);
     goto bad_drop;
   }
-  size_t need = c->import_len + len;
-  if (need > c->import_cap) {
-    size_t ncap = c->import_cap * 2 > need ? c->import_cap * 2 : need;
+  size_t need = peer(c)->import_len + len;
+  if (need > peer(c)->import_cap) {
+    size_t ncap = peer(c)->import_cap * 2 > need ? peer(c)->import_cap * 2 : need;
     if (ncap > total) ncap = (size_t)total;
-    if (srv->import_bytes + (ncap - c->import_cap) > srv->sessions.max_bytes) {
+    if (srv->import_bytes + (ncap - peer(c)->import_cap) > srv->sessions.max_bytes) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: imports in progress would hold more than max_memory %llu "
                    "bytes",
                    (unsigned long long)srv->sessions.max_bytes);
       goto bad_drop;
     }
-    char *nb = realloc(c->import_buf, ncap ? ncap : 1);
+    char *nb = realloc(peer(c)->import_buf, ncap ? ncap : 1);
     if (!nb) {
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte import", ncap);
       goto bad_drop;
     }
-    srv->import_bytes += ncap - c->import_cap;
-    c->import_buf = nb;
-    c->import_cap = ncap;
+    srv->import_bytes += ncap - peer(c)->import_cap;
+    peer(c)->import_buf = nb;
+    peer(c)->import_cap = ncap;
   }
-  if (len) memcpy(c->import_buf + c->import_len, data, len);
-  c->import_len += len;
+  if (len) memcpy(peer(c)->import_buf + peer(c)->import_len, data, len);
+  peer(c)->import_len += len;
   struct sk_msgbuf b;
-  if (c->import_len < c->import_total) {
-    if (sk_wire_pack_received(&b, r->id, c->import_len) == 0) conn_send_buf(c, &b);
+  if (peer(c)->import_len < peer(c)->import_total) {
+    if (sk_wire_pack_received(&b, r->id, peer(c)->import_len) == 0) sk_conn_send_msg(c, &b);
     return;
   }
   /* All in: checked and copied into a new session in a worker, which
@@ -1824,23 +1694,23 @@ static void op_import(struct sk_server *srv, const struct request *r) {
   w->req_id = r->id;
   w->uid = c->uid;
   w->max_capacity = srv->cfg.max_capacity;
-  w->buf = c->import_buf;
-  w->len = c->import_len;
-  w->cap = c->import_cap;
+  w->buf = peer(c)->import_buf;
+  w->len = peer(c)->import_len;
+  w->cap = peer(c)->import_cap;
   if (copy_queue(srv, w, &e) < 0) {
     sk_session_unhold(&srv->sessions, 0);
     free(w);
     goto bad_drop;
   }
-  c->refs++;
-  c->import_buf = NULL; /* w's now */
-  c->import_len = c->import_cap = 0;
-  c->import_total = 0;
+  sk_conn_ref(c);
+  peer(c)->import_buf = NULL; /* w's now */
+  peer(c)->import_len = peer(c)->import_cap = 0;
+  peer(c)->import_total = 0;
   return;
 bad_drop:
-  import_drop(c);
+  import_drop(srv, c);
 bad:
-  send_error(c, r->id, &e);
+  sk_conn_send_error(c, r->id, &e);
 }
 
 /* ---- idle TTL ---- */
@@ -1859,7 +1729,7 @@ static void ttl_timer_set(struct sk_server *srv) {
 
 static void on_ttl(uv_timer_t *t) {
   struct sk_server *srv = t->data;
-  uint64_t now = now_ms(), ttl = (uint64_t)srv->cfg.idle_ttl_s * 1000u;
+  uint64_t now = sk_clock_ms(), ttl = (uint64_t)srv->cfg.idle_ttl_s * 1000u;
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
     struct sk_session *s = srv->sessions.items[i];
     /* A temporary session ends with its connection instead. */
@@ -1889,7 +1759,7 @@ static void op_cancel(struct sk_server *srv, const struct request *r) {
     }
   if (any) sk_compute_wake(srv->compute);
   struct sk_msgbuf b;
-  if (sk_wire_pack_cancel(&b, r->id, any) == 0) conn_send_buf(r->conn, &b);
+  if (sk_wire_pack_cancel(&b, r->id, any) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
 /* tokenize/detokenize run on libuv's thread pool: the tokenizer is
@@ -1941,25 +1811,25 @@ static void tok_work_done(uv_work_t *req, int status) {
   }
   if (!c->closing) {
     if (w->rc < 0) {
-      send_error(c, w->id, &w->err);
+      sk_conn_send_error(c, w->id, &w->err);
     } else {
       struct sk_msgbuf b;
       if ((w->detok ? sk_wire_pack_text(&b, w->id, w->text, w->text_len)
                     : sk_wire_pack_tokens(&b, w->id, w->tokens, w->n_tokens)) == 0)
-        conn_send_buf(c, &b);
+        sk_conn_send_msg(c, &b);
     }
   }
   free(w->text);
   free(w->tokens);
   free(w);
-  conn_unref(c);
+  sk_conn_unref(c);
 }
 
 static void op_tokenize(struct sk_server *srv, const struct request *r, bool detok) {
   struct sk_error e;
   struct tok_work *w = calloc(1, sizeof *w);
   if (!w) {
-    send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   w->srv = srv;
@@ -2020,13 +1890,13 @@ static void op_tokenize(struct sk_server *srv, const struct request *r, bool det
     sk_error_set(&e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
     goto bad;
   }
-  r->conn->refs++;
+  sk_conn_ref(r->conn);
   return;
 bad:
   free(w->text);
   free(w->tokens);
   free(w);
-  send_error(r->conn, r->id, &e);
+  sk_conn_send_error(r->conn, r->id, &e);
 }
 
 static void op_fork(struct sk_server *srv, const struct request *r) {
@@ -2065,27 +1935,27 @@ static const struct op_entry *op_find(const char *op, size_t len) {
   return i >= 0 && op_table[i].handler ? &op_table[i] : NULL;
 }
 
-static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
-  struct sk_server *srv = c->srv;
+static void handle_frame(void *user, struct sk_conn *c, const uint8_t *body, size_t len) {
+  struct sk_server *srv = user;
   struct sk_error e;
   if (len == 0) {
-    send_errorf(c, 0, SK_ERR_BAD_REQUEST, "empty frame: a request is one msgpack map");
+    sk_conn_send_errorf(c, 0, SK_ERR_BAD_REQUEST, "empty frame: a request is one msgpack map");
     return;
   }
   struct sk_msg msg;
   if (sk_msg_parse(body, len, &msg, &e) < 0) {
-    send_error(c, 0, &e);
+    sk_conn_send_error(c, 0, &e);
     return;
   }
   struct request r = {.conn = c, .id = 0, .map = &msg.root};
   if (sk_msg_need_u64(r.map, "id", UINT64_MAX, &r.id, &e) < 0) {
-    send_error(c, 0, &e);
+    sk_conn_send_error(c, 0, &e);
     goto out;
   }
   const char *op = NULL;
   size_t op_len = 0;
   if (sk_msg_need_str(r.map, "op", &op, &op_len, &e) < 0) {
-    send_error(c, r.id, &e);
+    sk_conn_send_error(c, r.id, &e);
     goto out;
   }
   const struct op_entry *entry = op_find(op, op_len);
@@ -2100,151 +1970,20 @@ static void handle_frame(struct sk_conn *c, const uint8_t *body, size_t len) {
       else w += (size_t)snprintf(shown + w, 5, "\\x%02x", ch);
     }
     shown[w] = 0;
-    send_errorf(c, r.id, SK_ERR_UNKNOWN_OP, "unknown op '%s%s'", shown, op_len > 32 ? "..." : "");
+    sk_conn_send_errorf(c, r.id, SK_ERR_UNKNOWN_OP, "unknown op '%s%s'", shown, op_len > 32 ? "..." : "");
   }
 out:
   sk_msg_free(&msg);
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  struct sk_conn *c = h->data;
-  buf->base = c->srv->readbuf;
-  buf->len = sizeof c->srv->readbuf;
-}
-
-static struct sk_admit_limits admit_limits(const struct sk_server *srv) {
-  return (struct sk_admit_limits){.max_clients = srv->cfg.max_clients,
-                                  .max_user_clients = srv->cfg.max_user_clients,
-                                  .max_input = srv->cfg.max_input_bytes,
-                                  .max_user_input = srv->cfg.max_user_input_bytes};
-}
-
-/* Bytes of an unfinished frame the reader holds. */
-static uint64_t conn_partial_bytes(const struct sk_conn *c) { return c->rd.len - c->rd.pos; }
-
-static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
-  struct sk_conn *c = stream->data;
-  struct sk_server *srv = c->srv;
-  if (nread < 0) {
-    conn_close(c);
-    return;
-  }
-  if (nread == 0) return;
-  if (!c->frame_since_ms) c->frame_since_ms = now_ms();
-  /* Bytes buffered for unfinished frames are bounded per uid and in all:
-   * count the most this read can leave before taking it. */
-  struct sk_admit_limits lim = admit_limits(srv);
-  struct sk_error e;
-  uint64_t most = conn_partial_bytes(c) + (uint64_t)nread;
-  if (sk_admit_input(&srv->admit, &lim, c->uid, c->input_bytes, most, &e) < 0) {
-    sk_log(SK_LOG_WARNING, "client %llu of uid %u closed: %s", (unsigned long long)c->id,
-           c->uid, e.message);
-    send_error(c, 0, &e);
-    conn_close(c);
-    return;
-  }
-  c->input_bytes = most;
-  if (sk_frame_reader_feed(&c->rd, buf->base, (size_t)nread) < 0) {
-    send_errorf(c, 0, SK_ERR_NO_MEMORY, "out of memory reading the request");
-    conn_close(c);
-    return;
-  }
-  for (;;) {
-    if (c->closing) return;
-    const uint8_t *body = NULL;
-    size_t len = 0;
-    int rc = sk_frame_reader_next(&c->rd, &body, &len);
-    if (rc == 0) break;
-    if (rc == -SK_ERR_TOO_LARGE) {
-      send_errorf(c, 0, SK_ERR_TOO_LARGE,
-                  "frame of %zu bytes exceeds the limit of %u bytes (the daemon's max_frame, up "
-                  "to %u)",
-                  len, c->rd.max_frame, (unsigned)SK_FRAME_MAX_CEILING);
-      continue;
-    }
-    if (rc < 0) {
-      send_errorf(c, 0, -rc, "frame reader: %s", sk_strerror(-rc));
-      conn_close(c);
-      return;
-    }
-    /* A complete frame: the deadline starts again with the next bytes. */
-    c->frame_since_ms = 0;
-    handle_frame(c, body, len);
-  }
-  if (conn_partial_bytes(c) > 0 || c->rd.skip > 0) {
-    if (!c->frame_since_ms) c->frame_since_ms = now_ms();
-  }
-  /* Only the bytes of an unfinished frame are counted: the buffer a
-   * large frame needed must not stay with an idle connection. (Out of
-   * memory keeps it; the next read tries again.) */
-  (void)sk_frame_reader_trim(&c->rd);
-  uint64_t left = conn_partial_bytes(c);
-  if (!c->closing && sk_admit_input(&srv->admit, &lim, c->uid, c->input_bytes, left, &e) == 0)
-    c->input_bytes = left;
-}
-
-/* Closes every connection that has waited longer than frame_timeout_s
- * for a complete frame: one that never sent a whole request, or sits on
- * half of one. Such connections hold a slot and memory while doing
- * nothing; a working client sends its requests whole in far less. */
-static void on_frame_timer(uv_timer_t *t) {
-  struct sk_server *srv = t->data;
-  uint32_t timeout = srv->cfg.frame_timeout_s;
-  if (!timeout) return;
-  uint64_t now = now_ms();
-  struct sk_conn *next;
-  for (struct sk_conn *c = srv->conns; c; c = next) {
-    next = c->next;
-    if (c->closing || !c->frame_since_ms || now - c->frame_since_ms < (uint64_t)timeout * 1000u)
-      continue;
-    sk_log(SK_LOG_NOTICE, "client %llu of uid %u closed: no complete request within %u s "
-           "(frame_timeout)", (unsigned long long)c->id, c->uid, timeout);
-    send_errorf(c, 0, SK_ERR_BAD_REQUEST, "no complete request within %u s (frame_timeout)",
-                timeout);
-    conn_close(c);
-  }
-}
-
-/* Checks the deadline a quarter of frame_timeout_s apart (between 100 ms
- * and 1 s): a connection is closed at most that late. */
-static void frame_timer_set(struct sk_server *srv) {
-  if (!srv->frame_timer_ready) return;
-  uv_timer_stop(&srv->frame_timer);
-  if (!srv->cfg.frame_timeout_s) return;
-  uint64_t tick = (uint64_t)srv->cfg.frame_timeout_s * 1000u / 4u;
-  if (tick < SK_LIMIT_FRAME_TICK_MIN_MS) tick = SK_LIMIT_FRAME_TICK_MIN_MS;
-  if (tick > SK_LIMIT_FRAME_TICK_MAX_MS) tick = SK_LIMIT_FRAME_TICK_MAX_MS;
-  uv_timer_start(&srv->frame_timer, on_frame_timer, tick, tick);
-}
-
-/* A new connection c (pipe open, uid set): registered and read, or
- * refused (shutting down, or past the admission limits). */
-static void conn_begin(struct sk_server *srv, struct sk_conn *c) {
-  c->id = ++srv->next_conn_id;
-  sk_frame_reader_init(&c->rd, srv->cfg.max_frame);
-  c->next = srv->conns;
-  if (srv->conns) srv->conns->prev = c;
-  srv->conns = c;
-  srv->n_conns++;
-  c->frame_since_ms = now_ms();
-  if (srv->shutting_down) {
-    send_errorf(c, 0, SK_ERR_BUSY, "the daemon is shutting down");
-    conn_close(c);
-    return;
-  }
-  struct sk_admit_limits lim = admit_limits(srv);
-  struct sk_error e;
-  if (sk_admit_conn_add(&srv->admit, &lim, c->uid, &e) < 0) {
-    sk_log(SK_LOG_WARNING, "refused a connection of uid %u: %s", c->uid, e.message);
-    send_error(c, 0, &e);
-    conn_close(c);
-    return;
-  }
-  c->admitted = true;
-  sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)c->id, c->uid);
-  uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, on_read);
-  counts_changed(srv);
+static struct sk_conn_limits conn_limits(const struct sk_server_config *cfg) {
+  return (struct sk_conn_limits){
+      .max_frame = cfg->max_frame,
+      .admit = {.max_clients = cfg->max_clients,
+                .max_user_clients = cfg->max_user_clients,
+                .max_input = cfg->max_input_bytes,
+                .max_user_input = cfg->max_user_input_bytes},
+      .frame_timeout_s = cfg->frame_timeout_s};
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -2253,46 +1992,35 @@ static void on_connection(uv_stream_t *listener, int status) {
     sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
     return;
   }
-  struct sk_conn *c = calloc(1, sizeof *c);
+  struct sk_conn *c = sk_conn_new(&srv->conns);
   if (!c) return;
-  c->srv = srv;
-  c->refs = 1;
-  uv_pipe_init(srv->loop, &c->pipe, 0);
-  c->pipe.data = c;
   if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
-    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    sk_conn_discard(c);
     return;
   }
   uv_os_fd_t fd;
   struct ucred cred;
   socklen_t cl = sizeof cred;
+  uint32_t uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
   if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
-    c->uid = cred.uid;
-  } else {
-    c->uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
-  }
-  conn_begin(srv, c);
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+    uid = cred.uid;
+  sk_conn_begin(c, uid);
 }
 
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err) {
-  struct sk_conn *c = calloc(1, sizeof *c);
+  struct sk_conn *c = sk_conn_new(&srv->conns);
   if (!c) {
     close(fd);
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   }
-  c->srv = srv;
-  c->refs = 1;
-  uv_pipe_init(srv->loop, &c->pipe, 0);
-  c->pipe.data = c;
   int rc = uv_pipe_open(&c->pipe, fd);
   if (rc < 0) {
     close(fd);
-    uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+    sk_conn_discard(c);
     return sk_error_set(err, SK_ERR_IO, "cannot attach a connection: %s", uv_strerror(rc));
   }
-  c->uid = uid;
-  conn_begin(srv, c);
+  sk_conn_begin(c, uid);
   return 0;
 }
 
@@ -2380,7 +2108,7 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
     sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
     return;
   }
-  s->last_used_ms = now_ms();
+  s->last_used_ms = sk_clock_ms();
   srv->n_adopted++;
   /* Its conversation, if it held one; else the daemon's template. */
   struct sk_error ce;
@@ -2423,11 +2151,10 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   struct sk_server *srv = calloc(1, sizeof *srv);
   if (!srv) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   srv->loop = loop;
-  sk_admit_init(&srv->admit);
   srv->cfg = *cfg;
   srv->model = m;
   srv->tok = tok;
-  srv->started_ms = now_ms();
+  srv->started_ms = sk_clock_ms();
   if (cfg->chat_error) snprintf(srv->chat_error, sizeof srv->chat_error, "%s", cfg->chat_error);
   srv->cfg.chat_error = NULL;
   srv->start_max_sessions = cfg->max_sessions;
@@ -2457,9 +2184,18 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                           cfg->threads ? cfg->threads : 1, on_event, srv, &srv->compute, err);
   if (rc == 0) sk_compute_set_sparse(srv->compute, cfg->sparse);
   if (rc == 0) {
+    const struct sk_conn_hooks hooks = {.frame = handle_frame,
+                                        .pause = on_conn_pause,
+                                        .drain = on_conn_drain,
+                                        .close = on_conn_close,
+                                        .release = on_conn_release,
+                                        .count = on_conn_count};
+    const struct sk_conn_limits lim = conn_limits(cfg);
+    sk_conns_init(&srv->conns, loop, &lim, &hooks, srv, sizeof(struct peer));
     rc = cfg->listen_fd > 0 ? open_passed_socket(srv, err) : bind_socket(srv, err);
     srv->owns_socket_file = rc == 0 && cfg->listen_fd <= 0;
     if (rc < 0) {
+      sk_conns_stop(&srv->conns);
       sk_compute_stop(srv->compute);
       srv->compute = NULL;
     }
@@ -2468,6 +2204,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     /* A listener that failed is closing: let the loop finish that
      * (and the compute thread's handles) before srv goes away. */
     uv_run(loop, UV_RUN_NOWAIT);
+    sk_conns_free(&srv->conns); /* zeroed if never initialised */
     sk_session_table_done(&srv->sessions);
     free(srv->socket_path);
     free(srv);
@@ -2478,12 +2215,6 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->ttl_running = true; /* the handle: closed at shutdown */
   ttl_timer_set(srv);
 
-  uv_timer_init(loop, &srv->trim_timer);
-  srv->trim_timer_ready = true;
-  uv_timer_init(loop, &srv->frame_timer);
-  srv->frame_timer.data = srv;
-  srv->frame_timer_ready = true;
-  frame_timer_set(srv);
   *ret = srv;
   return 0;
 }
@@ -2501,10 +2232,9 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   srv->cfg.max_user_clients = cfg->max_user_clients;
   srv->cfg.max_input_bytes = cfg->max_input_bytes;
   srv->cfg.max_user_input_bytes = cfg->max_user_input_bytes;
-  if (cfg->frame_timeout_s != srv->cfg.frame_timeout_s) {
-    srv->cfg.frame_timeout_s = cfg->frame_timeout_s;
-    frame_timer_set(srv);
-  }
+  srv->cfg.frame_timeout_s = cfg->frame_timeout_s;
+  const struct sk_conn_limits lim = conn_limits(&srv->cfg);
+  sk_conns_set_limits(&srv->conns, &lim);
   srv->cfg.defaults = cfg->defaults;
   /* New limits apply to new sessions; open ones stay (even above them). */
   srv->sessions.max_sessions = srv->cfg.max_sessions;
@@ -2522,14 +2252,6 @@ void sk_server_shutdown(struct sk_server *srv) {
     uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
     srv->ttl_running = false;
   }
-  if (srv->trim_timer_ready) {
-    uv_close((uv_handle_t *)&srv->trim_timer, NULL);
-    srv->trim_timer_ready = false;
-  }
-  if (srv->frame_timer_ready) {
-    uv_close((uv_handle_t *)&srv->frame_timer, NULL);
-    srv->frame_timer_ready = false;
-  }
   if (srv->listening) {
     uv_close((uv_handle_t *)&srv->listener, NULL);
     srv->listening = false;
@@ -2543,13 +2265,13 @@ void sk_server_shutdown(struct sk_server *srv) {
     sk_compute_stop(srv->compute);
     srv->compute = NULL;
   }
-  while (srv->conns) conn_close(srv->conns);
+  sk_conns_stop(&srv->conns);
 }
 
 void sk_server_free(struct sk_server *srv) {
   if (!srv) return;
   sk_session_table_done(&srv->sessions);
-  sk_admit_done(&srv->admit);
+  sk_conns_free(&srv->conns);
   free(srv->socket_path);
   free(srv);
 }
