@@ -8,9 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +18,7 @@
 #include "conn.h"
 #include "conv.h"
 #include "kernels.h"
+#include "listen.h"
 #include "sk_limits.h"
 #include "log.h"
 #include "msg.h"
@@ -55,12 +53,9 @@ static struct peer *peer(struct sk_conn *c) { return sk_conn_data(c); }
 struct sk_server {
   uv_loop_t *loop;
   struct sk_server_config cfg;
-  char *socket_path;
   const struct sk_model *model;
   const struct sk_tokenizer *tok;
-  uv_pipe_t listener;
-  bool listening;
-  bool owns_socket_file;    /* bound here: unlinked at shutdown */
+  struct sk_listen listen;   /* the socket clients connect to */
   uint32_t start_max_sessions; /* sizes fixed at start */
   uint32_t start_max_capacity;
   struct sk_compute *compute;
@@ -1986,109 +1981,12 @@ static struct sk_conn_limits conn_limits(const struct sk_server_config *cfg) {
       .frame_timeout_s = cfg->frame_timeout_s};
 }
 
-static void on_connection(uv_stream_t *listener, int status) {
-  struct sk_server *srv = listener->data;
-  if (status < 0) {
-    sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
-    return;
-  }
-  struct sk_conn *c = sk_conn_new(&srv->conns);
-  if (!c) return;
-  if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
-    sk_conn_discard(c);
-    return;
-  }
-  uv_os_fd_t fd;
-  struct ucred cred;
-  socklen_t cl = sizeof cred;
-  uint32_t uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
-    uid = cred.uid;
-  sk_conn_begin(c, uid);
-}
-
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err) {
-  struct sk_conn *c = sk_conn_new(&srv->conns);
-  if (!c) {
-    close(fd);
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  }
-  int rc = uv_pipe_open(&c->pipe, fd);
-  if (rc < 0) {
-    close(fd);
-    sk_conn_discard(c);
-    return sk_error_set(err, SK_ERR_IO, "cannot attach a connection: %s", uv_strerror(rc));
-  }
-  sk_conn_begin(c, uid);
-  return 0;
-}
-
-/* ---- socket setup ---- */
-
-/* A socket file exists at path: is a daemon answering on it? */
-static bool socket_is_live(const char *path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  struct sockaddr_un a = {.sun_family = AF_UNIX};
-  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-  bool live = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-  close(fd);
-  return live;
+  return sk_listen_attach(&srv->conns, fd, uid, err);
 }
 
 int sk_server_check_socket(const char *path, struct sk_error *err) {
-  struct sockaddr_un a;
-  if (strlen(path) >= sizeof a.sun_path)
-    return sk_error_set(err, SK_ERR_IO, "socket path '%s' is longer than %zu bytes", path,
-                        sizeof a.sun_path - 1);
-  struct stat st;
-  if (lstat(path, &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      return sk_error_set(err, SK_ERR_IO, "%s exists and is not a socket; not replacing it", path);
-    if (socket_is_live(path))
-      return sk_error_set(err, SK_ERR_BUSY, "%s is in use by a running daemon", path);
-  }
-  return 0;
-}
-
-static int bind_socket(struct sk_server *srv, struct sk_error *err) {
-  const char *path = srv->socket_path;
-  int rc = sk_server_check_socket(path, err);
-  if (rc < 0) return rc;
-  struct stat st;
-  if (lstat(path, &st) == 0) { /* a stale socket, by the check above */
-    if (unlink(path) < 0)
-      return sk_error_set(err, SK_ERR_IO, "cannot remove stale socket %s: %s", path, strerror(errno));
-    sk_log(SK_LOG_NOTICE, "removed stale socket %s", path);
-  }
-  uv_pipe_init(srv->loop, &srv->listener, 0);
-  srv->listener.data = srv;
-  rc = uv_pipe_bind(&srv->listener, path);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, SK_LIMIT_LISTEN_BACKLOG, on_connection);
-  if (rc < 0) {
-    uv_close((uv_handle_t *)&srv->listener, NULL);
-    return sk_error_set(err, SK_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
-  }
-  srv->listening = true;
-  if (chmod(path, 0660) < 0)
-    sk_log(SK_LOG_WARNING, "chmod 0660 %s: %s", path, strerror(errno));
-  return 0;
-}
-
-/* A listening socket passed by the service manager: used as it is. */
-static int open_passed_socket(struct sk_server *srv, struct sk_error *err) {
-  uv_pipe_init(srv->loop, &srv->listener, 0);
-  srv->listener.data = srv;
-  int rc = uv_pipe_open(&srv->listener, srv->cfg.listen_fd);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, SK_LIMIT_LISTEN_BACKLOG, on_connection);
-  if (rc < 0) {
-    uv_close((uv_handle_t *)&srv->listener, NULL);
-    return sk_error_set(err, SK_ERR_IO, "cannot listen on the socket passed as fd %d: %s",
-                        srv->cfg.listen_fd, uv_strerror(rc));
-  }
-  srv->listening = true;
-  return 0;
+  return sk_listen_check_socket(path, err);
 }
 
 static void on_adopt(void *user, struct sk_store_obj *obj) {
@@ -2159,10 +2057,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->cfg.chat_error = NULL;
   srv->start_max_sessions = cfg->max_sessions;
   srv->start_max_capacity = cfg->max_capacity;
-  srv->socket_path = strdup(cfg->socket_path);
-  int rc = srv->socket_path ? 0 : sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  if (rc == 0 &&
-      sk_session_table_init(&srv->sessions, cfg->store, cfg->max_sessions,
+  int rc = 0;
+  if (sk_session_table_init(&srv->sessions, cfg->store, cfg->max_sessions,
                             cfg->max_memory ? cfg->max_memory : UINT64_MAX) < 0)
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   srv->sessions.release_obj = release_obj;
@@ -2192,8 +2088,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
                                         .count = on_conn_count};
     const struct sk_conn_limits lim = conn_limits(cfg);
     sk_conns_init(&srv->conns, loop, &lim, &hooks, srv, sizeof(struct peer));
-    rc = cfg->listen_fd > 0 ? open_passed_socket(srv, err) : bind_socket(srv, err);
-    srv->owns_socket_file = rc == 0 && cfg->listen_fd <= 0;
+    rc = sk_listen_init(&srv->listen, loop, cfg->socket_path, cfg->listen_fd, &srv->conns, err);
     if (rc < 0) {
       sk_conns_stop(&srv->conns);
       sk_compute_stop(srv->compute);
@@ -2206,7 +2101,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     uv_run(loop, UV_RUN_NOWAIT);
     sk_conns_free(&srv->conns); /* zeroed if never initialised */
     sk_session_table_done(&srv->sessions);
-    free(srv->socket_path);
+    sk_listen_free(&srv->listen);
     free(srv);
     return rc;
   }
@@ -2252,13 +2147,7 @@ void sk_server_shutdown(struct sk_server *srv) {
     uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
     srv->ttl_running = false;
   }
-  if (srv->listening) {
-    uv_close((uv_handle_t *)&srv->listener, NULL);
-    srv->listening = false;
-    /* A socket from the service manager stays: it keeps queueing
-     * connections and starts sinkd again on the next one. */
-    if (srv->owns_socket_file) unlink(srv->socket_path);
-  }
+  sk_listen_close(&srv->listen);
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */
   if (srv->compute) {
@@ -2272,6 +2161,6 @@ void sk_server_free(struct sk_server *srv) {
   if (!srv) return;
   sk_session_table_done(&srv->sessions);
   sk_conns_free(&srv->conns);
-  free(srv->socket_path);
+  sk_listen_free(&srv->listen);
   free(srv);
 }

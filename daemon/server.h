@@ -63,11 +63,10 @@ struct sk_server_config {
 
 struct sk_server;
 
-/* Checks that a daemon could listen on path, before anything is loaded:
- * not longer than a Unix socket path may be, not an existing file that
- * is not a socket, not a socket a running daemon answers on (a stale one
- * is fine: sk_server_start replaces it). Changes nothing; sk_server_start
- * checks again when it binds.
+/* Checks that a daemon could listen on path, before anything is loaded
+ * (sk_listen_check_socket, listen.h): too long, not a socket or in use is
+ * an error; a stale socket is fine (sk_server_start replaces it).
+ * Changes nothing; sk_server_start checks again when it binds.
  * Errors: -SK_ERR_IO (too long, not a socket), -SK_ERR_BUSY (in use);
  * err's message names the path. */
 int sk_server_check_socket(const char *path, struct sk_error *err);
