@@ -99,7 +99,7 @@ struct sk__open_work {
  * libuv's thread pool. fork and export hold their source session
  * meanwhile (its `running` is the job: later requests queue behind it,
  * the compute thread never sees it, close and the idle TTL wait); fork
- * and import hold their new session's id and limits (sk_session_hold);
+ * and import hold their new session's id and limits (a reservation);
  * import owns the bytes it received. */
 enum copy_kind { COPY_FORK, COPY_EXPORT, COPY_IMPORT };
 
@@ -111,14 +111,13 @@ struct sk__copy_work {
   struct sk_job *job;       /* fork, export: src->running (conn, req_id) */
   struct sk_conn *conn;     /* import: referenced until done */
   uint64_t req_id;          /* import */
-  uint32_t uid;             /* the new session's owner */
-  uint64_t id;              /* fork, import: the new session's id */
-  size_t bytes;             /* fork: held in the limits; import: 0 */
+  struct sk_session_reservation res; /* fork, import: the new session (its
+                               owner, id, bytes: an import's 0; the object
+                               made in the worker) */
   uint32_t max_capacity;    /* import */
   char *buf;                /* export: the image (len bytes, made in the
                                worker); import: the bytes received */
   size_t len, cap;          /* import: cap counts in srv->copies.import_bytes */
-  struct sk_store_obj *obj; /* fork, import: made */
   int rc;
   struct sk_error err;
   struct sk__copy_work *prev, *next; /* srv->copies.copies */
@@ -142,7 +141,7 @@ static void open_work_done(uv_work_t *req, int status) {
     w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
   if (w->rc < 0 || c->closing || srv->shutting_down) {
     /* A client that left never learns the id: nothing to keep. */
-    sk_session_unreserve(&srv->sessions, &w->res);
+    sk_session_cancel(&srv->sessions, &w->res);
     if (w->rc < 0 && !c->closing) sk_conn_send_error(c, w->id, &w->err);
     free(w->pin);
     sk_conv_free(&w->conv);
@@ -154,7 +153,7 @@ static void open_work_done(uv_work_t *req, int status) {
       sk_conv_free(&w->conv);
       sk_conn_send_error(c, w->id, &e);
     } else {
-      if (w->temporary) s->temp_conn = c->id;
+      if (w->temporary) sk_session_set_temporary(s, c->id);
       sk__open_finish(srv, c, w->id, s, w->pin, w->n_pin, &w->conv);
     }
   }
@@ -191,7 +190,7 @@ static void copy_work_run(uv_work_t *req) {
   struct sk_store *st = w->srv->sessions.store;
   switch (w->kind) {
   case COPY_FORK:
-    w->rc = sk_store_fork(st, w->src->obj, w->id, w->uid, &w->obj, &w->err);
+    w->rc = sk_store_fork(st, w->src->obj, w->res.id, w->res.owner_uid, &w->res.obj, &w->err);
     break;
   case COPY_EXPORT:
     w->buf = malloc(w->len);
@@ -209,29 +208,25 @@ static void copy_work_run(uv_work_t *req) {
                            "the exported session's capacity %u exceeds the maximum capacity %u",
                            info.capacity, w->max_capacity);
     if (w->rc == 0)
-      w->rc = sk_store_import(st, w->buf, w->len, w->id, w->uid, &w->obj, &w->err);
+      w->rc = sk_store_import(st, w->buf, w->len, w->res.id, w->res.owner_uid, &w->res.obj,
+                              &w->err);
     break;
   }
   }
 }
 
-/* The new session of a fork or import (w->obj) into the table, with the
+/* The new session of a fork or import (w->res.obj) into the table, with the
  * reply; or the error. */
 static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, struct sk_conn *c,
                             uint64_t req_id) {
   struct sk_error e;
   struct sk_session *ns = NULL;
-  if (w->rc < 0) {
-    sk_session_unhold(&srv->sessions, w->bytes);
-    if (c) sk_conn_send_error(c, req_id, &w->err);
+  if (w->rc < 0 || !c) { /* a client that left never learns the id */
+    sk_session_cancel(&srv->sessions, &w->res);
+    if (w->rc < 0 && c) sk_conn_send_error(c, req_id, &w->err);
     return;
   }
-  if (!c) { /* the client left: it never learns the id */
-    sk_session_unhold(&srv->sessions, w->bytes);
-    sk_store_obj_remove(w->obj);
-    return;
-  }
-  if (sk_session_take_held(&srv->sessions, w->bytes, w->obj, &ns, &e) < 0) {
+  if (sk_session_commit(&srv->sessions, &w->res, &ns, &e) < 0) {
     sk_conn_send_error(c, req_id, &e);
     return;
   }
@@ -242,7 +237,7 @@ static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, stru
     sk_conn_send_error(c, req_id, &e);
     return;
   }
-  ns->last_used_ms = sk_clock_ms();
+  sk_session_touch(ns);
   sk__counts_changed(srv);
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
@@ -250,7 +245,7 @@ static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, stru
     const char *dir = sk_store_dir(srv->cfg.store);
     if (w->src->conv.tmpl != SK_CHAT_NONE &&
         (sk_conv_save(&w->src->conv, dir, ns->id, &ce) < 0 ||
-         sk_conv_load(&ns->conv, dir, ns->id, &ce) < 0))
+         sk_session_conv_load(ns, dir, &ce) < 0))
       sk_log(SK_LOG_WARNING, "session %llu: conversation not copied: %s",
              (unsigned long long)ns->id, ce.message);
     sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
@@ -259,7 +254,7 @@ static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, stru
            ns->kv->hdr->n_resident, ns->kv_bytes);
     sk__send_session_summary(srv, c, req_id, ns, w->src->id, 0);
   } else {
-    ns->conv.tmpl = srv->cfg.chat_template;
+    sk_session_set_template(ns, srv->cfg.chat_template);
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
            (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
     sk__send_session_summary(srv, c, req_id, ns, 0, w->len);
@@ -273,7 +268,6 @@ static void copy_work_done(uv_work_t *req, int status) {
   if (w->next) w->next->prev = w->prev;
   if (status < 0 && w->rc == 0) {
     w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
-    if (w->obj) sk_store_obj_remove(w->obj);
   }
   /* The client, unless it left (or the daemon is stopping: nothing new). */
   struct sk_conn *c = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
@@ -310,9 +304,7 @@ static void copy_work_done(uv_work_t *req, int status) {
     free(w->buf);
     sk_conn_unref(w->conn);
   } else { /* the source session goes on with its queue (or closes) */
-    w->src->running = NULL;
-    w->src->last_used_ms = sk_clock_ms();
-    sk_job_free(w->job);
+    sk_session_job_done(w->src); /* frees w->job */
     sk__session_step(srv, w->src);
   }
   free(w);
@@ -344,11 +336,9 @@ bool sk_copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *j
   w->kind = job->kind == SK_JOB_FORK ? COPY_FORK : COPY_EXPORT;
   w->src = s;
   w->job = job;
-  w->uid = c->uid;
   if (w->kind == COPY_FORK) {
-    w->bytes = s->kv_bytes;
     if (sk__check_user_limits(srv, c->uid, s->kv_bytes, NULL, false, &e) < 0 ||
-        sk_session_hold(&srv->sessions, w->bytes, &w->id, &e) < 0) {
+        sk_session_reserve(&srv->sessions, s->kv_bytes, c->uid, &w->res, &e) < 0) {
       free(w);
       sk_conn_send_error(c, job->req_id, &e);
       return false;
@@ -357,12 +347,12 @@ bool sk_copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *j
     w->len = sk_store_export_size(s->obj);
   }
   if (copy_queue(srv, w, &e) < 0) {
-    if (w->kind == COPY_FORK) sk_session_unhold(&srv->sessions, w->bytes);
+    if (w->kind == COPY_FORK) sk_session_cancel(&srv->sessions, &w->res);
     free(w);
     sk_conn_send_error(c, job->req_id, &e);
     return false;
   }
-  s->running = job;
+  sk_session_run(s, job);
   return true;
 }
 
@@ -371,8 +361,8 @@ int sk_copy_open(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
                  size_t n_pin, struct sk_conv *conv, struct sk_error *err) {
   struct sk__open_work *w = calloc(1, sizeof *w);
   if (!w) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  int rc = sk_session_reserve(&srv->sessions, p, srv->cfg.max_capacity, c->uid,
-                              temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, err);
+  int rc = sk_session_reserve_open(&srv->sessions, p, srv->cfg.max_capacity, c->uid,
+                                   temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, err);
   if (rc < 0) {
     free(w);
     return rc;
@@ -382,7 +372,7 @@ int sk_copy_open(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
   w->id = req_id;
   w->req.data = w;
   if ((rc = uv_queue_work(srv->loop, &w->req, open_work_run, open_work_done)) < 0) {
-    sk_session_unreserve(&srv->sessions, &w->res);
+    sk_session_cancel(&srv->sessions, &w->res);
     free(w);
     return sk_error_set(err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
   }
@@ -408,9 +398,9 @@ void sk_copy_usage(const struct sk_copies *cp, uint32_t uid, uint32_t *ret_n,
       bytes += w->res.bytes;
     }
   for (const struct sk__copy_work *w = cp->copies; w; w = w->next)
-    if (w->kind != COPY_EXPORT && w->uid == uid) {
+    if (w->kind != COPY_EXPORT && w->res.owner_uid == uid) {
       n++;
-      bytes += w->bytes;
+      bytes += w->res.bytes;
     }
   *ret_n = n;
   *ret_bytes = bytes;
@@ -483,20 +473,19 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *c, uint64_t req_id, u
     sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
     goto bad_drop;
   }
-  if (sk_session_hold(&srv->sessions, 0, &w->id, &e) < 0) {
+  if (sk_session_reserve(&srv->sessions, 0, c->uid, &w->res, &e) < 0) {
     free(w);
     goto bad_drop;
   }
   w->kind = COPY_IMPORT;
   w->conn = c;
   w->req_id = req_id;
-  w->uid = c->uid;
   w->max_capacity = srv->cfg.max_capacity;
   w->buf = peer(c)->import_buf;
   w->len = peer(c)->import_len;
   w->cap = peer(c)->import_cap;
   if (copy_queue(srv, w, &e) < 0) {
-    sk_session_unhold(&srv->sessions, 0);
+    sk_session_cancel(&srv->sessions, &w->res);
     free(w);
     goto bad_drop;
   }

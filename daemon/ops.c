@@ -63,7 +63,7 @@ static struct sk_session *req_session(struct sk_server *srv, const struct reques
                 (unsigned long long)sid);
     return NULL;
   }
-  s->last_used_ms = sk_clock_ms();
+  sk_session_touch(s);
   return s;
 }
 
@@ -238,11 +238,9 @@ static int read_chat(struct sk_server *srv, const struct request *r, struct sk_c
  * the cache, on_event). Takes pin. */
 void sk__open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
                         struct sk_session *s, int32_t *pin, size_t n_pin, struct sk_conv *conv) {
-  s->last_used_ms = sk_clock_ms();
+  sk_session_touch(s);
   /* The conversation (template, pinned system prompt) is the session's. */
-  sk_conv_free(&s->conv);
-  s->conv = *conv;
-  sk_conv_init(conv, SK_CHAT_NONE);
+  sk_session_set_conv(s, conv);
   if (s->conv.tmpl != SK_CHAT_NONE) {
     struct sk_error ce;
     if (sk_conv_save(&s->conv, sk_store_dir(srv->cfg.store), s->id, &ce) < 0)
@@ -884,16 +882,7 @@ void sk__op_import(struct sk_server *srv, const struct request *r) {
 void sk__op_cancel(struct sk_server *srv, const struct request *r) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
-  bool any = false;
-  if (s->running && s->running->kind == SK_JOB_GENERATE) {
-    atomic_store(&s->running->cancel, true);
-    any = true;
-  }
-  for (struct sk_job *j = s->queue_head; j; j = j->next)
-    if (j->kind == SK_JOB_GENERATE) {
-      atomic_store(&j->cancel, true);
-      any = true;
-    }
+  bool any = sk_session_cancel_generate(s);
   if (any) sk_compute_wake(srv->compute);
   struct sk_msgbuf b;
   if (sk_wire_pack_cancel(&b, r->id, any) == 0) sk_conn_send_msg(r->conn, &b);

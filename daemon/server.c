@@ -23,10 +23,8 @@ void sk__counts_changed(struct sk_server *srv) {
 /* A slow reader's generation pauses with its reading. */
 static void on_conn_pause(void *user, struct sk_conn *c, bool paused) {
   struct sk_server *srv = user;
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
-    if (s && s->running && s->running->conn == c) atomic_store(&s->running->paused, paused);
-  }
+  for (uint32_t i = 0; i < srv->sessions.cap; i++)
+    if (srv->sessions.items[i]) sk_session_pause(srv->sessions.items[i], c, paused);
   if (!paused && srv->compute) sk_compute_wake(srv->compute);
 }
 
@@ -41,20 +39,9 @@ static void on_conn_close(void *user, struct sk_conn *c) {
    * session keeps what was sent). No job keeps a pointer to c. */
   for (uint32_t i = 0; i < srv->sessions.cap; i++) {
     struct sk_session *s = srv->sessions.items[i];
-    if (!s) continue;
-    if (s->running && s->running->conn == c) {
-      s->running->conn = NULL;
-      if (s->running->kind == SK_JOB_GENERATE) atomic_store(&s->running->cancel, true);
-      atomic_store(&s->running->paused, false);
-    }
-    for (struct sk_job *j = s->queue_head; j; j = j->next)
-      if (j->conn == c) {
-        j->conn = NULL;
-        if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
-      }
     /* Sessions opened "temporary" on this connection end with it, at
      * shutdown too (a restart would adopt them with nobody to close them). */
-    if (s->temp_conn == c->id && !s->closing) sk__session_close(srv, s);
+    if (s && sk_session_detach(s, c, c->id)) sk__session_close(srv, s);
   }
   if (srv->compute) sk_compute_wake(srv->compute);
   if (((struct sk_copy_peer *)sk_conn_data(c))->import_buf) sk_copy_import_drop(srv, c);
@@ -74,12 +61,9 @@ static void handle_frame(void *user, struct sk_conn *c, const uint8_t *body, siz
 
 /* ---- session work ---- */
 
-static bool job_is_inline(const struct sk_job *j) {
-  return j->kind == SK_JOB_FORK || j->kind == SK_JOB_EXPORT || j->kind == SK_JOB_STATS;
-}
 
 void sk__session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
-  if (job_is_inline(job)) {
+  if (sk_job_is_inline(job)) {
     /* The session is idle: its committed state may be read here (stats),
      * or in a worker while the session is held (fork, export). */
     if (job->conn) {
@@ -99,45 +83,25 @@ void sk__session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk
     return;
   }
   if (job->conn && job->conn->out_paused) atomic_store(&job->paused, true);
-  s->running = job;
+  sk_session_run(s, job);
   sk_compute_submit(srv->compute, job);
 }
 
 /* Takes the next queued job, skipping generations whose client left. */
 void sk__session_step(struct sk_server *srv, struct sk_session *s) {
-  while (!s->running && s->queue_head) {
-    struct sk_job *j = s->queue_head;
-    s->queue_head = j->next;
-    if (!s->queue_head) s->queue_tail = NULL;
-    s->n_queued--;
-    j->next = NULL;
-    if (!j->conn && (j->kind == SK_JOB_GENERATE || job_is_inline(j))) {
-      sk_job_free(j);
-      continue;
-    }
-    sk__session_dispatch(srv, s, j);
-  }
-  if (!s->running && s->closing) {
+  struct sk_job *j;
+  while ((j = sk_session_next(s)) != NULL) sk__session_dispatch(srv, s, j);
+  if (sk_session_closed(s)) {
     sk_session_free(&srv->sessions, s);
     sk__counts_changed(srv);
   }
 }
 
 int sk__session_enqueue(struct sk_server *srv, struct sk_session *s, struct sk_job *job,
-                           struct sk_error *err) {
-  if (!s->running) {
-    sk__session_dispatch(srv, s, job);
-    return 0;
-  }
-  if (s->n_queued >= SK_LIMIT_SESSION_QUEUE)
-    return sk_error_set(err, SK_ERR_BUSY,
-                        "session %llu has %u requests queued (limit %u)",
-                        (unsigned long long)s->id, s->n_queued, SK_LIMIT_SESSION_QUEUE);
-  job->next = NULL;
-  if (s->queue_tail) s->queue_tail->next = job; else s->queue_head = job;
-  s->queue_tail = job;
-  s->n_queued++;
-  return 0;
+                        struct sk_error *err) {
+  int rc = sk_session_enqueue(s, job, err);
+  if (rc == 1) sk__session_dispatch(srv, s, job);
+  return rc < 0 ? rc : 0;
 }
 
 /* An evict log as a reply's ranges. */
@@ -172,11 +136,11 @@ static void on_event(void *user, struct sk_event *ev) {
      * did not go in is closed (never half-pinned). */
     if (job->err.code != 0) {
       if (c) sk_conn_send_error(c, job->req_id, &job->err);
-      s->closing = true;
+      sk_session_close_after(s);
     } else if (c) {
       sk__send_open_reply(c, job->req_id, s);
     } else { /* the client left before it learned the id: nothing to keep */
-      s->closing = true;
+      sk_session_close_after(s);
     }
   } else if (c) {
     if (job->err.code != 0) {
@@ -218,9 +182,7 @@ static void on_event(void *user, struct sk_event *ev) {
     }
   }
   free(ev);
-  s->running = NULL;
-  s->last_used_ms = sk_clock_ms();
-  sk_job_free(job);
+  sk_session_job_done(s);
   sk__session_step(srv, s);
 }
 
@@ -276,21 +238,18 @@ int sk__check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
 /* Closes s: queued requests are answered `cancelled`, a running one is
  * cancelled and s is freed when it ends (else now). */
 void sk__session_close(struct sk_server *srv, struct sk_session *s) {
-  while (s->queue_head) {
-    struct sk_job *j = s->queue_head;
-    s->queue_head = j->next;
+  struct sk_job *q;
+  bool idle = sk_session_close(s, &q);
+  while (q) {
+    struct sk_job *j = q;
+    q = j->next;
     if (j->conn)
       sk_conn_send_errorf(j->conn, j->req_id, SK_ERR_CANCELLED, "session %llu was closed",
-                  (unsigned long long)s->id);
+                          (unsigned long long)s->id);
     sk_job_free(j);
   }
-  s->queue_tail = NULL;
-  s->n_queued = 0;
   sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)s->id);
-  if (s->running) {
-    s->closing = true;
-    atomic_store(&s->running->session_closing, true);
-    atomic_store(&s->running->cancel, true);
+  if (!idle) {
     if (srv->compute) sk_compute_wake(srv->compute); /* NULL once stopping */
   } else {
     sk_session_free(&srv->sessions, s);
@@ -430,12 +389,12 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
     sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
     return;
   }
-  s->last_used_ms = sk_clock_ms();
+  sk_session_touch(s);
   srv->n_adopted++;
   /* Its conversation, if it held one; else the daemon's template. */
   struct sk_error ce;
-  sk_conv_init(&s->conv, srv->cfg.chat_template);
-  if (sk_conv_load(&s->conv, sk_store_dir(srv->cfg.store), s->id, &ce) < 0)
+  sk_session_set_template(s, srv->cfg.chat_template);
+  if (sk_session_conv_load(s, sk_store_dir(srv->cfg.store), &ce) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not restored (it starts afresh): %s",
            (unsigned long long)s->id, ce.message);
   sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, %s, capacity %u, %u resident, "

@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include "clock.h"
 #include "log.h"
 
 #include <inttypes.h>
@@ -131,10 +132,24 @@ static int session_take(struct sk_session_table *t, struct sk_store_obj *obj,
   return 0;
 }
 
-int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
-                       uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
-                       uint64_t seed, struct sk_session_reservation *res,
-                       struct sk_error *err) {
+int sk_session_reserve(struct sk_session_table *t, size_t bytes, uint32_t owner_uid,
+                       struct sk_session_reservation *res, struct sk_error *err) {
+  memset(res, 0, sizeof *res);
+  res->fd = -1;
+  int rc = check_limits(t, bytes, err);
+  if (rc < 0) return rc;
+  res->id = t->next_id++;
+  res->owner_uid = owner_uid;
+  res->bytes = bytes;
+  t->n_reserved++;
+  t->reserved_bytes += bytes;
+  return 0;
+}
+
+int sk_session_reserve_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                            uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
+                            uint64_t seed, struct sk_session_reservation *res,
+                            struct sk_error *err) {
   memset(res, 0, sizeof *res);
   res->fd = -1;
   int rc = sk_kv_params_check(params, max_capacity, err);
@@ -146,11 +161,12 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
   if ((rc = check_limits(t, bytes, err)) < 0) return rc;
   int fd = sk_store_create_file(t->store, t->next_id, err);
   if (fd < 0) return fd;
+  if ((rc = sk_session_reserve(t, bytes, owner_uid, res, err)) < 0) { /* checked above */
+    sk_store_create_end(t->store, fd, t->next_id);
+    return rc;
+  }
   res->fd = fd;
-  res->id = t->next_id++;
-  res->owner_uid = owner_uid;
   res->store_flags = store_flags;
-  res->bytes = bytes;
   res->params = *params;
   /* The protocol's generate defaults, and a PRNG seeded per session. */
   struct sk_sampler_params sp = {.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE,
@@ -158,8 +174,6 @@ int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *pa
                                  .top_p = (float)SK_GENERATE_DEFAULT_TOP_P,
                                  .seed = seed};
   sk_sampler_state_seed(&res->sampler, &sp);
-  t->n_reserved++;
-  t->reserved_bytes += bytes;
   return 0;
 }
 
@@ -170,8 +184,9 @@ int sk_session_reservation_create(struct sk_store *store, struct sk_session_rese
                             &res->obj, err);
 }
 
+/* Ends res: its file descriptor (an open's) closed, the limits released. */
 static void reservation_end(struct sk_session_table *t, struct sk_session_reservation *res) {
-  sk_store_create_end(t->store, res->fd, res->id);
+  if (res->fd >= 0) sk_store_create_end(t->store, res->fd, res->id);
   res->fd = -1;
   t->n_reserved--;
   t->reserved_bytes -= res->bytes;
@@ -181,39 +196,19 @@ static void reservation_end(struct sk_session_table *t, struct sk_session_reserv
 int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation *res,
                       struct sk_session **ret, struct sk_error *err) {
   struct sk_store_obj *obj = res->obj;
+  const bool sized = res->bytes != 0;
   reservation_end(t, res);
-  return session_take(t, obj, ret, err);
-}
-
-void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res) {
-  sk_store_obj_remove(res->obj);
-  reservation_end(t, res);
-}
-
-int sk_session_hold(struct sk_session_table *t, size_t bytes, uint64_t *ret_id,
-                    struct sk_error *err) {
-  int rc = check_limits(t, bytes, err);
-  if (rc < 0) return rc;
-  *ret_id = t->next_id++;
-  t->n_reserved++;
-  t->reserved_bytes += bytes;
-  return 0;
-}
-
-void sk_session_unhold(struct sk_session_table *t, size_t bytes) {
-  t->n_reserved--;
-  t->reserved_bytes -= bytes;
-}
-
-int sk_session_take_held(struct sk_session_table *t, size_t bytes, struct sk_store_obj *obj,
-                         struct sk_session **ret, struct sk_error *err) {
-  sk_session_unhold(t, bytes);
-  int rc = bytes ? 0 : check_limits(t, obj->size, err);
+  int rc = sized ? 0 : check_limits(t, obj->size, err);
   if (rc < 0) {
     sk_store_obj_remove(obj);
     return rc;
   }
   return session_take(t, obj, ret, err);
+}
+
+void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation *res) {
+  sk_store_obj_remove(res->obj);
+  reservation_end(t, res);
 }
 
 int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
@@ -627,3 +622,113 @@ uint64_t sk_session_sparse_get(struct sk_session_table *t, const struct sk_sessi
   pthread_mutex_unlock(&t->counters_lock);
   return n;
 }
+
+/* ---- a session's jobs ---- */
+
+bool sk_job_is_inline(const struct sk_job *j) {
+  return j->kind == SK_JOB_FORK || j->kind == SK_JOB_EXPORT || j->kind == SK_JOB_STATS;
+}
+
+int sk_session_enqueue(struct sk_session *s, struct sk_job *job, struct sk_error *err) {
+  if (!s->running) return 1;
+  if (s->n_queued >= SK_LIMIT_SESSION_QUEUE)
+    return sk_error_set(err, SK_ERR_BUSY, "session %llu has %u requests queued (limit %u)",
+                        (unsigned long long)s->id, s->n_queued, SK_LIMIT_SESSION_QUEUE);
+  job->next = NULL;
+  if (s->queue_tail) s->queue_tail->next = job; else s->queue_head = job;
+  s->queue_tail = job;
+  s->n_queued++;
+  return 0;
+}
+
+struct sk_job *sk_session_next(struct sk_session *s) {
+  while (!s->running && s->queue_head) {
+    struct sk_job *j = s->queue_head;
+    s->queue_head = j->next;
+    if (!s->queue_head) s->queue_tail = NULL;
+    s->n_queued--;
+    j->next = NULL;
+    if (!j->conn && (j->kind == SK_JOB_GENERATE || sk_job_is_inline(j))) {
+      sk_job_free(j);
+      continue;
+    }
+    return j;
+  }
+  return NULL;
+}
+
+void sk_session_run(struct sk_session *s, struct sk_job *job) { s->running = job; }
+
+void sk_session_job_done(struct sk_session *s) {
+  struct sk_job *j = s->running;
+  s->running = NULL;
+  s->last_used_ms = sk_clock_ms();
+  sk_job_free(j);
+}
+
+bool sk_session_close(struct sk_session *s, struct sk_job **ret_queued) {
+  *ret_queued = s->queue_head;
+  s->queue_head = s->queue_tail = NULL;
+  s->n_queued = 0;
+  if (!s->running) return true;
+  s->closing = true;
+  atomic_store(&s->running->session_closing, true);
+  atomic_store(&s->running->cancel, true);
+  return false;
+}
+
+void sk_session_close_after(struct sk_session *s) { s->closing = true; }
+
+bool sk_session_closed(const struct sk_session *s) { return s->closing && !s->running; }
+
+bool sk_session_detach(struct sk_session *s, const struct sk_conn *conn, uint64_t conn_id) {
+  if (s->running && s->running->conn == conn) {
+    s->running->conn = NULL;
+    if (s->running->kind == SK_JOB_GENERATE) atomic_store(&s->running->cancel, true);
+    atomic_store(&s->running->paused, false);
+  }
+  for (struct sk_job *j = s->queue_head; j; j = j->next)
+    if (j->conn == conn) {
+      j->conn = NULL;
+      if (j->kind == SK_JOB_GENERATE) atomic_store(&j->cancel, true);
+    }
+  return s->temp_conn == conn_id && !s->closing;
+}
+
+void sk_session_pause(struct sk_session *s, const struct sk_conn *conn, bool paused) {
+  if (s->running && s->running->conn == conn) atomic_store(&s->running->paused, paused);
+}
+
+bool sk_session_cancel_generate(struct sk_session *s) {
+  bool any = false;
+  if (s->running && s->running->kind == SK_JOB_GENERATE) {
+    atomic_store(&s->running->cancel, true);
+    any = true;
+  }
+  for (struct sk_job *j = s->queue_head; j; j = j->next)
+    if (j->kind == SK_JOB_GENERATE) {
+      atomic_store(&j->cancel, true);
+      any = true;
+    }
+  return any;
+}
+
+void sk_session_touch(struct sk_session *s) { s->last_used_ms = sk_clock_ms(); }
+
+void sk_session_set_temporary(struct sk_session *s, uint64_t conn_id) { s->temp_conn = conn_id; }
+
+void sk_session_set_conv(struct sk_session *s, struct sk_conv *conv) {
+  sk_conv_free(&s->conv);
+  s->conv = *conv;
+  sk_conv_init(conv, SK_CHAT_NONE);
+}
+
+void sk_session_set_template(struct sk_session *s, int tmpl) {
+  sk_conv_free(&s->conv);
+  sk_conv_init(&s->conv, tmpl);
+}
+
+int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err) {
+  return sk_conv_load(&s->conv, dir, s->id, err);
+}
+

@@ -195,18 +195,22 @@ struct sk_session_table {
   void *release_user;
 };
 
-/* An open in two halves, so that the object (a file of the cache's size
- * that the file system allocates and zeroes: ~0.3 ms per MB on tmpfs) is
- * made off the event loop. Filled by sk_session_reserve. */
+/* A session on its way: its id and its share of the limits are held
+ * while its object is made off the event loop (an open's empty cache: a
+ * file of the cache's size that the file system allocates and zeroes,
+ * ~0.3 ms per MB on tmpfs; a fork's or an import's copy). Every
+ * reservation ends in sk_session_commit or sk_session_cancel. */
 struct sk_session_reservation {
-  uint64_t id;
+  uint64_t id;                     /* the id the object must get */
   uint32_t owner_uid;
+  size_t bytes;                    /* the object's size, held in the limits;
+                                      0: not known yet (an import) */
+  /* An open's (sk_session_reserve_open); fd -1 otherwise. */
   uint32_t store_flags;            /* the object header's */
-  size_t bytes;                    /* the object's size, held in the limits */
   struct sk_kv_params params;
   struct sk_sampler_state sampler; /* seeded */
   int fd;                          /* the object's file, opened by reserve */
-  struct sk_store_obj *obj;        /* made by sk_session_reservation_create */
+  struct sk_store_obj *obj;        /* the object made for id (any thread) */
 };
 
 /* Initialises an empty table whose sessions live in store, for at most
@@ -218,49 +222,40 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
  * sessions' objects stay in the state directory. */
 void sk_session_table_done(struct sk_session_table *t);
 
-/* Opens a session in two steps (loop thread, then any): checks params
- * (against max_capacity) and the limits, counting reservations not yet
- * committed, holds an id and the object's bytes in *res and creates the
- * object's (empty) file; store_flags go into its header
- * (SK_STORE_TEMPORARY or 0); the session's PRNG is seeded with seed. Ids
- * start at 1 and are never reused (also across restarts: they continue
- * after the largest id found in the state directory). Errors:
- * -SK_ERR_BAD_REQUEST (params, message names the limit), -SK_ERR_BUSY
- * (max_sessions or max_memory reached, message names the limit; or the
- * file system is full), -SK_ERR_IO, -SK_ERR_NO_MEMORY. Every successful
- * reservation ends in sk_session_commit or sk_session_unreserve, which
- * close the file. */
-int sk_session_reserve(struct sk_session_table *t, const struct sk_kv_params *params,
-                       uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
-                       uint64_t seed, struct sk_session_reservation *res,
-                       struct sk_error *err);
-/* Makes the reserved object in store, in its file (any thread; touches
- * nothing of the table and opens or closes no descriptor). Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO,
- * -SK_ERR_NO_MEMORY; res->obj stays NULL then. */
+/* Holds the limits for one more session of `bytes` (0: not known yet,
+ * checked by sk_session_commit) of owner_uid, counting reservations not
+ * yet ended, and an id in *res (loop thread). Ids start at 1 and are
+ * never reused (also across restarts: they continue after the largest
+ * id found in the state directory). The caller makes res->obj for that
+ * id (sk_store_fork, sk_store_import; any thread). Errors: -SK_ERR_BUSY
+ * (max_sessions or max_memory reached, the message names the limit). */
+int sk_session_reserve(struct sk_session_table *t, size_t bytes, uint32_t owner_uid,
+                       struct sk_session_reservation *res, struct sk_error *err);
+/* sk_session_reserve for an open: checks params (against max_capacity),
+ * reserves the object's bytes and creates its (empty) file; store_flags
+ * go into its header (SK_STORE_TEMPORARY or 0); the session's PRNG is
+ * seeded with seed. sk_session_reservation_create then makes the object.
+ * Errors: -SK_ERR_BAD_REQUEST (params, the message names the limit),
+ * -SK_ERR_BUSY (limits, or the file system is full), -SK_ERR_IO,
+ * -SK_ERR_NO_MEMORY. */
+int sk_session_reserve_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                            uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
+                            uint64_t seed, struct sk_session_reservation *res,
+                            struct sk_error *err);
+/* Makes an open's reserved object in store, in its file (any thread;
+ * touches nothing of the table and opens or closes no descriptor).
+ * Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO, -SK_ERR_NO_MEMORY;
+ * res->obj stays NULL then. */
 int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
                                   struct sk_error *err);
-/* Loop thread: the created object becomes a session (*ret) and the
- * reservation ends. Errors: -SK_ERR_NO_MEMORY (the object is deleted). */
+/* Loop thread: ends the reservation; res->obj becomes a session (*ret),
+ * after the limits are checked when its size was not known. Errors:
+ * -SK_ERR_BUSY (limits), -SK_ERR_NO_MEMORY; the object is deleted then. */
 int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation *res,
                       struct sk_session **ret, struct sk_error *err);
-/* Loop thread: ends a reservation without a session, deleting its object
- * if one was made. */
-void sk_session_unreserve(struct sk_session_table *t, struct sk_session_reservation *res);
-
-/* The loop-thread halves of fork and import around their copy, which the
- * daemon runs in a worker thread (sk_store_fork, sk_store_import):
- * sk_session_hold checks the limits for one more session of `bytes` (0:
- * not known yet) and holds them, giving the id the new object must get;
- * sk_session_take_held ends the hold and puts obj, made for that id, into
- * the table, checking the limits first when bytes was 0 (on error obj is
- * removed: file and memory); sk_session_unhold ends a hold without a
- * session. Errors: -SK_ERR_BUSY (limits, message names the one that
- * binds), -SK_ERR_NO_MEMORY. */
-int sk_session_hold(struct sk_session_table *t, size_t bytes, uint64_t *ret_id,
-                    struct sk_error *err);
-int sk_session_take_held(struct sk_session_table *t, size_t bytes, struct sk_store_obj *obj,
-                         struct sk_session **ret, struct sk_error *err);
-void sk_session_unhold(struct sk_session_table *t, size_t bytes);
+/* Loop thread: ends a reservation without a session, deleting its
+ * object if one was made. */
+void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation *res);
 /* Takes an object found by sk_store_scan as a session (ownership of obj
  * passes to the table). Errors: -SK_ERR_NO_MEMORY (obj is freed, its file
  * kept). */
@@ -271,6 +266,64 @@ struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
 /* Removes an idle session (no running or queued job) and deletes its
  * object: the session is closed for good. */
 void sk_session_free(struct sk_session_table *t, struct sk_session *s);
+/* ---- a session's jobs (loop thread) ----
+ *
+ * A session runs one job at a time: the others wait in its queue, in
+ * request order. The caller runs the job these functions hand it
+ * (sk_session_run: on the scheduler, or in a worker for fork and export;
+ * stats inline) and reports its end (sk_session_job_done). */
+
+/* Whether j runs off the scheduler: fork, export (a worker) and stats
+ * (the loop thread); they only read the committed state. */
+bool sk_job_is_inline(const struct sk_job *j);
+/* Takes job for s. Returns 1 when s is idle: the caller runs job now;
+ * 0 when job is queued behind the running one. Errors: -SK_ERR_BUSY
+ * (SK_LIMIT_SESSION_QUEUE jobs already queued; job stays the caller's). */
+int sk_session_enqueue(struct sk_session *s, struct sk_job *job, struct sk_error *err);
+/* The next queued job to run, or NULL while a job runs or none waits.
+ * Queued jobs whose client left and that would only answer it (generate,
+ * fork, export, stats) are freed on the way; an append whose client left
+ * still runs (the session keeps what was sent). */
+struct sk_job *sk_session_next(struct sk_session *s);
+/* job runs on s from now on (on the scheduler or in a worker): s is
+ * busy until sk_session_job_done. */
+void sk_session_run(struct sk_session *s, struct sk_job *job);
+/* The running job ended: frees it; s was used now. */
+void sk_session_job_done(struct sk_session *s);
+/* Closes s: the queued jobs are handed back in *ret_queued (a list
+ * through next, in request order, for the caller to answer and free), a
+ * running job is cancelled and told that the session closes. Returns
+ * true when s is idle (the caller removes it now, sk_session_remove);
+ * else once the running job ends, sk_session_closed says so. */
+bool sk_session_close(struct sk_session *s, struct sk_job **ret_queued);
+/* Marks s to be removed once its running job ends (a pinned prefix that
+ * failed, or whose client left before it learned the id). */
+void sk_session_close_after(struct sk_session *s);
+/* Whether s is closing and idle: the caller removes it. */
+bool sk_session_closed(const struct sk_session *s);
+/* The client of connection conn left: its jobs on s lose it (running
+ * and queued generations are cancelled; appends complete). Returns
+ * whether s was opened temporary on that connection (conn_id) and is
+ * not closing yet: the caller closes it. */
+bool sk_session_detach(struct sk_session *s, const struct sk_conn *conn, uint64_t conn_id);
+/* Pauses (or resumes) s's running job if it is conn's (its client's
+ * output is full). */
+void sk_session_pause(struct sk_session *s, const struct sk_conn *conn, bool paused);
+/* Cancels s's running and queued generations. Returns whether there
+ * was any. */
+bool sk_session_cancel_generate(struct sk_session *s);
+/* s was used now (a request, a job's end): the idle TTL starts again. */
+void sk_session_touch(struct sk_session *s);
+/* s ends with the connection conn_id (open's "temporary"). */
+void sk_session_set_temporary(struct sk_session *s, uint64_t conn_id);
+/* s's conversation becomes *conv (taken: *conv is left empty). */
+void sk_session_set_conv(struct sk_session *s, struct sk_conv *conv);
+/* s's conversation starts afresh with chat template tmpl. */
+void sk_session_set_template(struct sk_session *s, int tmpl);
+/* Loads s's conversation from its file in dir (sk_conv_load); on error
+ * s keeps the one it had. Errors: those of sk_conv_load. */
+int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err);
+
 /* Whether the session's last committed step left logits to sample from. */
 bool sk_session_has_logits(const struct sk_session *s);
 
