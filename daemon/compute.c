@@ -135,10 +135,11 @@ static void finish(struct sk_compute *c, struct sk_job *job) {
 }
 
 /* Every change to a session's cache and state happens inside a step of
- * its shared-memory object (store.h): sk_store_begin (a decoding job's
- * sk_store_begin_decode, in its draw), then make_room (at
+ * its shared-memory object (store.h), through the session's step API
+ * (session.h): sk_session_step_begin (a decoding job's
+ * sk_session_step_begin_decode, in its draw), then make_room (at
  * most SK_KV_SPARE_SLOTS evictions: the spare slots' budget) and the
- * forward pass, then sk_store_commit. A forward pass serves many
+ * forward pass, then sk_session_step_commit. A forward pass serves many
  * sessions: each of them begins its own step before and commits it after.
  * Events and replies that report a step are posted only after its commit,
  * so whatever a client was told survives a crash. A failed step is
@@ -207,7 +208,7 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
        * at open, kept in its object), so a generate continued after a
        * restart draws exactly what an uninterrupted one would. */
       struct sk_sampler_state st;
-      sk_store_sampler_get(s->obj, &st);
+      sk_session_sampler_get(s, &st);
       memcpy(job->sampler.st.rng, st.rng, sizeof st.rng);
       job->sampler.st.params.seed = st.params.seed;
     }
@@ -215,7 +216,7 @@ static int job_start(struct sk_compute *c, struct sk_job *job) {
      * here, unless input comes between (the prompt; plan_prefill drops
      * the held bytes then). */
     if (job->n_tokens == 0)
-      sk_store_utf8_get(s->obj, &job->utf8);
+      sk_session_utf8_get(s, &job->utf8);
     else
       sk_utf8_stream_init(&job->utf8);
   }
@@ -345,7 +346,7 @@ static const char *decode_stop(const struct sk_job *job) {
 /* Draw i of a step (of c->dec[i]), one task per decoding job on the
  * pool (each touches only its own job and session): the top logits and
  * the token from the live logits, then the step begun
- * (sk_store_begin_decode) with the sampler's new state. On the pool, a
+ * (sk_session_step_begin_decode) with the sampler's new state. On the pool, a
  * step's draws take about a third of the time they took on the compute
  * thread alone (doc/performance.md). */
 static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
@@ -353,13 +354,14 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   struct sk_compute *c = ctx;
   struct sk__draw *d = &c->draw[i];
   struct sk_job *job = c->dec[i];
-  struct sk_store_obj *obj = job->sess->obj;
+  struct sk_session *s = job->sess;
+  const float *logits = sk_session_logits(s);
   d->stop = decode_stop(job);
   if (d->stop) return;
-  if (job->n_top) top_logits(obj->logits, c->n_vocab, job->n_top, d->top_id, d->top_logit);
-  d->token = sk_sampler_sample(&job->sampler, obj->logits);
-  sk_store_begin_decode(obj); /* the pass writes every logit */
-  sk_store_sampler_set(obj, &job->sampler.st);
+  if (job->n_top) top_logits(logits, c->n_vocab, job->n_top, d->top_id, d->top_logit);
+  d->token = sk_sampler_sample(&job->sampler, logits);
+  sk_session_step_begin_decode(s); /* the pass writes every logit */
+  sk_session_sampler_set(s, &job->sampler.st);
 }
 
 /* Before the pass, for a decoding job whose draw d was taken (draw_task):
@@ -377,8 +379,8 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
   *token = d->token;
   const bool eot = job->chat && *token == job->eot;
   if ((sk_tokenizer_is_eog(c->tok, *token) || eot) && !job->ignore_eos) {
-    sk_store_keep_logits(s->obj); /* no pass: the logits stay */
-    sk_store_commit(s->obj);      /* the draw moved the PRNG */
+    sk_session_step_keep_logits(s); /* no pass: the logits stay */
+    sk_session_step_commit(s);      /* the draw moved the PRNG */
     /* any end-of-generation token; a chat's end of turn says so */
     job->stop_reason = eot ? "end_of_turn" : "eos";
     job->stop_token = *token;
@@ -388,12 +390,12 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
   size_t piece_len = 0;
   int rc = sk_tokenizer_piece(c->tok, *token, &piece, &piece_len, &job->err);
   if (rc < 0) {
-    sk_store_abort(s->obj);
+    sk_session_step_abort(s);
     return rc;
   }
   struct sk_event *ev = event_new(SK_EVENT_TOKEN, job, 3 * (piece_len + 4));
   if (!ev) {
-    sk_store_abort(s->obj);
+    sk_session_step_abort(s);
     return sk_error_set(&job->err, SK_ERR_NO_MEMORY, "out of memory for a token event");
   }
   ev->token = *token;
@@ -401,13 +403,13 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
   memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * job->n_top);
   memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * job->n_top);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
-  sk_store_utf8_set(s->obj, &job->utf8); /* committed with the token */
+  sk_session_utf8_set(s, &job->utf8); /* committed with the token */
   sk_evict_log_reset(&c->seq_log[i]);
   if (sk_kv_free_slots(kv) == 0) {
     rc = sk_kv_make_room(kv, 1, &c->seq_log[i], &job->err);
     if (rc < 0) {
       free(ev);
-      sk_store_abort(s->obj);
+      sk_session_step_abort(s);
       return rc;
     }
   }
@@ -432,12 +434,12 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
   if (n > remaining) n = (uint32_t)remaining;
   uint32_t evicted = 0;
   sk_evict_log_reset(log);
-  sk_store_begin(s->obj);
+  sk_session_step_begin(s);
   /* Input after a generate that ended inside a character: that
    * character can no longer complete, so its bytes are dropped. */
   struct sk_utf8_stream none;
   sk_utf8_stream_init(&none);
-  sk_store_utf8_set(s->obj, &none);
+  sk_session_utf8_set(s, &none);
   if (sk_policy_evict_chunk(kv->hdr->policy) > 1) {
     uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
     if (n > room) n = room;
@@ -445,7 +447,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
     uint64_t before = kv->hdr->n_evicted;
     int rc = sk_kv_make_room(kv, n, log, &job->err);
     if (rc < 0) {
-      sk_store_abort(s->obj);
+      sk_session_step_abort(s);
       return rc;
     }
     evicted = (uint32_t)(kv->hdr->n_evicted - before);
@@ -454,7 +456,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
     if (free_slots == 0) {
       int rc = sk_kv_make_room(kv, 1, log, &job->err);
       if (rc < 0) {
-        sk_store_abort(s->obj);
+        sk_session_step_abort(s);
         return rc;
       }
       free_slots = sk_kv_free_slots(kv);
@@ -462,14 +464,14 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
     if (n > free_slots) n = free_slots;
   }
   *seq = (struct sk_seq){.kv = kv, .tokens = job->tokens + job->n_done, .n = n,
-                         .n_evicted = evicted, .logits = s->obj->logits,
+                         .n_evicted = evicted, .logits = sk_session_logits(s),
                          .sparse_thr = sk_sparse_calib_find(c->sparse, s->params.sparsity)};
   if (job->want_logprobs) {
     /* The first token is scored by the logits the session already holds
      * (from its previous tokens), the others by this chunk's rows, which
      * go to the batch's rows of batch_logits. */
-    job->logprobs[job->n_done] = (s->obj->meta->flags & SK_STORE_HAS_LOGITS)
-                                     ? log_prob(s->obj->logits, c->n_vocab, seq->tokens[0])
+    job->logprobs[job->n_done] = sk_session_has_logits(s)
+                                     ? log_prob(sk_session_logits(s), c->n_vocab, seq->tokens[0])
                                      : NAN;
     seq->logits = c->batch_logits + (size_t)row * c->n_vocab;
     seq->all_logits = true;
@@ -508,21 +510,21 @@ static bool runnable(const struct sk_job *j) {
  * checksums every new cache row and the meta copy, about 0.2 MB a
  * session with the 110M model, which the compute thread alone did for
  * every session of the step): the log-probabilities of an append that
- * wants them, then sk_store_commit. */
+ * wants them, then the step's commit (sk_session_step_commit). */
 static void commit_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
   struct sk_compute *c = ctx;
   struct sk_job *j = c->seq_job[i];
   const struct sk_seq *q = &c->seqs[i];
+  const float *last = NULL; /* NULL: the pass wrote the session's logits */
   if (q->all_logits) { /* an append with logprobs */
     float *lp = j->logprobs + j->n_done;
     for (uint32_t r = 1; r < q->n; r++)
       lp[r] = log_prob(q->logits + (size_t)(r - 1) * c->n_vocab, c->n_vocab, q->tokens[r]);
-    memcpy(j->sess->obj->logits, q->logits + (size_t)(q->n - 1) * c->n_vocab,
-           c->n_vocab * sizeof *j->sess->obj->logits);
+    last = q->logits + (size_t)(q->n - 1) * c->n_vocab;
   }
-  j->sess->obj->meta->flags |= SK_STORE_HAS_LOGITS;
-  sk_store_commit(j->sess->obj);
+  sk_session_step_set_logits(j->sess, last);
+  sk_session_step_commit(j->sess);
 }
 
 static void step(struct sk_compute *c) {
@@ -572,7 +574,7 @@ static void step(struct sk_compute *c) {
       continue;
     }
     c->seqs[n_seqs] = (struct sk_seq){
-        .kv = j->sess->kv, .tokens = token, .n = 1, .logits = j->sess->obj->logits,
+        .kv = j->sess->kv, .tokens = token, .n = 1, .logits = sk_session_logits(j->sess),
         .sparse_thr = sk_sparse_calib_find(c->sparse, j->sess->params.sparsity)};
     c->seq_job[n_seqs++] = j;
     rows++;
@@ -599,7 +601,7 @@ static void step(struct sk_compute *c) {
   for (uint32_t i = 0; i < n_seqs; i++) {
     struct sk_job *j = c->seq_job[i];
     if (rc < 0) { /* checked before: a bug, but each job gets the error */
-      sk_store_abort(j->sess->obj);
+      sk_session_step_abort(j->sess);
       free(c->seq_ev[i]);
       j->err = err;
       finish(c, j);

@@ -254,7 +254,7 @@ void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
 }
 
 bool sk_session_has_logits(const struct sk_session *s) {
-  return (s->obj->meta->flags & SK_STORE_HAS_LOGITS) != 0;
+  return sk_store_has_logits(s->obj);
 }
 
 void sk_session_counters_get(struct sk_session_table *t,
@@ -732,3 +732,27 @@ int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error 
   return sk_conv_load(&s->conv, dir, s->id, err);
 }
 
+/* ---- a step of the session's state ---- */
+
+void sk_session_step_begin(struct sk_session *s) { sk_store_begin(s->obj); }
+void sk_session_step_begin_decode(struct sk_session *s) { sk_store_begin_decode(s->obj); }
+void sk_session_step_keep_logits(struct sk_session *s) { sk_store_keep_logits(s->obj); }
+void sk_session_step_set_logits(struct sk_session *s, const float *logits) {
+  sk_store_set_logits(s->obj, logits);
+}
+void sk_session_step_commit(struct sk_session *s) { sk_store_commit(s->obj); }
+void sk_session_step_abort(struct sk_session *s) { sk_store_abort(s->obj); }
+float *sk_session_logits(struct sk_session *s) { return s->obj->logits; }
+
+void sk_session_sampler_get(const struct sk_session *s, struct sk_sampler_state *ret) {
+  sk_store_sampler_get(s->obj, ret);
+}
+void sk_session_sampler_set(struct sk_session *s, const struct sk_sampler_state *st) {
+  sk_store_sampler_set(s->obj, st);
+}
+void sk_session_utf8_get(const struct sk_session *s, struct sk_utf8_stream *ret) {
+  sk_store_utf8_get(s->obj, ret);
+}
+void sk_session_utf8_set(struct sk_session *s, const struct sk_utf8_stream *u) {
+  sk_store_utf8_set(s->obj, u);
+}

@@ -327,6 +327,38 @@ int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error 
 /* Whether the session's last committed step left logits to sample from. */
 bool sk_session_has_logits(const struct sk_session *s);
 
+/* ---- a step of the session's state (compute thread, or the loop while
+ * the session is idle) ----
+ *
+ * The scheduler changes a session's cache and state only inside a step
+ * of its object (store.h's commit protocol): begin, then the forward
+ * pass on s->kv and these setters, then commit (or abort: the session
+ * stays at its last commit). */
+
+/* Begins a step (sk_store_begin); _decode for a step whose forward pass
+ * writes every logit (sk_store_begin_decode: read the live logits
+ * first). */
+void sk_session_step_begin(struct sk_session *s);
+void sk_session_step_begin_decode(struct sk_session *s);
+/* A decode step that commits without a pass keeps the logits it began
+ * from (sk_store_keep_logits). */
+void sk_session_step_keep_logits(struct sk_session *s);
+/* The step's logits are those after its last token (sk_store_set_logits:
+ * copied from logits, n_vocab floats, or written by the pass if NULL). */
+void sk_session_step_set_logits(struct sk_session *s, const float *logits);
+/* Commits the step begun (sk_store_commit), or drops it (sk_store_abort). */
+void sk_session_step_commit(struct sk_session *s);
+void sk_session_step_abort(struct sk_session *s);
+/* The view's logits (n_vocab floats): the live ones between steps, the
+ * working ones inside a step, which the forward pass writes. */
+float *sk_session_logits(struct sk_session *s);
+/* The sampler state and the held bytes of an unfinished character, kept
+ * in the view's meta copy (set: in the step begun). */
+void sk_session_sampler_get(const struct sk_session *s, struct sk_sampler_state *ret);
+void sk_session_sampler_set(struct sk_session *s, const struct sk_sampler_state *st);
+void sk_session_utf8_get(const struct sk_session *s, struct sk_utf8_stream *ret);
+void sk_session_utf8_set(struct sk_session *s, const struct sk_utf8_stream *u);
+
 /* Copies the published counters (thread-safe). */
 void sk_session_counters_get(struct sk_session_table *t,
                              const struct sk_session *s,

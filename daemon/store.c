@@ -1308,3 +1308,12 @@ fail:
   sk__discard_tmp(st, obj);
   return rc;
 }
+
+bool sk_store_has_logits(const struct sk_store_obj *obj) {
+  return (obj->meta->flags & SK_STORE_HAS_LOGITS) != 0;
+}
+
+void sk_store_set_logits(struct sk_store_obj *obj, const float *logits) {
+  if (logits) memcpy(obj->logits, logits, (size_t)obj->hdr->n_vocab * sizeof *obj->logits);
+  obj->meta->flags |= SK_STORE_HAS_LOGITS;
+}

@@ -417,5 +417,13 @@ void sk_store_sampler_get(const struct sk_store_obj *obj,
                           struct sk_sampler_state *ret);
 void sk_store_sampler_set(struct sk_store_obj *obj,
                           const struct sk_sampler_state *st);
+/* Whether the view's meta copy holds logits to sample from
+ * (SK_STORE_HAS_LOGITS: the logits after the last resident token). */
+bool sk_store_has_logits(const struct sk_store_obj *obj);
+/* In the step begun: the view's logits become those after its last
+ * token: logits (n_vocab floats) are copied into obj->logits, unless
+ * NULL (the forward pass wrote them there), and marked valid
+ * (SK_STORE_HAS_LOGITS), committed with the step. */
+void sk_store_set_logits(struct sk_store_obj *obj, const float *logits);
 
 #endif
