@@ -119,7 +119,7 @@
 #define SK_KV_LAYOUT_VERSION 4u /* 4: keys rotated (dense/streaming/window) */
 /* Physical slots beyond the capacity: the most tokens one crash-consistent
  * step may evict, so a full streaming cache takes chunks of up to this
- * many tokens per forward pass (compute.c; other policies evict one per
+ * many tokens per forward pass (scheduler.c; other policies evict one per
  * step). 16 slots cost 16 / capacity of a cache's memory (1.6% at 1024)
  * and let an append into a full window run 16 tokens per pass, not 1. */
 #define SK_KV_SPARE_SLOTS 16u

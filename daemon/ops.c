@@ -101,7 +101,7 @@ static int read_sparsity(struct sk_server *srv, const struct request *r, float *
 /* "compute" of hello and stats. */
 static void compute_info(struct sk_server *srv, struct sk_compute_info *ret) {
   snprintf(ret->kernel, sizeof ret->kernel, "%s", sk_kernels_name());
-  ret->threads = sk_compute_threads(srv->compute);
+  ret->threads = sk_scheduler_threads(srv->scheduler);
   ret->max_batch = srv->cfg.max_batch;
   snprintf(ret->kv_type, sizeof ret->kv_type, "%s", sk_kv_type_name(srv->cfg.kv_type));
 }
@@ -549,7 +549,7 @@ void sk__op_stats(struct sk_server *srv, const struct request *r) {
     uint64_t user_bytes;
     sk__user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
     struct sk_daemon_stats st = {
-        .steps = sk_compute_steps(srv->compute),
+        .steps = sk_scheduler_steps(srv->scheduler),
         .sessions = srv->sessions.count,
         .has_user = true,
         .user_sessions = user_n,
@@ -558,8 +558,8 @@ void sk__op_stats(struct sk_server *srv, const struct request *r) {
         .max_user_memory = srv->cfg.max_user_kv_bytes,
         .clients = srv->conns.count,
         .uptime_s = (sk_clock_ms() - srv->started_ms) / 1000u,
-        .tokens_prefilled = sk_compute_tokens_prefilled(srv->compute),
-        .tokens_generated = sk_compute_tokens_generated(srv->compute),
+        .tokens_prefilled = sk_scheduler_tokens_prefilled(srv->scheduler),
+        .tokens_generated = sk_scheduler_tokens_generated(srv->scheduler),
         .max_sessions = srv->sessions.max_sessions,
         .memory_bytes = srv->sessions.bytes,
         .max_memory = srv->sessions.max_bytes,
@@ -787,7 +787,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   if (rc == 1) {
     job->sampling.seed = u;
     job->has_seed = true;
-  } /* else: the session's PRNG stream goes on (compute.c) */
+  } /* else: the session's PRNG stream goes on (scheduler.c) */
   if ((rc = sk_msg_get_bool(r->map, "ignore_eos", &bv, &e)) < 0) goto bad;
   if (rc == 1) job->ignore_eos = bv;
   if ((rc = sk_msg_get_u64(r->map, "n_top", SK_WIRE_MAX_TOP, &u, &e)) < 0) goto bad;
@@ -883,7 +883,7 @@ void sk__op_cancel(struct sk_server *srv, const struct request *r) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
   bool any = sk_session_cancel_generate(s);
-  if (any) sk_compute_wake(srv->compute);
+  if (any) sk_scheduler_wake(srv->scheduler);
   struct sk_msgbuf b;
   if (sk_wire_pack_cancel(&b, r->id, any) == 0) sk_conn_send_msg(r->conn, &b);
 }

@@ -25,7 +25,7 @@ static void on_conn_pause(void *user, struct sk_conn *c, bool paused) {
   struct sk_server *srv = user;
   for (uint32_t i = 0; i < srv->sessions.cap; i++)
     if (srv->sessions.items[i]) sk_session_pause(srv->sessions.items[i], c, paused);
-  if (!paused && srv->compute) sk_compute_wake(srv->compute);
+  if (!paused && srv->scheduler) sk_scheduler_wake(srv->scheduler);
 }
 
 static void on_conn_drain(void *user, struct sk_conn *c) {
@@ -43,7 +43,7 @@ static void on_conn_close(void *user, struct sk_conn *c) {
      * shutdown too (a restart would adopt them with nobody to close them). */
     if (s && sk_session_detach(s, c, c->id)) sk__session_close(srv, s);
   }
-  if (srv->compute) sk_compute_wake(srv->compute);
+  if (srv->scheduler) sk_scheduler_wake(srv->scheduler);
   if (((struct sk_copy_peer *)sk_conn_data(c))->import_buf) sk_copy_import_drop(srv, c);
 }
 
@@ -84,7 +84,7 @@ void sk__session_dispatch(struct sk_server *srv, struct sk_session *s, struct sk
   }
   if (job->conn && job->conn->out_paused) atomic_store(&job->paused, true);
   sk_session_run(s, job);
-  sk_compute_submit(srv->compute, job);
+  sk_scheduler_submit(srv->scheduler, job);
 }
 
 /* Takes the next queued job, skipping generations whose client left. */
@@ -250,7 +250,7 @@ void sk__session_close(struct sk_server *srv, struct sk_session *s) {
   }
   sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)s->id);
   if (!idle) {
-    if (srv->compute) sk_compute_wake(srv->compute); /* NULL once stopping */
+    if (srv->scheduler) sk_scheduler_wake(srv->scheduler); /* NULL once stopping */
   } else {
     sk_session_free(&srv->sessions, s);
     if (!srv->shutting_down) sk__counts_changed(srv);
@@ -459,9 +459,9 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
              srv->n_set_aside, srv->n_temp_closed, (unsigned long long)srv->sessions.bytes);
   }
   if (rc == 0)
-    rc = sk_compute_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
-                          cfg->threads ? cfg->threads : 1, on_event, srv, &srv->compute, err);
-  if (rc == 0) sk_compute_set_sparse(srv->compute, cfg->sparse);
+    rc = sk_scheduler_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
+                          cfg->threads ? cfg->threads : 1, on_event, srv, &srv->scheduler, err);
+  if (rc == 0) sk_scheduler_set_sparse(srv->scheduler, cfg->sparse);
   if (rc == 0) {
     const struct sk_conn_hooks hooks = {.frame = handle_frame,
                                         .pause = on_conn_pause,
@@ -474,8 +474,8 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     rc = sk_listen_init(&srv->listen, loop, cfg->socket_path, cfg->listen_fd, &srv->conns, err);
     if (rc < 0) {
       sk_conns_stop(&srv->conns);
-      sk_compute_stop(srv->compute);
-      srv->compute = NULL;
+      sk_scheduler_stop(srv->scheduler);
+      srv->scheduler = NULL;
     }
   }
   if (rc < 0) {
@@ -533,9 +533,9 @@ void sk_server_shutdown(struct sk_server *srv) {
   sk_listen_close(&srv->listen);
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */
-  if (srv->compute) {
-    sk_compute_stop(srv->compute);
-    srv->compute = NULL;
+  if (srv->scheduler) {
+    sk_scheduler_stop(srv->scheduler);
+    srv->scheduler = NULL;
   }
   sk_conns_stop(&srv->conns);
 }

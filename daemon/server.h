@@ -1,6 +1,6 @@
 /* The server: a libuv loop on the main thread doing all socket I/O and
  * protocol work (framing, msgpack, request checks, replies), and the
- * compute thread (compute.h) doing all model work. See sinkd-protocol(7)
+ * compute thread (scheduler.h) doing all model work. See sinkd-protocol(7)
  * for the ops.
  *
  * Bounds (see limits in server.c): frame size, sessions, queued requests

@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "compute.h"
+#include "scheduler.h"
 #include "conn.h"
 #include "copy.h"
 #include "listen.h"
@@ -27,7 +27,7 @@ struct sk_server {
   struct sk_listen listen;     /* the socket clients connect to */
   uint32_t start_max_sessions; /* sizes fixed at start */
   uint32_t start_max_capacity;
-  struct sk_compute *compute;
+  struct sk_scheduler *scheduler; /* the compute thread */
   struct sk_session_table sessions;
   struct sk_conns conns;       /* the clients */
   struct sk_copies copies;     /* thread-pool work in flight (copy.h) */

@@ -755,7 +755,7 @@ static void test_attach(void **state) {
 /* The FIFO free list: a step that evicts at most SK_KV_SPARE_SLOTS tokens
  * writes only into slots that were free before it, so the K/V of every
  * token resident before the step stay intact until its commit. Checked
- * for streaming with and without sinks, one-token steps (what compute.c
+ * for streaming with and without sinks, one-token steps (what scheduler.c
  * does once full) and steps that fit the free slots. */
 static void test_fifo_free_slots(void **state) {
   (void)state;

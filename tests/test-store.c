@@ -101,7 +101,7 @@ static struct sk_store_obj *create(struct sk_store *st, uint64_t id,
 /* Token of stream index i in these tests. */
 static int32_t tok_at(uint64_t i) { return (int32_t)(3 + (i * 37) % 400); }
 
-/* What compute.c does for a chunk, on a plain cache or the store's view. */
+/* What scheduler.c does for a chunk, on a plain cache or the store's view. */
 static void run_chunk(struct sk_kv *kv, float *logits, uint32_t n) {
   struct sk_error err = {0};
   if (sk_kv_free_slots(kv) == 0) {
@@ -418,7 +418,7 @@ static void test_begin_decode(void **state) {
 }
 
 /* A window cache's chunk of SK_KV_SPARE_SLOTS tokens that evicts as many
- * (compute.c's plan_prefill once the cache is full), on the store's view;
+ * (scheduler.c's plan_prefill once the cache is full), on the store's view;
  * committed or not. */
 static void chunk_step(struct sk_store_obj *obj, bool commit) {
   struct sk_kv *kv = &obj->kv;

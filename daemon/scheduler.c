@@ -1,4 +1,4 @@
-#include "compute.h"
+#include "scheduler.h"
 #include "sparse.h"
 
 #include <math.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sk_compute {
+struct sk_scheduler {
   uv_loop_t *loop;
   const struct sk_model *model;
   const struct sk_tokenizer *tok;
@@ -28,7 +28,7 @@ struct sk_compute {
   struct sk__draw *draw;    /* (max_batch) their draws (as dec), on the pool */
   struct sk_job **pre;      /* (max_batch) jobs prefilling this step */
   uint64_t turn;            /* steps taken; rotates who goes first */
-  sk_compute_event_cb cb;
+  sk_scheduler_event_cb cb;
   void *user;
 
   pthread_t thread;
@@ -61,7 +61,7 @@ struct sk__draw {
 
 /* ---- events (compute thread -> loop thread) ---- */
 
-static void post_event(struct sk_compute *c, struct sk_event *ev) {
+static void post_event(struct sk_scheduler *c, struct sk_event *ev) {
   ev->next = NULL;
   pthread_mutex_lock(&c->ev_lock);
   if (c->ev_tail)
@@ -73,7 +73,7 @@ static void post_event(struct sk_compute *c, struct sk_event *ev) {
   uv_async_send(&c->async);
 }
 
-static void drain_events(struct sk_compute *c) {
+static void drain_events(struct sk_scheduler *c) {
   pthread_mutex_lock(&c->ev_lock);
   struct sk_event *ev = c->ev_head;
   c->ev_head = c->ev_tail = NULL;
@@ -102,7 +102,7 @@ static struct sk_event *event_new(enum sk_event_kind kind, struct sk_job *job,
 /* ---- job steps (compute thread) ---- */
 
 /* Removes job from the active list (no-op if it is not there). */
-static void unlink_job(struct sk_compute *c, struct sk_job *job) {
+static void unlink_job(struct sk_scheduler *c, struct sk_job *job) {
   for (struct sk_job **pp = &c->active; *pp; pp = &(*pp)->next) {
     if (*pp == job) {
       *pp = job->next;
@@ -113,7 +113,7 @@ static void unlink_job(struct sk_compute *c, struct sk_job *job) {
 
 /* Posts the job's DONE event. The job leaves the active list first: once
  * the event is posted the loop thread may free it at any moment. */
-static void finish(struct sk_compute *c, struct sk_job *job) {
+static void finish(struct sk_scheduler *c, struct sk_job *job) {
   unlink_job(c, job);
   /* Held bytes stay with the session for its next generate (plan_decode
    * stored them); only a session that is closing has no next one. */
@@ -147,7 +147,7 @@ static void finish(struct sk_compute *c, struct sk_job *job) {
 
 /* Tokenizes / validates the job's input and checks that it can be taken
  * whole. Returns 0, or -code with job->err set. */
-static int job_start(struct sk_compute *c, struct sk_job *job) {
+static int job_start(struct sk_scheduler *c, struct sk_job *job) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
   job->started = true;
@@ -288,14 +288,14 @@ static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
  * than rows each waits its turn. */
 
 /* Finishes job with its error (rc < 0, job->err maybe set). */
-static void fail_job(struct sk_compute *c, struct sk_job *job, int rc) {
+static void fail_job(struct sk_scheduler *c, struct sk_job *job, int rc) {
   if (job->err.code == 0) sk_error_set(&job->err, -rc, "%s", sk_strerror(-rc));
   finish(c, job);
 }
 
 /* Cancellation, start, empty appends. Returns true when the job is
  * finished (DONE posted). */
-static bool step_prepare(struct sk_compute *c, struct sk_job *job) {
+static bool step_prepare(struct sk_scheduler *c, struct sk_job *job) {
   if (atomic_load(&job->cancel)) {
     if (job->kind == SK_JOB_GENERATE && job->started && job->n_done == job->n_tokens) {
       job->stop_reason = "cancelled";
@@ -351,7 +351,7 @@ static const char *decode_stop(const struct sk_job *job) {
  * thread alone (doc/performance.md). */
 static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
-  struct sk_compute *c = ctx;
+  struct sk_scheduler *c = ctx;
   struct sk__draw *d = &c->draw[i];
   struct sk_job *job = c->dec[i];
   struct sk_session *s = job->sess;
@@ -368,7 +368,7 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
  * stop checks, the token's event, room. Returns 1 when the job is done
  * (stop_reason set), 0 when it takes a row (the token is in c->seqs / its
  * event in c->seq_ev at index i), or -code with job->err set. */
-static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
+static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
                        const struct sk__draw *d, int32_t *token) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
@@ -425,7 +425,7 @@ static int plan_decode(struct sk_compute *c, struct sk_job *job, uint32_t i,
  * intact), so a full cache advances SK_KV_SPARE_SLOTS tokens per pass;
  * h2o evicts one token per step once full (dense never: job_start checked that the
  * input fits). Returns 0 or -code with job->err set (step aborted). */
-static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
+static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t want,
                         uint32_t row, struct sk_seq *seq, struct sk_evict_log *log) {
   struct sk_session *s = job->sess;
   struct sk_kv *kv = s->kv;
@@ -481,7 +481,7 @@ static int plan_prefill(struct sk_compute *c, struct sk_job *job, uint32_t want,
 
 /* After the pass, for a decoded token. Returns true when the job is
  * finished (DONE posted). */
-static bool after_decode(struct sk_compute *c, struct sk_job *job, struct sk_event *ev) {
+static bool after_decode(struct sk_scheduler *c, struct sk_job *job, struct sk_event *ev) {
   job->n_generated++;
   atomic_fetch_add(&c->tokens_generated, 1);
   if (job->chat) sk_job_reply_add(job, ev->text, ev->text_len);
@@ -513,7 +513,7 @@ static bool runnable(const struct sk_job *j) {
  * wants them, then the step's commit (sk_session_step_commit). */
 static void commit_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
-  struct sk_compute *c = ctx;
+  struct sk_scheduler *c = ctx;
   struct sk_job *j = c->seq_job[i];
   const struct sk_seq *q = &c->seqs[i];
   const float *last = NULL; /* NULL: the pass wrote the session's logits */
@@ -527,7 +527,7 @@ static void commit_task(void *ctx, uint32_t i, uint32_t thread) {
   sk_session_step_commit(j->sess);
 }
 
-static void step(struct sk_compute *c) {
+static void step(struct sk_scheduler *c) {
   /* Prepare every runnable job; sort them into decoders and prefillers,
    * starting at a rotating place in the list. */
   uint32_t n_active = 0;
@@ -630,7 +630,7 @@ static void step(struct sk_compute *c) {
 }
 
 static void *thread_main(void *arg) {
-  struct sk_compute *c = arg;
+  struct sk_scheduler *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->lock);
     for (;;) {
@@ -666,7 +666,7 @@ static void *thread_main(void *arg) {
   }
 }
 
-static void free_plan(struct sk_compute *c) {
+static void free_plan(struct sk_scheduler *c) {
   free(c->seqs);
   free(c->seq_job);
   free(c->seq_ev);
@@ -678,16 +678,16 @@ static void free_plan(struct sk_compute *c) {
   free(c->pre);
 }
 
-void sk_compute_set_sparse(struct sk_compute *c, const struct sk_sparse_calib *calib) {
+void sk_scheduler_set_sparse(struct sk_scheduler *c, const struct sk_sparse_calib *calib) {
   c->sparse = calib;
 }
 
-int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
+int sk_scheduler_start(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
-                     uint32_t max_ctx, uint32_t n_threads, sk_compute_event_cb cb, void *user,
-                     struct sk_compute **ret, struct sk_error *err) {
-  struct sk_compute *c = calloc(1, sizeof *c);
+                     uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
+                     struct sk_scheduler **ret, struct sk_error *err) {
+  struct sk_scheduler *c = calloc(1, sizeof *c);
   if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   c->loop = loop;
   c->model = m;
@@ -739,7 +739,7 @@ int sk_compute_start(uv_loop_t *loop, const struct sk_model *m,
   return 0;
 }
 
-void sk_compute_submit(struct sk_compute *c, struct sk_job *job) {
+void sk_scheduler_submit(struct sk_scheduler *c, struct sk_job *job) {
   pthread_mutex_lock(&c->lock);
   job->next = c->submitted;
   c->submitted = job;
@@ -748,7 +748,7 @@ void sk_compute_submit(struct sk_compute *c, struct sk_job *job) {
   pthread_mutex_unlock(&c->lock);
 }
 
-void sk_compute_wake(struct sk_compute *c) {
+void sk_scheduler_wake(struct sk_scheduler *c) {
   pthread_mutex_lock(&c->lock);
   c->woken = true;
   pthread_cond_signal(&c->cond);
@@ -756,14 +756,14 @@ void sk_compute_wake(struct sk_compute *c) {
 }
 
 static void on_async_closed(uv_handle_t *h) {
-  struct sk_compute *c = h->data;
+  struct sk_scheduler *c = h->data;
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);
   pthread_mutex_destroy(&c->ev_lock);
   free(c);
 }
 
-void sk_compute_stop(struct sk_compute *c) {
+void sk_scheduler_stop(struct sk_scheduler *c) {
   pthread_mutex_lock(&c->lock);
   c->stopping = true; /* the thread cancels its jobs when it sees this */
   c->woken = true;
@@ -779,16 +779,16 @@ void sk_compute_stop(struct sk_compute *c) {
   uv_close((uv_handle_t *)&c->async, on_async_closed);
 }
 
-uint64_t sk_compute_tokens_prefilled(const struct sk_compute *c) {
-  return atomic_load(&((struct sk_compute *)c)->tokens_prefilled);
+uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *c) {
+  return atomic_load(&((struct sk_scheduler *)c)->tokens_prefilled);
 }
 
-uint64_t sk_compute_tokens_generated(const struct sk_compute *c) {
-  return atomic_load(&((struct sk_compute *)c)->tokens_generated);
+uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *c) {
+  return atomic_load(&((struct sk_scheduler *)c)->tokens_generated);
 }
 
-uint64_t sk_compute_steps(const struct sk_compute *c) {
-  return atomic_load(&((struct sk_compute *)c)->steps);
+uint64_t sk_scheduler_steps(const struct sk_scheduler *c) {
+  return atomic_load(&((struct sk_scheduler *)c)->steps);
 }
 
-uint32_t sk_compute_threads(const struct sk_compute *c) { return sk_pool_threads(c->pool); }
+uint32_t sk_scheduler_threads(const struct sk_scheduler *c) { return sk_pool_threads(c->pool); }
