@@ -233,7 +233,7 @@ static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, stru
   /* An import's size is known once it is in: over the user's limits, it
    * goes (a fork's was checked before the copy). */
   if (w->kind == COPY_IMPORT && sk__check_user_limits(srv, c->uid, ns->kv_bytes, ns, false, &e) < 0) {
-    sk_session_free(&srv->sessions, ns);
+    sk_session_remove(&srv->sessions, ns);
     sk_conn_send_error(c, req_id, &e);
     return;
   }

@@ -780,7 +780,7 @@ int main(int argc, char **argv) {
   d.start_max_capacity = d.cfg.max_capacity;
 
   /* The session store: every session of an earlier run is adopted by
-   * sk_server_start. */
+   * sk_server_new. */
   struct sk_kv_shape kv_shape = sk_model_kv_shape(model);
   kv_shape.kv_type = d.cfg.kv_type;
   struct sk_store_config stc = {.dir = d.cfg.state_dir, .shape = kv_shape,
@@ -834,7 +834,7 @@ int main(int argc, char **argv) {
   }
 
   uv_loop_t *loop = uv_default_loop();
-  rc = sk_server_start(loop, &scfg, model, tok, &d.server, &err);
+  rc = sk_server_new(loop, &scfg, model, tok, &d.server, &err);
   if (rc < 0) {
     sk_log(SK_LOG_ERR, "%s", err.message);
     goto out;

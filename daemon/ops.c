@@ -256,7 +256,7 @@ void sk__open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
     struct sk_job *job = job_new(SK_JOB_APPEND, &r, s);
     if (!job) {
       free(pin);
-      sk_session_free(&srv->sessions, s);
+      sk_session_remove(&srv->sessions, s);
       sk__counts_changed(srv);
       sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
       return;

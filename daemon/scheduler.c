@@ -682,7 +682,7 @@ void sk_scheduler_set_sparse(struct sk_scheduler *c, const struct sk_sparse_cali
   c->sparse = calib;
 }
 
-int sk_scheduler_start(uv_loop_t *loop, const struct sk_model *m,
+int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
                      uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
@@ -763,7 +763,7 @@ static void on_async_closed(uv_handle_t *h) {
   free(c);
 }
 
-void sk_scheduler_stop(struct sk_scheduler *c) {
+void sk_scheduler_free(struct sk_scheduler *c) {
   pthread_mutex_lock(&c->lock);
   c->stopping = true; /* the thread cancels its jobs when it sees this */
   c->woken = true;

@@ -63,7 +63,7 @@ struct sk_scheduler;
  * capacity a session may have; n_threads: compute threads in all
  * (1..SK_POOL_MAX_THREADS). Errors: -SK_ERR_BAD_REQUEST (n_threads),
  * -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL (thread creation). */
-int sk_scheduler_start(uv_loop_t *loop, const struct sk_model *m,
+int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
                      uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
@@ -71,7 +71,7 @@ int sk_scheduler_start(uv_loop_t *loop, const struct sk_model *m,
 /* Hands a job to the thread (loop thread). */
 /* The calibration whose thresholds sessions with a sparsity level use
  * (not owned; outlives c; NULL: none). Call before submitting jobs; the
- * model must have been sk_model_sparse_prepare'd before sk_scheduler_start. */
+ * model must have been sk_model_sparse_prepare'd before sk_scheduler_new. */
 struct sk_sparse_calib;
 void sk_scheduler_set_sparse(struct sk_scheduler *c, const struct sk_sparse_calib *calib);
 void sk_scheduler_submit(struct sk_scheduler *c, struct sk_job *job);
@@ -80,7 +80,7 @@ void sk_scheduler_wake(struct sk_scheduler *c);
 /* Cancels every job, waits for the thread, delivers the remaining events
  * through the callback, closes the async handle and frees c once it is
  * closed (run the loop afterwards to let the close complete). */
-void sk_scheduler_stop(struct sk_scheduler *c);
+void sk_scheduler_free(struct sk_scheduler *c);
 
 /* Totals since start (thread-safe). */
 uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *c);

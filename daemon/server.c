@@ -44,7 +44,7 @@ static void on_conn_close(void *user, struct sk_conn *c) {
     if (s && sk_session_detach(s, c, c->id)) sk__session_close(srv, s);
   }
   if (srv->scheduler) sk_scheduler_wake(srv->scheduler);
-  if (((struct sk_copy_peer *)sk_conn_data(c))->import_buf) sk_copy_import_drop(srv, c);
+  sk_copy_import_drop(srv, c); /* an import in progress goes */
 }
 
 static void on_conn_release(void *user, struct sk_conn *c) {
@@ -92,7 +92,7 @@ void sk__session_step(struct sk_server *srv, struct sk_session *s) {
   struct sk_job *j;
   while ((j = sk_session_next(s)) != NULL) sk__session_dispatch(srv, s, j);
   if (sk_session_closed(s)) {
-    sk_session_free(&srv->sessions, s);
+    sk_session_remove(&srv->sessions, s);
     sk__counts_changed(srv);
   }
 }
@@ -252,7 +252,7 @@ void sk__session_close(struct sk_server *srv, struct sk_session *s) {
   if (!idle) {
     if (srv->scheduler) sk_scheduler_wake(srv->scheduler); /* NULL once stopping */
   } else {
-    sk_session_free(&srv->sessions, s);
+    sk_session_remove(&srv->sessions, s);
     if (!srv->shutting_down) sk__counts_changed(srv);
   }
 }
@@ -285,7 +285,7 @@ static void on_ttl(uv_timer_t *t) {
     sk_log(SK_LOG_INFO, "session %llu closed: idle for %llu s (idle_ttl %u s)",
            (unsigned long long)s->id, (unsigned long long)((now - s->last_used_ms) / 1000u),
            srv->cfg.idle_ttl_s);
-    sk_session_free(&srv->sessions, s);
+    sk_session_remove(&srv->sessions, s);
     sk__counts_changed(srv);
   }
 }
@@ -426,7 +426,7 @@ static void on_skip(void *user, const char *name, enum sk_store_skip what, const
   }
 }
 
-int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
+int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err) {
   struct sk_server *srv = calloc(1, sizeof *srv);
@@ -459,7 +459,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
              srv->n_set_aside, srv->n_temp_closed, (unsigned long long)srv->sessions.bytes);
   }
   if (rc == 0)
-    rc = sk_scheduler_start(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
+    rc = sk_scheduler_new(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
                           cfg->threads ? cfg->threads : 1, on_event, srv, &srv->scheduler, err);
   if (rc == 0) sk_scheduler_set_sparse(srv->scheduler, cfg->sparse);
   if (rc == 0) {
@@ -474,7 +474,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
     rc = sk_listen_init(&srv->listen, loop, cfg->socket_path, cfg->listen_fd, &srv->conns, err);
     if (rc < 0) {
       sk_conns_stop(&srv->conns);
-      sk_scheduler_stop(srv->scheduler);
+      sk_scheduler_free(srv->scheduler);
       srv->scheduler = NULL;
     }
   }
@@ -483,7 +483,7 @@ int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
      * (and the compute thread's handles) before srv goes away. */
     uv_run(loop, UV_RUN_NOWAIT);
     sk_conns_free(&srv->conns); /* zeroed if never initialised */
-    sk_session_table_done(&srv->sessions);
+    sk_session_table_free(&srv->sessions);
     sk_listen_free(&srv->listen);
     free(srv);
     return rc;
@@ -534,7 +534,7 @@ void sk_server_shutdown(struct sk_server *srv) {
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */
   if (srv->scheduler) {
-    sk_scheduler_stop(srv->scheduler);
+    sk_scheduler_free(srv->scheduler);
     srv->scheduler = NULL;
   }
   sk_conns_stop(&srv->conns);
@@ -542,7 +542,7 @@ void sk_server_shutdown(struct sk_server *srv) {
 
 void sk_server_free(struct sk_server *srv) {
   if (!srv) return;
-  sk_session_table_done(&srv->sessions);
+  sk_session_table_free(&srv->sessions);
   sk_conns_free(&srv->conns);
   sk_listen_free(&srv->listen);
   free(srv);

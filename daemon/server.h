@@ -65,8 +65,8 @@ struct sk_server;
 
 /* Checks that a daemon could listen on path, before anything is loaded
  * (sk_listen_check_socket, listen.h): too long, not a socket or in use is
- * an error; a stale socket is fine (sk_server_start replaces it).
- * Changes nothing; sk_server_start checks again when it binds.
+ * an error; a stale socket is fine (sk_server_new replaces it).
+ * Changes nothing; sk_server_new checks again when it binds.
  * Errors: -SK_ERR_IO (too long, not a socket), -SK_ERR_BUSY (in use);
  * err's message names the path. */
 int sk_server_check_socket(const char *path, struct sk_error *err);
@@ -78,7 +78,7 @@ int sk_server_check_socket(const char *path, struct sk_error *err);
  * and the store must outlive the server.
  * Errors: -SK_ERR_IO (bind/listen, message has path and reason),
  * -SK_ERR_BUSY (socket in use), -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL. */
-int sk_server_start(uv_loop_t *loop, const struct sk_server_config *cfg,
+int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err);
 /* Serves one more client over fd, a connected stream socket (one end of

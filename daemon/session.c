@@ -32,7 +32,7 @@ static void session_destroy(struct sk_session *s) {
   free(s);
 }
 
-void sk_session_table_done(struct sk_session_table *t) {
+void sk_session_table_free(struct sk_session_table *t) {
   if (!t->items) return;
   for (uint32_t i = 0; i < t->cap; i++) session_destroy(t->items[i]);
   free(t->items);
@@ -230,7 +230,7 @@ struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id) {
   return NULL;
 }
 
-void sk_session_free(struct sk_session_table *t, struct sk_session *s) {
+void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
   for (uint32_t i = 0; i < t->cap; i++) {
     if (t->items[i] == s) {
       t->items[i] = NULL;

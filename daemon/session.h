@@ -220,7 +220,7 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
                           uint32_t max_sessions, uint64_t max_bytes);
 /* Frees every session (their jobs must be finished) and the table. The
  * sessions' objects stay in the state directory. */
-void sk_session_table_done(struct sk_session_table *t);
+void sk_session_table_free(struct sk_session_table *t);
 
 /* Holds the limits for one more session of `bytes` (0: not known yet,
  * checked by sk_session_commit) of owner_uid, counting reservations not
@@ -265,7 +265,7 @@ int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
 struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
 /* Removes an idle session (no running or queued job) and deletes its
  * object: the session is closed for good. */
-void sk_session_free(struct sk_session_table *t, struct sk_session *s);
+void sk_session_remove(struct sk_session_table *t, struct sk_session *s);
 /* ---- a session's jobs (loop thread) ----
  *
  * A session runs one job at a time: the others wait in its queue, in

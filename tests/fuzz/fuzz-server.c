@@ -176,7 +176,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       .max_memory = 8u << 20,
       .store = store,
   };
-  if (sk_server_start(&r.loop, &cfg, g_model, g_tok, &r.srv, &err) < 0)
+  if (sk_server_new(&r.loop, &cfg, g_model, g_tok, &r.srv, &err) < 0)
     sk_fuzz_fail("server start: %s", err.message);
   uv_async_init(&r.loop, &r.stop, on_stop);
   r.stop.data = &r;
