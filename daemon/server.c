@@ -444,13 +444,12 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
   if (sk_session_table_init(&srv->sessions, cfg->store, cfg->max_sessions,
                             cfg->max_memory ? cfg->max_memory : UINT64_MAX) < 0)
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  srv->sessions.release_obj = sk_copy_release_obj;
-  srv->sessions.release_user = srv;
+  sk_session_table_set_release(&srv->sessions, sk_copy_release_obj, srv);
   if (rc == 0) {
     struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = srv};
     uint64_t max_id = 0;
     rc = sk_store_scan(cfg->store, &cb, &max_id, err);
-    if (rc == 0 && max_id >= srv->sessions.next_id) srv->sessions.next_id = max_id + 1;
+    if (rc == 0) sk_session_table_seen_id(&srv->sessions, max_id);
     if (rc == 0)
       sk_log(SK_LOG_NOTICE,
              "state directory %s: %u session%s adopted, %u set aside, %u temporary closed, %llu "
@@ -515,8 +514,8 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   sk_conns_set_limits(&srv->conns, &lim);
   srv->cfg.defaults = cfg->defaults;
   /* New limits apply to new sessions; open ones stay (even above them). */
-  srv->sessions.max_sessions = srv->cfg.max_sessions;
-  srv->sessions.max_bytes = cfg->max_memory ? cfg->max_memory : UINT64_MAX;
+  sk_session_table_set_limits(&srv->sessions, srv->cfg.max_sessions,
+                              cfg->max_memory ? cfg->max_memory : UINT64_MAX);
   if (cfg->idle_ttl_s != srv->cfg.idle_ttl_s) {
     srv->cfg.idle_ttl_s = cfg->idle_ttl_s;
     if (srv->ttl_running) ttl_timer_set(srv);

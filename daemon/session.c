@@ -21,6 +21,23 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
   return 0;
 }
 
+void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                 uint64_t max_bytes) {
+  t->max_sessions = max_sessions;
+  t->max_bytes = max_bytes;
+}
+
+void sk_session_table_set_release(struct sk_session_table *t,
+                                  void (*release_obj)(void *user, struct sk_store_obj *obj),
+                                  void *user) {
+  t->release_obj = release_obj;
+  t->release_user = user;
+}
+
+void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id) {
+  if (id >= t->next_id) t->next_id = id + 1;
+}
+
 /* Unmaps the object (the file stays) and frees s. */
 static void session_destroy(struct sk_session *s) {
   if (!s) return;

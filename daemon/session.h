@@ -218,6 +218,17 @@ struct sk_session_reservation {
  * sessions; adopted ones are all taken). Errors: -SK_ERR_NO_MEMORY. */
 int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
                           uint32_t max_sessions, uint64_t max_bytes);
+/* New limits for new sessions (a reload); open ones stay, even above
+ * them. */
+void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                 uint64_t max_bytes);
+/* Who unmaps the object of a removed session (release_obj, user). */
+void sk_session_table_set_release(struct sk_session_table *t,
+                                  void (*release_obj)(void *user, struct sk_store_obj *obj),
+                                  void *user);
+/* Ids of new sessions continue after id (the largest found in the state
+ * directory). */
+void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id);
 /* Frees every session (their jobs must be finished) and the table. The
  * sessions' objects stay in the state directory. */
 void sk_session_table_free(struct sk_session_table *t);
