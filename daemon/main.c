@@ -434,12 +434,8 @@ static int read_key_file(const char *path, char *ret, size_t size) {
 
 enum { OPT_CHECK_CONFIG = 256, OPT_CALIBRATE, OPT_KEY_BASE = 1000 };
 
-/* Calibration (sparse.h, CATS sec. 3.2): at most this many tokens of the
- * text, in windows of at most SK__CALIB_WINDOW tokens (a fresh dense
- * cache each), and at most SK__CALIB_SAMPLES gate values kept per layer. */
-#define SK__CALIB_TOKENS 8192u
-#define SK__CALIB_WINDOW 512u
-#define SK__CALIB_SAMPLES (1u << 21)
+/* Calibration (sparse.h, CATS sec. 3.2): the sizes of a run are
+ * SK_LIMIT_CALIB_* (sk_limits.h). */
 
 static void calib_probe(void *user, uint32_t layer, const float *gate, uint32_t n,
                         uint32_t hidden) {
@@ -484,8 +480,8 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok, c
     return EXIT_CONFIG;
   }
   free(text);
-  const uint32_t win = c->n_ctx_train < SK__CALIB_WINDOW ? c->n_ctx_train : SK__CALIB_WINDOW;
-  const uint32_t n_use = n_ids < SK__CALIB_TOKENS ? (uint32_t)n_ids : SK__CALIB_TOKENS;
+  const uint32_t win = c->n_ctx_train < SK_LIMIT_CALIB_WINDOW ? c->n_ctx_train : SK_LIMIT_CALIB_WINDOW;
+  const uint32_t n_use = n_ids < SK_LIMIT_CALIB_TOKENS ? (uint32_t)n_ids : SK_LIMIT_CALIB_TOKENS;
   const uint32_t chunk = batch < win - 1 ? batch : win - 1; /* tokens per pass, BOS apart */
   int status = EXIT_START;
   struct sk_pool *pool = NULL;
@@ -495,7 +491,7 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok, c
   struct sk_kv *kv = NULL;
   if (sk_pool_new(threads ? threads : 1, &pool, &err) < 0 ||
       sk_scratch_new_pool(m, chunk + 1, win, pool, &s, &err) < 0 ||
-      sk_sparse_collect_new(c->n_layer, c->hidden_dim, n_use, SK__CALIB_SAMPLES, &col, &err) < 0)
+      sk_sparse_collect_new(c->n_layer, c->hidden_dim, n_use, SK_LIMIT_CALIB_SAMPLES, &col, &err) < 0)
     goto fail;
   sk_scratch_set_gate_probe(s, calib_probe, col);
   struct sk_kv_params kp = {.policy = SK_POLICY_DENSE, .capacity = win, .rope_scale = 1.0f};

@@ -99,4 +99,20 @@
 #define SK_LIMIT_CONV_MSGS 64u
 #define SK_LIMIT_CONV_ROLE 32u
 
+/* ---- the state directory (store.c) ---- */
+
+/* Names tried when setting an object aside ("name", "name.1", ...)
+ * before it is left in place: more means a directory nobody cleans. */
+#define SK_LIMIT_SET_ASIDE_TRIES 100
+
+/* ---- sparsity calibration (main.c --calibrate, sparse.h, CATS sec. 3.2) ---- */
+
+/* Tokens of the text used, at most: bounds the run's time. */
+#define SK_LIMIT_CALIB_TOKENS 8192u
+/* Tokens per window, each on a fresh dense cache (or the model's
+ * context if shorter): a calibration run stays small in memory. */
+#define SK_LIMIT_CALIB_WINDOW 512u
+/* Gate values kept per layer: bounds the run's memory whatever the text. */
+#define SK_LIMIT_CALIB_SAMPLES (1u << 21)
+
 #endif

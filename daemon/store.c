@@ -22,13 +22,13 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "sk_limits.h"
+
 #define SK__STORE_MAGIC "SINKDSHM"
 #define SK__IMAGE_MAGIC "SINKDEXP"
 #define SK__TMPFS_MAGIC 0x01021994
 /* Bytes hashed at each end of every tensor for the fingerprint. */
 #define SK__FP_TENSOR_SAMPLE 4096u
-/* Set-aside names tried before giving up ("name", "name.1", ...). */
-#define SK__SET_ASIDE_TRIES 100
 
 _Static_assert(sizeof(struct sk_store_header) == 256, "header is 256 bytes");
 _Static_assert(sizeof(struct sk_store_meta) == 128, "meta start is 128 bytes");
@@ -735,7 +735,7 @@ static int sk__cmp_u64(const void *a, const void *b) {
  * relative to the state directory. */
 static bool sk__set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
   if (mkdirat(st->dirfd, SK_STORE_INVALID_DIR, 0700) < 0 && errno != EEXIST) return false;
-  for (int i = 0; i < SK__SET_ASIDE_TRIES; i++) {
+  for (int i = 0; i < SK_LIMIT_SET_ASIDE_TRIES; i++) {
     if (i == 0)
       snprintf(dest, dsize, "%s/%s", SK_STORE_INVALID_DIR, name);
     else
