@@ -42,8 +42,8 @@ void sk_copy_import_drop(struct sk_server *srv, struct sk_conn *c) {
 }
 
 /* The object of a closed session is unmapped on libuv's thread pool: its
- * file is already deleted, and returning its pages (~0.2 ms per MB on
- * tmpfs) would hold the event loop. */
+ * file is already deleted, and returning its pages takes time in
+ * proportion to its size, which would hold the event loop. */
 struct release_work {
   uv_work_t req;
   struct sk_store_obj *obj;
@@ -75,7 +75,7 @@ void sk_copy_release_obj(void *user, struct sk_store_obj *obj) {
 }
 
 /* An open whose object is made on libuv's thread pool: posix_fallocate
- * of a cache-sized file on tmpfs zeroes its pages, ~0.3 ms per MB, and a
+ * of a cache-sized file on tmpfs zeroes all its pages, and a
  * burst of opens on the event loop would hold every other client's
  * request (a ping) behind it. The reservation holds the limits meanwhile;
  * the session exists once open_work_done commits it. */
@@ -94,8 +94,8 @@ struct sk__open_work {
   struct sk__open_work *prev, *next; /* srv->copies.opens */
 };
 
-/* fork, export and import copy up to a whole cache (tens of MB; a 73 MiB
- * fork held every client ~60 ms on the event loop): the copy runs in
+/* fork, export and import copy up to a whole cache (tens of MB, long enough
+ * to delay every client's request on the event loop): the copy runs in
  * libuv's thread pool. fork and export hold their source session
  * meanwhile (its `running` is the job: later requests queue behind it,
  * the compute thread never sees it, close and the idle TTL wait); fork

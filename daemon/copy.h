@@ -55,7 +55,7 @@ void sk_copy_usage(const struct sk_copies *cp, uint32_t uid, uint32_t *ret_n,
                    uint64_t *ret_bytes);
 
 /* The session table's release_obj: unmaps obj (its file already
- * deleted) in a worker; returning the pages (~0.2 ms per MB on tmpfs)
+ * deleted) in a worker; returning the pages of a large object
  * would hold the event loop. user is the server. */
 void sk_copy_release_obj(void *user, struct sk_store_obj *obj);
 

@@ -198,7 +198,7 @@ struct sk_session_table {
 /* A session on its way: its id and its share of the limits are held
  * while its object is made off the event loop (an open's empty cache: a
  * file of the cache's size that the file system allocates and zeroes,
- * ~0.3 ms per MB on tmpfs; a fork's or an import's copy). Every
+ * in time proportional to its size; a fork's or an import's copy). Every
  * reservation ends in sk_session_commit or sk_session_cancel. */
 struct sk_session_reservation {
   uint64_t id;                     /* the id the object must get */
