@@ -465,7 +465,12 @@ static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t wan
   }
   *seq = (struct sk_seq){.kv = kv, .tokens = job->tokens + job->n_done, .n = n,
                          .n_evicted = evicted, .logits = sk_session_logits(s),
-                         .sparse_thr = sk_sparse_calib_find(c->sparse, s->params.sparsity)};
+                         /* a prompt runs dense however it is cut into
+                          * chunks (a chunk of one token would otherwise
+                          * look like a decode step); scoring runs sparse */
+                         .sparse_thr = job->want_logprobs
+                                           ? sk_sparse_calib_find(c->sparse, s->params.sparsity)
+                                           : NULL};
   if (job->want_logprobs) {
     /* The first token is scored by the logits the session already holds
      * (from its previous tokens), the others by this chunk's rows, which
