@@ -1324,6 +1324,8 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
         out_u64(&k, "max_batch", s.compute.max_batch);
         if (s.compute.kv_type[0]) out_str(&k, "kv_type", s.compute.kv_type);
       }
+      out_u64(&k, "weights_mapped_bytes", s.weights_mapped_bytes);
+      out_u64(&k, "weights_repacked_bytes", s.weights_repacked_bytes);
       out_end(&k);
       return 0;
     }
@@ -1339,6 +1341,12 @@ static int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id,
              s.compute.kernel, s.compute.threads, s.compute.max_batch);
       if (s.compute.kv_type[0]) printf("%-17s %s\n", "new sessions' KV", s.compute.kv_type);
       printf("%-17s %" PRIu64 "\n", "forward passes", s.steps);
+    }
+    if (s.weights_mapped_bytes || s.weights_repacked_bytes) {
+      char mapped[32], repacked[32];
+      human_bytes(s.weights_mapped_bytes, mapped, sizeof mapped);
+      human_bytes(s.weights_repacked_bytes, repacked, sizeof repacked);
+      printf("%-17s %s mapped from the file, %s repacked\n", "weights", mapped, repacked);
     }
     print_bytes_of("session memory", s.memory_bytes, s.max_memory, "no limit");
     printf("%-17s %" PRIu64 "\n", "max sessions", s.max_sessions);

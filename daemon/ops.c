@@ -566,13 +566,13 @@ void sk__op_stats(struct sk_server *srv, const struct request *r) {
         .adopted = srv->n_adopted,
         .set_aside = srv->n_set_aside,
         .idle_ttl_s = srv->cfg.idle_ttl_s,
+        .weights_mapped_bytes = sk_model_mapped_bytes(srv->model),
+        .weights_repacked_bytes = sk_model_repacked_bytes(srv->model),
     };
     compute_info(srv, &st.compute);
     struct sk_wire_daemon_extra x = {
         .chat_template = sk_chat_name(srv->cfg.chat_template),
         .chat_template_error = srv->chat_error,
-        .weights_mapped_bytes = sk_model_mapped_bytes(srv->model),
-        .weights_repacked_bytes = sk_model_repacked_bytes(srv->model),
         .state_dir = sk_store_dir(srv->cfg.store),
     };
     if (sk_wire_pack_daemon_stats(&b, r->id, &st, &x) < 0) return;

@@ -428,8 +428,8 @@ int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_
   if (x->chat_template_error && x->chat_template_error[0])
     sk_wire_map_str(&sub, "error", x->chat_template_error);
   sk__wire_nested_end(&m, &sub);
-  sk_wire_map_u64(&m, "weights_mapped_bytes", x->weights_mapped_bytes);
-  sk_wire_map_u64(&m, "weights_repacked_bytes", x->weights_repacked_bytes);
+  sk_wire_map_u64(&m, "weights_mapped_bytes", s->weights_mapped_bytes);
+  sk_wire_map_u64(&m, "weights_repacked_bytes", s->weights_repacked_bytes);
   sk_wire_map_u64(&m, "steps", s->steps);
   sk_wire_map_u64(&m, "sessions", s->sessions);
   if (s->has_user) {
@@ -470,6 +470,8 @@ int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stat
       (rc = sk__wire_u64(map, "idle_ttl_s", &s.idle_ttl_s, err)) < 0 ||
       (rc = sk__wire_u64(map, "steps", &s.steps, err)) < 0 ||
       (rc = sk__wire_compute_get(map, &s.compute, err)) < 0 ||
+      (rc = sk__wire_u64(map, "weights_mapped_bytes", &s.weights_mapped_bytes, err)) < 0 ||
+      (rc = sk__wire_u64(map, "weights_repacked_bytes", &s.weights_repacked_bytes, err)) < 0 ||
       (rc = sk__wire_u64(map, "user_sessions", &s.user_sessions, err)) < 0 ||
       (rc = sk__wire_u64(map, "user_memory_bytes", &s.user_memory_bytes, err)) < 0 ||
       (rc = sk__wire_u64(map, "max_user_sessions", &s.max_user_sessions, err)) < 0 ||

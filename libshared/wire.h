@@ -94,8 +94,6 @@ int sk_wire_unpack_list(const msgpack_object *map, struct sk_session_info **ret_
 struct sk_wire_daemon_extra {
   const char *chat_template;       /* family new sessions get */
   const char *chat_template_error; /* why the model's was not taken, or "" */
-  uint64_t weights_mapped_bytes;   /* of the model file, mapped */
-  uint64_t weights_repacked_bytes; /* copies made at load */
   const char *state_dir;
 };
 

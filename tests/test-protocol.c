@@ -913,7 +913,9 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
                                  .tokens_prefilled = 123, .tokens_generated = 456,
                                  .memory_bytes = 8192, .adopted = 1, .has_user = true,
                                  .user_sessions = 1, .user_memory_bytes = 4096,
-                                 .max_user_sessions = 16, .max_user_memory = 0};
+                                 .max_user_sessions = 16, .max_user_memory = 0,
+                                 .weights_mapped_bytes = 3u << 20,
+                                 .weights_repacked_bytes = 512u << 10};
     struct sk_wire_daemon_extra x = {.chat_template = "none", .state_dir = "/run/sinkd"};
     if (sk_wire_pack_daemon_stats(&b, id, &st, &x) < 0) return;
     fake_write(fd, &b);
@@ -1882,6 +1884,7 @@ static void test_sinkctl(void **state) {
                       "uptime            1m 0s\n"
                       "tokens prefilled  123\n"
                       "tokens generated  456\n"
+                      "weights           3.0 MiB mapped from the file, 512.0 KiB repacked\n"
                       "session memory    8.0 KiB, no limit\n"
                       "max sessions      0\n"
                       "your sessions     1 of 16\n"
@@ -1895,7 +1898,8 @@ static void test_sinkctl(void **state) {
                       "456, \"max_sessions\": 0, \"memory_bytes\": 8192, "
                       "\"max_memory\": 0, \"adopted\": 1, \"set_aside\": 0, "
                       "\"idle_ttl_s\": 0, \"user_sessions\": 1, \"user_memory_bytes\": 4096, "
-                      "\"max_user_sessions\": 16, \"max_user_memory\": 0}\n");
+                      "\"max_user_sessions\": 16, \"max_user_memory\": 0, "
+                      "\"weights_mapped_bytes\": 3145728, \"weights_repacked_bytes\": 524288}\n");
   assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
   assert_memory_equal(out, "pong (", 6);
   assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);

@@ -599,11 +599,10 @@ static void test_daemon_stats(void **state) {
                               .adopted = 1, .set_aside = 2, .idle_ttl_s = 3600, .steps = 999,
                               .compute = {.kernel = "avx2", .threads = 2, .max_batch = 64,
                                           .kv_type = "f16"},
+                              .weights_mapped_bytes = 1000, .weights_repacked_bytes = 2000,
                               .user_sessions = 1, .user_memory_bytes = 4096,
                               .max_user_sessions = 16, .max_user_memory = 1u << 20};
   const struct sk_wire_daemon_extra x = {.chat_template = "chatml", .chat_template_error = "",
-                                         .weights_mapped_bytes = 1000,
-                                         .weights_repacked_bytes = 2000,
                                          .state_dir = "/dev/shm/sinkd"};
   for (int has_user = 0; has_user < 2; has_user++) {
     s.has_user = has_user;
@@ -636,6 +635,8 @@ static void test_daemon_stats(void **state) {
     assert_int_equal(got.set_aside, s.set_aside);
     assert_int_equal(got.idle_ttl_s, s.idle_ttl_s);
     assert_int_equal(got.steps, s.steps);
+    assert_int_equal(got.weights_mapped_bytes, 1000);
+    assert_int_equal(got.weights_repacked_bytes, 2000);
     assert_string_equal(got.compute.kernel, s.compute.kernel);
     assert_int_equal(got.compute.threads, s.compute.threads);
     assert_int_equal(got.compute.max_batch, s.compute.max_batch);

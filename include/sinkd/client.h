@@ -167,6 +167,10 @@ struct sk_daemon_stats {
   uint64_t steps;            /* forward passes since start (each serves
                                 every session that had work) */
   struct sk_compute_info compute;
+  uint64_t weights_mapped_bytes;   /* bytes of the model file mapped
+                                      (read in place, shared by processes) */
+  uint64_t weights_repacked_bytes; /* bytes of weights copied into another
+                                      layout at load (private memory) */
   bool has_user;             /* the daemon reported the caller's use: */
   uint64_t user_sessions;    /* sessions of the caller's uid */
   uint64_t user_memory_bytes; /* their bytes */
