@@ -491,6 +491,19 @@ static void conv_record(struct sk_http_req *req, struct flow *f) {
   c->used = ++cv->tick;
 }
 
+/* Closes the request's session now: the connection to the daemon may
+ * serve the next request of a keep-alive connection, so a session closed
+ * only with it would outlive the request. */
+static void close_session(struct sk_http_req *req, struct flow *f) {
+  struct sk_msgbuf b;
+  if (sk_msgbuf_init(&b) < 0) return;
+  sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
+  sk_pack_kv_str(&b.pk, "op", "close");
+  sk_pack_kv_u64(&b.pk, "session", f->session);
+  struct sk_error e;
+  sk_http_call(req, &b, &e);
+}
+
 /* The generate's final reply: the end of the response. */
 static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object *map) {
   struct sk_error ign;
@@ -524,18 +537,7 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
                               (json_int_t)(prompt + completion));
   /* Before the response: it may start the next pipelined request. */
   conv_record(req, f);
-  if (f->temporary) {
-    /* Its msgpack connection may serve the next request: close the
-     * session now rather than with the connection. */
-    struct sk_msgbuf b;
-    if (sk_msgbuf_init(&b) == 0) {
-      sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
-      sk_pack_kv_str(&b.pk, "op", "close");
-      sk_pack_kv_u64(&b.pk, "session", f->session);
-      struct sk_error e;
-      sk_http_call(req, &b, &e);
-    }
-  }
+  if (f->temporary) close_session(req, f);
   bool ext = f->p.session != SK_OPENAI_SESSION_NONE;
   if (f->p.stream) {
     json_t *o = chunk_new(req, f);
@@ -681,6 +683,10 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
     return;
   }
   if (!reply_ok(map)) {
+    /* A failed generate ends the session this request opened: a
+     * temporary one, or a new one whose id the client never got (the
+     * id comes with the last chunk). */
+    if (f->temporary || f->p.session == SK_OPENAI_SESSION_NEW) close_session(req, f);
     fail_reply(req, map);
     return;
   }

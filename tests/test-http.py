@@ -513,6 +513,46 @@ class Hostile(unittest.TestCase):
                 self.assertIn(needle, err["message"])
                 self.assertEqual(err["type"], "invalid_request_error")
 
+    def test_failed_generate_closes_its_session(self):
+        # The daemon refuses the generate (context_full) after the
+        # request's open: the session that open made ends with the
+        # request, not with the keep-alive connection, which would pile
+        # them up to the user's session limit. A "session": "new" one
+        # too: its id comes only with a successful reply.
+        def ids():
+            with sinkd.Client(socket=D.sock) as c:
+                return {s["session"] for s in c.list()}
+        before = ids()
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(D.http)
+        s.settimeout(15)
+        full = {"prompt": PROMPT * 4, "policy": "dense", "capacity": 4}
+        for body in [json.dumps(full).encode()] * 3 + [
+                json.dumps(dict(full, session="new")).encode()] * 3:
+            s.sendall(post(body))
+            resp = b""
+            while b"}}" not in resp:
+                b = s.recv(65536)
+                self.assertTrue(b, resp)
+                resp += b
+            self.assertEqual(status_of(resp), 400, resp)
+            self.assertEqual(json.loads(body_of(resp))["error"]["code"], "context_full")
+        # A request that works, on the same connection: the daemon reads
+        # its open after the closes, and answers it after them.
+        s.sendall(post(b'{"prompt": "a", "max_tokens": 1, "session": "new"}'))
+        resp = b""
+        while not resp.endswith(b"}}"):
+            b = s.recv(65536)
+            self.assertTrue(b, resp)
+            resp += b
+        self.assertEqual(status_of(resp), 200, resp)
+        sid = json.loads(body_of(resp))["sinkd"]["session"]
+        self.assertEqual(ids() - before, {sid})
+        s.close()
+        with sinkd.Client(socket=D.sock) as c:
+            c.close_session(sid)
+        self.still_fine()
+
     def test_routes(self):
         close = b"Connection: close\r\n"
         self.expect(b"GET /nope HTTP/1.1\r\n" + close + b"\r\n", 404, "not_found")
