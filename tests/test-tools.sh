@@ -30,6 +30,14 @@ expect 2 err "no output file: give -o FILE" "$mk" --shape 15M --type f32
 expect 2 err "arch 'gemma': expected llama, llama3, qwen2 or qwen3" "$mk" --arch gemma -o "$dir/m.gguf"
 expect 2 err "or give an even --head-dim" "$mk" --arch qwen3 --head-dim 33 -o "$dir/m.gguf"
 [ ! -e "$dir/m.gguf" ] || { echo "FAIL: a file was written"; fail=1; }
+# A dimension overrides the shape whether it comes before or after it.
+expect 2 err "dim 100, heads 8, kv heads 4: dim must split" "$mk" --dim 100 --shape 260K -o "$dir/m.gguf"
+expect 0 err "wrote $dir/a.gguf" "$mk" --dim 128 --kv-heads 2 --shape 260K -o "$dir/a.gguf"
+expect 0 err "wrote $dir/b.gguf" "$mk" --shape 260K --dim 128 --kv-heads 2 -o "$dir/b.gguf"
+expect 0 err "wrote $dir/c.gguf" "$mk" --shape 260K -o "$dir/c.gguf"
+cmp -s "$dir/a.gguf" "$dir/b.gguf" || { echo "FAIL: --dim before --shape was dropped"; fail=1; }
+! cmp -s "$dir/a.gguf" "$dir/c.gguf" || { echo "FAIL: --dim was not applied"; fail=1; }
+rm -f "$dir/a.gguf" "$dir/b.gguf" "$dir/c.gguf"
 
 expect 0 out "Usage:" "$bench" --help
 expect 2 err "sinkd-bench: --gen: 'abc' is not a number" "$bench" --gen abc

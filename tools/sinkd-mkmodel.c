@@ -455,7 +455,9 @@ int main(int argc, char **argv) {
       {"output", required_argument, NULL, 'o'},  {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  bool kv_heads_set = false;
+  /* The dimensions given, applied to the shape after all options: they
+   * override it whichever comes first (0: not given). */
+  struct shape over = {0};
   int ch;
   while ((ch = getopt_long(argc, argv, "a:s:t:o:h", opts, NULL)) != -1) {
     switch (ch) {
@@ -480,18 +482,17 @@ int main(int argc, char **argv) {
     }
     case 't': type_name = optarg; break;
     case O_OUT_TYPE: out_type_name = optarg; break;
-    case O_DIM: sh.dim = (uint32_t)sk_cli_parse_u64("--dim", optarg, 1, 65536); break;
-    case O_LAYERS: sh.n_layer = (uint32_t)sk_cli_parse_u64("--layers", optarg, 1, 1024); break;
-    case O_HEADS: sh.n_head = (uint32_t)sk_cli_parse_u64("--heads", optarg, 1, 1024); break;
+    case O_DIM: over.dim = (uint32_t)sk_cli_parse_u64("--dim", optarg, 1, 65536); break;
+    case O_LAYERS: over.n_layer = (uint32_t)sk_cli_parse_u64("--layers", optarg, 1, 1024); break;
+    case O_HEADS: over.n_head = (uint32_t)sk_cli_parse_u64("--heads", optarg, 1, 1024); break;
     case O_KV_HEADS:
-      sh.n_kv_head = (uint32_t)sk_cli_parse_u64("--kv-heads", optarg, 1, 1024);
-      kv_heads_set = true;
+      over.n_kv_head = (uint32_t)sk_cli_parse_u64("--kv-heads", optarg, 1, 1024);
       break;
-    case O_HIDDEN: sh.hidden = (uint32_t)sk_cli_parse_u64("--hidden", optarg, 1, 1u << 20); break;
+    case O_HIDDEN: over.hidden = (uint32_t)sk_cli_parse_u64("--hidden", optarg, 1, 1u << 20); break;
     case O_VOCAB:
-      sh.vocab = (uint32_t)sk_cli_parse_u64("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22);
+      over.vocab = (uint32_t)sk_cli_parse_u64("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22);
       break;
-    case O_CTX: sh.ctx = (uint32_t)sk_cli_parse_u64("--ctx", optarg, 1, 1u << 24); break;
+    case O_CTX: over.ctx = (uint32_t)sk_cli_parse_u64("--ctx", optarg, 1, 1u << 24); break;
     case O_SEED: seed = (uint32_t)sk_cli_parse_u64("--seed", optarg, 0, UINT32_MAX); break;
     case O_VOCAB_FROM: vocab_from = optarg; break;
     case O_CHAT_TEXT: chat_text = optarg; break;
@@ -502,7 +503,14 @@ int main(int argc, char **argv) {
   }
   if (optind < argc) sk_cli_usage_error("unexpected argument '%s'", argv[optind]);
   if (!path) sk_cli_usage_error("no output file: give -o FILE");
-  if (!kv_heads_set && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
+  if (over.dim) sh.dim = over.dim;
+  if (over.n_layer) sh.n_layer = over.n_layer;
+  if (over.n_head) sh.n_head = over.n_head;
+  if (over.n_kv_head) sh.n_kv_head = over.n_kv_head;
+  if (over.hidden) sh.hidden = over.hidden;
+  if (over.vocab) sh.vocab = over.vocab;
+  if (over.ctx) sh.ctx = over.ctx;
+  if (!over.n_kv_head && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
   if ((!head_dim_opt && (sh.dim % sh.n_head || (sh.dim / sh.n_head) % 2)) ||
       sh.n_head % sh.n_kv_head || head_dim_opt % 2)
     sk_cli_usage_error("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
