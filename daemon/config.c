@@ -607,6 +607,13 @@ static int handler(void *user, const char *section, const char *name, const char
     return 1;
   }
   if (key < 0) {
+    /* A key of another section: name that section. */
+    for (int k = 0; k < SK_CFG__COUNT; k++)
+      if (strcmp(keys[k].name, name) == 0) {
+        add_error(st, st->line, "[%s] %s: unknown key here (it belongs in [%s])", section, name,
+                  keys[k].section);
+        return 1;
+      }
     /* A misspelt key: name the one meant (the whole list of [limits] no
      * longer fits one message). */
     int near = -1;

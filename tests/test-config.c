@@ -225,6 +225,11 @@ static void test_errors(void **state) {
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
                "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
                "http_key_file, http_uid, sparsity_file)");
+  /* A key of another section names it. */
+  expect_error("[daemon]\nmax_memory = 1G\n",
+               ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
+  expect_error("[limits]\nsinks = 4\n",
+               ":2: [limits] sinks: unknown key here (it belongs in [session])");
   expect_error("[daemon]\nmodel = /a\nmodel = /b\n",
                ":3: [daemon] model: given again (first on line 2)");
   /* An indented line is a line of its own, not a continuation. */
