@@ -90,6 +90,9 @@ int sk_openai_parse(const char *body, size_t len, bool chat, struct sk_openai_pa
   json_error_t je;
   /* Depth is bounded by jansson (JSON_PARSER_MAX_DEPTH, 2048). */
   p->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+  if (!p->root && json_error_code(&je) == json_error_null_character)
+    return bad(msg, size, "invalid JSON at byte %d: a string holds \\u0000 (NUL), which sinkd "
+               "does not take", je.position);
   if (!p->root) return bad(msg, size, "invalid JSON at byte %d: %s", je.position, je.text);
   int rc = 0;
   json_t *r = p->root;

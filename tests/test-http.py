@@ -505,6 +505,8 @@ class Hostile(unittest.TestCase):
             ("session type", b'{"prompt": "a", "session": "old"}', "'session' must be"),
             ("bad policy", b'{"prompt": "a", "policy": "lru"}', "policy"),
             ("empty body", b"", "invalid JSON"),
+            ("NUL in a string", b'{"prompt": "a\\u0000b"}',
+             "invalid JSON at byte 21: a string holds \\u0000 (NUL)"),
         ]
         for name, body, needle in cases:
             with self.subTest(name):
