@@ -595,8 +595,10 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
   sk_pack_kv_str(&b.pk, "op", f->p.chat ? "chat" : "generate");
   sk_pack_kv_u64(&b.pk, "session", f->session);
   sk_pack_kv_u64(&b.pk, "max_tokens", f->p.max_tokens);
-  sk_pack_kv_f64(&b.pk, "temperature", f->p.temperature);
-  sk_pack_kv_f64(&b.pk, "top_p", f->p.top_p);
+  /* top_p 0 keeps the most likely token only (OpenAI takes 0 to 1; the
+   * generate op (0, 1]): greedy. */
+  sk_pack_kv_f64(&b.pk, "temperature", f->p.top_p > 0 ? f->p.temperature : 0);
+  sk_pack_kv_f64(&b.pk, "top_p", f->p.top_p > 0 ? f->p.top_p : 1);
   /* OpenAI has no top-k: off unless the request asks for it. */
   sk_pack_kv_u64(&b.pk, "top_k", f->p.has_top_k ? f->p.top_k : 0);
   if (f->p.has_seed) sk_pack_kv_u64(&b.pk, "seed", f->p.seed);

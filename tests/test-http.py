@@ -198,6 +198,12 @@ class Completions(unittest.TestCase):
         self.assertEqual(a["choices"][0]["text"], b["choices"][0]["text"])
         text, _ = own_generate(PROMPT, max_tokens=16, temperature=1.0, top_p=0.9, top_k=0, seed=7)
         self.assertEqual(a["choices"][0]["text"], text)
+        # top_p 0 (OpenAI's range is 0 to 1): the most likely token only.
+        req = {"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "top_p": 0, "seed": 7}
+        code, body = curl("http://x/v1/completions", data=req)
+        self.assertEqual(code, 200, body)
+        text, _ = own_generate(PROMPT, max_tokens=16, temperature=0)
+        self.assertEqual(json.loads(body)["choices"][0]["text"], text)
 
     def test_stop_string_excluded(self):
         full = json.loads(curl("http://x/v1/completions",
