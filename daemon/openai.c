@@ -83,6 +83,34 @@ void sk_openai_params_free(struct sk_openai_params *p) {
   memset(p, 0, sizeof *p);
 }
 
+/* A message's content given as parts ([{"type": "text", "text": ...}],
+ * as OpenAI's API allows): replaced in m by the parts' texts joined. Other
+ * part types (images, audio) are refused. */
+static int join_parts(json_t *m, json_t *parts, size_t i, char *msg, size_t size) {
+  size_t len = 0, k;
+  json_t *part;
+  json_array_foreach(parts, k, part) {
+    json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+        !json_is_string(text))
+      return bad(msg, size, "'messages[%zu].content[%zu]' must be {\"type\": \"text\", "
+                 "\"text\": STRING}: sinkd takes text only", i, k);
+    len += json_string_length(text);
+  }
+  char *joined = malloc(len + 1);
+  if (!joined) return bad(msg, size, "out of memory");
+  len = 0;
+  json_array_foreach(parts, k, part) {
+    json_t *text = json_object_get(part, "text");
+    memcpy(joined + len, json_string_value(text), json_string_length(text));
+    len += json_string_length(text);
+  }
+  json_t *s = json_stringn_nocheck(joined, len);
+  free(joined);
+  if (!s || json_object_set_new(m, "content", s) < 0) return bad(msg, size, "out of memory");
+  return 0;
+}
+
 int sk_openai_parse(const char *body, size_t len, bool chat, struct sk_openai_params *p,
                     char *msg, size_t size) {
   memset(p, 0, sizeof *p);
@@ -119,8 +147,11 @@ int sk_openai_parse(const char *body, size_t len, bool chat, struct sk_openai_pa
         rc = bad(msg, size, "'messages[%zu]' must be an object with a string 'role'", i);
         goto out;
       }
+      if (json_is_array(content) && (rc = join_parts(m, content, i, msg, size))) goto out;
+      content = json_object_get(m, "content");
       if (content && !json_is_string(content) && !json_is_null(content)) {
-        rc = bad(msg, size, "'messages[%zu].content' must be a string", i);
+        rc = bad(msg, size, "'messages[%zu].content' must be a string or an array of text parts",
+                 i);
         goto out;
       }
     }

@@ -307,6 +307,23 @@ class Chat(unittest.TestCase):
         self.assertEqual(r["choices"][0]["finish_reason"],
                          "length" if res["stop"] == "length" else "stop")
 
+    def test_content_parts(self):
+        # OpenAI's content as an array of text parts: the same as the
+        # joined string.
+        parts = [{"role": "user", "content": [{"type": "text", "text": "Tell me "},
+                                              {"type": "text", "text": "a story."}]}]
+        a = json.loads(self.chat(messages=parts, max_tokens=12, temperature=0))
+        text, res = own_chat(STORY, max_tokens=12, temperature=0, top_k=0, top_p=1.0)
+        self.assertEqual(a["choices"][0]["message"]["content"], text)
+        self.assertEqual(a["usage"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+        image = [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                              {"type": "image_url", "image_url": {"url": "x"}}]}]
+        code, body = curl("http://x/v1/chat/completions", data={"messages": image})
+        self.assertEqual(code, 400)
+        self.assertEqual(json.loads(body)["error"]["message"],
+                         "'messages[0].content[1]' must be {\"type\": \"text\", \"text\": "
+                         "STRING}: sinkd takes text only")
+
     def test_chat_stream(self):
         whole = json.loads(self.chat(messages=STORY, max_tokens=10, temperature=0))
         ev = sse(self.chat(messages=STORY, max_tokens=10, temperature=0, stream=True,
