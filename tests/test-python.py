@@ -61,6 +61,21 @@ class Live(unittest.TestCase):
         shutil.rmtree(SITE, ignore_errors=True)
         assert rc == 0, "sinkd exited %d" % rc
 
+    def test_readme_example(self):
+        # The README's example runs as printed and leaves no session.
+        with open(os.path.join(PYDIR, "..", "README.md")) as f:
+            readme = f.read()
+        start = readme.index("```", readme.index("Python (`pip install"))
+        code = readme[readme.index("\n", start) + 1:readme.index("```", start + 3)]
+        self.assertIn("sinkd.Client()", code)
+        before = [x["session"] for x in self.c.list()]
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, SINKD_SOCKET=self.sock,
+                                                 PYTHONPATH=SITE))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(p.stdout)
+        self.assertEqual([x["session"] for x in self.c.list()], before)
+
     def test_hello(self):
         h = self.c.hello()
         self.assertEqual(h["server"], "sinkd")
