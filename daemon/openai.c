@@ -779,10 +779,14 @@ static void handle_completion(struct sk_http_req *req, bool chat) {
 
 /* ---- models, health, metrics ---- */
 
+/* OpenAI's model object of the served model. */
+static json_t *model_object(struct sk_http_req *req) {
+  return json_pack("{s:s, s:s, s:i, s:s}", "id", sk_http_config(req->http)->model_name,
+                   "object", "model", "created", 0, "owned_by", "sinkd");
+}
+
 static void handle_models(struct sk_http_req *req) {
-  json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
-                        sk_http_config(req->http)->model_name, "object", "model", "created", 0,
-                        "owned_by", "sinkd");
+  json_t *o = json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(req));
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   if (s) sk_http_respond(req, 200, "application/json", s, strlen(s));
@@ -797,6 +801,23 @@ struct metrics_state {
 static void metrics_gone(struct sk_http_req *req) {
   free(req->state);
   req->state = NULL;
+}
+
+/* GET /v1/models/ID (OpenAI's "retrieve model"): the served model, or
+ * 404 for any other id. */
+static void handle_model(struct sk_http_req *req, const char *id) {
+  const char *name = sk_http_config(req->http)->model_name;
+  if (strcmp(id, name) != 0) {
+    sk_http_error(req, 404, "model_not_found", "no model '%.200s': this daemon serves '%s'", id,
+                  name);
+    return;
+  }
+  json_t *o = model_object(req);
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (s) sk_http_respond(req, 200, "application/json", s, strlen(s));
+  else sk_http_error(req, 500, "internal", "out of memory");
+  free(s);
 }
 
 /* Appends a Prometheus sample (HELP and TYPE first). */
@@ -970,6 +991,15 @@ void sk_openai_handle(struct sk_http_req *req) {
     case SK_ROUTE_METRICS: handle_metrics(req); return;
     default: break;
     }
+  }
+  static const char models[] = "/v1/models/";
+  if (strncmp(req->path, models, sizeof models - 1) == 0 && req->path[sizeof models - 1]) {
+    st->requests[SK_ROUTE_MODELS]++;
+    if (req->method != SK_HTTP_GET)
+      sk_http_error(req, 405, "method_not_allowed", "/v1/models/ID takes GET");
+    else
+      handle_model(req, req->path + sizeof models - 1);
+    return;
   }
   st->requests[SK_ROUTE_OTHER]++;
   sk_http_error(req, 404, "not_found", "no route %s", req->path);

@@ -151,9 +151,16 @@ def own_generate(prompt, **kw):
 
 class Completions(unittest.TestCase):
     def test_models_health(self):
-        code, body = curl("http://x/v1/models")
+        code, body_models = curl("http://x/v1/models")
         self.assertEqual(code, 200)
-        self.assertEqual(json.loads(body)["data"][0]["id"], "stories260K")
+        self.assertEqual(json.loads(body_models)["data"][0]["id"], "stories260K")
+        # OpenAI's "retrieve model": the served one, 404 for others.
+        code, body = curl("http://x/v1/models/stories260K")
+        self.assertEqual((code, json.loads(body)), (200, json.loads(body_models)["data"][0]))
+        code, body = curl("http://x/v1/models/gpt-4o")
+        self.assertEqual(code, 404)
+        self.assertEqual(json.loads(body)["error"]["message"],
+                         "no model 'gpt-4o': this daemon serves 'stories260K'")
         code, body = curl("http://x/health")
         self.assertEqual((code, json.loads(body)), (200, {"status": "ok"}))
 
