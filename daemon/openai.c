@@ -257,6 +257,7 @@ struct flow {
   uint64_t open_id, gen_id, session;
   bool temporary;
   bool started;           /* stream begun */
+  bool id_sent;           /* a new session's id went out in a chunk */
   char *held;             /* (held_len) text not yet given out: may begin
                              a stop string */
   size_t held_len;
@@ -362,10 +363,20 @@ static void send_json_event(struct sk_http_req *req, json_t *o) {
   free(s);
 }
 
+/* The first chunk of a stream that opened a session ("session": "new")
+ * gives its id, so that a client that stops reading before the end still
+ * knows the session it owns. */
+static void add_new_session_id(struct flow *f, json_t *o) {
+  if (f->p.session != SK_OPENAI_SESSION_NEW || f->id_sent) return;
+  json_object_set_new(o, "sinkd", json_pack("{s:I}", "session", (json_int_t)f->session));
+  f->id_sent = true;
+}
+
 /* A streamed piece of text. */
 static void stream_text(struct sk_http_req *req, struct flow *f, const char *text, size_t len) {
   if (len == 0) return;
   json_t *o = chunk_new(req, f);
+  add_new_session_id(f, o);
   json_t *s = json_stringn(text, len);
   if (!s) s = json_string(""); /* not UTF-8: cannot happen, tokens are completed */
   json_t *choice;
@@ -710,6 +721,7 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
         json_object_set_new(o, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
                                       "assistant", "content", "", "finish_reason"));
+        add_new_session_id(f, o);
         send_json_event(req, o);
       }
     }
@@ -720,9 +732,9 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
   }
   if (!reply_ok(map)) {
     /* A failed generate ends the session this request opened: a
-     * temporary one, or a new one whose id the client never got (the
-     * id comes with the last chunk). */
-    if (f->temporary || f->p.session == SK_OPENAI_SESSION_NEW) close_session(req, f);
+     * temporary one, or a new one whose id the client never got. */
+    if (f->temporary || (f->p.session == SK_OPENAI_SESSION_NEW && !f->id_sent))
+      close_session(req, f);
     fail_reply(req, map);
     return;
   }

@@ -339,6 +339,7 @@ class Chat(unittest.TestCase):
         chunks = [json.loads(e) for e in ev[:-1]]
         self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
         self.assertEqual(chunks[0]["choices"][0]["delta"]["role"], "assistant")
+        self.assertNotIn("sinkd", chunks[0])  # only for "session": "new"
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks
                        if c["choices"])
         self.assertEqual(text, whole["choices"][0]["message"]["content"])
@@ -679,6 +680,26 @@ class Cancel(unittest.TestCase):
             c.close_session(sid)
         print("disconnect: generation stopped %.1f ms after the client closed, "
               "%d tokens generated" % (stopped_ms, seen - seen0 - 1), file=sys.stderr)
+
+    def test_new_session_id_in_first_chunk(self):
+        # A stream that opens a session gives its id in the first chunk:
+        # a client that stops reading early still owns a session it knows.
+        for path, body in [("/v1/completions", {"prompt": PROMPT}),
+                           ("/v1/chat/completions", {"messages": STORY})]:
+            with self.subTest(path):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(D.http)
+                data = json.dumps(dict(body, max_tokens=100000, stream=True, session="new"))
+                s.sendall(post(data.encode()).replace(b"/v1/completions", path.encode()))
+                got = b""
+                while b"\n\n" not in got.split(b"data: ", 1)[-1]:
+                    got += s.recv(4096)
+                first = json.loads(got.split(b"data: ", 1)[1].split(b"\n\n", 1)[0])
+                s.close()
+                sid = first["sinkd"]["session"]
+                with sinkd.Client(socket=D.sock) as c:
+                    self.assertGreater(c.stats(sid)["seen"], 0)
+                    c.close_session(sid)
 
 
 PINGER = """
