@@ -1945,6 +1945,8 @@ int main(int argc, char **argv) {
     if (!ok) sk_cli_usage_error("--%s: not an option of '%s'", opt_name(id), name);
   }
   check_open_options(&o, name);
+  if (commands[ci].cmd == CMD_SAVE && nargs == 1)
+    sk_cli_usage_error("save: missing FILE after the session ID");
   if (nargs < commands[ci].min_args)
     sk_cli_usage_error("%s: missing %s", name, commands[ci].arg_name);
   if (commands[ci].max_args >= 0 && nargs > commands[ci].max_args)

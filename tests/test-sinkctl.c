@@ -215,6 +215,15 @@ static void test_list_and_close_idle(void **state) {
   assert_string_equal(out, want);
   free(out);
   free(err);
+  /* save names what is missing. */
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"save", id1, NULL}), 2);
+  assert_non_null(strstr(err, "sinkctl: save: missing FILE after the session ID\n"));
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"save", NULL}), 2);
+  assert_non_null(strstr(err, "sinkctl: save: missing session ID and FILE\n"));
+  free(out);
+  free(err);
   /* A bad duration, and two ways at once, are usage errors. */
   assert_int_equal(run(NULL, &out, &err, (const char *const[]){"close", "--idle", "2w", NULL}), 2);
   assert_non_null(strstr(err, "--idle: '2w' is not a duration"));
