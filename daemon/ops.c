@@ -770,9 +770,8 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
     rc = srv->chat_error[0]
              ? sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s", srv->chat_error)
              : sk_error_set(&e, SK_ERR_BAD_REQUEST,
-                            "session %llu has no chat template (the model has none): open it "
-                            "with chat_template, or start sinkd with --chat-template",
-                            (unsigned long long)s->id);
+                            "the model has no chat template: start sinkd with --chat-template "
+                            "(or open the session with chat_template)");
     goto bad;
   }
   if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_WIRE_MAX_TOKENS, &u, &e)) < 0) goto bad;
@@ -980,6 +979,12 @@ static void tokenize_request(struct sk_server *srv, const struct request *r, boo
         w->tokens[i] = (int32_t)o->via.u64;
       } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
         w->tokens[i] = (int32_t)o->via.i64; /* the tokenizer names it */
+      } else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                 o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                     "field 'tokens': element %u is not a token id of this model (0..%u)", i,
+                     sk_model_config(srv->model)->n_vocab - 1u);
+        goto bad;
       } else {
         sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'tokens': element %u must be an integer token id", i);
         goto bad;

@@ -222,9 +222,10 @@ int sk__check_user_limits(struct sk_server *srv, uint32_t uid, size_t bytes,
   uint32_t allowed = max_n + (temporary ? SK_LIMIT_TEMP_SESSIONS : 0);
   if (max_n && max_n < srv->sessions.max_sessions && n >= allowed)
     return sk_error_set(e, SK_ERR_BUSY,
-                        "uid %u already has %u sessions (max_user_sessions %u): `sinkctl list` "
-                        "shows them, `sinkctl close --idle 1h` closes those idle for an hour",
-                        uid, n, max_n);
+                        "uid %u already has %u sessions (max_user_sessions %u, %u more for "
+                        "temporary sessions): `sinkctl list` shows them, `sinkctl close --idle "
+                        "1h` closes those idle for an hour",
+                        uid, n, max_n, SK_LIMIT_TEMP_SESSIONS);
   uint64_t max = srv->cfg.max_user_kv_bytes;
   if (max && max < srv->sessions.max_bytes && (bytes > max || used > max - bytes))
     return sk_error_set(e, SK_ERR_BUSY,

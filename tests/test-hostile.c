@@ -534,6 +534,14 @@ static void cases_wrong_types(void) {
     pack_value(&b, (enum vkind)v);
     expect_err(add_b(&b, "generate.stop[1] = %s", k_vnames[v]), id, "bad_request", "element 1");
   }
+  /* An integer, but beyond any token id: named as such, with the range. */
+  b_req(&b, ++id, "detokenize", 1);
+  b_str(&b, "tokens");
+  msgpack_pack_array(&b.pk, 2);
+  msgpack_pack_uint32(&b.pk, 5);
+  msgpack_pack_uint64(&b.pk, UINT64_C(1) << 40);
+  expect_err(add_b(&b, "detokenize.tokens[1] = 2^40"), id, "bad_request",
+             "element 1 is not a token id of this model (0..511)");
 }
 
 /* ---- token ids, negative and enormous numbers ------------------------- */
