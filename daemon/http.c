@@ -19,8 +19,6 @@
 #include "openai.h"
 #include "sinkd/protocol.h"
 
-/* Bytes read per wakeup of a connection. */
-#define SK_HTTP_READ_BUF (64u * 1024u)
 
 struct hconn {
   union {
@@ -71,7 +69,7 @@ struct sk_http {
   struct hconn *conns;
   struct sk_http_stats stats;
   struct sk_openai_convs convs;
-  char readbuf[SK_HTTP_READ_BUF];
+  char readbuf[SK_LIMIT_HTTP_READ_BUF];
 };
 
 struct out_req {
@@ -158,7 +156,7 @@ static void on_written(uv_write_t *w, int status) {
   free(o);
   if (status < 0 && !back) conn_close(c);
   else if (!c->closing && !back) {
-    if (c->out_bytes <= SK_HTTP_OUT_MAX / 2) back_resume(c);
+    if (c->out_bytes <= SK_LIMIT_HTTP_OUT / 2) back_resume(c);
     if (c->close_after_write && c->out_bytes == 0) conn_close(c);
   }
   conn_unref(c);
@@ -204,7 +202,7 @@ static void conn_write(struct hconn *c, char *data, size_t len) {
   }
   /* A slow reader: stop taking its tokens, which pauses its generation
    * in the server (its msgpack connection backs up). */
-  if (c->out_bytes > SK_HTTP_OUT_MAX && c->back_reading) {
+  if (c->out_bytes > SK_LIMIT_HTTP_OUT && c->back_reading) {
     uv_read_stop((uv_stream_t *)&c->back);
     c->back_reading = false;
   }
@@ -432,7 +430,7 @@ static void on_timer(uv_timer_t *t) {
     c->busy = true;
     c->keep_alive = false;
     sk_http_error(&c->req, 408, "request_timeout", "the request did not arrive within %u s",
-                  SK_HTTP_REQUEST_TIMEOUT_MS / 1000);
+                  SK_LIMIT_HTTP_REQUEST_MS / 1000);
     c->close_after_write = true;
   } else {
     conn_close(c);
@@ -451,7 +449,7 @@ static void request_done(struct hconn *c) {
     if (c->out_bytes == 0) conn_close(c);
     return;
   }
-  uv_timer_start(&c->timer, on_timer, SK_HTTP_IDLE_TIMEOUT_MS, 0);
+  uv_timer_start(&c->timer, on_timer, SK_LIMIT_HTTP_IDLE_MS, 0);
   if (c->pending_len && !c->in_process) {
     /* Pipelined requests: served one after the other. */
     char *p = c->pending;
@@ -532,7 +530,7 @@ static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
       }
       memcpy(c->pending + c->pending_len, data, len);
       c->pending_len += len;
-      if (c->pending_len > SK_HTTP_HEADER_MAX + (size_t)c->http->cfg.max_body && c->reading) {
+      if (c->pending_len > SK_LIMIT_HTTP_HEADER_BYTES + (size_t)c->http->cfg.max_body && c->reading) {
         uv_read_stop(&c->h.stream);
         c->reading = false;
       }
@@ -545,7 +543,7 @@ static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
     data += used;
     len -= used;
     if (!was_started && c->rd.started)
-      uv_timer_start(&c->timer, on_timer, SK_HTTP_REQUEST_TIMEOUT_MS, 0);
+      uv_timer_start(&c->timer, on_timer, SK_LIMIT_HTTP_REQUEST_MS, 0);
     switch (rc) {
     case SK_HTTP_READ_MORE:
       if (used == 0) return;
@@ -599,7 +597,7 @@ static void conn_start(struct sk_http *h, struct hconn *c) {
     conn_close(c);
     return;
   }
-  uv_timer_start(&c->timer, on_timer, SK_HTTP_REQUEST_TIMEOUT_MS, 0);
+  uv_timer_start(&c->timer, on_timer, SK_LIMIT_HTTP_REQUEST_MS, 0);
   uv_read_start(&c->h.stream, conn_alloc, on_read);
   c->reading = true;
 }

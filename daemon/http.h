@@ -26,14 +26,8 @@
 
 #include "msg.h"
 #include "server.h"
+#include "sk_limits.h"
 
-/* A whole request must arrive within this time of its first byte. */
-#define SK_HTTP_REQUEST_TIMEOUT_MS 10000u
-/* A keep-alive connection with no request for this long is closed. */
-#define SK_HTTP_IDLE_TIMEOUT_MS 60000u
-/* Bytes of responses waiting for a slow reader before its generation
- * pauses (as SK_LIMIT_CONN_OUT for msgpack clients). */
-#define SK_HTTP_OUT_MAX (1u << 20)
 
 struct sk_http_config {
   const char *socket_path; /* Unix socket to bind (mode 0660), or NULL */

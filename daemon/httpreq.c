@@ -23,7 +23,7 @@ static int fail(struct sk_http_reader *r, int status, const char *msg) {
 /* Counts bytes of the request line and headers against the limit. */
 static int count_header(struct sk_http_reader *r, size_t len) {
   r->header_bytes += len;
-  if (r->header_bytes > SK_HTTP_HEADER_MAX)
+  if (r->header_bytes > SK_LIMIT_HTTP_HEADER_BYTES)
     return fail(r, 431, "request headers are larger than 16 KiB");
   return 0;
 }
@@ -37,7 +37,7 @@ static int on_message_begin(http_parser *p) {
 static int on_url(http_parser *p, const char *at, size_t len) {
   struct sk_http_reader *r = reader_of(p);
   if (count_header(r, len)) return 1;
-  if (r->url_len + len > SK_HTTP_URL_MAX) return fail(r, 414, "request target is longer than 2048 bytes");
+  if (r->url_len + len > SK_LIMIT_HTTP_URL) return fail(r, 414, "request target is longer than 2048 bytes");
   memcpy(r->url + r->url_len, at, len);
   r->url_len += len;
   r->url[r->url_len] = 0;
@@ -49,7 +49,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len) {
   if (count_header(r, len)) return 1;
   if (r->field_done || r->n_headers == 0) {
     /* A new header begins (a name may arrive in several pieces). */
-    if (++r->n_headers > SK_HTTP_HEADERS_MAX) return fail(r, 431, "more than 64 request headers");
+    if (++r->n_headers > SK_LIMIT_HTTP_HEADERS) return fail(r, 431, "more than 64 request headers");
     r->field_len = 0;
     r->field_done = false;
   }
@@ -79,7 +79,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     }
   }
   if (r->header_field == HDR_AUTH) {
-    if (r->auth_len + len > SK_HTTP_AUTH_MAX) {
+    if (r->auth_len + len > SK_LIMIT_HTTP_AUTH) {
       r->auth_too_long = true;
       return 0;
     }

@@ -6,7 +6,7 @@
  *
  * Requests are taken one at a time (pipelined bytes after a complete
  * request stay unread until sk_http_reader_next), so a connection holds
- * at most one request and SK_HTTP_HEADER_MAX + body limit bytes of it.
+ * at most one request and SK_LIMIT_HTTP_HEADER_BYTES + body limit bytes of it.
  */
 #ifndef SK_HTTPREQ_H
 #define SK_HTTPREQ_H
@@ -16,16 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Request line plus headers, in bytes: no OpenAI client sends more than
- * a few hundred; 16 KiB leaves room for long bearer tokens and cookies
- * while keeping a header flood cheap to refuse. */
-#define SK_HTTP_HEADER_MAX (16u * 1024u)
-/* Headers per request, for the same reason. */
-#define SK_HTTP_HEADERS_MAX 64u
-/* Request target (path and query). */
-#define SK_HTTP_URL_MAX 2048u
-/* Bytes kept of an Authorization value ("Bearer " and the key). */
-#define SK_HTTP_AUTH_MAX 512u
+#include "sk_limits.h"
+
 
 /* What sk_http_reader_feed found. */
 enum sk_http_read {
@@ -44,9 +36,9 @@ struct sk_http_reader {
   /* The request being read (valid after SK_HTTP_READ_REQUEST until
    * sk_http_reader_next). */
   enum http_method method;
-  char url[SK_HTTP_URL_MAX + 1];   /* NUL-terminated */
+  char url[SK_LIMIT_HTTP_URL + 1];   /* NUL-terminated */
   size_t url_len;
-  char auth[SK_HTTP_AUTH_MAX + 1]; /* Authorization value, NUL-terminated */
+  char auth[SK_LIMIT_HTTP_AUTH + 1]; /* Authorization value, NUL-terminated */
   size_t auth_len;
   bool auth_too_long;
   char *body;                 /* (body_len) owned, NUL-terminated; NULL if none */

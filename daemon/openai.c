@@ -68,11 +68,11 @@ static int get_bool(json_t *root, const char *key, bool *ret, char *msg, size_t 
 static int add_stop(struct sk_openai_params *p, json_t *s, char *msg, size_t size) {
   if (!json_is_string(s)) return bad(msg, size, "'stop' must be a string or an array of strings");
   size_t n = json_string_length(s);
-  if (n == 0 || n > SK_OPENAI_STOP_MAX_BYTES)
+  if (n == 0 || n > SK_LIMIT_OPENAI_STOP_BYTES)
     return bad(msg, size, "each 'stop' string must have 1 to %u bytes",
-               SK_OPENAI_STOP_MAX_BYTES);
-  if (p->n_stop == SK_OPENAI_MAX_STOP)
-    return bad(msg, size, "'stop' may have at most %u strings", SK_OPENAI_MAX_STOP);
+               SK_LIMIT_OPENAI_STOP_BYTES);
+  if (p->n_stop == SK_LIMIT_OPENAI_STOPS)
+    return bad(msg, size, "'stop' may have at most %u strings", SK_LIMIT_OPENAI_STOPS);
   p->stop[p->n_stop] = json_string_value(s);
   p->stop_len[p->n_stop++] = n;
   return 0;
@@ -173,10 +173,10 @@ int sk_openai_parse(const char *body, size_t len, bool chat, struct sk_openai_pa
   }
   p->max_tokens = chat ? SK_OPENAI_CHAT_DEFAULT_MAX_TOKENS : SK_OPENAI_DEFAULT_MAX_TOKENS;
   bool has = false;
-  if ((rc = get_uint(r, "max_tokens", SK_OPENAI_MAX_TOKENS_CEILING, &p->max_tokens, &has, msg,
+  if ((rc = get_uint(r, "max_tokens", SK_LIMIT_OPENAI_MAX_TOKENS, &p->max_tokens, &has, msg,
                      size)))
     goto out;
-  if ((rc = get_uint(r, "max_completion_tokens", SK_OPENAI_MAX_TOKENS_CEILING, &p->max_tokens,
+  if ((rc = get_uint(r, "max_completion_tokens", SK_LIMIT_OPENAI_MAX_TOKENS, &p->max_tokens,
                      &has, msg, size)))
     goto out;
   p->temperature = 1.0; /* OpenAI's defaults */
@@ -497,7 +497,7 @@ static uint64_t hash_messages(json_t *messages, size_t n) {
 
 static struct sk_openai_conv *conv_find(struct sk_openai_convs *cv, uint64_t session,
                                         uint32_t uid) {
-  for (uint32_t i = 0; i < SK_OPENAI_CONVS; i++)
+  for (uint32_t i = 0; i < SK_LIMIT_OPENAI_CONVS; i++)
     if (cv->e[i].session == session && cv->e[i].uid == uid) return &cv->e[i];
   return NULL;
 }
@@ -524,7 +524,7 @@ static void conv_record(struct sk_http_req *req, struct flow *f) {
   struct sk_openai_conv *c = conv_find(cv, f->session, req->uid);
   if (!c) { /* a free entry, or the least recently used one */
     c = &cv->e[0];
-    for (uint32_t i = 0; i < SK_OPENAI_CONVS && c->session; i++)
+    for (uint32_t i = 0; i < SK_LIMIT_OPENAI_CONVS && c->session; i++)
       if (!cv->e[i].session || cv->e[i].used < c->used) c = &cv->e[i];
   }
   size_t n = json_array_size(f->p.messages);

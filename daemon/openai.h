@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sk_limits.h"
+
 struct sk_http_req;
 
 enum sk_openai_route {
@@ -25,18 +27,12 @@ enum sk_openai_route {
   SK_ROUTE__COUNT
 };
 
-/* Most stop strings and their longest length (the generate op's). */
-#define SK_OPENAI_MAX_STOP 16u
-#define SK_OPENAI_STOP_MAX_BYTES 256u
-/* Largest max_tokens (the generate op's ceiling). */
-#define SK_OPENAI_MAX_TOKENS_CEILING (1u << 20)
 
 /* What the HTTP front end remembers of the conversations of persistent
  * sessions, so that a chat request that repeats the whole conversation
  * (as OpenAI clients do) appends only its new messages: per session,
  * how many messages the conversation holds (the assistant's replies
  * included) and a hash of them as the client sent and received them. */
-#define SK_OPENAI_CONVS 1024u /* sessions remembered; the oldest is dropped */
 struct sk_openai_conv {
   uint64_t session;   /* 0: free */
   uint32_t uid;
@@ -45,7 +41,7 @@ struct sk_openai_conv {
   uint64_t used;      /* tick of its last use */
 };
 struct sk_openai_convs {
-  struct sk_openai_conv e[SK_OPENAI_CONVS];
+  struct sk_openai_conv e[SK_LIMIT_OPENAI_CONVS];
   uint64_t tick;
 };
 
@@ -62,8 +58,8 @@ struct sk_openai_params {
   uint64_t seed;
   bool has_top_k;
   uint64_t top_k;
-  const char *stop[SK_OPENAI_MAX_STOP];
-  size_t stop_len[SK_OPENAI_MAX_STOP];
+  const char *stop[SK_LIMIT_OPENAI_STOPS];
+  size_t stop_len[SK_LIMIT_OPENAI_STOPS];
   uint32_t n_stop;
   bool stream, include_usage;
   enum { SK_OPENAI_SESSION_NONE, SK_OPENAI_SESSION_NEW, SK_OPENAI_SESSION_ID } session;

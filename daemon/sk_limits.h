@@ -99,6 +99,37 @@
 #define SK_LIMIT_CONV_MSGS 64u
 #define SK_LIMIT_CONV_ROLE 32u
 
+/* ---- the HTTP front end (http.c, httpreq.c, openai.c) ---- */
+
+/* Bytes read per wakeup of a connection. */
+#define SK_LIMIT_HTTP_READ_BUF (64u * 1024u)
+/* A whole request must arrive within this time of its first byte: a
+ * client that trickles its request does not hold a connection. */
+#define SK_LIMIT_HTTP_REQUEST_MS 10000u
+/* A keep-alive connection with no request for this long is closed. */
+#define SK_LIMIT_HTTP_IDLE_MS 60000u
+/* Bytes of responses waiting for a slow reader before its generation
+ * pauses (as SK_LIMIT_CONN_OUT for msgpack clients). */
+#define SK_LIMIT_HTTP_OUT (1u << 20)
+/* Request line plus headers, in bytes: no OpenAI client sends more than
+ * a few hundred; 16 KiB leaves room for long bearer tokens and cookies
+ * while keeping a header flood cheap to refuse. */
+#define SK_LIMIT_HTTP_HEADER_BYTES (16u * 1024u)
+/* Headers per request, for the same reason. */
+#define SK_LIMIT_HTTP_HEADERS 64u
+/* Request target (path and query): OpenAI's routes are short. */
+#define SK_LIMIT_HTTP_URL 2048u
+/* Bytes kept of an Authorization value ("Bearer " and the key). */
+#define SK_LIMIT_HTTP_AUTH 512u
+/* Most stop strings and their longest length: the generate op's. */
+#define SK_LIMIT_OPENAI_STOPS 16u
+#define SK_LIMIT_OPENAI_STOP_BYTES 256u
+/* Largest max_tokens: the generate op's ceiling. */
+#define SK_LIMIT_OPENAI_MAX_TOKENS (1u << 20)
+/* Conversations of persistent sessions remembered (openai.h); the
+ * oldest is dropped, so memory stays bounded however many sessions. */
+#define SK_LIMIT_OPENAI_CONVS 1024u
+
 /* ---- the state directory (store.c) ---- */
 
 /* Names tried when setting an object aside ("name", "name.1", ...)

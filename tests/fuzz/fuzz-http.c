@@ -52,12 +52,12 @@ static void check_body(const char *body, size_t len) {
       if (st != 400 || !msg[0]) sk_fuzz_fail("parse refused with %d '%s'", st, msg);
       continue;
     }
-    if (p.max_tokens > SK_OPENAI_MAX_TOKENS_CEILING) sk_fuzz_fail("max_tokens above ceiling");
+    if (p.max_tokens > SK_LIMIT_OPENAI_MAX_TOKENS) sk_fuzz_fail("max_tokens above ceiling");
     if (!(p.temperature >= 0 && p.temperature <= 2)) sk_fuzz_fail("temperature out of range");
     if (!(p.top_p >= 0 && p.top_p <= 1)) sk_fuzz_fail("top_p out of range");
-    if (p.n_stop > SK_OPENAI_MAX_STOP) sk_fuzz_fail("too many stops");
+    if (p.n_stop > SK_LIMIT_OPENAI_STOPS) sk_fuzz_fail("too many stops");
     for (uint32_t i = 0; i < p.n_stop; i++)
-      if (p.stop_len[i] < 1 || p.stop_len[i] > SK_OPENAI_STOP_MAX_BYTES)
+      if (p.stop_len[i] < 1 || p.stop_len[i] > SK_LIMIT_OPENAI_STOP_BYTES)
         sk_fuzz_fail("stop string of %zu bytes", p.stop_len[i]);
     if (chat ? !p.messages : !p.prompt) sk_fuzz_fail("accepted without its input");
     if (p.session == SK_OPENAI_SESSION_ID && p.session_id == 0) sk_fuzz_fail("session 0");
@@ -66,10 +66,10 @@ static void check_body(const char *body, size_t len) {
 }
 
 static void check_request(const struct sk_http_reader *r) {
-  if (r->url_len > SK_HTTP_URL_MAX || strlen(r->url) > r->url_len)
+  if (r->url_len > SK_LIMIT_HTTP_URL || strlen(r->url) > r->url_len)
     sk_fuzz_fail("target of %zu bytes", r->url_len);
-  if (r->header_bytes > SK_HTTP_HEADER_MAX) sk_fuzz_fail("headers of %zu bytes", r->header_bytes);
-  if (r->auth_len > SK_HTTP_AUTH_MAX) sk_fuzz_fail("authorization of %zu bytes", r->auth_len);
+  if (r->header_bytes > SK_LIMIT_HTTP_HEADER_BYTES) sk_fuzz_fail("headers of %zu bytes", r->header_bytes);
+  if (r->auth_len > SK_LIMIT_HTTP_AUTH) sk_fuzz_fail("authorization of %zu bytes", r->auth_len);
   if (r->body_len > r->max_body) sk_fuzz_fail("body of %zu bytes > %u", r->body_len, r->max_body);
   if (r->body && r->body[r->body_len] != 0) sk_fuzz_fail("body not terminated");
 }
