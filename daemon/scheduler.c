@@ -54,6 +54,8 @@ struct sk_scheduler {
  * step begun; or why the job stops instead. */
 struct sk__draw {
   const char *stop; /* non-NULL: no draw, the job stops (decode_stop) */
+  bool not_numbers; /* the drawn token's logit is NaN: every logit is (NaN
+                       never wins a draw), the weights are damaged */
   int32_t token;
   int32_t top_id[SK_WIRE_MAX_TOP];
   float top_logit[SK_WIRE_MAX_TOP];
@@ -360,6 +362,8 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   if (d->stop) return;
   if (job->n_top) top_logits(logits, c->n_vocab, job->n_top, d->top_id, d->top_logit);
   d->token = sk_sampler_sample(&job->sampler, logits);
+  d->not_numbers = isnan(logits[d->token]);
+  if (d->not_numbers) return; /* no step: the job fails (plan_decode) */
   sk_session_step_begin_decode(s); /* the pass writes every logit */
   sk_session_sampler_set(s, &job->sampler.st);
 }
@@ -376,6 +380,10 @@ static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
     job->stop_reason = d->stop;
     return 1;
   }
+  if (d->not_numbers)
+    return sk_error_set(&job->err, SK_ERR_BAD_MODEL,
+                        "the model computed logits that are not numbers (NaN): its weights "
+                        "hold NaN or overflow; check the model file");
   *token = d->token;
   const bool eot = job->chat && *token == job->eot;
   if ((sk_tokenizer_is_eog(c->tok, *token) || eot) && !job->ignore_eos) {

@@ -1290,6 +1290,48 @@ static void test_idle_buffers_returned(void **state) {
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* A model file whose weights hold NaN (its last 4 KiB overwritten with
+ * 0xff: NaN as F32, F16 and BF16) loads, since its structure is sound,
+ * but a generate fails with bad_model instead of emitting token 0 over
+ * and over; the daemon keeps answering. */
+static void test_nan_weights(void **state) {
+  (void)state;
+  char *dir = sk_test_tmpdir();
+  char path[600];
+  snprintf(path, sizeof path, "%s/nan.gguf", dir);
+  size_t len = 0;
+  char *model = sk_test_read_file(sk_test_model_path(), &len);
+  assert_non_null(model);
+  assert_true(len > 8192);
+  memset(model + len - 4096, 0xff, 4096);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(model, 1, len, f), len);
+  assert_int_equal(fclose(f), 0);
+  free(model);
+  struct sk_test_daemon d;
+  const char *args[] = {"--model", path, NULL};
+  sk_test_daemon_start(&d, args);
+  struct sk_client *c = sk_test_connect(d.socket);
+  struct sk_open_result o;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  struct sk_generate_params gp;
+  sk_test_greedy_params(&gp, 4);
+  gp.prompt = "Once upon a time";
+  struct sk_generate_result r;
+  assert_true(sk_client_generate(c, o.session, &gp, NULL, NULL, &r, &e) < 0);
+  assert_int_equal(e.code, SK_ERR_BAD_MODEL);
+  assert_non_null(strstr(e.message, "logits that are not numbers (NaN)"));
+  assert_int_equal(sk_client_ping(c, &e), 0);
+  sk_client_free(c);
+  int st = sk_test_daemon_stop(&d, 60000);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+}
+
 static int setup(void **state) {
   (void)state;
   sk_test_daemon_start(&g_d, NULL);
@@ -1315,6 +1357,7 @@ int main(void) {
       cmocka_unit_test(test_open_burst_limits),
       cmocka_unit_test(test_input_memory_ceiling),
       cmocka_unit_test(test_idle_buffers_returned),
+      cmocka_unit_test(test_nan_weights),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
