@@ -31,7 +31,8 @@ struct sk__kernels {
   const char *name;
   sk__mm_fn mm_f32, mm_f16, mm_q8_0, mm_q4_0;
   /* the other types' products; NULL: the generic variant's */
-  sk__mm_fn mm_bf16, mm_q4_1, mm_q5_0, mm_q5_1, mm_iq4_nl, mm_q4_k, mm_q5_k, mm_q6_k;
+  sk__mm_fn mm_bf16, mm_q4_1, mm_q5_0, mm_q5_1, mm_iq4_nl, mm_q2_k, mm_q3_k, mm_q4_k, mm_q5_k,
+      mm_q6_k, mm_iq4_xs;
   void (*quantize_rows)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
                         float *d, int32_t *s);
   /* reads quantized weights packed in groups of this many rows
@@ -512,9 +513,12 @@ static const struct sk__kernels sk__generic = {
     .mm_q5_0 = sk__gen_mm_q5_0,
     .mm_q5_1 = sk__gen_mm_q5_1,
     .mm_iq4_nl = sk__gen_mm_iq4_nl,
+    .mm_q2_k = sk__gen_mm_q2_k,
+    .mm_q3_k = sk__gen_mm_q3_k,
     .mm_q4_k = sk__gen_mm_q4_k,
     .mm_q5_k = sk__gen_mm_q5_k,
     .mm_q6_k = sk__gen_mm_q6_k,
+    .mm_iq4_xs = sk__gen_mm_iq4_xs,
     .quantize_rows = sk__gen_quantize_rows,
     .dot = sk__gen_dot,
     .axpy = sk__gen_axpy,
@@ -580,6 +584,9 @@ static const struct sk__kernels sk__avx2 = {
     .mm_q4_k = sk__avx2_mm_q4_k,
     .mm_q5_k = sk__avx2_mm_q5_k,
     .mm_q6_k = sk__avx2_mm_q6_k,
+    .mm_q2_k = sk__avx2_mm_q2_k,
+    .mm_q3_k = sk__avx2_mm_q3_k,
+    .mm_iq4_xs = sk__avx2_mm_iq4_xs,
     .quantize_rows = sk__avx2_quantize_rows,
     .dot = sk__avx2_dot,
     .axpy = sk__avx2_axpy,
@@ -609,6 +616,9 @@ static const struct sk__kernels sk__avx2_vnni = {
     .mm_q4_k = sk__vnni_mm_q4_k,
     .mm_q5_k = sk__vnni_mm_q5_k,
     .mm_q6_k = sk__vnni_mm_q6_k,
+    .mm_q2_k = sk__vnni_mm_q2_k,
+    .mm_q3_k = sk__vnni_mm_q3_k,
+    .mm_iq4_xs = sk__vnni_mm_iq4_xs,
     .quantize_rows = sk__vnni_quantize_rows,
     .dot = sk__vnni_dot,
     .axpy = sk__vnni_axpy,
@@ -634,7 +644,8 @@ static const struct sk__kernels sk__avx2_vnni = {
   .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
   .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
   .mm_iq4_nl = sk__avx2_mm_iq4_nl, .mm_q4_k = sk__avx2_mm_q4_k,                          \
-  .mm_q5_k = sk__avx2_mm_q5_k, .mm_q6_k = sk__avx2_mm_q6_k,                              \
+  .mm_q5_k = sk__avx2_mm_q5_k, .mm_q6_k = sk__avx2_mm_q6_k, .mm_q2_k = sk__avx2_mm_q2_k,  \
+  .mm_q3_k = sk__avx2_mm_q3_k, .mm_iq4_xs = sk__avx2_mm_iq4_xs,                          \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
   .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
   .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
@@ -975,9 +986,6 @@ void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *c
   case SK_GGML_F16: sk__cur()->mm_f16(w, x, y_rows, o0, o1); break;
   case SK_GGML_Q8_0: sk__cur()->mm_q8_0(w, x, y_rows, o0, o1); break;
   case SK_GGML_Q4_0: sk__cur()->mm_q4_0(w, x, y_rows, o0, o1); break;
-  case SK_GGML_Q2_K: sk__gen_mm_q2_k(w, x, y_rows, o0, o1); break;
-  case SK_GGML_Q3_K: sk__gen_mm_q3_k(w, x, y_rows, o0, o1); break;
-  case SK_GGML_IQ4_XS: sk__gen_mm_iq4_xs(w, x, y_rows, o0, o1); break;
   default: {
     const struct sk__kernels *k = sk__cur();
     sk__mm_fn f = NULL, g = NULL;
@@ -991,9 +999,12 @@ void sk_kernels_matmul(const struct sk_wmat *w, const struct sk_act *x, float *c
       SK__PICK(SK_GGML_Q5_0, mm_q5_0)
       SK__PICK(SK_GGML_Q5_1, mm_q5_1)
       SK__PICK(SK_GGML_IQ4_NL, mm_iq4_nl)
+      SK__PICK(SK_GGML_Q2_K, mm_q2_k)
+      SK__PICK(SK_GGML_Q3_K, mm_q3_k)
       SK__PICK(SK_GGML_Q4_K, mm_q4_k)
       SK__PICK(SK_GGML_Q5_K, mm_q5_k)
       SK__PICK(SK_GGML_Q6_K, mm_q6_k)
+      SK__PICK(SK_GGML_IQ4_XS, mm_iq4_xs)
     default: break; /* the loader admits no other type */
     }
 #undef SK__PICK
