@@ -819,8 +819,10 @@ static void test_quantize_rows_k(void **state) {
 
 /* Every type on every variant this CPU runs: against a double reference
  * over the weights' values (sinkd's dequantizer) and the quantized
- * activations the type reads; avx2-vnni bit-identical to avx2 where they
- * share a structure; every batch row identical to that row alone, over
+ * activations the type reads; the K-quants and IQ4_XS also within
+ * float rounding of the portable code; avx2-vnni bit-identical to avx2
+ * where they share a structure, avx512-vnni and amx for the K-quants and
+ * IQ4_XS; every batch row identical to that row alone, over
  * uneven output ranges. */
 static void test_all_types(void **state) {
   (void)state;
@@ -834,7 +836,7 @@ static void test_all_types(void **state) {
       mat_make_random(&m, type, rows, cols, 1000 + ti * 7 + ci);
       struct kacts t;
       kacts_make(&t, N, cols);
-      float *gen = NULL;
+      float *gen = NULL, *portable = NULL;
       for (size_t v = 0; v < N_VARIANTS; v++) {
         if (!sk_kernels_supported(variants[v])) continue;
         select_or_fail(variants[v]);
@@ -884,12 +886,37 @@ static void test_all_types(void **state) {
          * types they share a structure for (all but Q8_0/Q4_0, whose
          * avx2-vnni products read the packed layout) */
         const bool same = type != SK_GGML_Q8_0 && type != SK_GGML_Q4_0;
-        if (!strcmp(variants[v], "avx2")) {
+        /* K-quants and IQ4_XS: avx512-vnni and amx fuse avx2's integer
+         * steps (vpdpwssd), with the same lanes and float steps */
+        const bool same512 = is_k_type(type) && (!strcmp(variants[v], "avx512-vnni") ||
+                                                 !strcmp(variants[v], "amx"));
+        /* every variant within float rounding of the portable code: the
+         * same exact integer sums per super-block or block, summed in
+         * float in another grouping */
+        for (uint32_t e = 0; portable && e < N * rows; e++) {
+          const uint32_t i = e / rows, o = e % rows;
+          double mag = 0.0;
+          for (uint32_t k = 0; k < cols; k++) {
+            double xv = is_k_type(type) ? (double)t.kd[(i * cols + k) / SK_QKK] * t.kq[i * cols + k]
+                                        : (double)t.l.x[i * cols + k];
+            mag += fabs((double)m.f[(size_t)o * cols + k] * xv);
+          }
+          if (is_k_type(type) && !(fabs((double)y[e] - portable[e]) <= 1e-5 * mag))
+            fail_msg("%s %s %ux%u [%u][%u]: %.9g, the portable code %.9g (magnitude %.3g)",
+                     variants[v], sk_ggml_type_name(type), rows, cols, i, o, y[e],
+                     portable[e], mag);
+        }
+        if (!strcmp(variants[v], "generic")) {
+          portable = y;
+        } else if (!strcmp(variants[v], "avx2")) {
           gen = y;
         } else {
           if (same && gen && !strcmp(variants[v], "avx2-vnni") &&
               memcmp(y, gen, (size_t)N * rows * sizeof *y) != 0)
             fail_msg("avx2-vnni %s %ux%u: differs from avx2", sk_ggml_type_name(type), rows, cols);
+          if (same512 && gen && memcmp(y, gen, (size_t)N * rows * sizeof *y) != 0)
+            fail_msg("%s %s %ux%u: differs from avx2", variants[v], sk_ggml_type_name(type),
+                     rows, cols);
           free(y);
         }
         free(yr);
@@ -897,6 +924,7 @@ static void test_all_types(void **state) {
       printf("%-7s %ux%u: every variant within the reference\n", sk_ggml_type_name(type), rows,
              cols);
       free(gen);
+      free(portable);
       kacts_free(&t);
       mat_free(&m);
     }

@@ -22,10 +22,10 @@
  *              arch_prctl ARCH_REQ_XCOMP_PERM); each thread loads the tile
  *              configuration on its first AMX product
  *
- * Which types each variant vectorizes: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K in avx2 and avx2-vnni (the
- * avx512-vnni and amx variants use avx2's for all but F32, Q8_0 and
- * Q4_0); Q2_K, Q3_K and IQ4_XS run the portable code in every variant.
+ * Which types each variant vectorizes: all of them in avx2 and avx2-vnni;
+ * the avx512-vnni and amx variants use avx2's for all but F32, Q8_0 and
+ * Q4_0 (their own) and the K-quants and IQ4_XS (avx2's with the int16
+ * dot products of AVX-512 VNNI, vpdpwssd, on 256-bit vectors).
  *
  * Quantized weights are multiplied as ggml does (ggml_vec_dot_*_q8_0,
  * *_q8_1, *_q8_K): each activation row is first quantized, then every
@@ -40,17 +40,18 @@
  *     sums of every 16 quants. Per super-block the kernels form exact
  *     integer sums of sub-scale x quant dot products (and of sub-min x
  *     activation sums), scaled by d_w d_x (and dmin_w d_x) and summed in
- *     float: generic per super-block, avx2 and avx2-vnni in 8 lanes
- *     (kernels-x86.inc), those two with the same bits.
+ *     float: generic per super-block, the x86 variants in 8 lanes
+ *     (kernels-x86.inc), all with the same bits.
  *
  * Determinism: within one variant, every output element is computed by
  * the same sequence of floating-point operations whatever the number of
  * rows in the product, the output range a thread takes, or the thread.
  * A session's results therefore do not depend on what else is batched
- * with it. Variants differ from each other in the last bits (F32/F16/
- * BF16: avx2, avx2-vnni, avx512-vnni and amx are identical; legacy
- * quantized: avx2-vnni, avx512-vnni and amx are identical to each other
- * for Q8_0/Q4_0 and sum per block in a different order than avx2).
+ * with it. Variants differ from each other in the last bits (F32, F16,
+ * BF16, the K-quants and IQ4_XS: avx2, avx2-vnni, avx512-vnni and amx
+ * are identical; legacy quantized: avx2-vnni, avx512-vnni and amx are
+ * identical to each other for Q8_0/Q4_0 and sum per block in a
+ * different order than avx2).
  */
 #ifndef SK_KERNELS_H
 #define SK_KERNELS_H
