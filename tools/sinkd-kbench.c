@@ -20,8 +20,9 @@
  * streams, and several streams read faster there than one).
  * --decode times the products of one decode step of the 110M shape (12
  * layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the 32000x768
- * output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0) in the model's
- * order, each matrix in its own buffer, and prints ms per step and GB/s
+ * output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0 and Q4_K) in
+ * the model's order, for F32, Q8_0, Q4_0, Q4_K and Q6_K weights or the
+ * types of --types (GGUF names, e.g. q2_K,q3_K,iq4_xs), each matrix in its own buffer, and prints ms per step and GB/s
  * (default variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise; with
@@ -206,7 +207,8 @@ static void decode_task(void *ctx, uint32_t task, uint32_t thread) {
   sk_kernels_matmul(mm->w, mm->a, mm->y, o0, o1);
 }
 
-static int decode(const char *const *variants, int nv, int samples, uint32_t threads, uint32_t n) {
+static int decode(const char *const *variants, int nv, int samples, uint32_t threads, uint32_t n,
+                  const uint32_t *types, size_t n_types) {
   struct sk_pool *pool = NULL;
   struct sk_error perr = {0};
   if (threads > 1 && sk_pool_new(threads, &pool, &perr) < 0) {
@@ -214,8 +216,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
     return 1;
   }
   const uint32_t per_thread = 4;
-  const uint32_t types[] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
-  for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+  for (size_t ti = 0; ti < n_types; ti++) {
     static struct sk_wmat w[MAX_VARIANTS][DECODE_MATS];
     static void *mem[MAX_VARIANTS][DECODE_MATS];
     static uint8_t *data[MAX_VARIANTS][DECODE_MATS];
@@ -290,7 +291,8 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
 static void usage(FILE *f) {
   fprintf(f, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
              "       sinkd-kbench --membw MIB [--samples N]\n"
-             "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [VARIANT...]\n"
+             "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [--types LIST]\n"
+             "                    [VARIANT...]\n"
              "VARIANT: a kernel variant (as SINKD_KERNEL names it); this CPU runs: %s.\n"
              "Exit status: 0 done, 1 a variant this CPU does not run, 2 usage error.\n",
           sk_kernels_available());
@@ -305,6 +307,26 @@ static const char *opt_value(int argc, char **argv, int *i) {
   return argv[++*i];
 }
 
+/* The weight types of a comma-separated list of GGUF type names
+ * (sk_ggml_type_name's, e.g. "q4_K,q6_K"); exits 2 on an unknown or
+ * unsupported name. Returns the count. */
+static size_t parse_types(const char *list, uint32_t *types, size_t max) {
+  size_t n = 0;
+  while (*list) {
+    size_t len = strcspn(list, ",");
+    uint32_t t = 0;
+    for (; t < 64; t++)
+      if (sk_quant_supported(t) && strlen(sk_ggml_type_name(t)) == len &&
+          strncmp(sk_ggml_type_name(t), list, len) == 0)
+        break;
+    if (t == 64 || n == max) sk_cli_usage_error("--types: bad list '%s'", list);
+    types[n++] = t;
+    list += len + (list[len] == ',');
+  }
+  if (n == 0) sk_cli_usage_error("--types: empty list");
+  return n;
+}
+
 int main(int argc, char **argv) {
   sk_cli_init("sinkd-kbench", "sinkd-kbench --help");
   int samples = 31;
@@ -313,6 +335,8 @@ int main(int argc, char **argv) {
   uint32_t threads = 1;
   uint32_t rows_list[8] = {1, 16}, n_rows = 2;
   bool rows_given = false;
+  uint32_t dtypes[16] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
+  size_t n_dtypes = 5;
   const char *variants[MAX_VARIANTS];
   int nv = 0;
   for (int i = 1; i < argc; i++) {
@@ -327,6 +351,8 @@ int main(int argc, char **argv) {
       membw_mib = sk_cli_parse_u64("--membw", opt_value(argc, argv, &i), 1, 65536);
     } else if (strcmp(argv[i], "--threads") == 0) {
       threads = (uint32_t)sk_cli_parse_u64("--threads", opt_value(argc, argv, &i), 1, 64);
+    } else if (strcmp(argv[i], "--types") == 0) {
+      n_dtypes = parse_types(opt_value(argc, argv, &i), dtypes, 16);
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -359,7 +385,7 @@ int main(int argc, char **argv) {
     if (rows_given && n_rows != 1) {
       sk_cli_usage_error("--decode takes one --rows number, not a list");
     }
-    return decode(variants, nv, samples, threads, rows_list[0]);
+    return decode(variants, nv, samples, threads, rows_list[0], dtypes, n_dtypes);
   }
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
