@@ -635,9 +635,7 @@ static const struct sk__kernels sk__avx2_vnni = {
     .pack_f32 = true,
 };
 
-#include "kernels-avx512.inc"
-
-#define SK__TGT SK__V512_TGT
+#define SK__TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 #define SK__NAME(x) sk__x512_##x
 #define SK__VNNI 2
 #include "kernels-x86.inc"
@@ -645,16 +643,18 @@ static const struct sk__kernels sk__avx2_vnni = {
 #undef SK__NAME
 #undef SK__VNNI
 
+#include "kernels-avx512.inc"
+
 /* The fields avx512-vnni and amx take from avx2: everything but the name,
  * the quantized and F32 products, the packed layouts, written once so
  * that the two tables cannot drift apart; their K-quant and IQ4_XS
  * products are avx2's with AVX-512 VNNI's vpdpwssd (sk__x512_*, the same
- * bits). */
+ * bits), one-row Q4_K and Q6_K products kernels-avx512.inc's. */
 #define SK__AVX2_REST                                                                    \
   .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
   .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
-  .mm_iq4_nl = sk__avx2_mm_iq4_nl, .mm_q4_k = sk__x512_mm_q4_k,                          \
-  .mm_q5_k = sk__x512_mm_q5_k, .mm_q6_k = sk__x512_mm_q6_k, .mm_q2_k = sk__x512_mm_q2_k,  \
+  .mm_iq4_nl = sk__avx2_mm_iq4_nl, .mm_q4_k = sk__v512_mm_q4_k,                          \
+  .mm_q5_k = sk__x512_mm_q5_k, .mm_q6_k = sk__v512_mm_q6_k, .mm_q2_k = sk__x512_mm_q2_k,  \
   .mm_q3_k = sk__x512_mm_q3_k, .mm_iq4_xs = sk__x512_mm_iq4_xs,                          \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
   .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
