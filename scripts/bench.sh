@@ -16,9 +16,10 @@
 # preset sinkd-mkmodel writes, e.g. "q4_K_M q6_K q4_0", mixed as
 # llama-quantize mixes them) choose the cells.
 #
-# ratio: 16 sessions against one on the 110M Q8_0 shape, taking turns
-# (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per thread
-# count and KV type (f16, the default, then f32), so that the VM's swings
+# ratio: 16 sessions against one on the 110M shape, taking turns
+# (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per weight
+# type (RATIO_TYPES, default "q8_0"; e.g. "q8_0 q4_K_M"), thread count
+# and KV type (RATIO_KV, default "f16 f32"), so that the VM's swings
 # fall on both; prints the medians, their ratio and the ratio of each
 # round.
 #
@@ -136,12 +137,13 @@ for part in $parts; do
     list=""
     r=0
     while [ $r -lt "${ROUNDS:-6}" ]; do list="$list${list:+,}1,16"; r=$((r + 1)); done
-    for kv in f16 f32; do
+    for type in ${RATIO_TYPES:-q8_0}; do
+    for kv in ${RATIO_KV:-f16 f32}; do
       for t in 1 2; do
-        DAEMON_ARGS="--kv-type $kv" run "ratio-110M-q8_0-t$t-kv$kv" "$(model 110M q8_0)" $t \
+        DAEMON_ARGS="--kv-type $kv" run "ratio-110M-$type-t$t-kv$kv" "$(model 110M $type)" $t \
           --no-prefill --no-decode --no-positions --concurrency "$list" --gen 128 |
           tr '{' '\n' | sed -n 's/.*"sessions": \([0-9]*\), "aggregate_tokens_per_s": \([0-9.]*\).*/\1 \2/p' |
-          awk -v name="110M q8_0, $t thread(s), $kv KV" '
+          awk -v name="110M $type, $t thread(s), $kv KV" '
             function median(a, n,   i, j, t) {
               for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
                 t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
@@ -153,6 +155,7 @@ for part in $parts; do
               printf "%s: one session %.1f, 16 sessions %.1f tokens/s (medians of %d), 16 / one %.2fx; rounds:%s\n",
                 name, m1, m16, n16, m16 / m1, rounds }'
       done
+    done
     done
     ;;
   *)
