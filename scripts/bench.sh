@@ -12,9 +12,10 @@
 # bytes each decoded token reads times tokens/s (GB/s; both engines read
 # the same file's weights once per token), and the machine's sequential
 # read bandwidth (sinkd-kbench --membw) before and after.
-# SHAPES (default "15M 110M") and TYPES (default "f32 q8_0"; any type or
+# SHAPES (default "15M 110M"), TYPES (default "f32 q8_0"; any type or
 # preset sinkd-mkmodel writes, e.g. "q4_K_M q6_K q4_0", mixed as
-# llama-quantize mixes them) choose the cells.
+# llama-quantize mixes them) and THREADS (default "1 2") choose the
+# cells.
 #
 # ratio: 16 sessions against one on the 110M shape, taking turns
 # (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per weight
@@ -102,7 +103,7 @@ for part in $parts; do
       ratio 'GB/s' 'GB/s'
     for shape in ${SHAPES:-15M 110M}; do
       for type in ${TYPES:-f32 q8_0}; do
-        for t in 1 2; do
+        for t in ${THREADS:-1 2}; do
           m=$(model $shape $type)
           ratios=""
           r=1
