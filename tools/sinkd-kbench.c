@@ -22,8 +22,11 @@
  * layers of 768x768 x 4, 2048x768 x 2 and 768x2048, then the 32000x768
  * output; 438 MB in F32, 116 MB in Q8_0, 62 MB in Q4_0 and Q4_K) in
  * the model's order, for F32, Q8_0, Q4_0, Q4_K and Q6_K weights or the
- * types of --types (GGUF names, e.g. q2_K,q3_K,iq4_xs), each matrix in its own buffer, and prints ms per step and GB/s
- * (default variant: the best this CPU runs; --threads N: on a pool of N
+ * types of --types (GGUF names, e.g. q2_K,q3_K,iq4_xs), each matrix in
+ * its own buffer, and prints ms per step and GB/s (--cpu-time: the
+ * process's CPU time instead of the wall clock, which with one thread
+ * leaves out the time other processes of a busy machine take) (default
+ * variant: the best this CPU runs; --threads N: on a pool of N
  * threads cut as the daemon cuts them): how close a kernel streams
  * weights from DRAM to --membw's figure, without a daemon's noise; with
  * --rows N (one number; default 1), products of N activation rows each
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "gguf.h"
@@ -207,8 +211,15 @@ static void decode_task(void *ctx, uint32_t task, uint32_t thread) {
   sk_kernels_matmul(mm->w, mm->a, mm->y, o0, o1);
 }
 
+/* Seconds of CPU time the process has used (--cpu-time). */
+static double cpu_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int decode(const char *const *variants, int nv, int samples, uint32_t threads, uint32_t n,
-                  const uint32_t *types, size_t n_types) {
+                  const uint32_t *types, size_t n_types, bool cpu) {
   struct sk_pool *pool = NULL;
   struct sk_error perr = {0};
   if (threads > 1 && sk_pool_new(threads, &pool, &perr) < 0) {
@@ -242,7 +253,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
       for (int k = 0; k < nv; k++) {
         int v = (smp + 1 + k) % nv;
         select_or_die(variants[v]);
-        double t0 = sk_cli_now_s();
+        double t0 = cpu ? cpu_now_s() : sk_cli_now_s();
         for (int i = 0; i < DECODE_MATS; i++) {
           const uint32_t cols = w[v][i].cols;
           if (sk_wmat_needs_q8(&w[v][i])) sk_kernels_quantize_rows(x, 2048, n, cols, q, d, qs);
@@ -256,7 +267,7 @@ static int decode(const char *const *variants, int nv, int samples, uint32_t thr
           }
           sk_pool_run(pool, decode_task, &mm, (w[v][i].rows + mm.chunk - 1) / mm.chunk);
         }
-        if (smp >= 0) t[v * samples + smp] = sk_cli_now_s() - t0;
+        if (smp >= 0) t[v * samples + smp] = (cpu ? cpu_now_s() : sk_cli_now_s()) - t0;
       }
     }
     printf("decode %s, 110M shape, %.1f MB per step, %u row%s, %u thread%s:\n",
@@ -292,7 +303,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: sinkd-kbench [--samples N] [--rows LIST] [VARIANT...]\n"
              "       sinkd-kbench --membw MIB [--samples N]\n"
              "       sinkd-kbench --decode [--rows N] [--threads N] [--samples N] [--types LIST]\n"
-             "                    [VARIANT...]\n"
+             "                    [--cpu-time] [VARIANT...]\n"
              "VARIANT: a kernel variant (as SINKD_KERNEL names it); this CPU runs: %s.\n"
              "Exit status: 0 done, 1 a variant this CPU does not run, 2 usage error.\n",
           sk_kernels_available());
@@ -337,6 +348,7 @@ int main(int argc, char **argv) {
   bool rows_given = false;
   uint32_t dtypes[16] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
   size_t n_dtypes = 5;
+  bool cpu_time = false;
   const char *variants[MAX_VARIANTS];
   int nv = 0;
   for (int i = 1; i < argc; i++) {
@@ -353,6 +365,8 @@ int main(int argc, char **argv) {
       threads = (uint32_t)sk_cli_parse_u64("--threads", opt_value(argc, argv, &i), 1, 64);
     } else if (strcmp(argv[i], "--types") == 0) {
       n_dtypes = parse_types(opt_value(argc, argv, &i), dtypes, 16);
+    } else if (strcmp(argv[i], "--cpu-time") == 0) {
+      cpu_time = true;
     } else if (strcmp(argv[i], "--decode") == 0) {
       decode_mode = true;
     } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -385,7 +399,7 @@ int main(int argc, char **argv) {
     if (rows_given && n_rows != 1) {
       sk_cli_usage_error("--decode takes one --rows number, not a list");
     }
-    return decode(variants, nv, samples, threads, rows_list[0], dtypes, n_dtypes);
+    return decode(variants, nv, samples, threads, rows_list[0], dtypes, n_dtypes, cpu_time);
   }
 
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
