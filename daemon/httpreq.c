@@ -79,8 +79,12 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     }
   }
   if (r->header_field == HDR_AUTH) {
+    if (r->auth_too_long) return 0;
     if (r->auth_len + len > SK_LIMIT_HTTP_AUTH) {
+      /* none of it is kept, however the value was cut into pieces */
       r->auth_too_long = true;
+      r->auth_len = 0;
+      r->auth[0] = 0;
       return 0;
     }
     memcpy(r->auth + r->auth_len, at, len);
