@@ -932,6 +932,73 @@ static void test_all_types(void **state) {
   select_or_fail("auto");
 }
 
+/* Q4_K and Q6_K products of 1..20 activation rows (every tile height of
+ * the batched products and partial tiles) on 37 output rows (a partial
+ * packed group), in uneven output ranges: each variant's batch gives the
+ * bits of its rows one by one, and avx512-vnni and amx (packed K-quant
+ * layout) the bits of avx2 on the GGUF layout. */
+static void test_k_batch_equals_rows(void **state) {
+  (void)state;
+  const uint32_t types[] = {SK_GGML_Q4_K, SK_GGML_Q6_K};
+  const uint32_t rows = 37, cols = 768, N = 20;
+  for (size_t ti = 0; ti < 2; ti++) {
+    struct mat m;
+    mat_make_random(&m, types[ti], rows, cols, 77 + (uint32_t)ti);
+    struct kacts t;
+    kacts_make(&t, N, cols);
+    float *alone = malloc((size_t)N * rows * sizeof *alone);
+    float *gen = malloc((size_t)N * rows * sizeof *gen);
+    float *y = malloc((size_t)N * rows * sizeof *y);
+    assert_non_null(alone);
+    assert_non_null(gen);
+    assert_non_null(y);
+    select_or_fail("avx2");
+    struct sk_wmat plain = m.w;
+    plain.packed = NULL;
+    float **yg = row_ptrs(gen, N, rows);
+    sk_kernels_matmul(&plain, &t.l.a, yg, 0, rows);
+    free(yg);
+    for (size_t v = 0; v < N_VARIANTS; v++) {
+      if (!sk_kernels_supported(variants[v])) continue;
+      select_or_fail(variants[v]);
+      mat_pack(&m);
+      for (uint32_t i = 0; i < N; i++) {
+        struct sk_act one = t.l.a;
+        one.n = 1;
+        one.kq = t.kq + (size_t)i * cols;
+        one.kd = t.kd + (size_t)i * cols / SK_QKK;
+        one.ks = t.ks + (size_t)i * cols / 16;
+        float *yi = alone + (size_t)i * rows;
+        sk_kernels_matmul(&m.w, &one, &yi, 0, rows);
+      }
+      for (uint32_t n = 1; n <= N; n++) {
+        memset(y, 0, (size_t)N * rows * sizeof *y);
+        float **yr = row_ptrs(y, n, rows);
+        struct sk_act part = t.l.a;
+        part.n = n;
+        const uint32_t cuts[] = {0, 5, 8, 16, 17, 30, rows};
+        for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++)
+          sk_kernels_matmul(&m.w, &part, yr, cuts[c], cuts[c + 1]);
+        free(yr);
+        if (memcmp(y, alone, (size_t)n * rows * sizeof *y) != 0)
+          fail_msg("%s %s n=%u: the batch differs from its rows one by one", variants[v],
+                   sk_ggml_type_name(types[ti]), n);
+        if (strcmp(variants[v], "generic") && memcmp(y, gen, (size_t)n * rows * sizeof *y) != 0)
+          fail_msg("%s %s n=%u: differs from avx2 on the GGUF layout", variants[v],
+                   sk_ggml_type_name(types[ti]), n);
+      }
+    }
+    printf("%-5s %ux%u, 1..%u rows: batches equal their rows\n", sk_ggml_type_name(types[ti]),
+           rows, cols, N);
+    free(y);
+    free(gen);
+    free(alone);
+    kacts_free(&t);
+    mat_free(&m);
+  }
+  select_or_fail("auto");
+}
+
 /* Dequantizers: hand-made blocks with known values. */
 static void test_blocks_all(void **state) {
   (void)state;
@@ -1098,6 +1165,7 @@ int main(void) {
       cmocka_unit_test(test_matmul_batch_invariance),
       cmocka_unit_test(test_quantize_rows_k),
       cmocka_unit_test(test_all_types),
+      cmocka_unit_test(test_k_batch_equals_rows),
       cmocka_unit_test(test_blocks_all),
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_amx_equals_avx2_vnni),
