@@ -10,8 +10,8 @@ _sinkctl_sessions() {
 _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
-  local global="--socket --json --verbose --help --version"
-  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--pin-file|--idle|--system"
+  local global="--socket --timeout --json --verbose --help --version"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--pin-file|--idle|--system|--timeout"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do
     word=${COMP_WORDS[i]}
@@ -29,7 +29,7 @@ _sinkctl() {
     --policy) COMPREPLY=($(compgen -W "streaming window h2o sink_h2o dense" -- "$cur")); return ;;
     --pin-file) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --session) COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur")); return ;;
-    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin)
+    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--timeout)
       COMPREPLY=(); return ;;
   esac
 

@@ -1,6 +1,6 @@
 /* sinkctl: command-line client for sinkd, built on libsinkd.
  *
- *   sinkctl [--socket PATH] [--json] [--verbose] COMMAND [ARGS]
+ *   sinkctl [--socket PATH] [--timeout DURATION] [--json] [--verbose] COMMAND [ARGS]
  *
  * Options may come before or after the command. Exit status: 0 success,
  * 1 the daemon answered with an error, 2 usage error, 3 cannot connect,
@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -120,6 +121,9 @@ static void help(void) {
       "  -s, --socket PATH     daemon socket (default: $SINKD_SOCKET, else\n"
       "                        $XDG_RUNTIME_DIR/sinkd/sinkd.sock if it exists,\n"
       "                        else %s)\n"
+      "      --timeout DURATION\n"
+      "                        give up when the daemon does not answer for\n"
+      "                        that long (30s, 2m; default: wait)\n"
       "  -j, --json            print one JSON object instead of text (chat:\n"
       "                        one per turn)\n"
       "  -v, --verbose         generate: print a usage summary to stderr\n"
@@ -277,6 +281,7 @@ enum opt_id {
   OPT_IDLE,
   OPT_ALL,
   OPT_SYSTEM,
+  OPT_TIMEOUT,
   OPT__END
 };
 
@@ -314,6 +319,7 @@ static const struct option long_options[] = {
     {"idle", required_argument, NULL, OPT_IDLE},
     {"all", no_argument, NULL, OPT_ALL},
     {"system", required_argument, NULL, OPT_SYSTEM},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
     {NULL, 0, NULL, 0},
 };
 
@@ -326,6 +332,7 @@ static const char *opt_name(int id) {
 struct opts {
   const char *socket;
   bool json, verbose;
+  unsigned int timeout_ms; /* --timeout; 0: wait for the daemon forever */
   bool given[OPT__END]; /* which command-specific options were used */
   struct sk_generate_params gen;
   const char **stops; /* (n_stop) pointers into argv */
@@ -1841,6 +1848,13 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       o->close_idle = true;
       break;
     case OPT_ALL: o->close_all = true; break;
+    case OPT_TIMEOUT: {
+      uint64_t t = parse_duration("--timeout", optarg);
+      if (t == 0 || t > UINT_MAX / 1000)
+        sk_cli_usage_error("--timeout: '%s' is not in 1s..%us", optarg, UINT_MAX / 1000);
+      o->timeout_ms = (unsigned int)(t * 1000);
+      break;
+    }
     case ':':
       sk_cli_usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
@@ -1937,8 +1951,8 @@ int main(int argc, char **argv) {
 
   /* Options that belong to another command are errors, not ignored. */
   for (int id = OPT_MAX_TOKENS; id < OPT__END; id++) {
-    if (!o.given[id] || id == OPT_SOCKET || id == OPT_JSON ||
-        id == OPT_VERBOSE)
+    if (!o.given[id] || id == OPT_SOCKET || id == OPT_JSON || id == OPT_VERBOSE ||
+        id == OPT_TIMEOUT)
       continue;
     bool ok = false;
     for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;
@@ -1973,6 +1987,8 @@ int main(int argc, char **argv) {
   struct sk_client *c;
   struct sk_error e;
   if (sk_client_connect(o.socket, &c, &e) < 0)
+    sk_cli_die(EXIT_CONNECT, "%s", e.message);
+  if (o.timeout_ms && sk_client_set_timeout(c, o.timeout_ms, &e) < 0)
     sk_cli_die(EXIT_CONNECT, "%s", e.message);
 
   int status = 0;

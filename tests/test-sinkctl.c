@@ -495,6 +495,44 @@ static void test_progress_prefill(void **state) {
   free(err2);
 }
 
+/* --timeout: a socket that accepts connections (the backlog) but never
+ * answers makes sinkctl give up with exit status 4 after the timeout,
+ * not hang; a zero or malformed timeout is a usage error. */
+static void test_timeout(void **state) {
+  (void)state;
+  char path[sizeof ((struct sockaddr_un *)0)->sun_path];
+  assert_true((size_t)snprintf(path, sizeof path, "%s/m.sock", g_dir) < sizeof path);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  memcpy(a.sun_path, path, sizeof path);
+  assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(listen(fd, 4), 0);
+  char *out, *err;
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--socket", path, "--timeout", "1s",
+                                                               "ping", NULL}),
+                   4);
+  assert_non_null(strstr(err, "timed out waiting for the daemon (1000 ms)"));
+  assert_string_equal(out, "");
+  free(out);
+  free(err);
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--timeout", "0", "ping", NULL}), 2);
+  assert_non_null(strstr(err, "--timeout: '0' is not in 1s.."));
+  free(out);
+  free(err);
+  assert_int_equal(
+      run(NULL, &out, &err, (const char *const[]){"--timeout", "soon", "ping", NULL}), 2);
+  assert_non_null(strstr(err, "is not a duration"));
+  free(out);
+  free(err);
+  /* against the daemon, a timeout that is not reached changes nothing */
+  assert_int_equal(run(NULL, &out, &err, (const char *const[]){"--timeout", "1m", "ping", NULL}), 0);
+  free(out);
+  free(err);
+  close(fd);
+  unlink(path);
+}
+
 int main(void) {
   const char *need[] = {"SK_SINKD", "SK_SINKCTL"};
   for (size_t i = 0; i < 2; i++)
@@ -507,6 +545,7 @@ int main(void) {
       cmocka_unit_test(test_chat_ctrl_c),
       cmocka_unit_test(test_progress_prefill),
       cmocka_unit_test(test_list_and_close_idle),
+      cmocka_unit_test(test_timeout),
   };
   return cmocka_run_group_tests(tests, start_daemon, stop_daemon);
 }
