@@ -242,6 +242,7 @@ static const char *reason(int status) {
   case 409: return "Conflict";
   case 413: return "Content Too Large";
   case 414: return "URI Too Long";
+  case 415: return "Unsupported Media Type";
   case 429: return "Too Many Requests";
   case 431: return "Request Header Fields Too Large";
   case 500: return "Internal Server Error";

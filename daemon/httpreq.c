@@ -1,7 +1,7 @@
 /* HTTP/1.1 request reading: http_parser does the syntax (request line,
  * headers, Content-Length and chunked bodies); the callbacks below bound
  * every size before storing anything and keep the request's method,
- * target, Authorization, Expect and body. */
+ * target, Authorization, Expect, Content-Encoding and body. */
 #include "httpreq.h"
 
 #include <limits.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum { HDR_OTHER, HDR_AUTH, HDR_EXPECT };
+enum { HDR_OTHER, HDR_AUTH, HDR_EXPECT, HDR_ENCODING };
 
 static struct sk_http_reader *reader_of(http_parser *p) { return p->data; }
 
@@ -65,6 +65,8 @@ static int on_header_field(http_parser *p, const char *at, size_t len) {
   r->header_field = HDR_OTHER;
   if (r->field_len == 13 && strcmp(r->field, "authorization") == 0) r->header_field = HDR_AUTH;
   if (r->field_len == 6 && strcmp(r->field, "expect") == 0) r->header_field = HDR_EXPECT;
+  if (r->field_len == 16 && strcmp(r->field, "content-encoding") == 0)
+    r->header_field = HDR_ENCODING;
   return 0;
 }
 
@@ -96,6 +98,14 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
       if (r->expect_len < sizeof r->expect - 1) r->expect[r->expect_len] = at[i];
     if (r->expect_len < sizeof r->expect) r->expect[r->expect_len] = 0;
     else r->expect[0] = 0;
+  } else if (r->header_field == HDR_ENCODING) {
+    /* a prefix for the message; any coding but identity is refused (a
+     * repeated header continues the value, so it is refused too) */
+    for (size_t i = 0; i < len; i++, r->encoding_len++)
+      if (r->encoding_len < sizeof r->encoding - 1) r->encoding[r->encoding_len] = at[i];
+    size_t n = r->encoding_len < sizeof r->encoding - 1 ? r->encoding_len : sizeof r->encoding - 1;
+    r->encoding[n] = 0;
+    r->encoded = r->encoding_len != 8 || strcasecmp(r->encoding, "identity") != 0;
   }
   return 0;
 }
@@ -114,6 +124,13 @@ static int on_headers_complete(http_parser *p) {
   }
   if (p->upgrade) {
     fail(r, 400, "protocol upgrades are not supported");
+    return -1;
+  }
+  if (r->encoded) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "Content-Encoding '%s%s' is not supported: send the body uncompressed",
+             r->encoding, r->encoding_len >= sizeof r->encoding ? "..." : "");
+    fail(r, 415, msg);
     return -1;
   }
   r->expect_continue = strcasecmp(r->expect, "100-continue") == 0;
@@ -181,6 +198,9 @@ void sk_http_reader_next(struct sk_http_reader *r) {
   r->auth_too_long = r->expect_continue = r->keep_alive = false;
   r->expect[0] = 0;
   r->expect_len = 0;
+  r->encoding[0] = 0;
+  r->encoding_len = 0;
+  r->encoded = false;
   r->header_bytes = 0;
   r->n_headers = 0;
   r->field_done = false;

@@ -47,6 +47,9 @@ struct sk_http_reader {
   bool expect_continue;       /* Expect: 100-continue */
   char expect[16];            /* the Expect value so far (prefix) */
   size_t expect_len;
+  char encoding[24];          /* the Content-Encoding value so far (prefix) */
+  size_t encoding_len;
+  bool encoded;               /* a Content-Encoding other than identity */
   /* Reading state. */
   size_t header_bytes;        /* request line + headers so far */
   uint32_t n_headers;
@@ -57,7 +60,7 @@ struct sk_http_reader {
   bool complete;              /* message complete: paused until next */
   bool started;               /* a byte of the current request was read */
   /* Error (SK_HTTP_READ_ERROR). */
-  int status;                 /* 400, 413, 414, 431, 501 */
+  int status;                 /* 400, 413, 414, 415, 431, 501 */
   char message[160];
 };
 

@@ -811,7 +811,7 @@ int main(int argc, char **argv) {
       goto out;
     }
     char lv[128];
-    sk_log(SK_LOG_INFO, "MLP sparsity levels %s from %s (transposed down projections: %.1f MB)",
+    sk_log(SK_LOG_INFO, "MLP sparsity levels %s from %s (sparse copies of up and down: %.1f MB)",
            sk_sparse_calib_levels(&calib, lv, sizeof lv), d.cfg.sparsity_file,
            (double)sk_model_sparse_bytes(model) / 1e6);
     scfg.sparse = &calib;

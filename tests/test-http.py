@@ -510,6 +510,8 @@ class Hostile(unittest.TestCase):
             ("bad version", b"GET /health HTTP/9.Q\r\n\r\n", 400, "malformed_request"),
             ("upgrade", b"GET /health HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
              400, "malformed_request"),
+            ("compressed body", post(b"\x1f\x8b\x08\x00", b"Content-Encoding: gzip\r\n"), 415,
+             "malformed_request"),
         ]
         for name, data, status, code in cases:
             with self.subTest(name):
@@ -617,6 +619,19 @@ class Hostile(unittest.TestCase):
                                  .replace(b"Content-Length: 0", b"Content-Length: %d" % len(body)),
                                  body])
         self.assertTrue(resp.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK"), resp)
+
+    def test_content_encoding(self):
+        # identity is no coding at all; any other is refused before the
+        # body is read, naming it
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 2}).encode()
+        resp = raw(post(body, b"Content-Encoding: Identity\r\nConnection: close\r\n"))
+        self.assertTrue(resp.startswith(b"HTTP/1.1 200 OK"), resp)
+        resp = raw(post(body, b"Content-Encoding: br\r\nConnection: close\r\n"))
+        self.assertTrue(resp.startswith(b"HTTP/1.1 415 Unsupported Media Type"), resp)
+        err = json.loads(body_of(resp))["error"]
+        self.assertEqual(err["message"],
+                         "Content-Encoding 'br' is not supported: send the body uncompressed")
+        self.still_fine()
 
     def test_slowloris(self):
         # Headers one byte at a time, never finished: 408 after the
