@@ -254,11 +254,10 @@ void sk__open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
   if (n_pin) {
     const struct request r = {.conn = c, .id = req_id, .map = NULL};
     struct sk_job *job = job_new(SK_JOB_APPEND, &r, s);
-    if (!job) {
+    if (!job) { /* answered */
       free(pin);
       sk_session_remove(&srv->sessions, s);
       sk__counts_changed(srv);
-      sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
       return;
     }
     job->is_pin = true;
@@ -538,7 +537,6 @@ void sk__send_session_stats(struct sk_server *srv, struct sk_conn *c, uint64_t r
   free(mass);
 }
 
-static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s);
 static void enqueue_plain(struct sk_server *srv, const struct request *r, struct sk_session *s,
                           enum sk_job_kind kind);
 
@@ -647,9 +645,14 @@ static int read_input(const struct request *r, struct sk_job *job, bool required
   return 0;
 }
 
+/* A job of `kind` for request r on session s, or NULL after answering
+ * "out of memory" to r. */
 static struct sk_job *job_new(enum sk_job_kind kind, const struct request *r, struct sk_session *s) {
   struct sk_job *j = calloc(1, sizeof *j);
-  if (!j) return NULL;
+  if (!j) {
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
+    return NULL;
+  }
   j->kind = kind;
   j->req_id = r->id;
   j->conn = r->conn;
@@ -666,10 +669,7 @@ static void enqueue_plain(struct sk_server *srv, const struct request *r, struct
                           enum sk_job_kind kind) {
   struct sk_error e;
   struct sk_job *job = job_new(kind, r, s);
-  if (!job) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
+  if (!job) return;
   if (sk__session_enqueue(srv, s, job, &e) < 0) {
     sk_job_free(job);
     sk_conn_send_error(r->conn, r->id, &e);
@@ -681,10 +681,7 @@ void sk__op_append(struct sk_server *srv, const struct request *r) {
   if (!s) return;
   struct sk_error e;
   struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
-  if (!job) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
+  if (!job) return;
   bool lp = false;
   if (read_input(r, job, true, &e) < 0 || sk_msg_get_bool(r->map, "logprobs", &lp, &e) < 0 ||
       (job->want_logprobs = lp, sk__session_enqueue(srv, s, job, &e)) < 0) {
@@ -752,10 +749,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   if (!s) return;
   struct sk_error e;
   struct sk_job *job = job_new(SK_JOB_GENERATE, r, s);
-  if (!job) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory");
-    return;
-  }
+  if (!job) return;
   uint64_t u;
   double d;
   bool bv;
