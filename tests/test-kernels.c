@@ -887,9 +887,11 @@ static void test_all_types(void **state) {
          * avx2-vnni products read the packed layout) */
         const bool same = type != SK_GGML_Q8_0 && type != SK_GGML_Q4_0;
         /* K-quants and IQ4_XS: avx512-vnni and amx fuse avx2's integer
-         * steps (vpdpwssd), with the same lanes and float steps */
-        const bool same512 = is_k_type(type) && (!strcmp(variants[v], "avx512-vnni") ||
-                                                 !strcmp(variants[v], "amx"));
+         * steps (vpdpwssd), with the same lanes and float steps; but
+         * Q4_K, whose 16-row lane layout sums each output in one lane
+         * (within float rounding of the portable code, checked below) */
+        const bool same512 = is_k_type(type) && type != SK_GGML_Q4_K &&
+                             (!strcmp(variants[v], "avx512-vnni") || !strcmp(variants[v], "amx"));
         /* every variant within float rounding of the portable code: the
          * same exact integer sums per super-block or block, summed in
          * float in another grouping */
@@ -934,9 +936,11 @@ static void test_all_types(void **state) {
 
 /* Q4_K and Q6_K products of 1..20 activation rows (every tile height of
  * the batched products and partial tiles) on 37 output rows (a partial
- * packed group), in uneven output ranges: each variant's batch gives the
- * bits of its rows one by one, and avx512-vnni and amx (packed K-quant
- * layout) the bits of avx2 on the GGUF layout. */
+ * packed group), in output ranges that cut packed groups: each variant's
+ * batch gives the bits of its rows one by one; avx512-vnni and amx give
+ * the same bits as each other, on Q6_K (packed K-quant layout) those of
+ * avx2 on the GGUF layout, on Q4_K (16-row lane layout, other float
+ * sums) results within float rounding of the portable code. */
 static void test_k_batch_equals_rows(void **state) {
   (void)state;
   const uint32_t types[] = {SK_GGML_Q4_K, SK_GGML_Q6_K};
@@ -958,6 +962,19 @@ static void test_k_batch_equals_rows(void **state) {
     float **yg = row_ptrs(gen, N, rows);
     sk_kernels_matmul(&plain, &t.l.a, yg, 0, rows);
     free(yg);
+    /* the portable code, and each output's magnitude sum |w x| */
+    float *port = malloc((size_t)N * rows * sizeof *port), *v512 = NULL;
+    double *mag = calloc((size_t)N * rows, sizeof *mag);
+    assert_non_null(port);
+    assert_non_null(mag);
+    select_or_fail("generic");
+    float **yp = row_ptrs(port, N, rows);
+    sk_kernels_matmul(&plain, &t.l.a, yp, 0, rows);
+    free(yp);
+    for (uint32_t e = 0; e < N * rows; e++)
+      for (uint32_t k = 0, i = e / rows, o = e % rows; k < cols; k++)
+        mag[e] += fabs((double)m.f[(size_t)o * cols + k] *
+                       ((double)t.kd[(i * cols + k) / SK_QKK] * t.kq[i * cols + k]));
     for (size_t v = 0; v < N_VARIANTS; v++) {
       if (!sk_kernels_supported(variants[v])) continue;
       select_or_fail(variants[v]);
@@ -983,11 +1000,29 @@ static void test_k_batch_equals_rows(void **state) {
         if (memcmp(y, alone, (size_t)n * rows * sizeof *y) != 0)
           fail_msg("%s %s n=%u: the batch differs from its rows one by one", variants[v],
                    sk_ggml_type_name(types[ti]), n);
-        if (strcmp(variants[v], "generic") && memcmp(y, gen, (size_t)n * rows * sizeof *y) != 0)
+        const bool lanes = types[ti] == SK_GGML_Q4_K && (!strcmp(variants[v], "avx512-vnni") ||
+                                                         !strcmp(variants[v], "amx"));
+        if (strcmp(variants[v], "generic") && !lanes &&
+            memcmp(y, gen, (size_t)n * rows * sizeof *y) != 0)
           fail_msg("%s %s n=%u: differs from avx2 on the GGUF layout", variants[v],
                    sk_ggml_type_name(types[ti]), n);
+        for (uint32_t e = 0; lanes && e < n * rows; e++)
+          if (!(fabs((double)y[e] - port[e]) <= 1e-5 * mag[e]))
+            fail_msg("%s %s n=%u [%u][%u]: %.9g, the portable code %.9g", variants[v],
+                     sk_ggml_type_name(types[ti]), n, e / rows, e % rows, y[e], port[e]);
+      }
+      if (!strcmp(variants[v], "avx512-vnni")) {
+        v512 = malloc((size_t)N * rows * sizeof *v512);
+        assert_non_null(v512);
+        memcpy(v512, alone, (size_t)N * rows * sizeof *v512);
+      } else if (!strcmp(variants[v], "amx") && v512 &&
+                 memcmp(alone, v512, (size_t)N * rows * sizeof *v512) != 0) {
+        fail_msg("amx %s: differs from avx512-vnni", sk_ggml_type_name(types[ti]));
       }
     }
+    free(v512);
+    free(mag);
+    free(port);
     printf("%-5s %ux%u, 1..%u rows: batches equal their rows\n", sk_ggml_type_name(types[ti]),
            rows, cols, N);
     free(y);

@@ -42,6 +42,9 @@ struct sk__kernels {
   bool pack_f32;
   /* reads Q4_K and Q6_K weights in the packed K-quant layout (sk__kp) */
   bool pack_k;
+  /* reads Q4_K weights in the 16-row lane layout (sk__k4p), which then
+   * takes precedence over pack_k for Q4_K */
+  bool pack_k4;
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
@@ -72,6 +75,18 @@ struct sk__kernels {
 static inline bool sk__kp(const struct sk_wmat *w) {
   return w->packed && w->pack_rows == SK__KP_ROWS &&
          (w->type == SK_GGML_Q4_K || w->type == SK_GGML_Q6_K);
+}
+
+/* Q4_K lane layout (sk_kernels_pack; avx512-vnni and amx; read by
+ * kernels-avx512.inc, which describes it): groups of SK__K4_ROWS rows,
+ * super-block b of group g at (g nb + b) SK__K4_BS bytes. Other variants
+ * read the GGUF data of such a matrix. */
+#define SK__K4_ROWS 16u
+#define SK__K4_BS (SK__K4_ROWS * 144u)
+
+/* Whether w holds Q4_K weights in the lane layout. */
+static inline bool sk__k4p(const struct sk_wmat *w) {
+  return w->packed && w->pack_rows == SK__K4_ROWS && w->type == SK_GGML_Q4_K;
 }
 
 /* The first super-block of row o, in either layout. */
@@ -700,6 +715,7 @@ static const struct sk__kernels sk__avx512_vnni = {
     .pack_rows = SK__V512_ROWS,
     .pack_f32 = true,
     .pack_k = true,
+    .pack_k4 = true,
 };
 
 #if defined(__x86_64__)
@@ -716,6 +732,7 @@ static const struct sk__kernels sk__amx = {
     .pack_rows = SK__V512_ROWS,
     .pack_f32 = true,
     .pack_k = true,
+    .pack_k4 = true,
 };
 #else
 #define SK__AMX 0
@@ -993,8 +1010,43 @@ static int sk__pack_k(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   return 0;
 }
 
+/* Q4_K weights into the lane layout (sk__k4p, kernels-avx512.inc): per
+ * group of SK__K4_ROWS rows (padding rows: all zero bytes, d = dmin = 0)
+ * and super-block, the rows' d, their dmin, word k of their 12 scale
+ * bytes for k = 0, 1, 2, then their quants in chunks of 4 bytes. */
+static int sk__pack_k4(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
+  const size_t groups = ((size_t)w->rows + SK__K4_ROWS - 1) / SK__K4_ROWS;
+  const size_t nb = w->cols / SK_QKK;
+  if (groups && nb > SIZE_MAX / SK__K4_BS / groups)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                        w->cols);
+  const size_t n = groups * nb * SK__K4_BS;
+  uint8_t *mem = malloc(n);
+  if (!mem)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
+  memset(mem, 0, n);
+  for (size_t r = 0; r < w->rows; r++) {
+    const size_t i = r % SK__K4_ROWS;
+    for (size_t b = 0; b < nb; b++) {
+      const uint8_t *src = (const uint8_t *)w->data + r * w->row_bytes + b * 144;
+      uint8_t *dst = mem + (r / SK__K4_ROWS * nb + b) * SK__K4_BS;
+      memcpy(dst + 2 * i, src, 2);                        /* d */
+      memcpy(dst + 2 * SK__K4_ROWS + 2 * i, src + 2, 2);  /* dmin */
+      for (size_t k = 0; k < 3; k++)                      /* scales */
+        memcpy(dst + 4 * SK__K4_ROWS + 4 * (SK__K4_ROWS * k + i), src + 4 + 4 * k, 4);
+      for (size_t c = 0; c < 32; c++)                     /* quants */
+        memcpy(dst + 16 * SK__K4_ROWS + 4 * (SK__K4_ROWS * c + i), src + 16 + 4 * c, 4);
+    }
+  }
+  w->packed = mem;
+  w->pack_rows = SK__K4_ROWS;
+  *ret_mem = mem;
+  return 0;
+}
+
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
+  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k4) return sk__pack_k4(w, ret_mem, err);
 #if SK__X86
   if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
 #endif
