@@ -691,7 +691,8 @@ static const struct sk__kernels sk__avx2_vnni = {
  * the quantized and F32 products, the packed layouts, written once so
  * that the two tables cannot drift apart; their K-quant and IQ4_XS
  * products are avx2's with AVX-512 VNNI's vpdpwssd (sk__x512_*, the same
- * bits), one-row Q4_K and Q6_K products kernels-avx512.inc's. */
+ * bits), one-row Q6_K products and all Q4_K products (on weights in
+ * the Q4_K lane layout; other bits) kernels-avx512.inc's. */
 #define SK__AVX2_REST                                                                    \
   .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
   .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
