@@ -780,14 +780,31 @@ static void kacts_free(struct kacts *t) {
   free(t->ks);
 }
 
-/* The Q8_K quantizer: ggml's rule (kernels.h), exactly. */
+static void check_quantize_rows_k(void);
+
+/* The Q8_K quantizer: ggml's rule (kernels.h), exactly, on every
+ * variant this CPU runs (ties of the rounding and a largest magnitude
+ * that occurs with both signs included). */
 static void test_quantize_rows_k(void **state) {
   (void)state;
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    check_quantize_rows_k();
+  }
+  select_or_fail("auto");
+}
+
+static void check_quantize_rows_k(void) {
   const uint32_t n = 2, cols = 512;
   float x[2 * 512];
   for (size_t i = 0; i < 2 * 512; i++) x[i] = frand() * 5.0f;
   for (size_t i = 256; i < 512; i++) x[i] = 0.0f; /* an all-zero block */
   x[700] = -9.0f; /* the largest magnitude, negative */
+  x[100] = -127.0f / 2; /* the largest magnitude, first negative: scale 2 */
+  x[101] = 1.25f;       /* ties: 2.5 and 3.5 round to even */
+  x[102] = 1.75f;
+  x[130] = 127.0f / 2;
   int8_t q[2 * 512];
   float d[4];
   int16_t bs[64];
@@ -815,6 +832,10 @@ static void test_quantize_rows_k(void **state) {
     }
   }
   assert_true(d[2] == 1.0f / (-127.0f / -9.0f)); /* the negative maximum gives d > 0 */
+  assert_true(d[0] == 0.5f); /* the first of -max and +max */
+  assert_int_equal(q[101], 2);
+  assert_int_equal(q[102], 4);
+  assert_int_equal(q[130], 127);
 }
 
 /* Every type on every variant this CPU runs: against a double reference

@@ -35,6 +35,9 @@ struct sk__kernels {
       mm_q6_k, mm_iq4_xs;
   void (*quantize_rows)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
                         float *d, int32_t *s);
+  /* sk_kernels_quantize_rows_k, the same bits; NULL: the portable one */
+  void (*quantize_rows_k)(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                          float *d, int16_t *bs);
   /* reads quantized weights packed in groups of this many rows
    * (sk_kernels_pack), or 0: the GGUF layout */
   uint32_t pack_rows;
@@ -717,6 +720,7 @@ static const struct sk__kernels sk__avx512_vnni = {
     .pack_f32 = true,
     .pack_k = true,
     .pack_k4 = true,
+    .quantize_rows_k = sk__v512_quantize_rows_k,
 };
 
 #if defined(__x86_64__)
@@ -734,6 +738,7 @@ static const struct sk__kernels sk__amx = {
     .pack_f32 = true,
     .pack_k = true,
     .pack_k4 = true,
+    .quantize_rows_k = sk__v512_quantize_rows_k,
 };
 #else
 #define SK__AMX 0
@@ -916,8 +921,8 @@ bool sk_wmat_needs_q8k(const struct sk_wmat *w) {
   }
 }
 
-void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
-                                float *d, int16_t *bs) {
+static void sk__gen_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols,
+                                    int8_t *q, float *d, int16_t *bs) {
   const uint32_t nb = cols / SK_QKK;
   for (uint32_t i = 0; i < n; i++) {
     for (uint32_t b = 0; b < nb; b++) {
@@ -949,6 +954,12 @@ void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t
       d[(size_t)i * nb + b] = 1.0f / iscale;
     }
   }
+}
+
+void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
+                                float *d, int16_t *bs) {
+  if (sk__cur()->quantize_rows_k) sk__cur()->quantize_rows_k(x, ldf, n, cols, q, d, bs);
+  else sk__gen_quantize_rows_k(x, ldf, n, cols, q, d, bs);
 }
 
 void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,

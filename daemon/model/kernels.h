@@ -13,7 +13,8 @@
  *              time, bit-identical to avx2-vnni, and Q4_K products: 16
  *              output rows in the int32 lanes of 512-bit vpdpbusd on
  *              weights packed 16 rows at a time, within float rounding
- *              of avx2 (kernels-avx512.inc)
+ *              of avx2, and the Q8_K activation quantizer (the same
+ *              bits) (kernels-avx512.inc)
  *   amx        avx512-vnni, except for Q8_0 products of 16 and more
  *              activation rows: tiles of 16 rows x 16 outputs x one
  *              32-byte block multiplied by AMX (TDPBSUD, AMX-TILE +
