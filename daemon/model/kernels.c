@@ -68,6 +68,14 @@ struct sk__kernels {
  * matrix has it, the GGUF layout otherwise. */
 #define SK__KP_ROWS 8u
 
+/* Packed Q6_K layout of avx512-vnni and amx (sk_kernels_pack; described
+ * in kernels-avx512.inc, above sk__v512_q6p_tile): groups of
+ * SK__Q6P_ROWS rows, each super-block of a group in SK__Q6P_BYTES bytes
+ * with the 16 rows across the vector lanes. Marked by w->pack_rows ==
+ * SK__Q6P_ROWS on a Q6_K matrix; other variants read the GGUF data. */
+#define SK__Q6P_ROWS 16u
+#define SK__Q6P_BYTES (SK__Q6P_ROWS * 210u)
+
 /* Whether w holds Q4_K/Q6_K weights in the packed K-quant layout. */
 static inline bool sk__kp(const struct sk_wmat *w) {
   return w->packed && w->pack_rows == SK__KP_ROWS &&
@@ -993,13 +1001,44 @@ static int sk__pack_k(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   return 0;
 }
 
+/* Q6_K weights into the packed Q6_K layout (SK__Q6P_ROWS rows across the
+ * vector lanes; kernels-avx512.inc, above sk__v512_q6p_tile). */
+static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
+  const size_t groups = ((size_t)w->rows + SK__Q6P_ROWS - 1) / SK__Q6P_ROWS;
+  const size_t nb = w->cols / SK_QKK;
+  if (nb && groups > SIZE_MAX / SK__Q6P_BYTES / nb)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                        w->cols);
+  const size_t n = groups * nb * SK__Q6P_BYTES;
+  uint8_t *mem = malloc(n ? n : 1);
+  if (!mem)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
+  memset(mem, 0, n); /* padding rows: d = 0, scales 0, quants 0 */
+  for (size_t r = 0; r < w->rows; r++)
+    for (size_t b = 0; b < nb; b++) {
+      const struct sk_block_q6_k *k =
+          (const struct sk_block_q6_k *)(const void *)((const uint8_t *)w->data +
+                                                       r * w->row_bytes + b * 210);
+      uint8_t *dst = mem + (r / SK__Q6P_ROWS * nb + b) * SK__Q6P_BYTES;
+      const size_t l = r % SK__Q6P_ROWS;
+      memcpy(dst + 2 * l, &k->d, 2);
+      for (size_t p = 0; p < 8; p++) memcpy(dst + 32 + 32 * p + 2 * l, k->scales + 2 * p, 2);
+      for (size_t c = 0; c < 32; c++) memcpy(dst + 288 + 64 * c + 4 * l, k->ql + 4 * c, 4);
+      for (size_t c = 0; c < 16; c++) memcpy(dst + 2336 + 64 * c + 4 * l, k->qh + 4 * c, 4);
+    }
+  w->packed = mem;
+  w->pack_rows = SK__Q6P_ROWS;
+  *ret_mem = mem;
+  return 0;
+}
+
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
 #if SK__X86
   if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
 #endif
-  if ((w->type == SK_GGML_Q4_K || w->type == SK_GGML_Q6_K) && sk__cur()->pack_k)
-    return sk__pack_k(w, ret_mem, err);
+  if (w->type == SK_GGML_Q6_K && sk__cur()->pack_k) return sk__pack_q6p(w, ret_mem, err);
+  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k) return sk__pack_k(w, ret_mem, err);
   const size_t gr = sk__cur()->pack_rows; /* rows per group */
   if (!gr || (w->type != SK_GGML_Q8_0 && w->type != SK_GGML_Q4_0)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;
