@@ -1009,11 +1009,11 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
   if (nb && groups > SIZE_MAX / SK__Q6P_BYTES / nb)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
                         w->cols);
-  const size_t n = groups * nb * SK__Q6P_BYTES;
-  uint8_t *mem = malloc(n ? n : 1);
+  const size_t len = groups * nb * SK__Q6P_BYTES;
+  uint8_t *mem = malloc(len ? len : 1);
   if (!mem)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
-  memset(mem, 0, n); /* padding rows: d = 0, scales 0, quants 0 */
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", len);
+  memset(mem, 0, len); /* padding rows: d = 0, scales 0, quants 0 */
   for (size_t r = 0; r < w->rows; r++)
     for (size_t b = 0; b < nb; b++) {
       const struct sk_block_q6_k *k =
@@ -1023,8 +1023,26 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
       const size_t l = r % SK__Q6P_ROWS;
       memcpy(dst + 2 * l, &k->d, 2);
       for (size_t p = 0; p < 8; p++) memcpy(dst + 32 + 32 * p + 2 * l, k->scales + 2 * p, 2);
-      for (size_t c = 0; c < 32; c++) memcpy(dst + 288 + 64 * c + 4 * l, k->ql + 4 * c, 4);
-      for (size_t c = 0; c < 16; c++) memcpy(dst + 2336 + 64 * c + 4 * l, k->qh + 4 * c, 4);
+      uint8_t q[SK_QKK]; /* the 6-bit quants, ggml's order */
+      for (size_t n = 0; n < 2; n++)
+        for (size_t e = 0; e < 32; e++) {
+          const uint8_t lo = k->ql[64 * n + e], hi = k->ql[64 * n + 32 + e], h = k->qh[32 * n + e];
+          q[128 * n + e] = (uint8_t)((lo & 15) | (h & 3) << 4);
+          q[128 * n + 32 + e] = (uint8_t)((hi & 15) | (h >> 2 & 3) << 4);
+          q[128 * n + 64 + e] = (uint8_t)(lo >> 4 | (h >> 4 & 3) << 4);
+          q[128 * n + 96 + e] = (uint8_t)(hi >> 4 | (h >> 6 & 3) << 4);
+        }
+      /* chunks P, Q, R of (half n, column chunk c): elements 128n + 32j
+       * + 4c + i (j = 0, 1, 2) in bits 0-5, bits 2j, 2j+1 of element
+       * 128n + 96 + 4c + i in bits 6-7 */
+      for (size_t n = 0; n < 2; n++)
+        for (size_t c = 0; c < 8; c++)
+          for (size_t j = 0; j < 3; j++)
+            for (size_t i = 0; i < 4; i++) {
+              const size_t e = 128 * n + 4 * c + i;
+              dst[288 + 64 * (24 * n + 3 * c + j) + 4 * l + i] =
+                  (uint8_t)(q[e + 32 * j] | (q[e + 96] >> (2 * j) & 3) << 6);
+            }
     }
   w->packed = mem;
   w->pack_rows = SK__Q6P_ROWS;
