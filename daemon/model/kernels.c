@@ -74,7 +74,9 @@ struct sk__kernels {
  * with the 16 rows across the vector lanes. Marked by w->pack_rows ==
  * SK__Q6P_ROWS on a Q6_K matrix; other variants read the GGUF data. */
 #define SK__Q6P_ROWS 16u
-#define SK__Q6P_BYTES (SK__Q6P_ROWS * 210u)
+#define SK__Q6P_BYTES 3392u /* 53 cache lines: 16 x 210 bytes, padded */
+#define SK__Q6P_D 3072u     /* offset of the fp16 scales d */
+#define SK__Q6P_SC 3104u    /* offset of the int8 sub-block scale pairs */
 
 /* Whether w holds Q4_K/Q6_K weights in the packed K-quant layout. */
 static inline bool sk__kp(const struct sk_wmat *w) {
@@ -1010,7 +1012,7 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
                         w->cols);
   const size_t len = groups * nb * SK__Q6P_BYTES;
-  uint8_t *mem = malloc(len ? len : 1);
+  uint8_t *mem = aligned_alloc(64, len ? len : 64);
   if (!mem)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", len);
   memset(mem, 0, len); /* padding rows: d = 0, scales 0, quants 0 */
@@ -1021,8 +1023,8 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
                                                        r * w->row_bytes + b * 210);
       uint8_t *dst = mem + (r / SK__Q6P_ROWS * nb + b) * SK__Q6P_BYTES;
       const size_t l = r % SK__Q6P_ROWS;
-      memcpy(dst + 2 * l, &k->d, 2);
-      for (size_t p = 0; p < 8; p++) memcpy(dst + 32 + 32 * p + 2 * l, k->scales + 2 * p, 2);
+      memcpy(dst + SK__Q6P_D + 2 * l, &k->d, 2);
+      for (size_t p = 0; p < 8; p++) memcpy(dst + SK__Q6P_SC + 32 * p + 2 * l, k->scales + 2 * p, 2);
       uint8_t q[SK_QKK]; /* the 6-bit quants, ggml's order */
       for (size_t n = 0; n < 2; n++)
         for (size_t e = 0; e < 32; e++) {
@@ -1040,7 +1042,7 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
           for (size_t j = 0; j < 3; j++)
             for (size_t i = 0; i < 4; i++) {
               const size_t e = 128 * n + 4 * c + i;
-              dst[288 + 64 * (24 * n + 3 * c + j) + 4 * l + i] =
+              dst[64 * (24 * n + 3 * c + j) + 4 * l + i] =
                   (uint8_t)(q[e + 32 * j] | (q[e + 96] >> (2 * j) & 3) << 6);
             }
     }
