@@ -1052,6 +1052,62 @@ static void test_k_batch_equals_rows(void **state) {
   select_or_fail("auto");
 }
 
+/* Q6_K on a matrix of 5000 x 256 (the batched avx512-vnni/amx product
+ * goes over it in several output blocks), 3 activation rows, the outputs
+ * cut inside 16-row groups: each variant's batch gives the bits of its
+ * rows one by one and lies within float rounding of the portable code. */
+static void test_q6_k_blocks(void **state) {
+  (void)state;
+  const uint32_t rows = 5000, cols = 256, N = 3;
+  struct mat m;
+  mat_make_random(&m, SK_GGML_Q6_K, rows, cols, 4242);
+  struct kacts t;
+  kacts_make(&t, N, cols);
+  float *portable = malloc((size_t)N * rows * sizeof *portable);
+  float *alone = malloc((size_t)N * rows * sizeof *alone);
+  float *y = malloc((size_t)N * rows * sizeof *y);
+  assert_non_null(portable);
+  assert_non_null(alone);
+  assert_non_null(y);
+  select_or_fail("generic");
+  float **yr = row_ptrs(portable, N, rows);
+  sk_kernels_matmul(&m.w, &t.l.a, yr, 0, rows);
+  free(yr);
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    mat_pack(&m);
+    memset(y, 0, (size_t)N * rows * sizeof *y);
+    yr = row_ptrs(y, N, rows);
+    const uint32_t cuts[] = {0, 7, 1609, 1650, 3333, rows};
+    for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++)
+      sk_kernels_matmul(&m.w, &t.l.a, yr, cuts[c], cuts[c + 1]);
+    free(yr);
+    for (uint32_t i = 0; i < N; i++) {
+      struct sk_act one = t.l.a;
+      one.n = 1;
+      one.kq = t.kq + (size_t)i * cols;
+      one.kd = t.kd + (size_t)i * cols / SK_QKK;
+      one.ks = t.ks + (size_t)i * cols / 16;
+      float *yi = alone + (size_t)i * rows;
+      sk_kernels_matmul(&m.w, &one, &yi, 0, rows);
+    }
+    if (memcmp(y, alone, (size_t)N * rows * sizeof *y) != 0)
+      fail_msg("%s q6_K %ux%u: the batch differs from its rows one by one", variants[v], rows,
+               cols);
+    if (!k_within(&m, &t, y, portable, N, rows, cols))
+      fail_msg("%s q6_K %ux%u: not within rounding of the portable code", variants[v], rows,
+               cols);
+  }
+  printf("q6_K  %ux%u, %u rows: every variant within the portable code\n", rows, cols, N);
+  free(y);
+  free(alone);
+  free(portable);
+  kacts_free(&t);
+  mat_free(&m);
+  select_or_fail("auto");
+}
+
 /* Dequantizers: hand-made blocks with known values. */
 static void test_blocks_all(void **state) {
   (void)state;
@@ -1219,6 +1275,7 @@ int main(void) {
       cmocka_unit_test(test_quantize_rows_k),
       cmocka_unit_test(test_all_types),
       cmocka_unit_test(test_k_batch_equals_rows),
+      cmocka_unit_test(test_q6_k_blocks),
       cmocka_unit_test(test_blocks_all),
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_amx_equals_avx2_vnni),

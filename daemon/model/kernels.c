@@ -59,9 +59,9 @@ struct sk__kernels {
   void (*swiglu)(float *g, const float *u, size_t n);
 };
 
-/* Packed K-quant layout (sk_kernels_pack; Q4_K and Q6_K for avx512-vnni
- * and amx): groups of SK__KP_ROWS rows, the group's super-blocks b of
- * its rows side by side, then b + 1: row r's super-block b is at
+/* Packed K-quant layout (sk_kernels_pack; Q4_K for avx512-vnni and amx,
+ * whose Q6_K has its own, SK__Q6P_ROWS): groups of SK__KP_ROWS rows, the
+ * group's super-blocks b of its rows side by side, then b + 1: row r's super-block b is at
  * ((r / SK__KP_ROWS) nb + b) SK__KP_ROWS + r % SK__KP_ROWS super-blocks.
  * One sequential stream carries SK__KP_ROWS rows (padding rows: zero
  * bytes, scale 0). Every variant's K-quant products read it when the
@@ -70,9 +70,9 @@ struct sk__kernels {
 
 /* Packed Q6_K layout of avx512-vnni and amx (sk_kernels_pack; described
  * in kernels-avx512.inc, above sk__v512_q6p_tile): groups of
- * SK__Q6P_ROWS rows, each super-block of a group in SK__Q6P_BYTES bytes
- * with the 16 rows across the vector lanes. Marked by w->pack_rows ==
- * SK__Q6P_ROWS on a Q6_K matrix; other variants read the GGUF data. */
+ * SK__Q6P_ROWS rows across the vector lanes, each super-block of a group
+ * in SK__Q6P_BYTES bytes. Marked by w->pack_rows == SK__Q6P_ROWS on a
+ * Q6_K matrix; other variants read the GGUF data. */
 #define SK__Q6P_ROWS 16u
 #define SK__Q6P_BYTES 3392u /* 53 cache lines: 16 x 210 bytes, padded */
 #define SK__Q6P_D 3072u     /* offset of the fp16 scales d */
@@ -686,7 +686,8 @@ static const struct sk__kernels sk__avx2_vnni = {
  * the quantized and F32 products, the packed layouts, written once so
  * that the two tables cannot drift apart; their K-quant and IQ4_XS
  * products are avx2's with AVX-512 VNNI's vpdpwssd (sk__x512_*, the same
- * bits), one-row Q4_K and Q6_K products kernels-avx512.inc's. */
+ * bits), but one-row Q4_K products and all Q6_K products, which are
+ * kernels-avx512.inc's. */
 #define SK__AVX2_REST                                                                    \
   .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
   .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
