@@ -909,9 +909,9 @@ static void test_all_types(void **state) {
         const bool same = type != SK_GGML_Q8_0 && type != SK_GGML_Q4_0;
         /* K-quants and IQ4_XS: avx512-vnni and amx fuse avx2's integer
          * steps (vpdpwssd), with the same lanes and float steps; but
-         * Q4_K, whose 16-row lane layout sums each output in one lane
-         * (within float rounding of the portable code, checked below) */
-        const bool same512 = is_k_type(type) && type != SK_GGML_Q4_K &&
+         * Q4_K and Q6_K, whose 16-row lane layouts sum each output in one
+         * lane (within float rounding of the portable code, checked below) */
+        const bool same512 = is_k_type(type) && type != SK_GGML_Q4_K && type != SK_GGML_Q6_K &&
                              (!strcmp(variants[v], "avx512-vnni") || !strcmp(variants[v], "amx"));
         /* every variant within float rounding of the portable code: the
          * same exact integer sums per super-block or block, summed in
@@ -959,9 +959,8 @@ static void test_all_types(void **state) {
  * the batched products and partial tiles) on 37 output rows (a partial
  * packed group), in output ranges that cut packed groups: each variant's
  * batch gives the bits of its rows one by one; avx512-vnni and amx give
- * the same bits as each other, on Q6_K (packed K-quant layout) those of
- * avx2 on the GGUF layout, on Q4_K (16-row lane layout, other float
- * sums) results within float rounding of the portable code. */
+ * the same bits as each other and, on their 16-row lane layouts (other
+ * float sums), results within float rounding of the portable code. */
 static void test_k_batch_equals_rows(void **state) {
   (void)state;
   const uint32_t types[] = {SK_GGML_Q4_K, SK_GGML_Q6_K};
@@ -1021,8 +1020,7 @@ static void test_k_batch_equals_rows(void **state) {
         if (memcmp(y, alone, (size_t)n * rows * sizeof *y) != 0)
           fail_msg("%s %s n=%u: the batch differs from its rows one by one", variants[v],
                    sk_ggml_type_name(types[ti]), n);
-        const bool lanes = types[ti] == SK_GGML_Q4_K && (!strcmp(variants[v], "avx512-vnni") ||
-                                                         !strcmp(variants[v], "amx"));
+        const bool lanes = !strcmp(variants[v], "avx512-vnni") || !strcmp(variants[v], "amx");
         if (strcmp(variants[v], "generic") && !lanes &&
             memcmp(y, gen, (size_t)n * rows * sizeof *y) != 0)
           fail_msg("%s %s n=%u: differs from avx2 on the GGUF layout", variants[v],
@@ -1052,6 +1050,77 @@ static void test_k_batch_equals_rows(void **state) {
     kacts_free(&t);
     mat_free(&m);
   }
+  select_or_fail("auto");
+}
+
+/* Whether y (n rows of `rows` outputs) is within float rounding of ref:
+ * |y - ref| <= 1e-5 sum_k |w x| (m's weights, t's Q8_K activations). */
+static bool k_within(const struct mat *m, const struct kacts *t, const float *y,
+                     const float *ref, uint32_t n, uint32_t rows, uint32_t cols) {
+  for (uint32_t i = 0; i < n; i++)
+    for (uint32_t o = 0; o < rows; o++) {
+      double mag = 0.0;
+      for (uint32_t k = 0; k < cols; k++)
+        mag += fabs((double)m->f[(size_t)o * cols + k] *
+                    ((double)t->kd[(i * cols + k) / SK_QKK] * t->kq[i * cols + k]));
+      if (!(fabs((double)y[i * rows + o] - ref[i * rows + o]) <= 1e-5 * mag)) return false;
+    }
+  return true;
+}
+
+/* Q6_K on a matrix of 5000 x 256 (the batched avx512-vnni/amx product
+ * goes over it in several output blocks), 3 activation rows, the outputs
+ * cut inside 16-row groups: each variant's batch gives the bits of its
+ * rows one by one and lies within float rounding of the portable code. */
+static void test_q6_k_blocks(void **state) {
+  (void)state;
+  const uint32_t rows = 5000, cols = 256, N = 3;
+  struct mat m;
+  mat_make_random(&m, SK_GGML_Q6_K, rows, cols, 4242);
+  struct kacts t;
+  kacts_make(&t, N, cols);
+  float *portable = malloc((size_t)N * rows * sizeof *portable);
+  float *alone = malloc((size_t)N * rows * sizeof *alone);
+  float *y = malloc((size_t)N * rows * sizeof *y);
+  assert_non_null(portable);
+  assert_non_null(alone);
+  assert_non_null(y);
+  select_or_fail("generic");
+  float **yr = row_ptrs(portable, N, rows);
+  sk_kernels_matmul(&m.w, &t.l.a, yr, 0, rows);
+  free(yr);
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    mat_pack(&m);
+    memset(y, 0, (size_t)N * rows * sizeof *y);
+    yr = row_ptrs(y, N, rows);
+    const uint32_t cuts[] = {0, 7, 1609, 1650, 3333, rows};
+    for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++)
+      sk_kernels_matmul(&m.w, &t.l.a, yr, cuts[c], cuts[c + 1]);
+    free(yr);
+    for (uint32_t i = 0; i < N; i++) {
+      struct sk_act one = t.l.a;
+      one.n = 1;
+      one.kq = t.kq + (size_t)i * cols;
+      one.kd = t.kd + (size_t)i * cols / SK_QKK;
+      one.ks = t.ks + (size_t)i * cols / 16;
+      float *yi = alone + (size_t)i * rows;
+      sk_kernels_matmul(&m.w, &one, &yi, 0, rows);
+    }
+    if (memcmp(y, alone, (size_t)N * rows * sizeof *y) != 0)
+      fail_msg("%s q6_K %ux%u: the batch differs from its rows one by one", variants[v], rows,
+               cols);
+    if (!k_within(&m, &t, y, portable, N, rows, cols))
+      fail_msg("%s q6_K %ux%u: not within rounding of the portable code", variants[v], rows,
+               cols);
+  }
+  printf("q6_K  %ux%u, %u rows: every variant within the portable code\n", rows, cols, N);
+  free(y);
+  free(alone);
+  free(portable);
+  kacts_free(&t);
+  mat_free(&m);
   select_or_fail("auto");
 }
 
@@ -1222,6 +1291,7 @@ int main(void) {
       cmocka_unit_test(test_quantize_rows_k),
       cmocka_unit_test(test_all_types),
       cmocka_unit_test(test_k_batch_equals_rows),
+      cmocka_unit_test(test_q6_k_blocks),
       cmocka_unit_test(test_blocks_all),
       cmocka_unit_test(test_avx512_equals_avx2_vnni),
       cmocka_unit_test(test_amx_equals_avx2_vnni),

@@ -65,14 +65,24 @@ struct sk__kernels {
   void (*swiglu)(float *g, const float *u, size_t n);
 };
 
-/* Packed K-quant layout (sk_kernels_pack; Q4_K and Q6_K for avx512-vnni
- * and amx): groups of SK__KP_ROWS rows, the group's super-blocks b of
- * its rows side by side, then b + 1: row r's super-block b is at
+/* Packed K-quant layout (sk_kernels_pack; Q4_K for avx512-vnni and amx,
+ * whose Q6_K has its own, SK__Q6P_ROWS): groups of SK__KP_ROWS rows, the
+ * group's super-blocks b of its rows side by side, then b + 1: row r's super-block b is at
  * ((r / SK__KP_ROWS) nb + b) SK__KP_ROWS + r % SK__KP_ROWS super-blocks.
  * One sequential stream carries SK__KP_ROWS rows (padding rows: zero
  * bytes, scale 0). Every variant's K-quant products read it when the
  * matrix has it, the GGUF layout otherwise. */
 #define SK__KP_ROWS 8u
+
+/* Packed Q6_K layout of avx512-vnni and amx (sk_kernels_pack; described
+ * in kernels-avx512.inc, above sk__v512_q6p_tile): groups of
+ * SK__Q6P_ROWS rows across the vector lanes, each super-block of a group
+ * in SK__Q6P_BYTES bytes. Marked by w->pack_rows == SK__Q6P_ROWS on a
+ * Q6_K matrix; other variants read the GGUF data. */
+#define SK__Q6P_ROWS 16u
+#define SK__Q6P_BYTES 3392u /* 53 cache lines: 16 x 210 bytes, padded */
+#define SK__Q6P_D 3072u     /* offset of the fp16 scales d */
+#define SK__Q6P_SC 3104u    /* offset of the int8 sub-block scale pairs */
 
 /* Whether w holds Q4_K/Q6_K weights in the packed K-quant layout. */
 static inline bool sk__kp(const struct sk_wmat *w) {
@@ -694,8 +704,8 @@ static const struct sk__kernels sk__avx2_vnni = {
  * the quantized and F32 products, the packed layouts, written once so
  * that the two tables cannot drift apart; their K-quant and IQ4_XS
  * products are avx2's with AVX-512 VNNI's vpdpwssd (sk__x512_*, the same
- * bits), one-row Q6_K products and all Q4_K products (on weights in
- * the Q4_K lane layout; other bits) kernels-avx512.inc's. */
+ * bits), but their Q4_K and Q6_K products, which are kernels-avx512.inc's
+ * (on weights in the lane layouts). */
 #define SK__AVX2_REST                                                                    \
   .mm_f16 = sk__avx2_mm_f16, .mm_bf16 = sk__avx2_mm_bf16, .mm_q4_1 = sk__avx2_mm_q4_1,   \
   .mm_q5_0 = sk__avx2_mm_q5_0, .mm_q5_1 = sk__avx2_mm_q5_1,                              \
@@ -1056,14 +1066,63 @@ static int sk__pack_k4(struct sk_wmat *w, void **ret_mem, struct sk_error *err) 
   return 0;
 }
 
+/* Q6_K weights into the packed Q6_K layout (SK__Q6P_ROWS rows across the
+ * vector lanes; kernels-avx512.inc, above sk__v512_q6p_tile). */
+static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
+  const size_t groups = ((size_t)w->rows + SK__Q6P_ROWS - 1) / SK__Q6P_ROWS;
+  const size_t nb = w->cols / SK_QKK;
+  if (nb && groups > SIZE_MAX / SK__Q6P_BYTES / nb)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                        w->cols);
+  const size_t len = groups * nb * SK__Q6P_BYTES;
+  uint8_t *mem = aligned_alloc(64, len ? len : 64);
+  if (!mem)
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", len);
+  memset(mem, 0, len); /* padding rows: d = 0, scales 0, quants 0 */
+  for (size_t r = 0; r < w->rows; r++)
+    for (size_t b = 0; b < nb; b++) {
+      const struct sk_block_q6_k *k =
+          (const struct sk_block_q6_k *)(const void *)((const uint8_t *)w->data +
+                                                       r * w->row_bytes + b * 210);
+      uint8_t *dst = mem + (r / SK__Q6P_ROWS * nb + b) * SK__Q6P_BYTES;
+      const size_t l = r % SK__Q6P_ROWS;
+      memcpy(dst + SK__Q6P_D + 2 * l, &k->d, 2);
+      for (size_t p = 0; p < 8; p++) memcpy(dst + SK__Q6P_SC + 32 * p + 2 * l, k->scales + 2 * p, 2);
+      uint8_t q[SK_QKK]; /* the 6-bit quants, ggml's order */
+      for (size_t n = 0; n < 2; n++)
+        for (size_t e = 0; e < 32; e++) {
+          const uint8_t lo = k->ql[64 * n + e], hi = k->ql[64 * n + 32 + e], h = k->qh[32 * n + e];
+          q[128 * n + e] = (uint8_t)((lo & 15) | (h & 3) << 4);
+          q[128 * n + 32 + e] = (uint8_t)((hi & 15) | (h >> 2 & 3) << 4);
+          q[128 * n + 64 + e] = (uint8_t)(lo >> 4 | (h >> 4 & 3) << 4);
+          q[128 * n + 96 + e] = (uint8_t)(hi >> 4 | (h >> 6 & 3) << 4);
+        }
+      /* chunks P, Q, R of (half n, column chunk c): elements 128n + 32j
+       * + 4c + i (j = 0, 1, 2) in bits 0-5, bits 2j, 2j+1 of element
+       * 128n + 96 + 4c + i in bits 6-7 */
+      for (size_t n = 0; n < 2; n++)
+        for (size_t c = 0; c < 8; c++)
+          for (size_t j = 0; j < 3; j++)
+            for (size_t i = 0; i < 4; i++) {
+              const size_t e = 128 * n + 4 * c + i;
+              dst[64 * (24 * n + 3 * c + j) + 4 * l + i] =
+                  (uint8_t)(q[e + 32 * j] | (q[e + 96] >> (2 * j) & 3) << 6);
+            }
+    }
+  w->packed = mem;
+  w->pack_rows = SK__Q6P_ROWS;
+  *ret_mem = mem;
+  return 0;
+}
+
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
   if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k4) return sk__pack_k4(w, ret_mem, err);
 #if SK__X86
   if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
 #endif
-  if ((w->type == SK_GGML_Q4_K || w->type == SK_GGML_Q6_K) && sk__cur()->pack_k)
-    return sk__pack_k(w, ret_mem, err);
+  if (w->type == SK_GGML_Q6_K && sk__cur()->pack_k) return sk__pack_q6p(w, ret_mem, err);
+  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k) return sk__pack_k(w, ret_mem, err);
   const size_t gr = sk__cur()->pack_rows; /* rows per group */
   if (!gr || (w->type != SK_GGML_Q8_0 && w->type != SK_GGML_Q4_0)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;

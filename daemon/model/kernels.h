@@ -28,8 +28,10 @@
  *
  * Which types each variant vectorizes: all of them in avx2 and avx2-vnni;
  * the avx512-vnni and amx variants use avx2's for all but F32, Q8_0,
- * Q4_0 and Q4_K (their own) and the other K-quants and IQ4_XS (avx2's
- * with the int16 dot products of AVX-512 VNNI, vpdpwssd).
+ * Q4_0, Q4_K and Q6_K (their own; the K-quants' weights packed 16 rows
+ * across the lanes of 512-bit vectors, vpdpbusd) and the other K-quants
+ * and IQ4_XS (avx2's with the int16 dot products of AVX-512 VNNI,
+ * vpdpwssd).
  *
  * Quantized weights are multiplied as ggml does (ggml_vec_dot_*_q8_0,
  * *_q8_1, *_q8_K): each activation row is first quantized, then every
@@ -45,8 +47,8 @@
  *     integer sums of sub-scale x quant dot products (and of sub-min x
  *     activation sums), scaled by d_w d_x (and dmin_w d_x) and summed in
  *     float: generic per super-block, the x86 variants in 8 lanes
- *     (kernels-x86.inc), but Q4_K on avx512-vnni and amx: per super-block
- *     in each output row's own lane (kernels-avx512.inc).
+ *     (kernels-x86.inc), but Q4_K and Q6_K on avx512-vnni and amx: per
+ *     super-block in each output row's own lane (kernels-avx512.inc).
  *
  * Determinism: within one variant, every output element is computed by
  * the same sequence of floating-point operations whatever the number of
@@ -54,7 +56,7 @@
  * A session's results therefore do not depend on what else is batched
  * with it. Variants differ from each other in the last bits (F32, F16,
  * BF16, the K-quants and IQ4_XS: avx2, avx2-vnni, avx512-vnni and amx
- * are identical, but for Q4_K, where avx512-vnni and amx are identical
+ * are identical, but for Q4_K and Q6_K, where avx512-vnni and amx are identical
  * to each other; legacy quantized: avx2-vnni, avx512-vnni and amx are
  * identical to each other for Q8_0/Q4_0 and sum per block in a
  * different order than avx2).
@@ -99,7 +101,7 @@ struct sk_wmat {
                          layout (sk_kernels_pack), or NULL */
   uint32_t pack_rows; /* rows per group of that layout (quantized: 8
                          avx2-vnni, 16 avx512-vnni and amx, which share
-                         theirs, but their Q6_K: 8; F32: 8, every x86
+                         theirs, Q4_K and Q6_K too; F32: 8, every x86
                          variant); kernels that read another layout use
                          data instead */
 };
@@ -107,17 +109,18 @@ struct sk_wmat {
 /* Repacks a matrix into the layout the selected kernels read fastest, if
  * they have one: Q8_0 and Q4_0 weights for avx2-vnni (8 rows interleaved per
  * block, see kernels-x86.inc) and avx512-vnni and amx (16 rows,
- * kernels-avx512.inc); Q4_K weights for avx512-vnni and amx (16 rows
- * interleaved per super-block, kernels-avx512.inc) and their Q6_K (8
- * rows' super-blocks side by side, kernels.c); F32 weights for every x86
- * variant (8-row groups of 8-column blocks, kernels-x86.inc above
- * tile_pf, the same bits as the GGUF layout). A variant selected later that reads another layout, or
+ * kernels-avx512.inc); Q4_K and Q6_K weights for avx512-vnni and amx
+ * (16 rows across the vector lanes, kernels-avx512.inc); F32 weights for
+ * every x86 variant (8-row groups of 8-column blocks, kernels-x86.inc
+ * above tile_pf, the same bits as the GGUF layout). A variant selected
+ * later that reads another layout, or
  * none, uses the GGUF data: right results, not the packed speed. When it
  * packs, *ret_mem is a malloc'd buffer the caller frees after the
  * matrix's last use (free), w->packed points into it and w->pack_rows is
  * set; the packed copy has the same size as the data, plus the padding of
  * a partial last group (and, for F32, of a partial last block of 8
- * columns). Otherwise *ret_mem is NULL and w is left alone. Call after
+ * columns; for Q6_K, 32 bytes per 16 rows' super-block, which puts each
+ * on cache lines). Otherwise *ret_mem is NULL and w is left alone. Call after
  * sk_kernels_select, before the first product. Errors: -SK_ERR_NO_MEMORY. */
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err);
 
