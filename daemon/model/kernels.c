@@ -43,11 +43,9 @@ struct sk__kernels {
   uint32_t pack_rows;
   /* reads F32 weights packed in groups of SK__PF_ROWS rows (sk__pack_f32) */
   bool pack_f32;
-  /* reads Q4_K and Q6_K weights in the packed K-quant layout (sk__kp) */
+  /* reads Q4_K and Q6_K weights in their 16-row lane layouts (sk__k4p,
+   * SK__Q6P_ROWS; kernels-avx512.inc) */
   bool pack_k;
-  /* reads Q4_K weights in the 16-row lane layout (sk__k4p), which then
-   * takes precedence over pack_k for Q4_K */
-  bool pack_k4;
   float (*dot)(const float *a, const float *b, uint32_t n);
   void (*axpy)(float *y, float a, const float *x, uint32_t n);
   void (*scores)(const float *q, const float *const *rows, uint32_t n, uint32_t hd, float *out);
@@ -65,15 +63,6 @@ struct sk__kernels {
   void (*swiglu)(float *g, const float *u, size_t n);
 };
 
-/* Packed K-quant layout (sk_kernels_pack; Q4_K for avx512-vnni and amx,
- * whose Q6_K has its own, SK__Q6P_ROWS): groups of SK__KP_ROWS rows, the
- * group's super-blocks b of its rows side by side, then b + 1: row r's super-block b is at
- * ((r / SK__KP_ROWS) nb + b) SK__KP_ROWS + r % SK__KP_ROWS super-blocks.
- * One sequential stream carries SK__KP_ROWS rows (padding rows: zero
- * bytes, scale 0). Every variant's K-quant products read it when the
- * matrix has it, the GGUF layout otherwise. */
-#define SK__KP_ROWS 8u
-
 /* Packed Q6_K layout of avx512-vnni and amx (sk_kernels_pack; described
  * in kernels-avx512.inc, above sk__v512_q6p_tile): groups of
  * SK__Q6P_ROWS rows across the vector lanes, each super-block of a group
@@ -83,12 +72,6 @@ struct sk__kernels {
 #define SK__Q6P_BYTES 3392u /* 53 cache lines: 16 x 210 bytes, padded */
 #define SK__Q6P_D 3072u     /* offset of the fp16 scales d */
 #define SK__Q6P_SC 3104u    /* offset of the int8 sub-block scale pairs */
-
-/* Whether w holds Q4_K/Q6_K weights in the packed K-quant layout. */
-static inline bool sk__kp(const struct sk_wmat *w) {
-  return w->packed && w->pack_rows == SK__KP_ROWS &&
-         (w->type == SK_GGML_Q4_K || w->type == SK_GGML_Q6_K);
-}
 
 /* Q4_K lane layout (sk_kernels_pack; avx512-vnni and amx; read by
  * kernels-avx512.inc, which describes it): groups of SK__K4_ROWS rows,
@@ -102,12 +85,10 @@ static inline bool sk__k4p(const struct sk_wmat *w) {
   return w->packed && w->pack_rows == SK__K4_ROWS && w->type == SK_GGML_Q4_K;
 }
 
-/* The first super-block of row o, in either layout. */
-static inline const uint8_t *sk__kp_at(const struct sk_wmat *w, uint32_t o) {
-  if (!sk__kp(w)) return (const uint8_t *)w->data + (size_t)o * w->row_bytes;
-  const size_t bs = w->row_bytes / (w->cols / SK_QKK);
-  return (const uint8_t *)w->packed + (size_t)(o / SK__KP_ROWS) * SK__KP_ROWS * w->row_bytes +
-         (size_t)(o % SK__KP_ROWS) * bs;
+/* Row o of a matrix in the GGUF layout (which the K-quant products of
+ * every variant read, but the lane layouts'). */
+static inline const uint8_t *sk__row(const struct sk_wmat *w, uint32_t o) {
+  return (const uint8_t *)w->data + (size_t)o * w->row_bytes;
 }
 
 /* ---- generic --------------------------------------------------------- */
@@ -405,9 +386,9 @@ static void sk__gen_mm_k(uint32_t type, const struct sk_wmat *w, const struct sk
   const uint32_t nb = w->cols / SK_QKK;
   const size_t bs = w->row_bytes / nb;
   const bool has_min = sk__k_has_min(type);
-  const size_t bstep = sk__kp(w) ? SK__KP_ROWS * bs : bs;
+  const size_t bstep = bs;
   for (uint32_t o = o0; o < o1; o++) {
-    const uint8_t *row = sk__kp_at(w, o);
+    const uint8_t *row = sk__row(w, o);
     for (uint32_t i = 0; i < x->n; i++) {
       const int8_t *xq = x->kq + (size_t)i * x->cols;
       const float *xd = x->kd + (size_t)i * nb;
@@ -729,7 +710,6 @@ static const struct sk__kernels sk__avx512_vnni = {
     .pack_rows = SK__V512_ROWS,
     .pack_f32 = true,
     .pack_k = true,
-    .pack_k4 = true,
     .quantize_rows_k = sk__v512_quantize_rows_k,
 };
 
@@ -747,7 +727,6 @@ static const struct sk__kernels sk__amx = {
     .pack_rows = SK__V512_ROWS,
     .pack_f32 = true,
     .pack_k = true,
-    .pack_k4 = true,
     .quantize_rows_k = sk__v512_quantize_rows_k,
 };
 #else
@@ -1008,30 +987,6 @@ static int sk__pack_f32(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
 }
 #endif
 
-/* Q4_K or Q6_K weights into the packed K-quant layout (sk__kp). */
-static int sk__pack_k(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
-  const size_t groups = ((size_t)w->rows + SK__KP_ROWS - 1) / SK__KP_ROWS;
-  const size_t nb = w->cols / SK_QKK, bs = w->row_bytes / nb;
-  if (groups > SIZE_MAX / SK__KP_ROWS / w->row_bytes)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
-                        w->cols);
-  const size_t n = groups * SK__KP_ROWS * w->row_bytes;
-  uint8_t *mem = malloc(n);
-  if (!mem)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
-  memset(mem + (size_t)w->rows * w->row_bytes, 0, n - (size_t)w->rows * w->row_bytes);
-  for (size_t r = 0; r < groups * SK__KP_ROWS; r++)
-    for (size_t b = 0; b < nb; b++) {
-      uint8_t *dst = mem + ((r / SK__KP_ROWS * nb + b) * SK__KP_ROWS + r % SK__KP_ROWS) * bs;
-      if (r < w->rows) memcpy(dst, (const uint8_t *)w->data + r * w->row_bytes + b * bs, bs);
-      else memset(dst, 0, bs);
-    }
-  w->packed = mem;
-  w->pack_rows = SK__KP_ROWS;
-  *ret_mem = mem;
-  return 0;
-}
-
 /* Q4_K weights into the lane layout (sk__k4p, kernels-avx512.inc): per
  * group of SK__K4_ROWS rows (padding rows: all zero bytes, d = dmin = 0)
  * and super-block, the rows' d, their dmin, word k of their 12 scale
@@ -1117,12 +1072,11 @@ static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
 
 int sk_kernels_pack(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   *ret_mem = NULL;
-  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k4) return sk__pack_k4(w, ret_mem, err);
+  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k) return sk__pack_k4(w, ret_mem, err);
 #if SK__X86
   if (w->type == SK_GGML_F32 && sk__cur()->pack_f32) return sk__pack_f32(w, ret_mem, err);
 #endif
   if (w->type == SK_GGML_Q6_K && sk__cur()->pack_k) return sk__pack_q6p(w, ret_mem, err);
-  if (w->type == SK_GGML_Q4_K && sk__cur()->pack_k) return sk__pack_k(w, ret_mem, err);
   const size_t gr = sk__cur()->pack_rows; /* rows per group */
   if (!gr || (w->type != SK_GGML_Q8_0 && w->type != SK_GGML_Q4_0)) return 0;
   const bool q4 = w->type == SK_GGML_Q4_0;
