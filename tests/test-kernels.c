@@ -805,6 +805,7 @@ static void check_quantize_rows_k(void) {
   x[101] = 1.25f;       /* ties: 2.5 and 3.5 round to even */
   x[102] = 1.75f;
   x[130] = 127.0f / 2;
+  x[3 * 256 + 5] = NAN; /* not a number: quantized to 0, left out of the maximum */
   int8_t q[2 * 512];
   float d[4];
   int16_t bs[64];
@@ -822,7 +823,7 @@ static void check_quantize_rows_k(void) {
       assert_true(d[b] == 1.0f / is);
       for (uint32_t j = 0; j < 256; j++) {
         float v = nearbyintf(is * xb[j]);
-        assert_int_equal(q[256 * b + j], v > 127.0f ? 127 : (int)v);
+        assert_int_equal(q[256 * b + j], v != v ? 0 : v > 127.0f ? 127 : (int)v);
       }
     }
     for (uint32_t g = 0; g < 16; g++) {
@@ -836,6 +837,7 @@ static void check_quantize_rows_k(void) {
   assert_int_equal(q[101], 2);
   assert_int_equal(q[102], 4);
   assert_int_equal(q[130], 127);
+  assert_int_equal(q[3 * 256 + 5], 0);
 }
 
 /* Every type on every variant this CPU runs: against a double reference

@@ -699,7 +699,8 @@ static const struct sk__kernels sk__avx2_vnni = {
   .rope_rows = sk__avx2_rope_rows, .softmax = sk__avx2_softmax, .swiglu = sk__avx2_swiglu
 
 /* avx2 with the quantized and packed F32 products of kernels-avx512.inc
- * (the same bits as avx2's); everything else is avx2's (which avx2-vnni
+ * (the same bits as avx2's, but Q4_K and Q6_K in the lane layouts: within
+ * float rounding) and its Q8_K quantizer; everything else is avx2's (which avx2-vnni
  * shares bit for bit). */
 static const struct sk__kernels sk__avx512_vnni = {
     .name = "avx512-vnni",
@@ -933,7 +934,7 @@ static void sk__gen_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint
       const float iscale = -127.0f / max;
       for (uint32_t j = 0; j < SK_QKK; j++) {
         const float v = nearbyintf(iscale * xb[j]);
-        qb[j] = (int8_t)(v > 127.0f ? 127 : (int)v);
+        qb[j] = (int8_t)(v != v ? 0 : v > 127.0f ? 127 : (int)v); /* NaN: 0 */
       }
       for (uint32_t g = 0; g < SK_QKK / 16; g++) {
         int sum = 0;
@@ -998,7 +999,8 @@ static int sk__pack_k4(struct sk_wmat *w, void **ret_mem, struct sk_error *err) 
     return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
                         w->cols);
   const size_t n = groups * nb * SK__K4_BS;
-  uint8_t *mem = malloc(n);
+  /* on cache lines: SK__K4_BS is 36 of them */
+  uint8_t *mem = aligned_alloc(64, n ? n : 64);
   if (!mem)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
   memset(mem, 0, n);

@@ -10,10 +10,10 @@
  *   avx2-vnni  avx2 with the int8 dot products of AVX-VNNI (vpdpbusd)
  *   avx512-vnni  avx2, except for Q8_0/Q4_0 products: 512-bit vpdpbusd
  *              (AVX-512 F/BW/VL/VNNI) on weights packed 16 rows at a
- *              time, bit-identical to avx2-vnni, and Q4_K products: 16
- *              output rows in the int32 lanes of 512-bit vpdpbusd on
- *              weights packed 16 rows at a time, within float rounding
- *              of avx2, and the Q8_K activation quantizer (the same
+ *              time, bit-identical to avx2-vnni, and Q4_K and Q6_K
+ *              products: 16 output rows in the int32 lanes of 512-bit
+ *              vpdpbusd on weights packed 16 rows at a time, within
+ *              float rounding of avx2, and the Q8_K activation quantizer (the same
  *              bits) (kernels-avx512.inc)
  *   amx        avx512-vnni, except for Q8_0 products of 16 and more
  *              activation rows: tiles of 16 rows x 16 outputs x one
@@ -47,8 +47,8 @@
  *     integer sums of sub-scale x quant dot products (and of sub-min x
  *     activation sums), scaled by d_w d_x (and dmin_w d_x) and summed in
  *     float: generic per super-block, the x86 variants in 8 lanes
- *     (kernels-x86.inc), but Q4_K and Q6_K on avx512-vnni and amx: per
- *     super-block in each output row's own lane (kernels-avx512.inc).
+ *     (kernels-x86.inc), but packed Q4_K and Q6_K on avx512-vnni and amx:
+ *     per super-block in each output row's own lane (kernels-avx512.inc).
  *
  * Determinism: within one variant, every output element is computed by
  * the same sequence of floating-point operations whatever the number of
@@ -56,8 +56,8 @@
  * A session's results therefore do not depend on what else is batched
  * with it. Variants differ from each other in the last bits (F32, F16,
  * BF16, the K-quants and IQ4_XS: avx2, avx2-vnni, avx512-vnni and amx
- * are identical, but for Q4_K and Q6_K, where avx512-vnni and amx are identical
- * to each other; legacy quantized: avx2-vnni, avx512-vnni and amx are
+ * are identical, but for packed Q4_K and Q6_K, where avx512-vnni and
+ * amx are identical to each other; legacy quantized: avx2-vnni, avx512-vnni and amx are
  * identical to each other for Q8_0/Q4_0 and sum per block in a
  * different order than avx2).
  */
@@ -158,8 +158,9 @@ void sk_kernels_quantize_rows(const float *x, size_t ldf, uint32_t n, uint32_t c
  * SK_QKK) as ggml's quantize_row_q8_K_ref: per 256-block, max = the
  * value of largest |x| (the first such), q = min(127, x * (-127 / max)
  * rounded to nearest even) and d = 1 / (-127 / max) (all zero for an
- * all-zero block), bs = the sums of every 16 q. q (n, cols), d (n, cols /
- * SK_QKK), bs (n, cols / 16). The same bits in every variant. */
+ * all-zero block; a NaN element gives q = 0 and no maximum), bs = the
+ * sums of every 16 q. q (n, cols), d (n, cols / SK_QKK), bs (n, cols /
+ * 16). The same bits in every variant. */
 void sk_kernels_quantize_rows_k(const float *x, size_t ldf, uint32_t n, uint32_t cols, int8_t *q,
                                 float *d, int16_t *bs);
 

@@ -50,7 +50,8 @@
 /* Positions and batches a scratch can be sized for. */
 #define SK__MAX_SCRATCH_CTX SK_KV_MAX_CAPACITY
 /* Output rows per matrix-product task: a multiple of the packed kernels'
- * 8-row groups, and large enough that a task outweighs handing it out. */
+ * groups (8 or 16 rows), and large enough that a task outweighs handing
+ * it out. */
 #define SK__MM_ALIGN 16u
 
 struct sk__layer {
