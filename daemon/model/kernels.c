@@ -988,6 +988,25 @@ static int sk__pack_f32(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
 }
 #endif
 
+/* A zeroed buffer on cache lines for groups x nb blocks of bs bytes (bs
+ * a multiple of 64) to pack w into, or NULL with err set. */
+static uint8_t *sk__pack_buf(const struct sk_wmat *w, size_t groups, size_t nb, size_t bs,
+                             struct sk_error *err) {
+  if (groups && nb > SIZE_MAX / bs / groups) {
+    sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
+                 w->cols);
+    return NULL;
+  }
+  const size_t n = groups * nb * bs;
+  uint8_t *mem = aligned_alloc(64, n ? n : 64);
+  if (!mem) {
+    sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
+    return NULL;
+  }
+  memset(mem, 0, n);
+  return mem;
+}
+
 /* Q4_K weights into the lane layout (sk__k4p, kernels-avx512.inc): per
  * group of SK__K4_ROWS rows (padding rows: all zero bytes, d = dmin = 0)
  * and super-block, the rows' d, their dmin, word k of their 12 scale
@@ -995,15 +1014,8 @@ static int sk__pack_f32(struct sk_wmat *w, void **ret_mem, struct sk_error *err)
 static int sk__pack_k4(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   const size_t groups = ((size_t)w->rows + SK__K4_ROWS - 1) / SK__K4_ROWS;
   const size_t nb = w->cols / SK_QKK;
-  if (groups && nb > SIZE_MAX / SK__K4_BS / groups)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
-                        w->cols);
-  const size_t n = groups * nb * SK__K4_BS;
-  /* on cache lines: SK__K4_BS is 36 of them */
-  uint8_t *mem = aligned_alloc(64, n ? n : 64);
-  if (!mem)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", n);
-  memset(mem, 0, n);
+  uint8_t *mem = sk__pack_buf(w, groups, nb, SK__K4_BS, err); /* 36 cache lines per block */
+  if (!mem) return -SK_ERR_NO_MEMORY;
   for (size_t r = 0; r < w->rows; r++) {
     const size_t i = r % SK__K4_ROWS;
     for (size_t b = 0; b < nb; b++) {
@@ -1028,14 +1040,9 @@ static int sk__pack_k4(struct sk_wmat *w, void **ret_mem, struct sk_error *err) 
 static int sk__pack_q6p(struct sk_wmat *w, void **ret_mem, struct sk_error *err) {
   const size_t groups = ((size_t)w->rows + SK__Q6P_ROWS - 1) / SK__Q6P_ROWS;
   const size_t nb = w->cols / SK_QKK;
-  if (nb && groups > SIZE_MAX / SK__Q6P_BYTES / nb)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "matrix of %u x %u is too large to pack", w->rows,
-                        w->cols);
-  const size_t len = groups * nb * SK__Q6P_BYTES;
-  uint8_t *mem = aligned_alloc(64, len ? len : 64);
-  if (!mem)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate %zu bytes to pack a matrix", len);
-  memset(mem, 0, len); /* padding rows: d = 0, scales 0, quants 0 */
+  /* padding rows: d = 0, scales 0, quants 0 */
+  uint8_t *mem = sk__pack_buf(w, groups, nb, SK__Q6P_BYTES, err);
+  if (!mem) return -SK_ERR_NO_MEMORY;
   for (size_t r = 0; r < w->rows; r++)
     for (size_t b = 0; b < nb; b++) {
       const struct sk_block_q6_k *k =
