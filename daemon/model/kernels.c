@@ -386,7 +386,6 @@ static void sk__gen_mm_k(uint32_t type, const struct sk_wmat *w, const struct sk
   const uint32_t nb = w->cols / SK_QKK;
   const size_t bs = w->row_bytes / nb;
   const bool has_min = sk__k_has_min(type);
-  const size_t bstep = bs;
   for (uint32_t o = o0; o < o1; o++) {
     const uint8_t *row = sk__row(w, o);
     for (uint32_t i = 0; i < x->n; i++) {
@@ -398,7 +397,7 @@ static void sk__gen_mm_k(uint32_t type, const struct sk_wmat *w, const struct sk
         int8_t q[SK_QKK];
         int16_t sc[16], mn[16];
         float d, dmin;
-        sk__gen_kblock(type, row + (size_t)b * bstep, q, sc, mn, &d, &dmin);
+        sk__gen_kblock(type, row + (size_t)b * bs, q, sc, mn, &d, &dmin);
         int32_t isum = 0, msum = 0;
         for (uint32_t g = 0; g < 16; g++) {
           int32_t s = 0;
