@@ -12,9 +12,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "kvcache.h"
-#include "log.h"
+#include "model/chat.h"
+#include "session/kvcache.h"
+#include "base/log.h"
 #include "sk_config.h"
 
 enum key_type {

@@ -18,7 +18,7 @@
 #include <stdio.h>
 
 #include "sk_limits.h"
-#include "model.h"
+#include "model/model.h"
 #include "sinkd/protocol.h"
 
 /* Ceilings of every setting: limits.h. */

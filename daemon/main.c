@@ -16,21 +16,21 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "chat.h"
+#include "model/chat.h"
 #include "config.h"
-#include "gguf.h"
-#include "kernels.h"
-#include "kvcache.h"
-#include "log.h"
-#include "model.h"
-#include "http.h"
-#include "notify.h"
-#include "pool.h"
-#include "server.h"
-#include "sparse.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "session/kvcache.h"
+#include "base/log.h"
+#include "model/model.h"
+#include "http/http.h"
+#include "base/notify.h"
+#include "model/pool.h"
+#include "server/server.h"
+#include "model/sparse.h"
 #include "sk_config.h"
-#include "store.h"
-#include "tokenizer.h"
+#include "session/store.h"
+#include "model/tokenizer.h"
 
 /* Exit statuses (sinkd(8)). */
 enum {

@@ -9,7 +9,7 @@
 #ifndef SK_SK_LIMITS_H
 #define SK_SK_LIMITS_H
 
-#include "kvcache.h"
+#include "session/kvcache.h"
 #include "sinkd/protocol.h"
 
 /* ---- ceilings of the configuration (config.c) ---- */

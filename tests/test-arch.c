@@ -26,13 +26,13 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kernels.h"
-#include "kvcache.h"
-#include "model.h"
-#include "pool.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "model/pool.h"
 #include "sinkd/client.h"
-#include "store.h"
+#include "session/store.h"
 #include "testdaemon.h"
 #include "testutil.h"
 

@@ -16,11 +16,11 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "sinkd/client.h"
 #include "testdaemon.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 struct collect {
   char text[8192];

@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "chat.h"
-#include "conv.h"
+#include "model/chat.h"
+#include "session/conv.h"
 #include "testutil.h"
 
 static json_t *load_templates(void) {

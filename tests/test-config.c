@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "chat.h"
+#include "model/chat.h"
 #include "config.h"
-#include "kvcache.h"
-#include "log.h"
+#include "session/kvcache.h"
+#include "base/log.h"
 #include "testutil.h"
 
 static char *g_dir;

@@ -28,11 +28,11 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kernels.h"
-#include "kvcache.h"
-#include "model.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "model/quant.h"
 #include "testutil.h"
 
 static const char *const fixtures[] = {

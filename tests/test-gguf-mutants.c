@@ -40,11 +40,11 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
+#include "model/gguf.h"
+#include "session/kvcache.h"
+#include "model/model.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 /* ---- the load the daemon does ------------------------------------------ */
 

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "testutil.h"
 
 /* --- the real model ------------------------------------------------------ */

@@ -32,8 +32,8 @@
 
 #include <cmocka.h>
 
-#include "msg.h"
-#include "session.h"
+#include "proto/msg.h"
+#include "session/session.h"
 #include "sinkd/client.h"
 #include "testdaemon.h"
 #include "testutil.h"

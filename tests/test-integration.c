@@ -21,11 +21,11 @@
 
 #include <cmocka.h>
 
-#include "msg.h"
+#include "proto/msg.h"
 #include "sinkd/client.h"
 #include "testdaemon.h"
 #include "testutil.h"
-#include "utf8.h"
+#include "base/utf8.h"
 
 static char *g_dir;
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];

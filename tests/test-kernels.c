@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kernels.h"
-#include "pool.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "model/pool.h"
+#include "model/quant.h"
 
 static const char *const variants[] = {"generic", "avx2", "avx2-vnni", "avx512-vnni", "amx"};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])

@@ -15,9 +15,9 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
+#include "model/gguf.h"
+#include "session/kvcache.h"
+#include "model/model.h"
 #include "testutil.h"
 
 static const struct sk_kv_shape small_shape = {.n_layer = 2, .kv_dim = 3};

@@ -48,7 +48,7 @@
 
 #include <cmocka.h>
 
-#include "msg.h"
+#include "proto/msg.h"
 #include "sinkd/client.h"
 #include "testdaemon.h"
 #include "testutil.h"

@@ -14,12 +14,12 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kernels.h"
-#include "kvcache.h"
-#include "model.h"
-#include "pool.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "model/pool.h"
+#include "model/quant.h"
 #include "testutil.h"
 
 /* llama.cpp reference tolerance (brief: within 1e-4). */

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "notify.h"
+#include "base/notify.h"
 #include "testutil.h"
 
 static char *g_dir;

@@ -39,12 +39,12 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "model.h"
+#include "model/gguf.h"
+#include "model/model.h"
 #include "sinkd/client.h"
-#include "store.h"
+#include "session/store.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 static char g_dir[64];
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];

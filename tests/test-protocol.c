@@ -22,8 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "msg.h"
-#include "wire.h"
+#include "proto/msg.h"
+#include "proto/wire.h"
 #include "sinkd/client.h"
 #include "sinkd/protocol.h"
 #include "testutil.h"

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "sampler.h"
+#include "model/sampler.h"
 
 #define NV 512
 

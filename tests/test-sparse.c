@@ -14,14 +14,14 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
-#include "pool.h"
-#include "sparse.h"
-#include "store.h"
+#include "model/gguf.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "model/pool.h"
+#include "model/sparse.h"
+#include "session/store.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 #define N_PROMPT 40u  /* prefill tokens (three fit in one CTX batch) */
 #define N_DECODE 24u  /* decode steps after them */

@@ -21,10 +21,10 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
-#include "store.h"
+#include "model/gguf.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "session/store.h"
 #include "testutil.h"
 
 struct fixture {

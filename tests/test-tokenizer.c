@@ -15,9 +15,9 @@
 
 #include <cmocka.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "testutil.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 static struct sk_tokenizer *tok; /* the test model's, loaded once */
 

@@ -7,7 +7,7 @@
 
 #include <cmocka.h>
 
-#include "utf8.h"
+#include "base/utf8.h"
 
 static size_t push(struct sk_utf8_stream *s, const char *in, size_t n, char *out) {
   size_t w = sk_utf8_stream_push(s, in, n, out);

@@ -1,4 +1,4 @@
-/* The wire schema (libshared/wire.c): every reply and event it packs is
+/* The wire schema (libshared/proto/wire.c): every reply and event it packs is
  * read back into the same struct, its map holds exactly the entries
  * written, and a malformed field is a protocol error naming it. */
 #include <setjmp.h>
@@ -12,8 +12,8 @@
 
 #include <math.h>
 
-#include "msg.h"
-#include "wire.h"
+#include "proto/msg.h"
+#include "proto/wire.h"
 
 /* A packed frame, parsed. */
 struct frame {

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "msg.h"
+#include "proto/msg.h"
 #include "sinkd/client.h"
 #include "testutil.h"
 

@@ -41,10 +41,10 @@
 #include <time.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "kernels.h"
-#include "pool.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/kernels.h"
+#include "model/pool.h"
+#include "model/quant.h"
 #include "tool.h"
 
 #define MAX_VARIANTS 4

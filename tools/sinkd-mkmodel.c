@@ -55,8 +55,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/quant.h"
 #include "tool.h"
 
 #define ALIGN 32u /* general.alignment default */

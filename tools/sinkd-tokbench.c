@@ -28,8 +28,8 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "tool.h"
 
 static void usage(void) {

@@ -4,7 +4,7 @@
  * published Jinja template; the references in
  * ../shared/reference/chat/templates.json pin the output byte for byte.
  */
-#include "chat.h"
+#include "model/chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>

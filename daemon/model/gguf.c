@@ -13,7 +13,7 @@
  * the host's byte order or on alignment. Every read goes through a cursor
  * that checks the remaining bytes first.
  */
-#include "gguf.h"
+#include "model/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

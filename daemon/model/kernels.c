@@ -1,7 +1,7 @@
 /* Kernels (see kernels.h): the portable variant, the x86 variants from
  * kernels-x86.inc, kernels-avx512.inc and kernels-amx.inc, and the
  * run-time dispatch. */
-#include "kernels.h"
+#include "model/kernels.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SK__X86 1

@@ -68,7 +68,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant.h"
+#include "model/quant.h"
 #include "sinkd/protocol.h"
 
 /* Selects the variant by name: "auto" or NULL = the best the CPU runs

@@ -1,6 +1,6 @@
 /* The KV cache as the forward pass sees it: what model.c needs of a
  * session's cache, declared here and implemented by the cache module
- * (daemon/kvcache.c, whose kvcache.h includes this header). The model
+ * (daemon/session/kvcache.c, whose kvcache.h includes this header). The model
  * reads a cache only through these functions; the block's layout, its
  * header and the policies stay the cache module's.
  *

@@ -17,7 +17,7 @@
  * all of them; attention is per sequence and per KV head. Every row's
  * result depends only on its own sequence (see kernels.h, Determinism).
  */
-#include "model.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdalign.h>
@@ -26,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
-#include "quant.h"
-#include "sparse.h"
+#include "model/kernels.h"
+#include "model/quant.h"
+#include "model/sparse.h"
 
 /* Hard limits on hyper-parameters, each with its reason. They reject
  * headers that would make the size arithmetic below overflow or ask for

@@ -38,9 +38,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
-#include "kvstep.h"
-#include "pool.h"
+#include "model/gguf.h"
+#include "model/kvstep.h"
+#include "model/pool.h"
 #include "sinkd/protocol.h"
 
 /* The architectures sinkd runs, as general.architecture names them. */

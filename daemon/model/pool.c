@@ -16,7 +16,7 @@
  * finished, never for a worker that has not claimed anything: a
  * descheduled worker (a busy machine, more threads than cores) costs the
  * run nothing. */
-#include "pool.h"
+#include "model/pool.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -1,13 +1,13 @@
 /* Pre-tokenizer regexes evaluated by PCRE2; see pretok.h. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "pretok.h"
+#include "model/pretok.h"
 
 #include <pcre2.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 
 /* Pieces of the expressions, as tokenizer.json files spell them. The
  * contractions are written with explicit case classes instead of (?i:),

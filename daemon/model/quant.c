@@ -1,10 +1,10 @@
 /* Block formats and conversions (see quant.h). */
-#include "quant.h"
+#include "model/quant.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 
 float sk_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h >> 15) << 31;

@@ -1,7 +1,7 @@
 /* Token sampler (see sampler.h). The chain follows llama.cpp's common
  * sampler order: top-k, top-p (over the softmax of the untempered kept
  * logits), temperature, softmax, draw. */
-#include "sampler.h"
+#include "model/sampler.h"
 
 #include <math.h>
 #include <stdbool.h>

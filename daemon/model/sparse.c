@@ -1,5 +1,5 @@
 /* Contextual sparsity of the SwiGLU MLP (CATS rule, see sparse.h). */
-#include "sparse.h"
+#include "model/sparse.h"
 
 #include <errno.h>
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "model/quant.h"
 
 /* ---- calibration file ------------------------------------------------- */
 

@@ -52,8 +52,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kernels.h"
-#include "pool.h"
+#include "model/kernels.h"
+#include "model/pool.h"
 #include "sinkd/protocol.h"
 
 #define SK_SPARSE_CALIB_VERSION 1u

@@ -4,7 +4,7 @@
  * and byte-level BPE (llm_tokenizer_bpe) for "gpt2"; special tokens split
  * out of the text first (tokenizer_st_partition).
  */
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -14,7 +14,7 @@
 
 #include <xxhash.h>
 
-#include "pretok.h"
+#include "model/pretok.h"
 
 /* GGUF token types (llama_token_type). */
 enum {

@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gguf.h"
+#include "model/gguf.h"
 #include "sinkd/protocol.h"
 
 struct sk_tokenizer;

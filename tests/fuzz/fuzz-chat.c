@@ -1,5 +1,5 @@
 /* Fuzz target: chat templates and conversations (daemon/model/chat.c,
- * daemon/conv.c), with oracles.
+ * daemon/session/conv.c), with oracles.
  *
  * Input: byte 0 picks the family, byte 1 the number of messages already
  * in the conversation; the rest, cut at NUL bytes, is a template text
@@ -18,8 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "conv.h"
+#include "model/chat.h"
+#include "session/conv.h"
 #include "fuzz.h"
 
 static char g_dir[64];

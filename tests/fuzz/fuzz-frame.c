@@ -1,5 +1,5 @@
-/* Fuzz target: the frame reader and the request parser (libshared/frame.c,
- * libshared/msg.c), with oracles.
+/* Fuzz target: the frame reader and the request parser (libshared/proto/frame.c,
+ * libshared/proto/msg.c), with oracles.
  *
  * Input: byte 0 chooses the frame limit and how the stream is cut into
  * reads; the rest is the byte stream a client sends. Checked:
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "msg.h"
+#include "proto/msg.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;

@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "model/gguf.h"
+#include "session/kvcache.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;

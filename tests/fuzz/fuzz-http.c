@@ -1,4 +1,4 @@
-/* Fuzz target: the HTTP request reader (daemon/httpreq.c, over
+/* Fuzz target: the HTTP request reader (daemon/http/httpreq.c, over
  * http_parser) and the OpenAI request checks (sk_openai_parse), with
  * oracles.
  *
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "httpreq.h"
-#include "openai.h"
+#include "http/httpreq.h"
+#include "http/openai.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;

@@ -28,13 +28,13 @@
 #include <uv.h>
 
 #include "fuzz.h"
-#include "gguf.h"
-#include "log.h"
-#include "model.h"
-#include "msg.h"
-#include "server.h"
-#include "store.h"
-#include "tokenizer.h"
+#include "model/gguf.h"
+#include "base/log.h"
+#include "model/model.h"
+#include "proto/msg.h"
+#include "server/server.h"
+#include "session/store.h"
+#include "model/tokenizer.h"
 
 static struct sk_gguf *g_gguf;
 static struct sk_model *g_model;

@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "gguf.h"
-#include "tokenizer.h"
-#include "utf8.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "base/utf8.h"
 
 static struct sk_gguf *g_gguf;
 static struct sk_tokenizer *g_tok, *g_bpe[2];

@@ -1,0 +1,142 @@
+/* Client connections of the msgpack protocol: a stream socket each,
+ * read into a frame reader and written with backpressure, admitted
+ * against the per-uid limits (admit.h) and closed when a frame is
+ * incomplete for too long. A connection knows nothing of sessions or
+ * ops: its owner (the server) gets each complete frame, each change of
+ * backpressure and each close through hooks, on the loop thread.
+ *
+ * Lifetime: a connection lives while it has references: the handle's
+ * own (dropped once uv_close completes) and one per piece of work that
+ * will still use it (sk_conn_ref/sk_conn_unref). Once closing, sends are
+ * dropped; the memory stays valid until the last reference goes.
+ */
+#ifndef SK_CONN_H
+#define SK_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "net/admit.h"
+#include "proto/msg.h"
+#include "sk_limits.h"
+
+struct sk_conn;
+
+/* Called on the loop thread with the set's user pointer. Any may be NULL. */
+struct sk_conn_hooks {
+  /* A complete request frame of c: body (len bytes) is valid during the
+   * call only. */
+  void (*frame)(void *user, struct sk_conn *c, const uint8_t *body, size_t len);
+  /* c's queued output went over SK_LIMIT_CONN_OUT (paused, reading
+   * stopped) or back under half of it (reading again). */
+  void (*pause)(void *user, struct sk_conn *c, bool paused);
+  /* A write of c completed and c is open: there may be room to send more
+   * (sk_conn_has_room). */
+  void (*drain)(void *user, struct sk_conn *c);
+  /* c closes (the client left, an error, a deadline, shutdown): work
+   * that holds c must stop sending to it. */
+  void (*close)(void *user, struct sk_conn *c);
+  /* The last reference to c went: free what the owner keeps in
+   * sk_conn_data(c) (the bytes themselves go with c). */
+  void (*release)(void *user, struct sk_conn *c);
+  /* The number of open connections changed (not called while stopping). */
+  void (*count)(void *user, uint32_t n_conns);
+};
+
+/* Limits of the set (sk_conns_set_limits changes them at run time). */
+struct sk_conn_limits {
+  uint32_t max_frame;        /* request body limit of new connections */
+  struct sk_admit_limits admit;
+  uint32_t frame_timeout_s;  /* close a connection whose request stays
+                                incomplete this long; 0 = never */
+};
+
+struct sk_conn {
+  uv_pipe_t pipe;
+  struct sk_conns *set;
+  uint64_t id;               /* 1, 2, ... in order of arrival */
+  uint32_t uid;              /* the peer's (SO_PEERCRED), or as attached;
+                                UINT32_MAX: unknown */
+  struct sk_frame_reader rd;
+  size_t out_bytes;          /* queued in uv_write, not yet written */
+  bool out_paused;           /* over SK_LIMIT_CONN_OUT */
+  bool closing;              /* uv_close called */
+  uint32_t refs;             /* the handle + work that still uses it */
+  bool admitted;             /* counted in set->admit */
+  uint64_t input_bytes;      /* of an unfinished frame, as counted in set->admit */
+  uint64_t frame_since_ms;   /* since when a frame is awaited (connect, or
+                                its first bytes); 0 = none */
+  struct sk_conn *prev, *next;
+  /* data_size bytes of the owner (sk_conn_data), zeroed at creation */
+  _Alignas(max_align_t) unsigned char data[];
+};
+
+/* All connections of the daemon. */
+struct sk_conns {
+  uv_loop_t *loop;
+  struct sk_conn_limits lim;
+  struct sk_conn_hooks hooks;
+  void *user;
+  size_t data_size;
+  struct sk_conn *head;      /* open connections, newest first */
+  uint32_t count;
+  uint64_t next_id;
+  bool stopping;             /* sk_conns_stop called */
+  struct sk_admit admit;     /* connections and partial input per uid */
+  uv_timer_t frame_timer;    /* closes connections past frame_timeout_s */
+  uv_timer_t trim_timer;     /* gives freed memory back once clients stop leaving */
+  bool timers;               /* the two timers are initialised */
+  char readbuf[SK_LIMIT_READ_BUF];
+};
+
+/* Initialises an empty set on loop: its timers start; hooks and user are
+ * kept; each connection carries data_size bytes for its owner. Loop
+ * thread. */
+void sk_conns_init(struct sk_conns *set, uv_loop_t *loop, const struct sk_conn_limits *lim,
+                   const struct sk_conn_hooks *hooks, void *user, size_t data_size);
+/* Applies new limits: max_frame to new connections, the admission
+ * limits to the next admission, frame_timeout_s at once. */
+void sk_conns_set_limits(struct sk_conns *set, const struct sk_conn_limits *lim);
+/* Refuses new connections from now on, closes every open one and the
+ * timers (run the loop afterwards to let the handles close). */
+void sk_conns_stop(struct sk_conns *set);
+/* Frees the set once it is stopped and the loop has closed its handles. */
+void sk_conns_free(struct sk_conns *set);
+
+/* A new connection of set with its pipe initialised (refs 1), for the
+ * caller to accept into or open, then sk_conn_begin or sk_conn_discard.
+ * NULL: out of memory. */
+struct sk_conn *sk_conn_new(struct sk_conns *set);
+/* Registers c (pipe connected) for uid and starts reading it, or refuses
+ * it (stopping, admission limits) with an error frame and closes it. */
+void sk_conn_begin(struct sk_conn *c, uint32_t uid);
+/* Drops a connection from sk_conn_new that never began (closes the
+ * handle; c goes with it). */
+void sk_conn_discard(struct sk_conn *c);
+
+/* The owner's bytes of c (data_size of the set). */
+static inline void *sk_conn_data(struct sk_conn *c) { return c->data; }
+
+/* Sends a whole frame, taking data (malloc'd, freed in every case);
+ * dropped once c is closing. */
+void sk_conn_send(struct sk_conn *c, char *data, size_t len);
+/* Finishes b and sends it (b is consumed). */
+void sk_conn_send_msg(struct sk_conn *c, struct sk_msgbuf *b);
+/* Sends an error reply to request id (0: a frame without an id). */
+void sk_conn_send_error(struct sk_conn *c, uint64_t id, const struct sk_error *e);
+void sk_conn_send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Whether c's queued output is under SK_LIMIT_CONN_OUT (more may go). */
+static inline bool sk_conn_has_room(const struct sk_conn *c) {
+  return !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT;
+}
+
+/* Closes c (idempotent): the close hook runs, c leaves the set. */
+void sk_conn_close(struct sk_conn *c);
+/* References that keep c's memory while work still uses it. */
+void sk_conn_ref(struct sk_conn *c);
+void sk_conn_unref(struct sk_conn *c);
+
+#endif

@@ -1,0 +1,430 @@
+/* Sessions and the work queued on them.
+ *
+ * A session owns its policy parameters and its shared-memory object
+ * (store.h): the KV cache, counters, the logits after its last resident
+ * token and its sampler state, committed step by step so that they
+ * survive a daemon crash. Sessions outlive connections and daemons; they
+ * belong to the uid that opened them.
+ *
+ * Threads: the loop thread creates, looks up and frees sessions and owns
+ * the job queues. While a job runs (session->running != NULL) only the
+ * compute thread touches the object (kv, logits, begin/commit); the loop
+ * reads counters through sk_session_counters_get, which the compute thread
+ * publishes after every step. An idle session's object may be read by the
+ * loop thread (fork, export).
+ */
+#ifndef SK_SESSION_H
+#define SK_SESSION_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "session/conv.h"
+#include "session/kvcache.h"
+#include "sk_limits.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "session/store.h"
+#include "model/tokenizer.h"
+#include "base/utf8.h"
+#include "sinkd/protocol.h"
+
+struct sk_conn;
+
+/* APPEND and GENERATE run on the compute thread; FORK, EXPORT and STATS
+ * (stats with the resident tokens) wait in the session's queue for earlier
+ * jobs and then run on the loop thread: they only read the committed
+ * state, which nothing changes while the session is idle. */
+enum sk_job_kind {
+  SK_JOB_APPEND,
+  SK_JOB_GENERATE,
+  SK_JOB_FORK,
+  SK_JOB_EXPORT,
+  SK_JOB_STATS,
+};
+
+
+/* One append or generate request. Created by the loop thread, run by the
+ * compute thread, finished (reply sent, freed) by the loop thread. */
+struct sk_job {
+  enum sk_job_kind kind;
+  uint64_t req_id;
+  struct sk_conn *conn;      /* loop-only; NULL once the client is gone */
+  struct sk_session *sess;
+
+  /* Input: text to tokenize (owned, may be NULL) or tokens (owned). */
+  char *text;
+  size_t text_len;
+  int bos;                   /* -1 default (BOS iff session empty and the
+                                vocabulary adds BOS), 0, 1 */
+  bool parse_special;        /* control-token text in text is the token */
+  int32_t *tokens;           /* (n_tokens) */
+  size_t n_tokens;
+
+  /* generate */
+  uint32_t max_tokens;
+  struct sk_sampler_params sampling;
+  bool has_seed;             /* false: continue the session's PRNG */
+  bool ignore_eos;
+  uint32_t n_top;
+  char *stop[SK_LIMIT_STOP_COUNT]; /* owned, NUL-terminated */
+  uint32_t n_stop;
+
+  /* append */
+  bool want_logprobs;        /* reply with per-token log-probabilities */
+  bool is_pin;               /* the pinned prefix of an `open`: the reply
+                                is the open reply */
+
+  /* chat (a generate whose input is messages, sk_session_chat_begin) */
+  bool chat;
+  struct sk_conv_msg *chat_msgs; /* (n_chat) owned */
+  size_t n_chat;
+  int32_t eot;               /* the template's end-of-turn token, or -1 */
+  char *reply;               /* (reply_cap) the reply so far, owned */
+  size_t reply_len, reply_cap;
+  bool prompt_done;          /* the delta is in the cache */
+
+  /* Control, written by the loop thread, read by the compute thread. */
+  atomic_bool cancel;
+  atomic_bool paused;        /* the client's output buffer is full */
+  atomic_bool session_closing; /* generate: the final reply ends the text
+                                  (held bytes as U+FFFD) */
+
+  /* Progress, compute thread only. */
+  bool started;
+  size_t n_done;             /* input tokens appended so far */
+  uint32_t n_generated;
+  struct sk_sampler sampler;
+  bool sampler_ready;
+  struct sk_utf8_stream utf8;
+  char tail[2 * SK_LIMIT_STOP_LEN]; /* end of the generated text, for stops */
+  size_t tail_len;
+
+  /* Result, compute thread, read by the loop after the DONE event. */
+  struct sk_error err;       /* code 0 = success */
+  const char *stop_reason;   /* generate: "length", "eos", ... (static) */
+  int32_t stop_token;        /* generate stopped by "eos": the
+                                end-of-generation token drawn */
+  struct sk_evict_log evicted;
+  float *logprobs;           /* (n_tokens) if want_logprobs: ln p(token i |
+                                everything before it); NaN when the session
+                                had no logits yet (its first token) */
+  char final_text[8];        /* held bytes flushed at the end (U+FFFD) */
+  size_t final_text_len;
+
+  struct sk_job *next;       /* session queue / compute lists */
+};
+
+struct sk_session_counters {
+  uint32_t resident;
+  uint64_t seen;
+  uint64_t evicted;
+  uint64_t commit;           /* commit counter of the object's live copy */
+};
+
+/* Attention diagnostics of a session's recent steps: a ring of the last
+ * SK_LIMIT_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
+ * Written by the compute thread and read by the loop thread, both under
+ * the table's counters lock. */
+struct sk_attn_stats {
+  uint32_t n_layer;
+  uint32_t probe;      /* sink positions counted by the newest entry */
+  uint32_t n_steps;    /* entries filled, <= SK_LIMIT_ATTN_STEPS */
+  uint32_t next;       /* ring position of the next entry */
+  float *sink_mass;    /* (SK_LIMIT_ATTN_STEPS, n_layer) */
+  float *entropy;      /* (SK_LIMIT_ATTN_STEPS, n_layer) nats */
+};
+
+struct sk_session {
+  uint64_t id;
+  uint32_t owner_uid;
+  struct sk_kv_params params; /* as opened (n_pin: pinned tokens) */
+  uint32_t capacity;
+  size_t kv_bytes;           /* bytes of its shared-memory object: what
+                                counts toward max_memory */
+  uint64_t tensor_bytes;     /* bytes of its keys and values, of those */
+  uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
+                                from creation; may differ from the
+                                daemon's kv_type after adoption) */
+  struct sk_store_obj *obj;  /* owned */
+  struct sk_kv *kv;          /* &obj->kv */
+  bool adopted;              /* found in the state directory at start */
+  uint64_t last_used_ms;     /* loop thread: last request or job end */
+
+  /* Loop thread. */
+  struct sk_job *running;    /* submitted to the compute thread */
+  struct sk_job *queue_head; /* waiting, in request order */
+  struct sk_job *queue_tail;
+  uint32_t n_queued;
+  bool closing;              /* close requested: free when idle */
+  uint64_t temp_conn;        /* id of the connection whose end closes the
+                                session (open's "temporary"), 0: none */
+
+  /* The conversation of the chat op (conv.h): the loop thread's while
+   * the session is idle, the compute thread's while a chat job runs. */
+  struct sk_conv conv;
+
+  /* Published by the compute thread (under the table's lock). */
+  struct sk_session_counters pub;
+  struct sk_attn_stats attn;
+  /* Sparse MLP (params.sparsity > 0), under the same lock: neurons kept
+   * per layer summed over the tokens that ran sparse, and those tokens. */
+  uint64_t *sp_kept;         /* (n_layer) */
+  uint64_t sp_tokens;
+};
+
+/* All sessions of the daemon. Loop thread, except counters. */
+struct sk_session_table {
+  struct sk_session **items; /* (cap) slots; NULL = free */
+  uint32_t cap;
+  uint32_t count;
+  uint32_t max_sessions;     /* opens beyond this fail with busy */
+  uint64_t bytes;            /* sum of the sessions' kv_bytes */
+  uint64_t max_bytes;        /* opens beyond this fail with busy */
+  uint64_t next_id;
+  uint32_t n_reserved;       /* opens between reserve and commit */
+  uint64_t reserved_bytes;   /* their objects' bytes */
+  struct sk_store *store;    /* not owned */
+  pthread_mutex_t counters_lock;
+  /* Frees (unmaps) the object of a closed session, whose file is already
+   * deleted; NULL: sk_store_obj_free on the spot. The daemon hands it to
+   * a worker thread so the event loop does not wait for the pages. */
+  void (*release_obj)(void *user, struct sk_store_obj *obj);
+  void *release_user;
+};
+
+/* A session on its way: its id and its share of the limits are held
+ * while its object is made off the event loop (an open's empty cache: a
+ * file of the cache's size that the file system allocates and zeroes,
+ * in time proportional to its size; a fork's or an import's copy). Every
+ * reservation ends in sk_session_commit or sk_session_cancel. */
+struct sk_session_reservation {
+  uint64_t id;                     /* the id the object must get */
+  uint32_t owner_uid;
+  size_t bytes;                    /* the object's size, held in the limits;
+                                      0: not known yet (an import) */
+  /* An open's (sk_session_reserve_open); fd -1 otherwise. */
+  uint32_t store_flags;            /* the object header's */
+  struct sk_kv_params params;
+  struct sk_sampler_state sampler; /* seeded */
+  int fd;                          /* the object's file, opened by reserve */
+  struct sk_store_obj *obj;        /* the object made for id (any thread) */
+};
+
+/* Initialises an empty table whose sessions live in store, for at most
+ * max_sessions sessions and max_bytes bytes of objects (limits for new
+ * sessions; adopted ones are all taken). Errors: -SK_ERR_NO_MEMORY. */
+int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
+                          uint32_t max_sessions, uint64_t max_bytes);
+/* New limits for new sessions (a reload); open ones stay, even above
+ * them. */
+void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                 uint64_t max_bytes);
+/* Who unmaps the object of a removed session (release_obj, user). */
+void sk_session_table_set_release(struct sk_session_table *t,
+                                  void (*release_obj)(void *user, struct sk_store_obj *obj),
+                                  void *user);
+/* Ids of new sessions continue after id (the largest found in the state
+ * directory). */
+void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id);
+/* Frees every session (their jobs must be finished) and the table. The
+ * sessions' objects stay in the state directory. */
+void sk_session_table_free(struct sk_session_table *t);
+
+/* Holds the limits for one more session of `bytes` (0: not known yet,
+ * checked by sk_session_commit) of owner_uid, counting reservations not
+ * yet ended, and an id in *res (loop thread). Ids start at 1 and are
+ * never reused (also across restarts: they continue after the largest
+ * id found in the state directory). The caller makes res->obj for that
+ * id (sk_store_fork, sk_store_import; any thread). Errors: -SK_ERR_BUSY
+ * (max_sessions or max_memory reached, the message names the limit). */
+int sk_session_reserve(struct sk_session_table *t, size_t bytes, uint32_t owner_uid,
+                       struct sk_session_reservation *res, struct sk_error *err);
+/* sk_session_reserve for an open: checks params (against max_capacity),
+ * reserves the object's bytes and creates its (empty) file; store_flags
+ * go into its header (SK_STORE_TEMPORARY or 0); the session's PRNG is
+ * seeded with seed. sk_session_reservation_create then makes the object.
+ * Errors: -SK_ERR_BAD_REQUEST (params, the message names the limit),
+ * -SK_ERR_BUSY (limits, or the file system is full), -SK_ERR_IO,
+ * -SK_ERR_NO_MEMORY. */
+int sk_session_reserve_open(struct sk_session_table *t, const struct sk_kv_params *params,
+                            uint32_t max_capacity, uint32_t owner_uid, uint32_t store_flags,
+                            uint64_t seed, struct sk_session_reservation *res,
+                            struct sk_error *err);
+/* Makes an open's reserved object in store, in its file (any thread;
+ * touches nothing of the table and opens or closes no descriptor).
+ * Errors: -SK_ERR_BUSY (file system full), -SK_ERR_IO, -SK_ERR_NO_MEMORY;
+ * res->obj stays NULL then. */
+int sk_session_reservation_create(struct sk_store *store, struct sk_session_reservation *res,
+                                  struct sk_error *err);
+/* Loop thread: ends the reservation; res->obj becomes a session (*ret),
+ * after the limits are checked when its size was not known. Errors:
+ * -SK_ERR_BUSY (limits), -SK_ERR_NO_MEMORY; the object is deleted then. */
+int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation *res,
+                      struct sk_session **ret, struct sk_error *err);
+/* Loop thread: ends a reservation without a session, deleting its
+ * object if one was made. */
+void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation *res);
+/* Takes an object found by sk_store_scan as a session (ownership of obj
+ * passes to the table). Errors: -SK_ERR_NO_MEMORY (obj is freed, its file
+ * kept). */
+int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
+                     struct sk_session **ret);
+/* Session by id, or NULL. */
+struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
+/* Removes an idle session (no running or queued job) and deletes its
+ * object: the session is closed for good. */
+void sk_session_remove(struct sk_session_table *t, struct sk_session *s);
+/* ---- a session's jobs (loop thread) ----
+ *
+ * A session runs one job at a time: the others wait in its queue, in
+ * request order. The caller runs the job these functions hand it
+ * (sk_session_run: on the scheduler, or in a worker for fork and export;
+ * stats inline) and reports its end (sk_session_job_done). */
+
+/* Whether j runs off the scheduler: fork, export (a worker) and stats
+ * (the loop thread); they only read the committed state. */
+bool sk_job_is_inline(const struct sk_job *j);
+/* Takes job for s. Returns 1 when s is idle: the caller runs job now;
+ * 0 when job is queued behind the running one. Errors: -SK_ERR_BUSY
+ * (SK_LIMIT_SESSION_QUEUE jobs already queued; job stays the caller's). */
+int sk_session_enqueue(struct sk_session *s, struct sk_job *job, struct sk_error *err);
+/* The next queued job to run, or NULL while a job runs or none waits.
+ * Queued jobs whose client left and that would only answer it (generate,
+ * fork, export, stats) are freed on the way; an append whose client left
+ * still runs (the session keeps what was sent). */
+struct sk_job *sk_session_next(struct sk_session *s);
+/* job runs on s from now on (on the scheduler or in a worker): s is
+ * busy until sk_session_job_done. */
+void sk_session_run(struct sk_session *s, struct sk_job *job);
+/* The running job ended: frees it; s was used now. */
+void sk_session_job_done(struct sk_session *s);
+/* Closes s: the queued jobs are handed back in *ret_queued (a list
+ * through next, in request order, for the caller to answer and free), a
+ * running job is cancelled and told that the session closes. Returns
+ * true when s is idle (the caller removes it now, sk_session_remove);
+ * else once the running job ends, sk_session_closed says so. */
+bool sk_session_close(struct sk_session *s, struct sk_job **ret_queued);
+/* Marks s to be removed once its running job ends (a pinned prefix that
+ * failed, or whose client left before it learned the id). */
+void sk_session_close_after(struct sk_session *s);
+/* Whether s is closing and idle: the caller removes it. */
+bool sk_session_closed(const struct sk_session *s);
+/* The client of connection conn left: its jobs on s lose it (running
+ * and queued generations are cancelled; appends complete). Returns
+ * whether s was opened temporary on that connection (conn_id) and is
+ * not closing yet: the caller closes it. */
+bool sk_session_detach(struct sk_session *s, const struct sk_conn *conn, uint64_t conn_id);
+/* Pauses (or resumes) s's running job if it is conn's (its client's
+ * output is full). */
+void sk_session_pause(struct sk_session *s, const struct sk_conn *conn, bool paused);
+/* Cancels s's running and queued generations. Returns whether there
+ * was any. */
+bool sk_session_cancel_generate(struct sk_session *s);
+/* s was used now (a request, a job's end): the idle TTL starts again. */
+void sk_session_touch(struct sk_session *s);
+/* s ends with the connection conn_id (open's "temporary"). */
+void sk_session_set_temporary(struct sk_session *s, uint64_t conn_id);
+/* s's conversation becomes *conv (taken: *conv is left empty). */
+void sk_session_set_conv(struct sk_session *s, struct sk_conv *conv);
+/* s's conversation starts afresh with chat template tmpl. */
+void sk_session_set_template(struct sk_session *s, int tmpl);
+/* Loads s's conversation from its file in dir (sk_conv_load); on error
+ * s keeps the one it had. Errors: those of sk_conv_load. */
+int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err);
+
+/* Whether the session's last committed step left logits to sample from. */
+bool sk_session_has_logits(const struct sk_session *s);
+
+/* ---- a step of the session's state (compute thread, or the loop while
+ * the session is idle) ----
+ *
+ * The scheduler changes a session's cache and state only inside a step
+ * of its object (store.h's commit protocol): begin, then the forward
+ * pass on s->kv and these setters, then commit (or abort: the session
+ * stays at its last commit). */
+
+/* Begins a step (sk_store_begin); _decode for a step whose forward pass
+ * writes every logit (sk_store_begin_decode: read the live logits
+ * first). */
+void sk_session_step_begin(struct sk_session *s);
+void sk_session_step_begin_decode(struct sk_session *s);
+/* A decode step that commits without a pass keeps the logits it began
+ * from (sk_store_keep_logits). */
+void sk_session_step_keep_logits(struct sk_session *s);
+/* The step's logits are those after its last token (sk_store_set_logits:
+ * copied from logits, n_vocab floats, or written by the pass if NULL). */
+void sk_session_step_set_logits(struct sk_session *s, const float *logits);
+/* Commits the step begun (sk_store_commit), or drops it (sk_store_abort). */
+void sk_session_step_commit(struct sk_session *s);
+void sk_session_step_abort(struct sk_session *s);
+/* The view's logits (n_vocab floats): the live ones between steps, the
+ * working ones inside a step, which the forward pass writes. */
+float *sk_session_logits(struct sk_session *s);
+/* The sampler state and the held bytes of an unfinished character, kept
+ * in the view's meta copy (set: in the step begun). */
+void sk_session_sampler_get(const struct sk_session *s, struct sk_sampler_state *ret);
+void sk_session_sampler_set(struct sk_session *s, const struct sk_sampler_state *st);
+void sk_session_utf8_get(const struct sk_session *s, struct sk_utf8_stream *ret);
+void sk_session_utf8_set(struct sk_session *s, const struct sk_utf8_stream *u);
+
+/* Copies the published counters (thread-safe). */
+void sk_session_counters_get(struct sk_session_table *t,
+                             const struct sk_session *s,
+                             struct sk_session_counters *ret);
+/* Publishes kv's counters (compute thread, or loop when idle). */
+void sk_session_counters_publish(struct sk_session_table *t,
+                                 struct sk_session *s);
+
+/* Adds the attention diagnostics of sequence seq of the last forward on
+ * scratch (if any; the session's place in a batched call) to the
+ * session's ring (compute thread, or loop when idle). */
+void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
+                            const struct sk_scratch *scratch, uint32_t seq);
+/* Averages over the recorded steps (thread-safe): ret_sink_mass and
+ * ret_entropy receive n_layer floats each (caller's arrays of
+ * s->attn.n_layer). Returns the number of steps averaged (0: nothing
+ * written) and sets *ret_probe to the sink positions counted. */
+/* Adds one forward call's sparse MLP counts of s (sk_scratch_sparse:
+ * kept neurons per layer over rows tokens); compute thread. */
+void sk_session_sparse_record(struct sk_session_table *t, struct sk_session *s,
+                              const uint64_t *kept, uint32_t rows);
+/* Copies the counts (thread-safe): n_layer values into ret_kept; returns
+ * the tokens they are summed over. */
+uint64_t sk_session_sparse_get(struct sk_session_table *t, const struct sk_session *s,
+                               uint64_t *ret_kept);
+uint32_t sk_session_attn_get(struct sk_session_table *t,
+                             const struct sk_session *s, float *ret_sink_mass,
+                             float *ret_entropy, uint32_t *ret_probe);
+
+/* Compute thread, a chat job's start: the messages' delta (conv.h)
+ * rendered with the session's template and tokenized into job->tokens
+ * (BOS first on an empty session), template text with its special
+ * tokens, content as plain text; job->eot set. A system message first in
+ * the first chat becomes the conversation's system prompt (on an empty
+ * session, within the sinks of a policy that has them). Errors:
+ * -SK_ERR_BAD_REQUEST (no template, misplaced system message, a system
+ * prompt longer than the sinks), -SK_ERR_NO_MEMORY. */
+int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
+                          struct sk_job *job);
+/* Tokens of a chat rendering (any thread): BOS first if bos (and the
+ * vocabulary has one); the control tokens named in template segments;
+ * the text between them (template text and content together) as plain
+ * text, so content never yields a control token.
+ * *ret malloc'd (caller frees). Errors: those of sk_tokenizer_encode. */
+int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_chat_text *t,
+                             bool bos, int32_t **ret, size_t *ret_n, struct sk_error *err);
+/* Compute thread: the delta is in the cache (state saved). */
+void sk_session_chat_prompt_done(struct sk_session *s, struct sk_job *job);
+/* Compute thread, as the job ends: the reply joins the conversation
+ * (state saved). A job whose prompt did not go in changes nothing. */
+void sk_session_chat_end(struct sk_session *s, struct sk_job *job);
+/* Appends generated text to a chat job's reply (compute thread). */
+void sk_job_reply_add(struct sk_job *j, const char *text, size_t len);
+
+/* Frees a job and what it owns (loop thread). NULL is fine. */
+void sk_job_free(struct sk_job *j);
+
+#endif

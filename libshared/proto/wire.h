@@ -1,0 +1,225 @@
+/* The wire schema of sinkd's replies and events, written once: each
+ * sk_wire_pack_* writes one whole frame (reply or event) from a public
+ * value struct of sinkd/client.h, and the matching sk_wire_unpack_* reads
+ * such a frame's map back into that struct. The daemon packs with it,
+ * libsinkd decodes with it, the tests' fake daemon packs with it, and
+ * tests/test-wire.c round-trips every one (sinkd-protocol(7) describes the
+ * fields).
+ *
+ * No map size is counted by hand: a map's entries are packed into a side
+ * buffer and counted as they are written, and its header is written once
+ * they are all known (so optional fields cannot throw the count off).
+ *
+ * A new reply field: a member of the client.h struct (or, for what
+ * libsinkd does not keep, of the sk_wire_*_extra struct), one line in the
+ * pack function, one in the unpack function, and its value in
+ * tests/test-wire.c; sinkd-protocol(7) documents it.
+ *
+ * Internal header (not installed).
+ */
+#ifndef SK_WIRE_H
+#define SK_WIRE_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/msg.h"
+#include "sinkd/client.h"
+
+/* A map being written: entries go to a side buffer and are counted;
+ * sk_wire_map_end writes the header with the count, then the entries, to
+ * the packer given to sk_wire_map_begin. */
+struct sk_wire_map {
+  msgpack_packer *out;  /* where the finished map goes (not owned) */
+  msgpack_sbuffer body; /* the entries packed so far (owned) */
+  msgpack_packer pk;    /* packs into body: write each value with it */
+  uint32_t n;           /* entries written */
+  bool failed;          /* an allocation failed */
+};
+
+/* Starts a map whose finished bytes go to out. No allocation yet. */
+void sk_wire_map_begin(struct sk_wire_map *m, msgpack_packer *out);
+/* Writes the key of one more entry and returns the packer for its value
+ * (exactly one value must follow, possibly a nested array or map). */
+msgpack_packer *sk_wire_map_key(struct sk_wire_map *m, const char *key);
+/* Entry helpers: a key and its value. */
+void sk_wire_map_u64(struct sk_wire_map *m, const char *key, uint64_t v);
+void sk_wire_map_i64(struct sk_wire_map *m, const char *key, int64_t v);
+void sk_wire_map_f64(struct sk_wire_map *m, const char *key, double v);
+void sk_wire_map_bool(struct sk_wire_map *m, const char *key, bool v);
+void sk_wire_map_str(struct sk_wire_map *m, const char *key, const char *v);
+void sk_wire_map_strn(struct sk_wire_map *m, const char *key, const char *v, size_t len);
+/* Writes the header (m->n entries) and the entries to out, and frees the
+ * side buffer. Returns 0, or -SK_ERR_NO_MEMORY (nothing usable written). */
+int sk_wire_map_end(struct sk_wire_map *m);
+
+/* ---- replies ----------------------------------------------------------
+ * Every sk_wire_pack_* below starts the frame in *b (sk_msgbuf_init) and
+ * writes the whole reply {"id": id, "ok": true, fields...}; the caller
+ * sends it (sk_msgbuf_finish) or frees it. Returns 0 or -SK_ERR_NO_MEMORY
+ * (b is freed).
+ *
+ * Every sk_wire_unpack_* reads the fields of a reply's map into *ret,
+ * which it fills whole: fields the reply leaves out keep the protocol's
+ * value for "absent" (0, "", false; rope_scale 1). String fields are
+ * copied, truncated to the struct's buffer. Returns 0, or -SK_ERR_PROTOCOL
+ * with err's message naming the field ("field 'seen' must be ..."). */
+
+/* The fields of hello's "model" that libsinkd does not keep. */
+struct sk_wire_hello_extra {
+  const char *model_file;        /* NULL: "" */
+  uint64_t sparse_weight_bytes;  /* the sparse MLP's extra weights (0: none) */
+  const float *sparsity_levels;  /* n_sparsity_levels calibrated levels */
+  size_t n_sparsity_levels;
+};
+
+/* hello: *h, and *x (NULL: none of them) in "model"; "chat_template"
+ * carries "error" only when h->chat_template_error is not empty.
+ * Unpacking reads *h only. */
+int sk_wire_pack_hello(struct sk_msgbuf *b, uint64_t id, const struct sk_hello *h,
+                       const struct sk_wire_hello_extra *x);
+int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct sk_error *err);
+
+/* list: n rows ({"sessions": [{...}, ...]}). Unpacking: *ret_rows is a
+ * calloc'd array of *ret_n rows the caller frees (NULL when empty; an
+ * absent "sessions" is an empty list). Errors also -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_list(struct sk_msgbuf *b, uint64_t id, const struct sk_session_info *rows,
+                      size_t n);
+int sk_wire_unpack_list(const msgpack_object *map, struct sk_session_info **ret_rows,
+                        size_t *ret_n, struct sk_error *err);
+
+/* The fields of `stats` without a session that libsinkd does not keep. */
+struct sk_wire_daemon_extra {
+  const char *chat_template;       /* family new sessions get */
+  const char *chat_template_error; /* why the model's was not taken, or "" */
+  const char *state_dir;
+};
+
+/* stats without a session: *s and *x; the caller's user figures go out
+ * only when s->has_user (which unpacking sets when "user_sessions" is
+ * there). Unpacking reads *s only. */
+int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_daemon_stats *s,
+                              const struct sk_wire_daemon_extra *x);
+int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stats *ret,
+                                struct sk_error *err);
+
+/* The parts of `stats` of a session that outgrow struct sk_session_stats
+ * or that libsinkd does not keep. NULL arrays: the struct's own. */
+struct sk_wire_session_extra {
+  uint64_t owner_uid;
+  bool has_resident_ranges;      /* send them (the session was idle) */
+  const struct sk_range *ranges; /* n_ranges resident ranges */
+  size_t n_ranges;
+  const float *sink_mass;        /* n_layers each */
+  const float *entropy;
+  size_t n_layers;
+  const double *sparsity_measured; /* n_sparse_layers, or NULL */
+  size_t n_sparse_layers;
+  bool has_tokens;               /* send "tokens" (stats with tokens) */
+  const int32_t *tokens;         /* n_tokens resident ids */
+  size_t n_tokens;
+};
+
+/* stats of a session: *s with *x (x may be NULL: the struct's arrays,
+ * resident ranges when !s->busy, no tokens). Attention values go out as
+ * float32. Unpacking fills *s, keeping the first SK_CLIENT_MAX_RANGES
+ * ranges and SK_CLIENT_MAX_LAYERS layers; it does not read "tokens"
+ * (sk_wire_unpack_tokens does). Unlike the others it writes *ret in place
+ * (the struct is ~3 KiB): after a failure its contents are unspecified. */
+int sk_wire_pack_session_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_session_stats *s,
+                               const struct sk_wire_session_extra *x);
+int sk_wire_unpack_session_stats(const msgpack_object *map, struct sk_session_stats *ret,
+                                 struct sk_error *err);
+
+/* An ok reply with no fields (ping, close). */
+int sk_wire_pack_ok(struct sk_msgbuf *b, uint64_t id);
+
+/* open: every field of *o; "session" is required when unpacking. */
+int sk_wire_pack_open(struct sk_msgbuf *b, uint64_t id, const struct sk_open_result *o);
+int sk_wire_unpack_open(const msgpack_object *map, struct sk_open_result *ret,
+                        struct sk_error *err);
+
+/* resume, fork and import: *s; "from" is written only when s->from is not
+ * 0 (fork), and "received" (the bytes of the image) only when received is
+ * not 0 (import; unpacking does not read it). "session" is required when
+ * unpacking. */
+int sk_wire_pack_summary(struct sk_msgbuf *b, uint64_t id, const struct sk_session_summary *s,
+                         uint64_t received);
+int sk_wire_unpack_summary(const msgpack_object *map, struct sk_session_summary *ret,
+                           struct sk_error *err);
+
+/* append: *a, and with logprobs (a->n_tokens float32 values, NaN where
+ * nothing preceded the token, sent as nil) a "logprobs" array. Unpacking
+ * with logprobs not NULL requires that array with exactly n entries and
+ * stores them (nil -> NaN); with logprobs NULL it is not read. */
+int sk_wire_pack_append(struct sk_msgbuf *b, uint64_t id, const struct sk_append_result *a,
+                        const float *logprobs);
+int sk_wire_unpack_append(const msgpack_object *map, struct sk_append_result *ret,
+                          double *logprobs, size_t n, struct sk_error *err);
+
+/* generate and chat, the final reply: *g, with stop_token and stop_text
+ * written only when g->stop_token >= 0 (an end-of-generation stop). The
+ * daemon's full texts, which outgrow the struct's buffers, are given
+ * apart: stop_text (stop_text_len bytes; NULL: g->stop_text) and the
+ * generated text (text_len bytes; NULL: ""). Unpacking ignores "text" and
+ * sets stop_token -1 when it is absent. */
+int sk_wire_pack_generate(struct sk_msgbuf *b, uint64_t id, const struct sk_generate_result *g,
+                          const char *stop_text, size_t stop_text_len, const char *text,
+                          size_t text_len);
+int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result *ret,
+                            struct sk_error *err);
+
+/* cancel: {"cancelled"} (absent: false). */
+int sk_wire_pack_cancel(struct sk_msgbuf *b, uint64_t id, bool cancelled);
+int sk_wire_unpack_cancel(const msgpack_object *map, bool *ret, struct sk_error *err);
+
+/* tokenize (and stats with "tokens"): {"tokens": [id, ...]}, n ids.
+ * Unpacking requires the field: *ret_tokens is a malloc'd array of
+ * *ret_n ids the caller frees (NULL when empty). Errors also
+ * -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_tokens(struct sk_msgbuf *b, uint64_t id, const int32_t *tokens, size_t n);
+int sk_wire_unpack_tokens(const msgpack_object *map, int32_t **ret_tokens, size_t *ret_n,
+                          struct sk_error *err);
+
+/* detokenize: {"text"} of len bytes. Unpacking requires the field:
+ * *ret_text is a malloc'd copy with a NUL after its *ret_len bytes, the
+ * caller's to free. Errors also -SK_ERR_NO_MEMORY. */
+int sk_wire_pack_text(struct sk_msgbuf *b, uint64_t id, const char *text, size_t len);
+int sk_wire_unpack_text(const msgpack_object *map, char **ret_text, size_t *ret_len,
+                        struct sk_error *err);
+
+/* import, a chunk taken before the last: {"received"}, bytes so far. */
+int sk_wire_pack_received(struct sk_msgbuf *b, uint64_t id, uint64_t received);
+int sk_wire_unpack_received(const msgpack_object *map, uint64_t *ret, struct sk_error *err);
+
+/* export, the final reply after the data events: the session, the
+ * image's bytes and the session's resident and seen tokens. Unpacking
+ * reads "bytes" (absent: 0). */
+int sk_wire_pack_export(struct sk_msgbuf *b, uint64_t id, uint64_t session, uint64_t bytes,
+                        uint64_t resident, uint64_t seen);
+int sk_wire_unpack_export(const msgpack_object *map, uint64_t *ret_bytes, struct sk_error *err);
+
+/* ---- events ----------------------------------------------------------- */
+
+/* An export's data event of request id: {"id", "event": "data", "offset",
+ * "data": bin of n bytes}. Unpacking requires both: *ret_data points into
+ * the message. */
+int sk_wire_pack_data_event(struct sk_msgbuf *b, uint64_t id, uint64_t offset, const void *data,
+                            size_t n);
+int sk_wire_unpack_data_event(const msgpack_object *map, uint64_t *ret_offset,
+                              const char **ret_data, size_t *ret_n, struct sk_error *err);
+
+
+/* A token event of request id: {"id", "event": "token", "token", "text",
+ * "top" (only when ev->n_top > 0: [token, logit] pairs, logits as
+ * float32)}. ev->session is not sent. Same returns as the replies. */
+int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_token_event *ev);
+/* Reads a token event's map into *ret: ret->text points into the message
+ * ("" when absent); ret->top points to top[], which receives the first
+ * SK_WIRE_MAX_TOP pairs. ret->session is left 0 (the caller knows it). */
+int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event *ret,
+                               struct sk_top_pair top[SK_WIRE_MAX_TOP], struct sk_error *err);
+
+#endif
