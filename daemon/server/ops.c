@@ -44,15 +44,10 @@ static bool may_use(const struct sk_conn *c, const struct sk_session *s) {
   return c->uid == 0 || c->uid == s->owner_uid;
 }
 
-/* Looks up the request's "session" field. Sends the error and returns NULL
- * if it is missing, unknown or not the caller's. */
-static struct sk_session *req_session(struct sk_server *srv, const struct request *r) {
-  struct sk_error e;
-  uint64_t sid = 0;
-  if (sk_msg_need_u64(r->map, "session", UINT64_MAX, &sid, &e) < 0) {
-    sk_conn_send_error(r->conn, r->id, &e);
-    return NULL;
-  }
+/* The session sid of request r. Sends the error and returns NULL if it is
+ * unknown or not the caller's. */
+static struct sk_session *session_of(struct sk_server *srv, const struct request *r,
+                                     uint64_t sid) {
   struct sk_session *s = sk_session_find(&srv->sessions, sid);
   if (!s || s->closing) {
     sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
@@ -67,19 +62,31 @@ static struct sk_session *req_session(struct sk_server *srv, const struct reques
   return s;
 }
 
+/* Looks up the request's "session" field, read before any other (so a
+ * request on a session that is not there is answered so). Sends the error
+ * and returns NULL if it is missing, unknown or not the caller's. */
+static struct sk_session *req_session(struct sk_server *srv, const struct request *r) {
+  struct sk_error e;
+  uint64_t sid = 0;
+  if (sk_wire_unpack_session_req(r->map, &sid, &e) < 0) {
+    sk_conn_send_error(r->conn, r->id, &e);
+    return NULL;
+  }
+  return session_of(srv, r, sid);
+}
+
 void sk__op_ping(struct sk_server *srv, const struct request *r) {
   (void)srv;
   struct sk_msgbuf b;
   if (sk_wire_pack_ok(&b, r->id) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
-/* Reads "sparsity" of an open: absent or 0 = dense, else one of the
- * calibrated levels (stored as the calibration's value). */
-static int read_sparsity(struct sk_server *srv, const struct request *r, float *ret,
+/* open's "sparsity": absent or 0 = dense, else one of the calibrated
+ * levels (stored as the calibration's value). */
+static int read_sparsity(struct sk_server *srv, const struct sk_wire_open_req *o, float *ret,
                          struct sk_error *e) {
-  double d = 0.0;
-  int rc = sk_msg_get_f64(r->map, "sparsity", &d, e);
-  if (rc <= 0 || d == 0.0) return rc < 0 ? rc : 0;
+  const double d = o->sparsity;
+  if (!o->has_sparsity || d == 0.0) return 0;
   const struct sk_sparse_calib *cal = srv->cfg.sparse;
   if (!cal)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
@@ -149,49 +156,41 @@ void sk__op_hello(struct sk_server *srv, const struct request *r) {
   if (sk_wire_pack_hello(&b, r->id, &h, &x) == 0) sk_conn_send_msg(r->conn, &b);
 }
 
-/* Reads "pin" (text, tokenized here with BOS first) or "pin_tokens" into
+/* open's "pin" (text, tokenized here with BOS first) or "pin_tokens" into
  * a malloc'd array (*ret NULL and *ret_n 0 when absent). */
-static int read_pin(struct sk_server *srv, const struct request *r, int32_t **ret,
+static int read_pin(struct sk_server *srv, const struct sk_wire_open_req *o, int32_t **ret,
                     size_t *ret_n, struct sk_error *e) {
-  const char *text = NULL;
-  size_t len = 0;
-  const msgpack_object_array *arr = NULL;
-  int has_text = sk_msg_get_str(r->map, "pin", &text, &len, e);
-  if (has_text < 0) return has_text;
-  int has_tokens = sk_msg_get_array(r->map, "pin_tokens", &arr, e);
-  if (has_tokens < 0) return has_tokens;
   *ret = NULL;
   *ret_n = 0;
-  if (has_text && has_tokens)
-    return sk_error_set(e, SK_ERR_BAD_REQUEST, "give either 'pin' or 'pin_tokens', not both");
-  if (has_text) {
-    if (len > SK_LIMIT_PIN_TEXT)
-      return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'pin': %zu bytes, at most %u", len,
-                          SK_LIMIT_PIN_TEXT);
-    return sk_tokenizer_encode(srv->tok, text, len,
+  if (o->pin) {
+    if (o->pin_len > SK_LIMIT_PIN_TEXT)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'pin': %zu bytes, at most %u",
+                          o->pin_len, SK_LIMIT_PIN_TEXT);
+    return sk_tokenizer_encode(srv->tok, o->pin, o->pin_len,
                                sk_tokenizer_add_bos(srv->tok) ? SK_TOKENIZE_BOS : 0, ret, ret_n,
                                e);
   }
-  if (!has_tokens) return 0;
-  if (arr->size > srv->cfg.max_capacity)
+  const struct sk_wire_ids *ids = &o->pin_tokens;
+  if (!ids->has) return 0;
+  if (ids->n > srv->cfg.max_capacity)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
-                        "field 'pin_tokens': %u tokens exceed the maximum capacity %u", arr->size,
+                        "field 'pin_tokens': %zu tokens exceed the maximum capacity %u", ids->n,
                         srv->cfg.max_capacity);
   const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
-  int32_t *t = malloc((arr->size ? arr->size : 1) * sizeof *t);
+  int32_t *t = malloc((ids->n ? ids->n : 1) * sizeof *t);
   if (!t) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
-  for (uint32_t i = 0; i < arr->size; i++) {
-    const msgpack_object *o = &arr->ptr[i];
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= n_vocab) {
+  for (size_t i = 0; i < ids->n; i++) {
+    int64_t v;
+    if (!sk_wire_ids_at(ids, i, &v) || v < 0 || v >= n_vocab) {
       free(t);
       return sk_error_set(e, SK_ERR_BAD_REQUEST,
-                          "field 'pin_tokens': element %u must be a token id in [0, %u)", i,
+                          "field 'pin_tokens': element %zu must be a token id in [0, %u)", i,
                           n_vocab);
     }
-    t[i] = (int32_t)o->via.u64;
+    t[i] = (int32_t)v;
   }
   *ret = t;
-  *ret_n = arr->size;
+  *ret_n = ids->n;
   return 0;
 }
 
@@ -199,15 +198,16 @@ static int read_pin(struct sk_server *srv, const struct request *r, int32_t **re
  * recognise) into conv->tmpl and "system" (the system prompt: rendered
  * with the template and tokenized, BOS first, as the pin; not with 'pin'
  * or 'pin_tokens', has_pin). */
-static int read_chat(struct sk_server *srv, const struct request *r, struct sk_conv *conv,
-                     bool has_pin, int32_t **ret_pin, size_t *ret_n, struct sk_error *e) {
-  const char *ct = NULL, *sys = NULL;
-  size_t ct_len = 0, sys_len = 0;
-  int rc = sk_msg_get_str(r->map, "chat_template", &ct, &ct_len, e);
-  if (rc < 0) return rc;
-  if (rc == 1 && (rc = sk_chat_resolve(ct, ct_len, "field 'chat_template'", &conv->tmpl, e)) < 0)
+static int read_chat(struct sk_server *srv, const struct sk_wire_open_req *o,
+                     struct sk_conv *conv, bool has_pin, int32_t **ret_pin, size_t *ret_n,
+                     struct sk_error *e) {
+  const char *sys = o->system;
+  const size_t sys_len = o->system_len;
+  int rc;
+  if (o->chat_template && (rc = sk_chat_resolve(o->chat_template, o->chat_template_len,
+                                                "field 'chat_template'", &conv->tmpl, e)) < 0)
     return rc;
-  if ((rc = sk_msg_get_str(r->map, "system", &sys, &sys_len, e)) <= 0) return rc;
+  if (!sys) return 0;
   if (has_pin)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
                         "give either 'system' or 'pin'/'pin_tokens', not both");
@@ -274,44 +274,35 @@ void sk__open_finish(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
 void sk__op_open(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
   struct sk_kv_params p = srv->cfg.defaults;
-  const char *pol = NULL;
-  size_t pol_len = 0;
-  uint64_t v;
-  double d;
+  struct sk_wire_open_req o;
   int32_t *pin = NULL;
   size_t n_pin = 0;
-  bool has_sink = false, temporary = false;
   struct sk_conv conv;
   sk_conv_init(&conv, srv->cfg.chat_template);
-  int rc = sk_msg_get_str(r->map, "policy", &pol, &pol_len, &e);
+  int rc = sk_wire_unpack_open_req(r->map, &o, &e);
   if (rc < 0) goto bad;
-  if (rc == 1 && (rc = sk_policy_parse(pol, pol_len, &p.policy, &e)) < 0) goto bad;
-  if ((rc = sk_msg_get_u64(r->map, "n_sink", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.n_sink = (uint32_t)v, has_sink = true;
+  if (o.policy && (rc = sk_policy_parse(o.policy, o.policy_len, &p.policy, &e)) < 0) goto bad;
+  if (o.has_n_sink) p.n_sink = o.n_sink;
   /* parameters given with a non-zero value, which the policy must have */
   const char *foreign = NULL;
   const char *name = sk_policy_name(p.policy);
   const unsigned parts = sk_policy_parts(name, strlen(name));
   const bool window_ok = parts & SK_PART_WINDOW, h2o_ok = parts & SK_PART_HEAVY;
-  if ((rc = sk_msg_get_u64(r->map, "window", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.window = (uint32_t)v;
-  if (rc == 1 && v && !window_ok) foreign = "window";
-  if ((rc = sk_msg_get_u64(r->map, "heavy", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.heavy = (uint32_t)v;
-  if (rc == 1 && v && !h2o_ok) foreign = "heavy";
-  if ((rc = sk_msg_get_u64(r->map, "recent", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.recent = (uint32_t)v;
-  if (rc == 1 && v && !h2o_ok) foreign = "recent";
-  if ((rc = sk_msg_get_u64(r->map, "capacity", UINT32_MAX, &v, &e)) < 0) goto bad;
-  if (rc == 1) p.capacity = (uint32_t)v;
-  if (rc == 1 && v && !(parts & SK_PART_CAPACITY)) foreign = "capacity";
+  if (o.has_window) p.window = o.window;
+  if (o.window && !window_ok) foreign = "window";
+  if (o.has_heavy) p.heavy = o.heavy;
+  if (o.heavy && !h2o_ok) foreign = "heavy";
+  if (o.has_recent) p.recent = o.recent;
+  if (o.recent && !h2o_ok) foreign = "recent";
+  if (o.has_capacity) p.capacity = o.capacity;
+  if (o.capacity && !(parts & SK_PART_CAPACITY)) foreign = "capacity";
   if (foreign) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s: policy %s%s has no such part", foreign, name,
-                      pol ? "" : " (the daemon's default)");
+                      o.policy ? "" : " (the daemon's default)");
     goto bad;
   }
-  if ((rc = sk_msg_get_f64(r->map, "rope_scale", &d, &e)) < 0) goto bad;
-  if (rc == 1) {
+  if (o.has_rope_scale) {
+    const double d = o.rope_scale;
     /* kept as a float: a value that rounds to 0 (1e-50) is refused as 0 */
     if (!(d > 0.0 && d <= SK_KV_MAX_ROPE_SCALE) || !((float)d > 0.0f)) {
       rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
@@ -321,18 +312,18 @@ void sk__op_open(struct sk_server *srv, const struct request *r) {
     }
     p.rope_scale = (float)d;
   }
-  if ((rc = read_sparsity(srv, r, &p.sparsity, &e)) < 0) goto bad;
-  if ((rc = sk_msg_get_bool(r->map, "temporary", &temporary, &e)) < 0) goto bad;
-  if ((rc = read_pin(srv, r, &pin, &n_pin, &e)) < 0) goto bad;
-  if ((rc = read_chat(srv, r, &conv, pin != NULL, &pin, &n_pin, &e)) < 0) goto bad;
+  if ((rc = read_sparsity(srv, &o, &p.sparsity, &e)) < 0) goto bad;
+  const bool temporary = o.temporary;
+  if ((rc = read_pin(srv, &o, &pin, &n_pin, &e)) < 0) goto bad;
+  if ((rc = read_chat(srv, &o, &conv, pin != NULL, &pin, &n_pin, &e)) < 0) goto bad;
   if (n_pin > UINT32_MAX) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "pin of %zu tokens is too long", n_pin);
     goto bad;
   }
   p.n_pin = (uint32_t)n_pin;
   /* The pin is the sink region of the policies that have one. */
-  if (n_pin && !has_sink && (parts & SK_PART_SINKS)) p.n_sink = (uint32_t)n_pin;
-  if (!(parts & SK_PART_SINKS) && has_sink && p.n_sink) {
+  if (n_pin && !o.has_n_sink && (parts & SK_PART_SINKS)) p.n_sink = (uint32_t)n_pin;
+  if (!(parts & SK_PART_SINKS) && o.has_n_sink && p.n_sink) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "n_sink %u: policy %s has no sinks", p.n_sink, name);
     goto bad;
   }
@@ -542,7 +533,13 @@ static void enqueue_plain(struct sk_server *srv, const struct request *r, struct
 
 void sk__op_stats(struct sk_server *srv, const struct request *r) {
   struct sk_msgbuf b;
-  if (!sk_msg_get(r->map, "session")) {
+  struct sk_error e;
+  struct sk_wire_stats_req req;
+  if (sk_wire_unpack_stats_req(r->map, &req, &e) < 0) {
+    sk_conn_send_error(r->conn, r->id, &e);
+    return;
+  }
+  if (!req.has_session) {
     uint32_t user_n;
     uint64_t user_bytes;
     sk__user_usage(srv, r->conn->uid, NULL, &user_n, &user_bytes);
@@ -577,70 +574,42 @@ void sk__op_stats(struct sk_server *srv, const struct request *r) {
     sk_conn_send_msg(r->conn, &b);
     return;
   }
-  struct sk_error e;
-  bool tokens = false;
-  if (sk_msg_get_bool(r->map, "tokens", &tokens, &e) < 0) {
-    sk_conn_send_error(r->conn, r->id, &e);
-    return;
-  }
-  struct sk_session *s = req_session(srv, r);
+  struct sk_session *s = session_of(srv, r, req.session);
   if (!s) return;
-  if (!tokens) {
+  if (!req.tokens) {
     sk__send_session_stats(srv, r->conn, r->id, s, false);
     return;
   }
   enqueue_plain(srv, r, s, SK_JOB_STATS);
 }
 
-/* Reads "text" or "tokens" (exactly one) and "bos" into job. */
-static int read_input(const struct request *r, struct sk_job *job, bool required,
-                      struct sk_error *e) {
-  const char *text = NULL;
-  size_t len = 0;
-  const char *text_key = job->kind == SK_JOB_GENERATE ? "prompt" : "text";
-  int has_text = sk_msg_get_str(r->map, text_key, &text, &len, e);
-  if (has_text < 0) return has_text;
-  const msgpack_object_array *arr = NULL;
-  int has_tokens = sk_msg_get_array(r->map, "tokens", &arr, e);
-  if (has_tokens < 0) return has_tokens;
-  if (has_text && has_tokens)
-    return sk_error_set(e, SK_ERR_BAD_REQUEST, "give either '%s' or 'tokens', not both", text_key);
-  if (!has_text && !has_tokens && required)
-    return sk_error_set(e, SK_ERR_BAD_REQUEST, "missing field '%s' or 'tokens'", text_key);
-  bool bos = false;
-  int has_bos = sk_msg_get_bool(r->map, "bos", &bos, e);
-  if (has_bos < 0) return has_bos;
-  job->bos = has_bos ? bos : -1;
-  bool special = false;
-  int has_special = sk_msg_get_bool(r->map, "parse_special", &special, e);
-  if (has_special < 0) return has_special;
-  job->parse_special = special;
-  if (has_text) {
-    job->text = malloc(len + 1);
+/* The input of an append or generate (its text or token ids, and "bos"
+ * and "parse_special") copied into job. */
+static int read_input(const struct sk_wire_input *in, struct sk_job *job, struct sk_error *e) {
+  job->bos = in->bos;
+  job->parse_special = in->parse_special;
+  if (in->text) {
+    job->text = malloc(in->text_len + 1);
     if (!job->text) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
-    memcpy(job->text, text, len);
-    job->text[len] = 0;
-    job->text_len = len;
+    memcpy(job->text, in->text, in->text_len);
+    job->text[in->text_len] = 0;
+    job->text_len = in->text_len;
   }
-  if (has_tokens) {
-    job->tokens = malloc((arr->size ? arr->size : 1) * sizeof *job->tokens);
+  const struct sk_wire_ids *ids = &in->tokens;
+  if (ids->has) {
+    job->tokens = malloc((ids->n ? ids->n : 1) * sizeof *job->tokens);
     if (!job->tokens) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
-    for (uint32_t i = 0; i < arr->size; i++) {
-      const msgpack_object *o = &arr->ptr[i];
+    for (size_t i = 0; i < ids->n; i++) {
       int64_t v;
-      if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
-        v = (int64_t)o->via.u64;
-      else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-        v = -1;
-      else
+      if (!sk_wire_ids_at(ids, i, &v) || v > INT32_MAX)
         return sk_error_set(e, SK_ERR_BAD_REQUEST,
-                            "field 'tokens': element %u must be a token id (non-negative integer)", i);
+                            "field 'tokens': element %zu must be a token id (non-negative integer)", i);
       if (v < 0)
         return sk_error_set(e, SK_ERR_BAD_REQUEST,
-                            "field 'tokens': element %u is negative", i);
+                            "field 'tokens': element %zu is negative", i);
       job->tokens[i] = (int32_t)v;
     }
-    job->n_tokens = arr->size;
+    job->n_tokens = ids->n;
   }
   return 0;
 }
@@ -680,43 +649,40 @@ void sk__op_append(struct sk_server *srv, const struct request *r) {
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
   struct sk_error e;
+  struct sk_wire_append_req a;
+  if (sk_wire_unpack_append_req(r->map, &a, &e) < 0) {
+    sk_conn_send_error(r->conn, r->id, &e);
+    return;
+  }
   struct sk_job *job = job_new(SK_JOB_APPEND, r, s);
   if (!job) return;
-  bool lp = false;
-  if (read_input(r, job, true, &e) < 0 || sk_msg_get_bool(r->map, "logprobs", &lp, &e) < 0 ||
-      (job->want_logprobs = lp, sk__session_enqueue(srv, s, job, &e)) < 0) {
+  job->want_logprobs = a.logprobs;
+  if (read_input(&a.input, job, &e) < 0 || sk__session_enqueue(srv, s, job, &e) < 0) {
     sk_job_free(job);
     sk_conn_send_error(r->conn, r->id, &e);
   }
 }
 
-/* chat's "messages": [{role, content}] copied into job (roles checked). */
-static int read_messages(const struct request *r, struct sk_job *job, struct sk_error *e) {
-  const msgpack_object_array *arr = NULL;
-  int rc = sk_msg_get_array(r->map, "messages", &arr, e);
-  if (rc < 0) return rc;
-  if (rc == 0) return sk_error_set(e, SK_ERR_BAD_REQUEST, "missing field 'messages'");
-  if (sk_msg_get(r->map, "prompt") || sk_msg_get(r->map, "tokens"))
-    return sk_error_set(e, SK_ERR_BAD_REQUEST, "chat takes 'messages', not 'prompt' or 'tokens'");
+/* chat's messages copied into job (roles checked). */
+static int read_messages(const struct sk_wire_msgs *msgs, struct sk_job *job, struct sk_error *e) {
+  int rc;
   struct sk_chat_msg m[SK_LIMIT_CONV_MSGS];
-  if (arr->size > SK_LIMIT_CONV_MSGS)
-    return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'messages': %u messages, at most %u",
-                        arr->size, SK_LIMIT_CONV_MSGS);
-  for (uint32_t i = 0; i < arr->size; i++) {
-    const msgpack_object *o = &arr->ptr[i];
+  const size_t n = msgs->n;
+  if (n > SK_LIMIT_CONV_MSGS)
+    return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'messages': %zu messages, at most %u", n,
+                        SK_LIMIT_CONV_MSGS);
+  for (size_t i = 0; i < n; i++) {
     const char *role = NULL, *content = NULL;
     size_t rl = 0, cl = 0;
-    if (o->type != MSGPACK_OBJECT_MAP ||
-        sk_msg_get_str(o, "role", &role, &rl, e) != 1 ||
-        sk_msg_get_str(o, "content", &content, &cl, e) != 1)
+    if (!sk_wire_msgs_at(msgs, i, &role, &rl, &content, &cl))
       return sk_error_set(e, SK_ERR_BAD_REQUEST,
-                          "messages[%u] must be a map with strings 'role' and 'content'", i);
+                          "messages[%zu] must be a map with strings 'role' and 'content'", i);
     m[i] = (struct sk_chat_msg){role, rl, content, cl};
   }
-  if ((rc = sk_conv_check(m, arr->size, e)) < 0) return rc;
-  job->chat_msgs = calloc(arr->size ? arr->size : 1, sizeof *job->chat_msgs);
+  if ((rc = sk_conv_check(m, n, e)) < 0) return rc;
+  job->chat_msgs = calloc(n ? n : 1, sizeof *job->chat_msgs);
   if (!job->chat_msgs) return sk_error_set(e, SK_ERR_NO_MEMORY, "out of memory");
-  for (uint32_t i = 0; i < arr->size; i++) {
+  for (size_t i = 0; i < n; i++) {
     struct sk_conv_msg *d = &job->chat_msgs[i];
     d->role = strndup(m[i].role, m[i].role_len);
     d->content = malloc(m[i].content_len + 1);
@@ -748,18 +714,17 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   struct sk_session *s = req_session(srv, r);
   if (!s) return;
   struct sk_error e;
+  struct sk_wire_generate_req g;
+  if (sk_wire_unpack_generate_req(r->map, chat, &g, &e) < 0) {
+    sk_conn_send_error(r->conn, r->id, &e);
+    return;
+  }
   struct sk_job *job = job_new(SK_JOB_GENERATE, r, s);
   if (!job) return;
-  uint64_t u;
-  double d;
-  bool bv;
   int rc;
   const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
-  job->max_tokens = SK_GENERATE_DEFAULT_MAX_TOKENS;
-  job->sampling.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE;
-  job->sampling.top_k = SK_GENERATE_DEFAULT_TOP_K;
-  job->sampling.top_p = (float)SK_GENERATE_DEFAULT_TOP_P;
-  if ((rc = chat ? read_messages(r, job, &e) : read_input(r, job, false, &e)) < 0) goto bad;
+  if ((rc = chat ? read_messages(&g.messages, job, &e) : read_input(&g.input, job, &e)) < 0)
+    goto bad;
   if (chat && s->conv.tmpl == SK_CHAT_NONE) {
     rc = srv->chat_error[0]
              ? sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s", srv->chat_error)
@@ -768,48 +733,37 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
                             "(or open the session with chat_template)");
     goto bad;
   }
-  if ((rc = sk_msg_get_u64(r->map, "max_tokens", SK_WIRE_MAX_TOKENS, &u, &e)) < 0) goto bad;
-  if (rc == 1) job->max_tokens = (uint32_t)u;
-  if ((rc = sk_msg_get_f64(r->map, "temperature", &d, &e)) < 0) goto bad;
-  if (rc == 1) job->sampling.temperature = (float)d;
-  if ((rc = sk_msg_get_u64(r->map, "top_k", UINT32_MAX, &u, &e)) < 0) goto bad;
-  if (rc == 1) job->sampling.top_k = u < n_vocab ? (uint32_t)u : 0; /* all: off */
-  if ((rc = sk_msg_get_f64(r->map, "top_p", &d, &e)) < 0) goto bad;
-  if (rc == 1) job->sampling.top_p = (float)d;
-  if ((rc = sk_msg_get_u64(r->map, "seed", UINT64_MAX, &u, &e)) < 0) goto bad;
-  if (rc == 1) {
-    job->sampling.seed = u;
-    job->has_seed = true;
-  } /* else: the session's PRNG stream goes on (scheduler.c) */
-  if ((rc = sk_msg_get_bool(r->map, "ignore_eos", &bv, &e)) < 0) goto bad;
-  if (rc == 1) job->ignore_eos = bv;
-  if ((rc = sk_msg_get_u64(r->map, "n_top", SK_WIRE_MAX_TOP, &u, &e)) < 0) goto bad;
-  if (rc == 1) job->n_top = (uint32_t)u;
+  job->max_tokens = g.max_tokens;
+  job->sampling.temperature = (float)g.temperature;
+  job->sampling.top_k = g.top_k;
+  if (g.has_top_k && g.top_k >= n_vocab) job->sampling.top_k = 0; /* all: off */
+  job->sampling.top_p = (float)g.top_p;
+  job->sampling.seed = g.seed;
+  job->has_seed = g.has_seed; /* else the session's PRNG stream goes on (scheduler.c) */
+  job->ignore_eos = g.ignore_eos;
+  job->n_top = g.n_top;
   if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
-  const msgpack_object_array *stops = NULL;
-  if ((rc = sk_msg_get_array(r->map, "stop", &stops, &e)) < 0) goto bad;
-  if (rc == 1) {
-    if (stops->size > SK_LIMIT_STOP_COUNT) {
-      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %u strings given, at most %u",
-                        stops->size, SK_LIMIT_STOP_COUNT);
+  if (g.stop.n > SK_LIMIT_STOP_COUNT) {
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %zu strings given, at most %u",
+                      g.stop.n, SK_LIMIT_STOP_COUNT);
+    goto bad;
+  }
+  for (size_t i = 0; i < g.stop.n; i++) {
+    const char *stop;
+    size_t len;
+    if (!sk_wire_strs_at(&g.stop, i, &stop, &len) || len == 0 || len > SK_LIMIT_STOP_LEN ||
+        memchr(stop, 0, len)) {
+      rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                        "field 'stop': element %zu must be a non-empty string of at most %u bytes",
+                        i, SK_LIMIT_STOP_LEN);
       goto bad;
     }
-    for (uint32_t i = 0; i < stops->size; i++) {
-      const msgpack_object *o = &stops->ptr[i];
-      if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
-          o->via.str.size > SK_LIMIT_STOP_LEN || memchr(o->via.str.ptr, 0, o->via.str.size)) {
-        rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
-                          "field 'stop': element %u must be a non-empty string of at most %u bytes",
-                          i, SK_LIMIT_STOP_LEN);
-        goto bad;
-      }
-      job->stop[i] = strndup(o->via.str.ptr, o->via.str.size);
-      if (!job->stop[i]) {
-        rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
-        goto bad;
-      }
-      job->n_stop++;
+    job->stop[i] = strndup(stop, len);
+    if (!job->stop[i]) {
+      rc = sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
+      goto bad;
     }
+    job->n_stop++;
   }
   if ((rc = sk__session_enqueue(srv, s, job, &e)) < 0) goto bad;
   return;
@@ -860,16 +814,12 @@ static void op_queued_inline(struct sk_server *srv, const struct request *r,
  * them together). */
 void sk__op_import(struct sk_server *srv, const struct request *r) {
   struct sk_error e;
-  uint64_t total = 0, offset = 0;
-  const char *data = NULL;
-  size_t len = 0;
-  if (sk_msg_need_u64(r->map, "total", SIZE_MAX, &total, &e) < 0 ||
-      sk_msg_need_u64(r->map, "offset", SIZE_MAX, &offset, &e) < 0 ||
-      sk_msg_need_str(r->map, "data", &data, &len, &e) < 0) {
+  struct sk_wire_import_req chunk;
+  if (sk_wire_unpack_import_req(r->map, &chunk, &e) < 0) {
     sk_conn_send_error(r->conn, r->id, &e);
     return;
   }
-  sk_copy_import(srv, r->conn, r->id, total, offset, data, len);
+  sk_copy_import(srv, r->conn, r->id, chunk.total, chunk.offset, chunk.data, chunk.len);
 }
 
 void sk__op_cancel(struct sk_server *srv, const struct request *r) {
@@ -957,58 +907,48 @@ static void tokenize_request(struct sk_server *srv, const struct request *r, boo
   w->detok = detok;
   int rc;
   if (detok) {
-    const msgpack_object_array *arr = NULL;
-    if ((rc = sk_msg_get_array(r->map, "tokens", &arr, &e)) <= 0) {
-      if (rc == 0) sk_error_set(&e, SK_ERR_BAD_REQUEST, "missing field 'tokens'");
-      goto bad;
-    }
-    w->tokens = malloc((arr->size ? arr->size : 1) * sizeof *w->tokens);
+    struct sk_wire_ids ids;
+    if (sk_wire_unpack_detokenize_req(r->map, &ids, &e) < 0) goto bad;
+    w->tokens = malloc((ids.n ? ids.n : 1) * sizeof *w->tokens);
     if (!w->tokens) {
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
       goto bad;
     }
-    for (uint32_t i = 0; i < arr->size; i++) {
-      const msgpack_object *o = &arr->ptr[i];
-      if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX) {
-        w->tokens[i] = (int32_t)o->via.u64;
-      } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN) {
-        w->tokens[i] = (int32_t)o->via.i64; /* the tokenizer names it */
-      } else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER ||
-                 o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+    for (size_t i = 0; i < ids.n; i++) {
+      int64_t v;
+      if (!sk_wire_ids_at(&ids, i, &v)) {
         sk_error_set(&e, SK_ERR_BAD_REQUEST,
-                     "field 'tokens': element %u is not a token id of this model (0..%u)", i,
-                     sk_model_config(srv->model)->n_vocab - 1u);
-        goto bad;
-      } else {
-        sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'tokens': element %u must be an integer token id", i);
+                     "field 'tokens': element %zu must be an integer token id", i);
         goto bad;
       }
+      if (v < INT32_MIN || v > INT32_MAX) {
+        sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                     "field 'tokens': element %zu is not a token id of this model (0..%u)", i,
+                     sk_model_config(srv->model)->n_vocab - 1u);
+        goto bad;
+      }
+      w->tokens[i] = (int32_t)v; /* a negative one: the tokenizer names it */
     }
-    w->n_tokens = arr->size;
+    w->n_tokens = ids.n;
   } else {
-    const char *text = NULL;
-    size_t len = 0;
-    if (sk_msg_need_str(r->map, "text", &text, &len, &e) < 0) goto bad;
-    bool bos = false, special = false;
-    int has_bos = sk_msg_get_bool(r->map, "bos", &bos, &e);
-    if (has_bos < 0) goto bad;
+    struct sk_wire_input in;
+    if (sk_wire_unpack_tokenize_req(r->map, &in, &e) < 0) goto bad;
     /* Without "bos", the vocabulary's add_bos. Its add_eos is not
      * applied: tokens tokenized here are appended as prompts, and an EOS
      * at the end of a prompt would end it. */
-    if (has_bos == 0)
+    if (in.bos < 0)
       w->flags = sk_tokenizer_add_bos(srv->tok) ? SK_TOKENIZE_BOS : 0;
     else
-      w->flags = bos ? SK_TOKENIZE_BOS : 0;
-    if (sk_msg_get_bool(r->map, "parse_special", &special, &e) < 0) goto bad;
-    if (special) w->flags |= SK_TOKENIZE_SPECIAL;
-    w->text = malloc(len + 1);
+      w->flags = in.bos ? SK_TOKENIZE_BOS : 0;
+    if (in.parse_special) w->flags |= SK_TOKENIZE_SPECIAL;
+    w->text = malloc(in.text_len + 1);
     if (!w->text) {
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
       goto bad;
     }
-    memcpy(w->text, text, len);
-    w->text[len] = 0;
-    w->text_len = len;
+    memcpy(w->text, in.text, in.text_len);
+    w->text[in.text_len] = 0;
+    w->text_len = in.text_len;
   }
   w->req.data = w;
   if ((rc = uv_queue_work(srv->loop, &w->req, tok_work_run, tok_work_done)) < 0) {

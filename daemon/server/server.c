@@ -327,14 +327,10 @@ static void handle_frame(void *user, struct sk_conn *c, const uint8_t *body, siz
     return;
   }
   struct request r = {.conn = c, .id = 0, .map = &msg.root};
-  if (sk_msg_need_u64(r.map, "id", UINT64_MAX, &r.id, &e) < 0) {
-    sk_conn_send_error(c, 0, &e);
-    goto out;
-  }
   const char *op = NULL;
   size_t op_len = 0;
-  if (sk_msg_need_str(r.map, "op", &op, &op_len, &e) < 0) {
-    sk_conn_send_error(c, r.id, &e);
+  if (sk_wire_unpack_head(r.map, &r.id, &op, &op_len, &e) < 0) {
+    sk_conn_send_error(c, r.id, &e); /* id 0 when the id itself is bad */
     goto out;
   }
   const struct op_entry *entry = op_find(op, op_len);
