@@ -109,7 +109,7 @@ struct copy_work {
   struct sk_server *srv;
   enum copy_kind kind;
   struct sk_session *src;   /* fork, export: held */
-  struct sk_job *job;       /* fork, export: src->running (conn, req_id) */
+  struct sk_job *job;       /* fork, export: src's running job (conn, req_id) */
   struct sk_conn *conn;     /* import: referenced until done */
   uint64_t req_id;          /* import */
   struct sk_session_reservation res; /* fork, import: the new session (its
@@ -125,22 +125,22 @@ struct copy_work {
 
 /* The session of a finished open: logged, and answered, or its pinned
  * prefix goes through the model first (the reply is sent once it is in
- * the cache, jobs.conn). Takes pin and the conversation. */
+ * the cache, jobs.c). Takes pin and the conversation. */
 static void open_finish(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
                         struct sk_session *s, int32_t *pin, size_t n_pin, struct sk_conv *conv) {
   sk_session_touch(s);
   /* The conversation (template, pinned system prompt) is the session's. */
   sk_session_set_conv(s, conv);
-  if (s->conv.tmpl != SK_CHAT_NONE) {
-    struct sk_error ce;
-    if (sk_conv_save(&s->conv, sk_store_dir(srv->cfg.store), s->id, &ce) < 0)
-      sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)s->id,
-             ce.message);
-  }
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
+  struct sk_error ce;
+  if (sk_session_conv_save(s, sk_store_dir(srv->cfg.store), d.id, &ce) < 0)
+    sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)d.id,
+           ce.message);
   sk_jobs_counts_changed(srv);
   sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes (%s)",
-         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy), s->capacity,
-         s->params.n_pin, s->kv_bytes, sk_kv_type_name(s->kv_type));
+         (unsigned long long)d.id, d.owner_uid, sk_policy_name(d.params.policy), d.capacity,
+         d.params.n_pin, d.object_bytes, sk_kv_type_name(d.kv_type));
   if (n_pin) {
     struct sk_job *job = sk_jobs_new(SK_JOB_APPEND, conn, req_id, s);
     if (!job) { /* answered */
@@ -162,7 +162,7 @@ static void open_finish(struct sk_server *srv, struct sk_conn *conn, uint64_t re
 
 static void open_work_run(uv_work_t *req) {
   struct open_work *w = req->data;
-  w->rc = sk_session_reservation_create(w->srv->sessions.store, &w->res, &w->err);
+  w->rc = sk_session_reservation_create(w->srv->cfg.store, &w->res, &w->err);
 }
 
 static void open_work_done(uv_work_t *req, int status) {
@@ -171,10 +171,10 @@ static void open_work_done(uv_work_t *req, int status) {
   struct sk_conn *conn = w->conn;
   if (status < 0 && w->rc == 0)
     w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
-  if (w->rc < 0 || conn->closing || srv->shutting_down) {
+  if (w->rc < 0 || sk_conn_closing(conn) || srv->shutting_down) {
     /* A client that left never learns the id: nothing to keep. */
     sk_session_cancel(&srv->sessions, &w->res);
-    if (w->rc < 0 && !conn->closing) sk_conn_send_error(conn, w->id, &w->err);
+    if (w->rc < 0 && !sk_conn_closing(conn)) sk_conn_send_error(conn, w->id, &w->err);
     free(w->pin);
     sk_conv_free(&w->conv);
   } else {
@@ -185,7 +185,7 @@ static void open_work_done(uv_work_t *req, int status) {
       sk_conv_free(&w->conv);
       sk_conn_send_error(conn, w->id, &e);
     } else {
-      if (w->temporary) sk_session_set_temporary(s, conn->id);
+      if (w->temporary) sk_session_set_temporary(s, sk_conn_id(conn));
       open_finish(srv, conn, w->id, s, w->pin, w->n_pin, &w->conv);
     }
   }
@@ -219,10 +219,11 @@ void sk_copy_export_pump(struct sk_conn *conn) {
  * object under the held id (store.c: file creation is per id). */
 static void copy_work_run(uv_work_t *req) {
   struct copy_work *w = req->data;
-  struct sk_store *st = w->srv->sessions.store;
+  struct sk_store *st = w->srv->cfg.store;
   switch (w->kind) {
   case COPY_FORK:
-    w->rc = sk_store_fork(st, w->src->obj, w->res.id, w->res.owner_uid, &w->res.obj, &w->err);
+    w->rc = sk_store_fork(st, sk_session_object(w->src), w->res.id, w->res.owner_uid,
+                          &w->res.obj, &w->err);
     break;
   case COPY_EXPORT:
     w->buf = malloc(w->len);
@@ -230,7 +231,7 @@ static void copy_work_run(uv_work_t *req) {
       w->rc = sk_error_set(&w->err, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte export",
                            w->len);
     else
-      sk_store_export(w->src->obj, w->buf, w->len);
+      sk_store_export(sk_session_object(w->src), w->buf, w->len);
     break;
   case COPY_IMPORT: {
     struct sk_store_image_info info;
@@ -264,31 +265,36 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   }
   /* An import's size is known once it is in: over the user's limits, it
    * goes (a fork's was checked before the copy). */
-  if (w->kind == COPY_IMPORT && sk_session_check_user(&srv->sessions, conn->uid, ns->kv_bytes, ns, false, &e) < 0) {
+  struct sk_session_desc d;
+  sk_session_describe(ns, &d);
+  if (w->kind == COPY_IMPORT && sk_session_check_user(&srv->sessions, sk_conn_uid(conn),
+                                                     d.object_bytes, ns, false, &e) < 0) {
     sk_session_remove(&srv->sessions, ns);
     sk_conn_send_error(conn, req_id, &e);
     return;
   }
   sk_session_touch(ns);
   sk_jobs_counts_changed(srv);
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, ns, &cnt);
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
     struct sk_error ce;
     const char *dir = sk_store_dir(srv->cfg.store);
-    if (w->src->conv.tmpl != SK_CHAT_NONE &&
-        (sk_conv_save(&w->src->conv, dir, ns->id, &ce) < 0 ||
-         sk_session_conv_load(ns, dir, &ce) < 0))
+    const uint64_t from = sk_session_id(w->src);
+    int rc = sk_session_conv_save(w->src, dir, d.id, &ce);
+    if (rc < 0 || (rc == 1 && sk_session_conv_load(ns, dir, &ce) < 0))
       sk_log(SK_LOG_WARNING, "session %llu: conversation not copied: %s",
-             (unsigned long long)ns->id, ce.message);
+             (unsigned long long)d.id, ce.message);
     sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
            "copied, %zu bytes",
-           (unsigned long long)ns->id, (unsigned long long)w->src->id, conn->uid,
-           ns->kv->hdr->n_resident, ns->kv_bytes);
-    sk_replies_summary(srv, conn, req_id, ns, w->src->id, 0);
+           (unsigned long long)d.id, (unsigned long long)from, sk_conn_uid(conn), cnt.resident,
+           d.object_bytes);
+    sk_replies_summary(srv, conn, req_id, ns, from, 0);
   } else {
     sk_session_set_template(ns, srv->cfg.chat_template);
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
-           (unsigned long long)ns->id, conn->uid, w->len, ns->kv->hdr->n_resident);
+           (unsigned long long)d.id, sk_conn_uid(conn), w->len, cnt.resident);
     sk_replies_summary(srv, conn, req_id, ns, 0, w->len);
   }
 }
@@ -301,7 +307,7 @@ static void copy_work_done(uv_work_t *req, int status) {
   }
   /* The client, unless it left (or the daemon is stopping: nothing new). */
   struct sk_conn *conn = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
-  if (conn && (conn->closing || srv->shutting_down)) conn = NULL;
+  if (conn && (sk_conn_closing(conn) || srv->shutting_down)) conn = NULL;
   uint64_t req_id = w->kind == COPY_IMPORT ? w->req_id : w->job->req_id;
   if (w->kind == COPY_EXPORT) {
     struct sk__export *x = NULL;
@@ -310,11 +316,13 @@ static void copy_work_done(uv_work_t *req, int status) {
     } else if (conn && (x = calloc(1, sizeof *x)) != NULL) {
       /* streamed as the output drains */
       x->req_id = req_id;
-      x->session = w->src->id;
+      struct sk_session_counters cnt;
+      sk_session_counters_get(&srv->sessions, w->src, &cnt);
+      x->session = sk_session_id(w->src);
       x->buf = w->buf;
       x->len = w->len;
-      x->resident = w->src->kv->hdr->n_resident;
-      x->seen = w->src->kv->hdr->n_seen;
+      x->resident = cnt.resident;
+      x->seen = cnt.seen;
       w->buf = NULL;
       struct sk__export **tail = &peer(conn)->exports;
       while (*tail) tail = &(*tail)->next;
@@ -364,14 +372,17 @@ bool sk_copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *j
   w->src = s;
   w->job = job;
   if (w->kind == COPY_FORK) {
-    if (sk_session_check_user(&srv->sessions, conn->uid, s->kv_bytes, NULL, false, &e) < 0 ||
-        sk_session_reserve(&srv->sessions, s->kv_bytes, conn->uid, &w->res, &e) < 0) {
+    struct sk_session_desc d;
+    sk_session_describe(s, &d);
+    const uint32_t uid = sk_conn_uid(conn);
+    if (sk_session_check_user(&srv->sessions, uid, d.object_bytes, NULL, false, &e) < 0 ||
+        sk_session_reserve(&srv->sessions, d.object_bytes, uid, &w->res, &e) < 0) {
       free(w);
       sk_conn_send_error(conn, job->req_id, &e);
       return false;
     }
   } else {
-    w->len = sk_store_export_size(s->obj);
+    w->len = sk_store_export_size(sk_session_object(s));
   }
   if (copy_queue(srv, w, &e) < 0) {
     if (w->kind == COPY_FORK) sk_session_cancel(&srv->sessions, &w->res);
@@ -388,7 +399,7 @@ int sk_copy_open(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
                  size_t n_pin, struct sk_conv *conv, struct sk_error *err) {
   struct open_work *w = calloc(1, sizeof *w);
   if (!w) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  int rc = sk_session_reserve_open(&srv->sessions, p, srv->cfg.max_capacity, conn->uid,
+  int rc = sk_session_reserve_open(&srv->sessions, p, srv->cfg.max_capacity, sk_conn_uid(conn),
                                    temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, err);
   if (rc < 0) {
     free(w);
@@ -421,10 +432,11 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id
   struct sk_error e;
   if (offset == 0) {
     if (peer(conn)->import_buf || peer(conn)->import_total) sk_copy_import_drop(srv, conn);
-    if (total > srv->sessions.max_bytes) {
+    if (total > sk_session_table_max_bytes(&srv->sessions)) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: a %llu-byte import exceeds max_memory %llu bytes",
-                   (unsigned long long)total, (unsigned long long)srv->sessions.max_bytes);
+                   (unsigned long long)total,
+                   (unsigned long long)sk_session_table_max_bytes(&srv->sessions));
       goto bad;
     }
     peer(conn)->import_total = total;
@@ -449,11 +461,12 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id
   if (need > peer(conn)->import_cap) {
     size_t ncap = peer(conn)->import_cap * 2 > need ? peer(conn)->import_cap * 2 : need;
     if (ncap > total) ncap = (size_t)total;
-    if (srv->copies.import_bytes + (ncap - peer(conn)->import_cap) > srv->sessions.max_bytes) {
+    if (srv->copies.import_bytes + (ncap - peer(conn)->import_cap) >
+        sk_session_table_max_bytes(&srv->sessions)) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: imports in progress would hold more than max_memory %llu "
                    "bytes",
-                   (unsigned long long)srv->sessions.max_bytes);
+                   (unsigned long long)sk_session_table_max_bytes(&srv->sessions));
       goto bad_drop;
     }
     char *nb = realloc(peer(conn)->import_buf, ncap ? ncap : 1);
@@ -479,7 +492,7 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id
     sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
     goto bad_drop;
   }
-  if (sk_session_reserve(&srv->sessions, 0, conn->uid, &w->res, &e) < 0) {
+  if (sk_session_reserve(&srv->sessions, 0, sk_conn_uid(conn), &w->res, &e) < 0) {
     free(w);
     goto bad_drop;
   }

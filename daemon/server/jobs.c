@@ -8,7 +8,9 @@
 #include "server/state.h"
 
 void sk_jobs_counts_changed(struct sk_server *srv) {
-  if (srv->cfg.on_change) srv->cfg.on_change(srv->cfg.user, srv->sessions.count, srv->conns.count);
+  if (srv->cfg.on_change)
+    srv->cfg.on_change(srv->cfg.user, sk_session_table_count(&srv->sessions),
+                       sk_conns_count(&srv->conns));
 }
 
 struct sk_job *sk_jobs_new(enum sk_job_kind kind, struct sk_conn *conn, uint64_t req_id,
@@ -48,7 +50,7 @@ void sk_jobs_dispatch(struct sk_server *srv, struct sk_session *s, struct sk_job
     sk_job_free(job);
     return;
   }
-  if (job->conn && job->conn->out_paused) atomic_store(&job->paused, true);
+  if (job->conn && sk_conn_paused(job->conn)) atomic_store(&job->paused, true);
   sk_session_run(s, job);
   sk_scheduler_submit(srv->scheduler, job);
 }
@@ -77,10 +79,10 @@ void sk_jobs_close(struct sk_server *srv, struct sk_session *s) {
     q = j->next;
     if (j->conn)
       sk_conn_send_errorf(j->conn, j->req_id, SK_ERR_CANCELLED, "session %llu was closed",
-                          (unsigned long long)s->id);
+                          (unsigned long long)sk_session_id(s));
     sk_job_free(j);
   }
-  sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)s->id);
+  sk_log(SK_LOG_INFO, "session %llu closed", (unsigned long long)sk_session_id(s));
   if (!idle) {
     if (srv->scheduler) sk_scheduler_wake(srv->scheduler); /* NULL once stopping */
   } else {

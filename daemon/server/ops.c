@@ -28,7 +28,7 @@ struct request {
 };
 
 static bool may_use(const struct sk_conn *conn, const struct sk_session *s) {
-  return conn->uid == 0 || conn->uid == s->owner_uid;
+  return sk_conn_uid(conn) == 0 || sk_conn_uid(conn) == sk_session_owner(s);
 }
 
 /* The session sid of request r. Sends the error and returns NULL if it is
@@ -36,7 +36,7 @@ static bool may_use(const struct sk_conn *conn, const struct sk_session *s) {
 static struct sk_session *session_of(struct sk_server *srv, const struct request *r,
                                      uint64_t sid) {
   struct sk_session *s = sk_session_find(&srv->sessions, sid);
-  if (!s || s->closing) {
+  if (!s || sk_session_closing(s)) {
     sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
     return NULL;
   }
@@ -143,15 +143,16 @@ static int read_chat(struct sk_server *srv, const struct sk_wire_open_req *o,
                      struct sk_error *e) {
   const char *sys = o->system;
   const size_t sys_len = o->system_len;
-  int rc;
+  int tmpl = srv->cfg.chat_template, rc;
   if (o->chat_template && (rc = sk_chat_resolve(o->chat_template, o->chat_template_len,
-                                                "field 'chat_template'", &conv->tmpl, e)) < 0)
+                                                "field 'chat_template'", &tmpl, e)) < 0)
     return rc;
+  sk_conv_init(conv, tmpl); /* still empty */
   if (!sys) return 0;
   if (has_pin)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
                         "give either 'system' or 'pin'/'pin_tokens', not both");
-  if (conv->tmpl == SK_CHAT_NONE)
+  if (tmpl == SK_CHAT_NONE)
     return sk_error_set(e, SK_ERR_BAD_REQUEST,
                         "field 'system': the session has no chat template (give chat_template)");
   if (sys_len > SK_LIMIT_PIN_TEXT)
@@ -162,13 +163,8 @@ static int read_chat(struct sk_server *srv, const struct sk_wire_open_req *o,
   if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) == 0 &&
       (rc = sk_conv_system_text(conv, &t, e)) == 0 &&
       (rc = sk_session_chat_tokenize(srv->tok, &t, sk_tokenizer_add_bos(srv->tok), ret_pin,
-                                    ret_n, e)) == 0) {
-    conv->text = t.text; /* C: the pinned text */
-    conv->text_len = t.len;
-    t.text = NULL;
-    conv->system_sent = true;
-    conv->n_seen = *ret_n;
-  }
+                                    ret_n, e)) == 0)
+    sk_conv_system_pinned(conv, &t, *ret_n);
   sk_chat_text_free(&t);
   return rc;
 }
@@ -235,11 +231,12 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   if ((rc = sk_kv_params_check(&p, srv->cfg.max_capacity, &e)) < 0 ||
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
-  size_t bytes = sk_store_object_size(srv->sessions.store, sk_kv_params_capacity(&p));
-  if (bytes && (rc = sk_session_check_user(&srv->sessions, r->conn->uid, bytes, NULL, temporary, &e)) < 0)
+  size_t bytes = sk_store_object_size(srv->cfg.store, sk_kv_params_capacity(&p));
+  if (bytes && (rc = sk_session_check_user(&srv->sessions, sk_conn_uid(r->conn), bytes, NULL,
+                                           temporary, &e)) < 0)
     goto bad;
   uint64_t seed;
-  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = sk_clock_ms() ^ r->conn->id;
+  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = sk_clock_ms() ^ sk_conn_id(r->conn);
   if ((rc = sk_copy_open(srv, r->conn, r->id, &p, seed, temporary, pin, n_pin, &conv, &e)) < 0)
     goto bad;
   return;
@@ -258,23 +255,23 @@ static void op_close(struct sk_server *srv, const struct request *r) {
 }
 
 static int session_id_cmp(const void *a, const void *b) {
-  const struct sk_session *x = *(const struct sk_session *const *)a;
-  const struct sk_session *y = *(const struct sk_session *const *)b;
-  return x->id < y->id ? -1 : x->id > y->id;
+  const uint64_t x = sk_session_id(*(const struct sk_session *const *)a);
+  const uint64_t y = sk_session_id(*(const struct sk_session *const *)b);
+  return x < y ? -1 : x > y;
 }
 
 /* The caller's sessions, in ascending id order. */
 static void op_list(struct sk_server *srv, const struct request *r) {
-  struct sk_session **list = malloc((srv->sessions.cap ? srv->sessions.cap : 1) * sizeof *list);
+  const uint32_t count = sk_session_table_count(&srv->sessions);
+  struct sk_session **list = malloc((count ? count : 1) * sizeof *list);
   if (!list) {
     sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_MEMORY, "out of memory listing the sessions");
     return;
   }
   uint32_t n = 0;
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
-    if (s && !s->closing && may_use(r->conn, s)) list[n++] = s;
-  }
+  struct sk_session *s;
+  for (uint32_t pos = 0; (s = sk_session_table_next(&srv->sessions, &pos)) != NULL;)
+    if (!sk_session_closing(s) && may_use(r->conn, s)) list[n++] = s;
   qsort(list, n, sizeof *list, session_id_cmp);
   sk_replies_list(srv, r->conn, r->id, list, n);
   free(list);
@@ -427,7 +424,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   const uint32_t n_vocab = sk_model_config(srv->model)->n_vocab;
   if ((rc = chat ? read_messages(&g.messages, job, &e) : read_input(&g.input, job, &e)) < 0)
     goto bad;
-  if (chat && s->conv.tmpl == SK_CHAT_NONE) {
+  if (chat && sk_session_chat_template(s) == SK_CHAT_NONE) {
     rc = srv->chat_error[0]
              ? sk_error_set(&e, SK_ERR_BAD_REQUEST, "%s", srv->chat_error)
              : sk_error_set(&e, SK_ERR_BAD_REQUEST,
@@ -557,7 +554,7 @@ static void tok_work_done(uv_work_t *req, int status) {
     w->rc = -SK_ERR_INTERNAL;
     sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
   }
-  if (!conn->closing) {
+  if (!sk_conn_closing(conn)) {
     if (w->rc < 0) {
       sk_conn_send_error(conn, w->id, &w->err);
     } else {

@@ -69,22 +69,22 @@ void sk_replies_daemon_stats(struct sk_server *srv, struct sk_conn *conn, uint64
   struct sk_msgbuf b;
   uint32_t user_n;
   uint64_t user_bytes;
-  sk_session_user_usage(&srv->sessions, conn->uid, NULL, &user_n, &user_bytes);
+  sk_session_user_usage(&srv->sessions, sk_conn_uid(conn), NULL, &user_n, &user_bytes);
   struct sk_daemon_stats st = {
       .steps = sk_scheduler_steps(srv->scheduler),
-      .sessions = srv->sessions.count,
+      .sessions = sk_session_table_count(&srv->sessions),
       .has_user = true,
       .user_sessions = user_n,
       .user_memory_bytes = user_bytes,
       .max_user_sessions = srv->cfg.max_user_sessions,
       .max_user_memory = srv->cfg.max_user_kv_bytes,
-      .clients = srv->conns.count,
+      .clients = sk_conns_count(&srv->conns),
       .uptime_s = (sk_clock_ms() - srv->started_ms) / 1000u,
       .tokens_prefilled = sk_scheduler_tokens_prefilled(srv->scheduler),
       .tokens_generated = sk_scheduler_tokens_generated(srv->scheduler),
-      .max_sessions = srv->sessions.max_sessions,
-      .memory_bytes = srv->sessions.bytes,
-      .max_memory = srv->sessions.max_bytes,
+      .max_sessions = sk_session_table_max_sessions(&srv->sessions),
+      .memory_bytes = sk_session_table_bytes(&srv->sessions),
+      .max_memory = sk_session_table_max_bytes(&srv->sessions),
       .adopted = srv->n_adopted,
       .set_aside = srv->n_set_aside,
       .idle_ttl_s = srv->cfg.idle_ttl_s,
@@ -109,26 +109,27 @@ void sk_replies_list(struct sk_server *srv, struct sk_conn *conn, uint64_t req_i
     return;
   }
   for (size_t i = 0; i < n; i++) {
-    const struct sk_session *s = sessions[i];
-    struct sk_session_info *row = &rows[i];
+    struct sk_session_desc d;
+    sk_session_describe(sessions[i], &d);
     struct sk_session_counters cnt;
-    sk_session_counters_get(&srv->sessions, s, &cnt);
-    row->session = s->id;
-    row->owner_uid = s->owner_uid;
-    snprintf(row->policy, sizeof row->policy, "%s", sk_policy_name(s->params.policy));
-    row->capacity = s->capacity;
-    snprintf(row->kv_type, sizeof row->kv_type, "%s", sk_kv_type_name(s->kv_type));
+    sk_session_counters_get(&srv->sessions, sessions[i], &cnt);
+    struct sk_session_info *row = &rows[i];
+    row->session = d.id;
+    row->owner_uid = d.owner_uid;
+    snprintf(row->policy, sizeof row->policy, "%s", sk_policy_name(d.params.policy));
+    row->capacity = d.capacity;
+    snprintf(row->kv_type, sizeof row->kv_type, "%s", sk_kv_type_name(d.kv_type));
     row->resident = cnt.resident;
     row->seen = cnt.seen;
-    row->busy = s->running != NULL;
-    row->adopted = s->adopted;
+    row->busy = d.busy;
+    row->adopted = d.adopted;
     /* What `sinkctl list` needs to tell what can go: its memory, how old
      * it is, how long since it was last used (0 while busy). */
-    row->kv_bytes = s->tensor_bytes, row->object_bytes = s->kv_bytes;
-    uint64_t created = s->obj->hdr->created_unix;
-    row->age_s = now_unix > created ? now_unix - created : 0;
-    row->idle_s = s->running || s->queue_head ? 0 : (now - s->last_used_ms) / 1000u;
-    row->temporary = s->temp_conn != 0;
+    row->kv_bytes = d.kv_bytes;
+    row->object_bytes = d.object_bytes;
+    row->age_s = now_unix > d.created_unix ? now_unix - d.created_unix : 0;
+    row->idle_s = d.busy || d.queued ? 0 : (now - d.last_used_ms) / 1000u;
+    row->temporary = d.temporary;
   }
   struct sk_msgbuf b;
   if (sk_wire_pack_list(&b, req_id, rows, n) == 0) sk_conn_send_msg(conn, &b);
@@ -138,10 +139,13 @@ void sk_replies_list(struct sk_server *srv, struct sk_conn *conn, uint64_t req_i
 void sk_replies_open(struct sk_conn *conn, uint64_t req_id, const struct sk_session *s) {
   /* The parameters as the session keeps them: the cache header's pointer
    * moves between the object's two copies while a step runs. */
-  const struct sk_kv_params *h = &s->params;
-  struct sk_open_result o = {.session = s->id,
-                             .capacity = s->capacity,
-                             .kv_bytes = s->tensor_bytes, .object_bytes = s->kv_bytes,
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
+  const struct sk_kv_params *h = &d.params;
+  struct sk_open_result o = {.session = d.id,
+                             .capacity = d.capacity,
+                             .kv_bytes = d.kv_bytes,
+                             .object_bytes = d.object_bytes,
                              .n_sink = h->n_sink,
                              .window = h->window,
                              .heavy = h->heavy,
@@ -149,134 +153,153 @@ void sk_replies_open(struct sk_conn *conn, uint64_t req_id, const struct sk_sess
                              .rope_scale = h->rope_scale,
                              .pinned = h->n_pin};
   snprintf(o.policy, sizeof o.policy, "%s", sk_policy_name(h->policy));
-  snprintf(o.kv_type, sizeof o.kv_type, "%s", sk_kv_type_name(s->kv_type));
+  snprintf(o.kv_type, sizeof o.kv_type, "%s", sk_kv_type_name(d.kv_type));
   struct sk_msgbuf b;
   if (sk_wire_pack_open(&b, req_id, &o) == 0) sk_conn_send_msg(conn, &b);
 }
 
 void sk_replies_summary(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
                         const struct sk_session *s, uint64_t from, uint64_t received) {
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
   struct sk_session_counters cnt;
   sk_session_counters_get(&srv->sessions, s, &cnt);
-  struct sk_session_summary v = {.session = s->id,
-                                 .capacity = s->capacity,
-                                 .kv_bytes = s->tensor_bytes, .object_bytes = s->kv_bytes,
+  struct sk_session_summary v = {.session = d.id,
+                                 .capacity = d.capacity,
+                                 .kv_bytes = d.kv_bytes,
+                                 .object_bytes = d.object_bytes,
                                  .resident = cnt.resident,
                                  .seen = cnt.seen,
                                  .evicted = cnt.evicted,
                                  .commit = cnt.commit,
-                                 .adopted = s->adopted,
+                                 .adopted = d.adopted,
                                  .from = from};
-  snprintf(v.policy, sizeof v.policy, "%s", sk_policy_name(s->params.policy));
-  snprintf(v.kv_type, sizeof v.kv_type, "%s", sk_kv_type_name(s->kv_type));
+  snprintf(v.policy, sizeof v.policy, "%s", sk_policy_name(d.params.policy));
+  snprintf(v.kv_type, sizeof v.kv_type, "%s", sk_kv_type_name(d.kv_type));
   struct sk_msgbuf b;
   if (sk_wire_pack_summary(&b, req_id, &v, received) == 0) sk_conn_send_msg(conn, &b);
 }
 
-void sk_replies_session_stats(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
-                              struct sk_session *s, bool tokens) {
-  struct sk_session_counters cnt;
-  sk_session_counters_get(&srv->sessions, s, &cnt);
+/* The stream indices of the idle session s's resident tokens, in
+ * cache-position order, as ranges (the first SK_LIMIT_STATS_RANGES): a
+ * malloc'd array of *ret_n, or NULL when out of memory. */
+static struct sk_range *resident_ranges(const struct sk_session *s, size_t *ret_n) {
+  uint64_t first[SK_LIMIT_STATS_RANGES], last[SK_LIMIT_STATS_RANGES];
+  uint32_t n = sk_session_resident_ranges(s, first, last, SK_LIMIT_STATS_RANGES);
+  if (n > SK_LIMIT_STATS_RANGES) n = SK_LIMIT_STATS_RANGES;
+  struct sk_range *r = calloc(n ? n : 1, sizeof *r);
+  for (uint32_t k = 0; r && k < n; k++) r[k] = (struct sk_range){first[k], last[k]};
+  *ret_n = n;
+  return r;
+}
+
+/* The MLP sparsity of s: per layer (n_layer), the fraction of neurons
+ * its sparse tokens skipped, into measured; its weight bytes per token
+ * into *ret_bytes. Returns the tokens that ran sparse. */
+static uint64_t sparsity_measured(struct sk_server *srv, const struct sk_session *s,
+                                  uint32_t n_layer, uint64_t *kept, double *measured,
+                                  double *ret_bytes) {
+  const uint64_t sp_tokens = sk_session_sparse_get(&srv->sessions, s, kept);
+  const struct sk_model_config *mc = sk_model_config(srv->model);
+  for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
+    measured[l] = 1.0 - (double)kept[l] / ((double)sp_tokens * mc->hidden_dim);
+  /* bytes of weights one of its tokens reads, on average (the model's
+   * weight_bytes for a dense session) */
+  *ret_bytes = (double)sk_model_weight_bytes(srv->model);
+  if (sp_tokens) {
+    double *mean = malloc(n_layer * sizeof *mean);
+    if (mean) {
+      for (uint32_t l = 0; l < n_layer; l++) mean[l] = (double)kept[l] / (double)sp_tokens;
+      *ret_bytes = sk_model_sparse_step_bytes(srv->model, mean);
+      free(mean);
+    }
+  }
+  return sp_tokens;
+}
+
+/* The parts of a session's stats that are plain values. */
+static void session_stats_fields(struct sk_server *srv, const struct sk_session_desc *d,
+                                 const struct sk_session_counters *cnt,
+                                 struct sk_session_stats *st) {
   /* Parameters from the session, never from the cache header, whose
    * pointer the compute thread moves between the object's two copies
    * while a step runs. */
-  const struct sk_kv_params *h = &s->params;
-  uint32_t n_layer = s->attn.n_layer, probe = 0;
+  const struct sk_kv_params *h = &d->params;
+  st->session = d->id;
+  snprintf(st->chat_template, sizeof st->chat_template, "%s", sk_chat_name(d->chat_template));
+  snprintf(st->policy, sizeof st->policy, "%s", sk_policy_name(h->policy));
+  st->n_sink = h->n_sink;
+  st->window = h->window;
+  st->heavy = h->heavy;
+  st->recent = h->recent;
+  st->pinned = h->n_pin;
+  st->rope_scale = h->rope_scale;
+  st->model_rope_scale = 1.0 / sk_model_config(srv->model)->rope_scale;
+  st->sparsity = h->sparsity;
+  st->capacity = d->capacity;
+  st->resident = cnt->resident;
+  st->seen = cnt->seen;
+  st->evicted = cnt->evicted;
+  st->kv_bytes = d->kv_bytes;
+  st->object_bytes = d->object_bytes;
+  snprintf(st->kv_type, sizeof st->kv_type, "%s", sk_kv_type_name(d->kv_type));
+  st->has_positions = cnt->resident > 0;
+  st->position_first = 0;
+  st->position_last = cnt->resident ? cnt->resident - 1 : 0;
+  st->busy = d->busy;
+  st->commit = cnt->commit;
+  st->adopted = d->adopted;
+  st->idle_s = (sk_clock_ms() - d->last_used_ms) / 1000u;
+}
+
+void sk_replies_session_stats(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
+                              struct sk_session *s, bool tokens) {
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, s, &cnt);
+  const uint32_t n_layer = d.n_layer;
+  uint32_t probe = 0;
   float *mass = calloc(2 * (size_t)n_layer, sizeof *mass);
   if (!mass) {
     sk_conn_send_errorf(conn, req_id, SK_ERR_NO_MEMORY, "out of memory");
     return;
   }
   float *ent = mass + n_layer;
-  uint32_t steps = sk_session_attn_get(&srv->sessions, s, mass, ent, &probe);
+  const uint32_t steps = sk_session_attn_get(&srv->sessions, s, mass, ent, &probe);
   /* The resident set itself is read only while no job runs on the
    * session (the compute thread owns the cache meanwhile). */
-  bool idle = tokens || s->running == NULL;
+  const bool idle = tokens || !d.busy;
+  const uint32_t n_resident = idle ? sk_session_resident(s) : 0;
   struct sk_session_stats *st = calloc(1, sizeof *st); /* ~3 KiB */
-  struct sk_range *ranges = NULL;
-  int32_t *ids = NULL;
-  const struct sk_kv *kv = s->kv;
-  uint32_t nr = idle ? kv->hdr->n_resident : 0, shown = 0;
-  if (idle) {
-    /* Stream indices of the resident tokens in cache-position order, as
-     * ranges of consecutive indices (at most SK_LIMIT_STATS_RANGES). */
-    uint32_t n_ranges = 0;
-    for (uint32_t p = 0; p < nr; p++)
-      if (p == 0 || sk_kv_index_at(kv, p) != sk_kv_index_at(kv, p - 1) + 1) n_ranges++;
-    shown = n_ranges < SK_LIMIT_STATS_RANGES ? n_ranges : SK_LIMIT_STATS_RANGES;
-    ranges = calloc(shown ? shown : 1, sizeof *ranges);
-    for (uint32_t p = 0, k = 0; ranges && p < nr && k < shown; k++) {
-      uint32_t q = p;
-      while (q + 1 < nr && sk_kv_index_at(kv, q + 1) == sk_kv_index_at(kv, q) + 1) q++;
-      ranges[k] = (struct sk_range){sk_kv_index_at(kv, p), sk_kv_index_at(kv, q)};
-      p = q + 1;
-    }
-  }
-  if (tokens) {
-    ids = calloc(kv->hdr->n_resident ? kv->hdr->n_resident : 1, sizeof *ids);
-    for (uint32_t p = 0; ids && p < kv->hdr->n_resident; p++) ids[p] = kv->token[sk_kv_slot(kv, p)];
-  }
+  size_t n_ranges = 0;
+  struct sk_range *ranges = idle ? resident_ranges(s, &n_ranges) : NULL;
+  int32_t *ids = tokens ? calloc(n_resident ? n_resident : 1, sizeof *ids) : NULL;
+  if (ids) sk_session_resident_tokens(s, ids);
   /* MLP sparsity: the tokens that ran sparse and, per layer, the neurons
    * they kept */
   uint64_t *kept = calloc(n_layer ? n_layer : 1, sizeof *kept);
   double *measured = calloc(n_layer ? n_layer : 1, sizeof *measured);
-  const uint64_t sp_tokens = kept ? sk_session_sparse_get(&srv->sessions, s, kept) : 0;
   if (!st || (idle && !ranges) || (tokens && !ids) || !kept || !measured) {
     sk_conn_send_errorf(conn, req_id, SK_ERR_NO_MEMORY, "out of memory");
   } else {
-    const struct sk_model_config *smc = sk_model_config(srv->model);
-    for (uint32_t l = 0; sp_tokens && l < n_layer; l++)
-      measured[l] = 1.0 - (double)kept[l] / ((double)sp_tokens * smc->hidden_dim);
-    st->sparsity = s->params.sparsity;
-    st->sparse_tokens = sp_tokens;
-    /* bytes of weights one of its tokens reads, on average (the model's
-     * weight_bytes for a dense session) */
-    st->weight_bytes_per_token = (double)sk_model_weight_bytes(srv->model);
-    if (sp_tokens) {
-      double *mean = malloc(n_layer * sizeof *mean);
-      if (mean) {
-        for (uint32_t l = 0; l < n_layer; l++) mean[l] = (double)kept[l] / (double)sp_tokens;
-        st->weight_bytes_per_token = sk_model_sparse_step_bytes(srv->model, mean);
-        free(mean);
-      }
-    }
-    st->session = s->id;
-    snprintf(st->chat_template, sizeof st->chat_template, "%s", sk_chat_name(s->conv.tmpl));
-    snprintf(st->policy, sizeof st->policy, "%s", sk_policy_name(h->policy));
-    st->n_sink = h->n_sink;
-    st->window = h->window;
-    st->heavy = h->heavy;
-    st->recent = h->recent;
-    st->pinned = h->n_pin;
-    st->rope_scale = h->rope_scale;
-    st->model_rope_scale = 1.0 / sk_model_config(srv->model)->rope_scale;
-    st->capacity = s->capacity;
-    st->resident = cnt.resident;
-    st->seen = cnt.seen;
-    st->evicted = cnt.evicted;
-    st->kv_bytes = s->tensor_bytes, st->object_bytes = s->kv_bytes;
-    snprintf(st->kv_type, sizeof st->kv_type, "%s", sk_kv_type_name(s->kv_type));
-    st->has_positions = cnt.resident > 0;
-    st->position_first = 0;
-    st->position_last = cnt.resident ? cnt.resident - 1 : 0;
+    st->sparse_tokens = sparsity_measured(srv, s, n_layer, kept, measured,
+                                          &st->weight_bytes_per_token);
+    session_stats_fields(srv, &d, &cnt, st);
     st->attn_steps = steps;
     st->sink_tokens = probe;
-    st->busy = s->running != NULL;
-    st->commit = cnt.commit;
-    st->adopted = s->adopted;
-    st->idle_s = (sk_clock_ms() - s->last_used_ms) / 1000u;
-    struct sk_wire_session_extra x = {.owner_uid = s->owner_uid,
+    struct sk_wire_session_extra x = {.owner_uid = d.owner_uid,
                                       .has_resident_ranges = idle,
                                       .ranges = ranges,
-                                      .n_ranges = shown,
+                                      .n_ranges = n_ranges,
                                       .sink_mass = mass,
                                       .entropy = ent,
                                       .n_layers = n_layer,
                                       .sparsity_measured = measured,
-                                      .n_sparse_layers = sp_tokens ? n_layer : 0,
+                                      .n_sparse_layers = st->sparse_tokens ? n_layer : 0,
                                       .has_tokens = tokens,
                                       .tokens = ids,
-                                      .n_tokens = tokens ? kv->hdr->n_resident : 0};
+                                      .n_tokens = tokens ? n_resident : 0};
     struct sk_msgbuf b;
     if (sk_wire_pack_session_stats(&b, req_id, st, &x) == 0) sk_conn_send_msg(conn, &b);
   }

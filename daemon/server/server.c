@@ -20,8 +20,9 @@
 /* A slow reader's generation pauses with its reading. */
 static void on_conn_pause(void *user, struct sk_conn *conn, bool paused) {
   struct sk_server *srv = user;
-  for (uint32_t i = 0; i < srv->sessions.cap; i++)
-    if (srv->sessions.items[i]) sk_session_pause(srv->sessions.items[i], conn, paused);
+  struct sk_session *s;
+  for (uint32_t pos = 0; (s = sk_session_table_next(&srv->sessions, &pos)) != NULL;)
+    sk_session_pause(s, conn, paused);
   if (!paused && srv->scheduler) sk_scheduler_wake(srv->scheduler);
 }
 
@@ -34,11 +35,11 @@ static void on_conn_close(void *user, struct sk_conn *conn) {
   struct sk_server *srv = user;
   /* Work of a client that left: generations stop, appends complete (the
    * session keeps what was sent). No job keeps a pointer to conn. */
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
+  struct sk_session *s;
+  for (uint32_t pos = 0; (s = sk_session_table_next(&srv->sessions, &pos)) != NULL;) {
     /* Sessions opened "temporary" on this connection end with it, at
      * shutdown too (a restart would adopt them with nobody to close them). */
-    if (s && sk_session_detach(s, conn, conn->id)) sk_jobs_close(srv, s);
+    if (sk_session_detach(s, conn, sk_conn_id(conn))) sk_jobs_close(srv, s);
   }
   if (srv->scheduler) sk_scheduler_wake(srv->scheduler);
   sk_copy_import_drop(srv, conn); /* an import in progress goes */
@@ -71,14 +72,15 @@ static void ttl_timer_set(struct sk_server *srv) {
 static void on_ttl(uv_timer_t *t) {
   struct sk_server *srv = t->data;
   uint64_t now = sk_clock_ms(), ttl = (uint64_t)srv->cfg.idle_ttl_s * 1000u;
-  for (uint32_t i = 0; i < srv->sessions.cap; i++) {
-    struct sk_session *s = srv->sessions.items[i];
+  struct sk_session *s;
+  for (uint32_t pos = 0; (s = sk_session_table_next(&srv->sessions, &pos)) != NULL;) {
+    struct sk_session_desc d;
+    sk_session_describe(s, &d);
     /* A temporary session ends with its connection instead. */
-    if (!s || s->temp_conn || s->running || s->queue_head || s->closing ||
-        now - s->last_used_ms < ttl)
+    if (d.temporary || d.busy || d.queued || sk_session_closing(s) || now - d.last_used_ms < ttl)
       continue;
     sk_log(SK_LOG_INFO, "session %llu closed: idle for %llu s (idle_ttl %u s)",
-           (unsigned long long)s->id, (unsigned long long)((now - s->last_used_ms) / 1000u),
+           (unsigned long long)d.id, (unsigned long long)((now - d.last_used_ms) / 1000u),
            srv->cfg.idle_ttl_s);
     sk_session_remove(&srv->sessions, s);
     sk_jobs_counts_changed(srv);
@@ -106,18 +108,13 @@ int sk_server_check_socket(const char *path, struct sk_error *err) {
 static void on_adopt(void *user, struct sk_store_obj *obj) {
   struct sk_server *srv = user;
   struct sk_session *s = NULL;
-  if (obj->flags & SK_STORE_TEMPORARY) {
-    /* Its connection ended with the daemon that made it (which died:
-     * a shutdown closes temporary sessions), so nobody can use it. */
-    sk_log(SK_LOG_NOTICE, "session %llu of uid %u closed: temporary, and its connection ended "
-           "with the previous daemon",
-           (unsigned long long)obj->id, obj->owner_uid);
-    srv->n_temp_closed++;
-    sk_store_obj_remove(obj);
+  int rc = sk_session_adopt(&srv->sessions, obj, &s);
+  if (rc < 0) {
+    sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
     return;
   }
-  if (sk_session_adopt(&srv->sessions, obj, &s) < 0) {
-    sk_log(SK_LOG_ERR, "out of memory adopting a session; its object stays for the next start");
+  if (!s) { /* a temporary session of the previous daemon: closed */
+    srv->n_temp_closed++;
     return;
   }
   sk_session_touch(s);
@@ -127,14 +124,17 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
   sk_session_set_template(s, srv->cfg.chat_template);
   if (sk_session_conv_load(s, sk_store_dir(srv->cfg.store), &ce) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not restored (it starts afresh): %s",
-           (unsigned long long)s->id, ce.message);
+           (unsigned long long)sk_session_id(s), ce.message);
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, s, &cnt);
   sk_log(SK_LOG_INFO, "session %llu adopted: uid %u, %s, %s, capacity %u, %u resident, "
          "%llu seen, commit %llu%s",
-         (unsigned long long)s->id, s->owner_uid, sk_policy_name(s->params.policy),
-         sk_kv_type_name(s->kv_type), s->capacity,
-         s->kv->hdr->n_resident, (unsigned long long)s->kv->hdr->n_seen,
-         (unsigned long long)sk_store_commit_count(s->obj),
-         obj->dropped_step ? " (a step in progress when the daemon stopped was dropped)" : "");
+         (unsigned long long)d.id, d.owner_uid, sk_policy_name(d.params.policy),
+         sk_kv_type_name(d.kv_type), d.capacity, cnt.resident, (unsigned long long)cnt.seen,
+         (unsigned long long)cnt.commit,
+         d.dropped_step ? " (a step in progress when the daemon stopped was dropped)" : "");
 }
 
 static void on_skip(void *user, const char *name, enum sk_store_skip what, const char *dest,
@@ -189,7 +189,8 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
              "state directory %s: %u session%s adopted, %u set aside, %u temporary closed, %llu "
              "bytes",
              sk_store_dir(cfg->store), srv->n_adopted, srv->n_adopted == 1 ? "" : "s",
-             srv->n_set_aside, srv->n_temp_closed, (unsigned long long)srv->sessions.bytes);
+             srv->n_set_aside, srv->n_temp_closed,
+             (unsigned long long)sk_session_table_bytes(&srv->sessions));
   }
   if (rc == 0)
     rc = sk_scheduler_new(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,

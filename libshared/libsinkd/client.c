@@ -160,19 +160,19 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
                         path, sizeof addr.sun_path - 1);
   memcpy(addr.sun_path, path, plen + 1);
 
-  struct sk_client *c = malloc(sizeof *c);
-  if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->fd < 0) {
+  struct sk_client *client = malloc(sizeof *client);
+  if (!client) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  client->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (client->fd < 0) {
     int e = errno;
-    free(c);
+    free(client);
     return sk_error_set(err, SK_ERR_IO, "cannot create a socket: %s",
                         strerror(e));
   }
-  if (connect(c->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
+  if (connect(client->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
     int e = errno;
-    close(c->fd);
-    free(c);
+    close(client->fd);
+    free(client);
     switch (e) {
     case ENOENT:
     case ECONNREFUSED:
@@ -185,10 +185,10 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
                           strerror(e));
     }
   }
-  c->next_id = 1;
-  c->timeout_ms = 0;
-  sk_frame_reader_init(&c->reader, SK_FRAME_MAX_CEILING);
-  *ret_client = c;
+  client->next_id = 1;
+  client->timeout_ms = 0;
+  sk_frame_reader_init(&client->reader, SK_FRAME_MAX_CEILING);
+  *ret_client = client;
   return 0;
 }
 
@@ -205,14 +205,14 @@ bool sk_client_connected(const struct sk_client *client) {
 
 /* A transport failure: the stream can no longer be trusted to be in step,
  * so the connection is closed. Returns -code. */
-static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+static int sk__client_fail(struct sk_client *client, struct sk_error *err, int code,
                            const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+static int sk__client_fail(struct sk_client *client, struct sk_error *err, int code,
                            const char *fmt, ...) {
-  if (c->fd >= 0) {
-    close(c->fd);
-    c->fd = -1;
+  if (client->fd >= 0) {
+    close(client->fd);
+    client->fd = -1;
   }
   va_list ap;
   va_start(ap, fmt);
@@ -235,10 +235,10 @@ int sk_client_set_timeout(struct sk_client *client, unsigned int ms,
   return 0;
 }
 
-static int sk__client_check(struct sk_client *c, struct sk_error *err) {
-  if (!c)
+static int sk__client_check(struct sk_client *client, struct sk_error *err) {
+  if (!client)
     return sk_error_set(err, SK_ERR_DISCONNECTED, "no client");
-  if (c->fd < 0)
+  if (client->fd < 0)
     return sk_error_set(err, SK_ERR_DISCONNECTED,
                         "not connected (an earlier error closed the "
                         "connection)");
@@ -249,8 +249,8 @@ static int sk__client_check(struct sk_client *c, struct sk_error *err) {
 
 /* The id of the next request: every request packs one (wire.h's
  * sk_wire_pack_*_req) into a frame that sk__client_send sends. */
-static uint64_t sk__client_id(struct sk_client *c) {
-  return c->next_id++;
+static uint64_t sk__client_id(struct sk_client *client) {
+  return client->next_id++;
 }
 
 /* The result rc of a request packer (b freed on failure). */
@@ -260,7 +260,7 @@ static int sk__client_packed(int rc, struct sk_error *err) {
 }
 
 /* Finishes and sends a request frame; frees b either way. */
-static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
+static int sk__client_send(struct sk_client *client, struct sk_msgbuf *b,
                            struct sk_error *err) {
   int64_t size = sk_msgbuf_finish(b);
   if (size < 0) {
@@ -273,19 +273,19 @@ static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
   const char *p = b->sbuf.data;
   size_t left = (size_t)size;
   while (left > 0) {
-    ssize_t n = send(c->fd, p, left, MSG_NOSIGNAL);
+    ssize_t n = send(client->fd, p, left, MSG_NOSIGNAL);
     if (n < 0) {
       int e = errno;
       if (e == EINTR) continue;
       sk_msgbuf_free(b);
       if (e == EPIPE || e == ECONNRESET)
-        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+        return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                                "the daemon closed the connection");
       if (e == EAGAIN || e == EWOULDBLOCK)
-        return sk__client_fail(c, err, SK_ERR_IO,
+        return sk__client_fail(client, err, SK_ERR_IO,
                                "timed out sending to the daemon (%u ms)",
-                               c->timeout_ms);
-      return sk__client_fail(c, err, SK_ERR_IO,
+                               client->timeout_ms);
+      return sk__client_fail(client, err, SK_ERR_IO,
                              "cannot send to the daemon: %s", strerror(e));
     }
     p += n;
@@ -298,14 +298,14 @@ static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
 /* Reads the next frame from the daemon into *msg (which the caller frees
  * with sk_msg_free) and its id into *ret_id. Everything that goes wrong
  * here is a transport failure. */
-static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
+static int sk__client_recv(struct sk_client *client, struct sk_msg *msg,
                            uint64_t *ret_id, struct sk_error *err) {
   for (;;) {
     const uint8_t *body;
     size_t len;
-    int rc = sk_frame_reader_next(&c->reader, &body, &len);
+    int rc = sk_frame_reader_next(&client->reader, &body, &len);
     if (rc == -SK_ERR_TOO_LARGE)
-      return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+      return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                              "the daemon sent a frame of %zu bytes (limit "
                              "%u)",
                              len, (unsigned)SK_FRAME_MAX_CEILING);
@@ -313,57 +313,57 @@ static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
       struct sk_error perr;
       rc = sk_msg_parse(body, len, msg, &perr);
       if (rc == -SK_ERR_NO_MEMORY)
-        return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+        return sk__client_fail(client, err, SK_ERR_NO_MEMORY,
                                "out of memory reading a reply");
       if (rc < 0)
-        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+        return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                                "invalid reply from the daemon: %s",
                                perr.message);
       rc = sk_wire_unpack_id(&msg->root, ret_id, &perr);
       if (rc < 0) {
         sk_msg_free(msg);
-        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+        return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                                "invalid reply from the daemon: %s",
                                perr.message);
       }
       return 0;
     }
 
-    ssize_t n = recv(c->fd, c->rbuf, sizeof c->rbuf, 0);
+    ssize_t n = recv(client->fd, client->rbuf, sizeof client->rbuf, 0);
     if (n == 0)
-      return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+      return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                              "the daemon closed the connection");
     if (n < 0) {
       int e = errno;
       if (e == EINTR) continue;
       if (e == EAGAIN || e == EWOULDBLOCK)
-        return sk__client_fail(c, err, SK_ERR_IO,
+        return sk__client_fail(client, err, SK_ERR_IO,
                                "timed out waiting for the daemon (%u ms)",
-                               c->timeout_ms);
+                               client->timeout_ms);
       if (e == ECONNRESET)
-        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+        return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                                "the daemon closed the connection");
-      return sk__client_fail(c, err, SK_ERR_IO,
+      return sk__client_fail(client, err, SK_ERR_IO,
                              "cannot read from the daemon: %s", strerror(e));
     }
-    if (sk_frame_reader_feed(&c->reader, c->rbuf, (size_t)n) < 0)
-      return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+    if (sk_frame_reader_feed(&client->reader, client->rbuf, (size_t)n) < 0)
+      return sk__client_fail(client, err, SK_ERR_NO_MEMORY,
                              "out of memory reading a reply");
   }
 }
 
 /* A reply that breaks the protocol (wrong type of a field, ...). */
-static int sk__client_bad_reply(struct sk_client *c, struct sk_error *err,
+static int sk__client_bad_reply(struct sk_client *client, struct sk_error *err,
                                 const char *what) {
-  return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+  return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                          "invalid reply from the daemon: %s", what);
 }
 
 /* The result of a wire decoder: a malformed reply closes the connection
  * like any protocol error; other errors (no memory) are passed on. */
-static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *perr,
+static int sk__client_wire(struct sk_client *client, int rc, const struct sk_error *perr,
                            struct sk_error *err) {
-  if (rc == -SK_ERR_PROTOCOL) return sk__client_bad_reply(c, err, perr->message);
+  if (rc == -SK_ERR_PROTOCOL) return sk__client_bad_reply(client, err, perr->message);
   if (rc < 0) return sk_error_set(err, -rc, "%s", perr->message);
   return 0;
 }
@@ -371,12 +371,12 @@ static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *p
 /* Looks at "ok" of a final reply: 0 if true; the daemon's error (code
  * mapped, message kept) if false. The connection stays usable after an
  * error reply. */
-static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
+static int sk__client_status(struct sk_client *client, const struct sk_msg *msg,
                              struct sk_error *err) {
   struct sk_error perr;
   bool ok = false;
   if (sk_wire_unpack_ok(&msg->root, &ok, &perr) < 0)
-    return sk__client_bad_reply(c, err, perr.message);
+    return sk__client_bad_reply(client, err, perr.message);
   if (ok) return 0;
   struct sk_error daemon;
   sk_wire_unpack_error(&msg->root, &daemon);
@@ -388,23 +388,23 @@ static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
  * returned as its code (reply already freed). A reply with id 0 and ok
  * false is the daemon refusing a frame it could not read (for example one
  * above its frame limit): it answers this request. */
-static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
+static int sk__client_call(struct sk_client *client, struct sk_msgbuf *b,
                            uint64_t id, struct sk_msg *reply,
                            struct sk_error *err) {
-  int rc = sk__client_send(c, b, err);
+  int rc = sk__client_send(client, b, err);
   if (rc < 0) return rc;
   uint64_t got;
-  rc = sk__client_recv(c, reply, &got, err);
+  rc = sk__client_recv(client, reply, &got, err);
   if (rc < 0) return rc;
   if (got != id && got != 0) {
     sk_msg_free(reply);
-    return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+    return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                            "reply with id %" PRIu64 " while waiting for %" PRIu64,
                            got, id);
   }
-  rc = sk__client_status(c, reply, err);
+  rc = sk__client_status(client, reply, err);
   if (rc == 0 && got == 0) {
-    rc = sk__client_fail(c, err, SK_ERR_PROTOCOL,
+    rc = sk__client_fail(client, err, SK_ERR_PROTOCOL,
                          "reply with id 0 while waiting for %" PRIu64, id);
   }
   if (rc < 0) sk_msg_free(reply);
@@ -414,27 +414,27 @@ static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
 /* ---- simple ops ------------------------------------------------------- */
 
 /* A request with only id and op, reply into *reply. */
-static int sk__client_simple(struct sk_client *c, enum sk_op op,
+static int sk__client_simple(struct sk_client *client, enum sk_op op,
                              struct sk_msg *reply, struct sk_error *err) {
-  int rc = sk__client_check(c, err);
+  int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id = sk__client_id(c);
+  uint64_t id = sk__client_id(client);
   if ((rc = sk__client_packed(sk_wire_pack_req(&b, id, op), err)) < 0) return rc;
-  return sk__client_call(c, &b, id, reply, err);
+  return sk__client_call(client, &b, id, reply, err);
 }
 
 /* A request with id, op and session. */
-static int sk__client_on_session(struct sk_client *c, enum sk_op op,
+static int sk__client_on_session(struct sk_client *client, enum sk_op op,
                                  uint64_t session, struct sk_msg *reply,
                                  struct sk_error *err) {
-  int rc = sk__client_check(c, err);
+  int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id = sk__client_id(c);
+  uint64_t id = sk__client_id(client);
   if ((rc = sk__client_packed(sk_wire_pack_session_req(&b, id, op, session), err)) < 0)
     return rc;
-  return sk__client_call(c, &b, id, reply, err);
+  return sk__client_call(client, &b, id, reply, err);
 }
 
 int sk_client_ping(struct sk_client *client, struct sk_error *err) {
@@ -578,14 +578,14 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
 
 /* Reads an append reply; with logprobs (n entries) also its
  * log-probabilities (nil -> NaN). Frees the reply. */
-static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
+static int sk__client_append_reply(struct sk_client *client, struct sk_msg *reply,
                                    struct sk_append_result *ret,
                                    double *logprobs, size_t n,
                                    struct sk_error *err) {
   struct sk_append_result a;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_append(&reply->root, &a, logprobs, n, &perr), &perr,
-                           err);
+  int rc = sk__client_wire(client, sk_wire_unpack_append(&reply->root, &a, logprobs, n, &perr),
+                           &perr, err);
   if (rc == 0 && ret) *ret = a;
   sk_msg_free(reply);
   return rc;
@@ -685,26 +685,26 @@ void sk_generate_params_init(struct sk_generate_params *p) {
 
 /* Calls cb with one token event frame. Returns the callback's answer
  * (0 = go on) or a negative code for a malformed event. */
-static int sk__client_token_event(struct sk_client *c,
+static int sk__client_token_event(struct sk_client *client,
                                   const msgpack_object *ev, uint64_t session,
                                   sk_token_cb cb, void *user,
                                   int *ret_stop, struct sk_error *err) {
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
   struct sk_token_event te;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
   if (rc < 0) return rc;
   te.session = session;
   *ret_stop = cb ? cb(user, &te) : 0;
   return 0;
 }
 
-static int sk__client_generate_result(struct sk_client *c,
+static int sk__client_generate_result(struct sk_client *client,
                                       const msgpack_object *r,
                                       struct sk_generate_result *g,
                                       struct sk_error *err) {
   struct sk_error perr;
-  return sk__client_wire(c, sk_wire_unpack_generate(r, g, &perr), &perr, err);
+  return sk__client_wire(client, sk_wire_unpack_generate(r, g, &perr), &perr, err);
 }
 
 static int sk__client_generate(struct sk_client *client, uint64_t session,
@@ -886,24 +886,24 @@ int sk_client_cancel(struct sk_client *client, uint64_t session,
  * daemon can hold, and a bound on what a wrong path can make us read. */
 #define SK__LOAD_MAX ((uint64_t)64 << 30)
 
-static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
+static int sk__reply_summary(struct sk_client *client, const msgpack_object *r,
                              struct sk_session_summary *ret,
                              struct sk_error *err) {
   struct sk_session_summary s;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_summary(r, &s, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_summary(r, &s, &perr), &perr, err);
   if (rc == 0 && ret) *ret = s;
   return rc;
 }
 
-static int sk__client_summary_op(struct sk_client *c, enum sk_op op,
+static int sk__client_summary_op(struct sk_client *client, enum sk_op op,
                                  uint64_t session,
                                  struct sk_session_summary *ret,
                                  struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(c, op, session, &reply, err);
+  int rc = sk__client_on_session(client, op, session, &reply, err);
   if (rc < 0) return rc;
-  rc = sk__reply_summary(c, &reply.root, ret, err);
+  rc = sk__reply_summary(client, &reply.root, ret, err);
   sk_msg_free(&reply);
   return rc;
 }

@@ -132,13 +132,13 @@ static int sk__wire_ranges_get(const msgpack_object *map, struct sk_range *range
 /* ---- replies ---------------------------------------------------------- */
 
 /* "compute" of hello and stats. */
-static void sk__wire_compute(struct sk_wire_map *parent, const struct sk_compute_info *c) {
+static void sk__wire_compute(struct sk_wire_map *parent, const struct sk_compute_info *compute) {
   struct sk_wire_map m;
   sk__wire_nested(parent, &m, "compute");
-  sk_wire_map_str(&m, "kernel", c->kernel);
-  sk_wire_map_u64(&m, "threads", c->threads);
-  sk_wire_map_u64(&m, "max_batch", c->max_batch);
-  sk_wire_map_str(&m, "kv_type", c->kv_type);
+  sk_wire_map_str(&m, "kernel", compute->kernel);
+  sk_wire_map_u64(&m, "threads", compute->threads);
+  sk_wire_map_u64(&m, "max_batch", compute->max_batch);
+  sk_wire_map_str(&m, "kv_type", compute->kv_type);
   sk__wire_nested_end(parent, &m);
 }
 
