@@ -34,7 +34,8 @@ from collections import defaultdict
 LAYERS = [
     [("tools", ["tools"])],
     [("client", ["client"]),
-     ("daemon", ["daemon/main.c", "daemon/startup.c", "daemon/config.c", "daemon/config.h"])],
+     ("daemon", ["daemon/main.c", "daemon/startup.c", "daemon/startup.h", "daemon/config.c",
+                 "daemon/config.h"])],
     [("daemon/http", ["daemon/http"])],
     [("daemon/server", ["daemon/server"])],
     [("daemon/net", ["daemon/net"]), ("daemon/session", ["daemon/session"])],
