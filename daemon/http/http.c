@@ -16,6 +16,7 @@
 
 #include "http/httpreq.h"
 #include "base/log.h"
+#include "http/oaiconv.h"
 #include "http/openai.h"
 #include "sinkd/protocol.h"
 
@@ -68,7 +69,7 @@ struct sk_http {
   bool stopping;
   struct hconn *conns;
   struct sk_http_stats stats;
-  struct sk_openai_convs convs;
+  struct sk_oaiconv convs;
   char readbuf[SK_LIMIT_HTTP_READ_BUF];
 };
 
@@ -85,7 +86,7 @@ static struct hconn *conn_of(struct sk_http_req *req) {
 }
 
 struct sk_http_stats *sk_http_stats(struct sk_http *h) { return &h->stats; }
-struct sk_openai_convs *sk_http_convs(struct sk_http *h) { return &h->convs; }
+struct sk_oaiconv *sk_http_convs(struct sk_http *h) { return &h->convs; }
 const struct sk_http_config *sk_http_config(const struct sk_http *h) { return &h->cfg; }
 bool sk_http_stopping(const struct sk_http *h) { return h->stopping; }
 

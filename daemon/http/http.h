@@ -42,6 +42,7 @@ struct sk_http_config {
 
 struct sk_http;
 struct sk_http_req;
+struct sk_oaiconv;
 
 /* Binds the configured sockets and starts accepting. srv must outlive
  * the front end. Errors: -SK_ERR_IO (bind, listen: the message has the
@@ -88,8 +89,8 @@ struct sk_http_req {
 };
 
 struct sk_http_stats *sk_http_stats(struct sk_http *h);
-/* The routes' memory of conversations (openai.h), owned by h. */
-struct sk_openai_convs *sk_http_convs(struct sk_http *h);
+/* The routes' memory of conversations (oaiconv.h), owned by h. */
+struct sk_oaiconv *sk_http_convs(struct sk_http *h);
 const struct sk_http_config *sk_http_config(const struct sk_http *h);
 /* Whether the daemon is shutting down (for /health). */
 bool sk_http_stopping(const struct sk_http *h);

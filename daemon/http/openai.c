@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "http/http.h"
+#include "http/oaiconv.h"
 #include "http/oaireq.h"
 #include "base/log.h"
 #include "proto/msg.h"
@@ -238,72 +239,6 @@ static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
                    (json_int_t)evicted, "evicted_ranges", ranges);
 }
 
-/* ---- conversations of persistent sessions ---- */
-
-static uint64_t hash_bytes(uint64_t h, const char *p, size_t n) {
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
-  return (h ^ 0) * 1099511628211ull; /* the terminating 0 */
-}
-
-static uint64_t hash_message(uint64_t h, const char *role, size_t role_len, const char *content,
-                             size_t content_len) {
-  return hash_bytes(hash_bytes(h, role, role_len), content, content_len);
-}
-
-/* The hash of the first n messages of the request. */
-static uint64_t hash_messages(json_t *messages, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) {
-    json_t *m = json_array_get(messages, i);
-    json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-    h = hash_message(h, json_string_value(role), json_string_length(role),
-                     json_is_string(content) ? json_string_value(content) : "",
-                     json_is_string(content) ? json_string_length(content) : 0);
-  }
-  return h;
-}
-
-static struct sk_openai_conv *conv_find(struct sk_openai_convs *cv, uint64_t session,
-                                        uint32_t uid) {
-  for (uint32_t i = 0; i < SK_LIMIT_OPENAI_CONVS; i++)
-    if (cv->e[i].session == session && cv->e[i].uid == uid) return &cv->e[i];
-  return NULL;
-}
-
-/* Where a chat request's new messages begin: after the conversation the
- * session holds, when the request starts by repeating it exactly; else
- * all its messages are new (a client that sends only new ones). */
-static size_t conv_first_new(struct sk_http_req *req, struct flow *f) {
-  if (!f->p.chat || f->p.session != SK_OPENAI_SESSION_ID) return 0;
-  struct sk_openai_convs *cv = sk_http_convs(req->http);
-  struct sk_openai_conv *c = conv_find(cv, f->p.session_id, req->uid);
-  size_t n = json_array_size(f->p.messages);
-  if (!c || c->n_messages >= n || hash_messages(f->p.messages, c->n_messages) != c->hash)
-    return 0;
-  c->used = ++cv->tick;
-  return c->n_messages;
-}
-
-/* After a chat on a persistent session: the conversation is the
- * request's messages and the reply as the client got it. */
-static void conv_record(struct sk_http_req *req, struct flow *f) {
-  if (!f->p.chat || f->p.session == SK_OPENAI_SESSION_NONE) return;
-  struct sk_openai_convs *cv = sk_http_convs(req->http);
-  struct sk_openai_conv *c = conv_find(cv, f->session, req->uid);
-  if (!c) { /* a free entry, or the least recently used one */
-    c = &cv->e[0];
-    for (uint32_t i = 0; i < SK_LIMIT_OPENAI_CONVS && c->session; i++)
-      if (!cv->e[i].session || cv->e[i].used < c->used) c = &cv->e[i];
-  }
-  size_t n = json_array_size(f->p.messages);
-  c->session = f->session;
-  c->uid = req->uid;
-  c->n_messages = (uint32_t)n + 1;
-  c->hash = hash_message(hash_messages(f->p.messages, n), "assistant", 9,
-                         f->text ? f->text : "", f->text_len);
-  c->used = ++cv->tick;
-}
-
 /* Closes the request's session now: the connection to the daemon may
  * serve the next request of a keep-alive connection, so a session closed
  * only with it would outlive the request. */
@@ -349,7 +284,9 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
                               "completion_tokens", (json_int_t)completion, "total_tokens",
                               (json_int_t)(prompt + completion));
   /* Before the response: it may start the next pipelined request. */
-  conv_record(req, f);
+  if (f->p.chat && f->p.session != SK_OPENAI_SESSION_NONE)
+    sk_oaiconv_record(sk_http_convs(req->http), f->session, req->uid, f->p.messages,
+                      f->text ? f->text : "", f->text_len);
   if (f->temporary) close_session(req, f);
   bool ext = f->p.session != SK_OPENAI_SESSION_NONE;
   if (f->p.stream) {
@@ -418,7 +355,10 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     for (uint32_t i = 0; i < f->p.n_stop; i++) sk_pack_strn(&b.pk, f->p.stop[i], f->p.stop_len[i]);
   }
   if (f->p.chat) {
-    f->first_msg = conv_first_new(req, f);
+    f->first_msg = f->p.session == SK_OPENAI_SESSION_ID
+                       ? sk_oaiconv_first_new(sk_http_convs(req->http), f->p.session_id,
+                                              req->uid, f->p.messages)
+                       : 0;
     sk_pack_cstr(&b.pk, "messages");
     msgpack_pack_array(&b.pk, (uint32_t)(json_array_size(f->p.messages) - f->first_msg));
     for (size_t i = f->first_msg; i < json_array_size(f->p.messages); i++) {

@@ -8,10 +8,6 @@
 #ifndef SK_OPENAI_H
 #define SK_OPENAI_H
 
-#include <stdint.h>
-
-#include "sk_limits.h"
-
 struct sk_http_req;
 
 enum sk_openai_route {
@@ -24,23 +20,6 @@ enum sk_openai_route {
   SK_ROUTE__COUNT
 };
 
-
-/* What the HTTP front end remembers of the conversations of persistent
- * sessions, so that a chat request that repeats the whole conversation
- * (as OpenAI clients do) appends only its new messages: per session,
- * how many messages the conversation holds (the assistant's replies
- * included) and a hash of them as the client sent and received them. */
-struct sk_openai_conv {
-  uint64_t session;   /* 0: free */
-  uint32_t uid;
-  uint32_t n_messages;
-  uint64_t hash;      /* FNV-1a of role, 0, content, 0 per message */
-  uint64_t used;      /* tick of its last use */
-};
-struct sk_openai_convs {
-  struct sk_openai_conv e[SK_LIMIT_OPENAI_CONVS];
-  uint64_t tick;
-};
 
 /* Serves one request (http.c calls it with a complete request). */
 void sk_openai_handle(struct sk_http_req *req);
