@@ -1,26 +1,245 @@
-/* OpenAI-compatible routes over the msgpack ops (openai.h). The shapes
- * follow OpenAI's API reference for /v1/completions and
- * /v1/chat/completions (objects "text_completion", "chat.completion",
- * "chat.completion.chunk"; server-sent events ending with "[DONE]"). */
+/* The OpenAI gateway (openai.h): its routes, a completion request's
+ * flow (the ops it sends, the replies and events it reads, the response
+ * or event stream it writes) and GET /metrics. The shapes follow
+ * OpenAI's API reference for /v1/completions and /v1/chat/completions
+ * (objects "text_completion", "chat.completion", "chat.completion.chunk";
+ * server-sent events ending with "[DONE]"). */
 #include "http/openai.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "http/http.h"
 #include "http/oaiconv.h"
 #include "http/oaireq.h"
-#include "base/log.h"
 #include "proto/msg.h"
 #include "proto/wire.h"
 
+/* The routes requests are counted by. */
+enum sk_metrics_route {
+  SK_ROUTE_MODELS,
+  SK_ROUTE_COMPLETIONS,
+  SK_ROUTE_CHAT,
+  SK_ROUTE_HEALTH,
+  SK_ROUTE_METRICS,
+  SK_ROUTE_OTHER,
+  SK_ROUTE__COUNT
+};
+
+/* Buckets of the time between two streamed tokens: bucket i counts gaps
+ * <= 2^i ms, the last one all others. */
+#define SK_METRICS_GAP_BUCKETS 12
+
+struct sk_metrics {
+  uint64_t requests[SK_ROUTE__COUNT];
+  uint64_t prompt_tokens, completion_tokens;
+  uint64_t evicted;           /* tokens evicted during HTTP requests */
+  uint64_t token_gap_us[SK_METRICS_GAP_BUCKETS];
+  uint64_t token_gap_sum_us, token_gap_count;
+};
+
+/* What the completion routes keep between requests. */
+struct sk_oaicompl {
+  const char *model_name;     /* the "model" of responses (borrowed) */
+  struct sk_metrics *metrics; /* where usage and token gaps are counted
+                                 (borrowed) */
+  struct sk_oaiconv convs;    /* conversations of persistent sessions */
+  uint64_t serial;            /* the number in the last response's id */
+};
+
+/* ---- counters and /metrics ---- */
+
+static bool reply_ok(const msgpack_object *map) {
+  const msgpack_object *ok = sk_msg_get(map, "ok");
+  return ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean;
+}
+
+static void sk_metrics_init(struct sk_metrics *m) { memset(m, 0, sizeof *m); }
+
+static void sk_metrics_request(struct sk_metrics *m, enum sk_metrics_route route) {
+  m->requests[route]++;
+}
+
+static void sk_metrics_token_gap(struct sk_metrics *m, uint64_t gap_us) {
+  uint32_t b = 0;
+  while (b < SK_METRICS_GAP_BUCKETS - 1 && gap_us > (1000ull << b)) b++;
+  m->token_gap_us[b]++;
+  m->token_gap_sum_us += gap_us;
+  m->token_gap_count++;
+}
+
+static void sk_metrics_usage(struct sk_metrics *m, uint64_t prompt_tokens,
+                             uint64_t completion_tokens, uint64_t evicted) {
+  m->prompt_tokens += prompt_tokens;
+  m->completion_tokens += completion_tokens;
+  m->evicted += evicted;
+}
+
+/* ---- the text ---- */
+
+/* The response body being written; a piece that does not fit in memory
+ * is left out. */
+struct text {
+  char *buf;
+  size_t len;
+};
+
+static void put(struct text *t, const char *s, int n) {
+  if (n <= 0) return;
+  char *b = realloc(t->buf, t->len + (size_t)n + 1);
+  if (!b) return;
+  memcpy(b + t->len, s, (size_t)n + 1);
+  t->buf = b;
+  t->len += (size_t)n;
+}
+
+/* A Prometheus sample (HELP and TYPE first). */
+static void prom(struct text *t, const char *name, const char *type, const char *help,
+                 double value) {
+  char line[512];
+  int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
+                   type, name, value);
+  if (n >= 0) put(t, line, n);
+}
+
+/* The daemon's figures, from the stats reply. */
+static void put_daemon(struct text *t, const msgpack_object *map) {
+  struct sk_error ign;
+  uint64_t v[8] = {0};
+  static const char *const keys[8] = {"sessions", "clients", "tokens_prefilled",
+                                      "tokens_generated", "memory_bytes", "max_memory",
+                                      "steps", "uptime_s"};
+  for (int i = 0; i < 8; i++) sk_msg_get_u64(map, keys[i], UINT64_MAX, &v[i], &ign);
+  prom(t, "sinkd_sessions", "gauge", "Sessions open.", (double)v[0]);
+  prom(t, "sinkd_clients", "gauge", "Protocol connections (HTTP ones included).", (double)v[1]);
+  prom(t, "sinkd_tokens_prefilled_total", "counter", "Tokens appended (prefill).", (double)v[2]);
+  prom(t, "sinkd_tokens_generated_total", "counter", "Tokens generated.", (double)v[3]);
+  prom(t, "sinkd_memory_bytes", "gauge", "Bytes of all session KV caches.", (double)v[4]);
+  prom(t, "sinkd_max_memory_bytes", "gauge", "Limit of all KV caches (0: none).", (double)v[5]);
+  prom(t, "sinkd_steps_total", "counter", "Forward passes run.", (double)v[6]);
+  prom(t, "sinkd_uptime_seconds", "gauge", "Seconds since the daemon started.", (double)v[7]);
+}
+
+/* Requests by route, then the transport's and the gateway's counters. */
+static void put_http(struct text *t, const struct sk_metrics *m, const struct sk_httpd_stats *hs) {
+  static const char *const routes[SK_ROUTE__COUNT] = {"models", "completions", "chat",
+                                                      "health", "metrics", "other"};
+  char name[96], line[512];
+  for (int r = 0; r < SK_ROUTE__COUNT; r++) {
+    snprintf(name, sizeof name, "sinkd_http_requests_total{route=\"%s\"}", routes[r]);
+    int n = r == 0 ? snprintf(line, sizeof line,
+                              "# HELP sinkd_http_requests_total HTTP requests by route.\n"
+                              "# TYPE sinkd_http_requests_total counter\n%s %" PRIu64 "\n",
+                              name, m->requests[r])
+                   : snprintf(line, sizeof line, "%s %" PRIu64 "\n", name, m->requests[r]);
+    put(t, line, n);
+  }
+  prom(t, "sinkd_http_client_errors_total", "counter", "HTTP 4xx responses.",
+       (double)hs->responses_4xx);
+  prom(t, "sinkd_http_server_errors_total", "counter", "HTTP 5xx responses.",
+       (double)hs->responses_5xx);
+  prom(t, "sinkd_http_disconnects_total", "counter",
+       "HTTP clients gone before their response ended (their generation cancelled).",
+       (double)hs->disconnects);
+  prom(t, "sinkd_http_prompt_tokens_total", "counter", "Prompt tokens of HTTP requests.",
+       (double)m->prompt_tokens);
+  prom(t, "sinkd_http_completion_tokens_total", "counter", "Completion tokens of HTTP requests.",
+       (double)m->completion_tokens);
+  prom(t, "sinkd_http_evicted_tokens_total", "counter",
+       "Tokens evicted from caches during HTTP requests.", (double)m->evicted);
+}
+
+/* The step latency as HTTP clients see it: time between two tokens, as
+ * a histogram (cumulative buckets, sum and count). */
+static void put_token_gaps(struct text *t, const struct sk_metrics *m) {
+  const char *h = "# HELP sinkd_http_token_interval_seconds Time between two generated tokens "
+                  "of one HTTP request.\n# TYPE sinkd_http_token_interval_seconds histogram\n";
+  put(t, h, (int)strlen(h));
+  uint64_t cum = 0;
+  for (int i = 0; i < SK_METRICS_GAP_BUCKETS; i++) {
+    cum += m->token_gap_us[i];
+    char line[512];
+    int n = i < SK_METRICS_GAP_BUCKETS - 1
+                ? snprintf(line, sizeof line,
+                           "sinkd_http_token_interval_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+                           (double)(1u << i) / 1000.0, cum)
+                : snprintf(line, sizeof line,
+                           "sinkd_http_token_interval_seconds_bucket{le=\"+Inf\"} %" PRIu64
+                           "\nsinkd_http_token_interval_seconds_sum %.6f\n"
+                           "sinkd_http_token_interval_seconds_count %" PRIu64 "\n",
+                           cum, (double)m->token_gap_sum_us / 1e6, m->token_gap_count);
+    put(t, line, n);
+  }
+}
+
+/* ---- the route ---- */
+
+/* A /metrics request waiting for the stats reply. */
+struct metrics_call {
+  uint64_t id;
+  const struct sk_metrics *m;
+};
+
+static void metrics_end(struct sk_httpd_req *req, struct metrics_call *mc) {
+  sk_httpd_unbind(req, mc);
+  free(mc);
+}
+
+static void metrics_gone(struct sk_httpd_req *req, void *state) { metrics_end(req, state); }
+
+static void metrics_frame(struct sk_httpd_req *req, void *state, uint64_t id,
+                          const msgpack_object *map) {
+  struct metrics_call *mc = state;
+  if (!map || (id == 0 && !reply_ok(map))) {
+    metrics_end(req, mc);
+    sk_httpd_error(req, 503, "unavailable", "the daemon did not answer");
+    return;
+  }
+  if (id != mc->id) return;
+  const struct sk_metrics *m = mc->m;
+  metrics_end(req, mc);
+  if (!reply_ok(map)) {
+    sk_httpd_error(req, 500, "internal", "stats failed");
+    return;
+  }
+  struct text t = {NULL, 0};
+  put_daemon(&t, map);
+  put_http(&t, m, sk_httpd_stats(req->httpd));
+  put_token_gaps(&t, m);
+  if (t.buf) sk_httpd_respond(req, 200, "text/plain; version=0.0.4", t.buf, t.len);
+  else sk_httpd_error(req, 500, "internal", "out of memory");
+  free(t.buf);
+}
+
+static void sk_metrics_handle(struct sk_httpd_req *req, const struct sk_metrics *m) {
+  struct metrics_call *mc = calloc(1, sizeof *mc);
+  struct sk_msgbuf b;
+  if (!mc || sk_msgbuf_init(&b) < 0) {
+    free(mc);
+    sk_httpd_error(req, 507, "no_memory", "out of memory");
+    return;
+  }
+  mc->id = sk_httpd_next_id(req);
+  mc->m = m;
+  sk_httpd_bind(req, metrics_frame, metrics_gone, mc);
+  sk_pack_kv_u64(&b.pk, "id", mc->id);
+  sk_pack_kv_str(&b.pk, "op", "stats");
+  struct sk_error e;
+  if (sk_httpd_call(req, &b, &e) < 0) {
+    metrics_end(req, mc);
+    sk_httpd_error(req, 503, "unavailable", "%s", e.message);
+  }
+}
+
 /* ---- one completion ---- */
 
+/* One request's flow, bound to the request (sk_httpd_bind). */
 struct flow {
   struct sk_openai_params p;
+  struct sk_oaicompl *oc;
   char id[40];
   int64_t created;
   uint64_t open_id, gen_id, session;
@@ -33,9 +252,16 @@ struct flow {
   char *text;             /* (text_len) the whole output (not streamed) */
   size_t text_len;
   bool stopped;           /* a stop string was found */
-  size_t first_msg;       /* chat: the first message not yet in the session */
   uint64_t last_token_us;
 };
+
+static void sk_oaicompl_init(struct sk_oaicompl *oc, const char *model_name,
+                      struct sk_metrics *metrics) {
+  oc->model_name = model_name;
+  oc->metrics = metrics;
+  sk_oaiconv_init(&oc->convs);
+  oc->serial = 0;
+}
 
 static uint64_t now_us(void) {
   struct timespec ts;
@@ -53,17 +279,15 @@ static void flow_free(struct flow *f) {
 
 /* Frees f, the request's flow. Responding finishes the request (and may
  * start the connection's next one, pipelined, on the same req): the
- * request's fields are cleared only while they are still f's. */
-static void flow_end(struct sk_http_req *req, struct flow *f) {
-  if (req->state == f) {
-    req->state = NULL;
-    req->on_frame = NULL;
-    req->on_gone = NULL;
-  }
+ * binding ends only while it is still f's. */
+static void flow_end(struct sk_httpd_req *req, struct flow *f) {
+  sk_httpd_unbind(req, f);
   flow_free(f);
 }
 
-static void on_gone(struct sk_http_req *req) { flow_end(req, req->state); }
+static void on_gone(struct sk_httpd_req *req, void *state) { flow_end(req, state); }
+
+/* ---- failures ---- */
 
 /* HTTP status for a protocol error code. */
 static int status_of(const char *code) {
@@ -78,25 +302,25 @@ static int status_of(const char *code) {
 }
 
 /* A failure of the request: an error response, or in a stream an error
- * event and the end. */
-static void fail(struct sk_http_req *req, int status, const char *code, const char *message) {
-  struct flow *f = req->state;
-  if (f && f->started) {
+ * event and the end. Ends the flow. */
+static void fail(struct sk_httpd_req *req, struct flow *f, int status, const char *code,
+                 const char *message) {
+  if (f->started) {
     json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", message, "type",
                           status >= 500 ? "server_error" : "invalid_request_error", "code", code);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (s) sk_http_stream_event(req, s, strlen(s));
+    if (s) sk_httpd_stream_event(req, s, strlen(s));
     free(s);
-    sk_http_stream_end(req);
+    sk_httpd_stream_end(req);
   } else {
-    sk_http_error(req, status, code, "%s", message);
+    sk_httpd_error(req, status, code, "%s", message);
   }
   flow_end(req, f);
 }
 
 /* The error of a failed reply, as an HTTP failure. */
-static void fail_reply(struct sk_http_req *req, const msgpack_object *map) {
+static void fail_reply(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
   const msgpack_object *e = sk_msg_get(map, "error");
   const char *code = "internal", *text = "the daemon failed the request";
   size_t code_len = strlen(code), text_len = strlen(text);
@@ -108,27 +332,23 @@ static void fail_reply(struct sk_http_req *req, const msgpack_object *map) {
   char c[32], m[400];
   snprintf(c, sizeof c, "%.*s", (int)code_len, code);
   snprintf(m, sizeof m, "%.*s", (int)text_len, text);
-  fail(req, status_of(c), c, m);
+  fail(req, f, status_of(c), c, m);
 }
 
-static bool reply_ok(const msgpack_object *map) {
-  const msgpack_object *ok = sk_msg_get(map, "ok");
-  return ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean;
-}
+/* ---- the response's text ---- */
 
 /* The fields every response object and chunk starts with. */
-static json_t *chunk_new(struct sk_http_req *req, struct flow *f) {
+static json_t *chunk_new(const struct flow *f) {
   return json_pack("{s:s, s:s, s:I, s:s}", "id", f->id, "object",
                    f->p.chat ? (f->p.stream ? "chat.completion.chunk" : "chat.completion")
                              : "text_completion",
-                   "created", (json_int_t)f->created, "model",
-                   sk_http_config(req->http)->model_name);
+                   "created", (json_int_t)f->created, "model", f->oc->model_name);
 }
 
-static void send_json_event(struct sk_http_req *req, json_t *o) {
+static void send_json_event(struct sk_httpd_req *req, json_t *o) {
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
-  if (s) sk_http_stream_event(req, s, strlen(s));
+  if (s) sk_httpd_stream_event(req, s, strlen(s));
   free(s);
 }
 
@@ -142,9 +362,9 @@ static void add_new_session_id(struct flow *f, json_t *o) {
 }
 
 /* A streamed piece of text. */
-static void stream_text(struct sk_http_req *req, struct flow *f, const char *text, size_t len) {
+static void stream_text(struct sk_httpd_req *req, struct flow *f, const char *text, size_t len) {
   if (len == 0) return;
-  json_t *o = chunk_new(req, f);
+  json_t *o = chunk_new(f);
   add_new_session_id(f, o);
   json_t *s = json_stringn(text, len);
   if (!s) s = json_string(""); /* not UTF-8: cannot happen, tokens are completed */
@@ -159,7 +379,7 @@ static void stream_text(struct sk_http_req *req, struct flow *f, const char *tex
 }
 
 /* Text for the client (after stop strings were looked for). */
-static void emit(struct sk_http_req *req, struct flow *f, const char *text, size_t len) {
+static void emit(struct sk_httpd_req *req, struct flow *f, const char *text, size_t len) {
   if (f->p.stream) {
     stream_text(req, f, text, len);
     /* A chat's reply is kept too: it becomes part of the conversation. */
@@ -176,7 +396,7 @@ static void emit(struct sk_http_req *req, struct flow *f, const char *text, size
 /* New generated text. OpenAI's output ends before a stop string while
  * sinkd's generate includes it: text that could begin a stop string is
  * held until it is known not to. */
-static void add_text(struct sk_http_req *req, struct flow *f, const char *text, size_t len,
+static void add_text(struct sk_httpd_req *req, struct flow *f, const char *text, size_t len,
                      bool last) {
   if (f->stopped) return;
   if (f->p.n_stop == 0) {
@@ -216,6 +436,7 @@ static void add_text(struct sk_http_req *req, struct flow *f, const char *text, 
   f->held_len = keep;
 }
 
+/* sinkd's figures of the session after the generate's final reply. */
 static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
   uint64_t resident = 0, seen = 0, evicted = 0;
   struct sk_error ign;
@@ -239,21 +460,68 @@ static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
                    (json_int_t)evicted, "evicted_ranges", ranges);
 }
 
+/* ---- the ops ---- */
+
 /* Closes the request's session now: the connection to the daemon may
  * serve the next request of a keep-alive connection, so a session closed
  * only with it would outlive the request. */
-static void close_session(struct sk_http_req *req, struct flow *f) {
+static void close_session(struct sk_httpd_req *req, struct flow *f) {
   struct sk_msgbuf b;
   if (sk_msgbuf_init(&b) < 0) return;
-  sk_pack_kv_u64(&b.pk, "id", sk_http_next_id(req));
+  sk_pack_kv_u64(&b.pk, "id", sk_httpd_next_id(req));
   sk_pack_kv_str(&b.pk, "op", "close");
   sk_pack_kv_u64(&b.pk, "session", f->session);
   struct sk_error e;
-  sk_http_call(req, &b, &e);
+  sk_httpd_call(req, &b, &e);
+}
+
+/* The last event of a stream: the finish reason (and sinkd's figures),
+ * the usage when asked for, "[DONE]". Takes usage. */
+static void end_stream(struct sk_httpd_req *req, struct flow *f, const char *reason,
+                       json_t *usage, const msgpack_object *map) {
+  json_t *o = chunk_new(f);
+  json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:s}", "index", 0, "delta",
+                                         "finish_reason", reason)
+                             : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "",
+                                         "logprobs", "finish_reason", reason);
+  json_object_set_new(o, "choices", json_pack("[o]", choice));
+  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
+  send_json_event(req, o);
+  if (f->p.include_usage) {
+    o = chunk_new(f);
+    json_object_set_new(o, "choices", json_array());
+    json_object_set(o, "usage", usage);
+    send_json_event(req, o);
+  }
+  json_decref(usage);
+  sk_httpd_stream_event(req, "[DONE]", 6);
+  sk_httpd_stream_end(req);
+}
+
+/* The whole response object of a request that did not stream. Takes
+ * usage. */
+static void respond_whole(struct sk_httpd_req *req, struct flow *f, const char *reason,
+                          json_t *usage, const msgpack_object *map) {
+  json_t *o = chunk_new(f);
+  json_t *t = json_stringn(f->text ? f->text : "", f->text_len);
+  if (!t) t = json_string("");
+  json_t *choice = f->p.chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0,
+                                         "message", "role", "assistant", "content", t,
+                                         "logprobs", "finish_reason", reason)
+                             : json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", t,
+                                         "logprobs", "finish_reason", reason);
+  json_object_set_new(o, "choices", json_pack("[o]", choice));
+  json_object_set_new(o, "usage", usage);
+  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (s) sk_httpd_respond(req, 200, "application/json", s, strlen(s));
+  else sk_httpd_error(req, 500, "internal", "out of memory");
+  free(s);
 }
 
 /* The generate's final reply: the end of the response. */
-static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object *map) {
+static void finish(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
   struct sk_error ign;
   const char *text = NULL;
   size_t text_len = 0;
@@ -276,66 +544,28 @@ static void finish(struct sk_http_req *req, struct flow *f, const msgpack_object
     sk_msg_get_u64(usage, "completion_tokens", UINT64_MAX, &completion, &ign);
   }
   sk_msg_get_u64(map, "evicted", UINT64_MAX, &evicted, &ign);
-  struct sk_http_stats *st = sk_http_stats(req->http);
-  st->prompt_tokens += prompt;
-  st->completion_tokens += completion;
-  st->evicted += evicted;
+  sk_metrics_usage(f->oc->metrics, prompt, completion, evicted);
   json_t *usage_j = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt,
                               "completion_tokens", (json_int_t)completion, "total_tokens",
                               (json_int_t)(prompt + completion));
   /* Before the response: it may start the next pipelined request. */
   if (f->p.chat && f->p.session != SK_OPENAI_SESSION_NONE)
-    sk_oaiconv_record(sk_http_convs(req->http), f->session, req->uid, f->p.messages,
+    sk_oaiconv_record(&f->oc->convs, f->session, req->uid, f->p.messages,
                       f->text ? f->text : "", f->text_len);
   if (f->temporary) close_session(req, f);
-  bool ext = f->p.session != SK_OPENAI_SESSION_NONE;
-  if (f->p.stream) {
-    json_t *o = chunk_new(req, f);
-    json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:s}", "index", 0, "delta",
-                                           "finish_reason", reason)
-                               : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "",
-                                           "logprobs", "finish_reason", reason);
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    if (ext) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
-    send_json_event(req, o);
-    if (f->p.include_usage) {
-      o = chunk_new(req, f);
-      json_object_set_new(o, "choices", json_array());
-      json_object_set(o, "usage", usage_j);
-      send_json_event(req, o);
-    }
-    json_decref(usage_j);
-    sk_http_stream_event(req, "[DONE]", 6);
-    sk_http_stream_end(req);
-  } else {
-    json_t *o = chunk_new(req, f);
-    json_t *t = json_stringn(f->text ? f->text : "", f->text_len);
-    if (!t) t = json_string("");
-    json_t *choice = f->p.chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0,
-                                           "message", "role", "assistant", "content", t,
-                                           "logprobs", "finish_reason", reason)
-                               : json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", t,
-                                           "logprobs", "finish_reason", reason);
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_j);
-    if (ext) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (s) sk_http_respond(req, 200, "application/json", s, strlen(s));
-    else sk_http_error(req, 500, "internal", "out of memory");
-    free(s);
-  }
+  if (f->p.stream) end_stream(req, f, reason, usage_j, map);
+  else respond_whole(req, f, reason, usage_j, map);
   flow_end(req, f);
 }
 
-static void send_generate(struct sk_http_req *req, struct flow *f) {
+static void send_generate(struct sk_httpd_req *req, struct flow *f) {
   struct sk_msgbuf b;
   struct sk_error e;
   if (sk_msgbuf_init(&b) < 0) {
-    fail(req, 507, "no_memory", "out of memory");
+    fail(req, f, 507, "no_memory", "out of memory");
     return;
   }
-  f->gen_id = sk_http_next_id(req);
+  f->gen_id = sk_httpd_next_id(req);
   sk_pack_kv_u64(&b.pk, "id", f->gen_id);
   /* A chat request is the chat op: the session's chat template formats
    * the messages, as for protocol clients. */
@@ -355,13 +585,13 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
     for (uint32_t i = 0; i < f->p.n_stop; i++) sk_pack_strn(&b.pk, f->p.stop[i], f->p.stop_len[i]);
   }
   if (f->p.chat) {
-    f->first_msg = f->p.session == SK_OPENAI_SESSION_ID
-                       ? sk_oaiconv_first_new(sk_http_convs(req->http), f->p.session_id,
-                                              req->uid, f->p.messages)
+    size_t first = f->p.session == SK_OPENAI_SESSION_ID
+                       ? sk_oaiconv_first_new(&f->oc->convs, f->p.session_id, req->uid,
+                                              f->p.messages)
                        : 0;
     sk_pack_cstr(&b.pk, "messages");
-    msgpack_pack_array(&b.pk, (uint32_t)(json_array_size(f->p.messages) - f->first_msg));
-    for (size_t i = f->first_msg; i < json_array_size(f->p.messages); i++) {
+    msgpack_pack_array(&b.pk, (uint32_t)(json_array_size(f->p.messages) - first));
+    for (size_t i = first; i < json_array_size(f->p.messages); i++) {
       json_t *m = json_array_get(f->p.messages, i);
       json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
       struct sk_wire_map mm;
@@ -373,32 +603,59 @@ static void send_generate(struct sk_http_req *req, struct flow *f) {
         sk_wire_map_str(&mm, "content", "");
       if (sk_wire_map_end(&mm) < 0) {
         sk_msgbuf_free(&b);
-        fail(req, 507, "no_memory", "out of memory");
+        fail(req, f, 507, "no_memory", "out of memory");
         return;
       }
     }
   } else {
     sk_pack_kv_strn(&b.pk, "prompt", f->p.prompt ? f->p.prompt : "", f->p.prompt_len);
   }
-  if (sk_http_call(req, &b, &e) < 0) fail(req, 503, "unavailable", e.message);
+  if (sk_httpd_call(req, &b, &e) < 0) fail(req, f, 503, "unavailable", e.message);
 }
 
-static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack_object *map) {
-  struct flow *f = req->state;
+/* ---- the replies and events ---- */
+
+/* A token event of the generate. */
+static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
+  uint64_t t = now_us();
+  if (f->last_token_us) sk_metrics_token_gap(f->oc->metrics, t - f->last_token_us);
+  f->last_token_us = t;
+  if (f->p.stream && !f->started) {
+    sk_httpd_stream_begin(req);
+    f->started = true;
+    if (f->p.chat) {
+      /* OpenAI's first chunk gives the role. */
+      json_t *o = chunk_new(f);
+      json_object_set_new(o, "choices",
+                          json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
+                                    "assistant", "content", "", "finish_reason"));
+      add_new_session_id(f, o);
+      send_json_event(req, o);
+    }
+  }
+  const char *text = NULL;
+  size_t len = 0;
+  struct sk_error ign;
+  if (sk_msg_get_str(map, "text", &text, &len, &ign) == 1) add_text(req, f, text, len, false);
+}
+
+static void completion_frame(struct sk_httpd_req *req, void *state, uint64_t id,
+                             const msgpack_object *map) {
+  struct flow *f = state;
   if (!map) {
-    fail(req, 503, "unavailable", "the daemon closed the request's connection");
+    fail(req, f, 503, "unavailable", "the daemon closed the request's connection");
     return;
   }
   if (id == 0 && !reply_ok(map)) { /* refused as a client (max_clients) */
-    fail_reply(req, map);
+    fail_reply(req, f, map);
     return;
   }
+  struct sk_error ign;
   if (id == f->open_id) {
     if (!reply_ok(map)) {
-      fail_reply(req, map);
+      fail_reply(req, f, map);
       return;
     }
-    struct sk_error ign;
     sk_msg_get_u64(map, "session", UINT64_MAX, &f->session, &ign);
     send_generate(req, f);
     return;
@@ -406,36 +663,8 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
   if (id != f->gen_id) return; /* e.g. the close of an earlier request */
   const char *ev = NULL;
   size_t ev_len = 0;
-  struct sk_error ign;
   if (sk_msg_get_str(map, "event", &ev, &ev_len, &ign) == 1) {
-    if (ev_len != 5 || memcmp(ev, "token", 5) != 0) return;
-    uint64_t t = now_us();
-    struct sk_http_stats *st = sk_http_stats(req->http);
-    if (f->last_token_us) {
-      uint64_t gap = t - f->last_token_us;
-      uint32_t b = 0;
-      while (b < 11 && gap > (1000ull << b)) b++;
-      st->token_gap_us[b]++;
-      st->token_gap_sum_us += gap;
-      st->token_gap_count++;
-    }
-    f->last_token_us = t;
-    if (f->p.stream && !f->started) {
-      sk_http_stream_begin(req);
-      f->started = true;
-      if (f->p.chat) {
-        /* OpenAI's first chunk gives the role. */
-        json_t *o = chunk_new(req, f);
-        json_object_set_new(o, "choices",
-                            json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
-                                      "assistant", "content", "", "finish_reason"));
-        add_new_session_id(f, o);
-        send_json_event(req, o);
-      }
-    }
-    const char *text = NULL;
-    size_t len = 0;
-    if (sk_msg_get_str(map, "text", &text, &len, &ign) == 1) add_text(req, f, text, len, false);
+    if (ev_len == 5 && memcmp(ev, "token", 5) == 0) on_token(req, f, map);
     return;
   }
   if (!reply_ok(map)) {
@@ -443,48 +672,25 @@ static void completion_frame(struct sk_http_req *req, uint64_t id, const msgpack
      * temporary one, or a new one whose id the client never got. */
     if (f->temporary || (f->p.session == SK_OPENAI_SESSION_NEW && !f->id_sent))
       close_session(req, f);
-    fail_reply(req, map);
+    fail_reply(req, f, map);
     return;
   }
   if (f->p.stream && !f->started) {
-    sk_http_stream_begin(req);
+    sk_httpd_stream_begin(req);
     f->started = true;
   }
   finish(req, f, map);
 }
 
-static void handle_completion(struct sk_http_req *req, bool chat) {
-  char msg[256];
-  struct flow *f = calloc(1, sizeof *f);
-  if (!f) {
-    sk_http_error(req, 507, "no_memory", "out of memory");
-    return;
-  }
-  int status = sk_openai_parse(req->body, req->body_len, chat, &f->p, msg, sizeof msg);
-  if (status) {
-    free(f);
-    sk_http_error(req, status, "invalid_request", "%s", msg);
-    return;
-  }
-  static uint64_t serial;
-  snprintf(f->id, sizeof f->id, "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", ++serial);
-  f->created = (int64_t)time(NULL);
-  req->state = f;
-  req->on_frame = completion_frame;
-  req->on_gone = on_gone;
-  if (f->p.session == SK_OPENAI_SESSION_ID) {
-    f->session = f->p.session_id;
-    send_generate(req, f);
-    return;
-  }
+static void send_open(struct sk_httpd_req *req, struct flow *f) {
   struct sk_msgbuf b;
   struct sk_error e;
   if (sk_msgbuf_init(&b) < 0) {
-    fail(req, 507, "no_memory", "out of memory");
+    fail(req, f, 507, "no_memory", "out of memory");
     return;
   }
   f->temporary = f->p.session == SK_OPENAI_SESSION_NONE;
-  f->open_id = sk_http_next_id(req);
+  f->open_id = sk_httpd_next_id(req);
   sk_pack_kv_u64(&b.pk, "id", f->open_id);
   sk_pack_kv_str(&b.pk, "op", "open");
   sk_pack_kv_bool(&b.pk, "temporary", f->temporary);
@@ -494,233 +700,142 @@ static void handle_completion(struct sk_http_req *req, bool chat) {
   if (f->p.has_heavy) sk_pack_kv_u64(&b.pk, "heavy", f->p.heavy);
   if (f->p.has_recent) sk_pack_kv_u64(&b.pk, "recent", f->p.recent);
   if (f->p.has_capacity) sk_pack_kv_u64(&b.pk, "capacity", f->p.capacity);
-  if (sk_http_call(req, &b, &e) < 0) fail(req, 503, "unavailable", e.message);
+  if (sk_httpd_call(req, &b, &e) < 0) fail(req, f, 503, "unavailable", e.message);
 }
 
-/* ---- models, health, metrics ---- */
-
-/* OpenAI's model object of the served model. */
-static json_t *model_object(struct sk_http_req *req) {
-  return json_pack("{s:s, s:s, s:i, s:s}", "id", sk_http_config(req->http)->model_name,
-                   "object", "model", "created", 0, "owned_by", "sinkd");
+static void sk_oaicompl_start(struct sk_httpd_req *req, struct sk_oaicompl *oc, bool chat) {
+  char msg[256];
+  struct flow *f = calloc(1, sizeof *f);
+  if (!f) {
+    sk_httpd_error(req, 507, "no_memory", "out of memory");
+    return;
+  }
+  int status = sk_openai_parse(req->body, req->body_len, chat, &f->p, msg, sizeof msg);
+  if (status) {
+    free(f);
+    sk_httpd_error(req, status, "invalid_request", "%s", msg);
+    return;
+  }
+  f->oc = oc;
+  snprintf(f->id, sizeof f->id, "%s-%" PRIu64, chat ? "chatcmpl" : "cmpl", ++oc->serial);
+  f->created = (int64_t)time(NULL);
+  sk_httpd_bind(req, completion_frame, on_gone, f);
+  if (f->p.session == SK_OPENAI_SESSION_ID) {
+    f->session = f->p.session_id;
+    send_generate(req, f);
+  } else {
+    send_open(req, f);
+  }
 }
 
-static void handle_models(struct sk_http_req *req) {
-  json_t *o = json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(req));
+/* ---- the routes ---- */
+
+struct sk_openai {
+  char *model_name;
+  struct sk_metrics metrics;
+  /* The completion routes' state, with the conversation cache (~40 KiB). */
+  struct sk_oaicompl completions;
+};
+
+int sk_openai_new(const char *model_name, struct sk_openai **ret) {
+  struct sk_openai *o = calloc(1, sizeof *o);
+  if (!o) return -SK_ERR_NO_MEMORY;
+  o->model_name = strdup(model_name ? model_name : "sinkd");
+  if (!o->model_name) {
+    free(o);
+    return -SK_ERR_NO_MEMORY;
+  }
+  sk_metrics_init(&o->metrics);
+  sk_oaicompl_init(&o->completions, o->model_name, &o->metrics);
+  *ret = o;
+  return 0;
+}
+
+void sk_openai_free(struct sk_openai *o) {
+  if (!o) return;
+  free(o->model_name);
+  free(o);
+}
+
+/* Sends o as the JSON body of a 200 response (taking o). */
+static void respond_json(struct sk_httpd_req *req, json_t *o) {
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
-  if (s) sk_http_respond(req, 200, "application/json", s, strlen(s));
-  else sk_http_error(req, 500, "internal", "out of memory");
+  if (s) sk_httpd_respond(req, 200, "application/json", s, strlen(s));
+  else sk_httpd_error(req, 500, "internal", "out of memory");
   free(s);
 }
 
-struct metrics_state {
-  uint64_t id;
-};
+/* OpenAI's model object of the served model. */
+static json_t *model_object(const struct sk_openai *o) {
+  return json_pack("{s:s, s:s, s:i, s:s}", "id", o->model_name, "object", "model", "created", 0,
+                   "owned_by", "sinkd");
+}
 
-static void metrics_gone(struct sk_http_req *req) {
-  free(req->state);
-  req->state = NULL;
+/* GET /v1/models: the list of the one model served. */
+static void handle_models(struct sk_httpd_req *req, const struct sk_openai *o) {
+  respond_json(req, json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(o)));
 }
 
 /* GET /v1/models/ID (OpenAI's "retrieve model"): the served model, or
  * 404 for any other id. */
-static void handle_model(struct sk_http_req *req, const char *id) {
-  const char *name = sk_http_config(req->http)->model_name;
-  if (strcmp(id, name) != 0) {
-    sk_http_error(req, 404, "model_not_found", "no model '%.200s': this daemon serves '%s'", id,
-                  name);
+static void handle_model(struct sk_httpd_req *req, const struct sk_openai *o, const char *id) {
+  if (strcmp(id, o->model_name) != 0) {
+    sk_httpd_error(req, 404, "model_not_found", "no model '%.200s': this daemon serves '%s'", id,
+                   o->model_name);
     return;
   }
-  json_t *o = model_object(req);
-  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  if (s) sk_http_respond(req, 200, "application/json", s, strlen(s));
-  else sk_http_error(req, 500, "internal", "out of memory");
-  free(s);
+  respond_json(req, model_object(o));
 }
 
-/* Appends a Prometheus sample (HELP and TYPE first). */
-static void prom(char **buf, size_t *len, const char *name, const char *type, const char *help,
-                 double value) {
-  char line[512];
-  int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
-                   type, name, value);
-  if (n < 0) return;
-  char *b = realloc(*buf, *len + (size_t)n + 1);
-  if (!b) return;
-  memcpy(b + *len, line, (size_t)n + 1);
-  *buf = b;
-  *len += (size_t)n;
+/* GET /health. The sockets accept only once the model is loaded; a
+ * daemon that is stopping says so. */
+static void handle_health(struct sk_httpd_req *req) {
+  if (sk_httpd_stopping(req->httpd))
+    sk_httpd_respond(req, 503, "application/json", "{\"status\":\"stopping\"}", 21);
+  else
+    sk_httpd_respond(req, 200, "application/json", "{\"status\":\"ok\"}", 15);
 }
 
-static void metrics_frame(struct sk_http_req *req, uint64_t id, const msgpack_object *map) {
-  struct metrics_state *ms = req->state;
-  if (!map || (id == 0 && !reply_ok(map))) {
-    metrics_gone(req);
-    sk_http_error(req, 503, "unavailable", "the daemon did not answer");
-    return;
-  }
-  if (id != ms->id) return;
-  metrics_gone(req);
-  if (!reply_ok(map)) {
-    sk_http_error(req, 500, "internal", "stats failed");
-    return;
-  }
-  struct sk_error ign;
-  uint64_t v[8] = {0};
-  static const char *const keys[8] = {"sessions", "clients", "tokens_prefilled",
-                                      "tokens_generated", "memory_bytes", "max_memory",
-                                      "steps", "uptime_s"};
-  for (int i = 0; i < 8; i++) sk_msg_get_u64(map, keys[i], UINT64_MAX, &v[i], &ign);
-  struct sk_http_stats *st = sk_http_stats(req->http);
-  char *buf = NULL;
-  size_t len = 0;
-  prom(&buf, &len, "sinkd_sessions", "gauge", "Sessions open.", (double)v[0]);
-  prom(&buf, &len, "sinkd_clients", "gauge", "Protocol connections (HTTP ones included).",
-       (double)v[1]);
-  prom(&buf, &len, "sinkd_tokens_prefilled_total", "counter", "Tokens appended (prefill).",
-       (double)v[2]);
-  prom(&buf, &len, "sinkd_tokens_generated_total", "counter", "Tokens generated.", (double)v[3]);
-  prom(&buf, &len, "sinkd_memory_bytes", "gauge", "Bytes of all session KV caches.",
-       (double)v[4]);
-  prom(&buf, &len, "sinkd_max_memory_bytes", "gauge", "Limit of all KV caches (0: none).",
-       (double)v[5]);
-  prom(&buf, &len, "sinkd_steps_total", "counter", "Forward passes run.", (double)v[6]);
-  prom(&buf, &len, "sinkd_uptime_seconds", "gauge", "Seconds since the daemon started.",
-       (double)v[7]);
-  static const char *const routes[SK_ROUTE__COUNT] = {"models", "completions", "chat",
-                                                      "health", "metrics", "other"};
-  char name[96];
-  for (int r = 0; r < SK_ROUTE__COUNT; r++) {
-    snprintf(name, sizeof name, "sinkd_http_requests_total{route=\"%s\"}", routes[r]);
-    char line[512];
-    int n = r == 0 ? snprintf(line, sizeof line,
-                              "# HELP sinkd_http_requests_total HTTP requests by route.\n"
-                              "# TYPE sinkd_http_requests_total counter\n%s %" PRIu64 "\n",
-                              name, st->requests[r])
-                   : snprintf(line, sizeof line, "%s %" PRIu64 "\n", name, st->requests[r]);
-    char *b = n > 0 ? realloc(buf, len + (size_t)n + 1) : NULL;
-    if (b) {
-      memcpy(b + len, line, (size_t)n + 1);
-      buf = b;
-      len += (size_t)n;
-    }
-  }
-  prom(&buf, &len, "sinkd_http_client_errors_total", "counter", "HTTP 4xx responses.",
-       (double)st->responses_4xx);
-  prom(&buf, &len, "sinkd_http_server_errors_total", "counter", "HTTP 5xx responses.",
-       (double)st->responses_5xx);
-  prom(&buf, &len, "sinkd_http_disconnects_total", "counter",
-       "HTTP clients gone before their response ended (their generation cancelled).",
-       (double)st->disconnects);
-  prom(&buf, &len, "sinkd_http_prompt_tokens_total", "counter", "Prompt tokens of HTTP requests.",
-       (double)st->prompt_tokens);
-  prom(&buf, &len, "sinkd_http_completion_tokens_total", "counter",
-       "Completion tokens of HTTP requests.", (double)st->completion_tokens);
-  prom(&buf, &len, "sinkd_http_evicted_tokens_total", "counter",
-       "Tokens evicted from caches during HTTP requests.", (double)st->evicted);
-  /* The step latency as HTTP clients see it: time between two tokens. */
-  const char *h = "# HELP sinkd_http_token_interval_seconds Time between two generated tokens "
-                  "of one HTTP request.\n# TYPE sinkd_http_token_interval_seconds histogram\n";
-  size_t hl = strlen(h);
-  char *b = realloc(buf, len + hl + 1);
-  if (b) {
-    memcpy(b + len, h, hl + 1);
-    buf = b;
-    len += hl;
-  }
-  uint64_t cum = 0;
-  for (int i = 0; i < 12; i++) {
-    cum += st->token_gap_us[i];
-    char line[512];
-    int n = i < 11 ? snprintf(line, sizeof line,
-                              "sinkd_http_token_interval_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
-                              (double)(1u << i) / 1000.0, cum)
-                   : snprintf(line, sizeof line,
-                              "sinkd_http_token_interval_seconds_bucket{le=\"+Inf\"} %" PRIu64
-                              "\nsinkd_http_token_interval_seconds_sum %.6f\n"
-                              "sinkd_http_token_interval_seconds_count %" PRIu64 "\n",
-                              cum, (double)st->token_gap_sum_us / 1e6, st->token_gap_count);
-    b = n > 0 ? realloc(buf, len + (size_t)n + 1) : NULL;
-    if (b) {
-      memcpy(b + len, line, (size_t)n + 1);
-      buf = b;
-      len += (size_t)n;
-    }
-  }
-  if (buf) sk_http_respond(req, 200, "text/plain; version=0.0.4", buf, len);
-  else sk_http_error(req, 500, "internal", "out of memory");
-  free(buf);
-}
-
-static void handle_metrics(struct sk_http_req *req) {
-  struct metrics_state *ms = calloc(1, sizeof *ms);
-  struct sk_msgbuf b;
-  if (!ms || sk_msgbuf_init(&b) < 0) {
-    free(ms);
-    sk_http_error(req, 507, "no_memory", "out of memory");
-    return;
-  }
-  ms->id = sk_http_next_id(req);
-  req->state = ms;
-  req->on_frame = metrics_frame;
-  req->on_gone = metrics_gone;
-  sk_pack_kv_u64(&b.pk, "id", ms->id);
-  sk_pack_kv_str(&b.pk, "op", "stats");
-  struct sk_error e;
-  if (sk_http_call(req, &b, &e) < 0) {
-    metrics_gone(req);
-    sk_http_error(req, 503, "unavailable", "%s", e.message);
-  }
-}
-
-void sk_openai_handle(struct sk_http_req *req) {
+void sk_openai_handle(struct sk_httpd_req *req, void *user) {
+  struct sk_openai *o = user;
   static const struct {
     const char *path;
-    enum sk_openai_route route;
-    enum http_method_id method;
+    enum sk_metrics_route route;
+    enum sk_httpd_method method;
   } routes[] = {
-      {"/v1/models", SK_ROUTE_MODELS, SK_HTTP_GET},
-      {"/v1/completions", SK_ROUTE_COMPLETIONS, SK_HTTP_POST},
-      {"/v1/chat/completions", SK_ROUTE_CHAT, SK_HTTP_POST},
-      {"/health", SK_ROUTE_HEALTH, SK_HTTP_GET},
-      {"/metrics", SK_ROUTE_METRICS, SK_HTTP_GET},
+      {"/v1/models", SK_ROUTE_MODELS, SK_HTTPD_GET},
+      {"/v1/completions", SK_ROUTE_COMPLETIONS, SK_HTTPD_POST},
+      {"/v1/chat/completions", SK_ROUTE_CHAT, SK_HTTPD_POST},
+      {"/health", SK_ROUTE_HEALTH, SK_HTTPD_GET},
+      {"/metrics", SK_ROUTE_METRICS, SK_HTTPD_GET},
   };
-  struct sk_http_stats *st = sk_http_stats(req->http);
   for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
     if (strcmp(req->path, routes[i].path) != 0) continue;
-    st->requests[routes[i].route]++;
+    sk_metrics_request(&o->metrics, routes[i].route);
     if (req->method != routes[i].method) {
-      sk_http_error(req, 405, "method_not_allowed", "%s takes %s", routes[i].path,
-                    routes[i].method == SK_HTTP_GET ? "GET" : "POST");
+      sk_httpd_error(req, 405, "method_not_allowed", "%s takes %s", routes[i].path,
+                     routes[i].method == SK_HTTPD_GET ? "GET" : "POST");
       return;
     }
     switch (routes[i].route) {
-    case SK_ROUTE_MODELS: handle_models(req); return;
-    case SK_ROUTE_COMPLETIONS: handle_completion(req, false); return;
-    case SK_ROUTE_CHAT: handle_completion(req, true); return;
-    case SK_ROUTE_HEALTH:
-      /* The sockets accept only once the model is loaded; a daemon that
-       * is stopping says so. */
-      if (sk_http_stopping(req->http))
-        sk_http_respond(req, 503, "application/json", "{\"status\":\"stopping\"}", 21);
-      else
-        sk_http_respond(req, 200, "application/json", "{\"status\":\"ok\"}", 15);
-      return;
-    case SK_ROUTE_METRICS: handle_metrics(req); return;
+    case SK_ROUTE_MODELS: handle_models(req, o); return;
+    case SK_ROUTE_COMPLETIONS: sk_oaicompl_start(req, &o->completions, false); return;
+    case SK_ROUTE_CHAT: sk_oaicompl_start(req, &o->completions, true); return;
+    case SK_ROUTE_HEALTH: handle_health(req); return;
+    case SK_ROUTE_METRICS: sk_metrics_handle(req, &o->metrics); return;
     default: break;
     }
   }
   static const char models[] = "/v1/models/";
   if (strncmp(req->path, models, sizeof models - 1) == 0 && req->path[sizeof models - 1]) {
-    st->requests[SK_ROUTE_MODELS]++;
-    if (req->method != SK_HTTP_GET)
-      sk_http_error(req, 405, "method_not_allowed", "/v1/models/ID takes GET");
+    sk_metrics_request(&o->metrics, SK_ROUTE_MODELS);
+    if (req->method != SK_HTTPD_GET)
+      sk_httpd_error(req, 405, "method_not_allowed", "/v1/models/ID takes GET");
     else
-      handle_model(req, req->path + sizeof models - 1);
+      handle_model(req, o, req->path + sizeof models - 1);
     return;
   }
-  st->requests[SK_ROUTE_OTHER]++;
-  sk_http_error(req, 404, "not_found", "no route %s", req->path);
+  sk_metrics_request(&o->metrics, SK_ROUTE_OTHER);
+  sk_httpd_error(req, 404, "not_found", "no route %s", req->path);
 }
