@@ -8,6 +8,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "proto/wire.h"
 
 struct sk__write {
   uv_write_t req;
@@ -103,7 +104,7 @@ void sk_conn_send_msg(struct sk_conn *c, struct sk_msgbuf *b) {
 void sk_conn_send_error(struct sk_conn *c, uint64_t id, const struct sk_error *e) {
   struct sk_msgbuf b;
   if (sk_msgbuf_init(&b) < 0) return;
-  if (sk_msg_pack_error(&b, id, e) < 0) {
+  if (sk_wire_pack_error(&b, id, e) < 0) {
     sk_msgbuf_free(&b);
     return;
   }

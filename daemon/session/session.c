@@ -27,6 +27,12 @@ void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessio
   t->max_bytes = max_bytes;
 }
 
+void sk_session_table_set_user_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                      uint64_t max_bytes) {
+  t->max_user_sessions = max_sessions;
+  t->max_user_bytes = max_bytes;
+}
+
 void sk_session_table_set_release(struct sk_session_table *t,
                                   void (*release_obj)(void *user, struct sk_store_obj *obj),
                                   void *user) {
@@ -160,6 +166,9 @@ int sk_session_reserve(struct sk_session_table *t, size_t bytes, uint32_t owner_
   res->bytes = bytes;
   t->n_reserved++;
   t->reserved_bytes += bytes;
+  res->next = t->reservations;
+  if (t->reservations) t->reservations->prev = res;
+  t->reservations = res;
   return 0;
 }
 
@@ -207,6 +216,12 @@ static void reservation_end(struct sk_session_table *t, struct sk_session_reserv
   res->fd = -1;
   t->n_reserved--;
   t->reserved_bytes -= res->bytes;
+  if (res->prev)
+    res->prev->next = res->next;
+  else
+    t->reservations = res->next;
+  if (res->next) res->next->prev = res->prev;
+  res->prev = res->next = NULL;
   res->obj = NULL;
 }
 
@@ -238,6 +253,50 @@ int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
   }
   s->adopted = true;
   *ret = s;
+  return 0;
+}
+
+void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
+                           const struct sk_session *except, uint32_t *ret_n,
+                           uint64_t *ret_bytes) {
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < t->cap; i++) {
+    const struct sk_session *s = t->items[i];
+    if (!s || s == except || s->owner_uid != uid) continue;
+    n++;
+    bytes += s->kv_bytes;
+  }
+  for (const struct sk_session_reservation *r = t->reservations; r; r = r->next)
+    if (r->owner_uid == uid) {
+      n++;
+      bytes += r->bytes;
+    }
+  *ret_n = n;
+  *ret_bytes = bytes;
+}
+
+int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
+                          const struct sk_session *except, bool temporary,
+                          struct sk_error *err) {
+  uint32_t n;
+  uint64_t used;
+  sk_session_user_usage(t, uid, except, &n, &used);
+  const uint32_t max_n = t->max_user_sessions;
+  const uint32_t allowed = max_n + (temporary ? SK_LIMIT_TEMP_SESSIONS : 0);
+  if (max_n && max_n < t->max_sessions && n >= allowed)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "uid %u already has %u sessions (max_user_sessions %u, %u more for "
+                        "temporary sessions): `sinkctl list` shows them, `sinkctl close --idle "
+                        "1h` closes those idle for an hour",
+                        uid, n, max_n, SK_LIMIT_TEMP_SESSIONS);
+  const uint64_t max = t->max_user_bytes;
+  if (max && max < t->max_bytes && (bytes > max || used > max - bytes))
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "a session of %zu bytes would bring uid %u to %llu bytes "
+                        "(max_user_memory %llu): `sinkctl list` shows them, `sinkctl close ID` "
+                        "closes one",
+                        bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
   return 0;
 }
 

@@ -186,6 +186,9 @@ struct sk_session_table {
   uint64_t next_id;
   uint32_t n_reserved;       /* opens between reserve and commit */
   uint64_t reserved_bytes;   /* their objects' bytes */
+  struct sk_session_reservation *reservations; /* those, newest first */
+  uint32_t max_user_sessions; /* per uid (sk_session_check_user); 0 none */
+  uint64_t max_user_bytes;
   struct sk_store *store;    /* not owned */
   pthread_mutex_t counters_lock;
   /* Frees (unmaps) the object of a closed session, whose file is already
@@ -211,6 +214,9 @@ struct sk_session_reservation {
   struct sk_sampler_state sampler; /* seeded */
   int fd;                          /* the object's file, opened by reserve */
   struct sk_store_obj *obj;        /* the object made for id (any thread) */
+  /* In the table's list until it ends: the reservation must stay where
+   * it was reserved. */
+  struct sk_session_reservation *prev, *next;
 };
 
 /* Initialises an empty table whose sessions live in store, for at most
@@ -222,6 +228,10 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
  * them. */
 void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessions,
                                  uint64_t max_bytes);
+/* The per-uid limits sk_session_check_user applies: sessions one uid may
+ * own, and their bytes (0: none). */
+void sk_session_table_set_user_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                      uint64_t max_bytes);
 /* Who unmaps the object of a removed session (release_obj, user). */
 void sk_session_table_set_release(struct sk_session_table *t,
                                   void (*release_obj)(void *user, struct sk_store_obj *obj),
@@ -272,6 +282,24 @@ void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation
  * kept). */
 int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
                      struct sk_session **ret);
+/* Sessions uid owns or is getting (reservations not yet ended: opens,
+ * forks and imports being made), and their bytes, besides except (a
+ * session of the table, or NULL). */
+void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
+                           const struct sk_session *except, uint32_t *ret_n,
+                           uint64_t *ret_bytes);
+/* Whether uid may own one more session of `bytes` (besides except, one
+ * of its sessions already in the table, or NULL) under the per-uid
+ * limits. A temporary session (one that ends with its connection:
+ * `sinkctl generate` without --session) may go SK_LIMIT_TEMP_SESSIONS
+ * past max_user_sessions, so that persistent sessions left behind do
+ * not stop one-off requests. A per-uid limit at or above the daemon's
+ * is implied by it: the daemon's check (sk_session_reserve) then names
+ * the limit that binds. Errors: -SK_ERR_BUSY (the message names the
+ * limit and how to free some). */
+int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
+                          const struct sk_session *except, bool temporary,
+                          struct sk_error *err);
 /* Session by id, or NULL. */
 struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
 /* Removes an idle session (no running or queued job) and deletes its

@@ -247,25 +247,22 @@ static int sk__client_check(struct sk_client *c, struct sk_error *err) {
 
 /* ---- frames ----------------------------------------------------------- */
 
-/* Starts a request frame with its id and op; the caller packs the other
- * fields as key, value pairs, and sk__client_send counts them and puts
- * the map header in front. Returns the id in *ret_id. */
-static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
-                            const char *op, uint64_t *ret_id, struct sk_error *err) {
-  *ret_id = 0; /* defined on the error path too */
-  if (sk_msgbuf_init(b) < 0)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  uint64_t id = c->next_id++;
-  sk_pack_kv_u64(&b->pk, "id", id);
-  sk_pack_kv_str(&b->pk, "op", op);
-  *ret_id = id;
+/* The id of the next request: every request packs one (wire.h's
+ * sk_wire_pack_*_req) into a frame that sk__client_send sends. */
+static uint64_t sk__client_id(struct sk_client *c) {
+  return c->next_id++;
+}
+
+/* The result rc of a request packer (b freed on failure). */
+static int sk__client_packed(int rc, struct sk_error *err) {
+  if (rc < 0) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory building the request");
   return 0;
 }
 
 /* Finishes and sends a request frame; frees b either way. */
 static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
                            struct sk_error *err) {
-  int64_t size = sk_msgbuf_finish_map(b);
+  int64_t size = sk_msgbuf_finish(b);
   if (size < 0) {
     sk_msgbuf_free(b);
     return sk_error_set(err, (int)-size,
@@ -322,7 +319,7 @@ static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
         return sk__client_fail(c, err, SK_ERR_PROTOCOL,
                                "invalid reply from the daemon: %s",
                                perr.message);
-      rc = sk_msg_need_u64(&msg->root, "id", UINT64_MAX, ret_id, &perr);
+      rc = sk_wire_unpack_id(&msg->root, ret_id, &perr);
       if (rc < 0) {
         sk_msg_free(msg);
         return sk__client_fail(c, err, SK_ERR_PROTOCOL,
@@ -378,23 +375,12 @@ static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
                              struct sk_error *err) {
   struct sk_error perr;
   bool ok = false;
-  int rc = sk_msg_get_bool(&msg->root, "ok", &ok, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 0) return sk__client_bad_reply(c, err, "missing field 'ok'");
+  if (sk_wire_unpack_ok(&msg->root, &ok, &perr) < 0)
+    return sk__client_bad_reply(c, err, perr.message);
   if (ok) return 0;
-
-  const msgpack_object *eo = sk_msg_get(&msg->root, "error");
-  const char *code = NULL, *text = NULL;
-  size_t code_len = 0, text_len = 0;
-  if (eo && eo->type == MSGPACK_OBJECT_MAP) {
-    if (sk_msg_get_str(eo, "code", &code, &code_len, &perr) != 1) code = NULL;
-    if (sk_msg_get_str(eo, "message", &text, &text_len, &perr) != 1)
-      text = NULL;
-  }
-  int ecode = code ? sk_error_from_name(code, code_len) : SK_ERR_INTERNAL;
-  if (!text) return sk_error_set(err, ecode, "%s", sk_strerror(ecode));
-  if (text_len > SK_ERROR_MESSAGE_MAX) text_len = SK_ERROR_MESSAGE_MAX;
-  return sk_error_set(err, ecode, "%.*s", (int)text_len, text);
+  struct sk_error daemon;
+  sk_wire_unpack_error(&msg->root, &daemon);
+  return sk_error_set(err, daemon.code, "%s", daemon.message);
 }
 
 /* Sends the request in b (freed) and reads its final reply into *reply,
@@ -428,32 +414,32 @@ static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
 /* ---- simple ops ------------------------------------------------------- */
 
 /* A request with only id and op, reply into *reply. */
-static int sk__client_simple(struct sk_client *c, const char *op,
+static int sk__client_simple(struct sk_client *c, enum sk_op op,
                              struct sk_msg *reply, struct sk_error *err) {
   int rc = sk__client_check(c, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
+  uint64_t id = sk__client_id(c);
+  if ((rc = sk__client_packed(sk_wire_pack_req(&b, id, op), err)) < 0) return rc;
   return sk__client_call(c, &b, id, reply, err);
 }
 
 /* A request with id, op and session. */
-static int sk__client_on_session(struct sk_client *c, const char *op,
+static int sk__client_on_session(struct sk_client *c, enum sk_op op,
                                  uint64_t session, struct sk_msg *reply,
                                  struct sk_error *err) {
   int rc = sk__client_check(c, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
+  uint64_t id = sk__client_id(c);
+  if ((rc = sk__client_packed(sk_wire_pack_session_req(&b, id, op, session), err)) < 0)
+    return rc;
   return sk__client_call(c, &b, id, reply, err);
 }
 
 int sk_client_ping(struct sk_client *client, struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "ping", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_PING, &reply, err);
   if (rc < 0) return rc;
   sk_msg_free(&reply);
   return 0;
@@ -462,7 +448,7 @@ int sk_client_ping(struct sk_client *client, struct sk_error *err) {
 int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
                     struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "hello", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_HELLO, &reply, err);
   if (rc < 0) return rc;
   struct sk_hello h;
   struct sk_error perr;
@@ -475,7 +461,7 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
                     struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "stats", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_STATS, &reply, err);
   if (rc < 0) return rc;
   struct sk_daemon_stats s;
   struct sk_error perr;
@@ -510,27 +496,26 @@ int sk_client_open(struct sk_client *client,
   bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
   size_t system_len = p->system ? (p->system_len ? p->system_len : strlen(p->system)) : 0;
   if (system_len > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "system too long");
+  /* A 0 or NULL field is the daemon's default: left out. */
+  const struct sk_wire_open_req req = {
+      .policy = p->policy, .policy_len = p->policy ? strlen(p->policy) : 0,
+      .has_n_sink = p->n_sink || p->has_n_sink, .n_sink = p->n_sink,
+      .has_window = p->window != 0, .window = p->window,
+      .has_heavy = p->heavy != 0, .heavy = p->heavy,
+      .has_recent = p->recent != 0, .recent = p->recent,
+      .has_capacity = p->capacity != 0, .capacity = p->capacity,
+      .has_rope_scale = p->rope_scale != 0, .rope_scale = p->rope_scale,
+      .pin = p->pin, .pin_len = pin_len,
+      .has_temporary = p->temporary, .temporary = p->temporary,
+      .chat_template = p->chat_template,
+      .chat_template_len = p->chat_template ? strlen(p->chat_template) : 0,
+      .system = p->system, .system_len = system_len,
+      .has_sparsity = p->sparsity != 0, .sparsity = p->sparsity,
+      .pin_tokens = {.has = has_pin_tokens, .ids = p->pin_tokens, .n = p->n_pin_tokens},
+  };
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "open", &id, err)) < 0) return rc;
-  if (p->policy) sk_pack_kv_str(&b.pk, "policy", p->policy);
-  if (p->n_sink || p->has_n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
-  if (p->window) sk_pack_kv_u64(&b.pk, "window", p->window);
-  if (p->heavy) sk_pack_kv_u64(&b.pk, "heavy", p->heavy);
-  if (p->recent) sk_pack_kv_u64(&b.pk, "recent", p->recent);
-  if (p->capacity) sk_pack_kv_u64(&b.pk, "capacity", p->capacity);
-  if (p->rope_scale != 0) sk_pack_kv_f64(&b.pk, "rope_scale", p->rope_scale);
-  if (p->pin) sk_pack_kv_strn(&b.pk, "pin", p->pin, pin_len);
-  if (p->temporary) sk_pack_kv_bool(&b.pk, "temporary", true);
-  if (p->chat_template) sk_pack_kv_str(&b.pk, "chat_template", p->chat_template);
-  if (p->system) sk_pack_kv_strn(&b.pk, "system", p->system, system_len);
-  if (p->sparsity != 0) sk_pack_kv_f64(&b.pk, "sparsity", p->sparsity);
-  if (has_pin_tokens) {
-    sk_pack_cstr(&b.pk, "pin_tokens");
-    msgpack_pack_array(&b.pk, p->n_pin_tokens);
-    for (size_t i = 0; i < p->n_pin_tokens; i++)
-      msgpack_pack_int32(&b.pk, p->pin_tokens[i]);
-  }
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_open_req(&b, id, &req), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
@@ -545,7 +530,7 @@ int sk_client_open(struct sk_client *client,
 int sk_client_close_session(struct sk_client *client, uint64_t session,
                             struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "close", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_CLOSE, session, &reply, err);
   if (rc < 0) return rc;
   sk_msg_free(&reply);
   return 0;
@@ -555,7 +540,7 @@ int sk_client_list(struct sk_client *client,
                    struct sk_session_info **ret_sessions, size_t *ret_n,
                    struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "list", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_LIST, &reply, err);
   if (rc < 0) return rc;
   struct sk_session_info *rows = NULL;
   size_t n = 0;
@@ -574,7 +559,7 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
                             struct sk_session_stats *ret,
                             struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "stats", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_STATS, session, &reply, err);
   if (rc < 0) return rc;
   struct sk_session_stats *s = malloc(sizeof *s); /* ~3 KiB */
   if (!s) {
@@ -606,16 +591,10 @@ static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
   return rc;
 }
 
-static void sk__pack_bos(msgpack_packer *pk, enum sk_bos bos) {
-  if ((bos & 3) != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", (bos & 3) == SK_BOS_TRUE);
-  if (bos & SK_TEXT_SPECIAL) sk_pack_kv_bool(pk, "parse_special", true);
-}
-
-static void sk__pack_tokens(msgpack_packer *pk, const int32_t *tokens,
-                            size_t n) {
-  sk_pack_cstr(pk, "tokens");
-  msgpack_pack_array(pk, n);
-  for (size_t i = 0; i < n; i++) msgpack_pack_int32(pk, tokens[i]);
+/* The "bos" and "parse_special" of an input, from bos. */
+static void sk__client_bos(struct sk_wire_input *in, enum sk_bos bos) {
+  in->bos = (bos & 3) == SK_BOS_DEFAULT ? -1 : (bos & 3) == SK_BOS_TRUE;
+  in->parse_special = (bos & SK_TEXT_SPECIAL) != 0;
 }
 
 /* text: whether SK_TEXT_SPECIAL may go with it (text input only). */
@@ -637,13 +616,12 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_wire_append_req a = {.session = session,
+                                .input = {.text = text ? text : "", .text_len = len}};
+  sk__client_bos(&a.input, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
-  sk__pack_bos(&b.pk, bos);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_append_req(&b, id, &a), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   return sk__client_append_reply(client, &reply, ret, NULL, 0, err);
@@ -662,14 +640,14 @@ static int sk__client_append_tokens(struct sk_client *client,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "tokens is NULL");
   if (n > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
+  struct sk_wire_append_req a = {
+      .session = session,
+      .input = {.tokens = {.has = true, .ids = tokens, .n = n}},
+      .logprobs = logprobs != NULL};
+  sk__client_bos(&a.input, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk__pack_tokens(&b.pk, tokens, n);
-  sk__pack_bos(&b.pk, bos);
-  if (logprobs) sk_pack_kv_bool(&b.pk, "logprobs", true);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_append_req(&b, id, &a), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   return sk__client_append_reply(client, &reply, ret, logprobs, n, err);
@@ -779,41 +757,27 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 
   /* The sampling fields are always sent (sk_generate_params_init holds
    * the protocol's defaults); the optional ones only when set. */
+  const struct sk_wire_generate_req req = {
+      .messages = {.m = msgs, .n = n_msgs},
+      .session = session,
+      .max_tokens = p->max_tokens,
+      .temperature = p->temperature,
+      .top_k = p->top_k,
+      .top_p = p->top_p,
+      .ignore_eos = p->ignore_eos,
+      .has_seed = p->has_seed,
+      .seed = p->seed,
+      .stop = {.s = p->stop, .n = p->n_stop},
+      .input = {.text = has_prompt ? p->prompt : NULL,
+                .text_len = has_prompt ? prompt_len : 0,
+                .bos = -1,
+                .parse_special = has_prompt && p->parse_special},
+      .n_top = p->n_top,
+  };
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, msgs ? "chat" : "generate", &id, err)) < 0)
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_generate_req(&b, id, msgs != NULL, &req), err)) < 0)
     return rc;
-  msgpack_packer *pk = &b.pk;
-  if (msgs) {
-    sk_pack_cstr(pk, "messages");
-    msgpack_pack_array(pk, (uint32_t)n_msgs);
-    for (size_t i = 0; i < n_msgs; i++) {
-      struct sk_wire_map m;
-      sk_wire_map_begin(&m, pk);
-      sk_wire_map_str(&m, "role", msgs[i].role);
-      sk_wire_map_strn(&m, "content", msgs[i].content,
-                       msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content));
-      if (sk_wire_map_end(&m) < 0) {
-        sk_msgbuf_free(&b);
-        return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory building the request");
-      }
-    }
-  }
-  sk_pack_kv_u64(pk, "session", session);
-  sk_pack_kv_u64(pk, "max_tokens", p->max_tokens);
-  sk_pack_kv_f64(pk, "temperature", p->temperature);
-  sk_pack_kv_u64(pk, "top_k", p->top_k);
-  sk_pack_kv_f64(pk, "top_p", p->top_p);
-  sk_pack_kv_bool(pk, "ignore_eos", p->ignore_eos);
-  if (p->has_seed) sk_pack_kv_u64(pk, "seed", p->seed);
-  if (p->n_stop > 0) {
-    sk_pack_cstr(pk, "stop");
-    msgpack_pack_array(pk, p->n_stop);
-    for (size_t i = 0; i < p->n_stop; i++) sk_pack_cstr(pk, p->stop[i]);
-  }
-  if (has_prompt) sk_pack_kv_strn(pk, "prompt", p->prompt, prompt_len);
-  if (has_prompt && p->parse_special) sk_pack_kv_bool(pk, "parse_special", true);
-  if (p->n_top > 0) sk_pack_kv_u64(pk, "n_top", p->n_top);
   if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
 
   /* Read events until the final reply, and, if the callback asked to
@@ -832,16 +796,14 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 
     if (got == id && !have_final) {
       struct sk_error perr;
-      const char *event;
-      size_t event_len;
-      rc = sk_msg_get_str(r, "event", &event, &event_len, &perr);
-      if (rc < 0) {
+      enum sk_wire_kind kind;
+      if (sk_wire_unpack_kind(r, &kind, &perr) < 0) {
         sk_msg_free(&msg);
         return sk__client_bad_reply(client, err, perr.message);
       }
-      if (rc == 1) {
+      if (kind != SK_WIRE_REPLY) {
         /* Events other than "token" are for future versions: skipped. */
-        if (event_len == 5 && memcmp(event, "token", 5) == 0) {
+        if (kind == SK_WIRE_EVENT_TOKEN) {
           int stop = 0;
           rc = sk__client_token_event(client, r, session,
                                       cancel_id ? NULL : cb, user, &stop,
@@ -852,9 +814,11 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
           }
           if (stop && !cancel_id) {
             struct sk_msgbuf cb_buf;
-            if ((rc = sk__client_begin(client, &cb_buf, "cancel", &cancel_id, err)) < 0 ||
-                (sk_pack_kv_u64(&cb_buf.pk, "session", session),
-                 rc = sk__client_send(client, &cb_buf, err)) < 0) {
+            cancel_id = sk__client_id(client);
+            if ((rc = sk__client_packed(
+                     sk_wire_pack_session_req(&cb_buf, cancel_id, SK_OP_CANCEL, session), err)) <
+                    0 ||
+                (rc = sk__client_send(client, &cb_buf, err)) < 0) {
               sk_msg_free(&msg);
               return rc;
             }
@@ -901,7 +865,7 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 int sk_client_cancel(struct sk_client *client, uint64_t session,
                      bool *ret_cancelled, struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "cancel", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_CANCEL, session, &reply, err);
   if (rc < 0) return rc;
   struct sk_error perr;
   bool cancelled = false;
@@ -932,7 +896,7 @@ static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
   return rc;
 }
 
-static int sk__client_summary_op(struct sk_client *c, const char *op,
+static int sk__client_summary_op(struct sk_client *c, enum sk_op op,
                                  uint64_t session,
                                  struct sk_session_summary *ret,
                                  struct sk_error *err) {
@@ -946,12 +910,12 @@ static int sk__client_summary_op(struct sk_client *c, const char *op,
 
 int sk_client_resume(struct sk_client *client, uint64_t session,
                      struct sk_session_summary *ret, struct sk_error *err) {
-  return sk__client_summary_op(client, "resume", session, ret, err);
+  return sk__client_summary_op(client, SK_OP_RESUME, session, ret, err);
 }
 
 int sk_client_fork(struct sk_client *client, uint64_t session,
                    struct sk_session_summary *ret, struct sk_error *err) {
-  return sk__client_summary_op(client, "fork", session, ret, err);
+  return sk__client_summary_op(client, SK_OP_FORK, session, ret, err);
 }
 
 int sk_client_session_tokens(struct sk_client *client, uint64_t session,
@@ -960,10 +924,9 @@ int sk_client_session_tokens(struct sk_client *client, uint64_t session,
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "stats", &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk_pack_kv_bool(&b.pk, "tokens", true);
+  uint64_t id = sk__client_id(client);
+  const struct sk_wire_stats_req st = {.has_session = true, .session = session, .tokens = true};
+  if ((rc = sk__client_packed(sk_wire_pack_stats_req(&b, id, &st), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   struct sk_error perr;
@@ -983,10 +946,10 @@ int sk_client_export(struct sk_client *client, uint64_t session,
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "export", &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_session_req(&b, id, SK_OP_EXPORT, session), err)) < 0 ||
+      (rc = sk__client_send(client, &b, err)) < 0)
+    return rc;
   char *buf = NULL;
   size_t len = 0, cap = 0;
   for (;;) {
@@ -1001,19 +964,17 @@ int sk_client_export(struct sk_client *client, uint64_t session,
       goto fail;
     }
     struct sk_error perr;
-    const char *event;
-    size_t event_len;
-    rc = got == id ? sk_msg_get_str(r, "event", &event, &event_len, &perr) : 0;
-    if (rc < 0) {
+    enum sk_wire_kind kind = SK_WIRE_REPLY;
+    if (got == id && sk_wire_unpack_kind(r, &kind, &perr) < 0) {
       sk_msg_free(&msg);
       rc = sk__client_bad_reply(client, err, perr.message);
       goto fail;
     }
-    if (rc == 1) {
+    if (kind != SK_WIRE_REPLY) {
       uint64_t off = UINT64_MAX;
       const char *data;
       size_t n;
-      if (event_len == 4 && memcmp(event, "data", 4) == 0) {
+      if (kind == SK_WIRE_EVENT_DATA) {
         if (sk_wire_unpack_data_event(r, &off, &data, &n, &perr) < 0 || off != len) {
           sk_msg_free(&msg);
           rc = sk__client_bad_reply(client, err, "export data event out of order");
@@ -1066,13 +1027,10 @@ int sk_client_import(struct sk_client *client, const void *data, size_t len,
   for (;;) {
     size_t n = len - off < chunk ? len - off : chunk;
     struct sk_msgbuf b;
-    uint64_t id;
-    if ((rc = sk__client_begin(client, &b, "import", &id, err)) < 0) return rc;
-    sk_pack_kv_u64(&b.pk, "total", len);
-    sk_pack_kv_u64(&b.pk, "offset", off);
-    sk_pack_cstr(&b.pk, "data");
-    msgpack_pack_bin(&b.pk, n);
-    msgpack_pack_bin_body(&b.pk, (const char *)data + off, n);
+    uint64_t id = sk__client_id(client);
+    const struct sk_wire_import_req chunk_req = {
+        .total = len, .offset = off, .data = (const char *)data + off, .len = n};
+    if ((rc = sk__client_packed(sk_wire_pack_import_req(&b, id, &chunk_req), err)) < 0) return rc;
     struct sk_msg reply;
     struct sk_error e2;
     rc = sk__client_call(client, &b, id, &reply, &e2);
@@ -1195,12 +1153,11 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_wire_input in = {.text = text ? text : "", .text_len = len};
+  sk__client_bos(&in, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "tokenize", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
-  sk__pack_bos(&b.pk, bos);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_tokenize_req(&b, id, &in), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
@@ -1226,10 +1183,9 @@ int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
   if (n > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "detokenize", &id, err)) < 0)
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_detokenize_req(&b, id, tokens, n), err)) < 0)
     return rc;
-  sk__pack_tokens(&b.pk, tokens, n);
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
