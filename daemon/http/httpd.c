@@ -16,6 +16,7 @@
 
 #include "http/httpreq.h"
 #include "base/log.h"
+#include "proto/wire.h"
 #include "sinkd/protocol.h"
 
 
@@ -375,7 +376,7 @@ static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     struct sk_error e;
     if (sk_msg_parse(body, len, &msg, &e) < 0) continue;
     uint64_t id = 0;
-    sk_msg_get_u64(&msg.root, "id", UINT64_MAX, &id, &e);
+    if (sk_wire_unpack_id(&msg.root, &id, &e) < 0) id = 0;
     if (c->busy && c->on_frame) c->on_frame(&c->req, c->state, id, &msg.root);
     sk_msg_free(&msg);
   }
@@ -423,7 +424,7 @@ int sk_httpd_call(struct sk_httpd_req *req, struct sk_msgbuf *b, struct sk_error
     }
     back_resume(c);
   }
-  int64_t n = sk_msgbuf_finish_map(b);
+  int64_t n = sk_msgbuf_finish(b);
   if (n < 0) {
     rc = sk_error_set(err, SK_ERR_TOO_LARGE, "request too large");
     goto out;

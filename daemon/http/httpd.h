@@ -65,8 +65,9 @@ struct sk_httpd_req {
  * given to sk_httpd_start. */
 typedef void sk_httpd_route_fn(struct sk_httpd_req *req, void *user);
 /* A frame of the request's msgpack connection (a reply or event of a
- * call, id its "id"; 0 for a frame without one), or map NULL once if the
- * server closed that connection. state is what sk_httpd_bind was given. */
+ * call, id its "id" read with sk_wire_unpack_id; 0 for a frame without
+ * one), or map NULL once if the server closed that connection. state is
+ * what sk_httpd_bind was given. */
 typedef void sk_httpd_frame_fn(struct sk_httpd_req *req, void *state, uint64_t id,
                                const msgpack_object *map);
 /* The client left before the request was finished: req must not be used
@@ -129,13 +130,13 @@ void sk_httpd_stream_end(struct sk_httpd_req *req);
 
 /* The id for the next call on the request's msgpack connection. */
 uint64_t sk_httpd_next_id(struct sk_httpd_req *req);
-/* Sends the frame in b (a request's map entries, "id" from
- * sk_httpd_next_id among them, packed one after another without the map
- * header, which this counts and writes: sk_msgbuf_finish_map) on the
+/* Sends the request in b (a whole frame as an sk_wire_pack_*_req of
+ * proto/wire.h writes it, with an id from sk_httpd_next_id) on the
  * request's msgpack connection, made on first use with req->uid. Its
  * replies and events come to the bound on_frame; if the server closes
  * the connection first, on_frame gets map NULL once. Takes b in every
- * case. Errors: -SK_ERR_IO, -SK_ERR_NO_MEMORY (err says why). */
+ * case. Errors: -SK_ERR_IO, -SK_ERR_NO_MEMORY, -SK_ERR_TOO_LARGE (err
+ * says why). */
 int sk_httpd_call(struct sk_httpd_req *req, struct sk_msgbuf *b, struct sk_error *err);
 
 #endif

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/msg.h"
+#include "proto/wire.h"
 
 void sk_metrics_init(struct sk_metrics *m) { memset(m, 0, sizeof *m); }
 
@@ -56,22 +56,22 @@ static void prom(struct text *t, const char *name, const char *type, const char 
   if (n >= 0) put(t, line, n);
 }
 
-/* The daemon's figures, from the stats reply. */
-static void put_daemon(struct text *t, const msgpack_object *map) {
-  struct sk_error ign;
-  uint64_t v[8] = {0};
-  static const char *const keys[8] = {"sessions", "clients", "tokens_prefilled",
-                                      "tokens_generated", "memory_bytes", "max_memory",
-                                      "steps", "uptime_s"};
-  for (int i = 0; i < 8; i++) sk_msg_get_u64(map, keys[i], UINT64_MAX, &v[i], &ign);
-  prom(t, "sinkd_sessions", "gauge", "Sessions open.", (double)v[0]);
-  prom(t, "sinkd_clients", "gauge", "Protocol connections (HTTP ones included).", (double)v[1]);
-  prom(t, "sinkd_tokens_prefilled_total", "counter", "Tokens appended (prefill).", (double)v[2]);
-  prom(t, "sinkd_tokens_generated_total", "counter", "Tokens generated.", (double)v[3]);
-  prom(t, "sinkd_memory_bytes", "gauge", "Bytes of all session KV caches.", (double)v[4]);
-  prom(t, "sinkd_max_memory_bytes", "gauge", "Limit of all KV caches (0: none).", (double)v[5]);
-  prom(t, "sinkd_steps_total", "counter", "Forward passes run.", (double)v[6]);
-  prom(t, "sinkd_uptime_seconds", "gauge", "Seconds since the daemon started.", (double)v[7]);
+/* The daemon's figures, from its stats reply. */
+static void put_daemon(struct text *t, const struct sk_daemon_stats *d) {
+  prom(t, "sinkd_sessions", "gauge", "Sessions open.", (double)d->sessions);
+  prom(t, "sinkd_clients", "gauge", "Protocol connections (HTTP ones included).",
+       (double)d->clients);
+  prom(t, "sinkd_tokens_prefilled_total", "counter", "Tokens appended (prefill).",
+       (double)d->tokens_prefilled);
+  prom(t, "sinkd_tokens_generated_total", "counter", "Tokens generated.",
+       (double)d->tokens_generated);
+  prom(t, "sinkd_memory_bytes", "gauge", "Bytes of all session KV caches.",
+       (double)d->memory_bytes);
+  prom(t, "sinkd_max_memory_bytes", "gauge", "Limit of all KV caches (0: none).",
+       (double)d->max_memory);
+  prom(t, "sinkd_steps_total", "counter", "Forward passes run.", (double)d->steps);
+  prom(t, "sinkd_uptime_seconds", "gauge", "Seconds since the daemon started.",
+       (double)d->uptime_s);
 }
 
 /* Requests by route, then the transport's and the gateway's counters. */
@@ -141,9 +141,11 @@ static void metrics_end(struct sk_httpd_req *req, struct metrics_call *mc) {
 
 static void metrics_gone(struct sk_httpd_req *req, void *state) { metrics_end(req, state); }
 
+/* Whether a reply says "ok": true. */
 static bool reply_ok(const msgpack_object *map) {
-  const msgpack_object *ok = sk_msg_get(map, "ok");
-  return ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean;
+  bool ok = false;
+  struct sk_error ign;
+  return sk_wire_unpack_ok(map, &ok, &ign) == 0 && ok;
 }
 
 static void metrics_frame(struct sk_httpd_req *req, void *state, uint64_t id,
@@ -157,12 +159,18 @@ static void metrics_frame(struct sk_httpd_req *req, void *state, uint64_t id,
   if (id != mc->id) return;
   const struct sk_metrics *m = mc->m;
   metrics_end(req, mc);
+  struct sk_daemon_stats d;
+  struct sk_error e;
   if (!reply_ok(map)) {
     sk_httpd_error(req, 500, "internal", "stats failed");
     return;
   }
+  if (sk_wire_unpack_daemon_stats(map, &d, &e) < 0) {
+    sk_httpd_error(req, 500, "internal", "stats: %s", e.message);
+    return;
+  }
   struct text t = {NULL, 0};
-  put_daemon(&t, map);
+  put_daemon(&t, &d);
   put_http(&t, m, sk_httpd_stats(req->httpd));
   put_token_gaps(&t, m);
   if (t.buf) sk_httpd_respond(req, 200, "text/plain; version=0.0.4", t.buf, t.len);
@@ -172,17 +180,19 @@ static void metrics_frame(struct sk_httpd_req *req, void *state, uint64_t id,
 
 void sk_metrics_handle(struct sk_httpd_req *req, const struct sk_metrics *m) {
   struct metrics_call *mc = calloc(1, sizeof *mc);
-  struct sk_msgbuf b;
-  if (!mc || sk_msgbuf_init(&b) < 0) {
-    free(mc);
+  if (!mc) {
     sk_httpd_error(req, 507, "no_memory", "out of memory");
     return;
   }
   mc->id = sk_httpd_next_id(req);
   mc->m = m;
+  struct sk_msgbuf b;
+  if (sk_wire_pack_req(&b, mc->id, SK_OP_STATS) < 0) {
+    free(mc);
+    sk_httpd_error(req, 507, "no_memory", "out of memory");
+    return;
+  }
   sk_httpd_bind(req, metrics_frame, metrics_gone, mc);
-  sk_pack_kv_u64(&b.pk, "id", mc->id);
-  sk_pack_kv_str(&b.pk, "op", "stats");
   struct sk_error e;
   if (sk_httpd_call(req, &b, &e) < 0) {
     metrics_end(req, mc);

@@ -10,7 +10,6 @@
 #include <time.h>
 
 #include "http/oaireq.h"
-#include "proto/msg.h"
 #include "proto/wire.h"
 
 /* One request's flow, bound to the request (sk_httpd_bind). */
@@ -67,15 +66,19 @@ static void on_gone(struct sk_httpd_req *req, void *state) { flow_end(req, state
 /* ---- failures ---- */
 
 /* HTTP status for a protocol error code. */
-static int status_of(const char *code) {
-  static const struct { const char *code; int status; } map[] = {
-      {"bad_request", 400}, {"context_full", 400}, {"too_large", 413},
-      {"no_such_session", 404}, {"forbidden", 403}, {"busy", 429},
-      {"unknown_op", 501}, {"no_memory", 507}, {"cancelled", 503},
-  };
-  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-    if (strcmp(code, map[i].code) == 0) return map[i].status;
-  return 500;
+static int status_of(int code) {
+  switch (code) {
+  case SK_ERR_BAD_REQUEST: return 400;
+  case SK_ERR_CONTEXT_FULL: return 400;
+  case SK_ERR_TOO_LARGE: return 413;
+  case SK_ERR_NO_SUCH_SESSION: return 404;
+  case SK_ERR_FORBIDDEN: return 403;
+  case SK_ERR_BUSY: return 429;
+  case SK_ERR_UNKNOWN_OP: return 501;
+  case SK_ERR_NO_MEMORY: return 507;
+  case SK_ERR_CANCELLED: return 503;
+  default: return 500;
+  }
 }
 
 /* A failure of the request: an error response, or in a stream an error
@@ -96,25 +99,24 @@ static void fail(struct sk_httpd_req *req, struct flow *f, int status, const cha
   flow_end(req, f);
 }
 
-/* The error of a failed reply, as an HTTP failure. */
+/* The error of a failed reply, as an HTTP failure: the protocol's code
+ * (its name) and message. */
 static void fail_reply(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
-  const msgpack_object *e = sk_msg_get(map, "error");
-  const char *code = "internal", *text = "the daemon failed the request";
-  size_t code_len = strlen(code), text_len = strlen(text);
-  struct sk_error ign;
-  if (e) {
-    sk_msg_get_str(e, "code", &code, &code_len, &ign);
-    sk_msg_get_str(e, "message", &text, &text_len, &ign);
-  }
-  char c[32], m[400];
-  snprintf(c, sizeof c, "%.*s", (int)code_len, code);
-  snprintf(m, sizeof m, "%.*s", (int)text_len, text);
-  fail(req, f, status_of(c), c, m);
+  struct sk_error e;
+  sk_wire_unpack_error(map, &e);
+  fail(req, f, status_of(e.code), sk_error_name(e.code), e.message);
 }
 
+/* A reply the daemon should not have sent. */
+static void fail_protocol(struct sk_httpd_req *req, struct flow *f, const struct sk_error *e) {
+  fail(req, f, 500, "internal", e->message);
+}
+
+/* Whether a reply says "ok": true. */
 static bool reply_ok(const msgpack_object *map) {
-  const msgpack_object *ok = sk_msg_get(map, "ok");
-  return ok && ok->type == MSGPACK_OBJECT_BOOLEAN && ok->via.boolean;
+  bool ok = false;
+  struct sk_error ign;
+  return sk_wire_unpack_ok(map, &ok, &ign) == 0 && ok;
 }
 
 /* ---- the response's text ---- */
@@ -219,27 +221,14 @@ static void add_text(struct sk_httpd_req *req, struct flow *f, const char *text,
 }
 
 /* sinkd's figures of the session after the generate's final reply. */
-static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
-  uint64_t resident = 0, seen = 0, evicted = 0;
-  struct sk_error ign;
-  sk_msg_get_u64(map, "resident", UINT64_MAX, &resident, &ign);
-  sk_msg_get_u64(map, "seen", UINT64_MAX, &seen, &ign);
-  sk_msg_get_u64(map, "evicted", UINT64_MAX, &evicted, &ign);
+static json_t *sinkd_ext(const struct flow *f, const struct sk_generate_result *g) {
   json_t *ranges = json_array();
-  const msgpack_object_array *arr = NULL;
-  if (sk_msg_get_array(map, "evicted_ranges", &arr, &ign) == 1)
-    for (uint32_t i = 0; i < arr->size; i++) {
-      const msgpack_object *r = &arr->ptr[i];
-      if (r->type == MSGPACK_OBJECT_ARRAY && r->via.array.size == 2 &&
-          r->via.array.ptr[0].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
-          r->via.array.ptr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-        json_array_append_new(ranges, json_pack("[I, I]",
-                                                (json_int_t)r->via.array.ptr[0].via.u64,
-                                                (json_int_t)r->via.array.ptr[1].via.u64));
-    }
+  for (size_t i = 0; i < g->n_ranges; i++)
+    json_array_append_new(ranges, json_pack("[I, I]", (json_int_t)g->ranges[i].first,
+                                            (json_int_t)g->ranges[i].last));
   return json_pack("{s:I, s:I, s:I, s:I, s:o}", "session", (json_int_t)f->session, "resident",
-                   (json_int_t)resident, "seen", (json_int_t)seen, "evicted",
-                   (json_int_t)evicted, "evicted_ranges", ranges);
+                   (json_int_t)g->resident, "seen", (json_int_t)g->seen, "evicted",
+                   (json_int_t)g->evicted, "evicted_ranges", ranges);
 }
 
 /* ---- the ops ---- */
@@ -249,10 +238,7 @@ static json_t *sinkd_ext(struct flow *f, const msgpack_object *map) {
  * only with it would outlive the request. */
 static void close_session(struct sk_httpd_req *req, struct flow *f) {
   struct sk_msgbuf b;
-  if (sk_msgbuf_init(&b) < 0) return;
-  sk_pack_kv_u64(&b.pk, "id", sk_httpd_next_id(req));
-  sk_pack_kv_str(&b.pk, "op", "close");
-  sk_pack_kv_u64(&b.pk, "session", f->session);
+  if (sk_wire_pack_session_req(&b, sk_httpd_next_id(req), SK_OP_CLOSE, f->session) < 0) return;
   struct sk_error e;
   sk_httpd_call(req, &b, &e);
 }
@@ -260,14 +246,14 @@ static void close_session(struct sk_httpd_req *req, struct flow *f) {
 /* The last event of a stream: the finish reason (and sinkd's figures),
  * the usage when asked for, "[DONE]". Takes usage. */
 static void end_stream(struct sk_httpd_req *req, struct flow *f, const char *reason,
-                       json_t *usage, const msgpack_object *map) {
+                       json_t *usage, const struct sk_generate_result *g) {
   json_t *o = chunk_new(f);
   json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:s}", "index", 0, "delta",
                                          "finish_reason", reason)
                              : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "",
                                          "logprobs", "finish_reason", reason);
   json_object_set_new(o, "choices", json_pack("[o]", choice));
-  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
+  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, g));
   send_json_event(req, o);
   if (f->p.include_usage) {
     o = chunk_new(f);
@@ -283,7 +269,7 @@ static void end_stream(struct sk_httpd_req *req, struct flow *f, const char *rea
 /* The whole response object of a request that did not stream. Takes
  * usage. */
 static void respond_whole(struct sk_httpd_req *req, struct flow *f, const char *reason,
-                          json_t *usage, const msgpack_object *map) {
+                          json_t *usage, const struct sk_generate_result *g) {
   json_t *o = chunk_new(f);
   json_t *t = json_stringn(f->text ? f->text : "", f->text_len);
   if (!t) t = json_string("");
@@ -294,7 +280,7 @@ static void respond_whole(struct sk_httpd_req *req, struct flow *f, const char *
                                          "logprobs", "finish_reason", reason);
   json_object_set_new(o, "choices", json_pack("[o]", choice));
   json_object_set_new(o, "usage", usage);
-  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, map));
+  if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, g));
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   if (s) sk_httpd_respond(req, 200, "application/json", s, strlen(s));
@@ -304,101 +290,96 @@ static void respond_whole(struct sk_httpd_req *req, struct flow *f, const char *
 
 /* The generate's final reply: the end of the response. */
 static void finish(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
-  struct sk_error ign;
+  struct sk_generate_result g;
   const char *text = NULL;
   size_t text_len = 0;
-  if (sk_msg_get_str(map, "text", &text, &text_len, &ign) == 1 && text_len)
-    add_text(req, f, text, text_len, true);
-  else
-    add_text(req, f, "", 0, true);
-  const char *stop = "length";
-  size_t stop_len = 6;
-  sk_msg_get_str(map, "stop", &stop, &stop_len, &ign);
-  const char *reason = f->stopped || (stop_len == 3 && memcmp(stop, "eos", 3) == 0) ||
-                               (stop_len == 4 && memcmp(stop, "stop", 4) == 0) ||
-                               (stop_len == 11 && memcmp(stop, "end_of_turn", 11) == 0)
+  struct sk_error e;
+  if (sk_wire_unpack_generate(map, &g, &e) < 0 ||
+      sk_wire_unpack_generate_text(map, &text, &text_len, &e) < 0) {
+    fail_protocol(req, f, &e);
+    return;
+  }
+  add_text(req, f, text, text_len, true);
+  const char *reason = f->stopped || strcmp(g.stop, "eos") == 0 || strcmp(g.stop, "stop") == 0 ||
+                               strcmp(g.stop, "end_of_turn") == 0
                            ? "stop"
                            : "length";
-  uint64_t prompt = 0, completion = 0, evicted = 0;
-  const msgpack_object *usage = sk_msg_get(map, "usage");
-  if (usage) {
-    sk_msg_get_u64(usage, "prompt_tokens", UINT64_MAX, &prompt, &ign);
-    sk_msg_get_u64(usage, "completion_tokens", UINT64_MAX, &completion, &ign);
-  }
-  sk_msg_get_u64(map, "evicted", UINT64_MAX, &evicted, &ign);
-  sk_metrics_usage(f->oc->metrics, prompt, completion, evicted);
-  json_t *usage_j = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt,
-                              "completion_tokens", (json_int_t)completion, "total_tokens",
-                              (json_int_t)(prompt + completion));
+  sk_metrics_usage(f->oc->metrics, g.prompt_tokens, g.completion_tokens, g.evicted);
+  json_t *usage = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)g.prompt_tokens,
+                            "completion_tokens", (json_int_t)g.completion_tokens,
+                            "total_tokens", (json_int_t)(g.prompt_tokens + g.completion_tokens));
   /* Before the response: it may start the next pipelined request. */
   if (f->p.chat && f->p.session != SK_OPENAI_SESSION_NONE)
     sk_oaiconv_record(&f->oc->convs, f->session, req->uid, f->p.messages,
                       f->text ? f->text : "", f->text_len);
   if (f->temporary) close_session(req, f);
-  if (f->p.stream) end_stream(req, f, reason, usage_j, map);
-  else respond_whole(req, f, reason, usage_j, map);
+  if (f->p.stream) end_stream(req, f, reason, usage, &g);
+  else respond_whole(req, f, reason, usage, &g);
   flow_end(req, f);
 }
 
+/* The generate (or chat) op on f->session. */
 static void send_generate(struct sk_httpd_req *req, struct flow *f) {
-  struct sk_msgbuf b;
-  struct sk_error e;
-  if (sk_msgbuf_init(&b) < 0) {
-    fail(req, f, 507, "no_memory", "out of memory");
-    return;
-  }
-  f->gen_id = sk_httpd_next_id(req);
-  sk_pack_kv_u64(&b.pk, "id", f->gen_id);
-  /* A chat request is the chat op: the session's chat template formats
-   * the messages, as for protocol clients. */
-  sk_pack_kv_str(&b.pk, "op", f->p.chat ? "chat" : "generate");
-  sk_pack_kv_u64(&b.pk, "session", f->session);
-  sk_pack_kv_u64(&b.pk, "max_tokens", f->p.max_tokens);
-  /* top_p 0 keeps the most likely token only (OpenAI takes 0 to 1; the
-   * generate op (0, 1]): greedy. */
-  sk_pack_kv_f64(&b.pk, "temperature", f->p.top_p > 0 ? f->p.temperature : 0);
-  sk_pack_kv_f64(&b.pk, "top_p", f->p.top_p > 0 ? f->p.top_p : 1);
-  /* OpenAI has no top-k: off unless the request asks for it. */
-  sk_pack_kv_u64(&b.pk, "top_k", f->p.has_top_k ? f->p.top_k : 0);
-  if (f->p.has_seed) sk_pack_kv_u64(&b.pk, "seed", f->p.seed);
-  if (f->p.n_stop) {
-    sk_pack_cstr(&b.pk, "stop");
-    msgpack_pack_array(&b.pk, f->p.n_stop);
-    for (uint32_t i = 0; i < f->p.n_stop; i++) sk_pack_strn(&b.pk, f->p.stop[i], f->p.stop_len[i]);
-  }
+  struct sk_wire_generate_req g = {
+      .session = f->session,
+      .max_tokens = (uint32_t)f->p.max_tokens,
+      /* top_p 0 keeps the most likely token only (OpenAI takes 0 to 1;
+       * the generate op (0, 1]): greedy. */
+      .temperature = f->p.top_p > 0 ? f->p.temperature : 0,
+      .top_p = f->p.top_p > 0 ? f->p.top_p : 1,
+      /* OpenAI has no top-k: off unless the request asks for it. */
+      .top_k = f->p.has_top_k ? (uint32_t)f->p.top_k : 0,
+      .has_seed = f->p.has_seed,
+      .seed = f->p.seed,
+      .stop = {.s = f->p.stop, .len = f->p.stop_len, .n = f->p.n_stop},
+      .input = {.bos = -1},
+  };
+  struct sk_chat_message *msgs = NULL;
   if (f->p.chat) {
+    /* A chat request is the chat op: the session's chat template formats
+     * the messages, as for protocol clients. A persistent session gets
+     * only the messages it does not hold yet. */
     size_t first = f->p.session == SK_OPENAI_SESSION_ID
                        ? sk_oaiconv_first_new(&f->oc->convs, f->p.session_id, req->uid,
                                               f->p.messages)
                        : 0;
-    sk_pack_cstr(&b.pk, "messages");
-    msgpack_pack_array(&b.pk, (uint32_t)(json_array_size(f->p.messages) - first));
-    for (size_t i = first; i < json_array_size(f->p.messages); i++) {
-      json_t *m = json_array_get(f->p.messages, i);
-      json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-      struct sk_wire_map mm;
-      sk_wire_map_begin(&mm, &b.pk);
-      sk_wire_map_strn(&mm, "role", json_string_value(role), json_string_length(role));
-      if (json_is_string(content))
-        sk_wire_map_strn(&mm, "content", json_string_value(content), json_string_length(content));
-      else
-        sk_wire_map_str(&mm, "content", "");
-      if (sk_wire_map_end(&mm) < 0) {
-        sk_msgbuf_free(&b);
-        fail(req, f, 507, "no_memory", "out of memory");
-        return;
-      }
+    size_t n = json_array_size(f->p.messages) - first;
+    msgs = calloc(n, sizeof *msgs);
+    if (!msgs) {
+      fail(req, f, 507, "no_memory", "out of memory");
+      return;
     }
+    for (size_t i = 0; i < n; i++) {
+      json_t *m = json_array_get(f->p.messages, first + i);
+      json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+      msgs[i].role = json_string_value(role);
+      /* null content: "" (content_len 0 is strlen's) */
+      msgs[i].content = json_is_string(content) ? json_string_value(content) : "";
+      msgs[i].content_len = json_is_string(content) ? json_string_length(content) : 0;
+    }
+    g.messages.m = msgs;
+    g.messages.n = n;
   } else {
-    sk_pack_kv_strn(&b.pk, "prompt", f->p.prompt ? f->p.prompt : "", f->p.prompt_len);
+    g.input.text = f->p.prompt ? f->p.prompt : "";
+    g.input.text_len = f->p.prompt_len;
   }
-  if (sk_httpd_call(req, &b, &e) < 0) fail(req, f, 503, "unavailable", e.message);
+  f->gen_id = sk_httpd_next_id(req);
+  struct sk_msgbuf b;
+  int rc = sk_wire_pack_generate_req(&b, f->gen_id, f->p.chat, &g);
+  free(msgs);
+  struct sk_error e;
+  if (rc < 0) fail(req, f, 507, "no_memory", "out of memory");
+  else if (sk_httpd_call(req, &b, &e) < 0) fail(req, f, 503, "unavailable", e.message);
 }
 
 /* ---- the replies and events ---- */
 
 /* A token event of the generate. */
 static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
+  struct sk_token_event ev;
+  struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_error e;
+  if (sk_wire_unpack_token_event(map, &ev, top, &e) < 0) return; /* not one the daemon sends */
   uint64_t t = now_us();
   if (f->last_token_us) sk_metrics_token_gap(f->oc->metrics, t - f->last_token_us);
   f->last_token_us = t;
@@ -415,10 +396,7 @@ static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_obj
       send_json_event(req, o);
     }
   }
-  const char *text = NULL;
-  size_t len = 0;
-  struct sk_error ign;
-  if (sk_msg_get_str(map, "text", &text, &len, &ign) == 1) add_text(req, f, text, len, false);
+  add_text(req, f, ev.text, ev.text_len, false);
 }
 
 static void completion_frame(struct sk_httpd_req *req, void *state, uint64_t id,
@@ -432,23 +410,25 @@ static void completion_frame(struct sk_httpd_req *req, void *state, uint64_t id,
     fail_reply(req, f, map);
     return;
   }
-  struct sk_error ign;
+  struct sk_error e;
   if (id == f->open_id) {
-    if (!reply_ok(map)) {
-      fail_reply(req, f, map);
-      return;
+    struct sk_open_result o;
+    if (!reply_ok(map)) fail_reply(req, f, map);
+    else if (sk_wire_unpack_open(map, &o, &e) < 0) fail_protocol(req, f, &e);
+    else {
+      f->session = o.session;
+      send_generate(req, f);
     }
-    sk_msg_get_u64(map, "session", UINT64_MAX, &f->session, &ign);
-    send_generate(req, f);
     return;
   }
   if (id != f->gen_id) return; /* e.g. the close of an earlier request */
-  const char *ev = NULL;
-  size_t ev_len = 0;
-  if (sk_msg_get_str(map, "event", &ev, &ev_len, &ign) == 1) {
-    if (ev_len == 5 && memcmp(ev, "token", 5) == 0) on_token(req, f, map);
+  enum sk_wire_kind kind;
+  if (sk_wire_unpack_kind(map, &kind, &e) < 0) {
+    fail_protocol(req, f, &e);
     return;
   }
+  if (kind == SK_WIRE_EVENT_TOKEN) on_token(req, f, map);
+  if (kind != SK_WIRE_REPLY) return;
   if (!reply_ok(map)) {
     /* A failed generate ends the session this request opened: a
      * temporary one, or a new one whose id the client never got. */
@@ -464,25 +444,33 @@ static void completion_frame(struct sk_httpd_req *req, void *state, uint64_t id,
   finish(req, f, map);
 }
 
+/* The open op: a temporary session, or a new one ("session": "new"),
+ * with the request's policy fields. */
 static void send_open(struct sk_httpd_req *req, struct flow *f) {
-  struct sk_msgbuf b;
-  struct sk_error e;
-  if (sk_msgbuf_init(&b) < 0) {
-    fail(req, f, 507, "no_memory", "out of memory");
-    return;
-  }
   f->temporary = f->p.session == SK_OPENAI_SESSION_NONE;
   f->open_id = sk_httpd_next_id(req);
-  sk_pack_kv_u64(&b.pk, "id", f->open_id);
-  sk_pack_kv_str(&b.pk, "op", "open");
-  sk_pack_kv_bool(&b.pk, "temporary", f->temporary);
-  if (f->p.policy) sk_pack_kv_str(&b.pk, "policy", f->p.policy);
-  if (f->p.has_n_sink) sk_pack_kv_u64(&b.pk, "n_sink", f->p.n_sink);
-  if (f->p.has_window) sk_pack_kv_u64(&b.pk, "window", f->p.window);
-  if (f->p.has_heavy) sk_pack_kv_u64(&b.pk, "heavy", f->p.heavy);
-  if (f->p.has_recent) sk_pack_kv_u64(&b.pk, "recent", f->p.recent);
-  if (f->p.has_capacity) sk_pack_kv_u64(&b.pk, "capacity", f->p.capacity);
-  if (sk_httpd_call(req, &b, &e) < 0) fail(req, f, 503, "unavailable", e.message);
+  const struct sk_wire_open_req o = {
+      .policy = f->p.policy,
+      .policy_len = f->p.policy ? strlen(f->p.policy) : 0,
+      .has_n_sink = f->p.has_n_sink,
+      .n_sink = (uint32_t)f->p.n_sink,
+      .has_window = f->p.has_window,
+      .window = (uint32_t)f->p.window,
+      .has_heavy = f->p.has_heavy,
+      .heavy = (uint32_t)f->p.heavy,
+      .has_recent = f->p.has_recent,
+      .recent = (uint32_t)f->p.recent,
+      .has_capacity = f->p.has_capacity,
+      .capacity = (uint32_t)f->p.capacity,
+      .has_temporary = true,
+      .temporary = f->temporary,
+  };
+  struct sk_msgbuf b;
+  struct sk_error e;
+  if (sk_wire_pack_open_req(&b, f->open_id, &o) < 0)
+    fail(req, f, 507, "no_memory", "out of memory");
+  else if (sk_httpd_call(req, &b, &e) < 0)
+    fail(req, f, 503, "unavailable", e.message);
 }
 
 void sk_oaicompl_start(struct sk_httpd_req *req, struct sk_oaicompl *oc, bool chat) {
