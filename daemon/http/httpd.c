@@ -278,7 +278,7 @@ static const char *reason(int status) {
 static void request_done(struct hconn *c);
 
 void sk_httpd_respond(struct sk_httpd_req *req, int status, const char *content_type,
-                     const char *body, size_t len) {
+                      const char *body, size_t len) {
   struct hconn *c = conn_of(req);
   if (!c->busy || dead(c)) return;
   if (status >= 500) c->httpd->stats.responses_5xx++;
@@ -305,7 +305,8 @@ static char *error_json(int status, const char *code, const char *message, size_
   return s;
 }
 
-void sk_httpd_error(struct sk_httpd_req *req, int status, const char *code, const char *fmt, ...) {
+void sk_httpd_error(struct sk_httpd_req *req, int status, const char *code, const char *fmt,
+                    ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
