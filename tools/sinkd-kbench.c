@@ -196,7 +196,7 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
 
 /* One product of a decode token, cut as the daemon's forward pass cuts
  * it: tasks of SK__MM_ALIGN-multiple output rows, about four per thread
- * (model.c, sk__matmuls). */
+ * (forward.c, sk__matmuls). */
 struct decode_mm {
   const struct sk_wmat *w;
   const struct sk_act *a;
