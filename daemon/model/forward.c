@@ -344,10 +344,11 @@ static const float *sk__sparse_thr(const struct sk_seq *q) {
   return q->n > 1 && !q->all_logits ? NULL : q->sparse_thr;
 }
 
-int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
-                           const struct sk_seq *seqs, uint32_t n_seqs, struct sk_error *err) {
-  const struct sk_model_config *c = &m->cfg;
-  /* Every check happens before any cache is touched. */
+/* Checks a batch as sk_model_forward_batch promises, before any cache is
+ * touched; *ret_rows = its rows (the sum of the sequences' n). */
+static int sk__check_batch(const struct sk_model *m, const struct sk_scratch *s,
+                           const struct sk_seq *seqs, uint32_t n_seqs, uint32_t *ret_rows,
+                           struct sk_error *err) {
   if (s->m != m)
     return sk_error_set(err, SK_ERR_INTERNAL, "scratch was made for another model");
   if (n_seqs == 0) return sk_error_set(err, SK_ERR_BAD_REQUEST, "no sequences to process");
@@ -361,19 +362,42 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "batch of %llu tokens exceeds the maximum batch %u",
                         (unsigned long long)rows, s->max_batch);
-  const uint32_t n = (uint32_t)rows;
-  const uint32_t dim = c->dim, D = c->kv_dim, H = c->hidden_dim;
+  *ret_rows = (uint32_t)rows;
+  return 0;
+}
 
-  /* Sequence layout, and rope tables for the common scale. The rows of
-   * dense sequences come first, [0, nd), those with a sparse MLP after
-   * them: the dense MLP products then run on one block of rows. */
+/* One checked batch, as the steps of sk_model_forward_batch share it. */
+struct sk__pass {
+  const struct sk_model *m;
+  struct sk_scratch *s;
+  const struct sk_seq *seqs; /* (n_seqs) the caller's sequences */
+  uint32_t n_seqs;
+  uint32_t n;       /* rows of the batch */
+  uint32_t nd;      /* rows of the sequences whose MLP runs dense: the
+                       first ones, [0, nd); those of sparse ones follow */
+  uint32_t kvh_per; /* KV heads per attention task of a cache with
+                       rotated keys */
+  uint32_t n_tasks; /* attention tasks of each layer */
+};
+
+/* Lays the sequences out in the batch (s->seqs): the rows of dense
+ * sequences come first, [0, nd), those with a sparse MLP after them, so
+ * that the dense MLP products run on one block of rows; the RoPE angles
+ * of each row of a cache with rotated keys (see attention.c), and the
+ * tables for the common scale. */
+static void sk__layout_seqs(struct sk__pass *p) {
+  const struct sk_model *m = p->m;
+  const struct sk_model_config *c = &m->cfg;
+  struct sk_scratch *s = p->s;
+  const struct sk_seq *seqs = p->seqs;
   uint32_t nd = 0;
-  for (uint32_t i = 0; i < n_seqs; i++)
+  for (uint32_t i = 0; i < p->n_seqs; i++)
     if (!sk__sparse_thr(&seqs[i])) nd += seqs[i].n;
+  p->nd = nd;
   uint32_t max_pos = 0, row_d = 0, row_s = nd;
-  for (uint32_t i = 0; i < n_seqs; i++) sk_kv_step_view(seqs[i].kv, &s->seqs[i].kv);
+  for (uint32_t i = 0; i < p->n_seqs; i++) sk_kv_step_view(seqs[i].kv, &s->seqs[i].kv);
   const float common_scale = c->rope_scale / s->seqs[0].kv.rope_scale;
-  for (uint32_t i = 0; i < n_seqs; i++) {
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
     struct sk__seq *sq = &s->seqs[i];
     const struct sk_kv_step *h = &sq->kv;
     const uint32_t row = sk__sparse_thr(&seqs[i]) ? row_s : row_d;
@@ -385,7 +409,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     sq->probe = h->n_sink ? h->n_sink : SK_ATTN_PROBE_DEFAULT;
     sq->rotated = h->rotated;
     sq->f16 = h->f16;
-    if (sq->rotated) { /* the angles of each row (see the attention above) */
+    if (sq->rotated) { /* the angles of each row (see attention.c) */
       const uint32_t nb = sq->nr + seqs[i].n_evicted, cap = h->capacity - 1;
       const uint64_t t0 = h->first_index;
       for (uint32_t j = 0; j < seqs[i].n; j++) {
@@ -404,24 +428,29 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   }
   if (s->rope_freq_scale != common_scale || max_pos > s->rope_valid)
     sk__rope_tables(s, max_pos, common_scale);
-  /* Attention tasks: one per sequence and KV head, or one per sequence
-   * whose cache accumulates H2O scores. The new tokens' slots start with
-   * no score. */
+}
+
+/* The attention tasks of every layer (s->task_seq, s->task_kvh): one per
+ * sequence and kvh_per KV heads, or one per sequence whose cache
+ * accumulates H2O scores. The new tokens' slots start with no score. */
+static void sk__plan_attention(struct sk__pass *p) {
+  const struct sk_model_config *c = &p->m->cfg;
+  struct sk_scratch *s = p->s;
   /* Rotated-keys tasks take kvh_per KV heads each: as many as keep about
    * eight tasks per thread, so that rows are read whole yet the threads
    * stay busy; with one thread there is nobody to keep busy, so all the
    * heads (faster for one session far into a stream; doc/performance.md). */
   uint32_t kvh_per =
-      s->n_threads == 1 ? c->n_kv_head : n_seqs * c->n_kv_head / (8 * s->n_threads);
+      s->n_threads == 1 ? c->n_kv_head : p->n_seqs * c->n_kv_head / (8 * s->n_threads);
   if (kvh_per > s->att_heads / (c->n_head / c->n_kv_head))
     kvh_per = s->att_heads / (c->n_head / c->n_kv_head);
   if (kvh_per < 1) kvh_per = 1;
   if (kvh_per > c->n_kv_head) kvh_per = c->n_kv_head;
   uint32_t n_tasks = 0;
-  for (uint32_t i = 0; i < n_seqs; i++) {
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
     const struct sk_kv_step *kv = &s->seqs[i].kv;
     if (kv->scores) {
-      for (uint32_t j = 0; j < seqs[i].n; j++) kv->score[kv->order[s->seqs[i].nr + j]] = 0.0f;
+      for (uint32_t j = 0; j < p->seqs[i].n; j++) kv->score[kv->order[s->seqs[i].nr + j]] = 0.0f;
       s->task_seq[n_tasks] = i;
       s->task_kvh[n_tasks++] = 0;
     } else {
@@ -431,121 +460,177 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
       }
     }
   }
+  p->kvh_per = kvh_per;
+  p->n_tasks = n_tasks;
+}
 
-  memset(s->sp_kept, 0, (size_t)n_seqs * c->n_layer * sizeof *s->sp_kept);
-  memset(s->sp_rows, 0, (size_t)n_seqs * sizeof *s->sp_rows);
-  for (uint32_t i = 0; i < n_seqs; i++)
-    for (uint32_t j = 0; j < seqs[i].n; j++)
+/* The residual stream s->x of every row: its token's embedding row. */
+static void sk__embed(const struct sk__pass *p) {
+  const struct sk_model *m = p->m;
+  const uint32_t dim = m->cfg.dim;
+  for (uint32_t i = 0; i < p->n_seqs; i++)
+    for (uint32_t j = 0; j < p->seqs[i].n; j++)
       sk_dequantize_row(m->tok_embd.type,
                         (const uint8_t *)m->tok_embd.data +
-                            (size_t)seqs[i].tokens[j] * m->tok_embd.row_bytes,
-                        dim, s->x + (size_t)(s->seqs[i].row0 + j) * dim);
+                            (size_t)p->seqs[i].tokens[j] * m->tok_embd.row_bytes,
+                        dim, p->s->x + (size_t)(p->s->seqs[i].row0 + j) * dim);
+}
 
-  for (uint32_t l = 0; l < c->n_layer; l++) {
-    const struct sk__layer *L = &m->layers[l];
-    const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    /* the previous layer's residual (its down product), then this layer's norm */
-    struct sk__prep pr = {.s = s, .x = s->x, .add = l ? s->xb2 : NULL, .w = L->attn_norm,
-                          .y = s->xb, .ld = dim, .n = n, .cols = dim};
-    struct sk_act a = sk__prep(&pr, qkv, 3);
-    struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
-                        .y = {sk__rows(s, 0, s->q, c->q_dim, n), sk__rows(s, n, s->k, D, n),
-                              sk__rows(s, 2 * n, s->v, D, n)}};
-    sk__matmuls(s, &mm);
-    sk__qkv_arch(s, L, n);
-    for (uint32_t i = 0; i < n_seqs; i++) {
-      const struct sk__seq *sq = &s->seqs[i];
-      for (uint32_t j = 0; j < seqs[i].n && sq->rotated; j++) { /* at their stream index */
-        const size_t r = sq->row0 + j;
-        for (uint32_t h = 0; h < c->n_kv_head; h++) {
-          float *kh = s->k + r * D + (size_t)h * c->head_dim;
-          sk__rope(kh, kh, c, s->row_cos + r * c->rope_dim, s->row_sin + r * c->rope_dim);
-        }
-      }
-      if (sq->f16) { /* as an f16 cache will hold them; attention reads these */
-        const size_t r0 = (size_t)sq->row0 * D, len = (size_t)seqs[i].n * D;
-        sk_kernels_to_f16(s->k16 + r0, s->k + r0, len);
-        sk_kernels_to_f16(s->v16 + r0, s->v + r0, len);
-      }
-    }
-
-    struct sk__att at = {.s = s, .layer = l, .kvh_per = kvh_per};
-    sk_pool_run(s->pool, sk__att_any_task, &at, n_tasks);
-    for (uint32_t i = 0; i < n_seqs; i++) { /* diagnostics: sum over heads, in order */
-      double mass = 0.0, ent = 0.0;
+/* Layer l's queries, keys and values of every row (s->q, s->k, s->v):
+ * the previous layer's residual (its down product) added to s->x, this
+ * layer's attention norm, the three products, what the architecture
+ * adds; then the new keys and values as the caches will hold them:
+ * rotated at their stream index (caches with rotated keys), and halves
+ * for an f16 cache (s->k16, s->v16), which attention reads. */
+static void sk__qkv(const struct sk__pass *p, uint32_t l) {
+  const struct sk_model_config *c = &p->m->cfg;
+  const struct sk__layer *L = &p->m->layers[l];
+  struct sk_scratch *s = p->s;
+  const uint32_t n = p->n, dim = c->dim, D = c->kv_dim;
+  const struct sk_wmat *qkv[3] = {&L->wq, &L->wk, &L->wv};
+  struct sk__prep pr = {.s = s, .x = s->x, .add = l ? s->xb2 : NULL, .w = L->attn_norm,
+                        .y = s->xb, .ld = dim, .n = n, .cols = dim};
+  struct sk_act a = sk__prep(&pr, qkv, 3);
+  struct sk__mm mm = {.x = &a, .n_w = 3, .w = {&L->wq, &L->wk, &L->wv},
+                      .y = {sk__rows(s, 0, s->q, c->q_dim, n), sk__rows(s, n, s->k, D, n),
+                            sk__rows(s, 2 * n, s->v, D, n)}};
+  sk__matmuls(s, &mm);
+  sk__qkv_arch(s, L, n);
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
+    const struct sk__seq *sq = &s->seqs[i];
+    for (uint32_t j = 0; j < p->seqs[i].n && sq->rotated; j++) { /* at their stream index */
+      const size_t r = sq->row0 + j;
       for (uint32_t h = 0; h < c->n_kv_head; h++) {
-        mass += s->mass_part[(size_t)i * c->n_kv_head + h];
-        ent += s->ent_part[(size_t)i * c->n_kv_head + h];
+        float *kh = s->k + r * D + (size_t)h * c->head_dim;
+        sk__rope(kh, kh, c, s->row_cos + r * c->rope_dim, s->row_sin + r * c->rope_dim);
       }
-      s->sink_mass[(size_t)i * c->n_layer + l] = (float)(mass / c->n_head);
-      s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
     }
-    /* (each attention task wrote its part of the new keys and values) */
-    const struct sk_wmat *wo[1] = {&L->wo};
-    pr = (struct sk__prep){.s = s, .x = s->att_out, .ld = c->q_dim, .n = n, .cols = c->q_dim};
-    a = sk__prep(&pr, wo, 1);
-    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->wo}, .y = {sk__rows(s, 0, s->xb2, dim, n)}};
-    sk__matmuls(s, &mm);
+    if (sq->f16) { /* as an f16 cache will hold them; attention reads these */
+      const size_t r0 = (size_t)sq->row0 * D, len = (size_t)p->seqs[i].n * D;
+      sk_kernels_to_f16(s->k16 + r0, s->k + r0, len);
+      sk_kernels_to_f16(s->v16 + r0, s->v + r0, len);
+    }
+  }
+}
 
-    const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
-    pr = (struct sk__prep){.s = s, .x = s->x, .add = s->xb2, .w = L->ffn_norm, .y = s->xb,
-                           .ld = dim, .n = n, .cols = dim};
-    a = sk__prep(&pr, gu, 2);
-    if (nd == n) {
-      mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
-                           .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
-      sk__matmuls(s, &mm);
-    } else { /* the gate for every row, up for the dense ones */
-      mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_gate}, .y = {sk__rows(s, 0, s->hb, H, n)}};
-      sk__matmuls(s, &mm);
-      if (nd) {
-        struct sk_act ad = a;
-        ad.n = nd;
-        mm = (struct sk__mm){.x = &ad, .n_w = 1, .w = {&L->w_up}, .y = {sk__rows(s, n, s->hb2, H, nd)}};
-        sk__matmuls(s, &mm);
-      }
+/* Layer l's attention (attention.c) into s->att_out, each task writing
+ * its part of the new keys and values into the cache; then the layer's
+ * diagnostics of each sequence, summed over the KV heads in order. */
+static void sk__attend(const struct sk__pass *p, uint32_t l) {
+  const struct sk_model_config *c = &p->m->cfg;
+  struct sk_scratch *s = p->s;
+  struct sk__att at = {.s = s, .layer = l, .kvh_per = p->kvh_per};
+  sk_pool_run(s->pool, sk__att_any_task, &at, p->n_tasks);
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
+    double mass = 0.0, ent = 0.0;
+    for (uint32_t h = 0; h < c->n_kv_head; h++) {
+      mass += s->mass_part[(size_t)i * c->n_kv_head + h];
+      ent += s->ent_part[(size_t)i * c->n_kv_head + h];
     }
-    if (s->gate_fn) s->gate_fn(s->gate_user, l, s->hb, n, H);
-    /* Sparse rows (sparse.h): their input is still in xb/aq, their
-     * output goes to their row of xb2 as the dense product's would. */
-    for (uint32_t i = 0; i < n_seqs && nd < n; i++) {
-      const float *thr = sk__sparse_thr(&seqs[i]);
-      if (!thr) continue;
-      const size_t nb = dim / SK_QK;
-      for (uint32_t j = 0; j < seqs[i].n; j++) {
-        const size_t r = s->seqs[i].row0 + j;
-        struct sk_act x1 = sk__act(s, 1, dim, s->xb + r * dim, dim);
-        x1.q += r * dim; /* row r of the quantized copies */
-        x1.d += r * nb;
-        x1.s += r * nb;
-        x1.kq += r * dim;
-        x1.kd += r * (dim / SK_QKK);
-        x1.ks += r * (dim / 16);
-        s->sp_kept[(size_t)i * c->n_layer + l] +=
-            sk_sparse_mlp_row(&m->sparse[l], s->hb + r * H, thr[l], &x1,
-                              s->xb2 + r * dim, &s->sp, s->pool);
-      }
-      if (l == 0) s->sp_rows[i] = seqs[i].n;
+    s->sink_mass[(size_t)i * c->n_layer + l] = (float)(mass / c->n_head);
+    s->entropy[(size_t)i * c->n_layer + l] = (float)(ent / c->n_head);
+  }
+}
+
+/* The attention block of layer l: s->xb2 = the output product of the
+ * attention over the rows' queries, for the residual. */
+static void sk__attention_block(const struct sk__pass *p, uint32_t l) {
+  const struct sk_model_config *c = &p->m->cfg;
+  const struct sk__layer *L = &p->m->layers[l];
+  struct sk_scratch *s = p->s;
+  sk__qkv(p, l);
+  sk__attend(p, l);
+  const struct sk_wmat *wo[1] = {&L->wo};
+  struct sk__prep pr = {.s = s, .x = s->att_out, .ld = c->q_dim, .n = p->n, .cols = c->q_dim};
+  struct sk_act a = sk__prep(&pr, wo, 1);
+  struct sk__mm mm = {.x = &a, .n_w = 1, .w = {&L->wo},
+                      .y = {sk__rows(s, 0, s->xb2, c->dim, p->n)}};
+  sk__matmuls(s, &mm);
+}
+
+/* The MLP of the rows of sparse sequences (sparse.h) in layer l: their
+ * gate is in s->hb, their normed input still in s->xb and the quantized
+ * copies; each output goes to its row of s->xb2 as the dense product's
+ * would. Counts the neurons kept. */
+static void sk__sparse_rows(const struct sk__pass *p, uint32_t l) {
+  const struct sk_model *m = p->m;
+  const struct sk_model_config *c = &m->cfg;
+  struct sk_scratch *s = p->s;
+  const uint32_t dim = c->dim, H = c->hidden_dim;
+  const size_t nb = dim / SK_QK;
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
+    const float *thr = sk__sparse_thr(&p->seqs[i]);
+    if (!thr) continue;
+    for (uint32_t j = 0; j < p->seqs[i].n; j++) {
+      const size_t r = s->seqs[i].row0 + j;
+      struct sk_act x1 = sk__act(s, 1, dim, s->xb + r * dim, dim);
+      x1.q += r * dim; /* row r of the quantized copies */
+      x1.d += r * nb;
+      x1.s += r * nb;
+      x1.kq += r * dim;
+      x1.kd += r * (dim / SK_QKK);
+      x1.ks += r * (dim / 16);
+      s->sp_kept[(size_t)i * c->n_layer + l] +=
+          sk_sparse_mlp_row(&m->sparse[l], s->hb + r * H, thr[l], &x1, s->xb2 + r * dim,
+                            &s->sp, s->pool);
     }
+    if (l == 0) s->sp_rows[i] = p->seqs[i].n;
+  }
+}
+
+/* The FFN block of layer l: the attention's residual added to s->x, the
+ * FFN norm, then s->xb2 = down(silu(gate x) * up x) of every row (the
+ * SwiGLU MLP; sparse rows through sk__sparse_rows). */
+static void sk__ffn_block(const struct sk__pass *p, uint32_t l) {
+  const struct sk_model_config *c = &p->m->cfg;
+  const struct sk__layer *L = &p->m->layers[l];
+  struct sk_scratch *s = p->s;
+  const uint32_t n = p->n, nd = p->nd, dim = c->dim, H = c->hidden_dim;
+  const struct sk_wmat *gu[2] = {&L->w_gate, &L->w_up};
+  struct sk__prep pr = {.s = s, .x = s->x, .add = s->xb2, .w = L->ffn_norm, .y = s->xb,
+                        .ld = dim, .n = n, .cols = dim};
+  struct sk_act a = sk__prep(&pr, gu, 2);
+  struct sk__mm mm;
+  if (nd == n) {
+    mm = (struct sk__mm){.x = &a, .n_w = 2, .w = {&L->w_gate, &L->w_up},
+                         .y = {sk__rows(s, 0, s->hb, H, n), sk__rows(s, n, s->hb2, H, n)}};
+    sk__matmuls(s, &mm);
+  } else { /* the gate for every row, up for the dense ones */
+    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_gate}, .y = {sk__rows(s, 0, s->hb, H, n)}};
+    sk__matmuls(s, &mm);
     if (nd) {
-      const struct sk_wmat *wd[1] = {&L->w_down};
-      struct sk__silu si = {.s = s, .n = nd, .chunk = sk__prep_rows(s, nd),
-                            .q = sk__any_q8(wd, 1)};
-      sk_pool_run(s->pool, sk__silu_task, &si, (nd + si.chunk - 1) / si.chunk);
-      a = sk__act(s, nd, H, s->hb, H);
-      mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down},
-                           .y = {sk__rows(s, 0, s->xb2, dim, nd)}};
+      struct sk_act ad = a;
+      ad.n = nd;
+      mm = (struct sk__mm){.x = &ad, .n_w = 1, .w = {&L->w_up}, .y = {sk__rows(s, n, s->hb2, H, nd)}};
       sk__matmuls(s, &mm);
     }
   }
-  /* the last layer's residual */
-  struct sk__prep pr = {.s = s, .x = s->x, .add = s->xb2, .ld = dim, .n = n, .cols = dim};
-  sk__prep(&pr, NULL, 0);
+  if (s->gate_fn) s->gate_fn(s->gate_user, l, s->hb, n, H);
+  if (nd < n) sk__sparse_rows(p, l);
+  if (nd) {
+    const struct sk_wmat *wd[1] = {&L->w_down};
+    struct sk__silu si = {.s = s, .n = nd, .chunk = sk__prep_rows(s, nd), .q = sk__any_q8(wd, 1)};
+    sk_pool_run(s->pool, sk__silu_task, &si, (nd + si.chunk - 1) / si.chunk);
+    a = sk__act(s, nd, H, s->hb, H);
+    mm = (struct sk__mm){.x = &a, .n_w = 1, .w = {&L->w_down},
+                         .y = {sk__rows(s, 0, s->xb2, dim, nd)}};
+    sk__matmuls(s, &mm);
+  }
+}
 
-  /* Logits of the rows that want them, normed into consecutive rows of xb. */
+/* The last layer's residual, then the logits of the rows that want them:
+ * the final norm into consecutive rows of s->xb, and the output head's
+ * product into the sequences' logits. */
+static void sk__logits(const struct sk__pass *p) {
+  const struct sk_model *m = p->m;
+  const struct sk_model_config *c = &m->cfg;
+  struct sk_scratch *s = p->s;
+  const uint32_t dim = c->dim;
+  struct sk__prep pr = {.s = s, .x = s->x, .add = s->xb2, .ld = dim, .n = p->n, .cols = dim};
+  sk__prep(&pr, NULL, 0);
   uint32_t n_out = 0;
-  for (uint32_t i = 0; i < n_seqs; i++) {
-    const struct sk_seq *q = &seqs[i];
+  for (uint32_t i = 0; i < p->n_seqs; i++) {
+    const struct sk_seq *q = &p->seqs[i];
     if (!q->logits) continue;
     uint32_t first = q->all_logits ? 0 : q->n - 1;
     for (uint32_t j = first; j < q->n; j++) {
@@ -561,6 +646,23 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
     struct sk__mm mm = {.x = &a, .n_w = 1, .w = {&m->output}, .y = {s->rows}};
     sk__matmuls(s, &mm);
   }
+}
+
+int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
+                           const struct sk_seq *seqs, uint32_t n_seqs, struct sk_error *err) {
+  struct sk__pass p = {.m = m, .s = s, .seqs = seqs, .n_seqs = n_seqs};
+  int rc = sk__check_batch(m, s, seqs, n_seqs, &p.n, err);
+  if (rc < 0) return rc;
+  sk__layout_seqs(&p);
+  sk__plan_attention(&p);
+  memset(s->sp_kept, 0, (size_t)n_seqs * m->cfg.n_layer * sizeof *s->sp_kept);
+  memset(s->sp_rows, 0, (size_t)n_seqs * sizeof *s->sp_rows);
+  sk__embed(&p);
+  for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
+    sk__attention_block(&p, l);
+    sk__ffn_block(&p, l);
+  }
+  sk__logits(&p);
   for (uint32_t i = 0; i < n_seqs; i++) {
     sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
     s->probe[i] = s->seqs[i].probe;
