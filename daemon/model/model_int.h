@@ -152,7 +152,6 @@ struct sk_scratch {
   void *gate_user;
 };
 
-
 /* ---- RoPE (rope.c) --------------------------------------------------- */
 
 /* cos/sin of position p (and of stream index t, for keys stored

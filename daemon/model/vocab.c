@@ -32,7 +32,6 @@ static void sk__insert(struct sk_tokenizer *t, int32_t id) {
   }
 }
 
-
 /* --- GPT-2 byte <-> character map -------------------------------------------- */
 
 /* The printable Latin-1 bytes stand for themselves; the other 68 bytes, in
