@@ -364,6 +364,187 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
     if (o->pos[i] <= o->pos[i - 1]) sk_cli_usage_error("--positions must increase");
 }
 
+/* ---- the parts ---- */
+
+/* What the parts measured. */
+struct results {
+  uint64_t rss_idle;          /* the daemon's RSS before the runs */
+  double prefill_tps;         /* median over --reps */
+  double decode_tps;          /* one session, median over --reps */
+  struct conc_result conc[MAX_LIST];
+  uint32_t n_conc;
+  double pos_ms[MAX_LIST];    /* median ms per token at each position */
+  double pos_cpu_ms[MAX_LIST]; /* the daemon's CPU ms per token there */
+  uint32_t n_pos;
+  uint64_t kv_bytes_stream;   /* a streaming session's KV bytes */
+  uint64_t kv_bytes_default;  /* a session of the daemon's defaults */
+};
+
+/* Prefill: a --prefill-token append into a new session, --reps times;
+ * the median tokens/s. st: the random tokens' state. */
+static double bench_prefill(struct sk_client *c, const struct opts *o, uint32_t V, uint64_t *st) {
+  int32_t *toks = malloc(o->prefill * sizeof *toks);
+  double *v = malloc(o->reps * sizeof *v);
+  if (!toks || !v) sk_cli_die(1, "out of memory");
+  for (uint32_t r = 0; r < o->reps; r++) {
+    random_tokens(toks, o->prefill, V, st);
+    uint64_t id = open_session(c, o, true, NULL);
+    double t0 = sk_cli_now_s();
+    append_or_die(c, id, toks, o->prefill);
+    v[r] = (double)o->prefill / (sk_cli_now_s() - t0);
+    close_session(c, id);
+  }
+  double tps = quantile(v, o->reps, 0.5);
+  sk_cli_note("prefill: %.1f tokens/s", tps);
+  free(toks);
+  free(v);
+  return tps;
+}
+
+/* One session's decode: --gen tokens after a PROMPT_TOKENS prompt,
+ * --reps times; the median tokens/s between the first and last event. */
+static double bench_decode(struct sk_client *c, const struct opts *o, uint32_t V, uint64_t *st) {
+  double *v = malloc(o->reps * sizeof *v);
+  struct timing tm = {.t = calloc(o->gen, sizeof(double)), .cap = o->gen};
+  if (!v || !tm.t) sk_cli_die(1, "out of memory");
+  for (uint32_t r = 0; r < o->reps; r++) {
+    int32_t prompt[PROMPT_TOKENS];
+    random_tokens(prompt, PROMPT_TOKENS, V, st);
+    uint64_t id = open_session(c, o, false, NULL);
+    append_or_die(c, id, prompt, PROMPT_TOKENS);
+    tm.n = 0;
+    generate_or_die(c, id, o->gen, &tm);
+    v[r] = (double)(tm.n - 1) / (tm.t[tm.n - 1] - tm.t[0]);
+    close_session(c, id);
+  }
+  double tps = quantile(v, o->reps, 0.5);
+  sk_cli_note("decode, one session: %.1f tokens/s", tps);
+  free(v);
+  free(tm.t);
+  return tps;
+}
+
+/* Per-token time far into a stream: one session per position, each
+ * advanced to its position first; then POS_ROUNDS rounds time every
+ * position in turn, so that a slow spell of a shared machine hits all
+ * positions alike rather than one. Fills r's positions. */
+static void bench_positions(struct sk_client *c, const struct opts *o, uint32_t V, uint64_t *st,
+                            pid_t pid, struct results *r) {
+  const uint32_t n_pos = r->n_pos;
+  uint64_t ids[MAX_LIST];
+  int32_t *chunk = malloc(APPEND_CHUNK * sizeof *chunk);
+  const uint32_t per_round = (o->pos_gen + POS_ROUNDS - 1) / POS_ROUNDS;
+  struct timing tm = {.t = calloc(per_round, sizeof(double)), .cap = per_round};
+  const size_t seg_cap = (size_t)POS_ROUNDS * (per_round / POS_SEGMENT + 1);
+  double *seg = calloc((size_t)n_pos * seg_cap, sizeof *seg);
+  size_t n_seg[MAX_LIST] = {0};
+  uint64_t cpu[MAX_LIST] = {0};
+  if (!chunk || !tm.t || !seg) sk_cli_die(1, "out of memory");
+  double t_adv = sk_cli_now_s();
+  for (uint32_t i = 0; i < n_pos; i++) {
+    ids[i] = open_session(c, o, true, &r->kv_bytes_stream);
+    uint64_t seen = 0;
+    while (seen < o->pos[i]) {
+      uint64_t n = o->pos[i] - seen < APPEND_CHUNK ? o->pos[i] - seen : APPEND_CHUNK;
+      random_tokens(chunk, (size_t)n, V, st);
+      append_or_die(c, ids[i], chunk, (size_t)n);
+      seen += n;
+      if (seen % (16 * APPEND_CHUNK) < n)
+        sk_cli_note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
+             (double)seen / (sk_cli_now_s() - t_adv));
+    }
+    tm.n = 0;
+    generate_or_die(c, ids[i], POS_WARMUP < tm.cap ? POS_WARMUP : (uint32_t)tm.cap, &tm);
+  }
+  for (uint32_t round = 0; round < POS_ROUNDS; round++) {
+    for (uint32_t i = 0; i < n_pos; i++) {
+      tm.n = 0;
+      uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
+      generate_or_die(c, ids[i], per_round, &tm);
+      cpu[i] += pid ? cpu_ns(pid) - cpu0 : 0;
+      double *sg = seg + (size_t)i * seg_cap;
+      for (size_t k = 0; k + POS_SEGMENT < tm.n; k += POS_SEGMENT)
+        sg[n_seg[i]++] = (tm.t[k + POS_SEGMENT] - tm.t[k]) / POS_SEGMENT * 1e3;
+      if (per_round <= POS_SEGMENT)
+        sg[n_seg[i]++] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
+    }
+  }
+  for (uint32_t i = 0; i < n_pos; i++) {
+    r->pos_ms[i] = quantile(seg + (size_t)i * seg_cap, n_seg[i], 0.5);
+    r->pos_cpu_ms[i] = (double)cpu[i] / 1e6 / ((double)per_round * POS_ROUNDS);
+    sk_cli_note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o->pos[i],
+         r->pos_ms[i], r->pos_cpu_ms[i]);
+    close_session(c, ids[i]);
+  }
+  free(chunk);
+  free(tm.t);
+  free(seg);
+}
+
+/* ---- the report ---- */
+
+static void print_json(const struct opts *o, const struct sk_hello *h, const struct results *r) {
+  /* The names come from the daemon (the model's from its GGUF file):
+   * escaped as JSON strings. */
+  printf("{\"model\": {\"name\": ");
+  sk_cli_json_cstr(stdout, h->model.name);
+  printf(", \"weight_type\": ");
+  sk_cli_json_cstr(stdout, h->model.weight_type);
+  printf(", \"weight_bytes\": %" PRIu64 ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
+         h->model.weight_bytes, h->model.n_layer, h->model.dim, h->model.n_vocab);
+  printf("\"compute\": {\"kernel\": ");
+  sk_cli_json_cstr(stdout, h->compute.kernel);
+  printf(", \"threads\": %u, \"max_batch\": %u, \"kv_type\": ", h->compute.threads,
+         h->compute.max_batch);
+  sk_cli_json_cstr(stdout, h->compute.kv_type[0] ? h->compute.kv_type : "f32");
+  printf("}, ");
+  printf("\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, ", r->prefill_tps,
+         r->decode_tps);
+  printf("\"concurrency\": [");
+  for (uint32_t i = 0; i < r->n_conc; i++)
+    printf("%s{\"sessions\": %u, \"aggregate_tokens_per_s\": %.2f, \"itl_p50_ms\": %.3f, "
+           "\"itl_p99_ms\": %.3f, \"rss_bytes\": %" PRIu64 "}",
+           i ? ", " : "", r->conc[i].c, r->conc[i].aggregate, r->conc[i].p50_ms,
+           r->conc[i].p99_ms, r->conc[i].rss);
+  printf("], \"positions\": [");
+  for (uint32_t i = 0; i < r->n_pos; i++)
+    printf("%s{\"position\": %" PRIu64 ", \"ms_per_token\": %.4f, \"ratio\": %.4f, "
+           "\"cpu_ms_per_token\": %.4f, \"cpu_ratio\": %.4f}",
+           i ? ", " : "", o->pos[i], r->pos_ms[i], r->pos_ms[i] / r->pos_ms[0], r->pos_cpu_ms[i],
+           r->pos_cpu_ms[0] > 0 ? r->pos_cpu_ms[i] / r->pos_cpu_ms[0] : 0.0);
+  printf("], \"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
+         ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
+         r->rss_idle, r->kv_bytes_default, r->kv_bytes_stream, o->sinks, o->window);
+}
+
+static void print_text(const struct opts *o, const struct sk_hello *h, const struct results *r) {
+  printf("model          %s: %s weights, %.1f MB read per step\n", h->model.name,
+         h->model.weight_type, (double)h->model.weight_bytes / 1e6);
+  printf("compute        %s kernels, %u threads, %u tokens per forward pass, %s KV cache\n",
+         h->compute.kernel, h->compute.threads, h->compute.max_batch,
+         h->compute.kv_type[0] ? h->compute.kv_type : "f32");
+  if (!o->no_prefill)
+    printf("prefill        %.1f tokens/s (%u tokens)\n", r->prefill_tps, o->prefill);
+  if (!o->no_decode) printf("decode         %.1f tokens/s (one session)\n", r->decode_tps);
+  if (r->n_conc) printf("sessions   aggregate tok/s   ITL p50 ms   ITL p99 ms   RSS MB\n");
+  for (uint32_t i = 0; i < r->n_conc; i++)
+    printf("%8u   %15.1f   %10.2f   %10.2f   %6.1f\n", r->conc[i].c, r->conc[i].aggregate,
+           r->conc[i].p50_ms, r->conc[i].p99_ms, (double)r->conc[i].rss / 1e6);
+  if (r->n_pos)
+    printf("position   ms/token   vs first   CPU ms/token   vs first   (streaming, %u sinks + "
+           "window %u)\n",
+           o->sinks, o->window);
+  for (uint32_t i = 0; i < r->n_pos; i++)
+    printf("%8" PRIu64 "   %8.3f   %8.3f   %12.3f   %8.3f\n", o->pos[i], r->pos_ms[i],
+           r->pos_ms[i] / r->pos_ms[0], r->pos_cpu_ms[i],
+           r->pos_cpu_ms[0] > 0 ? r->pos_cpu_ms[i] / r->pos_cpu_ms[0] : 0.0);
+  printf("memory         RSS idle %.1f MB; KV bytes per session: %.2f MB default",
+         (double)r->rss_idle / 1e6, (double)r->kv_bytes_default / 1e6);
+  if (r->n_pos)
+    printf(", %.2f MB streaming %u+%u", (double)r->kv_bytes_stream / 1e6, o->sinks, o->window);
+  printf("\n");
+}
+
 /* ---- main ---- */
 
 int main(int argc, char **argv) {
@@ -381,181 +562,27 @@ int main(int argc, char **argv) {
       o.sinks + o.window > h.model.n_ctx_train)
     o.window = h.model.n_ctx_train - o.sinks;
   pid_t pid = daemon_pid(o.socket);
-  uint64_t rss_idle = pid ? rss_bytes(pid) : 0;
+  struct results r = {.rss_idle = pid ? rss_bytes(pid) : 0};
   uint64_t st = 42;
 
-  /* prefill */
-  double prefill_tps = 0.0;
-  if (!o.no_prefill) {
-    int32_t *toks = malloc(o.prefill * sizeof *toks);
-    double *v = malloc(o.reps * sizeof *v);
-    if (!toks || !v) sk_cli_die(1, "out of memory");
-    for (uint32_t r = 0; r < o.reps; r++) {
-      random_tokens(toks, o.prefill, V, &st);
-      uint64_t id = open_session(c, &o, true, NULL);
-      double t0 = sk_cli_now_s();
-      append_or_die(c, id, toks, o.prefill);
-      v[r] = (double)o.prefill / (sk_cli_now_s() - t0);
-      close_session(c, id);
-    }
-    prefill_tps = quantile(v, o.reps, 0.5);
-    sk_cli_note("prefill: %.1f tokens/s", prefill_tps);
-    free(toks);
-    free(v);
-  }
-
-  /* one session */
-  double decode_tps = 0.0;
-  if (!o.no_decode) {
-    double *v = malloc(o.reps * sizeof *v);
-    struct timing tm = {.t = calloc(o.gen, sizeof(double)), .cap = o.gen};
-    if (!v || !tm.t) sk_cli_die(1, "out of memory");
-    for (uint32_t r = 0; r < o.reps; r++) {
-      int32_t prompt[PROMPT_TOKENS];
-      random_tokens(prompt, PROMPT_TOKENS, V, &st);
-      uint64_t id = open_session(c, &o, false, NULL);
-      append_or_die(c, id, prompt, PROMPT_TOKENS);
-      tm.n = 0;
-      generate_or_die(c, id, o.gen, &tm);
-      v[r] = (double)(tm.n - 1) / (tm.t[tm.n - 1] - tm.t[0]);
-      close_session(c, id);
-    }
-    decode_tps = quantile(v, o.reps, 0.5);
-    sk_cli_note("decode, one session: %.1f tokens/s", decode_tps);
-    free(v);
-    free(tm.t);
-  }
-
-  /* concurrent sessions */
-  struct conc_result conc[MAX_LIST];
-  uint32_t n_conc = o.no_conc ? 0 : o.n_conc;
-  for (uint32_t i = 0; i < n_conc; i++) {
-    conc[i] = run_concurrency(&o, V, o.conc[i], pid);
+  if (!o.no_prefill) r.prefill_tps = bench_prefill(c, &o, V, &st);
+  if (!o.no_decode) r.decode_tps = bench_decode(c, &o, V, &st);
+  r.n_conc = o.no_conc ? 0 : o.n_conc;
+  for (uint32_t i = 0; i < r.n_conc; i++) {
+    r.conc[i] = run_concurrency(&o, V, o.conc[i], pid);
     sk_cli_note("%u session%s: aggregate %.1f tokens/s, inter-token p50 %.2f ms, p99 %.2f ms",
-                 conc[i].c, conc[i].c == 1 ? "" : "s", conc[i].aggregate, conc[i].p50_ms,
-                 conc[i].p99_ms);
+                 r.conc[i].c, r.conc[i].c == 1 ? "" : "s", r.conc[i].aggregate,
+                 r.conc[i].p50_ms, r.conc[i].p99_ms);
   }
-
-  /* positions */
-  double pos_ms[MAX_LIST] = {0}, pos_cpu_ms[MAX_LIST] = {0};
-  uint64_t kv_bytes_stream = 0;
-  uint32_t n_pos = o.no_pos ? 0 : o.n_pos;
-  if (n_pos) {
-    /* One session per position, each advanced to its position first; then
-     * POS_ROUNDS rounds time every position in turn, so that a slow spell
-     * of a shared machine hits all positions alike rather than one. */
-    uint64_t ids[MAX_LIST];
-    int32_t *chunk = malloc(APPEND_CHUNK * sizeof *chunk);
-    const uint32_t per_round = (o.pos_gen + POS_ROUNDS - 1) / POS_ROUNDS;
-    struct timing tm = {.t = calloc(per_round, sizeof(double)), .cap = per_round};
-    const size_t seg_cap = (size_t)POS_ROUNDS * (per_round / POS_SEGMENT + 1);
-    double *seg = calloc((size_t)n_pos * seg_cap, sizeof *seg);
-    size_t n_seg[MAX_LIST] = {0};
-    uint64_t cpu[MAX_LIST] = {0};
-    if (!chunk || !tm.t || !seg) sk_cli_die(1, "out of memory");
-    double t_adv = sk_cli_now_s();
-    for (uint32_t i = 0; i < n_pos; i++) {
-      ids[i] = open_session(c, &o, true, &kv_bytes_stream);
-      uint64_t seen = 0;
-      while (seen < o.pos[i]) {
-        uint64_t n = o.pos[i] - seen < APPEND_CHUNK ? o.pos[i] - seen : APPEND_CHUNK;
-        random_tokens(chunk, (size_t)n, V, &st);
-        append_or_die(c, ids[i], chunk, (size_t)n);
-        seen += n;
-        if (seen % (16 * APPEND_CHUNK) < n)
-          sk_cli_note("positions: stream %u at %" PRIu64 " tokens (%.0f tokens/s)", i, seen,
-               (double)seen / (sk_cli_now_s() - t_adv));
-      }
-      tm.n = 0;
-      generate_or_die(c, ids[i], POS_WARMUP < tm.cap ? POS_WARMUP : (uint32_t)tm.cap, &tm);
-    }
-    for (uint32_t round = 0; round < POS_ROUNDS; round++) {
-      for (uint32_t i = 0; i < n_pos; i++) {
-        tm.n = 0;
-        uint64_t cpu0 = pid ? cpu_ns(pid) : 0;
-        generate_or_die(c, ids[i], per_round, &tm);
-        cpu[i] += pid ? cpu_ns(pid) - cpu0 : 0;
-        double *sg = seg + (size_t)i * seg_cap;
-        for (size_t k = 0; k + POS_SEGMENT < tm.n; k += POS_SEGMENT)
-          sg[n_seg[i]++] = (tm.t[k + POS_SEGMENT] - tm.t[k]) / POS_SEGMENT * 1e3;
-        if (per_round <= POS_SEGMENT)
-          sg[n_seg[i]++] = (tm.t[tm.n - 1] - tm.t[0]) / (double)(tm.n - 1) * 1e3;
-      }
-    }
-    for (uint32_t i = 0; i < n_pos; i++) {
-      pos_ms[i] = quantile(seg + (size_t)i * seg_cap, n_seg[i], 0.5);
-      pos_cpu_ms[i] = (double)cpu[i] / 1e6 / ((double)per_round * POS_ROUNDS);
-      sk_cli_note("position %" PRIu64 ": %.3f ms per token (daemon CPU %.3f ms per token)", o.pos[i],
-           pos_ms[i], pos_cpu_ms[i]);
-      close_session(c, ids[i]);
-    }
-    free(chunk);
-    free(tm.t);
-    free(seg);
-  }
-  uint64_t kv_bytes_default = 0;
+  r.n_pos = o.no_pos ? 0 : o.n_pos;
+  if (r.n_pos) bench_positions(c, &o, V, &st, pid, &r);
   {
-    uint64_t id = open_session(c, &o, false, &kv_bytes_default);
+    uint64_t id = open_session(c, &o, false, &r.kv_bytes_default);
     close_session(c, id);
   }
 
-  if (o.json) {
-    /* The names come from the daemon (the model's from its GGUF file):
-     * escaped as JSON strings. */
-    printf("{\"model\": {\"name\": ");
-    sk_cli_json_cstr(stdout, h.model.name);
-    printf(", \"weight_type\": ");
-    sk_cli_json_cstr(stdout, h.model.weight_type);
-    printf(", \"weight_bytes\": %" PRIu64 ", \"n_layer\": %u, \"dim\": %u, \"n_vocab\": %u}, ",
-           h.model.weight_bytes, h.model.n_layer, h.model.dim, V);
-    printf("\"compute\": {\"kernel\": ");
-    sk_cli_json_cstr(stdout, h.compute.kernel);
-    printf(", \"threads\": %u, \"max_batch\": %u, \"kv_type\": ", h.compute.threads,
-           h.compute.max_batch);
-    sk_cli_json_cstr(stdout, h.compute.kv_type[0] ? h.compute.kv_type : "f32");
-    printf("}, ");
-    printf("\"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, ", prefill_tps,
-           decode_tps);
-    printf("\"concurrency\": [");
-    for (uint32_t i = 0; i < n_conc; i++)
-      printf("%s{\"sessions\": %u, \"aggregate_tokens_per_s\": %.2f, \"itl_p50_ms\": %.3f, "
-             "\"itl_p99_ms\": %.3f, \"rss_bytes\": %" PRIu64 "}",
-             i ? ", " : "", conc[i].c, conc[i].aggregate, conc[i].p50_ms, conc[i].p99_ms,
-             conc[i].rss);
-    printf("], \"positions\": [");
-    for (uint32_t i = 0; i < n_pos; i++)
-      printf("%s{\"position\": %" PRIu64 ", \"ms_per_token\": %.4f, \"ratio\": %.4f, "
-             "\"cpu_ms_per_token\": %.4f, \"cpu_ratio\": %.4f}",
-             i ? ", " : "", o.pos[i], pos_ms[i], pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
-             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
-    printf("], \"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
-           ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
-           rss_idle, kv_bytes_default, kv_bytes_stream, o.sinks, o.window);
-  } else {
-    printf("model          %s: %s weights, %.1f MB read per step\n", h.model.name,
-           h.model.weight_type, (double)h.model.weight_bytes / 1e6);
-    printf("compute        %s kernels, %u threads, %u tokens per forward pass, %s KV cache\n",
-           h.compute.kernel, h.compute.threads, h.compute.max_batch,
-           h.compute.kv_type[0] ? h.compute.kv_type : "f32");
-    if (!o.no_prefill) printf("prefill        %.1f tokens/s (%u tokens)\n", prefill_tps, o.prefill);
-    if (!o.no_decode) printf("decode         %.1f tokens/s (one session)\n", decode_tps);
-    if (n_conc) printf("sessions   aggregate tok/s   ITL p50 ms   ITL p99 ms   RSS MB\n");
-    for (uint32_t i = 0; i < n_conc; i++)
-      printf("%8u   %15.1f   %10.2f   %10.2f   %6.1f\n", conc[i].c, conc[i].aggregate,
-             conc[i].p50_ms, conc[i].p99_ms, (double)conc[i].rss / 1e6);
-    if (n_pos)
-      printf("position   ms/token   vs first   CPU ms/token   vs first   (streaming, %u sinks + "
-             "window %u)\n",
-             o.sinks, o.window);
-    for (uint32_t i = 0; i < n_pos; i++)
-      printf("%8" PRIu64 "   %8.3f   %8.3f   %12.3f   %8.3f\n", o.pos[i], pos_ms[i],
-             pos_ms[i] / pos_ms[0], pos_cpu_ms[i],
-             pos_cpu_ms[0] > 0 ? pos_cpu_ms[i] / pos_cpu_ms[0] : 0.0);
-    printf("memory         RSS idle %.1f MB; KV bytes per session: %.2f MB default",
-           (double)rss_idle / 1e6, (double)kv_bytes_default / 1e6);
-    if (n_pos) printf(", %.2f MB streaming %u+%u", (double)kv_bytes_stream / 1e6, o.sinks, o.window);
-    printf("\n");
-  }
+  if (o.json) print_json(&o, &h, &r);
+  else print_text(&o, &h, &r);
   sk_client_free(c);
   return 0;
 }

@@ -196,7 +196,7 @@ static void decode_mats(uint32_t type, struct sk_wmat *w, void **mem, uint8_t **
 
 /* One product of a decode token, cut as the daemon's forward pass cuts
  * it: tasks of SK__MM_ALIGN-multiple output rows, about four per thread
- * (model.c, sk__matmuls). */
+ * (forward.c, sk__matmuls). */
 struct decode_mm {
   const struct sk_wmat *w;
   const struct sk_act *a;
@@ -338,70 +338,13 @@ static size_t parse_types(const char *list, uint32_t *types, size_t max) {
   return n;
 }
 
-int main(int argc, char **argv) {
-  sk_cli_init("sinkd-kbench", "sinkd-kbench --help");
-  int samples = 31;
-  size_t membw_mib = 0;
-  bool decode_mode = false;
-  uint32_t threads = 1;
-  uint32_t rows_list[8] = {1, 16}, n_rows = 2;
-  bool rows_given = false;
-  uint32_t dtypes[16] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
-  size_t n_dtypes = 5;
-  bool cpu_time = false;
-  const char *variants[MAX_VARIANTS];
-  int nv = 0;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--samples") == 0) {
-      samples = (int)sk_cli_parse_u64("--samples", opt_value(argc, argv, &i), 1, 100000);
-    } else if (strcmp(argv[i], "--rows") == 0) {
-      rows_given = true;
-      uint64_t rows[8];
-      n_rows = sk_cli_parse_list("--rows", opt_value(argc, argv, &i), rows, 8, 1, 4096);
-      for (uint32_t k = 0; k < n_rows; k++) rows_list[k] = (uint32_t)rows[k];
-    } else if (strcmp(argv[i], "--membw") == 0) {
-      membw_mib = sk_cli_parse_u64("--membw", opt_value(argc, argv, &i), 1, 65536);
-    } else if (strcmp(argv[i], "--threads") == 0) {
-      threads = (uint32_t)sk_cli_parse_u64("--threads", opt_value(argc, argv, &i), 1, 64);
-    } else if (strcmp(argv[i], "--types") == 0) {
-      n_dtypes = parse_types(opt_value(argc, argv, &i), dtypes, 16);
-    } else if (strcmp(argv[i], "--cpu-time") == 0) {
-      cpu_time = true;
-    } else if (strcmp(argv[i], "--decode") == 0) {
-      decode_mode = true;
-    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      usage(stdout);
-      return 0;
-    } else if (argv[i][0] == '-') {
-      sk_cli_usage_error("unknown option %s", argv[i]);
-    } else if (!sk_kernels_known(argv[i])) {
-      sk_cli_usage_error("unknown kernel variant '%s'", argv[i]);
-    } else if (nv < MAX_VARIANTS) {
-      variants[nv++] = argv[i];
-    }
-  }
-  if (samples < 1) samples = 1;
-  if (membw_mib) return membw(membw_mib, samples);
-  static char best[32]; /* --decode: the first variant this CPU runs, the fastest */
-  if (decode_mode && nv == 0 && sscanf(sk_kernels_available(), "%31s", best) == 1)
-    variants[nv++] = best;
-  if (nv == 0) {
-    variants[nv++] = "avx2-vnni";
-    variants[nv++] = "avx512-vnni";
-  }
-  for (int v = 0; v < nv; v++)
-    if (!sk_kernels_supported(variants[v])) {
-      sk_cli_note("this CPU does not run %s (it runs: %s)", variants[v],
-                  sk_kernels_available());
-      return 1;
-    }
-  if (decode_mode) {
-    if (rows_given && n_rows != 1) {
-      sk_cli_usage_error("--decode takes one --rows number, not a list");
-    }
-    return decode(variants, nv, samples, threads, rows_list[0], dtypes, n_dtypes, cpu_time);
-  }
-
+/* The default mode: the products of Q8_0, Q4_0 and F32 matrices of the
+ * 110M shapes with n = each of rows_list[0..n_rows) activation rows, on
+ * each variant (median of `samples`, the variants taking turns at going
+ * first), and whether their outputs are identical. Returns the exit
+ * status. */
+static int products(const char *const *variants, int nv, int samples, const uint32_t *rows_list,
+                    uint32_t n_rows) {
   const uint32_t types[] = {SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_F32};
   const uint32_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {32000, 768}};
   printf("%-5s %-10s %4s", "type", "shape", "n");
@@ -491,4 +434,71 @@ int main(int argc, char **argv) {
   }
   free(t);
   return 0;
+}
+
+int main(int argc, char **argv) {
+  sk_cli_init("sinkd-kbench", "sinkd-kbench --help");
+  int samples = 31;
+  size_t membw_mib = 0;
+  bool decode_mode = false;
+  uint32_t threads = 1;
+  uint32_t rows_list[8] = {1, 16}, n_rows = 2;
+  bool rows_given = false;
+  uint32_t dtypes[16] = {SK_GGML_F32, SK_GGML_Q8_0, SK_GGML_Q4_0, SK_GGML_Q4_K, SK_GGML_Q6_K};
+  size_t n_dtypes = 5;
+  bool cpu_time = false;
+  const char *variants[MAX_VARIANTS];
+  int nv = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--samples") == 0) {
+      samples = (int)sk_cli_parse_u64("--samples", opt_value(argc, argv, &i), 1, 100000);
+    } else if (strcmp(argv[i], "--rows") == 0) {
+      rows_given = true;
+      uint64_t rows[8];
+      n_rows = sk_cli_parse_list("--rows", opt_value(argc, argv, &i), rows, 8, 1, 4096);
+      for (uint32_t k = 0; k < n_rows; k++) rows_list[k] = (uint32_t)rows[k];
+    } else if (strcmp(argv[i], "--membw") == 0) {
+      membw_mib = sk_cli_parse_u64("--membw", opt_value(argc, argv, &i), 1, 65536);
+    } else if (strcmp(argv[i], "--threads") == 0) {
+      threads = (uint32_t)sk_cli_parse_u64("--threads", opt_value(argc, argv, &i), 1, 64);
+    } else if (strcmp(argv[i], "--types") == 0) {
+      n_dtypes = parse_types(opt_value(argc, argv, &i), dtypes, 16);
+    } else if (strcmp(argv[i], "--cpu-time") == 0) {
+      cpu_time = true;
+    } else if (strcmp(argv[i], "--decode") == 0) {
+      decode_mode = true;
+    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return 0;
+    } else if (argv[i][0] == '-') {
+      sk_cli_usage_error("unknown option %s", argv[i]);
+    } else if (!sk_kernels_known(argv[i])) {
+      sk_cli_usage_error("unknown kernel variant '%s'", argv[i]);
+    } else if (nv < MAX_VARIANTS) {
+      variants[nv++] = argv[i];
+    }
+  }
+  if (samples < 1) samples = 1;
+  if (membw_mib) return membw(membw_mib, samples);
+  static char best[32]; /* --decode: the first variant this CPU runs, the fastest */
+  if (decode_mode && nv == 0 && sscanf(sk_kernels_available(), "%31s", best) == 1)
+    variants[nv++] = best;
+  if (nv == 0) {
+    variants[nv++] = "avx2-vnni";
+    variants[nv++] = "avx512-vnni";
+  }
+  for (int v = 0; v < nv; v++)
+    if (!sk_kernels_supported(variants[v])) {
+      sk_cli_note("this CPU does not run %s (it runs: %s)", variants[v],
+                  sk_kernels_available());
+      return 1;
+    }
+  if (decode_mode) {
+    if (rows_given && n_rows != 1) {
+      sk_cli_usage_error("--decode takes one --rows number, not a list");
+    }
+    return decode(variants, nv, samples, threads, rows_list[0], dtypes, n_dtypes, cpu_time);
+  }
+
+  return products(variants, nv, samples, rows_list, n_rows);
 }

@@ -430,16 +430,24 @@ static void usage(FILE *f) {
           sk_cli_prog());
 }
 
-int main(int argc, char **argv) {
-  sk_cli_init("sinkd-mkmodel", "sinkd-mkmodel --help");
-  struct shape sh = shapes[1];
-  const char *type_name = "f32", *out_type_name = NULL, *path = NULL;
-  uint64_t seed = 1;
-  const struct arch *arch = &archs[0];
-  uint32_t head_dim_opt = 0;
+/* What the command line asks for. */
+struct params {
+  struct shape sh;           /* with the dimensions given applied */
+  const struct arch *arch;
+  const char *type_name;     /* --type */
+  const char *out_type_name; /* --output-type, or NULL */
+  const char *path;          /* -o */
+  uint64_t seed;
+  uint32_t head_dim_opt;     /* --head-dim, or 0 */
+  const char *vocab_from;    /* --vocab-from, or NULL */
+  const char *chat_text;     /* --chat-template-text, or NULL */
+};
+
+/* Parses the command line into p (usage errors exit 2; --help exits 0). */
+static void parse_args(int argc, char **argv, struct params *p) {
+  *p = (struct params){.sh = shapes[1], .arch = &archs[0], .type_name = "f32", .seed = 1};
   enum { O_OUT_TYPE = 256, O_DIM, O_LAYERS, O_HEADS, O_KV_HEADS, O_HIDDEN, O_VOCAB, O_CTX, O_SEED,
          O_HEAD_DIM, O_VOCAB_FROM, O_CHAT_TEXT };
-  const char *vocab_from = NULL, *chat_text = NULL;
   static const struct option opts[] = {
       {"arch", required_argument, NULL, 'a'},
       {"head-dim", required_argument, NULL, O_HEAD_DIM},
@@ -466,22 +474,22 @@ int main(int argc, char **argv) {
       while (i < sizeof archs / sizeof archs[0] && strcmp(archs[i].name, optarg)) i++;
       if (i == sizeof archs / sizeof archs[0])
         sk_cli_usage_error("arch '%s': expected llama, llama3, qwen2 or qwen3", optarg);
-      arch = &archs[i];
+      p->arch = &archs[i];
       break;
     }
     case O_HEAD_DIM:
-      head_dim_opt = (uint32_t)sk_cli_parse_u64("--head-dim", optarg, 2, 65536);
+      p->head_dim_opt = (uint32_t)sk_cli_parse_u64("--head-dim", optarg, 2, 65536);
       break;
     case 's': {
       size_t i = 0;
       while (i < sizeof shapes / sizeof shapes[0] && strcmp(shapes[i].name, optarg)) i++;
       if (i == sizeof shapes / sizeof shapes[0])
         sk_cli_usage_error("shape '%s': expected 260K, 15M, 110M or 1B", optarg);
-      sh = shapes[i];
+      p->sh = shapes[i];
       break;
     }
-    case 't': type_name = optarg; break;
-    case O_OUT_TYPE: out_type_name = optarg; break;
+    case 't': p->type_name = optarg; break;
+    case O_OUT_TYPE: p->out_type_name = optarg; break;
     case O_DIM: over.dim = (uint32_t)sk_cli_parse_u64("--dim", optarg, 1, 65536); break;
     case O_LAYERS: over.n_layer = (uint32_t)sk_cli_parse_u64("--layers", optarg, 1, 1024); break;
     case O_HEADS: over.n_head = (uint32_t)sk_cli_parse_u64("--heads", optarg, 1, 1024); break;
@@ -493,49 +501,69 @@ int main(int argc, char **argv) {
       over.vocab = (uint32_t)sk_cli_parse_u64("--vocab", optarg, N_FIXED_TOKENS + 96, 1u << 22);
       break;
     case O_CTX: over.ctx = (uint32_t)sk_cli_parse_u64("--ctx", optarg, 1, 1u << 24); break;
-    case O_SEED: seed = (uint32_t)sk_cli_parse_u64("--seed", optarg, 0, UINT32_MAX); break;
-    case O_VOCAB_FROM: vocab_from = optarg; break;
-    case O_CHAT_TEXT: chat_text = optarg; break;
-    case 'o': path = optarg; break;
-    case 'h': usage(stdout); return 0;
-    default: usage(stderr); return 2;
+    case O_SEED: p->seed = (uint32_t)sk_cli_parse_u64("--seed", optarg, 0, UINT32_MAX); break;
+    case O_VOCAB_FROM: p->vocab_from = optarg; break;
+    case O_CHAT_TEXT: p->chat_text = optarg; break;
+    case 'o': p->path = optarg; break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); exit(2);
     }
   }
   if (optind < argc) sk_cli_usage_error("unexpected argument '%s'", argv[optind]);
-  if (!path) sk_cli_usage_error("no output file: give -o FILE");
-  if (over.dim) sh.dim = over.dim;
-  if (over.n_layer) sh.n_layer = over.n_layer;
-  if (over.n_head) sh.n_head = over.n_head;
-  if (over.n_kv_head) sh.n_kv_head = over.n_kv_head;
-  if (over.hidden) sh.hidden = over.hidden;
-  if (over.vocab) sh.vocab = over.vocab;
-  if (over.ctx) sh.ctx = over.ctx;
-  if (!over.n_kv_head && sh.n_kv_head > sh.n_head) sh.n_kv_head = sh.n_head;
-  if ((!head_dim_opt && (sh.dim % sh.n_head || (sh.dim / sh.n_head) % 2)) ||
-      sh.n_head % sh.n_kv_head || head_dim_opt % 2)
+  if (!p->path) sk_cli_usage_error("no output file: give -o FILE");
+  struct shape *sh = &p->sh;
+  if (over.dim) sh->dim = over.dim;
+  if (over.n_layer) sh->n_layer = over.n_layer;
+  if (over.n_head) sh->n_head = over.n_head;
+  if (over.n_kv_head) sh->n_kv_head = over.n_kv_head;
+  if (over.hidden) sh->hidden = over.hidden;
+  if (over.vocab) sh->vocab = over.vocab;
+  if (over.ctx) sh->ctx = over.ctx;
+  if (!over.n_kv_head && sh->n_kv_head > sh->n_head) sh->n_kv_head = sh->n_head;
+  if ((!p->head_dim_opt && (sh->dim % sh->n_head || (sh->dim / sh->n_head) % 2)) ||
+      sh->n_head % sh->n_kv_head || p->head_dim_opt % 2)
     sk_cli_usage_error("dim %u, heads %u, kv heads %u: dim must split into heads of even size "
                        "(or give an even --head-dim), heads into kv heads",
-                       sh.dim, sh.n_head, sh.n_kv_head);
-  struct kv_copy kc = {0};
-  if (vocab_from) {
-    read_vocab_from(vocab_from, &kc);
-    sh.vocab = kc.n_vocab;
-  }
+                       sh->dim, sh->n_head, sh->n_kv_head);
+}
+
+/* The model the file describes, from the parameters. */
+struct model {
+  struct shape sh;      /* the vocabulary that of --vocab-from if given */
+  const struct arch *arch;
   enum preset preset;
-  const uint32_t wtype = parse_type(type_name, &preset);
-  const bool low_bits = wtype != SK_GGML_F32 && wtype != SK_GGML_F16 && wtype != SK_GGML_BF16 &&
-                        wtype != SK_GGML_Q8_0 && wtype != SK_GGML_Q6_K;
-  const uint32_t otype = out_type_name ? parse_type(out_type_name, NULL)
-                                       : (low_bits ? SK_GGML_Q6_K : wtype);
-  const uint32_t head_dim = head_dim_opt ? head_dim_opt : sh.dim / sh.n_head;
-  const uint32_t q_dim = sh.n_head * head_dim, kv_dim = sh.n_kv_head * head_dim;
+  uint32_t wtype;       /* the layers' weight type */
+  uint32_t otype;       /* output.weight's (and a tied table's) */
+  uint32_t head_dim, q_dim, kv_dim;
   /* key_length / value_length: written when the heads do not split the
    * embedding, and always for qwen3 (as its files carry them) */
-  const bool head_keys = q_dim != sh.dim || arch->qk_norm;
-  rng_state = seed;
+  bool head_keys;
+};
 
-  /* Tensor table in file order. */
-  size_t n_t = 4 + 14 * (size_t)sh.n_layer; /* at most */
+static void make_model(const struct params *p, uint32_t n_vocab, struct model *m) {
+  m->sh = p->sh;
+  m->sh.vocab = n_vocab;
+  m->arch = p->arch;
+  m->wtype = parse_type(p->type_name, &m->preset);
+  const uint32_t wtype = m->wtype;
+  const bool low_bits = wtype != SK_GGML_F32 && wtype != SK_GGML_F16 && wtype != SK_GGML_BF16 &&
+                        wtype != SK_GGML_Q8_0 && wtype != SK_GGML_Q6_K;
+  m->otype = p->out_type_name ? parse_type(p->out_type_name, NULL)
+                              : (low_bits ? SK_GGML_Q6_K : wtype);
+  m->head_dim = p->head_dim_opt ? p->head_dim_opt : m->sh.dim / m->sh.n_head;
+  m->q_dim = m->sh.n_head * m->head_dim;
+  m->kv_dim = m->sh.n_kv_head * m->head_dim;
+  m->head_keys = m->q_dim != m->sh.dim || m->arch->qk_norm;
+}
+
+/* The tensor table in file order, with each tensor's type, offset and
+ * bytes; *ret_n tensors, *ret_max_row the longest row. malloc'd. */
+static struct tensor *make_tensors(const struct model *m, size_t *ret_n, uint64_t *ret_max_row) {
+  const struct shape *sh = &m->sh;
+  const struct arch *arch = m->arch;
+  const uint32_t wtype = m->wtype, otype = m->otype;
+  const uint32_t head_dim = m->head_dim, q_dim = m->q_dim, kv_dim = m->kv_dim;
+  size_t n_t = 4 + 14 * (size_t)sh->n_layer; /* at most */
   struct tensor *ts = calloc(n_t, sizeof *ts);
   if (!ts) sk_cli_die(1, "out of memory");
   size_t k = 0;
@@ -549,13 +577,14 @@ int main(int argc, char **argv) {
     t_->init = (INIT);                                                             \
   } while (0)
   /* tied embeddings: llama-quantize gives the table the output's type */
-  T("token_embd.weight", sh.dim, sh.vocab, arch->tied ? otype : wtype, INIT_RANDOM);
-  T("output_norm.weight", sh.dim, 0, SK_GGML_F32, INIT_ONES);
-  if (!arch->tied) T("output.weight", sh.dim, sh.vocab, otype, INIT_RANDOM);
+  T("token_embd.weight", sh->dim, sh->vocab, arch->tied ? otype : wtype, INIT_RANDOM);
+  T("output_norm.weight", sh->dim, 0, SK_GGML_F32, INIT_ONES);
+  if (!arch->tied) T("output.weight", sh->dim, sh->vocab, otype, INIT_RANDOM);
   if (arch->rope_freqs) T("rope_freqs.weight", head_dim / 2, 0, SK_GGML_F32, INIT_ROPE_FREQS);
-  for (uint32_t l = 0; l < sh.n_layer; l++) {
+  for (uint32_t l = 0; l < sh->n_layer; l++) {
     char n[64];
-    const uint32_t vtype = preset != PRESET_NONE && more_bits(l, sh.n_layer) ? SK_GGML_Q6_K : wtype;
+    const uint32_t vtype =
+        m->preset != PRESET_NONE && more_bits(l, sh->n_layer) ? SK_GGML_Q6_K : wtype;
 #define L(SUFFIX, NE0, NE1, INIT)                               \
   do {                                                          \
     snprintf(n, sizeof n, "blk.%u." SUFFIX, l);                 \
@@ -566,22 +595,22 @@ int main(int argc, char **argv) {
     snprintf(n, sizeof n, "blk.%u." SUFFIX, l);                 \
     T(n, NE0, NE1, vtype, INIT);                                \
   } while (0)
-    L("attn_norm.weight", sh.dim, 0, INIT_ONES);
-    L("attn_q.weight", sh.dim, q_dim, INIT_RANDOM);
+    L("attn_norm.weight", sh->dim, 0, INIT_ONES);
+    L("attn_q.weight", sh->dim, q_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_q.bias", q_dim, 0, INIT_RANDOM);
-    L("attn_k.weight", sh.dim, kv_dim, INIT_RANDOM);
+    L("attn_k.weight", sh->dim, kv_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_k.bias", kv_dim, 0, INIT_RANDOM);
-    LV("attn_v.weight", sh.dim, kv_dim, INIT_RANDOM);
+    LV("attn_v.weight", sh->dim, kv_dim, INIT_RANDOM);
     if (arch->qkv_bias) L("attn_v.bias", kv_dim, 0, INIT_RANDOM);
     if (arch->qk_norm) {
       L("attn_q_norm.weight", head_dim, 0, INIT_NORM);
       L("attn_k_norm.weight", head_dim, 0, INIT_NORM);
     }
-    L("attn_output.weight", q_dim, sh.dim, INIT_RANDOM);
-    L("ffn_norm.weight", sh.dim, 0, INIT_ONES);
-    L("ffn_gate.weight", sh.dim, sh.hidden, INIT_RANDOM);
-    L("ffn_up.weight", sh.dim, sh.hidden, INIT_RANDOM);
-    LV("ffn_down.weight", sh.hidden, sh.dim, INIT_RANDOM);
+    L("attn_output.weight", q_dim, sh->dim, INIT_RANDOM);
+    L("ffn_norm.weight", sh->dim, 0, INIT_ONES);
+    L("ffn_gate.weight", sh->dim, sh->hidden, INIT_RANDOM);
+    L("ffn_up.weight", sh->dim, sh->hidden, INIT_RANDOM);
+    LV("ffn_down.weight", sh->hidden, sh->dim, INIT_RANDOM);
 #undef L
 #undef LV
   }
@@ -596,92 +625,104 @@ int main(int argc, char **argv) {
     off += t->bytes;
     if (t->ne0 > max_row) max_row = t->ne0;
   }
+  *ret_n = n_t;
+  *ret_max_row = max_row;
+  return ts;
+}
 
-  struct vocab voc = {0};
-  if (!vocab_from) make_vocab(&voc, sh.vocab);
+/* The tokenizer keys of the made-up vocabulary (7 keys). */
+static void write_vocab(struct out *o, const struct vocab *voc) {
+  kv_str(o, "tokenizer.ggml.model", "llama");
+  put_str(o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
+  put_u32(o, SK_GGUF_ARRAY);
+  put_u32(o, SK_GGUF_STRING);
+  put_u64(o, voc->n);
+  for (uint32_t i = 0; i < voc->n; i++) put_str(o, voc->text[i], strlen(voc->text[i]));
+  put_str(o, "tokenizer.ggml.scores", strlen("tokenizer.ggml.scores"));
+  put_u32(o, SK_GGUF_ARRAY);
+  put_u32(o, SK_GGUF_FLOAT32);
+  put_u64(o, voc->n);
+  for (uint32_t i = 0; i < voc->n; i++) {
+    float score = i < N_FIXED_TOKENS ? 0.0f : -(float)(i - N_FIXED_TOKENS);
+    put(o, &score, 4);
+  }
+  put_str(o, "tokenizer.ggml.token_type", strlen("tokenizer.ggml.token_type"));
+  put_u32(o, SK_GGUF_ARRAY);
+  put_u32(o, SK_GGUF_INT32);
+  put_u64(o, voc->n);
+  for (uint32_t i = 0; i < voc->n; i++) {
+    int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < N_FIXED_TOKENS ? 6 : 1; /* unk, control, byte, normal */
+    put(o, &ty, 4);
+  }
+  kv_u32(o, "tokenizer.ggml.bos_token_id", 1);
+  kv_u32(o, "tokenizer.ggml.eos_token_id", 2);
+  kv_u32(o, "tokenizer.ggml.unknown_token_id", 0);
+}
 
-  struct out o = {.f = fopen(path, "wb"), .path = path};
-  if (!o.f) sk_cli_die(1, "cannot create %s: %s", path, strerror(errno));
-  /* the model's keys, then the 7 of the made-up vocabulary or the copied
-   * ones, then a chat template given as text (replacing a copied one) */
-  const uint64_t n_kv = 11 + (head_keys ? 2 : 0) +
-                        (vocab_from ? kc.n - (chat_text && kc.has_template) : 7) +
+/* The header and the metadata: the model's keys, then the 7 of the
+ * made-up vocabulary (voc) or the copied ones (kc), then a chat template
+ * given as text (replacing a copied one). */
+static void write_header(struct out *o, const struct params *p, const struct model *m,
+                         const struct kv_copy *kc, const struct vocab *voc, uint64_t n_t) {
+  const struct shape *sh = &m->sh;
+  const struct arch *arch = m->arch;
+  const char *chat_text = p->chat_text;
+  const uint64_t n_kv = 11 + (m->head_keys ? 2 : 0) +
+                        (p->vocab_from ? kc->n - (chat_text && kc->has_template) : 7) +
                         (chat_text != NULL);
-  put_u32(&o, 0x46554747u); /* "GGUF" */
-  put_u32(&o, 3);
-  put_u64(&o, n_t);
-  put_u64(&o, n_kv);
+  put_u32(o, 0x46554747u); /* "GGUF" */
+  put_u32(o, 3);
+  put_u64(o, n_t);
+  put_u64(o, n_kv);
   char name[96];
-  snprintf(name, sizeof name, "random %s %s %s", arch->name, sh.name, type_name);
-  kv_str(&o, "general.architecture", arch->gguf);
-  kv_str(&o, "general.name", name);
+  snprintf(name, sizeof name, "random %s %s %s", arch->name, sh->name, p->type_name);
+  kv_str(o, "general.architecture", arch->gguf);
+  kv_str(o, "general.name", name);
   char key[96];
 #define AKEY(SUFFIX) (snprintf(key, sizeof key, "%s." SUFFIX, arch->gguf), key)
-  kv_u32(&o, AKEY("context_length"), sh.ctx);
-  kv_u32(&o, AKEY("embedding_length"), sh.dim);
-  kv_u32(&o, AKEY("feed_forward_length"), sh.hidden);
-  kv_u32(&o, AKEY("block_count"), sh.n_layer);
-  kv_u32(&o, AKEY("attention.head_count"), sh.n_head);
-  kv_u32(&o, AKEY("attention.head_count_kv"), sh.n_kv_head);
-  if (head_keys) {
-    kv_u32(&o, AKEY("attention.key_length"), head_dim);
-    kv_u32(&o, AKEY("attention.value_length"), head_dim);
+  kv_u32(o, AKEY("context_length"), sh->ctx);
+  kv_u32(o, AKEY("embedding_length"), sh->dim);
+  kv_u32(o, AKEY("feed_forward_length"), sh->hidden);
+  kv_u32(o, AKEY("block_count"), sh->n_layer);
+  kv_u32(o, AKEY("attention.head_count"), sh->n_head);
+  kv_u32(o, AKEY("attention.head_count_kv"), sh->n_kv_head);
+  if (m->head_keys) {
+    kv_u32(o, AKEY("attention.key_length"), m->head_dim);
+    kv_u32(o, AKEY("attention.value_length"), m->head_dim);
   }
-  kv_u32(&o, AKEY("rope.dimension_count"), head_dim);
-  kv_f32(&o, AKEY("rope.freq_base"), arch->rope_base);
-  kv_f32(&o, AKEY("attention.layer_norm_rms_epsilon"), arch->rms_eps);
+  kv_u32(o, AKEY("rope.dimension_count"), m->head_dim);
+  kv_f32(o, AKEY("rope.freq_base"), arch->rope_base);
+  kv_f32(o, AKEY("attention.layer_norm_rms_epsilon"), arch->rms_eps);
 #undef AKEY
-  for (uint64_t i = 0; i < kc.n; i++) {
-    if (chat_text && kv_is(kc.at[i], "tokenizer.chat_template")) continue;
-    put(&o, kc.at[i], kc.len[i]);
+  for (uint64_t i = 0; i < kc->n; i++) {
+    if (chat_text && kv_is(kc->at[i], "tokenizer.chat_template")) continue;
+    put(o, kc->at[i], kc->len[i]);
   }
-  if (chat_text) kv_str(&o, "tokenizer.chat_template", chat_text);
-  if (!vocab_from) {
-    kv_str(&o, "tokenizer.ggml.model", "llama");
-    put_str(&o, "tokenizer.ggml.tokens", strlen("tokenizer.ggml.tokens"));
-    put_u32(&o, SK_GGUF_ARRAY);
-    put_u32(&o, SK_GGUF_STRING);
-    put_u64(&o, voc.n);
-    for (uint32_t i = 0; i < voc.n; i++) put_str(&o, voc.text[i], strlen(voc.text[i]));
-    put_str(&o, "tokenizer.ggml.scores", strlen("tokenizer.ggml.scores"));
-    put_u32(&o, SK_GGUF_ARRAY);
-    put_u32(&o, SK_GGUF_FLOAT32);
-    put_u64(&o, voc.n);
-    for (uint32_t i = 0; i < voc.n; i++) {
-      float score = i < N_FIXED_TOKENS ? 0.0f : -(float)(i - N_FIXED_TOKENS);
-      put(&o, &score, 4);
-    }
-    put_str(&o, "tokenizer.ggml.token_type", strlen("tokenizer.ggml.token_type"));
-    put_u32(&o, SK_GGUF_ARRAY);
-    put_u32(&o, SK_GGUF_INT32);
-    put_u64(&o, voc.n);
-    for (uint32_t i = 0; i < voc.n; i++) {
-      int32_t ty = i == 0 ? 2 : i < 3 ? 3 : i < N_FIXED_TOKENS ? 6 : 1; /* unk, control, byte, normal */
-      put(&o, &ty, 4);
-    }
-    kv_u32(&o, "tokenizer.ggml.bos_token_id", 1);
-    kv_u32(&o, "tokenizer.ggml.eos_token_id", 2);
-    kv_u32(&o, "tokenizer.ggml.unknown_token_id", 0);
-  }
+  if (chat_text) kv_str(o, "tokenizer.chat_template", chat_text);
+  if (!p->vocab_from) write_vocab(o, voc);
+}
 
+/* The tensor infos, then (aligned) each tensor's data, row by row. */
+static void write_tensors(struct out *o, const struct model *m, const struct tensor *ts,
+                          size_t n_t, uint64_t max_row) {
   for (size_t i = 0; i < n_t; i++) {
     const struct tensor *t = &ts[i];
-    put_str(&o, t->name, strlen(t->name));
-    put_u32(&o, t->ne1 ? 2 : 1);
-    put_u64(&o, t->ne0);
-    if (t->ne1) put_u64(&o, t->ne1);
-    put_u32(&o, t->type);
-    put_u64(&o, t->offset);
+    put_str(o, t->name, strlen(t->name));
+    put_u32(o, t->ne1 ? 2 : 1);
+    put_u64(o, t->ne0);
+    if (t->ne1) put_u64(o, t->ne1);
+    put_u32(o, t->type);
+    put_u64(o, t->offset);
   }
-  put_pad(&o);
+  put_pad(o);
 
   float *row = malloc(max_row * sizeof *row);
   void *tmp = malloc(max_row * 4 + 64);
   if (!row || !tmp) sk_cli_die(1, "out of memory");
-  const uint64_t data_start = o.pos;
+  const uint64_t data_start = o->pos;
   for (size_t i = 0; i < n_t; i++) {
     const struct tensor *t = &ts[i];
-    while (o.pos - data_start < t->offset) put(&o, "", 1);
+    while (o->pos - data_start < t->offset) put(o, "", 1);
     /* uniform with standard deviation 1/sqrt(in): activations keep their
      * scale through the layers, as trained weights roughly do */
     const float a = sqrtf(3.0f / (float)t->ne0);
@@ -689,23 +730,44 @@ int main(int argc, char **argv) {
       for (uint64_t j = 0; j < t->ne0; j++)
         row[j] = t->init == INIT_ONES         ? 1.0f
                  : t->init == INIT_NORM       ? 1.0f + rng_uniform(0.25f)
-                 : t->init == INIT_ROPE_FREQS ? llama31_factor((uint32_t)j, head_dim,
-                                                               arch->rope_base)
+                 : t->init == INIT_ROPE_FREQS ? llama31_factor((uint32_t)j, m->head_dim,
+                                                               m->arch->rope_base)
                                               : rng_uniform(a);
-      write_row(&o, t->type, row, t->ne0, a, tmp);
+      write_row(o, t->type, row, t->ne0, a, tmp);
     }
   }
-  if (fclose(o.f) != 0) sk_cli_die(1, "write %s: %s", path, strerror(errno));
-  fprintf(stderr, "%s: wrote %s: %s %s, %s weights (output %s), %.1f MB\n", sk_cli_prog(), path,
-          arch->name, sh.name, type_name, arch->tied ? "tied" : sk_ggml_type_name(otype),
-          (double)o.pos / 1e6);
+  free(row);
+  free(tmp);
+}
+
+int main(int argc, char **argv) {
+  sk_cli_init("sinkd-mkmodel", "sinkd-mkmodel --help");
+  struct params p;
+  parse_args(argc, argv, &p);
+  struct kv_copy kc = {0};
+  if (p.vocab_from) read_vocab_from(p.vocab_from, &kc);
+  struct model m;
+  make_model(&p, p.vocab_from ? kc.n_vocab : p.sh.vocab, &m);
+  rng_state = p.seed;
+  size_t n_t = 0;
+  uint64_t max_row = 0;
+  struct tensor *ts = make_tensors(&m, &n_t, &max_row);
+  struct vocab voc = {0};
+  if (!p.vocab_from) make_vocab(&voc, m.sh.vocab);
+
+  struct out o = {.f = fopen(p.path, "wb"), .path = p.path};
+  if (!o.f) sk_cli_die(1, "cannot create %s: %s", p.path, strerror(errno));
+  write_header(&o, &p, &m, &kc, &voc, n_t);
+  write_tensors(&o, &m, ts, n_t, max_row);
+  if (fclose(o.f) != 0) sk_cli_die(1, "write %s: %s", p.path, strerror(errno));
+  fprintf(stderr, "%s: wrote %s: %s %s, %s weights (output %s), %.1f MB\n", sk_cli_prog(), p.path,
+          m.arch->name, m.sh.name, p.type_name,
+          m.arch->tied ? "tied" : sk_ggml_type_name(m.otype), (double)o.pos / 1e6);
   for (uint32_t i = 0; i < voc.n; i++) free(voc.text[i]);
   free(voc.text);
   free(kc.at);
   free(kc.len);
   sk_gguf_close(kc.g);
   free(ts);
-  free(row);
-  free(tmp);
   return 0;
 }

@@ -402,6 +402,114 @@ static void sk__role_upper(struct sk__r *r, const struct sk_chat_msg *m) {
   }
 }
 
+/* Monarch: BOS before every message but the first. */
+static void sk__monarch(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n, bool add_ass) {
+  for (size_t i = 0; i < n; i++) {
+    if (i > 0) sk__tpl(r, "<s>"); /* BOS inside the history */
+    sk__role(r, &msgs[i]);
+    sk__tpl(r, "\n");
+    sk__content(r, &msgs[i], false);
+    sk__tpl(r, "</s>\n");
+  }
+  if (add_ass) sk__tpl(r, "<s>assistant\n");
+}
+
+/* OpenChat: "GPT4 Correct " and the role capitalised, except for the
+ * system message. */
+static void sk__openchat(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n,
+                         bool add_ass) {
+  for (size_t i = 0; i < n; i++) {
+    const struct sk_chat_msg *m = &msgs[i];
+    if (!sk__role_is(m, "system")) {
+      sk__tpl(r, "GPT4 Correct ");
+      if (m->role_len) {
+        char c = m->role[0];
+        if (c >= 'a' && c <= 'z') c = (char)(c - 'a' + 'A');
+        sk__tpln(r, &c, 1);
+        sk__tpln(r, m->role + 1, m->role_len - 1);
+      }
+      sk__tpl(r, ": ");
+    }
+    sk__content(r, m, false);
+    sk__tpl(r, "<|end_of_turn|>");
+  }
+  if (add_ass) sk__tpl(r, "GPT4 Correct Assistant:");
+}
+
+/* Granite: the role framed, "<|tool_call|>" for tool calls (Granite 4
+ * names their role assistant). */
+static void sk__granite(struct sk__r *r, int tmpl, const struct sk_chat_msg *msgs, size_t n,
+                        bool add_ass) {
+  for (size_t i = 0; i < n; i++) {
+    const struct sk_chat_msg *m = &msgs[i];
+    if (tmpl != SK_CHAT_GRANITE && sk__role_is(m, "assistant_tool_call")) {
+      sk__tpl(r, "<|start_of_role|>assistant<|end_of_role|><|tool_call|>");
+    } else {
+      sk__tpl(r, "<|start_of_role|>");
+      sk__role(r, m);
+      sk__tpl(r, "<|end_of_role|>");
+      if (tmpl == SK_CHAT_GRANITE && sk__role_is(m, "assistant_tool_call"))
+        sk__tpl(r, "<|tool_call|>");
+    }
+    sk__content(r, m, false);
+    sk__tpl(r, "<|end_of_text|>\n");
+  }
+  if (add_ass) sk__tpl(r, "<|start_of_role|>assistant<|end_of_role|>");
+}
+
+/* GigaChat: BOS, the system text alone, then the turns. */
+static void sk__gigachat(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n,
+                         bool add_ass) {
+  const bool has_sys = n && sk__role_is(&msgs[0], "system");
+  sk__tpl(r, "<s>");
+  if (has_sys) {
+    sk__content(r, &msgs[0], false);
+    sk__tpl(r, "<|message_sep|>");
+  }
+  const size_t from = has_sys ? 1 : 0;
+  SK__TURNS(r, msgs + from, n - from,
+            {"user", "user<|role_sep|>",
+             "<|message_sep|>available functions<|role_sep|>[]<|message_sep|>", false},
+            {"assistant", "assistant<|role_sep|>", "<|message_sep|>", false});
+  if (add_ass) sk__tpl(r, "assistant<|role_sep|>");
+}
+
+/* Bailing: upper-case roles (the user is HUMAN); Bailing 2 ends each
+ * turn and gives a default system message. */
+static void sk__bailing(struct sk__r *r, int tmpl, const struct sk_chat_msg *msgs, size_t n,
+                        bool add_ass) {
+  const bool v2 = tmpl == SK_CHAT_BAILING2;
+  if (v2 && !(n && sk__role_is(&msgs[0], "system")))
+    sk__tpl(r, "<role>SYSTEM</role>detailed thinking off<|role_end|>");
+  for (size_t i = 0; i < n; i++) {
+    const struct sk_chat_msg *m = &msgs[i];
+    sk__tpl(r, "<role>");
+    if (sk__role_is(m, "user")) sk__tpl(r, "HUMAN"); else sk__role_upper(r, m);
+    sk__tpl(r, "</role>");
+    sk__content(r, m, false);
+    if (v2) sk__tpl(r, "<|role_end|>");
+  }
+  if (add_ass) {
+    sk__tpl(r, "<role>ASSISTANT</role>");
+    if (tmpl == SK_CHAT_BAILING_THINK) sk__tpl(r, "<think>");
+  }
+}
+
+/* Seed-OSS: each message framed by its own BOS and EOS; the assistant's
+ * content trimmed. */
+static void sk__seed_oss(struct sk__r *r, const struct sk_chat_msg *msgs, size_t n,
+                         bool add_ass) {
+  for (size_t i = 0; i < n; i++) {
+    const struct sk_chat_msg *m = &msgs[i];
+    sk__tpl(r, "<seed:bos>");
+    sk__role(r, m);
+    sk__tpl(r, "\n");
+    sk__content(r, m, sk__role_is(m, "assistant"));
+    sk__tpl(r, "<seed:eos>");
+  }
+  if (add_ass) sk__tpl(r, "<seed:bos>assistant\n");
+}
+
 /* The ChatML-like families: lead, then per message open, role, mid,
  * content (trimmed if trim), end; the generation prompt last. */
 static const struct sk__simple_family {
@@ -447,14 +555,7 @@ static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_ms
     sk__llama2(r, tmpl, msgs, n);
     break;
   case SK_CHAT_MONARCH:
-    for (size_t i = 0; i < n; i++) {
-      if (i > 0) sk__tpl(r, "<s>"); /* BOS inside the history */
-      sk__role(r, &msgs[i]);
-      sk__tpl(r, "\n");
-      sk__content(r, &msgs[i], false);
-      sk__tpl(r, "</s>\n");
-    }
-    if (add_ass) sk__tpl(r, "<s>assistant\n");
+    sk__monarch(r, msgs, n, add_ass);
     break;
   case SK_CHAT_GEMMA:
     sk__gemma(r, msgs, n, add_ass);
@@ -463,22 +564,7 @@ static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_ms
     sk__orion(r, msgs, n);
     break;
   case SK_CHAT_OPENCHAT:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (!sk__role_is(m, "system")) {
-        sk__tpl(r, "GPT4 Correct ");
-        if (m->role_len) {
-          char c = m->role[0];
-          if (c >= 'a' && c <= 'z') c = (char)(c - 'a' + 'A');
-          sk__tpln(r, &c, 1);
-          sk__tpln(r, m->role + 1, m->role_len - 1);
-        }
-        sk__tpl(r, ": ");
-      }
-      sk__content(r, m, false);
-      sk__tpl(r, "<|end_of_turn|>");
-    }
-    if (add_ass) sk__tpl(r, "GPT4 Correct Assistant:");
+    sk__openchat(r, msgs, n, add_ass);
     break;
   case SK_CHAT_VICUNA:
   case SK_CHAT_VICUNA_ORCA:
@@ -542,48 +628,13 @@ static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_ms
     if (n && sk__role_is(&msgs[n - 1], "user")) sk__tpl(r, "Assistant:");
     break;
   case SK_CHAT_GRANITE:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      sk__tpl(r, "<|start_of_role|>");
-      sk__role(r, m);
-      sk__tpl(r, "<|end_of_role|>");
-      if (sk__role_is(m, "assistant_tool_call")) sk__tpl(r, "<|tool_call|>");
-      sk__content(r, m, false);
-      sk__tpl(r, "<|end_of_text|>\n");
-    }
-    if (add_ass) sk__tpl(r, "<|start_of_role|>assistant<|end_of_role|>");
-    break;
   case SK_CHAT_GRANITE_4_0:
   case SK_CHAT_GRANITE_4_1:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      if (sk__role_is(m, "assistant_tool_call")) {
-        sk__tpl(r, "<|start_of_role|>assistant<|end_of_role|><|tool_call|>");
-      } else {
-        sk__tpl(r, "<|start_of_role|>");
-        sk__role(r, m);
-        sk__tpl(r, "<|end_of_role|>");
-      }
-      sk__content(r, m, false);
-      sk__tpl(r, "<|end_of_text|>\n");
-    }
-    if (add_ass) sk__tpl(r, "<|start_of_role|>assistant<|end_of_role|>");
+    sk__granite(r, tmpl, msgs, n, add_ass);
     break;
-  case SK_CHAT_GIGACHAT: {
-    const bool has_sys = n && sk__role_is(&msgs[0], "system");
-    sk__tpl(r, "<s>");
-    if (has_sys) {
-      sk__content(r, &msgs[0], false);
-      sk__tpl(r, "<|message_sep|>");
-    }
-    const size_t from = has_sys ? 1 : 0;
-    SK__TURNS(r, msgs + from, n - from,
-              {"user", "user<|role_sep|>",
-               "<|message_sep|>available functions<|role_sep|>[]<|message_sep|>", false},
-              {"assistant", "assistant<|role_sep|>", "<|message_sep|>", false});
-    if (add_ass) sk__tpl(r, "assistant<|role_sep|>");
+  case SK_CHAT_GIGACHAT:
+    sk__gigachat(r, msgs, n, add_ass);
     break;
-  }
   case SK_CHAT_YANDEX: { /* "\n\n" ends a turn; no system role */
 #define SK__YA_USER " \xd0\x9f\xd0\xbe\xd0\xbb\xd1\x8c\xd0\xb7\xd0\xbe\xd0\xb2\xd0\xb0" \
                     "\xd1\x82\xd0\xb5\xd0\xbb\xd1\x8c: " /* " Пользователь: " */
@@ -598,24 +649,9 @@ static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_ms
   }
   case SK_CHAT_BAILING:
   case SK_CHAT_BAILING_THINK:
-  case SK_CHAT_BAILING2: {
-    const bool v2 = tmpl == SK_CHAT_BAILING2;
-    if (v2 && !(n && sk__role_is(&msgs[0], "system")))
-      sk__tpl(r, "<role>SYSTEM</role>detailed thinking off<|role_end|>");
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      sk__tpl(r, "<role>");
-      if (sk__role_is(m, "user")) sk__tpl(r, "HUMAN"); else sk__role_upper(r, m);
-      sk__tpl(r, "</role>");
-      sk__content(r, m, false);
-      if (v2) sk__tpl(r, "<|role_end|>");
-    }
-    if (add_ass) {
-      sk__tpl(r, "<role>ASSISTANT</role>");
-      if (tmpl == SK_CHAT_BAILING_THINK) sk__tpl(r, "<think>");
-    }
+  case SK_CHAT_BAILING2:
+    sk__bailing(r, tmpl, msgs, n, add_ass);
     break;
-  }
   case SK_CHAT_SMOLVLM:
     sk__tpl(r, "<|im_start|>");
     SK__TURNS(r, msgs, n, {"system", "", "\n\n", false},
@@ -624,15 +660,7 @@ static bool sk__render_family(struct sk__r *r, int tmpl, const struct sk_chat_ms
     if (add_ass) sk__tpl(r, "Assistant:");
     break;
   case SK_CHAT_SEED_OSS:
-    for (size_t i = 0; i < n; i++) {
-      const struct sk_chat_msg *m = &msgs[i];
-      sk__tpl(r, "<seed:bos>");
-      sk__role(r, m);
-      sk__tpl(r, "\n");
-      sk__content(r, m, sk__role_is(m, "assistant"));
-      sk__tpl(r, "<seed:eos>");
-    }
-    if (add_ass) sk__tpl(r, "<seed:bos>assistant\n");
+    sk__seed_oss(r, msgs, n, add_ass);
     break;
   default:
     return false;

@@ -1,8 +1,9 @@
-/* The KV cache as the forward pass sees it: what model.c needs of a
- * session's cache, declared here and implemented by the cache module
- * (daemon/session/kvcache.c, whose kvcache.h includes this header). The model
- * reads a cache only through these functions; the block's layout, its
- * header and the policies stay the cache module's.
+/* The KV cache as the forward pass sees it: what forward.c and
+ * attention.c need of a session's cache, declared here and implemented
+ * by the cache module (daemon/session/kvcache.c, whose kvcache.h
+ * includes this header). The model reads a cache only through these
+ * functions; the block's layout, its header and the policies stay the
+ * cache module's.
  *
  * Terms (kvcache.h has the whole story): a cache of capacity C has
  * S = C + SK_KV_SPARE_SLOTS slots; a slot holds one token's key and value
