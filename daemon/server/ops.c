@@ -32,17 +32,15 @@ static bool may_use(const struct sk_conn *conn, const struct sk_session *s) {
 }
 
 /* The session sid of request r. Sends the error and returns NULL if it is
- * unknown or not the caller's. */
+ * unknown or not the caller's: the same error for both (no_such_session,
+ * "no session N"), so that another user's ids cannot be told from ids
+ * that do not exist (sinkd-protocol(7), USERS). */
 static struct sk_session *session_of(struct sk_server *srv, const struct request *r,
                                      uint64_t sid) {
   struct sk_session *s = sk_session_find(&srv->sessions, sid);
-  if (!s || sk_session_closing(s)) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
-    return NULL;
-  }
-  if (!may_use(r->conn, s)) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_FORBIDDEN, "session %llu belongs to another user",
-                (unsigned long long)sid);
+  if (!s || sk_session_closing(s) || !may_use(r->conn, s)) {
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu",
+                        (unsigned long long)sid);
     return NULL;
   }
   sk_session_touch(s);
