@@ -61,6 +61,15 @@
  * frame_timeout_s is closed at most this late, and checking costs nothing. */
 #define SK_LIMIT_FRAME_TICK_MIN_MS 100u
 #define SK_LIMIT_FRAME_TICK_MAX_MS 1000u
+/* A refused connection is reported to the log once per uid in this time
+ * (the others are counted into the next report): a client that retries
+ * in a loop must not flood the journal. A minute keeps a persistent
+ * offender visible. */
+#define SK_LIMIT_REFUSAL_LOG_MS 60000u
+/* uids whose last refusal time is remembered: more than the users who
+ * hit a limit at once on any machine sinkd serves; past it the uid
+ * reported longest ago is forgotten (and may be reported early). */
+#define SK_LIMIT_REFUSAL_LOG_UIDS 64u
 /* Quiet time after the last disconnect before freed memory is given back
  * to the system (malloc_trim): a burst of clients pays it once. */
 #define SK_LIMIT_TRIM_DELAY_MS 1000u

@@ -725,8 +725,8 @@ static int log_count(const struct sk_test_daemon *d, const char *needle) {
 /* Uid A takes every connection it may; B and root still get their pings
  * answered at once; then B takes what is left to users other than root,
  * and root still gets in (its reserve of 8). After the frame deadline the
- * silent connections are gone. Every refusal is one log line naming the
- * uid. */
+ * silent connections are gone. Refusals are logged once per uid, naming
+ * it. */
 static void test_connection_lockout(void **state) {
   (void)state;
   struct sk_test_daemon d;
@@ -776,14 +776,13 @@ static void test_connection_lockout(void **state) {
   if (!strstr(out, want) && strncmp(out, "ping disconnected ", 18) != 0)
     fail_msg("B's ping with every user place taken: %s", out);
   free(out);
-  assert_int_equal(log_count(&d, want), 5);
-
-  /* One line per refusal, naming the uid. */
+  /* Refusals are logged once per uid (a minute apart at most), however
+   * many: a client retrying in a loop does not flood the log. */
   char needle[64];
   snprintf(needle, sizeof needle, "refused a connection of uid %u: ", (unsigned)g_a.uid);
-  assert_int_equal(log_count(&d, needle), 4);
+  assert_int_equal(log_count(&d, needle), 1);
   snprintf(needle, sizeof needle, "refused a connection of uid %u: ", (unsigned)g_b.uid);
-  assert_int_equal(log_count(&d, needle), 5);
+  assert_int_equal(log_count(&d, needle), 1);
 
   /* After the deadline, the silent connections are gone. */
   assert_int_equal(write(a.cmd, "c", 1), 1);

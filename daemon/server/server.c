@@ -97,8 +97,14 @@ static struct sk_conn_limits conn_limits(const struct sk_server_config *cfg) {
       .frame_timeout_s = cfg->frame_timeout_s};
 }
 
+int sk_server_admit(struct sk_server *srv, uint32_t uid, struct sk_error *err) {
+  return sk_conns_admit(&srv->conns, uid, err);
+}
+
+void sk_server_unadmit(struct sk_server *srv, uint32_t uid) { sk_conns_unadmit(&srv->conns, uid); }
+
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err) {
-  return sk_listen_attach(&srv->conns, fd, uid, err);
+  return sk_listen_attach(&srv->conns, fd, uid, true, err);
 }
 
 int sk_server_check_socket(const char *path, struct sk_error *err) {
