@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@ enum key_type {
   T_LOG_LEVEL, /* err, warning, notice, info, debug */
   T_KV_TYPE,   /* f32, f16 */
   T_CHAT,      /* a chat template family (chat.h), none or auto */
+  T_BOOL,      /* yes/no, true/false, on/off, 1/0 (stored as 1/0 in a uint32_t) */
 };
 
 struct key_desc {
@@ -104,6 +107,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     /* a uid: the kernel's uid_t, without (uid_t)-1, which means "none" */
     [SK_CFG_HTTP_UID] = {"daemon", "http_uid", "--http-uid", T_U32_AUTO, F(http_uid), 1,
                          UINT32_MAX - 1, false},
+    [SK_CFG_HTTP_LISTEN_PUBLIC] = {"daemon", "http_listen_public", "--http-listen-public", T_BOOL,
+                                   F(http_listen_public), 0, 1, false},
 };
 
 static const char *const log_level_names[] = {
@@ -317,6 +322,23 @@ static bool listen_ok(const char *s) {
   return inet_pton(AF_INET, host, addr) == 1;
 }
 
+bool sk_config_listen_loopback(const char *listen) {
+  const char *colon = strrchr(listen, ':');
+  if (!colon) return false;
+  size_t n = (size_t)(colon - listen);
+  char host[64];
+  if (n >= sizeof host) return false;
+  memcpy(host, listen, n);
+  host[n] = 0;
+  if (strcmp(host, "localhost") == 0) return true;
+  unsigned char a[16];
+  if (n > 2 && host[0] == '[' && host[n - 1] == ']') {
+    host[n - 1] = 0;
+    return inet_pton(AF_INET6, host + 1, a) == 1 && memcmp(a, &in6addr_loopback, 16) == 0;
+  }
+  return inet_pton(AF_INET, host, a) == 1 && a[0] == 127; /* 127.0.0.0/8 */
+}
+
 int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *value,
                   enum sk_config_origin from, uint32_t line, struct sk_error *err) {
   const struct key_desc *d = &keys[key];
@@ -399,6 +421,19 @@ int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *val
     cfg->chat_template = t;
     break;
   }
+  case T_BOOL: {
+    static const char *const yes[] = {"yes", "true", "on", "1"}, *const no[] = {"no", "false",
+                                                                               "off", "0"};
+    int b = -1;
+    for (size_t i = 0; i < 4; i++) {
+      if (strcmp(value, yes[i]) == 0) b = 1;
+      if (strcmp(value, no[i]) == 0) b = 0;
+    }
+    if (b < 0)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%.64s' is not yes or no", value);
+    field_num_set(cfg, key, (uint64_t)b);
+    break;
+  }
   case T_LOG_LEVEL: {
     uint32_t level = 0;
     for (uint32_t l = SK_LOG_ERR; l <= SK_LOG_DEBUG; l++)
@@ -473,6 +508,7 @@ void sk_config_format(const struct sk_config *cfg, enum sk_config_key key, char 
     snprintf(buf, size, "%s", n ? n : "?");
     break;
   }
+  case T_BOOL: snprintf(buf, size, "%s", field_num(cfg, key) ? "yes" : "no"); break;
   case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(cfg->log_level)); break;
   case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(cfg->kv_type)); break;
   case T_CHAT:
@@ -754,8 +790,22 @@ int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                         "--http-key-file) to a file of mode 0600 holding it",
                         at);
   }
+  if (cfg->http_listen && !cfg->http_listen_public && !sk_config_listen_loopback(cfg->http_listen)) {
+    where(cfg, SK_CFG_HTTP_LISTEN, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%shttp_listen %s is not a loopback address: other machines could reach "
+                        "it; set http_listen_public = yes (or --http-listen-public yes) to mean it",
+                        at, cfg->http_listen);
+  }
   if (cfg->http_uid == 0) {
-    cfg->http_uid = (uint32_t)getuid();
+    /* TCP requests carry no uid: they act as sinkd's own, never as root
+     * (who may use every session); as root, as nobody. */
+    uid_t self = getuid();
+    if (self == 0) {
+      struct passwd *pw = getpwnam("nobody");
+      self = pw && pw->pw_uid != 0 ? pw->pw_uid : SK_CONFIG_NOBODY_UID;
+    }
+    cfg->http_uid = (uint32_t)self;
     cfg->origin[SK_CFG_HTTP_UID].automatic = true;
   }
   if (cfg->threads == 0) {

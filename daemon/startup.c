@@ -716,6 +716,15 @@ static int start_http(struct daemon *d) {
          d->http_fd > 0 ? "the passed socket" : http_unix ? d->cfg.http_socket : "",
          http_unix && d->cfg.http_listen ? " and " : "",
          d->cfg.http_listen ? d->cfg.http_listen : "");
+  if (d->cfg.http_listen) {
+    sk_log(SK_LOG_NOTICE, "HTTP on %s (TCP, API key): requests act as uid %u%s",
+           d->cfg.http_listen, d->cfg.http_uid,
+           d->cfg.origin[SK_CFG_HTTP_UID].automatic ? " (http_uid auto)" : "");
+    if (!sk_config_listen_loopback(d->cfg.http_listen))
+      sk_log(SK_LOG_WARNING, "HTTP listens on %s, which other machines may reach: the API key "
+             "and every request travel in clear text (http_listen_public = yes)",
+             d->cfg.http_listen);
+  }
   return 0;
 }
 
