@@ -117,8 +117,13 @@
 #define SK_LIMIT_HTTP_REQUEST_MS 10000u
 /* A keep-alive connection with no request for this long is closed. */
 #define SK_LIMIT_HTTP_IDLE_MS 60000u
+/* After a client left, the time its request may take to close what it
+ * opened for it on its daemon connection (a session whose id the client
+ * never got): one round trip to the server, far less than this. */
+#define SK_LIMIT_HTTP_LINGER_MS 10000u
 /* Bytes of responses waiting for a slow reader before its generation
- * pauses (as SK_LIMIT_CONN_OUT for msgpack clients). */
+ * pauses and its requests stop being read (as SK_LIMIT_CONN_OUT for
+ * msgpack clients). */
 #define SK_LIMIT_HTTP_OUT (1u << 20)
 /* Request line plus headers, in bytes: no OpenAI client sends more than
  * a few hundred; 16 KiB leaves room for long bearer tokens and cookies
@@ -135,9 +140,12 @@
 #define SK_LIMIT_OPENAI_STOP_BYTES 256u
 /* Largest max_tokens: the generate op's ceiling. */
 #define SK_LIMIT_OPENAI_MAX_TOKENS (1u << 20)
-/* Conversations of persistent sessions remembered (oaiconv.h); the
- * oldest is dropped, so memory stays bounded however many sessions. */
-#define SK_LIMIT_OPENAI_CONVS 1024u
+/* Conversations of persistent sessions remembered per uid (oaiconv.h):
+ * many times the sessions a uid may hold (max_user_sessions, 16 by
+ * default); the uid's least recently used one is dropped, so its memory
+ * stays bounded however many sessions it goes through, and no uid's use
+ * drops another's. */
+#define SK_LIMIT_OPENAI_USER_CONVS 256u
 
 /* ---- the state directory (store.c) ---- */
 

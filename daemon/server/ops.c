@@ -434,6 +434,13 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   job->sampling.temperature = (float)g.temperature;
   job->sampling.top_k = g.top_k;
   if (g.has_top_k && g.top_k >= n_vocab) job->sampling.top_k = 0; /* all: off */
+  if (g.top_p > 0 && !((float)g.top_p > 0)) {
+    /* Positive, but 0 to the sampler: the message gives the value sent. */
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                      "top_p %g must be in (0, 1] (as a 32-bit float, which it rounds to 0)",
+                      g.top_p);
+    goto bad;
+  }
   job->sampling.top_p = (float)g.top_p;
   job->sampling.seed = g.seed;
   job->has_seed = g.has_seed; /* else the session's PRNG stream goes on (scheduler.c) */

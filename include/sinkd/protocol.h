@@ -159,7 +159,8 @@ const char *sk_strerror(int code);
 /* Code for a wire name of `len` bytes; SK_ERR_INTERNAL if unknown. */
 int sk_error_from_name(const char *name, size_t len);
 /* Fills *err (if not NULL) with code (either sign) and a printf-style
- * message; returns -|code| so callers can `return sk_error_set(...)`. */
+ * message (cut to SK_ERROR_MESSAGE_MAX - 1 bytes, between two UTF-8
+ * characters); returns -|code| so callers can `return sk_error_set(...)`. */
 int sk_error_set(struct sk_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int sk_error_setv(struct sk_error *err, int code, const char *fmt, va_list ap);
