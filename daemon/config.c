@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -11,12 +12,15 @@
 #include <netinet/in.h>
 #include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "model/chat.h"
 #include "session/kvcache.h"
 #include "base/log.h"
+#include "base/safefile.h"
 #include "sk_config.h"
 
 enum key_type {
@@ -698,22 +702,50 @@ int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs) {
   memset(errs, 0, sizeof *errs);
   struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
-  st.f = fopen(path, "re");
-  if (!st.f) {
+  /* Read whole before parsing, as a regular file of bounded size: a FIFO
+   * or /dev/zero named as the configuration (or swapped in before a
+   * reload) is refused at once instead of hanging the daemon. */
+  char *text = NULL;
+  size_t text_len = 0;
+  struct sk_error fe;
+  struct stat sb;
+  int frc;
+  if (stat(path, &sb) == 0 && S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(1, 3)) {
+    /* /dev/null: no configuration (sinkd --config /dev/null), read as
+     * an empty file. */
+    frc = (text = calloc(1, 1)) ? 0 : -SK_ERR_NO_MEMORY;
+  } else {
+    frc = sk_safefile_read(AT_FDCWD, path, 0, SK_LIMIT_CONFIG_BYTES, NULL, &text, &text_len,
+                           &fe);
+  }
+  if (frc < 0) {
     int e = errno;
+    if (frc == -SK_ERR_NO_MEMORY) return frc;
     if (e == ENOENT && !must_exist) return 1;
     errs->n = 1;
-    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
-                        strerror(e));
+    if (e)
+      return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
+                          strerror(e));
+    return sk_error_set(&errs->e[0], SK_ERR_IO, "cannot read the configuration: %s",
+                        fe.message);
   }
   free(cfg->file);
   cfg->file = strdup(path);
   if (!cfg->file) {
-    fclose(st.f);
+    free(text);
     return -SK_ERR_NO_MEMORY;
   }
-  int rc = ini_parse_stream(reader, &st, handler, &st);
-  fclose(st.f);
+  int rc = 0;
+  if (text_len) {
+    st.f = fmemopen(text, text_len, "r");
+    if (!st.f) {
+      free(text);
+      return -SK_ERR_NO_MEMORY;
+    }
+    rc = ini_parse_stream(reader, &st, handler, &st);
+    fclose(st.f);
+  }
+  free(text);
   free(st.buf);
   if (st.fatal == -SK_ERR_NO_MEMORY) return st.fatal;
   if (st.fatal == -SK_ERR_IO) {

@@ -42,6 +42,10 @@
  * gone (0 = no deadline). */
 #define SK_LIMIT_MAX_FRAME_TIMEOUT 3600u
 
+/* Bytes of the configuration file: a commented sinkd.conf is a few KiB;
+ * it is read whole, so its size is bounded before it is. */
+#define SK_LIMIT_CONFIG_BYTES (1u << 20)
+
 /* ---- connections (listen.c, conn.c, admit.c) ---- */
 
 /* Pending connections the kernel queues for accept: the usual SOMAXCONN
@@ -147,6 +151,10 @@
  * drops another's. */
 #define SK_LIMIT_OPENAI_USER_CONVS 256u
 
+/* Bytes of http_key_file: a key is one line of at most 1022 bytes; a
+ * larger file is not a key file. */
+#define SK_LIMIT_KEY_FILE_BYTES 4096u
+
 /* ---- the state directory (store.c) ---- */
 
 /* Names tried when setting an object aside ("name", "name.1", ...)
@@ -154,6 +162,11 @@
 #define SK_LIMIT_SET_ASIDE_TRIES 100
 
 /* ---- sparsity calibration (main.c --calibrate, sparse.h, CATS sec. 3.2) ---- */
+
+/* Bytes of a sparsity file: a few lines of 1024 numbers at most. */
+#define SK_LIMIT_SPARSITY_FILE_BYTES (16u << 20)
+/* Bytes of the text --calibrate reads (it uses its first tokens only). */
+#define SK_LIMIT_CALIB_TEXT_BYTES (64u << 20)
 
 /* Tokens of the text used, at most: bounds the run's time. */
 #define SK_LIMIT_CALIB_TOKENS 8192u

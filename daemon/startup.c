@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "base/notify.h"
+#include "base/safefile.h"
 #include "http/http.h"
 #include "model/chat.h"
 #include "model/gguf.h"
@@ -326,14 +327,19 @@ static int passed_socket(char *ret_path, size_t size, int *ret_http_fd) {
  * (mode 0600 or stricter), holding the key on one line. Returns 0, or -1
  * after logging why. */
 static int read_key_file(const char *path, char *ret, size_t size) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  char what[PATH_MAX + 32];
+  snprintf(what, sizeof what, "http_key_file %s", path);
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0) {
-    sk_log(SK_LOG_ERR, "http_key_file %s: %s", path, strerror(errno));
-    if (fd >= 0) close(fd);
+  struct sk_error e;
+  /* Not a FIFO (opening it would wait for a writer forever), no device,
+   * nothing larger than a key. */
+  int fd = sk_safefile_open(AT_FDCWD, path, SK_SAFEFILE_NOFOLLOW, SK_LIMIT_KEY_FILE_BYTES, what,
+                            &st, &e);
+  if (fd < 0) {
+    sk_log(SK_LOG_ERR, "%s", e.message);
     return -1;
   }
-  if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+  if (st.st_mode & 077) {
     sk_log(SK_LOG_ERR, "http_key_file %s: must be a regular file of mode 0600 (it is %04o): "
                        "chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
     close(fd);
@@ -375,9 +381,13 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
                      uint32_t threads, uint32_t batch) {
   struct sk_error err = {0};
   const struct sk_model_config *mc = sk_model_config(m);
-  FILE *f = fopen(text_path, "rb");
+  /* A regular file (a FIFO would wait for a writer), read up to its
+   * first SK_LIMIT_CALIB_TEXT_BYTES. */
+  int tfd = sk_safefile_open(AT_FDCWD, text_path, 0, UINT64_MAX / 4, NULL, NULL, &err);
+  FILE *f = tfd >= 0 ? fdopen(tfd, "rb") : NULL;
   if (!f) {
-    fprintf(stderr, "sinkd: --calibrate %s: %s\n", text_path, strerror(errno));
+    if (tfd >= 0) close(tfd);
+    fprintf(stderr, "sinkd: --calibrate: %s\n", tfd >= 0 ? strerror(errno) : err.message);
     return SK_EXIT_CONFIG;
   }
   char *text = NULL;
@@ -385,7 +395,7 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
   for (;;) {
     if (len == cap) {
       cap = cap ? 2 * cap : 1 << 16;
-      char *t = cap <= (64u << 20) ? realloc(text, cap) : NULL;
+      char *t = cap <= SK_LIMIT_CALIB_TEXT_BYTES ? realloc(text, cap) : NULL;
       if (!t) break;
       text = t;
     }
@@ -441,20 +451,33 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
     goto fail;
   memcpy(cal.model_fp, fp, 16);
   cal.n_tokens = n_use;
-  char tmp[PATH_MAX];
-  FILE *o = stdout;
-  if (out) {
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    if (!(o = fopen(tmp, "w"))) {
-      fprintf(stderr, "sinkd: %s: %s\n", tmp, strerror(errno));
-      goto done;
-    }
+  /* The file: written in memory, then into its folder through a
+   * temporary created exclusively and renamed over it (base/safefile.h),
+   * never through a link planted at either name. */
+  char *buf = NULL;
+  size_t buf_len = 0;
+  FILE *o = out ? open_memstream(&buf, &buf_len) : stdout;
+  if (!o) {
+    fprintf(stderr, "sinkd: cannot write %s: %s\n", out, strerror(errno));
+    goto done;
   }
   int rc = sk_sparse_calib_write(o, &cal, &err);
-  if (out && (fclose(o) != 0 || rc < 0 || rename(tmp, out) < 0)) {
-    fprintf(stderr, "sinkd: cannot write %s: %s\n", out, rc < 0 ? err.message : strerror(errno));
-    unlink(tmp);
-    goto done;
+  if (out) {
+    int dfd = -1;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(out, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out) : 1, slash ? out : ".");
+    if (slash == out) snprintf(dir, sizeof dir, "/");
+    if (fclose(o) != 0 && rc == 0) rc = sk_error_set(&err, SK_ERR_NO_MEMORY, "out of memory");
+    if (rc == 0 && (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+      rc = sk_error_set(&err, SK_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (rc == 0) rc = sk_safefile_write(dfd, slash ? slash + 1 : out, 0644, buf, buf_len, &err);
+    if (dfd >= 0) close(dfd);
+    free(buf);
+    if (rc < 0) {
+      fprintf(stderr, "sinkd: cannot write %s: %s\n", out, err.message);
+      goto done;
+    }
   }
   if (rc < 0) goto fail;
   for (uint32_t i = 0; i < cal.n_levels; i++) {
