@@ -529,6 +529,12 @@ static int start_config(struct daemon *d) {
     sk_notify("STATUS=loading %s", d->cfg.model);
   }
   signal(SIGPIPE, SIG_IGN);
+  /* Signals whose default action ends a process without a word: a stray
+   * kill -USR1 (or a timer of some library) must not stop the daemon
+   * without its clean shutdown. SIGINT and SIGTERM stop it, SIGHUP
+   * reloads (serve()). */
+  static const int stray[] = {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGIO};
+  for (size_t i = 0; i < sizeof stray / sizeof stray[0]; i++) signal(stray[i], SIG_IGN);
   /* The kernels first: the model loader packs weights for them. */
   if (sk_kernels_select(getenv("SINKD_KERNEL"), &err) < 0) {
     if (d->src->check_only) fprintf(stderr, "sinkd: SINKD_KERNEL: %s\n", err.message);
