@@ -111,6 +111,9 @@
  * is rendered on every chat, and roles are short words. */
 #define SK_LIMIT_CONV_MSGS 64u
 #define SK_LIMIT_CONV_ROLE 32u
+/* Bytes of a session's conversation file (conv.c): its text and 64
+ * messages are far below this; past it the file is not one sinkd wrote. */
+#define SK_LIMIT_CONV_FILE_BYTES (64u << 20)
 
 /* ---- the HTTP front end (daemon/http/) ---- */
 

@@ -134,7 +134,7 @@ static void open_finish(struct sk_server *srv, struct sk_conn *conn, uint64_t re
   struct sk_session_desc d;
   sk_session_describe(s, &d);
   struct sk_error ce;
-  if (sk_session_conv_save(s, sk_store_dir(srv->cfg.store), d.id, &ce) < 0)
+  if (sk_session_conv_save(s, sk_store_dirfd(srv->cfg.store), d.id, &ce) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)d.id,
            ce.message);
   sk_jobs_counts_changed(srv);
@@ -280,7 +280,7 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
     struct sk_error ce;
-    const char *dir = sk_store_dir(srv->cfg.store);
+    const int dir = sk_store_dirfd(srv->cfg.store);
     const uint64_t from = sk_session_id(w->src);
     int rc = sk_session_conv_save(w->src, dir, d.id, &ce);
     if (rc < 0 || (rc == 1 && sk_session_conv_load(ns, dir, &ce) < 0))

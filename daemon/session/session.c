@@ -378,7 +378,7 @@ void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
       break;
     }
   }
-  sk_conv_remove(sk_store_dir(t->store), s->id);
+  sk_conv_remove(sk_store_dirfd(t->store), s->id);
   sk_conv_free(&s->conv);
   sk_store_obj_unlink(s->obj);
   if (t->release_obj)
@@ -718,7 +718,7 @@ out:
 
 static void chat_save(struct sk_session *s) {
   struct sk_error e;
-  if (sk_conv_save(&s->conv, sk_store_dir(s->obj->store), s->id, &e) < 0)
+  if (sk_conv_save(&s->conv, sk_store_dirfd(s->obj->store), s->id, &e) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)s->id,
            e.message);
 }
@@ -867,8 +867,8 @@ void sk_session_set_template(struct sk_session *s, int tmpl) {
   sk_conv_init(&s->conv, tmpl);
 }
 
-int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err) {
-  return sk_conv_load(&s->conv, dir, s->id, err);
+int sk_session_conv_load(struct sk_session *s, int dirfd, struct sk_error *err) {
+  return sk_conv_load(&s->conv, dirfd, s->id, err);
 }
 
 /* ---- a step of the session's state ---- */
@@ -966,9 +966,9 @@ void sk_session_resident_tokens(const struct sk_session *s, int32_t *ids) {
   for (uint32_t p = 0; p < sk_kv_resident(kv); p++) ids[p] = kv->token[sk_kv_slot(kv, p)];
 }
 
-int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+int sk_session_conv_save(const struct sk_session *s, int dirfd, uint64_t id,
                          struct sk_error *err) {
   if (s->conv.tmpl == SK_CHAT_NONE) return 0;
-  int rc = sk_conv_save(&s->conv, dir, id, err);
+  int rc = sk_conv_save(&s->conv, dirfd, id, err);
   return rc < 0 ? rc : 1;
 }

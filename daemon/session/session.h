@@ -382,13 +382,15 @@ void sk_session_set_temporary(struct sk_session *s, uint64_t conn_id);
 void sk_session_set_conv(struct sk_session *s, struct sk_conv *conv);
 /* s's conversation starts afresh with chat template tmpl. */
 void sk_session_set_template(struct sk_session *s, int tmpl);
-/* Loads s's conversation from its file in dir (sk_conv_load); on error
- * s keeps the one it had. Errors: those of sk_conv_load. */
-int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err);
-/* Saves s's conversation in dir as session id's (sk_conv_save: id is s's
- * own, or a fork's that takes a copy). Returns 1, or 0 when s has no chat
- * template (nothing saved). Errors: those of sk_conv_save. */
-int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+/* Loads s's conversation from its file in the state directory dirfd
+ * (sk_conv_load); on error s keeps the one it had. Errors: those of
+ * sk_conv_load. */
+int sk_session_conv_load(struct sk_session *s, int dirfd, struct sk_error *err);
+/* Saves s's conversation in the state directory dirfd as session id's
+ * (sk_conv_save: id is s's own, or a fork's that takes a copy). Returns
+ * 1, or 0 when s has no chat template (nothing saved). Errors: those of
+ * sk_conv_save. */
+int sk_session_conv_save(const struct sk_session *s, int dirfd, uint64_t id,
                          struct sk_error *err);
 
 /* Whether the session's last committed step left logits to sample from. */

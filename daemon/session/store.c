@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "base/safefile.h"
 #include "sk_limits.h"
 
 #define SK__STORE_MAGIC "SINKDSHM"
@@ -235,6 +236,9 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
                       cfg->dir, (unsigned)sb.st_uid, (unsigned)geteuid());
     goto fail;
   }
+  /* Others must not swap the files the daemon writes here (a symbolic
+   * link where a file is about to be written). */
+  if ((rc = sk_safefile_check_dir(st->dirfd, cfg->dir, err)) < 0) goto fail;
   st->lockfd = openat(st->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (st->lockfd < 0) {
     rc = sk_error_set(err, SK_ERR_IO, "cannot open %s/lock: %s", cfg->dir, strerror(errno));
@@ -265,6 +269,7 @@ void sk_store_close(struct sk_store *st) {
 }
 
 const char *sk_store_dir(const struct sk_store *st) { return st->dir; }
+int sk_store_dirfd(const struct sk_store *st) { return st->dirfd; }
 
 static void sk__obj_name(char *buf, size_t size, uint64_t id, bool tmp) {
   snprintf(buf, size, "session-%" PRIu64 ".skv%s", id, tmp ? ".tmp" : "");
@@ -731,9 +736,7 @@ static int sk__cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Moves name into invalid/, under a free name; dest gets the new path
- * relative to the state directory. */
-static bool sk__set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
+bool sk_store_set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
   if (mkdirat(st->dirfd, SK_STORE_INVALID_DIR, 0700) < 0 && errno != EEXIST) return false;
   for (int i = 0; i < SK_LIMIT_SET_ASIDE_TRIES; i++) {
     if (i == 0)
@@ -758,6 +761,14 @@ static int sk__load(struct sk_store *st, const char *name, uint64_t id,
                     struct sk_store_obj **ret, struct sk_error *err) {
   int fd = openat(st->dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return sk__bad(err, "cannot open: %s", strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) == 0 && sb.st_uid != geteuid()) {
+    /* Planted by another user (a directory others may add to): its
+     * header could name any owner. */
+    close(fd);
+    return sk__bad(err, "owned by uid %u, not by the daemon's uid %u", (unsigned)sb.st_uid,
+                   (unsigned)geteuid());
+  }
   struct sk_store_obj *obj = NULL;
   int rc = sk__map_file(fd, name, &obj, err);
   close(fd);
@@ -825,8 +836,10 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
       continue;
     }
     char dest[128];
-    if (sk__set_aside(st, name, dest, sizeof dest))
+    if (sk_store_set_aside(st, name, dest, sizeof dest)) {
       cb->skip(cb->user, name, SK_STORE_SET_ASIDE, dest, why.message);
+      if (cb->aside) cb->aside(cb->user, ids[i]);
+    }
     else
       cb->skip(cb->user, name, SK_STORE_KEPT, NULL, why.message);
   }
