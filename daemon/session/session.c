@@ -93,6 +93,7 @@ void sk_session_table_set_release(struct sk_session_table *t,
 }
 
 void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id) {
+  if (id > SK_SESSION_ID_MAX) id = SK_SESSION_ID_MAX; /* the store caps it */
   if (id >= t->next_id) t->next_id = id + 1;
 }
 
@@ -132,6 +133,10 @@ static uint32_t table_slot(struct sk_session_table *t) {
 /* Limits for one more session of `bytes`, counting reserved opens. */
 static int check_limits(const struct sk_session_table *t, size_t bytes,
                         struct sk_error *err) {
+  if (t->next_id > SK_SESSION_ID_MAX)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "no session id left: this state directory has used every id up to %"
+                        PRIu64, (uint64_t)SK_SESSION_ID_MAX);
   const uint64_t count = (uint64_t)t->count + t->n_reserved;
   const uint64_t used = t->bytes + t->reserved_bytes;
   if (count >= t->max_sessions)

@@ -249,6 +249,9 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
   char idbuf[32] = {0};
   ssize_t got = pread(st->lockfd, idbuf, sizeof idbuf - 1, 0);
   st->next_id = got > 0 ? strtoull(idbuf, NULL, 10) : 0;
+  /* Every id up to the largest was used (or the file says more): none
+   * is left, and none wraps around. */
+  if (st->next_id > SK_SESSION_ID_MAX + 1) st->next_id = SK_SESSION_ID_MAX + 1;
   struct statfs fs;
   st->tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
   if (ret_tmpfs) *ret_tmpfs = st->tmpfs;
@@ -713,21 +716,23 @@ int sk_store_obj_check(struct sk_store *st, const char *path, struct sk_store_ob
 
 /* ---- scan ------------------------------------------------------------ */
 
-/* "session-<id>.skv" -> id (1 ..), or "...skv.tmp" with *ret_tmp. */
+/* "session-<id>.skv" -> id (1 ..), or "...skv.tmp" with *ret_tmp; an
+ * id past SK_SESSION_ID_MAX (or past 64 bits) gives *ret_id 0. */
 static bool sk__parse_name(const char *name, uint64_t *ret_id, bool *ret_tmp) {
   const char *p = name;
   if (strncmp(p, "session-", 8) != 0) return false;
   p += 8;
   if (*p < '1' || *p > '9') return false;
   uint64_t id = 0;
+  bool huge = false;
   for (; *p >= '0' && *p <= '9'; p++) {
-    if (id > (UINT64_MAX - 9) / 10) return false;
-    id = id * 10 + (uint64_t)(*p - '0');
+    if (id > (SK_SESSION_ID_MAX - 9) / 10) huge = true;
+    else id = id * 10 + (uint64_t)(*p - '0');
   }
   if (strcmp(p, ".skv") == 0) *ret_tmp = false;
   else if (strcmp(p, ".skv.tmp") == 0) *ret_tmp = true;
   else return false;
-  *ret_id = id;
+  *ret_id = huge || id > SK_SESSION_ID_MAX ? 0 : id;
   return true;
 }
 
@@ -804,6 +809,17 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     uint64_t id;
     bool tmp;
     if (!sk__parse_name(de->d_name, &id, &tmp)) continue;
+    if (id == 0 && !tmp) {
+      /* Beyond the largest id: not an object this daemon made. */
+      char dest[128], why[96];
+      snprintf(why, sizeof why, "the id is larger than the largest session id, %" PRIu64,
+               (uint64_t)SK_SESSION_ID_MAX);
+      if (sk_store_set_aside(st, de->d_name, dest, sizeof dest))
+        cb->skip(cb->user, de->d_name, SK_STORE_SET_ASIDE, dest, why);
+      else
+        cb->skip(cb->user, de->d_name, SK_STORE_KEPT, NULL, why);
+      continue;
+    }
     if (id > max_id) max_id = id;
     if (tmp) {
       if (unlinkat(st->dirfd, de->d_name, 0) == 0)

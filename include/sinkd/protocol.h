@@ -28,6 +28,11 @@ extern "C" {
  * KiB of text fits; anything larger is refused before its body is read. */
 #define SK_FRAME_MAX_DEFAULT (1u << 20)
 #define SK_FRAME_MAX_CEILING (16u << 20)
+/* Session ids are 1, 2, ... up to this, never reused in a state
+ * directory and never wrapping: past it, open, fork and import answer
+ * busy. 2^53 - 1, so that every id is exact in a JSON number read as a
+ * double (JavaScript clients of the HTTP endpoint). */
+#define SK_SESSION_ID_MAX ((UINT64_C(1) << 53) - 1)
 /* Deepest msgpack nesting a request may use; requests are shallow (map of
  * scalars, arrays of ints or strings), so 16 is generous. */
 #define SK_MSG_MAX_DEPTH 16u
