@@ -291,6 +291,7 @@ void sk_server_shutdown(struct sk_server *srv) {
     uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
     srv->ttl_running = false;
   }
+  sk_copy_shutdown(srv);
   sk_listen_close(&srv->listen);
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */

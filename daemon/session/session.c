@@ -112,6 +112,7 @@ void sk_session_table_free(struct sk_session_table *t) {
   if (!t->items) return;
   for (uint32_t i = 0; i < t->cap; i++) session_destroy(t->items[i]);
   free(t->items);
+  free(t->pending);
   pthread_mutex_destroy(&t->counters_lock);
   memset(t, 0, sizeof *t);
 }
@@ -138,7 +139,7 @@ static int check_limits(const struct sk_session_table *t, size_t bytes,
                         "no session id left: this state directory has used every id up to %"
                         PRIu64, (uint64_t)SK_SESSION_ID_MAX);
   const uint64_t count = (uint64_t)t->count + t->n_reserved;
-  const uint64_t used = t->bytes + t->reserved_bytes;
+  const uint64_t used = t->bytes + t->reserved_bytes + t->pending_bytes;
   if (count >= t->max_sessions)
     return sk_error_set(err, SK_ERR_BUSY,
                         "session limit reached: %" PRIu64 " sessions open (max_sessions %u): "
@@ -340,8 +341,58 @@ void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
       n++;
       bytes += r->bytes;
     }
+  for (uint32_t i = 0; i < t->n_pending; i++)
+    if (t->pending[i].uid == uid) bytes += t->pending[i].bytes;
   *ret_n = n;
   *ret_bytes = bytes;
+}
+
+int sk_session_pending_grow(struct sk_session_table *t, uint32_t uid, uint64_t add,
+                            struct sk_error *err) {
+  uint32_t n;
+  uint64_t mine;
+  sk_session_user_usage(t, uid, NULL, &n, &mine);
+  const uint64_t max = t->max_user_bytes;
+  if (max && max < t->max_bytes && (add > max || mine > max - add))
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit: uid %u's imports in progress would bring it to %" PRIu64
+                        " bytes with its sessions (max_user_memory %" PRIu64 ")",
+                        uid, mine + add, max);
+  const uint64_t used = t->bytes + t->reserved_bytes + t->pending_bytes;
+  if (add > t->max_bytes || used > t->max_bytes - add)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit: imports in progress would bring the daemon to %" PRIu64
+                        " bytes with its sessions (max_memory %" PRIu64 "); uid %u's refused",
+                        used + add, t->max_bytes, uid);
+  struct sk_session_pending *p = NULL;
+  for (uint32_t i = 0; i < t->n_pending && !p; i++)
+    if (t->pending[i].uid == uid) p = &t->pending[i];
+  if (!p) {
+    if (t->n_pending == t->pending_cap) {
+      uint32_t cap = t->pending_cap ? 2 * t->pending_cap : 8;
+      struct sk_session_pending *np = realloc(t->pending, cap * sizeof *np);
+      if (!np) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+      t->pending = np;
+      t->pending_cap = cap;
+    }
+    p = &t->pending[t->n_pending++];
+    *p = (struct sk_session_pending){.uid = uid};
+  }
+  p->bytes += add;
+  t->pending_bytes += add;
+  return 0;
+}
+
+void sk_session_pending_release(struct sk_session_table *t, uint32_t uid, uint64_t bytes) {
+  for (uint32_t i = 0; i < t->n_pending; i++) {
+    struct sk_session_pending *p = &t->pending[i];
+    if (p->uid != uid) continue;
+    if (bytes > p->bytes) bytes = p->bytes;
+    p->bytes -= bytes;
+    t->pending_bytes -= bytes;
+    if (p->bytes == 0) *p = t->pending[--t->n_pending];
+    return;
+  }
 }
 
 int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
