@@ -230,7 +230,9 @@ int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n
   }
   if (history(conv, reply, reply_len, msgs, n, &h, &n_h) < 0) goto oom;
   if ((rc = sk_chat_render(conv->tmpl, h, n_h, true, &full, err)) < 0) goto out;
-  if (cached_len <= full.len && memcmp(full.text, cached, cached_len) == 0) {
+  /* (A length of 0 compares nothing: memcmp must not see a NULL text
+   * even then.) */
+  if (cached_len <= full.len && (cached_len == 0 || memcmp(full.text, cached, cached_len) == 0)) {
     rc = slice(&full, cached_len, out, err);
     goto out;
   }
@@ -253,7 +255,8 @@ int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n
     }
     if ((rc = slice(&closed, after, out, err)) < 0) goto out;
   }
-  if (closed.len <= full.len && memcmp(full.text, closed.text, closed.len) == 0) {
+  if (closed.len <= full.len &&
+      (closed.len == 0 || memcmp(full.text, closed.text, closed.len) == 0)) {
     rc = slice(&full, closed.len, out, err);
   } else {
     sk_chat_text_reset(&full);

@@ -81,6 +81,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (sk_chat_render(tmpl, m, n, a, &t, &err) < 0) sk_fuzz_fail("render: %s", err.message);
     check_text(&t, total);
   }
+  /* text appended before any chat (no message yet), then the messages */
+  struct sk_conv fresh;
+  sk_conv_init(&fresh, tmpl);
+  sk_chat_text_reset(&t);
+  if (sk_conv_delta(&fresh, m, n, " x", 2, &t, &err) < 0) sk_fuzz_fail("delta: %s", err.message);
+  check_text(&t, total + 64);
+  sk_conv_free(&fresh);
   /* a conversation: the first n_old messages as the previous request,
    * "ok" as its reply, the rest as the next */
   size_t k = n_old < n ? n_old : n;
