@@ -9,15 +9,13 @@ skipped otherwise.
 
 Environment (from meson): SK_SINKD, SK_MODEL, SK_PYTHON_DIR.
 """
-import json
+import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 
@@ -29,6 +27,13 @@ SINKD = os.environ["SK_SINKD"]
 MODEL = os.environ["SK_MODEL"]
 NOBODY, DAEMON = 65534, 1
 PY_DIR = os.path.dirname(os.path.dirname(os.path.abspath(sinkd.__file__)))
+
+
+def die_with_test():
+    """In a child about to exec: SIGKILL when the test process dies (a
+    failed assertion, a timeout), so that no daemon or client outlives
+    it (prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)
 
 
 class Daemon:
@@ -54,7 +59,8 @@ class Daemon:
 
     def start(self, wait=True, timeout=30):
         self.log = open(self.logpath, "a")
-        self.proc = subprocess.Popen(self.args(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args(), stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_test)
         if wait:
             self.wait_ready(timeout)
 
@@ -106,7 +112,7 @@ class Daemon:
 def run_sinkd(args, timeout=10):
     """sinkd run to its end (or killed after timeout): (status, output)."""
     p = subprocess.Popen([SINKD] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, errors="replace")
+                         text=True, errors="replace", preexec_fn=die_with_test)
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out
@@ -481,7 +487,8 @@ class Signals(unittest.TestCase):
 # (cap > 0) an open of capacity cap (rope_scale so the model takes it).
 IMPORTER = r"""
 import sys, time, sinkd
-sock, total, upto, hold, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+sock, total, upto = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+hold, cap = float(sys.argv[4]), int(sys.argv[5])
 c = sinkd.Client(socket=sock, timeout=30)
 chunk = 512 * 1024
 off = 0
@@ -507,7 +514,8 @@ if hold:
     c._sock.settimeout(hold)
     try:
         msg = c._read_frame()
-        print("frame %s %s" % (msg.get("error", {}).get("code"), msg.get("error", {}).get("message")), flush=True)
+        err = msg.get("error", {})
+        print("frame %s %s" % (err.get("code"), err.get("message")), flush=True)
     except Exception as e:
         print("frame none %s" % type(e).__name__, flush=True)
     try:
