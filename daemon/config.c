@@ -701,7 +701,6 @@ static int handler(void *user, const char *section, const char *name, const char
 int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs) {
   memset(errs, 0, sizeof *errs);
-  struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
   /* Read whole before parsing, as a regular file of bounded size: a FIFO
    * or /dev/zero named as the configuration (or swapped in before a
    * reload) is refused at once instead of hanging the daemon. */
@@ -729,23 +728,25 @@ int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
     return sk_error_set(&errs->e[0], SK_ERR_IO, "cannot read the configuration: %s",
                         fe.message);
   }
+  int rc = sk_config_load_text(cfg, path, text, text_len, errs);
+  free(text);
+  return rc;
+}
+
+int sk_config_load_text(struct sk_config *cfg, const char *path, const char *text, size_t len,
+                        struct sk_config_errors *errs) {
+  memset(errs, 0, sizeof *errs);
+  struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
   free(cfg->file);
   cfg->file = strdup(path);
-  if (!cfg->file) {
-    free(text);
-    return -SK_ERR_NO_MEMORY;
-  }
+  if (!cfg->file) return -SK_ERR_NO_MEMORY;
   int rc = 0;
-  if (text_len) {
-    st.f = fmemopen(text, text_len, "r");
-    if (!st.f) {
-      free(text);
-      return -SK_ERR_NO_MEMORY;
-    }
+  if (len) {
+    st.f = fmemopen((void *)text, len, "r");
+    if (!st.f) return -SK_ERR_NO_MEMORY;
     rc = ini_parse_stream(reader, &st, handler, &st);
     fclose(st.f);
   }
-  free(text);
   free(st.buf);
   if (st.fatal == -SK_ERR_NO_MEMORY) return st.fatal;
   if (st.fatal == -SK_ERR_IO) {

@@ -179,6 +179,12 @@ const char *sk_config_default_path(void);
  * hold some values of the file: callers discard it. */
 int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs);
+/* What sk_config_load does with the file's text once read: parses the
+ * len bytes of text (any bytes; no NUL needed) as the file `path`
+ * (the name errors give and cfg->file keeps). Returns 0,
+ * -SK_ERR_BAD_REQUEST (errs holds the problems) or -SK_ERR_NO_MEMORY. */
+int sk_config_load_text(struct sk_config *cfg, const char *path, const char *text, size_t len,
+                        struct sk_config_errors *errs);
 
 /* Whether an http_listen value ("ADDRESS:PORT") names a loopback
  * address: 127.0.0.0/8, [::1] or localhost. */
