@@ -23,6 +23,7 @@
 #include "session/kvcache.h"
 #include "base/log.h"
 #include "model/model.h"
+#include "modelwait.h"
 #include "http/http.h"
 #include "base/notify.h"
 #include "model/pool.h"
@@ -218,6 +219,15 @@ struct daemon {
   uint32_t start_max_sessions, start_max_capacity; /* sizes fixed at start */
   bool stopping;
 };
+
+/* sk_modelwait_run's re-read (SIGHUP while waiting for a model). */
+static int reread_for_model(void *user, const char **ret_model) {
+  struct daemon *d = user;
+  sk_config_done(&d->cfg);
+  if (config_build(&d->src, false, &d->cfg) < 0) return -1;
+  *ret_model = d->cfg.model;
+  return 0;
+}
 
 static void send_status(struct daemon *d) {
   sk_notify("STATUS=serving %s: %u session%s, %u client%s", d->mc->name, d->n_sessions,
@@ -663,6 +673,13 @@ int main(int argc, char **argv) {
   struct sk_sparse_calib calib = {0};
   struct sk_error err = {0};
   if (config_build(&d.src, check_only, &d.cfg) < 0) goto out;
+  if (!check_only) { /* under a service manager, no model yet: wait for one */
+    int w = sk_modelwait_run(d.cfg.model, d.src.path, reread_for_model, &d);
+    if (w <= 0) {
+      status = w == 0 ? 0 : EXIT_START;
+      goto out;
+    }
+  }
   if (!d.cfg.model) {
     /* Say it before loading anything (resolve would say it too). */
     sk_config_resolve(&d.cfg, NULL, &err);
