@@ -98,8 +98,11 @@ for f in "${debs[@]}"; do
   printf '  %-34s %8d bytes, %5d KiB installed\n' "${f##*/}" "$(stat -c %s "$f")" \
     "$(dpkg-deb -f "$f" Installed-Size)"
 done
-[[ $(git status --porcelain) == "$git_before" && $(ls -A ..) == "$parent_before" ]] ||
-  fail "the build wrote into the checkout or beside it"
+if [[ $(git status --porcelain) != "$git_before" || $(ls -A ..) != "$parent_before" ]]; then
+  diff <(echo "$git_before") <(git status --porcelain) >&2 || true
+  diff <(echo "$parent_before") <(ls -A ..) >&2 || true
+  fail "the checkout (git status) or its parent folder changed during the build"
+fi
 ok "the checkout and its parent folder are as they were"
 
 # ---- the machine before
