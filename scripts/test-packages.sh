@@ -25,6 +25,10 @@ cd "$(dirname "$0")/.."
 top=$PWD
 # Debian's own programs (/usr/bin/python3, not one earlier on PATH).
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8
+# man pages formatted 80 columns wide (by man, or by systemd-analyze
+# verify --man looking them up) are kept in /var/cache/man, where they
+# would outlive the packages; at any other width they are not.
+export MANWIDTH=100
 unset PYTHONPATH PYTHONHOME SINKD_SOCKET
 fail() { echo "FAIL: $*" >&2; exit 1; }
 n_ok=0
@@ -41,7 +45,7 @@ export DEBIAN_FRONTEND=noninteractive
 ./scripts/deps.sh --packages
 tmp=$(mktemp -d /tmp/sinkd-packages.XXXXXX)
 chmod 755 "$tmp" # user sinkd reaches the notify socket in it
-daemon= listener=
+daemon='' listener=''
 installed() { # those of pkgs that dpkg knows (installed, or configuration left)
   { dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null || true; } |
     awk '$NF != "not-installed" { print $1 }'
@@ -58,7 +62,7 @@ cleanup() {
 trap cleanup EXIT
 left=$(installed)
 if [[ -n $left ]]; then
-  echo "note: purging $(echo $left) left by an earlier run" >&2
+  echo "note: purging $(xargs <<<"$left") left by an earlier run" >&2
   # shellcheck disable=SC2086
   apt-get purge "${apt_opts[@]}" $left >/dev/null
 fi
@@ -129,9 +133,10 @@ new=$(comm -13 "$tmp/before.packages" "$tmp/installed.packages" | awk '{print $1
   fail "apt installed '$new', not just the packages (scripts/deps.sh --packages lacks a dependency?)"
 ok "apt-get install ${debs[*]##*/}"
 
-IFS=: read -r _ _ uid _ gecos home shell < <(getent passwd sinkd) || fail "no user sinkd"
-(( uid < 1000 )) && [[ $home == /var/lib/sinkd && $shell == */nologin ]] ||
+IFS=: read -r _ _ uid _ _ home shell < <(getent passwd sinkd) || fail "no user sinkd"
+if (( uid >= 1000 )) || [[ $home != /var/lib/sinkd || $shell != */nologin ]]; then
   fail "user sinkd: uid $uid, home $home, shell $shell"
+fi
 getent group sinkd >/dev/null || fail "no group sinkd"
 [[ $(stat -c '%a %U %G' /var/lib/sinkd) == "750 sinkd sinkd" ]] ||
   fail "/var/lib/sinkd is $(stat -c '%a %U %G' /var/lib/sinkd)"
@@ -149,9 +154,7 @@ ok "user sinkd (uid $uid, $shell), /var/lib/sinkd 0750, units enabled, sinkd.con
 sinkctl --help | grep -q '^Usage: sinkctl' || fail "sinkctl --help"
 ok "$(command -v sinkd) --version: sinkd $version; $(command -v sinkctl) --help"
 for page in 8:sinkd 5:sinkd.conf 1:sinkctl 3:libsinkd 7:sinkd-protocol 7:sinkd-http; do
-  # (not 80 columns wide, the width man-db keeps formatted pages of in
-  # /var/cache/man, which would outlive the packages)
-  out=$(MANWIDTH=100 man --warnings -P cat "${page%%:*}" "${page#*:}" 2>"$tmp/man.err") ||
+  out=$(man --warnings -P cat "${page%%:*}" "${page#*:}" 2>"$tmp/man.err") ||
     fail "man ${page%%:*} ${page#*:}"
   [[ ! -s $tmp/man.err ]] || { cat "$tmp/man.err" >&2; fail "man ${page#*:}: warnings"; }
   grep -q "^ *${page#*:} - " <<<"$out" || fail "man ${page#*:}: no NAME line"
@@ -251,7 +254,8 @@ kill -TERM "$daemon"
 wait "$daemon" || fail "the installed sinkd did not stop cleanly"
 daemon=
 grep -q "^STOPPING=1" "$tmp/notify.log" || fail "no STOPPING=1"
-kill "$listener" && wait "$listener" 2>/dev/null || true
+kill "$listener"
+wait "$listener" 2>/dev/null || true
 listener=
 ok "SIGTERM: STOPPING=1, exit 0"
 
