@@ -51,6 +51,7 @@ installed() { # those of pkgs that dpkg knows (installed, or configuration left)
     awk '$NF != "not-installed" { print $1 }'
 }
 cleanup() {
+  set +e
   [[ -n $daemon ]] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
   [[ -n $listener ]] && kill "$listener" 2>/dev/null && wait "$listener" 2>/dev/null
   local left
