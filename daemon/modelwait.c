@@ -50,7 +50,8 @@ static void on_hup(uv_signal_t *h, int signum) {
   const char *model = NULL;
   char why[1024];
   if (w->reread(w->user, &model) < 0) {
-    snprintf(why, sizeof why, "no model: %s has errors (see the log); fix them, then systemctl reload sinkd",
+    snprintf(why, sizeof why,
+             "no model: %s has errors (see the log); fix them, then systemctl reload sinkd",
              w->config_path);
   } else if (!sk_modelwait_missing(model, w->config_path, why, sizeof why)) {
     sk_log(SK_LOG_NOTICE, "model %s is there: loading it", model);
