@@ -22,10 +22,12 @@ out=$6
 tokens=${7:-}
 threads=${THREADS:-1}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/sinkd-eval.XXXXXX")
+# the session store on tmpfs where there is one (else it writes through)
+state=$(mktemp -d /dev/shm/sinkd-eval.XXXXXX 2>/dev/null || echo "$dir/state")
 "$build/daemon/sinkd" --config /dev/null --model "$model" --socket "$dir/sock" \
-  --state-dir "$dir/state" --threads "$threads" 2>"$dir/sinkd.log" &
+  --state-dir "$state" --threads "$threads" 2>"$dir/sinkd.log" &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir" "$state"' EXIT
 i=0
 until "$build/client/sinkctl" --socket "$dir/sock" ping >/dev/null 2>&1; do
   kill -0 $pid 2>/dev/null || { cat "$dir/sinkd.log" >&2; exit 1; }

@@ -108,8 +108,8 @@ static void test_sink_effect(void **state) {
   double *v = read_csv(csv, "first,last,window,streaming:sinks=1,streaming:sinks=4", 3, &rows);
   assert_int_equal(rows, 1);
   double window = v[0], s1 = v[1], s4 = v[2];
-  print_message("3,000 tokens, budget 128: window %.3f, 1 sink %.3f, 4 sinks %.3f "
-                "(window / 4 sinks %.2f)\n",
+  print_message("figures: eval: pycode-5M, 3,000 tokens, budget 128: window %.3f, 1 sink %.3f, "
+                "4 sinks %.3f (window / 4 sinks %.2f)\n",
                 window, s1, s4, window / s4);
   assert_true(isfinite(window) && isfinite(s1) && isfinite(s4));
   if (!(window >= 1.25 * s4)) fail_msg("window %.3f is not 1.25 x 4 sinks %.3f", window, s4);
