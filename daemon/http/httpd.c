@@ -566,10 +566,20 @@ static void on_linger_timer(uv_timer_t *t) {
   linger_end(c);
 }
 
-/* Once nothing is being served: the next pipelined request, or reading
- * again; a client that shut down its side is answered, then closed. */
+/* Once the output has room: the next pipelined request if nothing is
+ * being served, and reading again (during a response too, up to one
+ * more request, so that a client's departure is seen); a client that
+ * shut down its side is answered, then closed. */
 static void conn_resume(struct hconn *c) {
-  if (c->busy || dead(c) || c->out_full) return;
+  if (dead(c) || c->out_full) return;
+  if (c->busy) {
+    if (!c->reading && !c->peer_eof &&
+        c->pending_len <= SK_LIMIT_HTTP_HEADER_BYTES + (size_t)c->httpd->cfg.max_body) {
+      uv_read_start(&c->h.stream, conn_alloc, on_read);
+      c->reading = true;
+    }
+    return;
+  }
   if (c->pending_len && !c->in_process) {
     /* Pipelined requests: served one after the other. */
     char *p = c->pending;
