@@ -311,6 +311,12 @@ static void copy_work_done(uv_work_t *req, int status) {
   struct sk_conn *conn = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
   if (conn && (sk_conn_closing(conn) || srv->shutting_down)) conn = NULL;
   uint64_t req_id = w->kind == COPY_IMPORT ? w->req_id : w->job->req_id;
+  if (w->kind == COPY_IMPORT) {
+    /* The bytes received become the new object (counted as a session
+     * from here on): no longer the uid's pending memory. */
+    sk_session_pending_release(&srv->sessions, w->res.owner_uid, w->cap);
+    w->cap = 0;
+  }
   if (w->kind == COPY_EXPORT) {
     struct sk__export *x = NULL;
     if (w->rc < 0) {
@@ -340,7 +346,6 @@ static void copy_work_done(uv_work_t *req, int status) {
     copy_finish_new(srv, w, conn, req_id);
   }
   if (w->kind == COPY_IMPORT) {
-    sk_session_pending_release(&srv->sessions, w->res.owner_uid, w->cap);
     free(w->buf);
     sk_conn_unref(w->conn);
   } else { /* the source session goes on with its queue (or closes) */
