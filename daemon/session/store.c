@@ -810,8 +810,10 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     bool tmp;
     if (!sk__parse_name(de->d_name, &id, &tmp)) continue;
     if (id == 0 && !tmp) {
-      /* Beyond the largest id: not an object this daemon made. */
-      char dest[128], why[96];
+      /* Beyond the largest id: not an object this daemon made. (Moved
+       * into a subfolder while the listing goes on: it is not seen
+       * again.) */
+      char dest[300], why[96];
       snprintf(why, sizeof why, "the id is larger than the largest session id, %" PRIu64,
                (uint64_t)SK_SESSION_ID_MAX);
       if (sk_store_set_aside(st, de->d_name, dest, sizeof dest))
@@ -855,9 +857,9 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     if (sk_store_set_aside(st, name, dest, sizeof dest)) {
       cb->skip(cb->user, name, SK_STORE_SET_ASIDE, dest, why.message);
       if (cb->aside) cb->aside(cb->user, ids[i]);
-    }
-    else
+    } else {
       cb->skip(cb->user, name, SK_STORE_KEPT, NULL, why.message);
+    }
   }
 out:
   free(ids);
