@@ -444,6 +444,16 @@ static int plan_prefill(struct sk_scheduler *sched, struct sk_job *job, uint32_t
   uint32_t evicted = 0;
   sk_evict_log_reset(log);
   sk_session_step_begin(s);
+  if (job->pin_prefix && job->n_done == 0) {
+    /* A chat's system prompt becomes the sink region in the step that
+     * brings its first tokens: committed with them or not at all. */
+    int rc = sk_kv_pin_prefix(kv, job->pin_prefix, sk_session_pin_raise(sk_kv_policy(kv)),
+                              &job->err);
+    if (rc < 0) {
+      sk_session_step_abort(s);
+      return rc;
+    }
+  }
   /* Input after a generate that ended inside a character: that
    * character can no longer complete, so its bytes are dropped. */
   struct sk_utf8_stream none;
