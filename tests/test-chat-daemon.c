@@ -198,7 +198,10 @@ static int run_sinkctl(const struct sk_test_daemon *d, const char *input, char *
 }
 
 /* The daemon's --chat-template: hello reports it; sinkctl chat uses the op
- * (--system pinned, /system refused once set, one JSON object a turn). */
+ * (--system pinned; /system after the first message starts a new
+ * conversation in a new session; one JSON object a turn); in a session
+ * of its own (--session) /system is refused once it holds a
+ * conversation. */
 static void test_sinkctl_chat(void **state) {
   (void)state;
   struct sk_test_daemon d;
@@ -207,26 +210,54 @@ static void test_sinkctl_chat(void **state) {
   struct sk_client *c = start_with_template(&d, extra, "chatml", &h);
   struct sk_error e = {0};
   char *out = NULL, *err = NULL;
-  assert_int_equal(run_sinkctl(&d, "Hello\n/system late\nHow are you?\n", &out, &err,
+  assert_int_equal(run_sinkctl(&d, "Hello\n/system Be late.\nHow are you?\n", &out, &err,
                                (const char *const[]){"--json", "chat", "-t", "0", "-n", "6",
                                                      "--system", "You are terse.", "--keep",
                                                      NULL}),
                    0);
-  assert_non_null(strstr(err, "sinkctl: /system: the system prompt is set before the first "
-                              "message\n"));
+  assert_non_null(strstr(err, "sinkctl: /system: a new conversation\n"));
   assert_null(strstr(err, "plain text continuation"));
-  assert_non_null(strstr(out, "{\"turn\": 1, \"session\": "));
-  assert_non_null(strstr(out, "\n{\"turn\": 2, \"session\": "));
-  unsigned long long kept = 0;
-  const char *k = strstr(err, "session ");
-  assert_non_null(k);
-  assert_int_equal(sscanf(k, "session %llu kept", &kept), 1);
+  /* one turn in each session, both kept */
+  unsigned long long s1 = 0, s2 = 0;
+  assert_int_equal(sscanf(out, "{\"turn\": 1, \"session\": %llu", &s1), 1);
+  const char *second = strstr(out, "\n{\"turn\": 1, \"session\": ");
+  assert_non_null(second);
+  assert_int_equal(sscanf(second + 1, "{\"turn\": 1, \"session\": %llu", &s2), 1);
+  assert_true(s1 != s2);
+  char kept[128];
+  snprintf(kept, sizeof kept, "sinkctl: session %llu kept; continue with: ", s1);
+  assert_non_null(strstr(err, kept));
+  snprintf(kept, sizeof kept, "sinkctl: session %llu kept; continue with: ", s2);
+  assert_non_null(strstr(err, kept));
   struct sk_session_stats *st = calloc(1, sizeof *st);
   assert_non_null(st);
-  assert_int_equal(sk_client_session_stats(c, kept, st, &e), 0);
+  assert_int_equal(sk_client_session_stats(c, s1, st, &e), 0);
   assert_string_equal(st->chat_template, "chatml");
   assert_int_equal(st->pinned,
                    n_tokens(c, "<|im_start|>system\nYou are terse.<|im_end|>\n", SK_BOS_TRUE));
+  assert_int_equal(sk_client_session_stats(c, s2, st, &e), 0);
+  assert_int_equal(st->pinned,
+                   n_tokens(c, "<|im_start|>system\nBe late.<|im_end|>\n", SK_BOS_TRUE));
+  const uint64_t seen = st->seen;
+  free(out);
+  free(err);
+  /* --session: the session's conversation goes on; /system is refused
+   * and the next line goes on without it */
+  char sid[32];
+  snprintf(sid, sizeof sid, "%llu", s2);
+  assert_int_equal(run_sinkctl(&d, "/system Be early.\nMore.\n", &out, &err,
+                               (const char *const[]){"chat", "-t", "0", "-n", "2",
+                                                     "--session", sid, NULL}),
+                   0);
+  char want[256];
+  snprintf(want, sizeof want, "sinkctl: /system: session %s holds a conversation already, and "
+           "a system prompt starts one; for a new conversation: sinkctl chat --system TEXT\n",
+           sid);
+  assert_non_null(strstr(err, want));
+  assert_int_equal(sk_client_session_stats(c, s2, st, &e), 0);
+  assert_true(st->seen > seen);
+  assert_int_equal(st->pinned,
+                   n_tokens(c, "<|im_start|>system\nBe late.<|im_end|>\n", SK_BOS_TRUE));
   free(st);
   free(out);
   free(err);
