@@ -378,8 +378,10 @@ static void send_generate(struct sk_httpd_req *req, struct flow *f) {
 static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
   struct sk_token_event ev;
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
   struct sk_error e;
-  if (sk_wire_unpack_token_event(map, &ev, top, &e) < 0) return; /* not one the daemon sends */
+  if (sk_wire_unpack_token_event(map, &ev, top, toplp, &e) < 0)
+    return; /* not one the daemon sends */
   uint64_t t = now_us();
   if (f->last_token_us) sk_metrics_token_gap(f->oc->metrics, t - f->last_token_us);
   f->last_token_us = t;

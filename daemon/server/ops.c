@@ -453,6 +453,8 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   job->has_seed = g.has_seed; /* else the session's PRNG stream goes on (scheduler.c) */
   job->ignore_eos = g.ignore_eos;
   job->n_top = g.n_top;
+  job->token_logprobs = g.logprobs;
+  job->top_logprobs = g.top_logprobs;
   if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
   if (g.stop.n > SK_LIMIT_STOP_COUNT) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %zu strings given, at most %u",

@@ -69,6 +69,8 @@ struct sk_job {
   bool has_seed;             /* false: continue the session's PRNG */
   bool ignore_eos;
   uint32_t n_top;
+  bool token_logprobs;       /* token events carry the token's logprob */
+  uint32_t top_logprobs;     /* and those of the most likely tokens */
   char *stop[SK_LIMIT_STOP_COUNT]; /* owned, NUL-terminated */
   uint32_t n_stop;
 

@@ -690,9 +690,11 @@ static int sk__client_token_event(struct sk_client *client,
                                   sk_token_cb cb, void *user,
                                   int *ret_stop, struct sk_error *err) {
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
   struct sk_token_event te;
   struct sk_error perr;
-  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, toplp, &perr), &perr,
+                           err);
   if (rc < 0) return rc;
   te.session = session;
   *ret_stop = cb ? cb(user, &te) : 0;
@@ -773,6 +775,8 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
                 .bos = -1,
                 .parse_special = has_prompt && p->parse_special},
       .n_top = p->n_top,
+      .logprobs = p->logprobs || p->top_logprobs > 0,
+      .top_logprobs = p->top_logprobs,
   };
   struct sk_msgbuf b;
   uint64_t id = sk__client_id(client);
