@@ -828,6 +828,99 @@ class OpenAISDK(unittest.TestCase):
         self.assertEqual(out["chat"]["usage"]["prompt_tokens"], cres["usage"]["prompt_tokens"])
         self.assertEqual(out["chat"]["usage"]["completion_tokens"],
                          cres["usage"]["completion_tokens"])
+        self.check_sdk_system(out)
+        self.check_sdk_logprobs(out)
+        self.assertEqual(out["tools"]["status"], 400)
+        self.assertIn("'tools': sinkd has no tool calls: only []", out["tools"]["message"])
+
+    def check_sdk_system(self, out):
+        # A system message (streamed or not) and the developer role: the
+        # protocol's chat op with the same messages, the prompt pinned.
+        sys_msgs = [{"role": "system", "content": "You are a helpful assistant."}] + STORY
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            res = {}
+            text = "".join(c.chat(s, sys_msgs, result=res, max_tokens=12, temperature=0,
+                                  top_k=0, top_p=1.0))
+            st = c.stats(s)
+        self.assertGreater(st["pinned"], 4)
+        self.assertEqual(st["n_sink"], st["pinned"])
+        self.assertEqual(st["window"], 256 - st["pinned"])  # --window 252 + 4 sinks
+        for key in ("system", "system_stream", "developer"):
+            self.assertEqual(out[key]["text"], text, key)
+            self.assertEqual(out[key]["usage"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+            self.assertEqual(out[key]["usage"]["completion_tokens"],
+                             res["usage"]["completion_tokens"])
+        # The conversation on a persistent session: the protocol's chat op
+        # with the first turn, then only the new message.
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            t1 = "".join(c.chat(s, sys_msgs, max_tokens=8, temperature=0, top_k=0, top_p=1.0))
+            res = {}
+            t2 = "".join(c.chat(s, [{"role": "user", "content": "And then?"}], result=res,
+                                max_tokens=8, temperature=0, top_k=0, top_p=1.0))
+            st = c.stats(out["multi"]["session"])
+            c.close_session(out["multi"]["session"])
+        self.assertEqual(out["multi"]["turn1"], t1)
+        self.assertEqual(out["multi"]["turn2"], t2)
+        self.assertEqual(out["multi"]["usage2"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+        self.assertEqual(out["multi"]["seen2"], res["seen"])
+        self.assertEqual(st["n_sink"], st["pinned"])
+        self.assertGreater(st["pinned"], 4)
+
+    def check_sdk_logprobs(self, out):
+        # Chat: sinkd's own log-probabilities are the protocol chat op's
+        # token events (logprob, bytes, top_logprobs); the SDK's are the
+        # same numbers, streamed or not.
+        events = []
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            text = "".join(c.chat(s, STORY, events=events, max_tokens=8, temperature=0,
+                                  top_k=0, top_p=1.0, logprobs=True, top_logprobs=3))
+        lp = out["chat_logprobs"]["logprobs"]
+        self.assertEqual(out["chat_logprobs"]["text"], text)
+        self.assertIsNone(lp["refusal"])
+        self.assertEqual(len(lp["content"]), len(events))
+        for got, ev in zip(lp["content"], events):
+            self.assertEqual(got["bytes"], list(ev["bytes"]))
+            self.assertEqual(got["token"], ev["bytes"].decode(errors="replace"))
+            self.assertEqual(got["logprob"], ev["logprob"])
+            self.assertEqual(len(got["top_logprobs"]), 3)
+            for g, t in zip(got["top_logprobs"], ev["top_logprobs"]):
+                self.assertEqual(g["bytes"], list(t[2]))
+                self.assertEqual(g["logprob"], t[1])
+            # greedy: the most likely token is the one chosen
+            self.assertEqual(got["top_logprobs"][0]["logprob"], got["logprob"])
+        self.assertEqual("".join(e["token"] for e in lp["content"]), text)
+        self.assertEqual(out["chat_logprobs_stream"], lp["content"])
+        # Completions: the tokens' log-probabilities are those append with
+        # logprobs gives the prompt and the generated tokens, fed to a new
+        # session (teacher-forced).
+        cl = out["completion_logprobs"]
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            text, res = "", {}
+            events = []
+            text = "".join(c.generate(s, prompt=PROMPT, max_tokens=8, temperature=0, top_k=0,
+                                      top_p=1.0, result=res, events=events))
+            ids = c.tokenize(PROMPT) + [e["token"] for e in events]
+            s2 = c.open(temporary=True)
+            want = c.append(s2, tokens=ids, logprobs=True)["logprobs"][-len(events):]
+        self.assertEqual(cl["text"], text)
+        l = cl["logprobs"]
+        self.assertEqual("".join(l["tokens"]), text)
+        self.assertEqual(len(l["token_logprobs"]), len(want))
+        for got, w in zip(l["token_logprobs"], want):
+            self.assertAlmostEqual(got, w, delta=1e-5)
+        offset = 0
+        for tok, off, top, lpv in zip(l["tokens"], l["text_offset"], l["top_logprobs"],
+                                      l["token_logprobs"]):
+            self.assertEqual(off, offset)
+            offset += len(tok)
+            self.assertIn(tok, top)  # the chosen token with the 2 likeliest
+            self.assertEqual(top[tok], lpv)
+            self.assertLessEqual(len(top), 3)
+        self.assertEqual(out["completion_logprobs_stream"], l)
 
 
 if __name__ == "__main__":
