@@ -38,7 +38,9 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, extra=()):
+    def __init__(self, extra=(), model=MODEL, defaults=False):
+        """A daemon on model: the settings below unless defaults (then
+        only the socket, the state directory and extra)."""
         self.dir = tempfile.mkdtemp(prefix="sinkd-http-")
         self.sock = os.path.join(self.dir, "sinkd.sock")
         self.http = os.path.join(self.dir, "sinkd-http.sock")
@@ -48,11 +50,13 @@ class Daemon:
         os.chmod(self.key, 0o600)
         self.port = free_port()
         self.log = open(os.path.join(self.dir, "log"), "w+")
-        args = [SINKD, "--model", MODEL, "--socket", self.sock, "--state-dir",
-                os.path.join(self.dir, "state"), "--threads", "1",
-                "--max-sessions", "256", "--max-user-sessions", "256",
-                "--window", "252", "--chat-template", "chatml", "--http-listen", "127.0.0.1:%d" % self.port,
-                "--http-key-file", self.key] + list(extra)
+        args = [SINKD, "--model", model, "--socket", self.sock, "--state-dir",
+                os.path.join(self.dir, "state"), "--config", "/dev/null"]
+        if not defaults:
+            args += ["--threads", "1", "--max-sessions", "256", "--max-user-sessions", "256",
+                     "--window", "252", "--chat-template", "chatml",
+                     "--http-listen", "127.0.0.1:%d" % self.port, "--http-key-file", self.key]
+        args += list(extra)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -373,6 +377,71 @@ class Chat(unittest.TestCase):
             c.close_session(b)
 
 
+class SystemPrompt(unittest.TestCase):
+    """What every OpenAI client sends: a system message, with the
+    daemon's default settings, on a model with a chat template (Qwen2's
+    vocabulary and ChatML, random weights): 200 OK, the prompt pinned as
+    the sinks, for 11 tokens and for 205."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="sinkd-qwen2-")
+        cls.model = os.path.join(cls.tmp, "qwen2-vocab.gguf")
+        subprocess.run([os.environ["SK_MKMODEL"], "-s", "260K", "-t", "q8_0", "--vocab-from",
+                        os.environ["SK_QWEN2_VOCAB"], "-o", cls.model], check=True,
+                       capture_output=True)
+        cls.d = Daemon(model=cls.model, defaults=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert rc == 0, "sinkd exited %d" % rc
+
+    def post(self, body):
+        cmd = ["curl", "-sS", "--max-time", "60", "--unix-socket", self.d.http,
+               "-H", "Content-Type: application/json", "--data-binary", json.dumps(body),
+               "-w", "\n%{http_code}", "http://x/v1/chat/completions"]
+        out = subprocess.run(cmd, capture_output=True, check=True)
+        body, _, code = out.stdout.rpartition(b"\n")
+        return int(code), body
+
+    def test_system_message(self):
+        with sinkd.Client(socket=self.d.sock) as c:
+            cap = c.open_info(temporary=True)["capacity"]
+            sys11 = "You are a helpful assistant."
+            framed = c.call("tokenize", text="<|im_start|>system\n%s<|im_end|>\n" % sys11,
+                            parse_special=True)["tokens"]
+            self.assertEqual(len(framed), 11)
+            sys200 = " ".join(["cat"] * 200)
+            self.assertEqual(len(c.tokenize(sys200)), 200)
+        for sys_text, n_pin in ((sys11, 11), (sys200, 205)):
+            msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": "Hi"}]
+            for stream in (False, True):
+                code, body = self.post({"messages": msgs, "max_tokens": 4, "stream": stream})
+                self.assertEqual(code, 200, body)
+            code, body = self.post({"messages": msgs, "max_tokens": 4, "session": "new"})
+            self.assertEqual(code, 200, body)
+            sid = json.loads(body)["sinkd"]["session"]
+            with sinkd.Client(socket=self.d.sock) as c:
+                st = c.stats(sid)
+                c.close_session(sid)
+            self.assertEqual(st["pinned"], n_pin)
+            self.assertEqual(st["n_sink"], n_pin)
+            self.assertEqual(st["window"], cap - n_pin)
+        # Too long for the budget: 400 naming both numbers and the option.
+        n = cap - cap // 4 - 4
+        code, body = self.post({"messages": [{"role": "system", "content": " ".join(["cat"] * n)},
+                                             {"role": "user", "content": "Hi"}]})
+        self.assertEqual(code, 400, body)
+        self.assertEqual(json.loads(body)["error"]["message"],
+                         "the system prompt is %d tokens: pinned as the session's sinks it "
+                         "leaves %d of the session's budget of %d tokens to the window, less "
+                         "than a quarter (%d): open the session with a larger 'window' (the "
+                         "daemon's default: sinkd --window)"
+                         % (n + 5, cap - n - 5, cap, (cap + 3) // 4))
+
+
 class Tcp(unittest.TestCase):
     def get(self, path, auth=None):
         cmd = ["curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}"]
@@ -460,8 +529,9 @@ POST = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/
         b"Content-Length: %d\r\n\r\n%s")
 
 
-def post(body, extra=b""):
-    return POST.replace(b"Host: x\r\n", b"Host: x\r\n" + extra) % (len(body), body)
+def post(body, extra=b"", route="completions"):
+    req = POST.replace(b"Host: x\r\n", b"Host: x\r\n" + extra) % (len(body), body)
+    return req.replace(b"/v1/completions", b"/v1/chat/completions") if route == "chat" else req
 
 
 class Hostile(unittest.TestCase):
@@ -540,6 +610,25 @@ class Hostile(unittest.TestCase):
             ("empty body", b"", "invalid JSON"),
             ("NUL in a string", b'{"prompt": "a\\u0000b"}',
              "invalid JSON at byte 21: a string holds \\u0000 (NUL)"),
+            # the allow-list (sinkd-http(7)): a field named, or its value
+            ("unknown field", b'{"prompt": "a", "frobnicate": null}',
+             "'frobnicate' is not a field sinkd takes on /v1/completions"),
+            ("chat field on completions", b'{"prompt": "a", "messages": []}',
+             "'messages' is not a field sinkd takes on /v1/completions"),
+            ("penalty", b'{"prompt": "a", "presence_penalty": 0.5}',
+             "'presence_penalty': sinkd has no penalties: only 0"),
+            ("logit_bias", b'{"prompt": "a", "logit_bias": {"1": 5}}',
+             "'logit_bias': sinkd has no logit bias"),
+            ("echo", b'{"prompt": "a", "echo": true}', "'echo': the prompt is not echoed"),
+            ("best_of", b'{"prompt": "a", "best_of": 3}', "'best_of': only 1"),
+            ("logprobs range", b'{"prompt": "a", "logprobs": 21}',
+             "'logprobs' must be an integer from 0 to 20"),
+            ("stream_options without stream",
+             b'{"prompt": "a", "stream_options": {"include_usage": true}}',
+             "'stream_options' goes with \"stream\": true"),
+            ("stream_options field",
+             b'{"prompt": "a", "stream": true, "stream_options": {"x": 1}}',
+             "'stream_options.x' is not a field sinkd takes"),
         ]
         for name, body, needle in cases:
             with self.subTest(name):
@@ -547,6 +636,34 @@ class Hostile(unittest.TestCase):
                 err = json.loads(body_of(resp))["error"]
                 self.assertIn(needle, err["message"])
                 self.assertEqual(err["type"], "invalid_request_error")
+
+    def test_chat_fields(self):
+        # The chat route's allow-list; the fields that ask for nothing, or
+        # that mean nothing here, are taken.
+        close = b"Connection: close\r\n"
+        msgs = b'"messages": [{"role": "user", "content": "Hi"}]'
+        cases = [
+            (b'"tools": [{"type": "function"}]', "'tools': sinkd has no tool calls: only []"),
+            (b'"tool_choice": "auto"', "'tool_choice': sinkd has no tool calls"),
+            (b'"response_format": {"type": "json_object"}',
+             "'response_format': sinkd writes text only"),
+            (b'"top_logprobs": 2', "'top_logprobs' needs \"logprobs\": true"),
+            (b'"logprobs": 1', "'logprobs' must be true or false"),
+            (b'"audio": {"voice": "alloy"}',
+             "'audio' is not a field sinkd takes on /v1/chat/completions"),
+            (b'"prompt": "x"', "'prompt' is not a field sinkd takes on /v1/chat/completions"),
+        ]
+        for field, needle in cases:
+            with self.subTest(field):
+                resp = self.expect(post(b"{" + msgs + b", " + field + b"}", close, "chat"), 400)
+                self.assertIn(needle, json.loads(body_of(resp))["error"]["message"])
+        ok = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+              "user": "u-1", "store": False, "metadata": {"a": "b"}, "presence_penalty": 0,
+              "frequency_penalty": 0.0, "logit_bias": {}, "tools": [], "tool_choice": "none",
+              "response_format": {"type": "text"}, "parallel_tool_calls": True, "n": 1,
+              "seed": 5, "stream_options": None, "modalities": ["text"]}
+        code, body = curl("http://x/v1/chat/completions", data=ok)
+        self.assertEqual(code, 200, body)
 
     def test_failed_generate_closes_its_session(self):
         # The daemon refuses the generate (context_full) after the
