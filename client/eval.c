@@ -819,7 +819,7 @@ static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
 }
 
 int sk_eval_main(int argc, char **argv, const char *global_socket,
-                 bool global_json) {
+                 bool global_json, unsigned int wait_ms) {
   sk_cli_init("sinkctl: eval", "sinkctl eval --help");
   struct eval *ev = calloc(1, sizeof *ev);
   if (!ev) return EXIT_FAILURE;
@@ -840,7 +840,7 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   char *text = eval_read_file(ev->file, &text_len);
   struct sk_client *c;
   struct sk_error e;
-  if (sk_client_connect(ev->socket, &c, &e) < 0) {
+  if (sk_client_connect_wait(ev->socket, wait_ms, &c, &e) < 0) {
     fprintf(stderr, "sinkctl: %s\n", e.message);
     free(text);
     free(ev);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -27,6 +28,8 @@
 #include "model/pool.h"
 #include "model/sparse.h"
 #include "model/tokenizer.h"
+#include "proto/msg.h"
+#include "proto/wire.h"
 #include "server/server.h"
 #include "session/kvcache.h"
 #include "session/store.h"
@@ -487,6 +490,58 @@ static int start_config(struct daemon *d) {
   return 0;
 }
 
+/* How long --check-config waits for the daemon on its socket to say
+ * which it is. */
+#define SK_CHECK_PROBE_MS 2000
+
+/* Whether the daemon that answers on path is this configuration's own:
+ * its stats name the same state directory. --check-config before a
+ * reload finds its own daemon running on the sockets, which is fine; a
+ * second daemon's finds another one there, which its start would not get
+ * past. */
+static bool own_daemon(const char *path, const char *state_dir) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  struct timeval tv = {SK_CHECK_PROBE_MS / 1000, 0};
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
+      connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  struct sk_msgbuf b;
+  bool own = false;
+  uint8_t head[4], *body = NULL;
+  if (sk_wire_pack_req(&b, 1, SK_OP_STATS) == 0) {
+    const int64_t n = sk_msgbuf_finish(&b);
+    uint32_t len = 0;
+    if (n > 0 && write(fd, b.sbuf.data, (size_t)n) == n &&
+        recv(fd, head, 4, MSG_WAITALL) == 4 &&
+        (len = sk_frame_header_get(head)) > 0 && len <= SK_FRAME_MAX_DEFAULT &&
+        (body = malloc(len)) && recv(fd, body, len, MSG_WAITALL) == (ssize_t)len) {
+      struct sk_msg msg;
+      struct sk_error e;
+      const char *dir = NULL;
+      size_t dir_len = 0;
+      if (sk_msg_parse(body, len, &msg, &e) == 0) {
+        char mine[PATH_MAX], theirs[PATH_MAX], got[PATH_MAX];
+        if (sk_msg_get_str(&msg.root, "state_dir", &dir, &dir_len, &e) == 1 &&
+            dir_len < sizeof got) {
+          memcpy(got, dir, dir_len);
+          got[dir_len] = 0;
+          own = realpath(state_dir, mine) && realpath(got, theirs) && strcmp(mine, theirs) == 0;
+        }
+        sk_msg_free(&msg);
+      }
+    }
+    sk_msgbuf_free(&b);
+  }
+  free(body);
+  close(fd);
+  return own;
+}
+
 /* What the start needs besides the model, checked before it loads: the
  * sockets (the protocol's and the HTTP ones: in use, not a socket, a TCP
  * address taken), the state directory (held by another daemon), the HTTP
@@ -512,6 +567,11 @@ static int check_free(struct daemon *d) {
                                     .tcp_listen = d->cfg.http_listen};
   if ((d->listen_fd == 0 && sk_server_check_socket(d->cfg.socket, &err) < 0) ||
       sk_http_check(&hc, &err) < 0 || sk_store_check_busy(d->cfg.state_dir, &err) < 0) {
+    if (check && err.code == SK_ERR_BUSY && own_daemon(d->cfg.socket, d->cfg.state_dir)) {
+      printf("; the daemon of this configuration runs on %s: its sockets and state directory "
+             "are its own\n", d->cfg.socket);
+      goto key;
+    }
     say(d, SK_LOG_ERR, err.message);
     if (http_unix && err.code == SK_ERR_BUSY && strstr(err.message, d->cfg.http_socket) &&
         d->cfg.origin[SK_CFG_HTTP_SOCKET].automatic)
@@ -520,6 +580,7 @@ static int check_free(struct daemon *d) {
     if (!check) log_model_problem(&d->cfg);
     return SK_EXIT_START;
   }
+key:
   if (d->cfg.http_listen) {
     if (!d->cfg.http_key_file) {
       char at[PATH_MAX + 64] = "";

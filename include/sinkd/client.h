@@ -73,6 +73,17 @@ const char *sk_client_default_socket(void);
 int sk_client_connect(const char *path, struct sk_client **ret_client,
                       struct sk_error *err);
 
+/* sk_client_connect, waiting up to wait_ms milliseconds for a daemon
+ * that is starting: while its socket is missing or refuses connections,
+ * the connect is tried again (every 50 ms), then the daemon must answer
+ * a ping within what is left of wait_ms (a socket the service manager
+ * holds accepts before the daemon behind it has loaded its model). 0:
+ * no waiting, as sk_client_connect. Errors: those of sk_client_connect
+ * (the message says how long it waited), and -SK_ERR_IO when the daemon
+ * did not answer in time. */
+int sk_client_connect_wait(const char *path, unsigned int wait_ms,
+                           struct sk_client **ret_client, struct sk_error *err);
+
 /* Closes the connection and frees the client. Accepts NULL. */
 void sk_client_free(struct sk_client *client);
 
