@@ -21,6 +21,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.environ.get("SK_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "..", "python")))
+sys.dont_write_bytecode = True  # nothing written into the checkout
 import sinkd  # noqa: E402
 
 SINKD = os.environ["SK_SINKD"]
