@@ -149,4 +149,9 @@
 /* Gate values kept per layer: bounds the run's memory whatever the text. */
 #define SK_LIMIT_CALIB_SAMPLES (1u << 21)
 
+/* A model file this large logs its load's progress (and says it in the
+ * service's status) whatever the load takes: loads of such files take
+ * seconds to minutes on a cold page cache. */
+#define SK_LIMIT_LOAD_PROGRESS_BYTES (256ull << 20)
+
 #endif

@@ -625,13 +625,18 @@ static void pick_chat_template(struct daemon *d) {
 }
 
 /* How far the model's load is: a line in the log and the service's
- * status at each tenth of the layers, once the load has taken a second
- * (a small model loads before anyone would look). */
+ * status at each tenth of the layers, for a large model (its file at
+ * least SK_LIMIT_LOAD_PROGRESS_BYTES) or a load that has taken a second;
+ * a small model loads before anyone would look. */
 static void load_progress(void *user, uint32_t done, uint32_t total) {
   struct daemon *d = user;
   const uint64_t ms = sk_clock_ms() - d->load_start_ms;
   const uint32_t tenth = total ? done * 10 / total : 10;
-  if (ms < 1000 || tenth == d->load_reported || done == total) return;
+  size_t bytes = 0;
+  sk_gguf_bytes(d->gguf, &bytes);
+  if ((ms < 1000 && bytes < SK_LIMIT_LOAD_PROGRESS_BYTES) || tenth == d->load_reported ||
+      done == total)
+    return;
   d->load_reported = tenth;
   sk_log(SK_LOG_INFO, "loading %s: layer %u of %u (%u%%, %.1f s)", d->cfg.model, done, total,
          done * 100 / total, (double)ms / 1000.0);
