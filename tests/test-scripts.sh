@@ -28,6 +28,10 @@ for p in python3-venv python3-msgpack flit; do
   echo "$py" | grep -qx "$p" || fail "deps.sh --python lacks $p"
   echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p"
 done
+pk=$("$src/scripts/deps.sh" --packages --list) || fail "deps.sh --packages --list"
+for p in dpkg-dev lintian man-db python3-msgpack; do
+  echo "$pk" | grep -qx "$p" || fail "deps.sh --packages lacks $p (scripts/test-packages.sh)"
+done
 "$src/scripts/deps.sh" --bogus 2>/dev/null && fail "deps.sh accepts --bogus"
 grep -qx '\./scripts/deps\.sh' "$src/scripts/run-demo.sh" || fail "run-demo.sh: not plain deps.sh"
 grep -q 'build\.sh -Dtests=false' "$src/scripts/run-demo.sh" || fail "run-demo.sh builds the tests"
