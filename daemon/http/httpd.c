@@ -723,7 +723,8 @@ int sk_httpd_parse_address(const char *spec, struct sockaddr_storage *ret,
   int port = atoi(colon + 1);
   int rc;
   memset(ret, 0, sizeof *ret);
-  if (strcmp(host, "localhost") == 0) rc = uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)ret);
+  if (strcmp(host, "localhost") == 0)
+    rc = uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)ret);
   else if (host[0] == '[') {
     host[hl - 1] = 0;
     rc = uv_ip6_addr(host + 1, port, (struct sockaddr_in6 *)ret);
