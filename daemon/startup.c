@@ -666,9 +666,10 @@ static void load_progress(void *user, uint32_t done, uint32_t total) {
  * --check-config checks every tensor but copies none (inspect). */
 static int load_model(struct daemon *d) {
   struct sk_error err = {0};
-  const struct sk_model_load_options lo = {.inspect = d->src->check_only &&
-                                                      !d->src->calibrate_text,
-                                           .progress = load_progress, .progress_user = d};
+  const bool inspect = d->src->check_only && !d->src->calibrate_text;
+  const struct sk_model_load_options lo = {.inspect = inspect,
+                                           .progress = inspect ? NULL : load_progress,
+                                           .progress_user = d};
   d->load_start_ms = sk_clock_ms();
   int rc = sk_gguf_open(d->cfg.model, &d->gguf, &err);
   if (rc == 0) rc = sk_model_load_opts(d->gguf, &lo, &d->model, &err);
