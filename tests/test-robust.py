@@ -189,9 +189,10 @@ class ReadFiles(unittest.TestCase):
                                  os.path.join(d, "s.sock"), "--state-dir",
                                  os.path.join(d, "state"), "--http-listen", "127.0.0.1:1",
                                  "--http-key-file", key], timeout=30)
-            self.assertEqual(rc, 1, out[-500:])
+            self.assertEqual(rc, 2, out[-500:])
             self.assertLess(time.time() - t, 20)
-            self.assertIn("http_key_file %s is a FIFO, not a regular file" % key, out)
+            self.assertIn("http_key_file %s: must be a regular file of mode 0600 (it is not a "
+                          "regular file: a FIFO)" % key, out)
         finally:
             shutil.rmtree(d)
 

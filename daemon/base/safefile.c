@@ -44,7 +44,12 @@ int sk_safefile_open(int dirfd, const char *path, unsigned flags, uint64_t max_b
   int rc = 0;
   if (fstat(fd, &st) < 0) {
     rc = sk_error_set(err, SK_ERR_IO, "%s: %s", what, strerror(errno));
-  } else if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = 0;
+    return rc;
+  }
+  if (ret_st) *ret_st = st; /* also for a file refused below: its kind */
+  if (!S_ISREG(st.st_mode)) {
     rc = sk_error_set(err, SK_ERR_IO, "%s is %s, not a regular file", what,
                       sk_safefile_kind(st.st_mode));
   } else if ((flags & SK_SAFEFILE_OWNED) && st.st_uid != geteuid()) {
@@ -64,7 +69,6 @@ int sk_safefile_open(int dirfd, const char *path, unsigned flags, uint64_t max_b
     errno = 0;
     return rc;
   }
-  if (ret_st) *ret_st = st;
   return fd;
 }
 

@@ -51,7 +51,8 @@ const char *sk_safefile_kind(mode_t mode);
  * with fstat before anything is read; the returned descriptor blocks
  * again (O_NONBLOCK cleared) and is close-on-exec. what names the file
  * in messages ("http_key_file /etc/sinkd/key"); NULL uses path. *ret_st
- * gets the fstat (may be NULL). Returns the descriptor (>= 0) or an
+ * gets the fstat (may be NULL), also when the file is then refused (its
+ * st_mode stays as the caller set it when the open itself failed). Returns the descriptor (>= 0) or an
  * error: -SK_ERR_IO (cannot open: errno is left as open(2) set it, so
  * ENOENT tells a missing file; not a regular file; a symbolic link with
  * SK_SAFEFILE_NOFOLLOW; another owner with SK_SAFEFILE_OWNED),
