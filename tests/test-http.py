@@ -883,6 +883,12 @@ class Hostile(unittest.TestCase):
                 self.assertEqual(json.loads(body_of(resp))["error"]["message"],
                                  "Transfer-Encoding '%s' is not supported: send the body as "
                                  "is or chunked" % te.decode())
+        # A value longer than what is kept of it: named as far as it is.
+        resp = self.expect(head + b"gzip, deflate, br, zstd, chunked\r\n\r\n" + chunked, 501,
+                           "malformed_request")
+        self.assertEqual(json.loads(body_of(resp))["error"]["message"],
+                         "Transfer-Encoding 'gzip, deflate, br, zstd...' is not supported: send "
+                         "the body as is or chunked")
 
     def test_error_types_match_the_manual(self):
         # sinkd-http(7) lists the "type" of each status; the replies agree.

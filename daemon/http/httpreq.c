@@ -125,6 +125,7 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
  * the server does not know. */
 static bool te_ok(const struct sk_http_reader *r) {
   if (!r->has_te) return true;
+  if (r->te_len >= sizeof r->te) return false; /* longer than any "chunked" */
   size_t n = r->te_len;
   const char *v = r->te;
   while (n && (*v == ' ' || *v == '\t')) v++, n--;
