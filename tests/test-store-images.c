@@ -219,6 +219,186 @@ static void test_non_finite(void **state) {
   free(dir);
 }
 
+/* An image of another model, of an older KV layout, or whose n_seen is out
+ * of step with its resident tokens: refused, naming why. */
+static void refuse_other_images(struct sk_store *st, const char *img, size_t size) {
+  struct sk_error err = {0};
+  /* another model: same image, a store with another fingerprint */
+  {
+    struct sk_store_config other = fx.cfg;
+    other.model_fp[0] ^= 1;
+    char *odir = new_dir();
+    other.dir = odir;
+    struct sk_store *ost = NULL;
+    assert_int_equal(sk_store_open(&other, &ost, NULL, &err), 0);
+    assert_int_equal(sk_store_image_check(ost, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    assert_non_null(strstr(err.message, "another model"));
+    sk_store_close(ost);
+    rm_rf(odir);
+    free(odir);
+  }
+  /* an image of an older KV layout (other slot counts: other offsets in
+   * its meta copy), checksums intact: refused naming the layout version,
+   * not as an invalid meta copy */
+  {
+    struct sk_store_meta *om;
+    struct sk_kv_header *okh;
+    char *old = image_copy(img, size, &om, &okh);
+    okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
+    om->off_logits += 64;
+    om->off_sum += 64;
+    reseal_image(old, size);
+    assert_int_equal(sk_store_image_check(st, old, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "layout version"))
+      fail_msg("older KV layout: \"%s\"", err.message);
+    free(old);
+  }
+  /* n_seen out of step with the resident stream indices (checksums
+   * intact): the keys are stored rotated at their stream index and the
+   * forward pass derives distances from n_seen, so import refuses it */
+  {
+    struct sk_store_meta *bm;
+    struct sk_kv_header *bkh;
+    char *bad = image_copy(img, size, &bm, &bkh);
+    bkh->n_seen += 1;
+    reseal_image(bad, size);
+    struct sk_store_obj *d = NULL;
+    assert_int_equal(sk_store_import(st, bad, size, 5, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "stored rotated"))
+      fail_msg("n_seen out of step: \"%s\"", err.message);
+    assert_null(d);
+    free(bad);
+  }
+}
+
+static void import_other_kv_type(struct sk_store *st, const struct sk_store_obj *a,
+                                const char *img, size_t size, const char *dir) {
+  struct sk_error err = {0};
+  /* the other KV type, both ways: imported as it is, the type kept (a
+   * store's kv_type is only that of its new sessions) */
+  struct sk_store_config c16 = fx.cfg;
+  c16.shape.kv_type = SK_KV_F16;
+  char *hdir = new_dir();
+  c16.dir = hdir;
+  struct sk_store *hst = NULL;
+  assert_int_equal(sk_store_open(&c16, &hst, NULL, &err), 0);
+  /* f32 image into the f16 store: an f32 object of a's size, rows equal
+   * to another import of the same image into the f32 store */
+  struct sk_store_image_info i32;
+  assert_int_equal(sk_store_image_check(hst, img, size, &i32, &err), 0);
+  assert_int_equal(i32.kv_type, SK_KV_F32);
+  assert_int_equal(i32.object_size, a->size);
+  struct sk_store_obj *x = NULL, *y = NULL;
+  assert_int_equal(sk_store_import(hst, img, size, 7, 3000, &x, &err), 0);
+  assert_int_equal(sk_store_import(st, img, size, 8, 3000, &y, &err), 0);
+  assert_int_equal(x->hdr->kv_type, SK_KV_F32);
+  assert_int_equal(x->kv.hdr->kv_type, SK_KV_F32);
+  assert_int_equal(x->size, a->size);
+  assert_same_cache(&x->kv, &y->kv);
+  for (int i = 0; i < 3; i++) {
+    step(x, 1);
+    step(y, 1);
+  }
+  assert_same_cache(&x->kv, &y->kv);
+  assert_memory_equal(x->logits, y->logits, fx.n_vocab * sizeof(float));
+  /* f16 image into the f32 store: an f16 object of h's size and rows */
+  struct sk_store_obj *h = create(hst, 1, &streaming16);
+  step(h, 16);
+  step(h, 1);
+  assert_true(h->size < a->size);
+  size_t hsize = sk_store_export_size(h);
+  char *himg = malloc(hsize);
+  assert_non_null(himg);
+  sk_store_export(h, himg, hsize);
+  struct sk_store_image_info i16;
+  assert_int_equal(sk_store_image_check(st, himg, hsize, &i16, &err), 0);
+  assert_int_equal(i16.kv_type, SK_KV_F16);
+  assert_int_equal(i16.object_size, h->size);
+  struct sk_store_obj *z = NULL;
+  assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &z, &err), 0);
+  assert_int_equal(z->hdr->kv_type, SK_KV_F16);
+  assert_int_equal(z->size, h->size);
+  assert_same_cache(&h->kv, &z->kv);
+  /* read back as a restart adopts it: whole, f16 */
+  char zpath[512];
+  snprintf(zpath, sizeof zpath, "%s/session-4.skv", dir);
+  struct sk_store_obj *chk = NULL;
+  assert_int_equal(sk_store_obj_check(st, zpath, &chk, &err), 0);
+  assert_int_equal(chk->kv.hdr->kv_type, SK_KV_F16);
+  assert_same_cache(&h->kv, &chk->kv);
+  sk_store_obj_free(chk);
+  /* an unknown type in the image's cache header is named */
+  {
+    struct sk_store_meta *bm;
+    struct sk_kv_header *bkh;
+    char *bad = image_copy(himg, hsize, &bm, &bkh);
+    bkh->kv_type = 7;
+    reseal_image(bad, hsize);
+    assert_int_equal(sk_store_image_check(st, bad, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
+    if (!strstr(err.message, "holds a KV cache of unknown type 7"))
+      fail_msg("unknown kv_type: \"%s\"", err.message);
+    free(bad);
+  }
+  free(himg);
+  sk_store_obj_free(x);
+  sk_store_obj_free(y);
+  sk_store_obj_free(z);
+  sk_store_obj_free(h);
+  sk_store_close(hst);
+  rm_rf(hdir);
+  free(hdir);
+}
+
+static void refuse_crafted_headers(struct sk_store *st, const struct sk_store_obj *a,
+                                   const char *img, size_t size) {
+  struct sk_error err = {0};
+  /* Crafted header fields (header checksum made right): each message
+   * names the field and its value. */
+  static const struct {
+    size_t off;
+    uint64_t value;
+    bool wide;
+    const char *want;
+  } cases[] = {
+      {offsetof(struct sk_store_image, header_size), 0xffffffffu, false,
+       "export file header_size 4294967295, version 1's is 128"},
+      {offsetof(struct sk_store_image, meta_size), 1ull << 40, true,
+       "export file meta_size 1099511627776, a cache of capacity 16 has %llu"},
+      {offsetof(struct sk_store_image, policy), 99, false, "export file policy 99 is unknown"},
+      {offsetof(struct sk_store_image, capacity), 0, false,
+       "export file capacity 0 is not a cache size this sinkd makes (1 to 1048576 tokens)"},
+      {offsetof(struct sk_store_image, n_layer), 7, false,
+       "export file shape (n_vocab 512, n_layer 7, kv_dim %u) does not fit the loaded model "
+       "(n_vocab 512, n_layer %u, kv_dim %u)"},
+      {offsetof(struct sk_store_image, n_resident), 17, false,
+       "export file n_resident 17 exceeds its capacity 16"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *bad = malloc(size);
+    assert_non_null(bad);
+    memcpy(bad, img, size);
+    if (cases[i].wide) {
+      memcpy(bad + cases[i].off, &cases[i].value, 8);
+    } else {
+      uint32_t v32 = (uint32_t)cases[i].value;
+      memcpy(bad + cases[i].off, &v32, 4);
+    }
+    struct sk_store_image *im = (struct sk_store_image *)(void *)bad;
+    im->header_checksum = XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
+    char want[256];
+    if (i == 1)
+      snprintf(want, sizeof want, cases[i].want, (unsigned long long)a->hdr->meta_size);
+    else if (i == 4)
+      snprintf(want, sizeof want, cases[i].want, fx.cfg.shape.kv_dim, fx.cfg.shape.n_layer,
+               fx.cfg.shape.kv_dim);
+    else
+      snprintf(want, sizeof want, "%s", cases[i].want);
+    assert_int_equal(sk_store_image_check(st, bad, size, NULL, &err), -SK_ERR_BAD_REQUEST);
+    assert_string_equal(err.message, want);
+    free(bad);
+  }
+}
+
 /* export -> import gives the same session; the same continuation; one
  * flipped byte anywhere, a truncation, extra bytes or another model's
  * image are refused, each with a clear reason. */
@@ -303,174 +483,9 @@ static void test_export_import(void **state) {
   snprintf(path, sizeof path, "%s/session-3.skv.tmp", dir);
   assert_int_equal(stat(path, &sb), -1);
 
-  /* another model: same image, a store with another fingerprint */
-  {
-    struct sk_store_config other = fx.cfg;
-    other.model_fp[0] ^= 1;
-    char *odir = new_dir();
-    other.dir = odir;
-    struct sk_store *ost = NULL;
-    assert_int_equal(sk_store_open(&other, &ost, NULL, &err), 0);
-    assert_int_equal(sk_store_image_check(ost, img, size, NULL, &err), -SK_ERR_BAD_REQUEST);
-    assert_non_null(strstr(err.message, "another model"));
-    sk_store_close(ost);
-    rm_rf(odir);
-    free(odir);
-  }
-  /* an image of an older KV layout (other slot counts: other offsets in
-   * its meta copy), checksums intact: refused naming the layout version,
-   * not as an invalid meta copy */
-  {
-    struct sk_store_meta *om;
-    struct sk_kv_header *okh;
-    char *old = image_copy(img, size, &om, &okh);
-    okh->layout_version = SK_KV_LAYOUT_VERSION - 1;
-    om->off_logits += 64;
-    om->off_sum += 64;
-    reseal_image(old, size);
-    assert_int_equal(sk_store_image_check(st, old, size, NULL, &err), -SK_ERR_BAD_REQUEST);
-    if (!strstr(err.message, "layout version"))
-      fail_msg("older KV layout: \"%s\"", err.message);
-    free(old);
-  }
-  /* n_seen out of step with the resident stream indices (checksums
-   * intact): the keys are stored rotated at their stream index and the
-   * forward pass derives distances from n_seen, so import refuses it */
-  {
-    struct sk_store_meta *bm;
-    struct sk_kv_header *bkh;
-    char *bad = image_copy(img, size, &bm, &bkh);
-    bkh->n_seen += 1;
-    reseal_image(bad, size);
-    struct sk_store_obj *d = NULL;
-    assert_int_equal(sk_store_import(st, bad, size, 5, 3000, &d, &err), -SK_ERR_BAD_REQUEST);
-    if (!strstr(err.message, "stored rotated"))
-      fail_msg("n_seen out of step: \"%s\"", err.message);
-    assert_null(d);
-    free(bad);
-  }
-  /* the other KV type, both ways: imported as it is, the type kept (a
-   * store's kv_type is only that of its new sessions) */
-  {
-    struct sk_store_config c16 = fx.cfg;
-    c16.shape.kv_type = SK_KV_F16;
-    char *hdir = new_dir();
-    c16.dir = hdir;
-    struct sk_store *hst = NULL;
-    assert_int_equal(sk_store_open(&c16, &hst, NULL, &err), 0);
-    /* f32 image into the f16 store: an f32 object of a's size, rows equal
-     * to another import of the same image into the f32 store */
-    struct sk_store_image_info i32;
-    assert_int_equal(sk_store_image_check(hst, img, size, &i32, &err), 0);
-    assert_int_equal(i32.kv_type, SK_KV_F32);
-    assert_int_equal(i32.object_size, a->size);
-    struct sk_store_obj *x = NULL, *y = NULL;
-    assert_int_equal(sk_store_import(hst, img, size, 7, 3000, &x, &err), 0);
-    assert_int_equal(sk_store_import(st, img, size, 8, 3000, &y, &err), 0);
-    assert_int_equal(x->hdr->kv_type, SK_KV_F32);
-    assert_int_equal(x->kv.hdr->kv_type, SK_KV_F32);
-    assert_int_equal(x->size, a->size);
-    assert_same_cache(&x->kv, &y->kv);
-    for (int i = 0; i < 3; i++) {
-      step(x, 1);
-      step(y, 1);
-    }
-    assert_same_cache(&x->kv, &y->kv);
-    assert_memory_equal(x->logits, y->logits, fx.n_vocab * sizeof(float));
-    /* f16 image into the f32 store: an f16 object of h's size and rows */
-    struct sk_store_obj *h = create(hst, 1, &streaming16);
-    step(h, 16);
-    step(h, 1);
-    assert_true(h->size < a->size);
-    size_t hsize = sk_store_export_size(h);
-    char *himg = malloc(hsize);
-    assert_non_null(himg);
-    sk_store_export(h, himg, hsize);
-    struct sk_store_image_info i16;
-    assert_int_equal(sk_store_image_check(st, himg, hsize, &i16, &err), 0);
-    assert_int_equal(i16.kv_type, SK_KV_F16);
-    assert_int_equal(i16.object_size, h->size);
-    struct sk_store_obj *z = NULL;
-    assert_int_equal(sk_store_import(st, himg, hsize, 4, 3000, &z, &err), 0);
-    assert_int_equal(z->hdr->kv_type, SK_KV_F16);
-    assert_int_equal(z->size, h->size);
-    assert_same_cache(&h->kv, &z->kv);
-    /* read back as a restart adopts it: whole, f16 */
-    char zpath[512];
-    snprintf(zpath, sizeof zpath, "%s/session-4.skv", dir);
-    struct sk_store_obj *chk = NULL;
-    assert_int_equal(sk_store_obj_check(st, zpath, &chk, &err), 0);
-    assert_int_equal(chk->kv.hdr->kv_type, SK_KV_F16);
-    assert_same_cache(&h->kv, &chk->kv);
-    sk_store_obj_free(chk);
-    /* an unknown type in the image's cache header is named */
-    {
-      struct sk_store_meta *bm;
-      struct sk_kv_header *bkh;
-      char *bad = image_copy(himg, hsize, &bm, &bkh);
-      bkh->kv_type = 7;
-      reseal_image(bad, hsize);
-      assert_int_equal(sk_store_image_check(st, bad, hsize, NULL, &err), -SK_ERR_BAD_REQUEST);
-      if (!strstr(err.message, "holds a KV cache of unknown type 7"))
-        fail_msg("unknown kv_type: \"%s\"", err.message);
-      free(bad);
-    }
-    free(himg);
-    sk_store_obj_free(x);
-    sk_store_obj_free(y);
-    sk_store_obj_free(z);
-    sk_store_obj_free(h);
-    sk_store_close(hst);
-    rm_rf(hdir);
-    free(hdir);
-  }
-  /* Crafted header fields (header checksum made right): each message
-   * names the field and its value. */
-  {
-    static const struct {
-      size_t off;
-      uint64_t value;
-      bool wide;
-      const char *want;
-    } cases[] = {
-        {offsetof(struct sk_store_image, header_size), 0xffffffffu, false,
-         "export file header_size 4294967295, version 1's is 128"},
-        {offsetof(struct sk_store_image, meta_size), 1ull << 40, true,
-         "export file meta_size 1099511627776, a cache of capacity 16 has %llu"},
-        {offsetof(struct sk_store_image, policy), 99, false, "export file policy 99 is unknown"},
-        {offsetof(struct sk_store_image, capacity), 0, false,
-         "export file capacity 0 is not a cache size this sinkd makes (1 to 1048576 tokens)"},
-        {offsetof(struct sk_store_image, n_layer), 7, false,
-         "export file shape (n_vocab 512, n_layer 7, kv_dim %u) does not fit the loaded model "
-         "(n_vocab 512, n_layer %u, kv_dim %u)"},
-        {offsetof(struct sk_store_image, n_resident), 17, false,
-         "export file n_resident 17 exceeds its capacity 16"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-      char *bad = malloc(size);
-      assert_non_null(bad);
-      memcpy(bad, img, size);
-      if (cases[i].wide) {
-        memcpy(bad + cases[i].off, &cases[i].value, 8);
-      } else {
-        uint32_t v32 = (uint32_t)cases[i].value;
-        memcpy(bad + cases[i].off, &v32, 4);
-      }
-      struct sk_store_image *im = (struct sk_store_image *)(void *)bad;
-      im->header_checksum = XXH3_64bits(im, offsetof(struct sk_store_image, header_checksum));
-      char want[256];
-      if (i == 1)
-        snprintf(want, sizeof want, cases[i].want, (unsigned long long)a->hdr->meta_size);
-      else if (i == 4)
-        snprintf(want, sizeof want, cases[i].want, fx.cfg.shape.kv_dim, fx.cfg.shape.n_layer,
-                 fx.cfg.shape.kv_dim);
-      else
-        snprintf(want, sizeof want, "%s", cases[i].want);
-      assert_int_equal(sk_store_image_check(st, bad, size, NULL, &err), -SK_ERR_BAD_REQUEST);
-      assert_string_equal(err.message, want);
-      free(bad);
-    }
-  }
+  refuse_other_images(st, img, size);
+  import_other_kv_type(st, a, img, size, dir);
+  refuse_crafted_headers(st, a, img, size);
   free(img);
   sk_store_obj_free(a);
   sk_store_obj_free(b);
