@@ -115,6 +115,129 @@ static int run_sinkctl_tty(const char *const *args, char *out, size_t out_size, 
   return WEXITSTATUS(status);
 }
 
+/* Runs sinkctl with the arguments given into the caller's out, err and len. */
+#define RUN(input, ...)                                                    \
+  run_sinkctl((const char *const[]){__VA_ARGS__, NULL}, input, out,        \
+              sizeof out, &len, err, sizeof err)
+
+/* The daemon's errors and each command's output, on a pipe and as --json. */
+static void sinkctl_replies(const char *P) {
+  char out[4096], err[4096];
+  size_t len;
+
+  /* The daemon's error: exit 1, CODE: MESSAGE. */
+  assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
+  assert_string_equal(err, "sinkctl: no_such_session: no session 99 (sessions end when closed "
+                           "or after the idle TTL; a restart keeps them unless sinkd set them "
+                           "aside at start, e.g. for another model: see its log and invalid/ "
+                           "in its state directory; `sinkctl list` shows yours)\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "generate", "--session", "99",
+                       "hi"),
+                   1);
+  assert_string_equal(out, ""); /* the error alone: no echoed prompt */
+  assert_true(strncmp(err, "sinkctl: no_such_session: no session 99 ", 40) == 0);
+
+  assert_int_equal(RUN(NULL, "--socket", P, "tokenize", "hi"), 0);
+  assert_string_equal(out, "1 365 2147483647\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "tokenize", "hi",
+                       "--no-bos"),
+                   0);
+  assert_string_equal(out, "{\"tokens\": [1, 365, 2147483647]}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "1", "2"), 0);
+  assert_int_equal(len, 6);
+  assert_memory_equal(out, "he\0llo", 6);
+  assert_int_equal(RUN(NULL, "--socket", P, "-j", "detokenize", "1"), 0);
+  assert_string_equal(out, "{\"text\": \"he\\u0000llo\"}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "open", "--policy", "dense",
+                       "--capacity", "64"),
+                   0);
+  assert_string_equal(out, "7\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
+  assert_string_equal(out,
+                      "SESSION    OWNER  POLICY         CAPACITY   RESIDENT           SEEN   "
+                      "MEMORY AGE      IDLE     ADOPTED KV\n"
+                      "7          1000   streaming           260        100     5000000000     "
+                      "5.0M 1d1h     1h1m     yes     f32 (temporary)\n"
+                      "8          0      dense               260        101     5000000000     "
+                      "   0 0s       0s       no      -\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "list"), 0);
+  assert_string_equal(out,
+                      "{\"sessions\": [{\"session\": 7, \"owner_uid\": 1000, \"policy\": "
+                      "\"streaming\", \"capacity\": 260, \"resident\": 100, \"seen\": "
+                      "5000000000, \"kv_bytes\": 4194304, \"object_bytes\": 5242880, \"age_s\": 90061, \"idle_s\": 3700, "
+                      "\"busy\": false, \"temporary\": true, \"adopted\": true, \"kv_type\": "
+                      "\"f32\"}, {\"session\": 8, \"owner_uid\": 0, \"policy\": \"dense\", "
+                      "\"capacity\": 260, \"resident\": 101, \"seen\": 5000000000, "
+                      "\"kv_bytes\": 0, \"object_bytes\": 0, \"age_s\": 0, \"idle_s\": 0, \"busy\": false, "
+                      "\"temporary\": false, \"adopted\": false}]}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
+  assert_string_equal(out,
+                      "session    7\n"
+                      "policy     streaming\n"
+                      "sinks      4\n"
+                      "window     256\n"
+                      "capacity   260 tokens\n"
+                      "resident   260 tokens\n"
+                      "seen       1000 tokens\n"
+                      "evicted    740 tokens\n"
+                      "kv cache   1.2 KiB (1234 bytes)\n"
+                      "object     4.0 KiB (4096 bytes)\n"
+                      "commit     0\n"
+                      "adopted    no\n"
+                      "idle       0 s\n"
+                      "positions  0-259\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "stats"), 0);
+  assert_string_equal(out,
+                      "sessions          2\n"
+                      "clients           1\n"
+                      "uptime            1m 0s\n"
+                      "tokens prefilled  123\n"
+                      "tokens generated  456\n"
+                      "weights           3.0 MiB mapped from the file, 512.0 KiB repacked\n"
+                      "session memory    8.0 KiB, no limit\n"
+                      "max sessions      0\n"
+                      "your sessions     1 of 16\n"
+                      "your memory       4.0 KiB, no limit of your own\n"
+                      "at start          1 adopted, 0 set aside\n"
+                      "idle ttl          never\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
+  assert_string_equal(out,
+                      "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "
+                      "\"tokens_prefilled\": 123, \"tokens_generated\": "
+                      "456, \"max_sessions\": 0, \"memory_bytes\": 8192, "
+                      "\"max_memory\": 0, \"adopted\": 1, \"set_aside\": 0, "
+                      "\"idle_ttl_s\": 0, \"user_sessions\": 1, \"user_memory_bytes\": 4096, "
+                      "\"max_user_sessions\": 16, \"max_user_memory\": 0, "
+                      "\"weights_mapped_bytes\": 3145728, \"weights_repacked_bytes\": 524288}\n");
+  assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
+  assert_memory_equal(out, "pong (", 6);
+  assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);
+  assert_non_null(strstr(out, "protocol: 1\nserver: sinkd\n"));
+  assert_non_null(strstr(out, "model.weight_type: q8_0\nmodel.weight_bytes: 5000000000\n"
+                              "compute.kernel: avx2\ncompute.threads: 2\n"
+                              "compute.max_batch: 64\n"));
+}
+
+/* Exit statuses 2 (usage) and 3 (cannot connect). */
+static void sinkctl_usage_and_connect(const char *P) {
+  char out[4096], err[4096];
+  size_t len;
+  /* Usage errors (2) are found before connecting. */
+  assert_int_equal(RUN(NULL, "--socket", "/nonexistent", "generate",
+                       "--top-p", "1.5", "x"),
+                   2);
+  assert_memory_equal(err, "sinkctl: --top-p: '1.5' is not in (0, 1]\n", 41);
+  assert_int_equal(RUN(NULL, "--socket", P, "close", "-3"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P, "list", "--stop", "x"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P, "--max-tokens=0", "generate", "x"),
+                   2);
+  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "2147483648"), 2);
+  assert_int_equal(RUN(NULL, "--socket", P), 2);
+  /* Cannot connect (3). */
+  assert_int_equal(RUN(NULL, "--socket", "/nonexistent/s.sock", "ping"), 3);
+  assert_non_null(strstr(err, "is sinkd running?"));
+}
+
 static void test_sinkctl(void **state) {
   (void)state;
   const char *exe = getenv("SK_SINKCTL");
@@ -126,9 +249,6 @@ static void test_sinkctl(void **state) {
   char out[4096], err[4096];
   size_t len;
   const char *P = f->path;
-#define RUN(input, ...)                                                    \
-  run_sinkctl((const char *const[]){__VA_ARGS__, NULL}, input, out,        \
-              sizeof out, &len, err, sizeof err)
 
   /* A temporary session: open, generate (prompt echoed), close. */
   assert_int_equal(RUN(NULL, "--socket", P, "generate", "--max-tokens", "3",
@@ -228,112 +348,9 @@ static void test_sinkctl(void **state) {
     assert_non_null(strstr(out, "\"status\": 3}}\n"));
   }
 
-  /* The daemon's error: exit 1, CODE: MESSAGE. */
-  assert_int_equal(RUN(NULL, "--socket", P, "close", "99"), 1);
-  assert_string_equal(err, "sinkctl: no_such_session: no session 99 (sessions end when closed "
-                           "or after the idle TTL; a restart keeps them unless sinkd set them "
-                           "aside at start, e.g. for another model: see its log and invalid/ "
-                           "in its state directory; `sinkctl list` shows yours)\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "generate", "--session", "99",
-                       "hi"),
-                   1);
-  assert_string_equal(out, ""); /* the error alone: no echoed prompt */
-  assert_true(strncmp(err, "sinkctl: no_such_session: no session 99 ", 40) == 0);
+  sinkctl_replies(P);
 
-  assert_int_equal(RUN(NULL, "--socket", P, "tokenize", "hi"), 0);
-  assert_string_equal(out, "1 365 2147483647\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "--json", "tokenize", "hi",
-                       "--no-bos"),
-                   0);
-  assert_string_equal(out, "{\"tokens\": [1, 365, 2147483647]}\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "1", "2"), 0);
-  assert_int_equal(len, 6);
-  assert_memory_equal(out, "he\0llo", 6);
-  assert_int_equal(RUN(NULL, "--socket", P, "-j", "detokenize", "1"), 0);
-  assert_string_equal(out, "{\"text\": \"he\\u0000llo\"}\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "open", "--policy", "dense",
-                       "--capacity", "64"),
-                   0);
-  assert_string_equal(out, "7\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "list"), 0);
-  assert_string_equal(out,
-                      "SESSION    OWNER  POLICY         CAPACITY   RESIDENT           SEEN   "
-                      "MEMORY AGE      IDLE     ADOPTED KV\n"
-                      "7          1000   streaming           260        100     5000000000     "
-                      "5.0M 1d1h     1h1m     yes     f32 (temporary)\n"
-                      "8          0      dense               260        101     5000000000     "
-                      "   0 0s       0s       no      -\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "--json", "list"), 0);
-  assert_string_equal(out,
-                      "{\"sessions\": [{\"session\": 7, \"owner_uid\": 1000, \"policy\": "
-                      "\"streaming\", \"capacity\": 260, \"resident\": 100, \"seen\": "
-                      "5000000000, \"kv_bytes\": 4194304, \"object_bytes\": 5242880, \"age_s\": 90061, \"idle_s\": 3700, "
-                      "\"busy\": false, \"temporary\": true, \"adopted\": true, \"kv_type\": "
-                      "\"f32\"}, {\"session\": 8, \"owner_uid\": 0, \"policy\": \"dense\", "
-                      "\"capacity\": 260, \"resident\": 101, \"seen\": 5000000000, "
-                      "\"kv_bytes\": 0, \"object_bytes\": 0, \"age_s\": 0, \"idle_s\": 0, \"busy\": false, "
-                      "\"temporary\": false, \"adopted\": false}]}\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "stats", "7"), 0);
-  assert_string_equal(out,
-                      "session    7\n"
-                      "policy     streaming\n"
-                      "sinks      4\n"
-                      "window     256\n"
-                      "capacity   260 tokens\n"
-                      "resident   260 tokens\n"
-                      "seen       1000 tokens\n"
-                      "evicted    740 tokens\n"
-                      "kv cache   1.2 KiB (1234 bytes)\n"
-                      "object     4.0 KiB (4096 bytes)\n"
-                      "commit     0\n"
-                      "adopted    no\n"
-                      "idle       0 s\n"
-                      "positions  0-259\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "stats"), 0);
-  assert_string_equal(out,
-                      "sessions          2\n"
-                      "clients           1\n"
-                      "uptime            1m 0s\n"
-                      "tokens prefilled  123\n"
-                      "tokens generated  456\n"
-                      "weights           3.0 MiB mapped from the file, 512.0 KiB repacked\n"
-                      "session memory    8.0 KiB, no limit\n"
-                      "max sessions      0\n"
-                      "your sessions     1 of 16\n"
-                      "your memory       4.0 KiB, no limit of your own\n"
-                      "at start          1 adopted, 0 set aside\n"
-                      "idle ttl          never\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "--json", "stats"), 0);
-  assert_string_equal(out,
-                      "{\"sessions\": 2, \"clients\": 1, \"uptime_s\": 60, "
-                      "\"tokens_prefilled\": 123, \"tokens_generated\": "
-                      "456, \"max_sessions\": 0, \"memory_bytes\": 8192, "
-                      "\"max_memory\": 0, \"adopted\": 1, \"set_aside\": 0, "
-                      "\"idle_ttl_s\": 0, \"user_sessions\": 1, \"user_memory_bytes\": 4096, "
-                      "\"max_user_sessions\": 16, \"max_user_memory\": 0, "
-                      "\"weights_mapped_bytes\": 3145728, \"weights_repacked_bytes\": 524288}\n");
-  assert_int_equal(RUN(NULL, "--socket", P, "ping"), 0);
-  assert_memory_equal(out, "pong (", 6);
-  assert_int_equal(RUN(NULL, "--socket", P, "hello"), 0);
-  assert_non_null(strstr(out, "protocol: 1\nserver: sinkd\n"));
-  assert_non_null(strstr(out, "model.weight_type: q8_0\nmodel.weight_bytes: 5000000000\n"
-                              "compute.kernel: avx2\ncompute.threads: 2\n"
-                              "compute.max_batch: 64\n"));
-
-  /* Usage errors (2) are found before connecting. */
-  assert_int_equal(RUN(NULL, "--socket", "/nonexistent", "generate",
-                       "--top-p", "1.5", "x"),
-                   2);
-  assert_memory_equal(err, "sinkctl: --top-p: '1.5' is not in (0, 1]\n", 41);
-  assert_int_equal(RUN(NULL, "--socket", P, "close", "-3"), 2);
-  assert_int_equal(RUN(NULL, "--socket", P, "list", "--stop", "x"), 2);
-  assert_int_equal(RUN(NULL, "--socket", P, "--max-tokens=0", "generate", "x"),
-                   2);
-  assert_int_equal(RUN(NULL, "--socket", P, "detokenize", "2147483648"), 2);
-  assert_int_equal(RUN(NULL, "--socket", P), 2);
-  /* Cannot connect (3). */
-  assert_int_equal(RUN(NULL, "--socket", "/nonexistent/s.sock", "ping"), 3);
-  assert_non_null(strstr(err, "is sinkd running?"));
+  sinkctl_usage_and_connect(P);
   /* Connection lost (4). */
   f->mode = FAKE_HANGUP;
   assert_int_equal(RUN(NULL, "--socket", P, "ping"), 4);
