@@ -605,8 +605,8 @@ static struct hcase *add_tokens(uint64_t id, const char *op, const int64_t *ids,
   return add_b(&b, "%s tokens [%s]", op, list);
 }
 
-static void cases_numbers(void) {
-  uint64_t id = 5000;
+/* Token ids in every op that takes them, from id + 1; returns the last id. */
+static uint64_t cases_token_ids(uint64_t id) {
   /* Token ids. */
   const char *ops[] = {"append", "generate", "detokenize"};
   for (size_t o = 0; o < 3; o++) {
@@ -659,7 +659,11 @@ static void cases_numbers(void) {
     uint64_t rid = ++id;
     expect_ok(add_tokens(rid, "detokenize", none, 0, false, 0), rid);
   }
+  return id;
+}
 
+/* The sizes open takes, from id + 1; returns the last id. */
+static uint64_t cases_open_sizes(uint64_t id) {
   /* open: sizes. */
   struct {
     const char *key;
@@ -705,7 +709,11 @@ static void cases_numbers(void) {
     expect_err(add_req(rid, "open", false, dense, 2, "open dense capacity -1"), rid, "bad_request",
                "field 'capacity'");
   }
+  return id;
+}
 
+/* generate's numbers and stop lists, from id + 1; returns the last id. */
+static uint64_t cases_generate_numbers(uint64_t id) {
   /* generate: every numeric parameter at and past its edges. Each case
    * also gives max_tokens 1 (unless it is the field) so that accepted
    * values run for one token. */
@@ -793,6 +801,16 @@ static void cases_numbers(void) {
   msgpack_pack_str(&b.pk, 3);
   msgpack_pack_str_body(&b.pk, "a\0b", 3);
   expect_err(add_b(&b, "generate stop [\"\", \"a\\0b\"]"), id, "bad_request", "element 0");
+  return id;
+}
+
+static void cases_numbers(void) {
+  uint64_t id = 5000;
+  id = cases_token_ids(id);
+
+  id = cases_open_sizes(id);
+
+  id = cases_generate_numbers(id);
 
   /* Session ids and request ids. */
   const char *sops[] = {"stats", "append", "generate", "cancel", "resume", "fork", "export",
