@@ -28,6 +28,79 @@
 #include "testutil.h"
 #include "base/utf8.h"
 #include "testinteg.h"
+/* A generate that another client cancels: sinkctl exits 1 and says why. */
+static void sinkctl_cancelled_by_another(const char *sinkctl) {
+  char cmd[1024];
+  int status = -1;
+  char *out;
+  /* a generation another client cancels (by closing its session): exit 1,
+   * and stderr says why */
+  snprintf(cmd, sizeof cmd, "%s --socket %s open", sinkctl, g_socket);
+  out = sk_test_run_capture(cmd, &status);
+  assert_int_equal(status, 0);
+  const uint64_t long_id = strtoull(out, NULL, 10);
+  free(out);
+  snprintf(cmd, sizeof cmd,
+           "%s --socket %s generate --session %" PRIu64 " -n 1000000 Once 2>&1 >/dev/null",
+           sinkctl, g_socket, long_id);
+  FILE *gen = popen(cmd, "r");
+  assert_non_null(gen);
+  struct sk_client *cc = connect_or_fail();
+  struct sk_error ce;
+  uint64_t seen = 0;
+  for (int i = 0; i < 500 && seen < 16; i++) { /* at most 10 s: until it generates */
+    struct sk_session_info *l = NULL;
+    size_t n = 0;
+    assert_int_equal(sk_client_list(cc, &l, &n, &ce), 0);
+    for (size_t k = 0; k < n; k++)
+      if (l[k].session == long_id) seen = l[k].seen;
+    free(l);
+    if (seen < 16) usleep(20000);
+  }
+  assert_true(seen >= 16);
+  assert_int_equal(sk_client_close_session(cc, long_id, &ce), 0);
+  sk_client_free(cc);
+  char msg[512];
+  size_t got = fread(msg, 1, sizeof msg - 1, gen);
+  msg[got] = 0;
+  status = pclose(gen);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 1);
+  assert_string_equal(msg, "sinkctl: the daemon cancelled the generation (it is stopping, or "
+                           "another client closed the session or cancelled it)\n");
+}
+
+/* What sinkctl refuses: an eval output it cannot write, a folder to load,
+ * session shapes open does not take. */
+static void sinkctl_refusals(const char *sinkctl) {
+  char cmd[1024];
+  int status = -1;
+  char *out;
+  /* an eval output that cannot be written: refused before the run */
+  snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
+           g_socket, g_dir, getenv("SK_MODEL"));
+  out = sk_test_run_capture(cmd, &status);
+  assert_int_equal(status, 1); /* a file that cannot be written, as save's */
+  assert_non_null(strstr(out, "--csv: cannot write "));
+  free(out);
+  /* a folder to load */
+  snprintf(cmd, sizeof cmd, "%s --socket %s load %s 2>&1", sinkctl, g_socket, g_dir);
+  out = sk_test_run_capture(cmd, &status);
+  assert_int_equal(status, 1);
+  assert_non_null(strstr(out, " is a folder, not an exported session file"));
+  free(out);
+  /* session shapes: a known policy, its own parts, none with --session */
+  const char *shapes[] = {"open --policy bogus", "open --policy streaming --heavy 10",
+                          "open --policy dense --window 10",
+                          "generate --session 1 --policy dense x",
+                          "open --policy window --pin x"};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>/dev/null", sinkctl, g_socket, shapes[i]);
+    free(sk_test_run_capture(cmd, &status));
+    if (status != 2) fail_msg("'%s': exit %d, expected 2", shapes[i], status);
+  }
+}
+
 static void test_sinkctl(void **state) {
   (void)state;
   const char *sinkctl = getenv("SK_SINKCTL");
@@ -141,64 +214,8 @@ static void test_sinkctl(void **state) {
     sk_client_free(bc);
   }
   free(out);
-  /* a generation another client cancels (by closing its session): exit 1,
-   * and stderr says why */
-  snprintf(cmd, sizeof cmd, "%s --socket %s open", sinkctl, g_socket);
-  out = sk_test_run_capture(cmd, &status);
-  assert_int_equal(status, 0);
-  const uint64_t long_id = strtoull(out, NULL, 10);
-  free(out);
-  snprintf(cmd, sizeof cmd,
-           "%s --socket %s generate --session %" PRIu64 " -n 1000000 Once 2>&1 >/dev/null",
-           sinkctl, g_socket, long_id);
-  FILE *gen = popen(cmd, "r");
-  assert_non_null(gen);
-  struct sk_client *cc = connect_or_fail();
-  struct sk_error ce;
-  uint64_t seen = 0;
-  for (int i = 0; i < 500 && seen < 16; i++) { /* at most 10 s: until it generates */
-    struct sk_session_info *l = NULL;
-    size_t n = 0;
-    assert_int_equal(sk_client_list(cc, &l, &n, &ce), 0);
-    for (size_t k = 0; k < n; k++)
-      if (l[k].session == long_id) seen = l[k].seen;
-    free(l);
-    if (seen < 16) usleep(20000);
-  }
-  assert_true(seen >= 16);
-  assert_int_equal(sk_client_close_session(cc, long_id, &ce), 0);
-  sk_client_free(cc);
-  char msg[512];
-  size_t got = fread(msg, 1, sizeof msg - 1, gen);
-  msg[got] = 0;
-  status = pclose(gen);
-  assert_true(WIFEXITED(status));
-  assert_int_equal(WEXITSTATUS(status), 1);
-  assert_string_equal(msg, "sinkctl: the daemon cancelled the generation (it is stopping, or "
-                           "another client closed the session or cancelled it)\n");
-  /* an eval output that cannot be written: refused before the run */
-  snprintf(cmd, sizeof cmd, "%s --socket %s eval --csv %s/no/such/dir/x.csv %s 2>&1", sinkctl,
-           g_socket, g_dir, getenv("SK_MODEL"));
-  out = sk_test_run_capture(cmd, &status);
-  assert_int_equal(status, 1); /* a file that cannot be written, as save's */
-  assert_non_null(strstr(out, "--csv: cannot write "));
-  free(out);
-  /* a folder to load */
-  snprintf(cmd, sizeof cmd, "%s --socket %s load %s 2>&1", sinkctl, g_socket, g_dir);
-  out = sk_test_run_capture(cmd, &status);
-  assert_int_equal(status, 1);
-  assert_non_null(strstr(out, " is a folder, not an exported session file"));
-  free(out);
-  /* session shapes: a known policy, its own parts, none with --session */
-  const char *shapes[] = {"open --policy bogus", "open --policy streaming --heavy 10",
-                          "open --policy dense --window 10",
-                          "generate --session 1 --policy dense x",
-                          "open --policy window --pin x"};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>/dev/null", sinkctl, g_socket, shapes[i]);
-    free(sk_test_run_capture(cmd, &status));
-    if (status != 2) fail_msg("'%s': exit %d, expected 2", shapes[i], status);
-  }
+  sinkctl_cancelled_by_another(sinkctl);
+  sinkctl_refusals(sinkctl);
   /* a top_k beyond the vocabulary (512) keeps every token, as 0 does */
   snprintf(cmd, sizeof cmd, "%s --socket %s generate --top-k 100000 --seed 7 -n 12 Once",
            sinkctl, g_socket);
