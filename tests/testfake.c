@@ -131,6 +131,54 @@ static void fake_generate(struct fake *f, int fd, uint64_t id,
   if (!f->final_before_cancel_reply) fake_generate_final(fd, id, "cancelled", 3);
 }
 
+/* The reply to list: two rows, the first as this daemon packs it, the
+ * second as an older daemon did. */
+static void fake_list(int fd, uint64_t id) {
+  struct sk_msgbuf b;
+  /* the first row as this daemon's (wire), the second as an older
+   * daemon's, with only the fields it had */
+  struct sk_session_info row = {.session = 7, .policy = "streaming", .capacity = 260,
+                                .resident = 100, .seen = 5000000000u, .adopted = true,
+                                .kv_type = "f32", .owner_uid = 1000, .kv_bytes = 4u << 20,
+                                .object_bytes = 5u << 20,
+                                .age_s = 90061 /* 1d 1h 1m 1s */,
+                                .idle_s = 3700 /* 1h 1m 40s */, .temporary = true};
+  struct frame_rows {
+    struct sk_msgbuf b;
+    struct sk_msg msg;
+  } one;
+  /* (no cmocka assertions on this thread: a failure shows as a missing
+   * reply) */
+  if (sk_wire_pack_list(&one.b, id, &row, 1) < 0) return;
+  int64_t size = sk_msgbuf_finish(&one.b);
+  if (size < 0 || sk_msg_parse((const uint8_t *)one.b.sbuf.data + SK_FRAME_HEADER_SIZE,
+                               (size_t)size - SK_FRAME_HEADER_SIZE, &one.msg, NULL) < 0) {
+    sk_msgbuf_free(&one.b);
+    return;
+  }
+  const msgpack_object *first = &sk_msg_get(&one.msg.root, "sessions")->via.array.ptr[0];
+  sk_msgbuf_init(&b);
+  struct sk_wire_map m, old;
+  sk_wire_map_begin(&m, &b.pk);
+  sk_wire_map_u64(&m, "id", id);
+  sk_wire_map_bool(&m, "ok", true);
+  msgpack_packer *pk = sk_wire_map_key(&m, "sessions");
+  msgpack_pack_array(pk, 2);
+  msgpack_pack_object(pk, *first);
+  sk_wire_map_begin(&old, pk);
+  sk_wire_map_u64(&old, "session", 8);
+  sk_wire_map_str(&old, "policy", "dense");
+  sk_wire_map_u64(&old, "capacity", 260);
+  sk_wire_map_u64(&old, "resident", 101);
+  sk_wire_map_u64(&old, "seen", 5000000000u);
+  sk_wire_map_bool(&old, "adopted", false);
+  sk_wire_map_end(&old);
+  sk_wire_map_end(&m);
+  sk_msg_free(&one.msg);
+  sk_msgbuf_free(&one.b);
+  fake_write(fd, &b);
+}
+
 static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
   uint64_t id = 0, session = 0;
   const char *op = "";
@@ -164,48 +212,7 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
   } else if (OP("close")) {
     if (sk_wire_pack_ok(&b, id) == 0) fake_write(fd, &b);
   } else if (OP("list")) {
-    /* the first row as this daemon's (wire), the second as an older
-     * daemon's, with only the fields it had */
-    struct sk_session_info row = {.session = 7, .policy = "streaming", .capacity = 260,
-                                  .resident = 100, .seen = 5000000000u, .adopted = true,
-                                  .kv_type = "f32", .owner_uid = 1000, .kv_bytes = 4u << 20,
-                                  .object_bytes = 5u << 20,
-                                  .age_s = 90061 /* 1d 1h 1m 1s */,
-                                  .idle_s = 3700 /* 1h 1m 40s */, .temporary = true};
-    struct frame_rows {
-      struct sk_msgbuf b;
-      struct sk_msg msg;
-    } one;
-    /* (no cmocka assertions on this thread: a failure shows as a missing
-     * reply) */
-    if (sk_wire_pack_list(&one.b, id, &row, 1) < 0) return;
-    int64_t size = sk_msgbuf_finish(&one.b);
-    if (size < 0 || sk_msg_parse((const uint8_t *)one.b.sbuf.data + SK_FRAME_HEADER_SIZE,
-                                 (size_t)size - SK_FRAME_HEADER_SIZE, &one.msg, NULL) < 0) {
-      sk_msgbuf_free(&one.b);
-      return;
-    }
-    const msgpack_object *first = &sk_msg_get(&one.msg.root, "sessions")->via.array.ptr[0];
-    sk_msgbuf_init(&b);
-    struct sk_wire_map m, old;
-    sk_wire_map_begin(&m, &b.pk);
-    sk_wire_map_u64(&m, "id", id);
-    sk_wire_map_bool(&m, "ok", true);
-    msgpack_packer *pk = sk_wire_map_key(&m, "sessions");
-    msgpack_pack_array(pk, 2);
-    msgpack_pack_object(pk, *first);
-    sk_wire_map_begin(&old, pk);
-    sk_wire_map_u64(&old, "session", 8);
-    sk_wire_map_str(&old, "policy", "dense");
-    sk_wire_map_u64(&old, "capacity", 260);
-    sk_wire_map_u64(&old, "resident", 101);
-    sk_wire_map_u64(&old, "seen", 5000000000u);
-    sk_wire_map_bool(&old, "adopted", false);
-    sk_wire_map_end(&old);
-    sk_wire_map_end(&m);
-    sk_msg_free(&one.msg);
-    sk_msgbuf_free(&one.b);
-    fake_write(fd, &b);
+    fake_list(fd, id);
   } else if (OP("stats") && has_session == 1) {
     static struct sk_session_stats st; /* ~3 KiB: off the fake's stack */
     memset(&st, 0, sizeof st);
