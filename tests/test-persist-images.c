@@ -37,6 +37,38 @@
 #include "testutil.h"
 #include "model/tokenizer.h"
 #include "testpersist.h"
+/* The object sizes for 512 tokens of the test model from the store's own
+ * geometry, f16 and f32; they differ by half the keys and values. */
+static void object_sizes_512(size_t *ret_want16, size_t *ret_want32) {
+  struct sk_error e = {0};
+  size_t want16, want32;
+  struct sk_gguf *g = NULL;
+  struct sk_model *m = NULL;
+  assert_int_equal(sk_gguf_open(sk_test_model_path(), &g, &e), 0);
+  assert_int_equal(sk_model_load(g, &m, &e), 0);
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/geom", g_dir);
+  struct sk_store_config cfg = {.dir = dir, .shape = sk_model_kv_shape(m),
+                                .n_vocab = sk_model_config(m)->n_vocab};
+  sk_store_fingerprint(g, cfg.model_fp);
+  struct sk_store *st = NULL;
+  assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
+  want32 = sk_store_object_size(st, 512);
+  sk_store_close(st);
+  cfg.shape.kv_type = SK_KV_F16;
+  assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
+  want16 = sk_store_object_size(st, 512);
+  sk_store_close(st);
+  const struct sk_model_config *mc = sk_model_config(m);
+  /* the data parts differ by half the keys and values, to the page */
+  size_t half = (size_t)mc->n_layer * 2 * mc->kv_dim * (512 + SK_KV_SPARE_SLOTS) * 2;
+  assert_true(want32 - want16 >= half - 4096 && want32 - want16 <= half + 4096);
+  sk_model_free(m);
+  sk_gguf_close(g);
+  *ret_want16 = want16;
+  *ret_want32 = want32;
+}
+
 static void test_kv_f16(void **state) {
   (void)state;
   fresh_state("kvf16");
@@ -46,31 +78,7 @@ static void test_kv_f16(void **state) {
   struct sk_daemon_stats ds;
   /* exact object sizes from the store's own geometry */
   size_t want16, want32;
-  {
-    struct sk_gguf *g = NULL;
-    struct sk_model *m = NULL;
-    assert_int_equal(sk_gguf_open(sk_test_model_path(), &g, &e), 0);
-    assert_int_equal(sk_model_load(g, &m, &e), 0);
-    char dir[400];
-    snprintf(dir, sizeof dir, "%s/geom", g_dir);
-    struct sk_store_config cfg = {.dir = dir, .shape = sk_model_kv_shape(m),
-                                  .n_vocab = sk_model_config(m)->n_vocab};
-    sk_store_fingerprint(g, cfg.model_fp);
-    struct sk_store *st = NULL;
-    assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
-    want32 = sk_store_object_size(st, 512);
-    sk_store_close(st);
-    cfg.shape.kv_type = SK_KV_F16;
-    assert_int_equal(sk_store_open(&cfg, &st, NULL, &e), 0);
-    want16 = sk_store_object_size(st, 512);
-    sk_store_close(st);
-    const struct sk_model_config *mc = sk_model_config(m);
-    /* the data parts differ by half the keys and values, to the page */
-    size_t half = (size_t)mc->n_layer * 2 * mc->kv_dim * (512 + SK_KV_SPARE_SLOTS) * 2;
-    assert_true(want32 - want16 >= half - 4096 && want32 - want16 <= half + 4096);
-    sk_model_free(m);
-    sk_gguf_close(g);
-  }
+  object_sizes_512(&want16, &want32);
   json_t *ref = sk_test_load_reference("greedy.json");
   json_t *prompts = json_object_get(ref, "prompts");
   uint64_t ids[8];
