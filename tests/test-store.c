@@ -136,7 +136,6 @@ static void test_uncommitted_step(void **state) {
   free(dir);
 }
 
-
 /* sk_store_begin_decode leaves the working copy's logits as they were
  * (the copy two commits back), copies everything else; sk_store_keep_logits
  * brings the live ones over. Both commit with a valid checksum: the
@@ -459,7 +458,6 @@ static void test_header_flags(void **state) {
   rm_rf(dir);
   free(dir);
 }
-
 
 /* fork: the same state at once, then independent. */
 static void test_fork(void **state) {

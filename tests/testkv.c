@@ -18,8 +18,8 @@
 #include "testutil.h"
 #include "testkv.h"
 struct sk_kv *new_kv(struct sk_kv_shape shape, uint32_t policy,
-                            uint32_t n_sink, uint32_t window,
-                            uint32_t capacity) {
+                     uint32_t n_sink, uint32_t window,
+                     uint32_t capacity) {
   struct sk_kv_params p = {.policy = policy, .n_sink = n_sink,
                            .window = window, .capacity = capacity,
                            .rope_scale = 1.0f};
@@ -45,7 +45,7 @@ void assert_permutation(const struct sk_kv *kv) {
 
 
 struct sk_kv *new_kv_p(struct sk_kv_shape shape,
-                              struct sk_kv_params p) {
+                       struct sk_kv_params p) {
   struct sk_kv *kv = NULL;
   struct sk_error err = {0};
   if (p.rope_scale == 0.0f) p.rope_scale = 1.0f;

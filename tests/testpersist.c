@@ -159,7 +159,7 @@ void fresh_state(const char *name) {
 }
 
 uint64_t open_session(struct sk_client *c, const char *policy, uint32_t n_sink,
-                             uint32_t window, uint32_t capacity) {
+                      uint32_t window, uint32_t capacity) {
   struct sk_open_params op = {.policy = policy, .n_sink = n_sink, .window = window,
                               .capacity = capacity};
   struct sk_open_result o;
@@ -178,7 +178,7 @@ int ids_cb(void *user, const struct sk_token_event *ev) {
 }
 
 void gen(struct sk_client *c, uint64_t s, uint32_t n, double temperature, bool seeded,
-                uint64_t seed, struct ids *out, struct sk_generate_result *ret) {
+         uint64_t seed, struct ids *out, struct sk_generate_result *ret) {
   struct sk_generate_params gp;
   sk_generate_params_init(&gp);
   gp.max_tokens = n;

@@ -71,7 +71,7 @@ const struct sk_kv_params streaming16 = {
     .policy = SK_POLICY_STREAMING, .n_sink = 4, .window = 12, .rope_scale = 1.0f};
 
 struct sk_store_obj *create(struct sk_store *st, uint64_t id,
-                                   const struct sk_kv_params *p) {
+                            const struct sk_kv_params *p) {
   struct sk_sampler_params sp = {.temperature = (float)SK_GENERATE_DEFAULT_TEMPERATURE,
                                  .top_k = SK_GENERATE_DEFAULT_TOP_K,
                                  .top_p = (float)SK_GENERATE_DEFAULT_TOP_P,
