@@ -1,5 +1,6 @@
 #include "session/scheduler.h"
 #include "model/sparse.h"
+#include "sk_limits.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -67,6 +68,7 @@ struct sk__draw {
 
 static void post_event(struct sk_scheduler *sched, struct sk_event *ev) {
   ev->next = NULL;
+  if (ev->kind == SK_EVENT_TOKEN) atomic_fetch_add(&ev->job->events_queued, 1);
   pthread_mutex_lock(&sched->ev_lock);
   if (sched->ev_tail)
     sched->ev_tail->next = ev;
@@ -82,11 +84,17 @@ static void drain_events(struct sk_scheduler *sched) {
   struct sk_event *ev = sched->ev_head;
   sched->ev_head = sched->ev_tail = NULL;
   pthread_mutex_unlock(&sched->ev_lock);
+  bool resume = false;
   while (ev) {
     struct sk_event *next = ev->next;
+    /* A DONE event may free its job; token events come before it. */
+    if (ev->kind == SK_EVENT_TOKEN &&
+        atomic_fetch_sub(&ev->job->events_queued, 1) == SK_LIMIT_JOB_EVENTS)
+      resume = true;
     sched->cb(sched->user, ev);
     ev = next;
   }
+  if (resume) sk_scheduler_wake(sched);
 }
 
 static void on_async(uv_async_t *h) { drain_events(h->data); }
@@ -553,8 +561,11 @@ static bool after_decode(struct sk_scheduler *sched, struct sk_job *job, struct 
   return false;
 }
 
+/* A job waits while its client's output is full or while the loop
+ * thread has SK_LIMIT_JOB_EVENTS of its token events still to take. */
 static bool runnable(const struct sk_job *j) {
-  return !atomic_load(&j->paused) || atomic_load(&j->cancel);
+  return (!atomic_load(&j->paused) && atomic_load(&j->events_queued) < SK_LIMIT_JOB_EVENTS) ||
+         atomic_load(&j->cancel);
 }
 
 /* After a pass, sequence i's commit, one task per sequence on the pool
