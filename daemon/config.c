@@ -123,24 +123,24 @@ bool sk_config_key_reloadable(enum sk_config_key key) { return keys[key].reloada
 
 const char *sk_config_default_path(void) { return SK_SYSCONFDIR "/sinkd/sinkd.conf"; }
 
-static char **field_str(struct sk_config *c, enum sk_config_key k) {
-  return (char **)(void *)((char *)c + keys[k].offset);
+static char **field_str(struct sk_config *cfg, enum sk_config_key k) {
+  return (char **)(void *)((char *)cfg + keys[k].offset);
 }
-static char *const *field_str_c(const struct sk_config *c, enum sk_config_key k) {
-  return (char *const *)(const void *)((const char *)c + keys[k].offset);
+static char *const *field_str_c(const struct sk_config *cfg, enum sk_config_key k) {
+  return (char *const *)(const void *)((const char *)cfg + keys[k].offset);
 }
 /* max_memory and max_user_memory are 64-bit; the others are uint32_t. */
 static bool is_u64(enum sk_config_key k) {
   return keys[k].offset == F(max_memory) || keys[k].offset == F(max_user_memory) ||
          keys[k].offset == F(max_input_memory) || keys[k].offset == F(max_user_input_memory);
 }
-static uint64_t field_num(const struct sk_config *c, enum sk_config_key k) {
-  const char *p = (const char *)c + keys[k].offset;
+static uint64_t field_num(const struct sk_config *cfg, enum sk_config_key k) {
+  const char *p = (const char *)cfg + keys[k].offset;
   if (is_u64(k)) return *(const uint64_t *)(const void *)p;
   return *(const uint32_t *)(const void *)p;
 }
-static void field_num_set(struct sk_config *c, enum sk_config_key k, uint64_t v) {
-  char *p = (char *)c + keys[k].offset;
+static void field_num_set(struct sk_config *cfg, enum sk_config_key k, uint64_t v) {
+  char *p = (char *)cfg + keys[k].offset;
   if (is_u64(k))
     *(uint64_t *)(void *)p = v;
   else
@@ -177,40 +177,40 @@ static char *runtime_dir(const char *leaf) {
   return strdup(buf);
 }
 
-int sk_config_init(struct sk_config *c) {
-  memset(c, 0, sizeof *c);
-  c->socket = runtime_dir("sinkd.sock");
-  c->state_dir = runtime_dir("state");
-  if (!c->socket || !c->state_dir) {
-    sk_config_done(c);
+int sk_config_init(struct sk_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->socket = runtime_dir("sinkd.sock");
+  cfg->state_dir = runtime_dir("state");
+  if (!cfg->socket || !cfg->state_dir) {
+    sk_config_done(cfg);
     return -SK_ERR_NO_MEMORY;
   }
-  c->batch = SK_CONFIG_DEFAULT_BATCH;
-  c->log_level = SK_LOG_INFO;
-  c->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
-  c->chat_template = -1;  /* the model's own */
-  c->policy = SK_POLICY_STREAMING;
-  c->n_sink = SK_CONFIG_DEFAULT_N_SINK;
-  c->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;
-  c->max_sessions = SK_CONFIG_DEFAULT_MAX_SESSIONS;
-  c->max_user_sessions = SK_CONFIG_DEFAULT_MAX_USER_SESSIONS;
-  c->max_frame = SK_FRAME_MAX_DEFAULT;
-  c->max_user_clients = SK_CONFIG_DEFAULT_MAX_USER_CLIENTS;
-  c->frame_timeout = SK_CONFIG_DEFAULT_FRAME_TIMEOUT;
-  c->idle_ttl = SK_CONFIG_DEFAULT_IDLE_TTL;
+  cfg->batch = SK_CONFIG_DEFAULT_BATCH;
+  cfg->log_level = SK_LOG_INFO;
+  cfg->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
+  cfg->chat_template = -1;  /* the model's own */
+  cfg->policy = SK_POLICY_STREAMING;
+  cfg->n_sink = SK_CONFIG_DEFAULT_N_SINK;
+  cfg->max_clients = SK_CONFIG_DEFAULT_MAX_CLIENTS;
+  cfg->max_sessions = SK_CONFIG_DEFAULT_MAX_SESSIONS;
+  cfg->max_user_sessions = SK_CONFIG_DEFAULT_MAX_USER_SESSIONS;
+  cfg->max_frame = SK_FRAME_MAX_DEFAULT;
+  cfg->max_user_clients = SK_CONFIG_DEFAULT_MAX_USER_CLIENTS;
+  cfg->frame_timeout = SK_CONFIG_DEFAULT_FRAME_TIMEOUT;
+  cfg->idle_ttl = SK_CONFIG_DEFAULT_IDLE_TTL;
   return 0;
 }
 
-void sk_config_done(struct sk_config *c) {
-  free(c->model);
-  free(c->socket);
-  free(c->state_dir);
-  free(c->http_socket);
-  free(c->http_listen);
-  free(c->http_key_file);
-  free(c->sparsity_file);
-  free(c->file);
-  memset(c, 0, sizeof *c);
+void sk_config_done(struct sk_config *cfg) {
+  free(cfg->model);
+  free(cfg->socket);
+  free(cfg->state_dir);
+  free(cfg->http_socket);
+  free(cfg->http_listen);
+  free(cfg->http_key_file);
+  free(cfg->sparsity_file);
+  free(cfg->file);
+  memset(cfg, 0, sizeof *cfg);
 }
 
 static int dup_opt(char **dst, const char *src) {
@@ -317,7 +317,7 @@ static bool listen_ok(const char *s) {
   return inet_pton(AF_INET, host, addr) == 1;
 }
 
-int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value,
+int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *value,
                   enum sk_config_origin from, uint32_t line, struct sk_error *err) {
   const struct key_desc *d = &keys[key];
   uint64_t v = 0;
@@ -340,7 +340,7 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
       return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%s' is not an absolute path", value);
     char *copy = strdup(value);
     if (!copy) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    char **f = field_str(c, key);
+    char **f = field_str(cfg, key);
     free(*f);
     *f = copy;
     break;
@@ -370,7 +370,7 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
                                 : "");
       }
     }
-    field_num_set(c, key, v);
+    field_num_set(cfg, key, v);
     break;
   }
   case T_POLICY: {
@@ -378,7 +378,7 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
     struct sk_error pe;
     if (sk_policy_parse(value, strlen(value), &p, &pe) < 0)
       return sk_error_set(err, SK_ERR_BAD_REQUEST, "%s", pe.message);
-    c->policy = p;
+    cfg->policy = p;
     break;
   }
   case T_KV_TYPE: {
@@ -386,7 +386,7 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
     struct sk_error te;
     if (sk_kv_type_parse(value, strlen(value), &t, &te) < 0)
       return sk_error_set(err, SK_ERR_BAD_REQUEST, "%s", te.message);
-    c->kv_type = t;
+    cfg->kv_type = t;
     break;
   }
   case T_CHAT: {
@@ -396,7 +396,7 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
                           "'%.64s' is not auto, none or a chat template family (chatml, llama2, "
                           "llama3, mistral-v7, phi3, gemma, ...: sinkd.conf(5) lists them)",
                           value);
-    c->chat_template = t;
+    cfg->chat_template = t;
     break;
   }
   case T_LOG_LEVEL: {
@@ -406,13 +406,13 @@ int sk_config_set(struct sk_config *c, enum sk_config_key key, const char *value
     if (!level)
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "'%s' is not a log level (err, warning, notice, info, debug)", value);
-    c->log_level = level;
+    cfg->log_level = level;
     break;
   }
   }
-  c->origin[key].from = from;
-  c->origin[key].line = line;
-  c->origin[key].automatic = false;
+  cfg->origin[key].from = from;
+  cfg->origin[key].line = line;
+  cfg->origin[key].automatic = false;
   return 0;
 }
 
@@ -441,18 +441,18 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src) {
   return 0;
 }
 
-void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *buf,
+void sk_config_format(const struct sk_config *cfg, enum sk_config_key key, char *buf,
                       size_t size) {
   const struct key_desc *d = &keys[key];
   switch (d->type) {
   case T_PATH: {
-    const char *s = *field_str_c(c, key);
+    const char *s = *field_str_c(cfg, key);
     snprintf(buf, size, "%s", s ? s : "");
     break;
   }
   case T_U32:
   case T_U32_AUTO: {
-    uint64_t v = field_num(c, key);
+    uint64_t v = field_num(cfg, key);
     if (v == 0 && d->type == T_U32_AUTO)
       snprintf(buf, size, "auto");
     else
@@ -461,7 +461,7 @@ void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *b
   }
   case T_SIZE:
   case T_SIZE_AUTO: {
-    uint64_t v = field_num(c, key);
+    uint64_t v = field_num(cfg, key);
     if (v == 0 && d->type == T_SIZE_AUTO)
       snprintf(buf, size, "auto");
     else
@@ -469,14 +469,14 @@ void sk_config_format(const struct sk_config *c, enum sk_config_key key, char *b
     break;
   }
   case T_POLICY: {
-    const char *n = sk_policy_name(c->policy);
+    const char *n = sk_policy_name(cfg->policy);
     snprintf(buf, size, "%s", n ? n : "?");
     break;
   }
-  case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(c->log_level)); break;
-  case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(c->kv_type)); break;
+  case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(cfg->log_level)); break;
+  case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(cfg->kv_type)); break;
   case T_CHAT:
-    snprintf(buf, size, "%s", c->chat_template < 0 ? "auto" : sk_chat_name(c->chat_template));
+    snprintf(buf, size, "%s", cfg->chat_template < 0 ? "auto" : sk_chat_name(cfg->chat_template));
     break;
   }
 }
@@ -496,7 +496,7 @@ bool sk_config_same(const struct sk_config *a, const struct sk_config *b,
 #define LINE_MAX_BYTES 200u
 
 struct load_state {
-  struct sk_config *c;
+  struct sk_config *cfg;
   const char *path;
   FILE *f;
   uint32_t line;              /* number of the line inih is handling */
@@ -648,7 +648,8 @@ static int handler(void *user, const char *section, const char *name, const char
   }
   st->seen[key] = st->line;
   struct sk_error e;
-  int rc = sk_config_set(st->c, (enum sk_config_key)key, value, SK_CONFIG_FROM_FILE, st->line, &e);
+  int rc = sk_config_set(st->cfg, (enum sk_config_key)key, value, SK_CONFIG_FROM_FILE, st->line,
+                         &e);
   if (rc == -SK_ERR_NO_MEMORY) {
     st->fatal = rc;
     return 0;
@@ -657,10 +658,10 @@ static int handler(void *user, const char *section, const char *name, const char
   return 1;
 }
 
-int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
+int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs) {
   memset(errs, 0, sizeof *errs);
-  struct load_state st = {.c = c, .path = path, .errs = errs};
+  struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
   st.f = fopen(path, "re");
   if (!st.f) {
     int e = errno;
@@ -669,9 +670,9 @@ int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
     return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
                         strerror(e));
   }
-  free(c->file);
-  c->file = strdup(path);
-  if (!c->file) {
+  free(cfg->file);
+  cfg->file = strdup(path);
+  if (!cfg->file) {
     fclose(st.f);
     return -SK_ERR_NO_MEMORY;
   }
@@ -712,10 +713,10 @@ int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
 /* ---- resolution and printing --------------------------------------------- */
 
 /* "FILE:LINE: [section] key: " or "--option: " for messages about a value. */
-static void where(const struct sk_config *c, enum sk_config_key k, char *buf, size_t size) {
-  switch (c->origin[k].from) {
+static void where(const struct sk_config *cfg, enum sk_config_key k, char *buf, size_t size) {
+  switch (cfg->origin[k].from) {
   case SK_CONFIG_FROM_FILE:
-    snprintf(buf, size, "%s:%u: [%s] %s: ", c->file ? c->file : "?", c->origin[k].line,
+    snprintf(buf, size, "%s:%u: [%s] %s: ", cfg->file ? cfg->file : "?", cfg->origin[k].line,
              keys[k].section, keys[k].name);
     break;
   case SK_CONFIG_FROM_COMMAND_LINE: snprintf(buf, size, "%s: ", keys[k].option); break;
@@ -723,139 +724,139 @@ static void where(const struct sk_config *c, enum sk_config_key k, char *buf, si
   }
 }
 
-int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
+int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                       struct sk_error *err) {
   char at[PATH_MAX + 64];
-  if (!c->model)
+  if (!cfg->model)
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "no model: set 'model' in [daemon] of %s or pass --model FILE",
-                        c->file ? c->file : sk_config_default_path());
-  if (!c->http_socket && c->socket) {
+                        cfg->file ? cfg->file : sk_config_default_path());
+  if (!cfg->http_socket && cfg->socket) {
     /* Beside the msgpack socket: the same folder, so the same access. */
-    const char *slash = strrchr(c->socket, '/');
-    int dir_len = slash ? (int)(slash - c->socket) : 0;
+    const char *slash = strrchr(cfg->socket, '/');
+    int dir_len = slash ? (int)(slash - cfg->socket) : 0;
     char path[PATH_MAX];
-    int n = slash ? snprintf(path, sizeof path, "%.*s/sinkd-http.sock", dir_len, c->socket)
+    int n = slash ? snprintf(path, sizeof path, "%.*s/sinkd-http.sock", dir_len, cfg->socket)
                   : snprintf(path, sizeof path, "sinkd-http.sock");
     if (n < 0 || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "[daemon] http_socket (default): '%s' would be longer than a socket "
                           "path may be; set http_socket or --http-socket",
                           path);
-    c->http_socket = strdup(path);
-    if (!c->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    c->origin[SK_CFG_HTTP_SOCKET].automatic = true;
+    cfg->http_socket = strdup(path);
+    if (!cfg->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+    cfg->origin[SK_CFG_HTTP_SOCKET].automatic = true;
   }
-  if (c->http_listen && !c->http_key_file) {
-    where(c, SK_CFG_HTTP_LISTEN, at, sizeof at);
+  if (cfg->http_listen && !cfg->http_key_file) {
+    where(cfg, SK_CFG_HTTP_LISTEN, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "%sa TCP listener needs an API key: set http_key_file (or "
                         "--http-key-file) to a file of mode 0600 holding it",
                         at);
   }
-  if (c->http_uid == 0) {
-    c->http_uid = (uint32_t)getuid();
-    c->origin[SK_CFG_HTTP_UID].automatic = true;
+  if (cfg->http_uid == 0) {
+    cfg->http_uid = (uint32_t)getuid();
+    cfg->origin[SK_CFG_HTTP_UID].automatic = true;
   }
-  if (c->threads == 0) {
+  if (cfg->threads == 0) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > (long)SK_LIMIT_MAX_THREADS) n = SK_LIMIT_MAX_THREADS;
-    c->threads = (uint32_t)n;
-    c->origin[SK_CFG_THREADS].automatic = true;
+    cfg->threads = (uint32_t)n;
+    cfg->origin[SK_CFG_THREADS].automatic = true;
   }
-  if (c->max_memory == 0) {
+  if (cfg->max_memory == 0) {
     uint64_t phys = physical_memory();
-    c->max_memory = phys == UINT64_MAX ? (1ull << 34) : phys / 2 >> 20 << 20;
-    if (c->max_memory < SK_LIMIT_MIN_MEMORY) c->max_memory = SK_LIMIT_MIN_MEMORY;
-    c->origin[SK_CFG_MAX_MEMORY].automatic = true;
+    cfg->max_memory = phys == UINT64_MAX ? (1ull << 34) : phys / 2 >> 20 << 20;
+    if (cfg->max_memory < SK_LIMIT_MIN_MEMORY) cfg->max_memory = SK_LIMIT_MIN_MEMORY;
+    cfg->origin[SK_CFG_MAX_MEMORY].automatic = true;
   }
   /* auto: as much as everyone together; set it lower on a machine shared
    * by several users, so that one cannot take all (max_user_sessions,
    * 16 of 64 by default, already keeps some sessions for others). */
-  if (c->max_user_memory == 0) {
-    c->max_user_memory = c->max_memory;
-    c->origin[SK_CFG_MAX_USER_MEMORY].automatic = true;
+  if (cfg->max_user_memory == 0) {
+    cfg->max_user_memory = cfg->max_memory;
+    cfg->origin[SK_CFG_MAX_USER_MEMORY].automatic = true;
   }
   /* Input memory: a whole frame of max_frame (and its header) must fit. */
-  if (c->max_input_memory == 0) {
-    c->max_input_memory = (uint64_t)SK_CONFIG_INPUT_FRAMES * c->max_frame;
-    c->origin[SK_CFG_MAX_INPUT_MEMORY].automatic = true;
+  if (cfg->max_input_memory == 0) {
+    cfg->max_input_memory = (uint64_t)SK_CONFIG_INPUT_FRAMES * cfg->max_frame;
+    cfg->origin[SK_CFG_MAX_INPUT_MEMORY].automatic = true;
   }
-  if (c->max_user_input_memory == 0) {
-    c->max_user_input_memory = (uint64_t)SK_CONFIG_USER_INPUT_FRAMES * c->max_frame;
-    if (c->max_user_input_memory > c->max_input_memory)
-      c->max_user_input_memory = c->max_input_memory;
-    c->origin[SK_CFG_MAX_USER_INPUT_MEMORY].automatic = true;
+  if (cfg->max_user_input_memory == 0) {
+    cfg->max_user_input_memory = (uint64_t)SK_CONFIG_USER_INPUT_FRAMES * cfg->max_frame;
+    if (cfg->max_user_input_memory > cfg->max_input_memory)
+      cfg->max_user_input_memory = cfg->max_input_memory;
+    cfg->origin[SK_CFG_MAX_USER_INPUT_MEMORY].automatic = true;
   }
   static const enum sk_config_key input_keys[] = {SK_CFG_MAX_INPUT_MEMORY,
                                                   SK_CFG_MAX_USER_INPUT_MEMORY};
   for (size_t i = 0; i < 2; i++) {
     enum sk_config_key k = input_keys[i];
-    uint64_t v = field_num(c, k);
-    if (v < (uint64_t)c->max_frame + SK_FRAME_HEADER_SIZE) {
-      where(c, k, at, sizeof at);
+    uint64_t v = field_num(cfg, k);
+    if (v < (uint64_t)cfg->max_frame + SK_FRAME_HEADER_SIZE) {
+      where(cfg, k, at, sizeof at);
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "%s%" PRIu64 " bytes is less than one whole request frame "
                           "(max_frame %u + %u bytes of header)",
-                          at, v, c->max_frame, (unsigned)SK_FRAME_HEADER_SIZE);
+                          at, v, cfg->max_frame, (unsigned)SK_FRAME_HEADER_SIZE);
     }
   }
   if (!mc) return 0;
   uint32_t ctx = mc->n_ctx_train ? mc->n_ctx_train : 1;
-  if (c->max_capacity == 0) {
-    c->max_capacity = ctx > SK_CONFIG_DEFAULT_MAX_CAPACITY ? ctx : SK_CONFIG_DEFAULT_MAX_CAPACITY;
-    if (c->max_capacity > SK_LIMIT_MAX_CAPACITY) c->max_capacity = SK_LIMIT_MAX_CAPACITY;
-    c->origin[SK_CFG_MAX_CAPACITY].automatic = true;
+  if (cfg->max_capacity == 0) {
+    cfg->max_capacity = ctx > SK_CONFIG_DEFAULT_MAX_CAPACITY ? ctx : SK_CONFIG_DEFAULT_MAX_CAPACITY;
+    if (cfg->max_capacity > SK_LIMIT_MAX_CAPACITY) cfg->max_capacity = SK_LIMIT_MAX_CAPACITY;
+    cfg->origin[SK_CFG_MAX_CAPACITY].automatic = true;
   }
-  if (c->window == 0) {
+  if (cfg->window == 0) {
     uint32_t span = ctx < SK_CONFIG_DEFAULT_WINDOW_SPAN ? ctx : SK_CONFIG_DEFAULT_WINDOW_SPAN;
     /* Sinks that fill the whole span would leave an automatic window of
      * nothing: say so rather than quietly making it 1. */
-    if (c->n_sink >= span) {
-      where(c, SK_CFG_SINKS, at, sizeof at);
+    if (cfg->n_sink >= span) {
+      where(cfg, SK_CFG_SINKS, at, sizeof at);
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "%s%u sinks leave no room for the automatic window: it is min(model "
                           "context %u, %u) - sinks = %u - %u; give fewer sinks than %u, or set "
                           "window",
-                          at, c->n_sink, ctx, SK_CONFIG_DEFAULT_WINDOW_SPAN, span, c->n_sink,
+                          at, cfg->n_sink, ctx, SK_CONFIG_DEFAULT_WINDOW_SPAN, span, cfg->n_sink,
                           span);
     }
-    c->window = span - c->n_sink;
-    c->origin[SK_CFG_WINDOW].automatic = true;
+    cfg->window = span - cfg->n_sink;
+    cfg->origin[SK_CFG_WINDOW].automatic = true;
   }
-  if (c->capacity == 0) {
-    c->capacity = ctx < c->max_capacity ? ctx : c->max_capacity;
-    c->origin[SK_CFG_CAPACITY].automatic = true;
+  if (cfg->capacity == 0) {
+    cfg->capacity = ctx < cfg->max_capacity ? ctx : cfg->max_capacity;
+    cfg->origin[SK_CFG_CAPACITY].automatic = true;
   }
   /* The defaults must themselves open, for every policy: within the
    * largest capacity and the positions the model handles (as `open`
    * checks them). */
-  struct sk_kv_params p = {.n_sink = c->n_sink, .window = c->window, .capacity = c->capacity,
+  struct sk_kv_params p = {.n_sink = cfg->n_sink, .window = cfg->window, .capacity = cfg->capacity,
                            .rope_scale = 1.0f};
   struct sk_error e;
   p.policy = SK_POLICY_STREAMING;
-  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0 ||
+  if (sk_kv_params_check(&p, cfg->max_capacity, &e) < 0 ||
       sk_kv_params_check_context(&p, mc->n_ctx_train, &e) < 0) {
-    enum sk_config_key k = c->origin[SK_CFG_WINDOW].from >= c->origin[SK_CFG_SINKS].from
+    enum sk_config_key k = cfg->origin[SK_CFG_WINDOW].from >= cfg->origin[SK_CFG_SINKS].from
                                ? SK_CFG_WINDOW
                                : SK_CFG_SINKS;
-    where(c, k, at, sizeof at);
+    where(cfg, k, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "%sdefault streaming session: %s", at,
                         e.message);
   }
   p.policy = SK_POLICY_DENSE;
-  if (sk_kv_params_check(&p, c->max_capacity, &e) < 0 ||
+  if (sk_kv_params_check(&p, cfg->max_capacity, &e) < 0 ||
       sk_kv_params_check_context(&p, mc->n_ctx_train, &e) < 0) {
-    where(c, SK_CFG_CAPACITY, at, sizeof at);
+    where(cfg, SK_CFG_CAPACITY, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "%sdefault dense session: %s", at, e.message);
   }
   return 0;
 }
 
-void sk_config_print(FILE *f, const struct sk_config *c) {
+void sk_config_print(FILE *f, const struct sk_config *cfg) {
   fprintf(f, "# sinkd %s: effective configuration\n", SK_VERSION);
-  fprintf(f, "# file: %s\n", c->file ? c->file : "(none)");
+  fprintf(f, "# file: %s\n", cfg->file ? cfg->file : "(none)");
   const char *section = "";
   for (int k = 0; k < SK_CFG__COUNT; k++) {
     if (strcmp(section, keys[k].section) != 0) {
@@ -863,20 +864,20 @@ void sk_config_print(FILE *f, const struct sk_config *c) {
       fprintf(f, "\n[%s]\n", section);
     }
     char value[PATH_MAX + 32];
-    sk_config_format(c, (enum sk_config_key)k, value, sizeof value);
-    if (keys[k].type == T_PATH && !*field_str_c(c, (enum sk_config_key)k)) {
+    sk_config_format(cfg, (enum sk_config_key)k, value, sizeof value);
+    if (keys[k].type == T_PATH && !*field_str_c(cfg, (enum sk_config_key)k)) {
       fprintf(f, "; %s = (not set)\n", keys[k].name);
       continue;
     }
     fprintf(f, "%s = %s", keys[k].name, value);
-    switch (c->origin[k].from) {
+    switch (cfg->origin[k].from) {
     case SK_CONFIG_FROM_FILE:
-      fprintf(f, " ; %s:%u", c->file ? c->file : "?", c->origin[k].line);
+      fprintf(f, " ; %s:%u", cfg->file ? cfg->file : "?", cfg->origin[k].line);
       break;
     case SK_CONFIG_FROM_COMMAND_LINE: fprintf(f, " ; command line %s", keys[k].option); break;
     default: fprintf(f, " ; default"); break;
     }
-    if (c->origin[k].automatic) fprintf(f, " (auto)");
+    if (cfg->origin[k].automatic) fprintf(f, " (auto)");
     fputc('\n', f);
   }
 }

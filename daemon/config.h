@@ -146,13 +146,13 @@ struct sk_config_errors {
   uint32_t line[SK_CONFIG_MAX_ERRORS];     /* the LINE of each (0: none) */
 };
 
-/* Fills *c with the built-in defaults. The socket defaults to
+/* Fills *cfg with the built-in defaults. The socket defaults to
  * /run/sinkd/sinkd.sock and the state folder to /run/sinkd/state (root),
  * or the same under $XDG_RUNTIME_DIR/sinkd (other users, when set).
  * Errors: -SK_ERR_NO_MEMORY. */
-int sk_config_init(struct sk_config *c);
-/* Frees what *c owns. Accepts a zeroed or already freed config. */
-void sk_config_done(struct sk_config *c);
+int sk_config_init(struct sk_config *cfg);
+/* Frees what *cfg owns. Accepts a zeroed or already freed config. */
+void sk_config_done(struct sk_config *cfg);
 /* Deep copy of src into *dst (dst must not hold a config).
  * Errors: -SK_ERR_NO_MEMORY. */
 int sk_config_copy(struct sk_config *dst, const struct sk_config *src);
@@ -161,23 +161,23 @@ int sk_config_copy(struct sk_config *dst, const struct sk_config *src);
  * SK_SYSCONFDIR/sinkd/sinkd.conf. Static storage. */
 const char *sk_config_default_path(void);
 
-/* Reads the INI file at path into *c, over what *c holds. When the file
+/* Reads the INI file at path into *cfg, over what *cfg holds. When the file
  * does not exist: if must_exist, an error; else 0 (nothing read) — the
  * built-in default file is optional, a file named by --config is not.
  * Every unknown section or key, bad value, repeated key and syntax error
  * is reported in *errs as "PATH:LINE: [section] key: problem".
  * Returns 0 if the whole file was valid, 1 if it did not exist (and
  * must_exist is false), -SK_ERR_BAD_REQUEST if errs holds problems,
- * -SK_ERR_IO if it cannot be read, -SK_ERR_NO_MEMORY. On failure *c may
+ * -SK_ERR_IO if it cannot be read, -SK_ERR_NO_MEMORY. On failure *cfg may
  * hold some values of the file: callers discard it. */
-int sk_config_load(struct sk_config *c, const char *path, bool must_exist,
+int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs);
 
 /* Sets key from its text form, as the file and command line write it,
  * recording where it came from (line 0 when not from a file). Errors:
  * -SK_ERR_BAD_REQUEST with a message naming the accepted values or range,
  * -SK_ERR_NO_MEMORY. */
-int sk_config_set(struct sk_config *c, enum sk_config_key key,
+int sk_config_set(struct sk_config *cfg, enum sk_config_key key,
                   const char *value, enum sk_config_origin from,
                   uint32_t line, struct sk_error *err);
 
@@ -191,13 +191,13 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src);
  * parameters open under max_capacity, the socket path fits. mc may be NULL
  * (model not loaded): then the model-dependent values stay 0.
  * Errors: -SK_ERR_BAD_REQUEST naming the key (and file line). */
-int sk_config_resolve(struct sk_config *c, const struct sk_model_config *mc,
+int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                       struct sk_error *err);
 
 /* Writes the configuration as INI text that sk_config_load reads back,
  * each value followed by where it came from (" ; default", " ; auto",
  * " ; command line", " ; FILE:LINE"). */
-void sk_config_print(FILE *f, const struct sk_config *c);
+void sk_config_print(FILE *f, const struct sk_config *cfg);
 
 /* Name of a key as written in the file ("max_sessions"), its section
  * ("limits") and command-line option ("--max-sessions"). Static storage. */
@@ -207,7 +207,7 @@ const char *sk_config_key_option(enum sk_config_key key);
 /* Whether SIGHUP applies a new value without restarting. */
 bool sk_config_key_reloadable(enum sk_config_key key);
 /* The value of key as text, as sk_config_print writes it. */
-void sk_config_format(const struct sk_config *c, enum sk_config_key key,
+void sk_config_format(const struct sk_config *cfg, enum sk_config_key key,
                       char *buf, size_t size);
 /* Whether a and b hold the same value for key. */
 bool sk_config_same(const struct sk_config *a, const struct sk_config *b,

@@ -9,7 +9,6 @@
 #ifndef SK_SK_LIMITS_H
 #define SK_SK_LIMITS_H
 
-#include "session/kvcache.h"
 #include "sinkd/protocol.h"
 
 /* ---- ceilings of the configuration (config.c) ---- */
@@ -21,8 +20,9 @@
  * session holds a whole KV cache. */
 #define SK_LIMIT_MAX_SESSIONS 65536u
 /* One session's cache: positions and slots are 32-bit and one cache must
- * stay far below the machine's memory (SK_KV_MAX_CAPACITY). */
-#define SK_LIMIT_MAX_CAPACITY SK_KV_MAX_CAPACITY
+ * stay far below the machine's memory: the cache's own bound,
+ * SK_KV_MAX_CAPACITY (model/kvstep.h; kvcache.c asserts they agree). */
+#define SK_LIMIT_MAX_CAPACITY (1u << 20)
 /* One request frame is buffered whole before it is parsed. */
 #define SK_LIMIT_MAX_FRAME SK_FRAME_MAX_CEILING
 /* Smallest frame limit: a request with a short prompt must still fit. */

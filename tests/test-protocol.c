@@ -662,7 +662,7 @@ static void test_msg_pack_error(void **state) {
   sk_error_set(&in, SK_ERR_NO_SUCH_SESSION, "no session %d", 42);
   struct sk_msgbuf b;
   assert_int_equal(sk_msgbuf_init(&b), 0);
-  assert_int_equal(sk_msg_pack_error(&b, 9, &in), 0);
+  assert_int_equal(sk_wire_pack_error(&b, 9, &in), 0);
   assert_int_equal(sk_msgbuf_finish(&b), (int64_t)b.sbuf.size); /* again */
   const uint8_t *frame = (const uint8_t *)b.sbuf.data;
   assert_int_equal(sk_frame_header_get(frame), b.sbuf.size - 4);
@@ -737,7 +737,7 @@ static void fake_error(int fd, uint64_t id, int code, const char *message) {
   sk_error_set(&e, code, "%s", message);
   struct sk_msgbuf b;
   sk_msgbuf_init(&b);
-  sk_msg_pack_error(&b, id, &e);
+  sk_wire_pack_error(&b, id, &e);
   fake_write(fd, &b);
 }
 

@@ -1,6 +1,7 @@
-/* The wire schema (libshared/proto/wire.c): every reply and event it packs is
- * read back into the same struct, its map holds exactly the entries
- * written, and a malformed field is a protocol error naming it. */
+/* The wire schema (libshared/proto/wire*.c): every reply and event it
+ * packs is read back into the same struct, its map holds exactly the
+ * entries written, and a malformed field is a protocol error naming it
+ * (the requests: test-wire-requests.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,15 +15,10 @@
 
 #include "proto/msg.h"
 #include "proto/wire.h"
-
-/* A packed frame, parsed. */
-struct frame {
-  struct sk_msgbuf b;
-  struct sk_msg msg;
-};
+#include "test-wire.h"
 
 /* Finishes b, checks the header against the body and parses the body. */
-static const msgpack_object *parse(struct frame *f) {
+const msgpack_object *parse(struct frame *f) {
   int64_t size = sk_msgbuf_finish(&f->b);
   assert_true(size > (int64_t)SK_FRAME_HEADER_SIZE);
   const uint8_t *data = (const uint8_t *)f->b.sbuf.data;
@@ -34,13 +30,12 @@ static const msgpack_object *parse(struct frame *f) {
   return &f->msg.root;
 }
 
-static void frame_free(struct frame *f) {
+void frame_free(struct frame *f) {
   sk_msg_free(&f->msg);
   sk_msgbuf_free(&f->b);
 }
 
-/* The map's keys in order, space-separated, into out. */
-static void keys(const msgpack_object *map, char *out, size_t size) {
+void keys(const msgpack_object *map, char *out, size_t size) {
   size_t w = 0;
   out[0] = 0;
   for (uint32_t i = 0; i < map->via.map.size; i++) {
@@ -846,7 +841,7 @@ static void test_error_bytes(void **state) {
   assert_int_equal(sk_msgbuf_init(&b), 0);
   struct sk_error e;
   sk_error_set(&e, SK_ERR_BUSY, "x");
-  assert_int_equal(sk_msg_pack_error(&b, 2, &e), 0);
+  assert_int_equal(sk_wire_pack_error(&b, 2, &e), 0);
   static const uint8_t want[] = {0, 0, 0, 36,  0x83, 0xa2, 'i', 'd', 0x02, 0xa2, 'o', 'k', 0xc2,
                                  0xa5, 'e', 'r', 'r', 'o', 'r', 0x82, 0xa4, 'c', 'o', 'd', 'e',
                                  0xa4, 'b', 'u', 's', 'y', 0xa7, 'm', 'e', 's', 's', 'a', 'g',
@@ -895,6 +890,11 @@ int main(void) {
       cmocka_unit_test(test_list),       cmocka_unit_test(test_daemon_stats),
       cmocka_unit_test(test_session_stats),
       cmocka_unit_test(test_finish_map), cmocka_unit_test(test_error_bytes),
+      cmocka_unit_test(test_request_head), cmocka_unit_test(test_request_open),
+      cmocka_unit_test(test_request_open_range), cmocka_unit_test(test_request_append),
+      cmocka_unit_test(test_request_generate), cmocka_unit_test(test_request_generate_defaults),
+      cmocka_unit_test(test_request_elements), cmocka_unit_test(test_request_stats_import),
+      cmocka_unit_test(test_request_tokenize), cmocka_unit_test(test_frame_parts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,21 +26,21 @@ struct sk_conn;
 
 /* Called on the loop thread with the set's user pointer. Any may be NULL. */
 struct sk_conn_hooks {
-  /* A complete request frame of c: body (len bytes) is valid during the
+  /* A complete request frame of conn: body (len bytes) is valid during the
    * call only. */
-  void (*frame)(void *user, struct sk_conn *c, const uint8_t *body, size_t len);
-  /* c's queued output went over SK_LIMIT_CONN_OUT (paused, reading
+  void (*frame)(void *user, struct sk_conn *conn, const uint8_t *body, size_t len);
+  /* conn's queued output went over SK_LIMIT_CONN_OUT (paused, reading
    * stopped) or back under half of it (reading again). */
-  void (*pause)(void *user, struct sk_conn *c, bool paused);
-  /* A write of c completed and c is open: there may be room to send more
+  void (*pause)(void *user, struct sk_conn *conn, bool paused);
+  /* A write of conn completed and conn is open: there may be room to send more
    * (sk_conn_has_room). */
-  void (*drain)(void *user, struct sk_conn *c);
-  /* c closes (the client left, an error, a deadline, shutdown): work
-   * that holds c must stop sending to it. */
-  void (*close)(void *user, struct sk_conn *c);
-  /* The last reference to c went: free what the owner keeps in
-   * sk_conn_data(c) (the bytes themselves go with c). */
-  void (*release)(void *user, struct sk_conn *c);
+  void (*drain)(void *user, struct sk_conn *conn);
+  /* conn closes (the client left, an error, a deadline, shutdown): work
+   * that holds conn must stop sending to it. */
+  void (*close)(void *user, struct sk_conn *conn);
+  /* The last reference to conn went: free what the owner keeps in
+   * sk_conn_data(conn) (the bytes themselves go with conn). */
+  void (*release)(void *user, struct sk_conn *conn);
   /* The number of open connections changed (not called while stopping). */
   void (*count)(void *user, uint32_t n_conns);
 };
@@ -91,6 +91,9 @@ struct sk_conns {
   char readbuf[SK_LIMIT_READ_BUF];
 };
 
+/* Open connections of the set. */
+static inline uint32_t sk_conns_count(const struct sk_conns *set) { return set->count; }
+
 /* Initialises an empty set on loop: its timers start; hooks and user are
  * kept; each connection carries data_size bytes for its owner. Loop
  * thread. */
@@ -109,34 +112,41 @@ void sk_conns_free(struct sk_conns *set);
  * caller to accept into or open, then sk_conn_begin or sk_conn_discard.
  * NULL: out of memory. */
 struct sk_conn *sk_conn_new(struct sk_conns *set);
-/* Registers c (pipe connected) for uid and starts reading it, or refuses
+/* Registers conn (pipe connected) for uid and starts reading it, or refuses
  * it (stopping, admission limits) with an error frame and closes it. */
-void sk_conn_begin(struct sk_conn *c, uint32_t uid);
+void sk_conn_begin(struct sk_conn *conn, uint32_t uid);
 /* Drops a connection from sk_conn_new that never began (closes the
- * handle; c goes with it). */
-void sk_conn_discard(struct sk_conn *c);
+ * handle; conn goes with it). */
+void sk_conn_discard(struct sk_conn *conn);
 
-/* The owner's bytes of c (data_size of the set). */
-static inline void *sk_conn_data(struct sk_conn *c) { return c->data; }
+/* The owner's bytes of conn (data_size of the set). */
+static inline void *sk_conn_data(struct sk_conn *conn) { return conn->data; }
 
 /* Sends a whole frame, taking data (malloc'd, freed in every case);
- * dropped once c is closing. */
-void sk_conn_send(struct sk_conn *c, char *data, size_t len);
+ * dropped once conn is closing. */
+void sk_conn_send(struct sk_conn *conn, char *data, size_t len);
 /* Finishes b and sends it (b is consumed). */
-void sk_conn_send_msg(struct sk_conn *c, struct sk_msgbuf *b);
+void sk_conn_send_msg(struct sk_conn *conn, struct sk_msgbuf *b);
 /* Sends an error reply to request id (0: a frame without an id). */
-void sk_conn_send_error(struct sk_conn *c, uint64_t id, const struct sk_error *e);
-void sk_conn_send_errorf(struct sk_conn *c, uint64_t id, int code, const char *fmt, ...)
+void sk_conn_send_error(struct sk_conn *conn, uint64_t id, const struct sk_error *e);
+void sk_conn_send_errorf(struct sk_conn *conn, uint64_t id, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* Whether c's queued output is under SK_LIMIT_CONN_OUT (more may go). */
-static inline bool sk_conn_has_room(const struct sk_conn *c) {
-  return !c->closing && c->out_bytes < SK_LIMIT_CONN_OUT;
+/* conn's id (1, 2, ... in order of arrival), its peer's uid (UINT32_MAX:
+ * unknown), whether it is closing (sends are dropped), and whether its
+ * output is over SK_LIMIT_CONN_OUT (paused). */
+static inline uint64_t sk_conn_id(const struct sk_conn *conn) { return conn->id; }
+static inline uint32_t sk_conn_uid(const struct sk_conn *conn) { return conn->uid; }
+static inline bool sk_conn_closing(const struct sk_conn *conn) { return conn->closing; }
+static inline bool sk_conn_paused(const struct sk_conn *conn) { return conn->out_paused; }
+/* Whether conn's queued output is under SK_LIMIT_CONN_OUT (more may go). */
+static inline bool sk_conn_has_room(const struct sk_conn *conn) {
+  return !conn->closing && conn->out_bytes < SK_LIMIT_CONN_OUT;
 }
 
-/* Closes c (idempotent): the close hook runs, c leaves the set. */
-void sk_conn_close(struct sk_conn *c);
-/* References that keep c's memory while work still uses it. */
-void sk_conn_ref(struct sk_conn *c);
-void sk_conn_unref(struct sk_conn *c);
+/* Closes conn (idempotent): the close hook runs, conn leaves the set. */
+void sk_conn_close(struct sk_conn *conn);
+/* References that keep conn's memory while work still uses it. */
+void sk_conn_ref(struct sk_conn *conn);
+void sk_conn_unref(struct sk_conn *conn);
 
 #endif

@@ -44,20 +44,20 @@ static void sk__on_connection(uv_stream_t *listener, int status) {
     sk_log(SK_LOG_WARNING, "accept: %s", uv_strerror(status));
     return;
   }
-  struct sk_conn *c = sk_conn_new(l->conns);
-  if (!c) return;
-  if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0) {
-    sk_conn_discard(c);
+  struct sk_conn *conn = sk_conn_new(l->conns);
+  if (!conn) return;
+  if (uv_accept(listener, (uv_stream_t *)&conn->pipe) < 0) {
+    sk_conn_discard(conn);
     return;
   }
   uv_os_fd_t fd;
   struct ucred cred;
   socklen_t cl = sizeof cred;
   uint32_t uid = UINT32_MAX; /* unknown peer: owns nothing, sees nothing */
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+  if (uv_fileno((uv_handle_t *)&conn->pipe, &fd) == 0 &&
       getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
     uid = cred.uid;
-  sk_conn_begin(c, uid);
+  sk_conn_begin(conn, uid);
 }
 
 static int sk__bind(struct sk_listen *l, uv_loop_t *loop, struct sk_error *err) {
@@ -123,17 +123,17 @@ void sk_listen_free(struct sk_listen *l) {
 }
 
 int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, struct sk_error *err) {
-  struct sk_conn *c = sk_conn_new(conns);
-  if (!c) {
+  struct sk_conn *conn = sk_conn_new(conns);
+  if (!conn) {
     close(fd);
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   }
-  int rc = uv_pipe_open(&c->pipe, fd);
+  int rc = uv_pipe_open(&conn->pipe, fd);
   if (rc < 0) {
     close(fd);
-    sk_conn_discard(c);
+    sk_conn_discard(conn);
     return sk_error_set(err, SK_ERR_IO, "cannot attach a connection: %s", uv_strerror(rc));
   }
-  sk_conn_begin(c, uid);
+  sk_conn_begin(conn, uid);
   return 0;
 }

@@ -1,13 +1,15 @@
+/* The server's work on libuv's thread pool (see copy.h). */
 #include "server/copy.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/clock.h"
 #include "base/log.h"
-#include "server/server_int.h"
-#include "sk_limits.h"
 #include "proto/wire.h"
+#include "server/jobs.h"
+#include "server/replies.h"
+#include "server/state.h"
+#include "sk_limits.h"
 
 /* An export being streamed to a client: the image is a snapshot, sent in
  * data events as the connection's output drains. */
@@ -21,7 +23,7 @@ struct sk__export {
   struct sk__export *next;
 };
 
-static struct sk_copy_peer *peer(struct sk_conn *c) { return sk_conn_data(c); }
+static struct sk_copy_peer *peer(struct sk_conn *conn) { return sk_conn_data(conn); }
 
 void sk_copy_peer_free(struct sk_copy_peer *p) {
   while (p->exports) {
@@ -32,8 +34,8 @@ void sk_copy_peer_free(struct sk_copy_peer *p) {
   }
 }
 
-void sk_copy_import_drop(struct sk_server *srv, struct sk_conn *c) {
-  struct sk_copy_peer *p = peer(c);
+void sk_copy_import_drop(struct sk_server *srv, struct sk_conn *conn) {
+  struct sk_copy_peer *p = peer(conn);
   srv->copies.import_bytes -= p->import_cap;
   free(p->import_buf);
   p->import_buf = NULL;
@@ -79,7 +81,7 @@ void sk_copy_release_obj(void *user, struct sk_store_obj *obj) {
  * burst of opens on the event loop would hold every other client's
  * request (a ping) behind it. The reservation holds the limits meanwhile;
  * the session exists once open_work_done commits it. */
-struct sk__open_work {
+struct open_work {
   uv_work_t req;
   struct sk_server *srv;
   struct sk_conn *conn;     /* referenced until done */
@@ -91,7 +93,6 @@ struct sk__open_work {
   struct sk_conv conv;      /* the session's conversation (template, system) */
   int rc;
   struct sk_error err;
-  struct sk__open_work *prev, *next; /* srv->copies.opens */
 };
 
 /* fork, export and import copy up to a whole cache (tens of MB, long enough
@@ -103,12 +104,12 @@ struct sk__open_work {
  * import owns the bytes it received. */
 enum copy_kind { COPY_FORK, COPY_EXPORT, COPY_IMPORT };
 
-struct sk__copy_work {
+struct copy_work {
   uv_work_t req;
   struct sk_server *srv;
   enum copy_kind kind;
   struct sk_session *src;   /* fork, export: held */
-  struct sk_job *job;       /* fork, export: src->running (conn, req_id) */
+  struct sk_job *job;       /* fork, export: src's running job (conn, req_id) */
   struct sk_conn *conn;     /* import: referenced until done */
   uint64_t req_id;          /* import */
   struct sk_session_reservation res; /* fork, import: the new session (its
@@ -120,29 +121,60 @@ struct sk__copy_work {
   size_t len, cap;          /* import: cap counts in srv->copies.import_bytes */
   int rc;
   struct sk_error err;
-  struct sk__copy_work *prev, *next; /* srv->copies.copies */
 };
 
+/* The session of a finished open: logged, and answered, or its pinned
+ * prefix goes through the model first (the reply is sent once it is in
+ * the cache, jobs.c). Takes pin and the conversation. */
+static void open_finish(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
+                        struct sk_session *s, int32_t *pin, size_t n_pin, struct sk_conv *conv) {
+  sk_session_touch(s);
+  /* The conversation (template, pinned system prompt) is the session's. */
+  sk_session_set_conv(s, conv);
+  struct sk_session_desc d;
+  sk_session_describe(s, &d);
+  struct sk_error ce;
+  if (sk_session_conv_save(s, sk_store_dir(srv->cfg.store), d.id, &ce) < 0)
+    sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)d.id,
+           ce.message);
+  sk_jobs_counts_changed(srv);
+  sk_log(SK_LOG_INFO, "session %llu opened by uid %u: %s, capacity %u, %u pinned, %zu bytes (%s)",
+         (unsigned long long)d.id, d.owner_uid, sk_policy_name(d.params.policy), d.capacity,
+         d.params.n_pin, d.object_bytes, sk_kv_type_name(d.kv_type));
+  if (n_pin) {
+    struct sk_job *job = sk_jobs_new(SK_JOB_APPEND, conn, req_id, s);
+    if (!job) { /* answered */
+      free(pin);
+      sk_session_remove(&srv->sessions, s);
+      sk_jobs_counts_changed(srv);
+      return;
+    }
+    job->is_pin = true;
+    job->bos = 0;
+    job->tokens = pin;
+    job->n_tokens = n_pin;
+    sk_jobs_dispatch(srv, s, job);
+    return;
+  }
+  free(pin);
+  sk_replies_open(conn, req_id, s);
+}
+
 static void open_work_run(uv_work_t *req) {
-  struct sk__open_work *w = req->data;
-  w->rc = sk_session_reservation_create(w->srv->sessions.store, &w->res, &w->err);
+  struct open_work *w = req->data;
+  w->rc = sk_session_reservation_create(w->srv->cfg.store, &w->res, &w->err);
 }
 
 static void open_work_done(uv_work_t *req, int status) {
-  struct sk__open_work *w = req->data;
+  struct open_work *w = req->data;
   struct sk_server *srv = w->srv;
-  struct sk_conn *c = w->conn;
-  if (w->prev)
-    w->prev->next = w->next;
-  else
-    srv->copies.opens = w->next;
-  if (w->next) w->next->prev = w->prev;
+  struct sk_conn *conn = w->conn;
   if (status < 0 && w->rc == 0)
     w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
-  if (w->rc < 0 || c->closing || srv->shutting_down) {
+  if (w->rc < 0 || sk_conn_closing(conn) || srv->shutting_down) {
     /* A client that left never learns the id: nothing to keep. */
     sk_session_cancel(&srv->sessions, &w->res);
-    if (w->rc < 0 && !c->closing) sk_conn_send_error(c, w->id, &w->err);
+    if (w->rc < 0 && !sk_conn_closing(conn)) sk_conn_send_error(conn, w->id, &w->err);
     free(w->pin);
     sk_conv_free(&w->conv);
   } else {
@@ -151,32 +183,32 @@ static void open_work_done(uv_work_t *req, int status) {
     if (sk_session_commit(&srv->sessions, &w->res, &s, &e) < 0) {
       free(w->pin);
       sk_conv_free(&w->conv);
-      sk_conn_send_error(c, w->id, &e);
+      sk_conn_send_error(conn, w->id, &e);
     } else {
-      if (w->temporary) sk_session_set_temporary(s, c->id);
-      sk__open_finish(srv, c, w->id, s, w->pin, w->n_pin, &w->conv);
+      if (w->temporary) sk_session_set_temporary(s, sk_conn_id(conn));
+      open_finish(srv, conn, w->id, s, w->pin, w->n_pin, &w->conv);
     }
   }
   free(w);
-  sk_conn_unref(c);
+  sk_conn_unref(conn);
 }
 
 /* Sends the next data events of the connection's exports while its output
  * has room; the final reply of each follows its last event. */
-void sk_copy_export_pump(struct sk_conn *c) {
-  while (peer(c)->exports && sk_conn_has_room(c)) {
-    struct sk__export *x = peer(c)->exports;
+void sk_copy_export_pump(struct sk_conn *conn) {
+  while (peer(conn)->exports && sk_conn_has_room(conn)) {
+    struct sk__export *x = peer(conn)->exports;
     struct sk_msgbuf b;
     if (x->off < x->len) {
       size_t n = x->len - x->off < SK_LIMIT_EXPORT_CHUNK ? x->len - x->off : SK_LIMIT_EXPORT_CHUNK;
       if (sk_wire_pack_data_event(&b, x->req_id, x->off, x->buf + x->off, n) < 0) return;
       x->off += n;
-      sk_conn_send_msg(c, &b);
+      sk_conn_send_msg(conn, &b);
       continue;
     }
     if (sk_wire_pack_export(&b, x->req_id, x->session, x->len, x->resident, x->seen) == 0)
-      sk_conn_send_msg(c, &b);
-    peer(c)->exports = x->next;
+      sk_conn_send_msg(conn, &b);
+    peer(conn)->exports = x->next;
     free(x->buf);
     free(x);
   }
@@ -186,11 +218,12 @@ void sk_copy_export_pump(struct sk_conn *c) {
  * the held source session's object or the import's bytes, and makes a new
  * object under the held id (store.c: file creation is per id). */
 static void copy_work_run(uv_work_t *req) {
-  struct sk__copy_work *w = req->data;
-  struct sk_store *st = w->srv->sessions.store;
+  struct copy_work *w = req->data;
+  struct sk_store *st = w->srv->cfg.store;
   switch (w->kind) {
   case COPY_FORK:
-    w->rc = sk_store_fork(st, w->src->obj, w->res.id, w->res.owner_uid, &w->res.obj, &w->err);
+    w->rc = sk_store_fork(st, sk_session_object(w->src), w->res.id, w->res.owner_uid,
+                          &w->res.obj, &w->err);
     break;
   case COPY_EXPORT:
     w->buf = malloc(w->len);
@@ -198,7 +231,7 @@ static void copy_work_run(uv_work_t *req) {
       w->rc = sk_error_set(&w->err, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte export",
                            w->len);
     else
-      sk_store_export(w->src->obj, w->buf, w->len);
+      sk_store_export(sk_session_object(w->src), w->buf, w->len);
     break;
   case COPY_IMPORT: {
     struct sk_store_image_info info;
@@ -217,87 +250,92 @@ static void copy_work_run(uv_work_t *req) {
 
 /* The new session of a fork or import (w->res.obj) into the table, with the
  * reply; or the error. */
-static void copy_finish_new(struct sk_server *srv, struct sk__copy_work *w, struct sk_conn *c,
+static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct sk_conn *conn,
                             uint64_t req_id) {
   struct sk_error e;
   struct sk_session *ns = NULL;
-  if (w->rc < 0 || !c) { /* a client that left never learns the id */
+  if (w->rc < 0 || !conn) { /* a client that left never learns the id */
     sk_session_cancel(&srv->sessions, &w->res);
-    if (w->rc < 0 && c) sk_conn_send_error(c, req_id, &w->err);
+    if (w->rc < 0 && conn) sk_conn_send_error(conn, req_id, &w->err);
     return;
   }
   if (sk_session_commit(&srv->sessions, &w->res, &ns, &e) < 0) {
-    sk_conn_send_error(c, req_id, &e);
+    sk_conn_send_error(conn, req_id, &e);
     return;
   }
   /* An import's size is known once it is in: over the user's limits, it
    * goes (a fork's was checked before the copy). */
-  if (w->kind == COPY_IMPORT && sk__check_user_limits(srv, c->uid, ns->kv_bytes, ns, false, &e) < 0) {
+  struct sk_session_desc d;
+  sk_session_describe(ns, &d);
+  if (w->kind == COPY_IMPORT && sk_session_check_user(&srv->sessions, sk_conn_uid(conn),
+                                                     d.object_bytes, ns, false, &e) < 0) {
     sk_session_remove(&srv->sessions, ns);
-    sk_conn_send_error(c, req_id, &e);
+    sk_conn_send_error(conn, req_id, &e);
     return;
   }
   sk_session_touch(ns);
-  sk__counts_changed(srv);
+  sk_jobs_counts_changed(srv);
+  struct sk_session_counters cnt;
+  sk_session_counters_get(&srv->sessions, ns, &cnt);
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
     struct sk_error ce;
     const char *dir = sk_store_dir(srv->cfg.store);
-    if (w->src->conv.tmpl != SK_CHAT_NONE &&
-        (sk_conv_save(&w->src->conv, dir, ns->id, &ce) < 0 ||
-         sk_session_conv_load(ns, dir, &ce) < 0))
+    const uint64_t from = sk_session_id(w->src);
+    int rc = sk_session_conv_save(w->src, dir, d.id, &ce);
+    if (rc < 0 || (rc == 1 && sk_session_conv_load(ns, dir, &ce) < 0))
       sk_log(SK_LOG_WARNING, "session %llu: conversation not copied: %s",
-             (unsigned long long)ns->id, ce.message);
+             (unsigned long long)d.id, ce.message);
     sk_log(SK_LOG_INFO, "session %llu forked from session %llu by uid %u: %u resident tokens "
            "copied, %zu bytes",
-           (unsigned long long)ns->id, (unsigned long long)w->src->id, c->uid,
-           ns->kv->hdr->n_resident, ns->kv_bytes);
-    sk__send_session_summary(srv, c, req_id, ns, w->src->id, 0);
+           (unsigned long long)d.id, (unsigned long long)from, sk_conn_uid(conn), cnt.resident,
+           d.object_bytes);
+    sk_replies_summary(srv, conn, req_id, ns, from, 0);
   } else {
     sk_session_set_template(ns, srv->cfg.chat_template);
     sk_log(SK_LOG_INFO, "session %llu imported by uid %u: %zu bytes, %u resident tokens",
-           (unsigned long long)ns->id, c->uid, w->len, ns->kv->hdr->n_resident);
-    sk__send_session_summary(srv, c, req_id, ns, 0, w->len);
+           (unsigned long long)d.id, sk_conn_uid(conn), w->len, cnt.resident);
+    sk_replies_summary(srv, conn, req_id, ns, 0, w->len);
   }
 }
 
 static void copy_work_done(uv_work_t *req, int status) {
-  struct sk__copy_work *w = req->data;
+  struct copy_work *w = req->data;
   struct sk_server *srv = w->srv;
-  if (w->prev) w->prev->next = w->next; else srv->copies.copies = w->next;
-  if (w->next) w->next->prev = w->prev;
   if (status < 0 && w->rc == 0) {
     w->rc = sk_error_set(&w->err, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(status));
   }
   /* The client, unless it left (or the daemon is stopping: nothing new). */
-  struct sk_conn *c = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
-  if (c && (c->closing || srv->shutting_down)) c = NULL;
+  struct sk_conn *conn = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
+  if (conn && (sk_conn_closing(conn) || srv->shutting_down)) conn = NULL;
   uint64_t req_id = w->kind == COPY_IMPORT ? w->req_id : w->job->req_id;
   if (w->kind == COPY_EXPORT) {
     struct sk__export *x = NULL;
     if (w->rc < 0) {
-      if (c) sk_conn_send_error(c, req_id, &w->err);
-    } else if (c && (x = calloc(1, sizeof *x)) != NULL) {
+      if (conn) sk_conn_send_error(conn, req_id, &w->err);
+    } else if (conn && (x = calloc(1, sizeof *x)) != NULL) {
       /* streamed as the output drains */
       x->req_id = req_id;
-      x->session = w->src->id;
+      struct sk_session_counters cnt;
+      sk_session_counters_get(&srv->sessions, w->src, &cnt);
+      x->session = sk_session_id(w->src);
       x->buf = w->buf;
       x->len = w->len;
-      x->resident = w->src->kv->hdr->n_resident;
-      x->seen = w->src->kv->hdr->n_seen;
+      x->resident = cnt.resident;
+      x->seen = cnt.seen;
       w->buf = NULL;
-      struct sk__export **tail = &peer(c)->exports;
+      struct sk__export **tail = &peer(conn)->exports;
       while (*tail) tail = &(*tail)->next;
       *tail = x;
       sk_log(SK_LOG_DEBUG, "session %llu exported: %zu bytes", (unsigned long long)x->session,
              x->len);
-      sk_copy_export_pump(c);
-    } else if (c) {
-      sk_conn_send_errorf(c, req_id, SK_ERR_NO_MEMORY, "out of memory");
+      sk_copy_export_pump(conn);
+    } else if (conn) {
+      sk_conn_send_errorf(conn, req_id, SK_ERR_NO_MEMORY, "out of memory");
     }
     free(w->buf);
   } else {
-    copy_finish_new(srv, w, c, req_id);
+    copy_finish_new(srv, w, conn, req_id);
   }
   if (w->kind == COPY_IMPORT) {
     srv->copies.import_bytes -= w->cap;
@@ -305,20 +343,17 @@ static void copy_work_done(uv_work_t *req, int status) {
     sk_conn_unref(w->conn);
   } else { /* the source session goes on with its queue (or closes) */
     sk_session_job_done(w->src); /* frees w->job */
-    sk__session_step(srv, w->src);
+    sk_jobs_step(srv, w->src);
   }
   free(w);
 }
 
 /* Queues w's copy. Errors: -SK_ERR_INTERNAL (thread pool). */
-static int copy_queue(struct sk_server *srv, struct sk__copy_work *w, struct sk_error *e) {
+static int copy_queue(struct sk_server *srv, struct copy_work *w, struct sk_error *e) {
   w->srv = srv;
   w->req.data = w;
   int rc = uv_queue_work(srv->loop, &w->req, copy_work_run, copy_work_done);
   if (rc < 0) return sk_error_set(e, SK_ERR_INTERNAL, "thread pool: %s", uv_strerror(rc));
-  w->next = srv->copies.copies;
-  if (srv->copies.copies) srv->copies.copies->prev = w;
-  srv->copies.copies = w;
   return 0;
 }
 
@@ -326,49 +361,52 @@ static int copy_queue(struct sk_server *srv, struct sk__copy_work *w, struct sk_
  * s; true if started. Else the error is answered and the caller frees
  * job. */
 bool sk_copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *job) {
-  struct sk_conn *c = job->conn;
+  struct sk_conn *conn = job->conn;
   struct sk_error e;
-  struct sk__copy_work *w = calloc(1, sizeof *w);
+  struct copy_work *w = calloc(1, sizeof *w);
   if (!w) {
-    sk_conn_send_errorf(c, job->req_id, SK_ERR_NO_MEMORY, "out of memory");
+    sk_conn_send_errorf(conn, job->req_id, SK_ERR_NO_MEMORY, "out of memory");
     return false;
   }
   w->kind = job->kind == SK_JOB_FORK ? COPY_FORK : COPY_EXPORT;
   w->src = s;
   w->job = job;
   if (w->kind == COPY_FORK) {
-    if (sk__check_user_limits(srv, c->uid, s->kv_bytes, NULL, false, &e) < 0 ||
-        sk_session_reserve(&srv->sessions, s->kv_bytes, c->uid, &w->res, &e) < 0) {
+    struct sk_session_desc d;
+    sk_session_describe(s, &d);
+    const uint32_t uid = sk_conn_uid(conn);
+    if (sk_session_check_user(&srv->sessions, uid, d.object_bytes, NULL, false, &e) < 0 ||
+        sk_session_reserve(&srv->sessions, d.object_bytes, uid, &w->res, &e) < 0) {
       free(w);
-      sk_conn_send_error(c, job->req_id, &e);
+      sk_conn_send_error(conn, job->req_id, &e);
       return false;
     }
   } else {
-    w->len = sk_store_export_size(s->obj);
+    w->len = sk_store_export_size(sk_session_object(s));
   }
   if (copy_queue(srv, w, &e) < 0) {
     if (w->kind == COPY_FORK) sk_session_cancel(&srv->sessions, &w->res);
     free(w);
-    sk_conn_send_error(c, job->req_id, &e);
+    sk_conn_send_error(conn, job->req_id, &e);
     return false;
   }
   sk_session_run(s, job);
   return true;
 }
 
-int sk_copy_open(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
+int sk_copy_open(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
                  const struct sk_kv_params *p, uint64_t seed, bool temporary, int32_t *pin,
                  size_t n_pin, struct sk_conv *conv, struct sk_error *err) {
-  struct sk__open_work *w = calloc(1, sizeof *w);
+  struct open_work *w = calloc(1, sizeof *w);
   if (!w) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  int rc = sk_session_reserve_open(&srv->sessions, p, srv->cfg.max_capacity, c->uid,
+  int rc = sk_session_reserve_open(&srv->sessions, p, srv->cfg.max_capacity, sk_conn_uid(conn),
                                    temporary ? SK_STORE_TEMPORARY : 0, seed, &w->res, err);
   if (rc < 0) {
     free(w);
     return rc;
   }
   w->srv = srv;
-  w->conn = c;
+  w->conn = conn;
   w->id = req_id;
   w->req.data = w;
   if ((rc = uv_queue_work(srv->loop, &w->req, open_work_run, open_work_done)) < 0) {
@@ -381,56 +419,36 @@ int sk_copy_open(struct sk_server *srv, struct sk_conn *c, uint64_t req_id,
   w->temporary = temporary;
   w->conv = *conv;
   sk_conv_init(conv, SK_CHAT_NONE);
-  w->next = srv->copies.opens;
-  if (srv->copies.opens) srv->copies.opens->prev = w;
-  srv->copies.opens = w;
-  sk_conn_ref(c);
+  sk_conn_ref(conn);
   return 0;
-}
-
-void sk_copy_usage(const struct sk_copies *cp, uint32_t uid, uint32_t *ret_n,
-                   uint64_t *ret_bytes) {
-  uint32_t n = 0;
-  uint64_t bytes = 0;
-  for (const struct sk__open_work *w = cp->opens; w; w = w->next)
-    if (w->res.owner_uid == uid) {
-      n++;
-      bytes += w->res.bytes;
-    }
-  for (const struct sk__copy_work *w = cp->copies; w; w = w->next)
-    if (w->kind != COPY_EXPORT && w->res.owner_uid == uid) {
-      n++;
-      bytes += w->res.bytes;
-    }
-  *ret_n = n;
-  *ret_bytes = bytes;
 }
 
 /* import: the file comes in chunks {total, offset, data}; one import per
  * connection at a time, offset 0 starts it. The buffer grows with the
  * bytes received (a declared total never allocates by itself) and all
  * imports together stay under max_memory. */
-void sk_copy_import(struct sk_server *srv, struct sk_conn *c, uint64_t req_id, uint64_t total,
+void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id, uint64_t total,
                     uint64_t offset, const char *data, size_t len) {
   struct sk_error e;
   if (offset == 0) {
-    if (peer(c)->import_buf || peer(c)->import_total) sk_copy_import_drop(srv, c);
-    if (total > srv->sessions.max_bytes) {
+    if (peer(conn)->import_buf || peer(conn)->import_total) sk_copy_import_drop(srv, conn);
+    if (total > sk_session_table_max_bytes(&srv->sessions)) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: a %llu-byte import exceeds max_memory %llu bytes",
-                   (unsigned long long)total, (unsigned long long)srv->sessions.max_bytes);
+                   (unsigned long long)total,
+                   (unsigned long long)sk_session_table_max_bytes(&srv->sessions));
       goto bad;
     }
-    peer(c)->import_total = total;
-  } else if (peer(c)->import_total == 0) {
+    peer(conn)->import_total = total;
+  } else if (peer(conn)->import_total == 0) {
     sk_error_set(&e, SK_ERR_BAD_REQUEST,
                  "no import in progress on this connection: the first chunk has offset 0");
     goto bad_drop;
-  } else if (offset != peer(c)->import_len || total != peer(c)->import_total) {
+  } else if (offset != peer(conn)->import_len || total != peer(conn)->import_total) {
     sk_error_set(&e, SK_ERR_BAD_REQUEST,
                  "import chunk at offset %llu of %llu bytes, expected offset %zu of %llu",
-                 (unsigned long long)offset, (unsigned long long)total, peer(c)->import_len,
-                 (unsigned long long)peer(c)->import_total);
+                 (unsigned long long)offset, (unsigned long long)total, peer(conn)->import_len,
+                 (unsigned long long)peer(conn)->import_total);
     goto bad_drop;
   }
   if (len > total - offset) {
@@ -439,63 +457,64 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *c, uint64_t req_id, u
                  (unsigned long long)offset, (unsigned long long)total);
     goto bad_drop;
   }
-  size_t need = peer(c)->import_len + len;
-  if (need > peer(c)->import_cap) {
-    size_t ncap = peer(c)->import_cap * 2 > need ? peer(c)->import_cap * 2 : need;
+  size_t need = peer(conn)->import_len + len;
+  if (need > peer(conn)->import_cap) {
+    size_t ncap = peer(conn)->import_cap * 2 > need ? peer(conn)->import_cap * 2 : need;
     if (ncap > total) ncap = (size_t)total;
-    if (srv->copies.import_bytes + (ncap - peer(c)->import_cap) > srv->sessions.max_bytes) {
+    if (srv->copies.import_bytes + (ncap - peer(conn)->import_cap) >
+        sk_session_table_max_bytes(&srv->sessions)) {
       sk_error_set(&e, SK_ERR_BUSY,
                    "memory limit: imports in progress would hold more than max_memory %llu "
                    "bytes",
-                   (unsigned long long)srv->sessions.max_bytes);
+                   (unsigned long long)sk_session_table_max_bytes(&srv->sessions));
       goto bad_drop;
     }
-    char *nb = realloc(peer(c)->import_buf, ncap ? ncap : 1);
+    char *nb = realloc(peer(conn)->import_buf, ncap ? ncap : 1);
     if (!nb) {
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte import", ncap);
       goto bad_drop;
     }
-    srv->copies.import_bytes += ncap - peer(c)->import_cap;
-    peer(c)->import_buf = nb;
-    peer(c)->import_cap = ncap;
+    srv->copies.import_bytes += ncap - peer(conn)->import_cap;
+    peer(conn)->import_buf = nb;
+    peer(conn)->import_cap = ncap;
   }
-  if (len) memcpy(peer(c)->import_buf + peer(c)->import_len, data, len);
-  peer(c)->import_len += len;
+  if (len) memcpy(peer(conn)->import_buf + peer(conn)->import_len, data, len);
+  peer(conn)->import_len += len;
   struct sk_msgbuf b;
-  if (peer(c)->import_len < peer(c)->import_total) {
-    if (sk_wire_pack_received(&b, req_id, peer(c)->import_len) == 0) sk_conn_send_msg(c, &b);
+  if (peer(conn)->import_len < peer(conn)->import_total) {
+    if (sk_wire_pack_received(&b, req_id, peer(conn)->import_len) == 0) sk_conn_send_msg(conn, &b);
     return;
   }
   /* All in: checked and copied into a new session in a worker, which
    * takes the bytes over (still counted in import_bytes until done). */
-  struct sk__copy_work *w = calloc(1, sizeof *w);
+  struct copy_work *w = calloc(1, sizeof *w);
   if (!w) {
     sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");
     goto bad_drop;
   }
-  if (sk_session_reserve(&srv->sessions, 0, c->uid, &w->res, &e) < 0) {
+  if (sk_session_reserve(&srv->sessions, 0, sk_conn_uid(conn), &w->res, &e) < 0) {
     free(w);
     goto bad_drop;
   }
   w->kind = COPY_IMPORT;
-  w->conn = c;
+  w->conn = conn;
   w->req_id = req_id;
   w->max_capacity = srv->cfg.max_capacity;
-  w->buf = peer(c)->import_buf;
-  w->len = peer(c)->import_len;
-  w->cap = peer(c)->import_cap;
+  w->buf = peer(conn)->import_buf;
+  w->len = peer(conn)->import_len;
+  w->cap = peer(conn)->import_cap;
   if (copy_queue(srv, w, &e) < 0) {
     sk_session_cancel(&srv->sessions, &w->res);
     free(w);
     goto bad_drop;
   }
-  sk_conn_ref(c);
-  peer(c)->import_buf = NULL; /* w's now */
-  peer(c)->import_len = peer(c)->import_cap = 0;
-  peer(c)->import_total = 0;
+  sk_conn_ref(conn);
+  peer(conn)->import_buf = NULL; /* w's now */
+  peer(conn)->import_len = peer(conn)->import_cap = 0;
+  peer(conn)->import_total = 0;
   return;
 bad_drop:
-  sk_copy_import_drop(srv, c);
+  sk_copy_import_drop(srv, conn);
 bad:
-  sk_conn_send_error(c, req_id, &e);
+  sk_conn_send_error(conn, req_id, &e);
 }

@@ -19,18 +19,18 @@ static void msg_free(struct sk_conv_msg *m) {
 
 static int msg_set(struct sk_conv_msg *m, const char *role, size_t role_len, const char *content,
                    size_t content_len) {
-  char *r = malloc(role_len + 1), *c = malloc(content_len + 1);
-  if (!r || !c) {
+  char *r = malloc(role_len + 1), *text = malloc(content_len + 1);
+  if (!r || !text) {
     free(r);
-    free(c);
+    free(text);
     return -SK_ERR_NO_MEMORY;
   }
   memcpy(r, role, role_len);
   r[role_len] = 0;
-  if (content_len) memcpy(c, content, content_len);
-  c[content_len] = 0;
+  if (content_len) memcpy(text, content, content_len);
+  text[content_len] = 0;
   msg_free(m);
-  *m = (struct sk_conv_msg){r, role_len, c, content_len};
+  *m = (struct sk_conv_msg){r, role_len, text, content_len};
   return 0;
 }
 
@@ -38,30 +38,30 @@ static struct sk_chat_msg msg_view(const struct sk_conv_msg *m) {
   return (struct sk_chat_msg){m->role, m->role_len, m->content, m->content_len};
 }
 
-void sk_conv_init(struct sk_conv *c, int tmpl) {
-  memset(c, 0, sizeof *c);
-  c->tmpl = tmpl;
+void sk_conv_init(struct sk_conv *conv, int tmpl) {
+  memset(conv, 0, sizeof *conv);
+  conv->tmpl = tmpl;
 }
 
-static void msgs_free(struct sk_conv *c) {
-  for (size_t i = 0; i < c->n_msgs; i++) msg_free(&c->msgs[i]);
-  free(c->msgs);
-  c->msgs = NULL;
-  c->n_msgs = 0;
+static void msgs_free(struct sk_conv *conv) {
+  for (size_t i = 0; i < conv->n_msgs; i++) msg_free(&conv->msgs[i]);
+  free(conv->msgs);
+  conv->msgs = NULL;
+  conv->n_msgs = 0;
 }
 
-void sk_conv_free(struct sk_conv *c) {
-  if (!c) return;
-  msgs_free(c);
-  msg_free(&c->system);
-  free(c->text);
-  memset(c, 0, sizeof *c);
+void sk_conv_free(struct sk_conv *conv) {
+  if (!conv) return;
+  msgs_free(conv);
+  msg_free(&conv->system);
+  free(conv->text);
+  memset(conv, 0, sizeof *conv);
 }
 
-int sk_conv_set_system(struct sk_conv *c, const char *text, size_t len, struct sk_error *err) {
-  if (msg_set(&c->system, "system", 6, text, len) < 0)
+int sk_conv_set_system(struct sk_conv *conv, const char *text, size_t len, struct sk_error *err) {
+  if (msg_set(&conv->system, "system", 6, text, len) < 0)
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  c->has_system = true;
+  conv->has_system = true;
   return 0;
 }
 
@@ -126,14 +126,24 @@ static int slice(const struct sk_chat_text *src, size_t from, struct sk_chat_tex
   return 0;
 }
 
-int sk_conv_system_text(const struct sk_conv *c, struct sk_chat_text *out, struct sk_error *err) {
+void sk_conv_system_pinned(struct sk_conv *conv, struct sk_chat_text *t, uint64_t n_seen) {
+  free(conv->text);
+  conv->text = t->text; /* C: the pinned text */
+  conv->text_len = t->len;
+  t->text = NULL;
+  conv->system_sent = true;
+  conv->n_seen = n_seen;
+}
+
+int sk_conv_system_text(const struct sk_conv *conv, struct sk_chat_text *out,
+                        struct sk_error *err) {
   static const char mark = '\x01';
-  const struct sk_chat_msg two[2] = {msg_view(&c->system), {"user", 4, &mark, 1}};
+  const struct sk_chat_msg two[2] = {msg_view(&conv->system), {"user", 4, &mark, 1}};
   struct sk_chat_text a, b;
   sk_chat_text_init(&a);
   sk_chat_text_init(&b);
-  int rc = sk_chat_render(c->tmpl, two, 1, false, &a, err);
-  if (rc == 0) rc = sk_chat_render(c->tmpl, two, 2, false, &b, err);
+  int rc = sk_chat_render(conv->tmpl, two, 1, false, &a, err);
+  if (rc == 0) rc = sk_chat_render(conv->tmpl, two, 2, false, &b, err);
   if (rc == 0) {
     if (a.len && a.len <= b.len && memcmp(a.text, b.text, a.len) == 0) {
       rc = slice(&a, 0, out, err);
@@ -162,18 +172,18 @@ int sk_conv_system_text(const struct sk_conv *c, struct sk_chat_text *out, struc
   return rc;
 }
 
-/* H (+ more): [system] + c->msgs (the last one's content extended by
+/* H (+ more): [system] + conv->msgs (the last one's content extended by
  * extra when it is the reply) + more[0..n_more), as views. *ret malloc'd. */
-static int history(const struct sk_conv *c, const char *reply_ext, size_t reply_ext_len,
+static int history(const struct sk_conv *conv, const char *reply_ext, size_t reply_ext_len,
                    const struct sk_chat_msg *more, size_t n_more, struct sk_chat_msg **ret,
                    size_t *ret_n) {
-  size_t n = (c->has_system ? 1 : 0) + c->n_msgs + n_more;
+  size_t n = (conv->has_system ? 1 : 0) + conv->n_msgs + n_more;
   struct sk_chat_msg *h = calloc(n ? n : 1, sizeof *h);
   if (!h) return -SK_ERR_NO_MEMORY;
   size_t k = 0;
-  if (c->has_system) h[k++] = msg_view(&c->system);
-  for (size_t i = 0; i < c->n_msgs; i++) h[k++] = msg_view(&c->msgs[i]);
-  if (reply_ext && c->n_msgs) {
+  if (conv->has_system) h[k++] = msg_view(&conv->system);
+  for (size_t i = 0; i < conv->n_msgs; i++) h[k++] = msg_view(&conv->msgs[i]);
+  if (reply_ext && conv->n_msgs) {
     h[k - 1].content = reply_ext;
     h[k - 1].content_len = reply_ext_len;
   }
@@ -183,21 +193,21 @@ static int history(const struct sk_conv *c, const char *reply_ext, size_t reply_
   return 0;
 }
 
-static bool last_is_reply(const struct sk_conv *c) {
-  return c->n_msgs && c->msgs[c->n_msgs - 1].role_len == 9 &&
-         memcmp(c->msgs[c->n_msgs - 1].role, "assistant", 9) == 0;
+static bool last_is_reply(const struct sk_conv *conv) {
+  return conv->n_msgs && conv->msgs[conv->n_msgs - 1].role_len == 9 &&
+         memcmp(conv->msgs[conv->n_msgs - 1].role, "assistant", 9) == 0;
 }
 
 static bool is_space(char ch) {
   return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\v' || ch == '\f' || ch == '\r';
 }
 
-int sk_conv_delta(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
+int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n,
                   const char *extra, size_t extra_len, struct sk_chat_text *out,
                   struct sk_error *err) {
   int rc = 0;
   char *reply = NULL, *cached = NULL;
-  size_t reply_len = 0, cached_len = c->text_len + extra_len;
+  size_t reply_len = 0, cached_len = conv->text_len + extra_len;
   struct sk_chat_msg *h = NULL;
   size_t n_h = 0;
   struct sk_chat_text full, closed;
@@ -206,18 +216,18 @@ int sk_conv_delta(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
   /* The cache's text: C, then what arrived after it. */
   cached = malloc(cached_len + 1);
   if (!cached) goto oom;
-  if (c->text_len) memcpy(cached, c->text, c->text_len);
-  if (extra_len) memcpy(cached + c->text_len, extra, extra_len);
-  if (extra_len && last_is_reply(c)) {
-    const struct sk_conv_msg *r = &c->msgs[c->n_msgs - 1];
+  if (conv->text_len) memcpy(cached, conv->text, conv->text_len);
+  if (extra_len) memcpy(cached + conv->text_len, extra, extra_len);
+  if (extra_len && last_is_reply(conv)) {
+    const struct sk_conv_msg *r = &conv->msgs[conv->n_msgs - 1];
     reply_len = r->content_len + extra_len;
     reply = malloc(reply_len + 1);
     if (!reply) goto oom;
     memcpy(reply, r->content, r->content_len);
     memcpy(reply + r->content_len, extra, extra_len);
   }
-  if (history(c, reply, reply_len, msgs, n, &h, &n_h) < 0) goto oom;
-  if ((rc = sk_chat_render(c->tmpl, h, n_h, true, &full, err)) < 0) goto out;
+  if (history(conv, reply, reply_len, msgs, n, &h, &n_h) < 0) goto oom;
+  if ((rc = sk_chat_render(conv->tmpl, h, n_h, true, &full, err)) < 0) goto out;
   if (cached_len <= full.len && memcmp(full.text, cached, cached_len) == 0) {
     rc = slice(&full, cached_len, out, err);
     goto out;
@@ -226,8 +236,8 @@ int sk_conv_delta(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
    * turn unlike its generation prompt: close the reply's turn as render(H)
    * does, then the new messages as render(H + new) adds them. */
   const size_t n_old = n_h - n;
-  if ((rc = sk_chat_render(c->tmpl, h, n_old, false, &closed, err)) < 0) goto out;
-  if (last_is_reply(c)) {
+  if ((rc = sk_chat_render(conv->tmpl, h, n_old, false, &closed, err)) < 0) goto out;
+  if (last_is_reply(conv)) {
     const char *r = h[n_old - 1].content;
     size_t rl = h[n_old - 1].content_len;
     while (rl && is_space(r[0])) r++, rl--;
@@ -245,7 +255,7 @@ int sk_conv_delta(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
     rc = slice(&full, closed.len, out, err);
   } else {
     sk_chat_text_reset(&full);
-    if ((rc = sk_chat_render(c->tmpl, msgs, n, true, &full, err)) == 0)
+    if ((rc = sk_chat_render(conv->tmpl, msgs, n, true, &full, err)) == 0)
       rc = slice(&full, 0, out, err);
   }
   goto out;
@@ -260,7 +270,7 @@ out:
   return rc;
 }
 
-int sk_conv_commit_prompt(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
+int sk_conv_commit_prompt(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n,
                           uint64_t n_seen, struct sk_error *err) {
   struct sk_conv_msg *m = calloc(n ? n : 1, sizeof *m);
   struct sk_chat_text t;
@@ -271,22 +281,22 @@ int sk_conv_commit_prompt(struct sk_conv *c, const struct sk_chat_msg *msgs, siz
   for (size_t i = 0; i < n; i++)
     if (msg_set(&m[i], msgs[i].role, msgs[i].role_len, msgs[i].content, msgs[i].content_len) < 0)
       goto oom;
-  struct sk_conv tmp = *c;
+  struct sk_conv tmp = *conv;
   tmp.msgs = m;
   tmp.n_msgs = n;
   if (history(&tmp, NULL, 0, NULL, 0, &h, &n_h) < 0) goto oom;
-  if (sk_chat_render(c->tmpl, h, n_h, true, &t, err) < 0) goto fail;
+  if (sk_chat_render(conv->tmpl, h, n_h, true, &t, err) < 0) goto fail;
   free(h);
-  msgs_free(c);
-  c->msgs = m;
-  c->n_msgs = n;
-  free(c->text);
-  c->text = t.text; /* taken over */
-  c->text_len = t.len;
+  msgs_free(conv);
+  conv->msgs = m;
+  conv->n_msgs = n;
+  free(conv->text);
+  conv->text = t.text; /* taken over */
+  conv->text_len = t.len;
   t.text = NULL;
   sk_chat_text_free(&t);
-  c->n_seen = n_seen;
-  if (c->has_system) c->system_sent = true;
+  conv->n_seen = n_seen;
+  if (conv->has_system) conv->system_sent = true;
   return 0;
 oom:
   sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
@@ -298,23 +308,23 @@ fail:
   return -err->code;
 }
 
-int sk_conv_commit_reply(struct sk_conv *c, const char *reply, size_t len, uint64_t n_seen,
+int sk_conv_commit_reply(struct sk_conv *conv, const char *reply, size_t len, uint64_t n_seen,
                          struct sk_error *err) {
-  struct sk_conv_msg *m = realloc(c->msgs, (c->n_msgs + 1) * sizeof *m);
+  struct sk_conv_msg *m = realloc(conv->msgs, (conv->n_msgs + 1) * sizeof *m);
   if (!m) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  c->msgs = m;
-  memset(&m[c->n_msgs], 0, sizeof *m);
-  char *t = realloc(c->text, c->text_len + len + 1);
-  if (!t || msg_set(&m[c->n_msgs], "assistant", 9, reply, len) < 0) {
-    if (t) c->text = t;
+  conv->msgs = m;
+  memset(&m[conv->n_msgs], 0, sizeof *m);
+  char *t = realloc(conv->text, conv->text_len + len + 1);
+  if (!t || msg_set(&m[conv->n_msgs], "assistant", 9, reply, len) < 0) {
+    if (t) conv->text = t;
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   }
-  c->n_msgs++;
-  c->text = t;
-  if (len) memcpy(c->text + c->text_len, reply, len);
-  c->text_len += len;
-  c->text[c->text_len] = 0;
-  c->n_seen = n_seen;
+  conv->n_msgs++;
+  conv->text = t;
+  if (len) memcpy(conv->text + conv->text_len, reply, len);
+  conv->text_len += len;
+  conv->text[conv->text_len] = 0;
+  conv->n_seen = n_seen;
   return 0;
 }
 
@@ -359,19 +369,19 @@ static void conv_path(char *buf, size_t size, const char *dir, uint64_t id, cons
   snprintf(buf, size, "%s/session-%" PRIu64 ".chat%s", dir, id, suffix);
 }
 
-int sk_conv_save(const struct sk_conv *c, const char *dir, uint64_t id, struct sk_error *err) {
+int sk_conv_save(const struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err) {
   struct wbuf b = {0};
   put(&b, "SINKCHAT", 8);
   put_u32(&b, SK_CONV_FILE_VERSION);
-  put_u32(&b, (uint32_t)c->tmpl);
-  put_u64(&b, c->n_seen);
-  put_u32(&b, (c->has_system ? 1u : 0u) | (c->system_sent ? 2u : 0u));
-  put_u32(&b, (uint32_t)c->n_msgs);
-  put_str(&b, c->system.content, c->has_system ? c->system.content_len : 0);
-  put_str(&b, c->text, c->text_len);
-  for (size_t i = 0; i < c->n_msgs; i++) {
-    put_str(&b, c->msgs[i].role, c->msgs[i].role_len);
-    put_str(&b, c->msgs[i].content, c->msgs[i].content_len);
+  put_u32(&b, (uint32_t)conv->tmpl);
+  put_u64(&b, conv->n_seen);
+  put_u32(&b, (conv->has_system ? 1u : 0u) | (conv->system_sent ? 2u : 0u));
+  put_u32(&b, (uint32_t)conv->n_msgs);
+  put_str(&b, conv->system.content, conv->has_system ? conv->system.content_len : 0);
+  put_str(&b, conv->text, conv->text_len);
+  for (size_t i = 0; i < conv->n_msgs; i++) {
+    put_str(&b, conv->msgs[i].role, conv->msgs[i].role_len);
+    put_str(&b, conv->msgs[i].content, conv->msgs[i].content_len);
   }
   if (!b.oom) put_u64(&b, XXH3_64bits(b.p, b.len));
   if (b.oom) {
@@ -437,7 +447,7 @@ static const char *get_str(struct rbuf *b, size_t *ret_len) {
   return s;
 }
 
-int sk_conv_load(struct sk_conv *c, const char *dir, uint64_t id, struct sk_error *err) {
+int sk_conv_load(struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err) {
   char path[4096];
   conv_path(path, sizeof path, dir, id, "");
   FILE *f = fopen(path, "rbe");
@@ -527,8 +537,8 @@ int sk_conv_load(struct sk_conv *c, const char *dir, uint64_t id, struct sk_erro
     rc = sk_error_set(err, SK_ERR_BAD_REQUEST, "%s: bad lengths", path);
     goto out;
   }
-  sk_conv_free(c);
-  *c = n;
+  sk_conv_free(conv);
+  *conv = n;
   sk_conv_init(&n, SK_CHAT_NONE);
   rc = 1;
 out:

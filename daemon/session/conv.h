@@ -76,17 +76,21 @@ struct sk_conv {
   uint64_t n_seen;           /* the session's n_seen when text ended */
 };
 
-void sk_conv_init(struct sk_conv *c, int tmpl);
-void sk_conv_free(struct sk_conv *c);
+void sk_conv_init(struct sk_conv *conv, int tmpl);
+void sk_conv_free(struct sk_conv *conv);
 
 /* Sets the system message (copied). Errors: -SK_ERR_NO_MEMORY. */
-int sk_conv_set_system(struct sk_conv *c, const char *text, size_t len, struct sk_error *err);
+int sk_conv_set_system(struct sk_conv *conv, const char *text, size_t len, struct sk_error *err);
+/* The system message went into the cache as the session's pinned
+ * prefix, n_seen tokens: its rendering t (sk_conv_system_text; taken,
+ * t->text is NULL after) is the conversation's text so far. */
+void sk_conv_system_pinned(struct sk_conv *conv, struct sk_chat_text *t, uint64_t n_seen);
 
-/* The text of the pinned prefix for a system message (c->system): the
+/* The text of the pinned prefix for a system message (conv->system): the
  * part of render([system, user]) before the user's text, or
  * render([system]) when that is its prefix. Appended to out.
  * Errors: those of sk_chat_render. */
-int sk_conv_system_text(const struct sk_conv *c, struct sk_chat_text *out, struct sk_error *err);
+int sk_conv_system_text(const struct sk_conv *conv, struct sk_chat_text *out, struct sk_error *err);
 
 /* Checks roles (1..SK_LIMIT_CONV_ROLE bytes of [a-z_]) and count.
  * Errors: -SK_ERR_BAD_REQUEST naming the message. */
@@ -97,26 +101,26 @@ int sk_conv_check(const struct sk_chat_msg *msgs, size_t n, struct sk_error *err
  * template text and content in segments. extra: text the cache holds
  * after C that the state does not know (see above), extra_len bytes.
  * Errors: those of sk_chat_render. */
-int sk_conv_delta(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
+int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n,
                   const char *extra, size_t extra_len, struct sk_chat_text *out,
                   struct sk_error *err);
 /* After the delta went into the cache: H becomes [system] + msgs, C the
  * rendering with the generation prompt; n_seen the session's. Errors:
- * -SK_ERR_NO_MEMORY (c unchanged). */
-int sk_conv_commit_prompt(struct sk_conv *c, const struct sk_chat_msg *msgs, size_t n,
+ * -SK_ERR_NO_MEMORY (conv unchanged). */
+int sk_conv_commit_prompt(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n,
                           uint64_t n_seen, struct sk_error *err);
 /* After the reply: it becomes the last message of H and the end of C.
  * Errors: -SK_ERR_NO_MEMORY. */
-int sk_conv_commit_reply(struct sk_conv *c, const char *reply, size_t len, uint64_t n_seen,
+int sk_conv_commit_reply(struct sk_conv *conv, const char *reply, size_t len, uint64_t n_seen,
                          struct sk_error *err);
 
 /* Writes the state to dir/session-<id>.chat (via a temporary file).
  * Errors: -SK_ERR_IO (message: path and reason), -SK_ERR_NO_MEMORY. */
-int sk_conv_save(const struct sk_conv *c, const char *dir, uint64_t id, struct sk_error *err);
-/* Reads dir/session-<id>.chat into *c (initialised, replaced). Returns 1,
+int sk_conv_save(const struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err);
+/* Reads dir/session-<id>.chat into *conv (initialised, replaced). Returns 1,
  * 0 if there is no such file, or -SK_ERR_BAD_REQUEST (corrupt: magic,
  * version, lengths, checksum) / -SK_ERR_IO / -SK_ERR_NO_MEMORY. */
-int sk_conv_load(struct sk_conv *c, const char *dir, uint64_t id, struct sk_error *err);
+int sk_conv_load(struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err);
 /* Deletes dir/session-<id>.chat if present. */
 void sk_conv_remove(const char *dir, uint64_t id);
 

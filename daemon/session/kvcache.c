@@ -7,6 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sk_limits.h"
+
+_Static_assert(SK_LIMIT_MAX_CAPACITY == SK_KV_MAX_CAPACITY,
+               "the configuration's capacity ceiling is the cache's");
+
 /* Every section of a block starts on a cache line, so that the K/V rows
  * (and anything vectorised over them) are aligned wherever the block is
  * mapped, as long as the block itself is 64-byte aligned. */

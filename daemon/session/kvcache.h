@@ -325,6 +325,14 @@ int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
 
 /* Slot at cache position pos (pos < n_slots; positions >= n_resident
  * name the free slots that the next appends will fill, in order). */
+/* The cache's counters: tokens resident now, seen and evicted in all, its
+ * capacity and policy (enum sk_policy). */
+static inline uint32_t sk_kv_resident(const struct sk_kv *kv) { return kv->hdr->n_resident; }
+static inline uint64_t sk_kv_seen(const struct sk_kv *kv) { return kv->hdr->n_seen; }
+static inline uint64_t sk_kv_evicted(const struct sk_kv *kv) { return kv->hdr->n_evicted; }
+static inline uint32_t sk_kv_capacity(const struct sk_kv *kv) { return kv->hdr->capacity; }
+static inline uint32_t sk_kv_policy(const struct sk_kv *kv) { return kv->hdr->policy; }
+
 static inline uint32_t sk_kv_slot(const struct sk_kv *kv, uint32_t pos) {
   return kv->order[pos];
 }

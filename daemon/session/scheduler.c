@@ -63,26 +63,26 @@ struct sk__draw {
 
 /* ---- events (compute thread -> loop thread) ---- */
 
-static void post_event(struct sk_scheduler *c, struct sk_event *ev) {
+static void post_event(struct sk_scheduler *sched, struct sk_event *ev) {
   ev->next = NULL;
-  pthread_mutex_lock(&c->ev_lock);
-  if (c->ev_tail)
-    c->ev_tail->next = ev;
+  pthread_mutex_lock(&sched->ev_lock);
+  if (sched->ev_tail)
+    sched->ev_tail->next = ev;
   else
-    c->ev_head = ev;
-  c->ev_tail = ev;
-  pthread_mutex_unlock(&c->ev_lock);
-  uv_async_send(&c->async);
+    sched->ev_head = ev;
+  sched->ev_tail = ev;
+  pthread_mutex_unlock(&sched->ev_lock);
+  uv_async_send(&sched->async);
 }
 
-static void drain_events(struct sk_scheduler *c) {
-  pthread_mutex_lock(&c->ev_lock);
-  struct sk_event *ev = c->ev_head;
-  c->ev_head = c->ev_tail = NULL;
-  pthread_mutex_unlock(&c->ev_lock);
+static void drain_events(struct sk_scheduler *sched) {
+  pthread_mutex_lock(&sched->ev_lock);
+  struct sk_event *ev = sched->ev_head;
+  sched->ev_head = sched->ev_tail = NULL;
+  pthread_mutex_unlock(&sched->ev_lock);
   while (ev) {
     struct sk_event *next = ev->next;
-    c->cb(c->user, ev);
+    sched->cb(sched->user, ev);
     ev = next;
   }
 }
@@ -104,8 +104,8 @@ static struct sk_event *event_new(enum sk_event_kind kind, struct sk_job *job,
 /* ---- job steps (compute thread) ---- */
 
 /* Removes job from the active list (no-op if it is not there). */
-static void unlink_job(struct sk_scheduler *c, struct sk_job *job) {
-  for (struct sk_job **pp = &c->active; *pp; pp = &(*pp)->next) {
+static void unlink_job(struct sk_scheduler *sched, struct sk_job *job) {
+  for (struct sk_job **pp = &sched->active; *pp; pp = &(*pp)->next) {
     if (*pp == job) {
       *pp = job->next;
       return;
@@ -115,8 +115,8 @@ static void unlink_job(struct sk_scheduler *c, struct sk_job *job) {
 
 /* Posts the job's DONE event. The job leaves the active list first: once
  * the event is posted the loop thread may free it at any moment. */
-static void finish(struct sk_scheduler *c, struct sk_job *job) {
-  unlink_job(c, job);
+static void finish(struct sk_scheduler *sched, struct sk_job *job) {
+  unlink_job(sched, job);
   /* Held bytes stay with the session for its next generate (plan_decode
    * stored them); only a session that is closing has no next one. */
   if (job->kind == SK_JOB_GENERATE && atomic_load(&job->session_closing))
@@ -125,7 +125,7 @@ static void finish(struct sk_scheduler *c, struct sk_job *job) {
     sk_job_reply_add(job, job->final_text, job->final_text_len);
     sk_session_chat_end(job->sess, job);
   }
-  sk_session_counters_publish(c->table, job->sess);
+  sk_session_counters_publish(sched->table, job->sess);
   struct sk_event *ev = event_new(SK_EVENT_DONE, job, 0);
   if (!ev) {
     /* Cannot even report: keep trying is pointless; the loop would hang
@@ -133,7 +133,7 @@ static void finish(struct sk_scheduler *c, struct sk_job *job) {
     while (!(ev = event_new(SK_EVENT_DONE, job, 0))) {
     }
   }
-  post_event(c, ev);
+  post_event(sched, ev);
 }
 
 /* Every change to a session's cache and state happens inside a step of
@@ -149,23 +149,23 @@ static void finish(struct sk_scheduler *c, struct sk_job *job) {
 
 /* Tokenizes / validates the job's input and checks that it can be taken
  * whole. Returns 0, or -code with job->err set. */
-static int job_start(struct sk_scheduler *c, struct sk_job *job) {
+static int job_start(struct sk_scheduler *sched, struct sk_job *job) {
   struct sk_session *s = job->sess;
-  struct sk_kv *kv = s->kv;
+  struct sk_kv *kv = sk_session_kv(s);
   job->started = true;
   if (job->chat) {
-    int rc = sk_session_chat_begin(s, c->tok, job);
+    int rc = sk_session_chat_begin(s, sched->tok, job);
     if (rc < 0) return rc;
     if (job->n_tokens == 0) sk_session_chat_prompt_done(s, job);
   }
   if (job->text) {
-    bool bos = job->bos < 0 ? kv->hdr->n_seen == 0 && sk_tokenizer_add_bos(c->tok)
+    bool bos = job->bos < 0 ? sk_kv_seen(kv) == 0 && sk_tokenizer_add_bos(sched->tok)
                             : job->bos == 1;
     unsigned flags = (bos ? SK_TOKENIZE_BOS : 0) |
                      (job->parse_special ? SK_TOKENIZE_SPECIAL : 0);
     int32_t *toks = NULL;
     size_t n = 0;
-    int rc = sk_tokenizer_encode(c->tok, job->text, job->text_len, flags, &toks,
+    int rc = sk_tokenizer_encode(sched->tok, job->text, job->text_len, flags, &toks,
                                  &n, &job->err);
     if (rc < 0) return rc;
     free(job->tokens);
@@ -175,10 +175,10 @@ static int job_start(struct sk_scheduler *c, struct sk_job *job) {
     job->text = NULL;
   }
   for (size_t i = 0; i < job->n_tokens; i++) {
-    if (job->tokens[i] < 0 || (uint32_t)job->tokens[i] >= c->n_vocab)
+    if (job->tokens[i] < 0 || (uint32_t)job->tokens[i] >= sched->n_vocab)
       return sk_error_set(&job->err, SK_ERR_BAD_REQUEST,
                           "tokens[%zu] = %d is outside the vocabulary [0, %u)",
-                          i, job->tokens[i], c->n_vocab);
+                          i, job->tokens[i], sched->n_vocab);
   }
   if (job->want_logprobs) {
     job->logprobs = malloc((job->n_tokens ? job->n_tokens : 1) * sizeof *job->logprobs);
@@ -186,23 +186,23 @@ static int job_start(struct sk_scheduler *c, struct sk_job *job) {
       return sk_error_set(&job->err, SK_ERR_NO_MEMORY,
                           "out of memory for %zu log-probabilities", job->n_tokens);
   }
-  if (sk_policy_evict_chunk(kv->hdr->policy) == 0) {
+  if (sk_policy_evict_chunk(sk_kv_policy(kv)) == 0) {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (job->n_tokens > free_slots)
       return sk_error_set(&job->err, SK_ERR_CONTEXT_FULL,
                           "the dense session is full: %zu tokens to append, "
                           "%u of %u slots free (%u resident); nothing was "
                           "appended",
-                          job->n_tokens, free_slots, kv->hdr->capacity,
-                          kv->hdr->n_resident);
+                          job->n_tokens, free_slots, sk_kv_capacity(kv),
+                          sk_kv_resident(kv));
   }
   if (job->kind == SK_JOB_GENERATE) {
     if (job->n_tokens == 0 && !sk_session_has_logits(s))
       return sk_error_set(&job->err, SK_ERR_BAD_REQUEST,
                           "session %llu holds no tokens: append a prompt "
                           "first or give 'prompt'",
-                          (unsigned long long)s->id);
-    int rc = sk_sampler_init(&job->sampler, &job->sampling, c->n_vocab, &job->err);
+                          (unsigned long long)sk_session_id(s));
+    int rc = sk_sampler_init(&job->sampler, &job->sampling, sched->n_vocab, &job->err);
     if (rc < 0) return rc;
     job->sampler_ready = true;
     if (!job->has_seed) {
@@ -290,14 +290,14 @@ static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
  * than rows each waits its turn. */
 
 /* Finishes job with its error (rc < 0, job->err maybe set). */
-static void fail_job(struct sk_scheduler *c, struct sk_job *job, int rc) {
+static void fail_job(struct sk_scheduler *sched, struct sk_job *job, int rc) {
   if (job->err.code == 0) sk_error_set(&job->err, -rc, "%s", sk_strerror(-rc));
-  finish(c, job);
+  finish(sched, job);
 }
 
 /* Cancellation, start, empty appends. Returns true when the job is
  * finished (DONE posted). */
-static bool step_prepare(struct sk_scheduler *c, struct sk_job *job) {
+static bool step_prepare(struct sk_scheduler *sched, struct sk_job *job) {
   if (atomic_load(&job->cancel)) {
     if (job->kind == SK_JOB_GENERATE && job->started && job->n_done == job->n_tokens) {
       job->stop_reason = "cancelled";
@@ -306,32 +306,32 @@ static bool step_prepare(struct sk_scheduler *c, struct sk_job *job) {
                    "cancelled after %zu of %zu tokens were appended",
                    job->n_done, job->n_tokens);
     }
-    finish(c, job);
+    finish(sched, job);
     return true;
   }
   /* A session's sparsity level (kept with it) needs its thresholds from
    * this daemon's calibration (an adopted session may ask for a level the
    * file of this start does not hold). */
-  const float sp = job->sess->params.sparsity;
-  if (sp > 0.0f && !sk_sparse_calib_find(c->sparse, sp) &&
+  const float sp = sk_session_params(job->sess)->sparsity;
+  if (sp > 0.0f && !sk_sparse_calib_find(sched->sparse, sp) &&
       (job->kind == SK_JOB_APPEND || job->kind == SK_JOB_GENERATE)) {
     char lv[128];
     sk_error_set(&job->err, SK_ERR_BAD_REQUEST,
                  "the session runs at sparsity %g, which this daemon's calibration does not "
                  "have (levels: %s; sinkd.conf sparsity_file)",
-                 (double)sp, sk_sparse_calib_levels(c->sparse, lv, sizeof lv));
-    fail_job(c, job, -SK_ERR_BAD_REQUEST);
+                 (double)sp, sk_sparse_calib_levels(sched->sparse, lv, sizeof lv));
+    fail_job(sched, job, -SK_ERR_BAD_REQUEST);
     return true;
   }
   if (!job->started) {
-    int rc = job_start(c, job);
+    int rc = job_start(sched, job);
     if (rc < 0) {
-      fail_job(c, job, rc);
+      fail_job(sched, job, rc);
       return true;
     }
   }
   if (job->kind == SK_JOB_APPEND && job->n_done == job->n_tokens) { /* empty append */
-    finish(c, job);
+    finish(sched, job);
     return true;
   }
   return false;
@@ -340,12 +340,13 @@ static bool step_prepare(struct sk_scheduler *c, struct sk_job *job) {
 /* Why a decoding job stops before its next draw, or NULL. */
 static const char *decode_stop(const struct sk_job *job) {
   if (job->n_generated >= job->max_tokens) return "length";
-  const struct sk_kv *kv = job->sess->kv;
-  if (sk_policy_evict_chunk(kv->hdr->policy) == 0 && sk_kv_free_slots(kv) == 0) return "context_full";
+  const struct sk_kv *kv = sk_session_kv(job->sess);
+  if (sk_policy_evict_chunk(sk_kv_policy(kv)) == 0 && sk_kv_free_slots(kv) == 0)
+    return "context_full";
   return NULL;
 }
 
-/* Draw i of a step (of c->dec[i]), one task per decoding job on the
+/* Draw i of a step (of sched->dec[i]), one task per decoding job on the
  * pool (each touches only its own job and session): the top logits and
  * the token from the live logits, then the step begun
  * (sk_session_step_begin_decode) with the sampler's new state. On the pool, a
@@ -353,14 +354,14 @@ static const char *decode_stop(const struct sk_job *job) {
  * thread alone (doc/performance.md). */
 static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
-  struct sk_scheduler *c = ctx;
-  struct sk__draw *d = &c->draw[i];
-  struct sk_job *job = c->dec[i];
+  struct sk_scheduler *sched = ctx;
+  struct sk__draw *d = &sched->draw[i];
+  struct sk_job *job = sched->dec[i];
   struct sk_session *s = job->sess;
   const float *logits = sk_session_logits(s);
   d->stop = decode_stop(job);
   if (d->stop) return;
-  if (job->n_top) top_logits(logits, c->n_vocab, job->n_top, d->top_id, d->top_logit);
+  if (job->n_top) top_logits(logits, sched->n_vocab, job->n_top, d->top_id, d->top_logit);
   d->token = sk_sampler_sample(&job->sampler, logits);
   d->not_numbers = isnan(logits[d->token]);
   if (d->not_numbers) return; /* no step: the job fails (plan_decode) */
@@ -370,12 +371,12 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
 
 /* Before the pass, for a decoding job whose draw d was taken (draw_task):
  * stop checks, the token's event, room. Returns 1 when the job is done
- * (stop_reason set), 0 when it takes a row (the token is in c->seqs / its
- * event in c->seq_ev at index i), or -code with job->err set. */
-static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
+ * (stop_reason set), 0 when it takes a row (the token is in sched->seqs / its
+ * event in sched->seq_ev at index i), or -code with job->err set. */
+static int plan_decode(struct sk_scheduler *sched, struct sk_job *job, uint32_t i,
                        const struct sk__draw *d, int32_t *token) {
   struct sk_session *s = job->sess;
-  struct sk_kv *kv = s->kv;
+  struct sk_kv *kv = sk_session_kv(s);
   if (d->stop) {
     job->stop_reason = d->stop;
     return 1;
@@ -386,7 +387,7 @@ static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
                         "hold NaN or overflow; check the model file");
   *token = d->token;
   const bool eot = job->chat && *token == job->eot;
-  if ((sk_tokenizer_is_eog(c->tok, *token) || eot) && !job->ignore_eos) {
+  if ((sk_tokenizer_is_eog(sched->tok, *token) || eot) && !job->ignore_eos) {
     sk_session_step_keep_logits(s); /* no pass: the logits stay */
     sk_session_step_commit(s);      /* the draw moved the PRNG */
     /* any end-of-generation token; a chat's end of turn says so */
@@ -396,7 +397,7 @@ static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
   }
   const char *piece = "";
   size_t piece_len = 0;
-  int rc = sk_tokenizer_piece(c->tok, *token, &piece, &piece_len, &job->err);
+  int rc = sk_tokenizer_piece(sched->tok, *token, &piece, &piece_len, &job->err);
   if (rc < 0) {
     sk_session_step_abort(s);
     return rc;
@@ -412,16 +413,16 @@ static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
   memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * job->n_top);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
   sk_session_utf8_set(s, &job->utf8); /* committed with the token */
-  sk_evict_log_reset(&c->seq_log[i]);
+  sk_evict_log_reset(&sched->seq_log[i]);
   if (sk_kv_free_slots(kv) == 0) {
-    rc = sk_kv_make_room(kv, 1, &c->seq_log[i], &job->err);
+    rc = sk_kv_make_room(kv, 1, &sched->seq_log[i], &job->err);
     if (rc < 0) {
       free(ev);
       sk_session_step_abort(s);
       return rc;
     }
   }
-  c->seq_ev[i] = ev;
+  sched->seq_ev[i] = ev;
   return 0;
 }
 
@@ -433,10 +434,10 @@ static int plan_decode(struct sk_scheduler *c, struct sk_job *job, uint32_t i,
  * intact), so a full cache advances SK_KV_SPARE_SLOTS tokens per pass;
  * h2o evicts one token per step once full (dense never: job_start checked that the
  * input fits). Returns 0 or -code with job->err set (step aborted). */
-static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t want,
+static int plan_prefill(struct sk_scheduler *sched, struct sk_job *job, uint32_t want,
                         uint32_t row, struct sk_seq *seq, struct sk_evict_log *log) {
   struct sk_session *s = job->sess;
-  struct sk_kv *kv = s->kv;
+  struct sk_kv *kv = sk_session_kv(s);
   uint32_t n = want;
   size_t remaining = job->n_tokens - job->n_done;
   if (n > remaining) n = (uint32_t)remaining;
@@ -448,17 +449,17 @@ static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t wan
   struct sk_utf8_stream none;
   sk_utf8_stream_init(&none);
   sk_session_utf8_set(s, &none);
-  if (sk_policy_evict_chunk(kv->hdr->policy) > 1) {
+  if (sk_policy_evict_chunk(sk_kv_policy(kv)) > 1) {
     uint32_t room = sk_kv_free_slots(kv) + SK_KV_SPARE_SLOTS;
     if (n > room) n = room;
     if (n > sk_kv_max_room(kv)) n = sk_kv_max_room(kv);
-    uint64_t before = kv->hdr->n_evicted;
+    uint64_t before = sk_kv_evicted(kv);
     int rc = sk_kv_make_room(kv, n, log, &job->err);
     if (rc < 0) {
       sk_session_step_abort(s);
       return rc;
     }
-    evicted = (uint32_t)(kv->hdr->n_evicted - before);
+    evicted = (uint32_t)(sk_kv_evicted(kv) - before);
   } else {
     uint32_t free_slots = sk_kv_free_slots(kv);
     if (free_slots == 0) {
@@ -477,16 +478,17 @@ static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t wan
                           * chunks (a chunk of one token would otherwise
                           * look like a decode step); scoring runs sparse */
                          .sparse_thr = job->want_logprobs
-                                           ? sk_sparse_calib_find(c->sparse, s->params.sparsity)
+                                           ? sk_sparse_calib_find(sched->sparse,
+                                                                  sk_session_params(s)->sparsity)
                                            : NULL};
   if (job->want_logprobs) {
     /* The first token is scored by the logits the session already holds
      * (from its previous tokens), the others by this chunk's rows, which
      * go to the batch's rows of batch_logits. */
-    job->logprobs[job->n_done] = sk_session_has_logits(s)
-                                     ? log_prob(sk_session_logits(s), c->n_vocab, seq->tokens[0])
-                                     : NAN;
-    seq->logits = c->batch_logits + (size_t)row * c->n_vocab;
+    job->logprobs[job->n_done] =
+        sk_session_has_logits(s) ? log_prob(sk_session_logits(s), sched->n_vocab, seq->tokens[0])
+                                 : NAN;
+    seq->logits = sched->batch_logits + (size_t)row * sched->n_vocab;
     seq->all_logits = true;
   }
   return 0;
@@ -494,21 +496,21 @@ static int plan_prefill(struct sk_scheduler *c, struct sk_job *job, uint32_t wan
 
 /* After the pass, for a decoded token. Returns true when the job is
  * finished (DONE posted). */
-static bool after_decode(struct sk_scheduler *c, struct sk_job *job, struct sk_event *ev) {
+static bool after_decode(struct sk_scheduler *sched, struct sk_job *job, struct sk_event *ev) {
   job->n_generated++;
-  atomic_fetch_add(&c->tokens_generated, 1);
+  atomic_fetch_add(&sched->tokens_generated, 1);
   if (job->chat) sk_job_reply_add(job, ev->text, ev->text_len);
-  sk_session_counters_publish(c->table, job->sess);
+  sk_session_counters_publish(sched->table, job->sess);
   bool stopped = job->n_stop && tail_has_stop(job, ev->text, ev->text_len);
-  post_event(c, ev);
+  post_event(sched, ev);
   if (stopped) {
     job->stop_reason = "stop";
-    finish(c, job);
+    finish(sched, job);
     return true;
   }
   if (job->n_generated >= job->max_tokens) {
     job->stop_reason = "length";
-    finish(c, job);
+    finish(sched, job);
     return true;
   }
   return false;
@@ -526,173 +528,173 @@ static bool runnable(const struct sk_job *j) {
  * wants them, then the step's commit (sk_session_step_commit). */
 static void commit_task(void *ctx, uint32_t i, uint32_t thread) {
   (void)thread;
-  struct sk_scheduler *c = ctx;
-  struct sk_job *j = c->seq_job[i];
-  const struct sk_seq *q = &c->seqs[i];
+  struct sk_scheduler *sched = ctx;
+  struct sk_job *j = sched->seq_job[i];
+  const struct sk_seq *q = &sched->seqs[i];
   const float *last = NULL; /* NULL: the pass wrote the session's logits */
   if (q->all_logits) { /* an append with logprobs */
     float *lp = j->logprobs + j->n_done;
     for (uint32_t r = 1; r < q->n; r++)
-      lp[r] = log_prob(q->logits + (size_t)(r - 1) * c->n_vocab, c->n_vocab, q->tokens[r]);
-    last = q->logits + (size_t)(q->n - 1) * c->n_vocab;
+      lp[r] = log_prob(q->logits + (size_t)(r - 1) * sched->n_vocab, sched->n_vocab, q->tokens[r]);
+    last = q->logits + (size_t)(q->n - 1) * sched->n_vocab;
   }
   sk_session_step_set_logits(j->sess, last);
   sk_session_step_commit(j->sess);
 }
 
-static void step(struct sk_scheduler *c) {
+static void step(struct sk_scheduler *sched) {
   /* Prepare every runnable job; sort them into decoders and prefillers,
    * starting at a rotating place in the list. */
   uint32_t n_active = 0;
-  for (struct sk_job *j = c->active; j; j = j->next) n_active++;
+  for (struct sk_job *j = sched->active; j; j = j->next) n_active++;
   struct sk_job *order_buf[64];
   struct sk_job **order = n_active <= 64 ? order_buf : malloc(n_active * sizeof *order);
   if (!order) return; /* try again next turn */
   uint32_t k = 0;
-  for (struct sk_job *j = c->active; j; j = j->next) order[k++] = j;
+  for (struct sk_job *j = sched->active; j; j = j->next) order[k++] = j;
   uint32_t n_dec = 0, n_pre = 0, n_dec_all = 0, n_pre_all = 0;
-  const uint32_t first = n_active ? (uint32_t)(c->turn % n_active) : 0;
+  const uint32_t first = n_active ? (uint32_t)(sched->turn % n_active) : 0;
   for (uint32_t t = 0; t < n_active; t++) {
     struct sk_job *j = order[(first + t) % n_active];
     if (!runnable(j)) continue;
-    if (step_prepare(c, j)) continue;
+    if (step_prepare(sched, j)) continue;
     if (j->n_done < j->n_tokens) {
       n_pre_all++;
-      if (n_pre < c->max_batch) c->pre[n_pre++] = j;
+      if (n_pre < sched->max_batch) sched->pre[n_pre++] = j;
     } else {
       n_dec_all++;
-      if (n_dec < c->max_batch) c->dec[n_dec++] = j;
+      if (n_dec < sched->max_batch) sched->dec[n_dec++] = j;
     }
   }
   if (order != order_buf) free(order);
-  c->turn++;
+  sched->turn++;
   if (n_dec == 0 && n_pre == 0) return;
 
   /* Rows: decoders first, a quarter kept for prefill. */
-  uint32_t reserve = n_pre ? (c->max_batch + 3) / 4 : 0;
-  uint32_t dec_cap = c->max_batch - reserve;
-  if (dec_cap == 0 && n_dec && c->turn % 2) dec_cap = c->max_batch; /* --batch 1..3 */
+  uint32_t reserve = n_pre ? (sched->max_batch + 3) / 4 : 0;
+  uint32_t dec_cap = sched->max_batch - reserve;
+  if (dec_cap == 0 && n_dec && sched->turn % 2) dec_cap = sched->max_batch; /* --batch 1..3 */
   uint32_t n_seqs = 0, rows = 0;
   /* the draws of every job the loop below visits (each takes one row at
    * most; a job that stops leaves its row unused this step) */
   const uint32_t n_draw = n_dec < dec_cap ? n_dec : dec_cap;
-  sk_pool_run(c->pool, draw_task, c, n_draw);
+  sk_pool_run(sched->pool, draw_task, sched, n_draw);
   for (uint32_t t = 0; t < n_draw && rows < dec_cap; t++) {
-    struct sk_job *j = c->dec[t];
-    int32_t *token = &c->seq_token[n_seqs];
-    int rc = plan_decode(c, j, n_seqs, &c->draw[t], token);
+    struct sk_job *j = sched->dec[t];
+    int32_t *token = &sched->seq_token[n_seqs];
+    int rc = plan_decode(sched, j, n_seqs, &sched->draw[t], token);
     if (rc != 0) {
-      if (rc < 0) fail_job(c, j, rc);
-      else finish(c, j);
+      if (rc < 0) fail_job(sched, j, rc);
+      else finish(sched, j);
       continue;
     }
-    c->seqs[n_seqs] = (struct sk_seq){
-        .kv = j->sess->kv, .tokens = token, .n = 1, .logits = sk_session_logits(j->sess),
-        .sparse_thr = sk_sparse_calib_find(c->sparse, j->sess->params.sparsity)};
-    c->seq_job[n_seqs++] = j;
+    sched->seqs[n_seqs] = (struct sk_seq){
+        .kv = sk_session_kv(j->sess), .tokens = token, .n = 1, .logits = sk_session_logits(j->sess),
+        .sparse_thr = sk_sparse_calib_find(sched->sparse, sk_session_params(j->sess)->sparsity)};
+    sched->seq_job[n_seqs++] = j;
     rows++;
   }
-  for (uint32_t t = 0; t < n_pre && rows < c->max_batch; t++) {
-    uint32_t left = n_pre - t, budget = c->max_batch - rows;
+  for (uint32_t t = 0; t < n_pre && rows < sched->max_batch; t++) {
+    uint32_t left = n_pre - t, budget = sched->max_batch - rows;
     uint32_t share = (budget + left - 1) / left; /* even split of what is left */
-    struct sk_job *j = c->pre[t];
-    int rc = plan_prefill(c, j, share, rows, &c->seqs[n_seqs], &c->seq_log[n_seqs]);
+    struct sk_job *j = sched->pre[t];
+    int rc = plan_prefill(sched, j, share, rows, &sched->seqs[n_seqs], &sched->seq_log[n_seqs]);
     if (rc < 0) {
-      fail_job(c, j, rc);
+      fail_job(sched, j, rc);
       continue;
     }
-    c->seq_ev[n_seqs] = NULL;
-    c->seq_job[n_seqs++] = j;
-    rows += c->seqs[n_seqs - 1].n;
+    sched->seq_ev[n_seqs] = NULL;
+    sched->seq_job[n_seqs++] = j;
+    rows += sched->seqs[n_seqs - 1].n;
   }
   if (n_seqs == 0) return;
 
   struct sk_error err = {0};
-  int rc = sk_model_forward_batch(c->model, c->scratch, c->seqs, n_seqs, &err);
-  atomic_fetch_add(&c->steps, 1);
-  if (rc == 0) sk_pool_run(c->pool, commit_task, c, n_seqs);
+  int rc = sk_model_forward_batch(sched->model, sched->scratch, sched->seqs, n_seqs, &err);
+  atomic_fetch_add(&sched->steps, 1);
+  if (rc == 0) sk_pool_run(sched->pool, commit_task, sched, n_seqs);
   for (uint32_t i = 0; i < n_seqs; i++) {
-    struct sk_job *j = c->seq_job[i];
+    struct sk_job *j = sched->seq_job[i];
     if (rc < 0) { /* checked before: a bug, but each job gets the error */
       sk_session_step_abort(j->sess);
-      free(c->seq_ev[i]);
+      free(sched->seq_ev[i]);
       j->err = err;
-      finish(c, j);
+      finish(sched, j);
       continue;
     }
-    sk_session_attn_record(c->table, j->sess, c->scratch, i);
+    sk_session_attn_record(sched->table, j->sess, sched->scratch, i);
     const uint64_t *kept;
     uint32_t sp_rows;
-    if (sk_scratch_sparse(c->scratch, i, &kept, &sp_rows) && sp_rows)
-      sk_session_sparse_record(c->table, j->sess, kept, sp_rows);
-    const struct sk_evict_log *log = &c->seq_log[i];
+    if (sk_scratch_sparse(sched->scratch, i, &kept, &sp_rows) && sp_rows)
+      sk_session_sparse_record(sched->table, j->sess, kept, sp_rows);
+    const struct sk_evict_log *log = &sched->seq_log[i];
     for (uint32_t r = 0; r < log->n_ranges; r++)
       for (uint64_t x = log->first[r]; x <= log->last[r]; x++) sk_evict_log_add(&j->evicted, x);
-    if (c->seq_ev[i]) {
-      after_decode(c, j, c->seq_ev[i]); /* finish() unlinks a finished job */
+    if (sched->seq_ev[i]) {
+      after_decode(sched, j, sched->seq_ev[i]); /* finish() unlinks a finished job */
       continue;
     }
-    j->n_done += c->seqs[i].n;
-    atomic_fetch_add(&c->tokens_prefilled, c->seqs[i].n);
+    j->n_done += sched->seqs[i].n;
+    atomic_fetch_add(&sched->tokens_prefilled, sched->seqs[i].n);
     if (j->chat && j->n_done == j->n_tokens) sk_session_chat_prompt_done(j->sess, j);
-    sk_session_counters_publish(c->table, j->sess);
+    sk_session_counters_publish(sched->table, j->sess);
     if (j->kind == SK_JOB_APPEND && j->n_done == j->n_tokens) {
-      finish(c, j);
+      finish(sched, j);
     }
   }
 }
 
 static void *thread_main(void *arg) {
-  struct sk_scheduler *c = arg;
+  struct sk_scheduler *sched = arg;
   for (;;) {
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&sched->lock);
     for (;;) {
       /* Take new jobs, keeping arrival order. */
       struct sk_job *rev = NULL;
-      while (c->submitted) {
-        struct sk_job *j = c->submitted;
-        c->submitted = j->next;
+      while (sched->submitted) {
+        struct sk_job *j = sched->submitted;
+        sched->submitted = j->next;
         j->next = rev;
         rev = j;
       }
       if (rev) {
-        struct sk_job **tail = &c->active;
+        struct sk_job **tail = &sched->active;
         while (*tail) tail = &(*tail)->next;
         *tail = rev;
       }
-      if (c->stopping)
-        for (struct sk_job *j = c->active; j; j = j->next)
+      if (sched->stopping)
+        for (struct sk_job *j = sched->active; j; j = j->next)
           atomic_store(&j->cancel, true);
       bool any = false;
-      for (struct sk_job *j = c->active; j; j = j->next)
+      for (struct sk_job *j = sched->active; j; j = j->next)
         if (runnable(j)) any = true;
       if (any) break;
-      if (c->stopping && !c->active) {
-        pthread_mutex_unlock(&c->lock);
+      if (sched->stopping && !sched->active) {
+        pthread_mutex_unlock(&sched->lock);
         return NULL;
       }
-      c->woken = false;
-      while (!c->woken) pthread_cond_wait(&c->cond, &c->lock);
+      sched->woken = false;
+      while (!sched->woken) pthread_cond_wait(&sched->cond, &sched->lock);
     }
-    pthread_mutex_unlock(&c->lock);
-    step(c);
+    pthread_mutex_unlock(&sched->lock);
+    step(sched);
   }
 }
 
-static void free_plan(struct sk_scheduler *c) {
-  free(c->seqs);
-  free(c->seq_job);
-  free(c->seq_ev);
-  free(c->seq_token);
-  free(c->seq_log);
-  free(c->batch_logits);
-  free(c->dec);
-  free(c->draw);
-  free(c->pre);
+static void free_plan(struct sk_scheduler *sched) {
+  free(sched->seqs);
+  free(sched->seq_job);
+  free(sched->seq_ev);
+  free(sched->seq_token);
+  free(sched->seq_log);
+  free(sched->batch_logits);
+  free(sched->dec);
+  free(sched->draw);
+  free(sched->pre);
 }
 
-void sk_scheduler_set_sparse(struct sk_scheduler *c, const struct sk_sparse_calib *calib) {
-  c->sparse = calib;
+void sk_scheduler_set_sparse(struct sk_scheduler *sched, const struct sk_sparse_calib *calib) {
+  sched->sparse = calib;
 }
 
 int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
@@ -700,108 +702,110 @@ int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      struct sk_session_table *table, uint32_t max_batch,
                      uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
                      struct sk_scheduler **ret, struct sk_error *err) {
-  struct sk_scheduler *c = calloc(1, sizeof *c);
-  if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  c->loop = loop;
-  c->model = m;
-  c->tok = tok;
-  c->table = table;
-  c->max_batch = max_batch;
-  c->n_vocab = sk_model_config(m)->n_vocab;
-  c->cb = cb;
-  c->user = user;
-  int rc = sk_pool_new(n_threads, &c->pool, err);
+  struct sk_scheduler *sched = calloc(1, sizeof *sched);
+  if (!sched) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  sched->loop = loop;
+  sched->model = m;
+  sched->tok = tok;
+  sched->table = table;
+  sched->max_batch = max_batch;
+  sched->n_vocab = sk_model_config(m)->n_vocab;
+  sched->cb = cb;
+  sched->user = user;
+  int rc = sk_pool_new(n_threads, &sched->pool, err);
   if (rc < 0) {
-    free(c);
+    free(sched);
     return rc;
   }
-  rc = sk_scratch_new_pool(m, max_batch, max_ctx, c->pool, &c->scratch, err);
-  if (rc == 0 && (!(c->seqs = calloc(max_batch, sizeof *c->seqs)) ||
-                  !(c->seq_job = calloc(max_batch, sizeof *c->seq_job)) ||
-                  !(c->seq_ev = calloc(max_batch, sizeof *c->seq_ev)) ||
-                  !(c->seq_token = calloc(max_batch, sizeof *c->seq_token)) ||
-                  !(c->seq_log = calloc(max_batch, sizeof *c->seq_log)) ||
-                  !(c->batch_logits = malloc((size_t)max_batch * c->n_vocab *
-                                             sizeof *c->batch_logits)) ||
-                  !(c->dec = calloc(max_batch, sizeof *c->dec)) ||
-                  !(c->draw = calloc(max_batch, sizeof *c->draw)) ||
-                  !(c->pre = calloc(max_batch, sizeof *c->pre))))
+  rc = sk_scratch_new_pool(m, max_batch, max_ctx, sched->pool, &sched->scratch, err);
+  if (rc == 0 && (!(sched->seqs = calloc(max_batch, sizeof *sched->seqs)) ||
+                  !(sched->seq_job = calloc(max_batch, sizeof *sched->seq_job)) ||
+                  !(sched->seq_ev = calloc(max_batch, sizeof *sched->seq_ev)) ||
+                  !(sched->seq_token = calloc(max_batch, sizeof *sched->seq_token)) ||
+                  !(sched->seq_log = calloc(max_batch, sizeof *sched->seq_log)) ||
+                  !(sched->batch_logits = malloc((size_t)max_batch * sched->n_vocab *
+                                             sizeof *sched->batch_logits)) ||
+                  !(sched->dec = calloc(max_batch, sizeof *sched->dec)) ||
+                  !(sched->draw = calloc(max_batch, sizeof *sched->draw)) ||
+                  !(sched->pre = calloc(max_batch, sizeof *sched->pre))))
     rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for a batch of %u", max_batch);
   if (rc < 0) {
-    free_plan(c);
-    sk_scratch_free(c->scratch);
-    sk_pool_free(c->pool);
-    free(c);
+    free_plan(sched);
+    sk_scratch_free(sched->scratch);
+    sk_pool_free(sched->pool);
+    free(sched);
     return rc;
   }
-  pthread_mutex_init(&c->lock, NULL);
-  pthread_cond_init(&c->cond, NULL);
-  pthread_mutex_init(&c->ev_lock, NULL);
-  uv_async_init(loop, &c->async, on_async);
-  c->async.data = c;
-  if (pthread_create(&c->thread, NULL, thread_main, c) != 0) {
-    free_plan(c);
-    sk_scratch_free(c->scratch);
-    sk_pool_free(c->pool);
-    uv_close((uv_handle_t *)&c->async, NULL);
-    /* c is freed once the handle is closed; leak-free only after the loop
+  pthread_mutex_init(&sched->lock, NULL);
+  pthread_cond_init(&sched->cond, NULL);
+  pthread_mutex_init(&sched->ev_lock, NULL);
+  uv_async_init(loop, &sched->async, on_async);
+  sched->async.data = sched;
+  if (pthread_create(&sched->thread, NULL, thread_main, sched) != 0) {
+    free_plan(sched);
+    sk_scratch_free(sched->scratch);
+    sk_pool_free(sched->pool);
+    uv_close((uv_handle_t *)&sched->async, NULL);
+    /* sched is freed once the handle is closed; leak-free only after the loop
      * runs, which the caller does on its error path. */
     return sk_error_set(err, SK_ERR_INTERNAL, "cannot start the compute thread");
   }
-  *ret = c;
+  *ret = sched;
   return 0;
 }
 
-void sk_scheduler_submit(struct sk_scheduler *c, struct sk_job *job) {
-  pthread_mutex_lock(&c->lock);
-  job->next = c->submitted;
-  c->submitted = job;
-  c->woken = true;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
+void sk_scheduler_submit(struct sk_scheduler *sched, struct sk_job *job) {
+  pthread_mutex_lock(&sched->lock);
+  job->next = sched->submitted;
+  sched->submitted = job;
+  sched->woken = true;
+  pthread_cond_signal(&sched->cond);
+  pthread_mutex_unlock(&sched->lock);
 }
 
-void sk_scheduler_wake(struct sk_scheduler *c) {
-  pthread_mutex_lock(&c->lock);
-  c->woken = true;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
+void sk_scheduler_wake(struct sk_scheduler *sched) {
+  pthread_mutex_lock(&sched->lock);
+  sched->woken = true;
+  pthread_cond_signal(&sched->cond);
+  pthread_mutex_unlock(&sched->lock);
 }
 
 static void on_async_closed(uv_handle_t *h) {
-  struct sk_scheduler *c = h->data;
-  pthread_mutex_destroy(&c->lock);
-  pthread_cond_destroy(&c->cond);
-  pthread_mutex_destroy(&c->ev_lock);
-  free(c);
+  struct sk_scheduler *sched = h->data;
+  pthread_mutex_destroy(&sched->lock);
+  pthread_cond_destroy(&sched->cond);
+  pthread_mutex_destroy(&sched->ev_lock);
+  free(sched);
 }
 
-void sk_scheduler_free(struct sk_scheduler *c) {
-  pthread_mutex_lock(&c->lock);
-  c->stopping = true; /* the thread cancels its jobs when it sees this */
-  c->woken = true;
-  pthread_cond_signal(&c->cond);
-  pthread_mutex_unlock(&c->lock);
-  pthread_join(c->thread, NULL);
-  drain_events(c);
-  sk_scratch_free(c->scratch);
-  c->scratch = NULL;
-  sk_pool_free(c->pool);
-  c->pool = NULL;
-  free_plan(c);
-  uv_close((uv_handle_t *)&c->async, on_async_closed);
+void sk_scheduler_free(struct sk_scheduler *sched) {
+  pthread_mutex_lock(&sched->lock);
+  sched->stopping = true; /* the thread cancels its jobs when it sees this */
+  sched->woken = true;
+  pthread_cond_signal(&sched->cond);
+  pthread_mutex_unlock(&sched->lock);
+  pthread_join(sched->thread, NULL);
+  drain_events(sched);
+  sk_scratch_free(sched->scratch);
+  sched->scratch = NULL;
+  sk_pool_free(sched->pool);
+  sched->pool = NULL;
+  free_plan(sched);
+  uv_close((uv_handle_t *)&sched->async, on_async_closed);
 }
 
-uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *c) {
-  return atomic_load(&((struct sk_scheduler *)c)->tokens_prefilled);
+uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *sched) {
+  return atomic_load(&((struct sk_scheduler *)sched)->tokens_prefilled);
 }
 
-uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *c) {
-  return atomic_load(&((struct sk_scheduler *)c)->tokens_generated);
+uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *sched) {
+  return atomic_load(&((struct sk_scheduler *)sched)->tokens_generated);
 }
 
-uint64_t sk_scheduler_steps(const struct sk_scheduler *c) {
-  return atomic_load(&((struct sk_scheduler *)c)->steps);
+uint64_t sk_scheduler_steps(const struct sk_scheduler *sched) {
+  return atomic_load(&((struct sk_scheduler *)sched)->steps);
 }
 
-uint32_t sk_scheduler_threads(const struct sk_scheduler *c) { return sk_pool_threads(c->pool); }
+uint32_t sk_scheduler_threads(const struct sk_scheduler *sched) {
+  return sk_pool_threads(sched->pool);
+}

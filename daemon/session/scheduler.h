@@ -70,24 +70,24 @@ int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      struct sk_scheduler **ret, struct sk_error *err);
 /* Hands a job to the thread (loop thread). */
 /* The calibration whose thresholds sessions with a sparsity level use
- * (not owned; outlives c; NULL: none). Call before submitting jobs; the
+ * (not owned; outlives sched; NULL: none). Call before submitting jobs; the
  * model must have been sk_model_sparse_prepare'd before sk_scheduler_new. */
 struct sk_sparse_calib;
-void sk_scheduler_set_sparse(struct sk_scheduler *c, const struct sk_sparse_calib *calib);
-void sk_scheduler_submit(struct sk_scheduler *c, struct sk_job *job);
+void sk_scheduler_set_sparse(struct sk_scheduler *sched, const struct sk_sparse_calib *calib);
+void sk_scheduler_submit(struct sk_scheduler *sched, struct sk_job *job);
 /* Wakes the thread after a job was unpaused or cancelled. */
-void sk_scheduler_wake(struct sk_scheduler *c);
+void sk_scheduler_wake(struct sk_scheduler *sched);
 /* Cancels every job, waits for the thread, delivers the remaining events
- * through the callback, closes the async handle and frees c once it is
+ * through the callback, closes the async handle and frees sched once it is
  * closed (run the loop afterwards to let the close complete). */
-void sk_scheduler_free(struct sk_scheduler *c);
+void sk_scheduler_free(struct sk_scheduler *sched);
 
 /* Totals since start (thread-safe). */
-uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *c);
-uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *c);
+uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *sched);
+uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *sched);
 /* Forward passes run since start (thread-safe). */
-uint64_t sk_scheduler_steps(const struct sk_scheduler *c);
+uint64_t sk_scheduler_steps(const struct sk_scheduler *sched);
 /* Threads the forward pass runs on. */
-uint32_t sk_scheduler_threads(const struct sk_scheduler *c);
+uint32_t sk_scheduler_threads(const struct sk_scheduler *sched);
 
 #endif

@@ -7,6 +7,58 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Attention diagnostics of a session's recent steps: a ring of the last
+ * SK_LIMIT_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
+ * Written by the compute thread and read by the loop thread, both under
+ * the table's counters lock. */
+struct sk_attn_stats {
+  uint32_t n_layer;
+  uint32_t probe;      /* sink positions counted by the newest entry */
+  uint32_t n_steps;    /* entries filled, <= SK_LIMIT_ATTN_STEPS */
+  uint32_t next;       /* ring position of the next entry */
+  float *sink_mass;    /* (SK_LIMIT_ATTN_STEPS, n_layer) */
+  float *entropy;      /* (SK_LIMIT_ATTN_STEPS, n_layer) nats */
+};
+
+struct sk_session {
+  uint64_t id;
+  uint32_t owner_uid;
+  struct sk_kv_params params; /* as opened (n_pin: pinned tokens) */
+  uint32_t capacity;
+  size_t object_bytes;       /* bytes of its shared-memory object: what
+                                counts toward max_memory */
+  uint64_t kv_bytes;         /* bytes of its keys and values, of those */
+  uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
+                                from creation; may differ from the
+                                daemon's kv_type after adoption) */
+  struct sk_store_obj *obj;  /* owned */
+  struct sk_kv *kv;          /* &obj->kv */
+  bool adopted;              /* found in the state directory at start */
+  bool dropped_step;         /* adopted with its step in progress dropped */
+  uint64_t last_used_ms;     /* loop thread: last request or job end */
+
+  /* Loop thread. */
+  struct sk_job *running;    /* submitted to the compute thread */
+  struct sk_job *queue_head; /* waiting, in request order */
+  struct sk_job *queue_tail;
+  uint32_t n_queued;
+  bool closing;              /* close requested: free when idle */
+  uint64_t temp_conn;        /* id of the connection whose end closes the
+                                session (open's "temporary"), 0: none */
+
+  /* The conversation of the chat op (conv.h): the loop thread's while
+   * the session is idle, the compute thread's while a chat job runs. */
+  struct sk_conv conv;
+
+  /* Published by the compute thread (under the table's lock). */
+  struct sk_session_counters pub;
+  struct sk_attn_stats attn;
+  /* Sparse MLP (params.sparsity > 0), under the same lock: neurons kept
+   * per layer summed over the tokens that ran sparse, and those tokens. */
+  uint64_t *sp_kept;         /* (n_layer) */
+  uint64_t sp_tokens;
+};
+
 int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
                           uint32_t max_sessions, uint64_t max_bytes) {
   memset(t, 0, sizeof *t);
@@ -25,6 +77,12 @@ void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessio
                                  uint64_t max_bytes) {
   t->max_sessions = max_sessions;
   t->max_bytes = max_bytes;
+}
+
+void sk_session_table_set_user_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                      uint64_t max_bytes) {
+  t->max_user_sessions = max_sessions;
+  t->max_user_bytes = max_bytes;
 }
 
 void sk_session_table_set_release(struct sk_session_table *t,
@@ -126,11 +184,11 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.rope_scale = h->rope_scale;
   s->params.sparsity = obj->meta->sparsity;
   s->capacity = h->capacity;
-  s->kv_bytes = obj->size, s->tensor_bytes = sk_kv_tensor_bytes(&obj->kv);
+  s->object_bytes = obj->size, s->kv_bytes = sk_kv_tensor_bytes(&obj->kv);
   s->kv_type = obj->hdr->kv_type;
   t->items[slot] = s;
   t->count++;
-  t->bytes += s->kv_bytes;
+  t->bytes += s->object_bytes;
   if (s->id >= t->next_id) t->next_id = s->id + 1;
   sk_session_counters_publish(t, s);
   return s;
@@ -160,6 +218,9 @@ int sk_session_reserve(struct sk_session_table *t, size_t bytes, uint32_t owner_
   res->bytes = bytes;
   t->n_reserved++;
   t->reserved_bytes += bytes;
+  res->next = t->reservations;
+  if (t->reservations) t->reservations->prev = res;
+  t->reservations = res;
   return 0;
 }
 
@@ -207,6 +268,12 @@ static void reservation_end(struct sk_session_table *t, struct sk_session_reserv
   res->fd = -1;
   t->n_reserved--;
   t->reserved_bytes -= res->bytes;
+  if (res->prev)
+    res->prev->next = res->next;
+  else
+    t->reservations = res->next;
+  if (res->next) res->next->prev = res->prev;
+  res->prev = res->next = NULL;
   res->obj = NULL;
 }
 
@@ -230,6 +297,16 @@ void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation
 
 int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
                      struct sk_session **ret) {
+  *ret = NULL;
+  if (obj->flags & SK_STORE_TEMPORARY) {
+    /* Its connection ended with the daemon that made it (which died:
+     * a shutdown closes temporary sessions), so nobody can use it. */
+    sk_log(SK_LOG_NOTICE, "session %llu of uid %u closed: temporary, and its connection ended "
+           "with the previous daemon",
+           (unsigned long long)obj->id, obj->owner_uid);
+    sk_store_obj_remove(obj);
+    return 0;
+  }
   uint32_t slot = table_slot(t);
   struct sk_session *s = slot == UINT32_MAX ? NULL : session_insert(t, slot, obj);
   if (!s) {
@@ -237,7 +314,52 @@ int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
     return -SK_ERR_NO_MEMORY;
   }
   s->adopted = true;
+  s->dropped_step = obj->dropped_step;
   *ret = s;
+  return 0;
+}
+
+void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
+                           const struct sk_session *except, uint32_t *ret_n,
+                           uint64_t *ret_bytes) {
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < t->cap; i++) {
+    const struct sk_session *s = t->items[i];
+    if (!s || s == except || s->owner_uid != uid) continue;
+    n++;
+    bytes += s->object_bytes;
+  }
+  for (const struct sk_session_reservation *r = t->reservations; r; r = r->next)
+    if (r->owner_uid == uid) {
+      n++;
+      bytes += r->bytes;
+    }
+  *ret_n = n;
+  *ret_bytes = bytes;
+}
+
+int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
+                          const struct sk_session *except, bool temporary,
+                          struct sk_error *err) {
+  uint32_t n;
+  uint64_t used;
+  sk_session_user_usage(t, uid, except, &n, &used);
+  const uint32_t max_n = t->max_user_sessions;
+  const uint32_t allowed = max_n + (temporary ? SK_LIMIT_TEMP_SESSIONS : 0);
+  if (max_n && max_n < t->max_sessions && n >= allowed)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "uid %u already has %u sessions (max_user_sessions %u, %u more for "
+                        "temporary sessions): `sinkctl list` shows them, `sinkctl close --idle "
+                        "1h` closes those idle for an hour",
+                        uid, n, max_n, SK_LIMIT_TEMP_SESSIONS);
+  const uint64_t max = t->max_user_bytes;
+  if (max && max < t->max_bytes && (bytes > max || used > max - bytes))
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "a session of %zu bytes would bring uid %u to %llu bytes "
+                        "(max_user_memory %llu): `sinkctl list` shows them, `sinkctl close ID` "
+                        "closes one",
+                        bytes, uid, (unsigned long long)(used + bytes), (unsigned long long)max);
   return 0;
 }
 
@@ -252,7 +374,7 @@ void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
     if (t->items[i] == s) {
       t->items[i] = NULL;
       t->count--;
-      t->bytes -= s->kv_bytes;
+      t->bytes -= s->object_bytes;
       break;
     }
   }
@@ -772,4 +894,81 @@ void sk_session_utf8_get(const struct sk_session *s, struct sk_utf8_stream *ret)
 }
 void sk_session_utf8_set(struct sk_session *s, const struct sk_utf8_stream *u) {
   sk_store_utf8_set(s->obj, u);
+}
+
+/* ---- what a session is ---- */
+
+struct sk_session *sk_session_table_next(const struct sk_session_table *t, uint32_t *pos) {
+  for (; *pos < t->cap; (*pos)++)
+    if (t->items[*pos]) return t->items[(*pos)++];
+  return NULL;
+}
+
+uint32_t sk_session_table_count(const struct sk_session_table *t) { return t->count; }
+uint64_t sk_session_table_bytes(const struct sk_session_table *t) { return t->bytes; }
+uint32_t sk_session_table_max_sessions(const struct sk_session_table *t) {
+  return t->max_sessions;
+}
+uint64_t sk_session_table_max_bytes(const struct sk_session_table *t) { return t->max_bytes; }
+
+uint64_t sk_session_id(const struct sk_session *s) { return s->id; }
+uint32_t sk_session_owner(const struct sk_session *s) { return s->owner_uid; }
+const struct sk_kv_params *sk_session_params(const struct sk_session *s) { return &s->params; }
+bool sk_session_closing(const struct sk_session *s) { return s->closing; }
+int sk_session_chat_template(const struct sk_session *s) { return s->conv.tmpl; }
+
+void sk_session_describe(const struct sk_session *s, struct sk_session_desc *ret) {
+  *ret = (struct sk_session_desc){
+      .id = s->id,
+      .owner_uid = s->owner_uid,
+      .params = s->params,
+      .capacity = s->capacity,
+      .kv_type = s->kv_type,
+      .n_layer = s->attn.n_layer,
+      .object_bytes = s->object_bytes,
+      .kv_bytes = s->kv_bytes,
+      .created_unix = s->obj->hdr->created_unix,
+      .last_used_ms = s->last_used_ms,
+      .adopted = s->adopted,
+      .dropped_step = s->dropped_step,
+      .busy = s->running != NULL,
+      .queued = s->queue_head != NULL,
+      .temporary = s->temp_conn != 0,
+      .chat_template = s->conv.tmpl,
+  };
+}
+
+struct sk_kv *sk_session_kv(struct sk_session *s) { return s->kv; }
+struct sk_store_obj *sk_session_object(const struct sk_session *s) { return s->obj; }
+
+uint32_t sk_session_resident(const struct sk_session *s) { return sk_kv_resident(s->kv); }
+
+uint32_t sk_session_resident_ranges(const struct sk_session *s, uint64_t *first, uint64_t *last,
+                                    uint32_t max) {
+  const struct sk_kv *kv = s->kv;
+  const uint32_t nr = sk_kv_resident(kv);
+  uint32_t n = 0;
+  for (uint32_t p = 0; p < nr;) {
+    uint32_t q = p;
+    while (q + 1 < nr && sk_kv_index_at(kv, q + 1) == sk_kv_index_at(kv, q) + 1) q++;
+    if (n < max) {
+      first[n] = sk_kv_index_at(kv, p);
+      last[n] = sk_kv_index_at(kv, q);
+    }
+    n++;
+    p = q + 1;
+  }
+  return n;
+}
+
+void sk_session_resident_tokens(const struct sk_session *s, int32_t *ids) {
+  const struct sk_kv *kv = s->kv;
+  for (uint32_t p = 0; p < sk_kv_resident(kv); p++) ids[p] = kv->token[sk_kv_slot(kv, p)];
+}
+
+int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+                         struct sk_error *err) {
+  if (s->conv.tmpl == SK_CHAT_NONE) return 0;
+  int rc = sk_conv_save(&s->conv, dir, id, err);
+  return rc < 0 ? rc : 1;
 }

@@ -124,56 +124,8 @@ struct sk_session_counters {
   uint64_t commit;           /* commit counter of the object's live copy */
 };
 
-/* Attention diagnostics of a session's recent steps: a ring of the last
- * SK_LIMIT_ATTN_STEPS forward calls' per-layer values (sk_scratch_attn).
- * Written by the compute thread and read by the loop thread, both under
- * the table's counters lock. */
-struct sk_attn_stats {
-  uint32_t n_layer;
-  uint32_t probe;      /* sink positions counted by the newest entry */
-  uint32_t n_steps;    /* entries filled, <= SK_LIMIT_ATTN_STEPS */
-  uint32_t next;       /* ring position of the next entry */
-  float *sink_mass;    /* (SK_LIMIT_ATTN_STEPS, n_layer) */
-  float *entropy;      /* (SK_LIMIT_ATTN_STEPS, n_layer) nats */
-};
-
-struct sk_session {
-  uint64_t id;
-  uint32_t owner_uid;
-  struct sk_kv_params params; /* as opened (n_pin: pinned tokens) */
-  uint32_t capacity;
-  size_t kv_bytes;           /* bytes of its shared-memory object: what
-                                counts toward max_memory */
-  uint64_t tensor_bytes;     /* bytes of its keys and values, of those */
-  uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
-                                from creation; may differ from the
-                                daemon's kv_type after adoption) */
-  struct sk_store_obj *obj;  /* owned */
-  struct sk_kv *kv;          /* &obj->kv */
-  bool adopted;              /* found in the state directory at start */
-  uint64_t last_used_ms;     /* loop thread: last request or job end */
-
-  /* Loop thread. */
-  struct sk_job *running;    /* submitted to the compute thread */
-  struct sk_job *queue_head; /* waiting, in request order */
-  struct sk_job *queue_tail;
-  uint32_t n_queued;
-  bool closing;              /* close requested: free when idle */
-  uint64_t temp_conn;        /* id of the connection whose end closes the
-                                session (open's "temporary"), 0: none */
-
-  /* The conversation of the chat op (conv.h): the loop thread's while
-   * the session is idle, the compute thread's while a chat job runs. */
-  struct sk_conv conv;
-
-  /* Published by the compute thread (under the table's lock). */
-  struct sk_session_counters pub;
-  struct sk_attn_stats attn;
-  /* Sparse MLP (params.sparsity > 0), under the same lock: neurons kept
-   * per layer summed over the tokens that ran sparse, and those tokens. */
-  uint64_t *sp_kept;         /* (n_layer) */
-  uint64_t sp_tokens;
-};
+/* A session (opaque; its functions below). */
+struct sk_session;
 
 /* All sessions of the daemon. Loop thread, except counters. */
 struct sk_session_table {
@@ -186,6 +138,9 @@ struct sk_session_table {
   uint64_t next_id;
   uint32_t n_reserved;       /* opens between reserve and commit */
   uint64_t reserved_bytes;   /* their objects' bytes */
+  struct sk_session_reservation *reservations; /* those, newest first */
+  uint32_t max_user_sessions; /* per uid (sk_session_check_user); 0 none */
+  uint64_t max_user_bytes;
   struct sk_store *store;    /* not owned */
   pthread_mutex_t counters_lock;
   /* Frees (unmaps) the object of a closed session, whose file is already
@@ -211,6 +166,9 @@ struct sk_session_reservation {
   struct sk_sampler_state sampler; /* seeded */
   int fd;                          /* the object's file, opened by reserve */
   struct sk_store_obj *obj;        /* the object made for id (any thread) */
+  /* In the table's list until it ends: the reservation must stay where
+   * it was reserved. */
+  struct sk_session_reservation *prev, *next;
 };
 
 /* Initialises an empty table whose sessions live in store, for at most
@@ -222,6 +180,10 @@ int sk_session_table_init(struct sk_session_table *t, struct sk_store *store,
  * them. */
 void sk_session_table_set_limits(struct sk_session_table *t, uint32_t max_sessions,
                                  uint64_t max_bytes);
+/* The per-uid limits sk_session_check_user applies: sessions one uid may
+ * own, and their bytes (0: none). */
+void sk_session_table_set_user_limits(struct sk_session_table *t, uint32_t max_sessions,
+                                      uint64_t max_bytes);
 /* Who unmaps the object of a removed session (release_obj, user). */
 void sk_session_table_set_release(struct sk_session_table *t,
                                   void (*release_obj)(void *user, struct sk_store_obj *obj),
@@ -268,15 +230,104 @@ int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation 
  * object if one was made. */
 void sk_session_cancel(struct sk_session_table *t, struct sk_session_reservation *res);
 /* Takes an object found by sk_store_scan as a session (ownership of obj
- * passes to the table). Errors: -SK_ERR_NO_MEMORY (obj is freed, its file
- * kept). */
+ * passes to the table). One made temporary is removed instead, with a
+ * log line (its connection ended with the daemon that made it, so nobody
+ * can use it): *ret is NULL then. Errors: -SK_ERR_NO_MEMORY (obj is
+ * freed, its file kept). */
 int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
                      struct sk_session **ret);
+/* Sessions uid owns or is getting (reservations not yet ended: opens,
+ * forks and imports being made), and their bytes, besides except (a
+ * session of the table, or NULL). */
+void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
+                           const struct sk_session *except, uint32_t *ret_n,
+                           uint64_t *ret_bytes);
+/* Whether uid may own one more session of `bytes` (besides except, one
+ * of its sessions already in the table, or NULL) under the per-uid
+ * limits. A temporary session (one that ends with its connection:
+ * `sinkctl generate` without --session) may go SK_LIMIT_TEMP_SESSIONS
+ * past max_user_sessions, so that persistent sessions left behind do
+ * not stop one-off requests. A per-uid limit at or above the daemon's
+ * is implied by it: the daemon's check (sk_session_reserve) then names
+ * the limit that binds. Errors: -SK_ERR_BUSY (the message names the
+ * limit and how to free some). */
+int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
+                          const struct sk_session *except, bool temporary,
+                          struct sk_error *err);
 /* Session by id, or NULL. */
 struct sk_session *sk_session_find(struct sk_session_table *t, uint64_t id);
 /* Removes an idle session (no running or queued job) and deletes its
  * object: the session is closed for good. */
 void sk_session_remove(struct sk_session_table *t, struct sk_session *s);
+/* The next session of the table from *pos on (start at 0), or NULL after
+ * the last; *pos moves past it. The loop may remove the session it got
+ * before it asks for the next one. */
+struct sk_session *sk_session_table_next(const struct sk_session_table *t, uint32_t *pos);
+/* Sessions in the table and the bytes of their objects. */
+uint32_t sk_session_table_count(const struct sk_session_table *t);
+uint64_t sk_session_table_bytes(const struct sk_session_table *t);
+/* The limits for new sessions (sk_session_table_set_limits). */
+uint32_t sk_session_table_max_sessions(const struct sk_session_table *t);
+uint64_t sk_session_table_max_bytes(const struct sk_session_table *t);
+
+/* ---- what a session is ----
+ * Its id and parameters never change: any thread may read them. The
+ * rest is the loop thread's. */
+
+uint64_t sk_session_id(const struct sk_session *s);
+uint32_t sk_session_owner(const struct sk_session *s);
+/* The parameters as opened (n_pin: its pinned tokens; sparsity its MLP
+ * sparsity level, 0 = dense). Owned by s. */
+const struct sk_kv_params *sk_session_params(const struct sk_session *s);
+/* Whether a close was requested (the session goes once idle). */
+bool sk_session_closing(const struct sk_session *s);
+/* The chat template (enum sk_chat_template) of its conversation. */
+int sk_session_chat_template(const struct sk_session *s);
+
+/* What a session is, as the replies describe it (loop thread). */
+struct sk_session_desc {
+  uint64_t id;
+  uint32_t owner_uid;
+  struct sk_kv_params params; /* as opened */
+  uint32_t capacity;          /* tokens */
+  uint32_t kv_type;           /* enum sk_kv_type of its cache (its own, kept
+                                 from creation; may differ from the
+                                 daemon's kv_type after adoption) */
+  uint32_t n_layer;
+  size_t object_bytes;        /* its shared-memory object: what counts
+                                 toward max_memory */
+  uint64_t kv_bytes;          /* its keys and values, of those */
+  uint64_t created_unix;      /* made (open, fork, import), seconds */
+  uint64_t last_used_ms;      /* its last request or job end (sk_clock_ms) */
+  bool adopted;               /* found in the state directory at start */
+  bool dropped_step;          /* adopted with a step in progress dropped */
+  bool busy;                  /* a job runs */
+  bool queued;                /* jobs wait behind it */
+  bool temporary;             /* ends with the connection that opened it */
+  int chat_template;          /* enum sk_chat_template of its conversation */
+};
+
+void sk_session_describe(const struct sk_session *s, struct sk_session_desc *ret);
+
+/* The session's cache: the compute thread's while a job of s runs, the
+ * loop thread's while s is idle. */
+struct sk_kv *sk_session_kv(struct sk_session *s);
+/* The session's object (store.h), for the copies of fork and export,
+ * which read it in a worker while s is held (its running job is the
+ * copy's). */
+struct sk_store_obj *sk_session_object(const struct sk_session *s);
+
+/* The committed resident set of the idle session s (loop thread), in
+ * cache-position order: its token count; the stream indices of its
+ * tokens as ranges of consecutive indices (the first max into first[]
+ * and last[]; returns their number, all of them counted, so a return
+ * above max says some were left out); its token ids (n_resident into
+ * ids). */
+uint32_t sk_session_resident(const struct sk_session *s);
+uint32_t sk_session_resident_ranges(const struct sk_session *s, uint64_t *first, uint64_t *last,
+                                    uint32_t max);
+void sk_session_resident_tokens(const struct sk_session *s, int32_t *ids);
+
 /* ---- a session's jobs (loop thread) ----
  *
  * A session runs one job at a time: the others wait in its queue, in
@@ -334,6 +385,11 @@ void sk_session_set_template(struct sk_session *s, int tmpl);
 /* Loads s's conversation from its file in dir (sk_conv_load); on error
  * s keeps the one it had. Errors: those of sk_conv_load. */
 int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err);
+/* Saves s's conversation in dir as session id's (sk_conv_save: id is s's
+ * own, or a fork's that takes a copy). Returns 1, or 0 when s has no chat
+ * template (nothing saved). Errors: those of sk_conv_save. */
+int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+                         struct sk_error *err);
 
 /* Whether the session's last committed step left logits to sample from. */
 bool sk_session_has_logits(const struct sk_session *s);
@@ -383,10 +439,6 @@ void sk_session_counters_publish(struct sk_session_table *t,
  * session's ring (compute thread, or loop when idle). */
 void sk_session_attn_record(struct sk_session_table *t, struct sk_session *s,
                             const struct sk_scratch *scratch, uint32_t seq);
-/* Averages over the recorded steps (thread-safe): ret_sink_mass and
- * ret_entropy receive n_layer floats each (caller's arrays of
- * s->attn.n_layer). Returns the number of steps averaged (0: nothing
- * written) and sets *ret_probe to the sink positions counted. */
 /* Adds one forward call's sparse MLP counts of s (sk_scratch_sparse:
  * kept neurons per layer over rows tokens); compute thread. */
 void sk_session_sparse_record(struct sk_session_table *t, struct sk_session *s,
@@ -395,6 +447,11 @@ void sk_session_sparse_record(struct sk_session_table *t, struct sk_session *s,
  * the tokens they are summed over. */
 uint64_t sk_session_sparse_get(struct sk_session_table *t, const struct sk_session *s,
                                uint64_t *ret_kept);
+/* Averages over the recorded steps (thread-safe): ret_sink_mass and
+ * ret_entropy receive n_layer floats each (caller's arrays of the
+ * session's n_layer, sk_session_desc). Returns the number of steps
+ * averaged (0: nothing written) and sets *ret_probe to the sink
+ * positions counted. */
 uint32_t sk_session_attn_get(struct sk_session_table *t,
                              const struct sk_session *s, float *ret_sink_mass,
                              float *ret_entropy, uint32_t *ret_probe);

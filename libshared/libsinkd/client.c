@@ -160,19 +160,19 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
                         path, sizeof addr.sun_path - 1);
   memcpy(addr.sun_path, path, plen + 1);
 
-  struct sk_client *c = malloc(sizeof *c);
-  if (!c) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (c->fd < 0) {
+  struct sk_client *client = malloc(sizeof *client);
+  if (!client) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  client->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (client->fd < 0) {
     int e = errno;
-    free(c);
+    free(client);
     return sk_error_set(err, SK_ERR_IO, "cannot create a socket: %s",
                         strerror(e));
   }
-  if (connect(c->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
+  if (connect(client->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
     int e = errno;
-    close(c->fd);
-    free(c);
+    close(client->fd);
+    free(client);
     switch (e) {
     case ENOENT:
     case ECONNREFUSED:
@@ -185,10 +185,10 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
                           strerror(e));
     }
   }
-  c->next_id = 1;
-  c->timeout_ms = 0;
-  sk_frame_reader_init(&c->reader, SK_FRAME_MAX_CEILING);
-  *ret_client = c;
+  client->next_id = 1;
+  client->timeout_ms = 0;
+  sk_frame_reader_init(&client->reader, SK_FRAME_MAX_CEILING);
+  *ret_client = client;
   return 0;
 }
 
@@ -205,14 +205,14 @@ bool sk_client_connected(const struct sk_client *client) {
 
 /* A transport failure: the stream can no longer be trusted to be in step,
  * so the connection is closed. Returns -code. */
-static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+static int sk__client_fail(struct sk_client *client, struct sk_error *err, int code,
                            const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int sk__client_fail(struct sk_client *c, struct sk_error *err, int code,
+static int sk__client_fail(struct sk_client *client, struct sk_error *err, int code,
                            const char *fmt, ...) {
-  if (c->fd >= 0) {
-    close(c->fd);
-    c->fd = -1;
+  if (client->fd >= 0) {
+    close(client->fd);
+    client->fd = -1;
   }
   va_list ap;
   va_start(ap, fmt);
@@ -235,10 +235,10 @@ int sk_client_set_timeout(struct sk_client *client, unsigned int ms,
   return 0;
 }
 
-static int sk__client_check(struct sk_client *c, struct sk_error *err) {
-  if (!c)
+static int sk__client_check(struct sk_client *client, struct sk_error *err) {
+  if (!client)
     return sk_error_set(err, SK_ERR_DISCONNECTED, "no client");
-  if (c->fd < 0)
+  if (client->fd < 0)
     return sk_error_set(err, SK_ERR_DISCONNECTED,
                         "not connected (an earlier error closed the "
                         "connection)");
@@ -247,25 +247,22 @@ static int sk__client_check(struct sk_client *c, struct sk_error *err) {
 
 /* ---- frames ----------------------------------------------------------- */
 
-/* Starts a request frame with its id and op; the caller packs the other
- * fields as key, value pairs, and sk__client_send counts them and puts
- * the map header in front. Returns the id in *ret_id. */
-static int sk__client_begin(struct sk_client *c, struct sk_msgbuf *b,
-                            const char *op, uint64_t *ret_id, struct sk_error *err) {
-  *ret_id = 0; /* defined on the error path too */
-  if (sk_msgbuf_init(b) < 0)
-    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  uint64_t id = c->next_id++;
-  sk_pack_kv_u64(&b->pk, "id", id);
-  sk_pack_kv_str(&b->pk, "op", op);
-  *ret_id = id;
+/* The id of the next request: every request packs one (wire.h's
+ * sk_wire_pack_*_req) into a frame that sk__client_send sends. */
+static uint64_t sk__client_id(struct sk_client *client) {
+  return client->next_id++;
+}
+
+/* The result rc of a request packer (b freed on failure). */
+static int sk__client_packed(int rc, struct sk_error *err) {
+  if (rc < 0) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory building the request");
   return 0;
 }
 
 /* Finishes and sends a request frame; frees b either way. */
-static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
+static int sk__client_send(struct sk_client *client, struct sk_msgbuf *b,
                            struct sk_error *err) {
-  int64_t size = sk_msgbuf_finish_map(b);
+  int64_t size = sk_msgbuf_finish(b);
   if (size < 0) {
     sk_msgbuf_free(b);
     return sk_error_set(err, (int)-size,
@@ -276,19 +273,19 @@ static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
   const char *p = b->sbuf.data;
   size_t left = (size_t)size;
   while (left > 0) {
-    ssize_t n = send(c->fd, p, left, MSG_NOSIGNAL);
+    ssize_t n = send(client->fd, p, left, MSG_NOSIGNAL);
     if (n < 0) {
       int e = errno;
       if (e == EINTR) continue;
       sk_msgbuf_free(b);
       if (e == EPIPE || e == ECONNRESET)
-        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+        return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                                "the daemon closed the connection");
       if (e == EAGAIN || e == EWOULDBLOCK)
-        return sk__client_fail(c, err, SK_ERR_IO,
+        return sk__client_fail(client, err, SK_ERR_IO,
                                "timed out sending to the daemon (%u ms)",
-                               c->timeout_ms);
-      return sk__client_fail(c, err, SK_ERR_IO,
+                               client->timeout_ms);
+      return sk__client_fail(client, err, SK_ERR_IO,
                              "cannot send to the daemon: %s", strerror(e));
     }
     p += n;
@@ -301,14 +298,14 @@ static int sk__client_send(struct sk_client *c, struct sk_msgbuf *b,
 /* Reads the next frame from the daemon into *msg (which the caller frees
  * with sk_msg_free) and its id into *ret_id. Everything that goes wrong
  * here is a transport failure. */
-static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
+static int sk__client_recv(struct sk_client *client, struct sk_msg *msg,
                            uint64_t *ret_id, struct sk_error *err) {
   for (;;) {
     const uint8_t *body;
     size_t len;
-    int rc = sk_frame_reader_next(&c->reader, &body, &len);
+    int rc = sk_frame_reader_next(&client->reader, &body, &len);
     if (rc == -SK_ERR_TOO_LARGE)
-      return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+      return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                              "the daemon sent a frame of %zu bytes (limit "
                              "%u)",
                              len, (unsigned)SK_FRAME_MAX_CEILING);
@@ -316,57 +313,57 @@ static int sk__client_recv(struct sk_client *c, struct sk_msg *msg,
       struct sk_error perr;
       rc = sk_msg_parse(body, len, msg, &perr);
       if (rc == -SK_ERR_NO_MEMORY)
-        return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+        return sk__client_fail(client, err, SK_ERR_NO_MEMORY,
                                "out of memory reading a reply");
       if (rc < 0)
-        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+        return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                                "invalid reply from the daemon: %s",
                                perr.message);
-      rc = sk_msg_need_u64(&msg->root, "id", UINT64_MAX, ret_id, &perr);
+      rc = sk_wire_unpack_id(&msg->root, ret_id, &perr);
       if (rc < 0) {
         sk_msg_free(msg);
-        return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+        return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                                "invalid reply from the daemon: %s",
                                perr.message);
       }
       return 0;
     }
 
-    ssize_t n = recv(c->fd, c->rbuf, sizeof c->rbuf, 0);
+    ssize_t n = recv(client->fd, client->rbuf, sizeof client->rbuf, 0);
     if (n == 0)
-      return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+      return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                              "the daemon closed the connection");
     if (n < 0) {
       int e = errno;
       if (e == EINTR) continue;
       if (e == EAGAIN || e == EWOULDBLOCK)
-        return sk__client_fail(c, err, SK_ERR_IO,
+        return sk__client_fail(client, err, SK_ERR_IO,
                                "timed out waiting for the daemon (%u ms)",
-                               c->timeout_ms);
+                               client->timeout_ms);
       if (e == ECONNRESET)
-        return sk__client_fail(c, err, SK_ERR_DISCONNECTED,
+        return sk__client_fail(client, err, SK_ERR_DISCONNECTED,
                                "the daemon closed the connection");
-      return sk__client_fail(c, err, SK_ERR_IO,
+      return sk__client_fail(client, err, SK_ERR_IO,
                              "cannot read from the daemon: %s", strerror(e));
     }
-    if (sk_frame_reader_feed(&c->reader, c->rbuf, (size_t)n) < 0)
-      return sk__client_fail(c, err, SK_ERR_NO_MEMORY,
+    if (sk_frame_reader_feed(&client->reader, client->rbuf, (size_t)n) < 0)
+      return sk__client_fail(client, err, SK_ERR_NO_MEMORY,
                              "out of memory reading a reply");
   }
 }
 
 /* A reply that breaks the protocol (wrong type of a field, ...). */
-static int sk__client_bad_reply(struct sk_client *c, struct sk_error *err,
+static int sk__client_bad_reply(struct sk_client *client, struct sk_error *err,
                                 const char *what) {
-  return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+  return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                          "invalid reply from the daemon: %s", what);
 }
 
 /* The result of a wire decoder: a malformed reply closes the connection
  * like any protocol error; other errors (no memory) are passed on. */
-static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *perr,
+static int sk__client_wire(struct sk_client *client, int rc, const struct sk_error *perr,
                            struct sk_error *err) {
-  if (rc == -SK_ERR_PROTOCOL) return sk__client_bad_reply(c, err, perr->message);
+  if (rc == -SK_ERR_PROTOCOL) return sk__client_bad_reply(client, err, perr->message);
   if (rc < 0) return sk_error_set(err, -rc, "%s", perr->message);
   return 0;
 }
@@ -374,27 +371,16 @@ static int sk__client_wire(struct sk_client *c, int rc, const struct sk_error *p
 /* Looks at "ok" of a final reply: 0 if true; the daemon's error (code
  * mapped, message kept) if false. The connection stays usable after an
  * error reply. */
-static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
+static int sk__client_status(struct sk_client *client, const struct sk_msg *msg,
                              struct sk_error *err) {
   struct sk_error perr;
   bool ok = false;
-  int rc = sk_msg_get_bool(&msg->root, "ok", &ok, &perr);
-  if (rc < 0) return sk__client_bad_reply(c, err, perr.message);
-  if (rc == 0) return sk__client_bad_reply(c, err, "missing field 'ok'");
+  if (sk_wire_unpack_ok(&msg->root, &ok, &perr) < 0)
+    return sk__client_bad_reply(client, err, perr.message);
   if (ok) return 0;
-
-  const msgpack_object *eo = sk_msg_get(&msg->root, "error");
-  const char *code = NULL, *text = NULL;
-  size_t code_len = 0, text_len = 0;
-  if (eo && eo->type == MSGPACK_OBJECT_MAP) {
-    if (sk_msg_get_str(eo, "code", &code, &code_len, &perr) != 1) code = NULL;
-    if (sk_msg_get_str(eo, "message", &text, &text_len, &perr) != 1)
-      text = NULL;
-  }
-  int ecode = code ? sk_error_from_name(code, code_len) : SK_ERR_INTERNAL;
-  if (!text) return sk_error_set(err, ecode, "%s", sk_strerror(ecode));
-  if (text_len > SK_ERROR_MESSAGE_MAX) text_len = SK_ERROR_MESSAGE_MAX;
-  return sk_error_set(err, ecode, "%.*s", (int)text_len, text);
+  struct sk_error daemon;
+  sk_wire_unpack_error(&msg->root, &daemon);
+  return sk_error_set(err, daemon.code, "%s", daemon.message);
 }
 
 /* Sends the request in b (freed) and reads its final reply into *reply,
@@ -402,23 +388,23 @@ static int sk__client_status(struct sk_client *c, const struct sk_msg *msg,
  * returned as its code (reply already freed). A reply with id 0 and ok
  * false is the daemon refusing a frame it could not read (for example one
  * above its frame limit): it answers this request. */
-static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
+static int sk__client_call(struct sk_client *client, struct sk_msgbuf *b,
                            uint64_t id, struct sk_msg *reply,
                            struct sk_error *err) {
-  int rc = sk__client_send(c, b, err);
+  int rc = sk__client_send(client, b, err);
   if (rc < 0) return rc;
   uint64_t got;
-  rc = sk__client_recv(c, reply, &got, err);
+  rc = sk__client_recv(client, reply, &got, err);
   if (rc < 0) return rc;
   if (got != id && got != 0) {
     sk_msg_free(reply);
-    return sk__client_fail(c, err, SK_ERR_PROTOCOL,
+    return sk__client_fail(client, err, SK_ERR_PROTOCOL,
                            "reply with id %" PRIu64 " while waiting for %" PRIu64,
                            got, id);
   }
-  rc = sk__client_status(c, reply, err);
+  rc = sk__client_status(client, reply, err);
   if (rc == 0 && got == 0) {
-    rc = sk__client_fail(c, err, SK_ERR_PROTOCOL,
+    rc = sk__client_fail(client, err, SK_ERR_PROTOCOL,
                          "reply with id 0 while waiting for %" PRIu64, id);
   }
   if (rc < 0) sk_msg_free(reply);
@@ -428,32 +414,32 @@ static int sk__client_call(struct sk_client *c, struct sk_msgbuf *b,
 /* ---- simple ops ------------------------------------------------------- */
 
 /* A request with only id and op, reply into *reply. */
-static int sk__client_simple(struct sk_client *c, const char *op,
+static int sk__client_simple(struct sk_client *client, enum sk_op op,
                              struct sk_msg *reply, struct sk_error *err) {
-  int rc = sk__client_check(c, err);
+  int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
-  return sk__client_call(c, &b, id, reply, err);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_req(&b, id, op), err)) < 0) return rc;
+  return sk__client_call(client, &b, id, reply, err);
 }
 
 /* A request with id, op and session. */
-static int sk__client_on_session(struct sk_client *c, const char *op,
+static int sk__client_on_session(struct sk_client *client, enum sk_op op,
                                  uint64_t session, struct sk_msg *reply,
                                  struct sk_error *err) {
-  int rc = sk__client_check(c, err);
+  int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(c, &b, op, &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  return sk__client_call(c, &b, id, reply, err);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_session_req(&b, id, op, session), err)) < 0)
+    return rc;
+  return sk__client_call(client, &b, id, reply, err);
 }
 
 int sk_client_ping(struct sk_client *client, struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "ping", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_PING, &reply, err);
   if (rc < 0) return rc;
   sk_msg_free(&reply);
   return 0;
@@ -462,7 +448,7 @@ int sk_client_ping(struct sk_client *client, struct sk_error *err) {
 int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
                     struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "hello", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_HELLO, &reply, err);
   if (rc < 0) return rc;
   struct sk_hello h;
   struct sk_error perr;
@@ -475,7 +461,7 @@ int sk_client_hello(struct sk_client *client, struct sk_hello *ret,
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
                     struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "stats", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_STATS, &reply, err);
   if (rc < 0) return rc;
   struct sk_daemon_stats s;
   struct sk_error perr;
@@ -510,27 +496,26 @@ int sk_client_open(struct sk_client *client,
   bool has_pin_tokens = p->pin_tokens && p->n_pin_tokens > 0;
   size_t system_len = p->system ? (p->system_len ? p->system_len : strlen(p->system)) : 0;
   if (system_len > UINT32_MAX) return sk_error_set(err, SK_ERR_TOO_LARGE, "system too long");
+  /* A 0 or NULL field is the daemon's default: left out. */
+  const struct sk_wire_open_req req = {
+      .policy = p->policy, .policy_len = p->policy ? strlen(p->policy) : 0,
+      .has_n_sink = p->n_sink || p->has_n_sink, .n_sink = p->n_sink,
+      .has_window = p->window != 0, .window = p->window,
+      .has_heavy = p->heavy != 0, .heavy = p->heavy,
+      .has_recent = p->recent != 0, .recent = p->recent,
+      .has_capacity = p->capacity != 0, .capacity = p->capacity,
+      .has_rope_scale = p->rope_scale != 0, .rope_scale = p->rope_scale,
+      .pin = p->pin, .pin_len = pin_len,
+      .has_temporary = p->temporary, .temporary = p->temporary,
+      .chat_template = p->chat_template,
+      .chat_template_len = p->chat_template ? strlen(p->chat_template) : 0,
+      .system = p->system, .system_len = system_len,
+      .has_sparsity = p->sparsity != 0, .sparsity = p->sparsity,
+      .pin_tokens = {.has = has_pin_tokens, .ids = p->pin_tokens, .n = p->n_pin_tokens},
+  };
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "open", &id, err)) < 0) return rc;
-  if (p->policy) sk_pack_kv_str(&b.pk, "policy", p->policy);
-  if (p->n_sink || p->has_n_sink) sk_pack_kv_u64(&b.pk, "n_sink", p->n_sink);
-  if (p->window) sk_pack_kv_u64(&b.pk, "window", p->window);
-  if (p->heavy) sk_pack_kv_u64(&b.pk, "heavy", p->heavy);
-  if (p->recent) sk_pack_kv_u64(&b.pk, "recent", p->recent);
-  if (p->capacity) sk_pack_kv_u64(&b.pk, "capacity", p->capacity);
-  if (p->rope_scale != 0) sk_pack_kv_f64(&b.pk, "rope_scale", p->rope_scale);
-  if (p->pin) sk_pack_kv_strn(&b.pk, "pin", p->pin, pin_len);
-  if (p->temporary) sk_pack_kv_bool(&b.pk, "temporary", true);
-  if (p->chat_template) sk_pack_kv_str(&b.pk, "chat_template", p->chat_template);
-  if (p->system) sk_pack_kv_strn(&b.pk, "system", p->system, system_len);
-  if (p->sparsity != 0) sk_pack_kv_f64(&b.pk, "sparsity", p->sparsity);
-  if (has_pin_tokens) {
-    sk_pack_cstr(&b.pk, "pin_tokens");
-    msgpack_pack_array(&b.pk, p->n_pin_tokens);
-    for (size_t i = 0; i < p->n_pin_tokens; i++)
-      msgpack_pack_int32(&b.pk, p->pin_tokens[i]);
-  }
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_open_req(&b, id, &req), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
@@ -545,7 +530,7 @@ int sk_client_open(struct sk_client *client,
 int sk_client_close_session(struct sk_client *client, uint64_t session,
                             struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "close", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_CLOSE, session, &reply, err);
   if (rc < 0) return rc;
   sk_msg_free(&reply);
   return 0;
@@ -555,7 +540,7 @@ int sk_client_list(struct sk_client *client,
                    struct sk_session_info **ret_sessions, size_t *ret_n,
                    struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_simple(client, "list", &reply, err);
+  int rc = sk__client_simple(client, SK_OP_LIST, &reply, err);
   if (rc < 0) return rc;
   struct sk_session_info *rows = NULL;
   size_t n = 0;
@@ -574,7 +559,7 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
                             struct sk_session_stats *ret,
                             struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "stats", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_STATS, session, &reply, err);
   if (rc < 0) return rc;
   struct sk_session_stats *s = malloc(sizeof *s); /* ~3 KiB */
   if (!s) {
@@ -593,29 +578,23 @@ int sk_client_session_stats(struct sk_client *client, uint64_t session,
 
 /* Reads an append reply; with logprobs (n entries) also its
  * log-probabilities (nil -> NaN). Frees the reply. */
-static int sk__client_append_reply(struct sk_client *c, struct sk_msg *reply,
+static int sk__client_append_reply(struct sk_client *client, struct sk_msg *reply,
                                    struct sk_append_result *ret,
                                    double *logprobs, size_t n,
                                    struct sk_error *err) {
   struct sk_append_result a;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_append(&reply->root, &a, logprobs, n, &perr), &perr,
-                           err);
+  int rc = sk__client_wire(client, sk_wire_unpack_append(&reply->root, &a, logprobs, n, &perr),
+                           &perr, err);
   if (rc == 0 && ret) *ret = a;
   sk_msg_free(reply);
   return rc;
 }
 
-static void sk__pack_bos(msgpack_packer *pk, enum sk_bos bos) {
-  if ((bos & 3) != SK_BOS_DEFAULT) sk_pack_kv_bool(pk, "bos", (bos & 3) == SK_BOS_TRUE);
-  if (bos & SK_TEXT_SPECIAL) sk_pack_kv_bool(pk, "parse_special", true);
-}
-
-static void sk__pack_tokens(msgpack_packer *pk, const int32_t *tokens,
-                            size_t n) {
-  sk_pack_cstr(pk, "tokens");
-  msgpack_pack_array(pk, n);
-  for (size_t i = 0; i < n; i++) msgpack_pack_int32(pk, tokens[i]);
+/* The "bos" and "parse_special" of an input, from bos. */
+static void sk__client_bos(struct sk_wire_input *in, enum sk_bos bos) {
+  in->bos = (bos & 3) == SK_BOS_DEFAULT ? -1 : (bos & 3) == SK_BOS_TRUE;
+  in->parse_special = (bos & SK_TEXT_SPECIAL) != 0;
 }
 
 /* text: whether SK_TEXT_SPECIAL may go with it (text input only). */
@@ -637,13 +616,12 @@ int sk_client_append_text(struct sk_client *client, uint64_t session,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_wire_append_req a = {.session = session,
+                                .input = {.text = text ? text : "", .text_len = len}};
+  sk__client_bos(&a.input, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
-  sk__pack_bos(&b.pk, bos);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_append_req(&b, id, &a), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   return sk__client_append_reply(client, &reply, ret, NULL, 0, err);
@@ -662,14 +640,14 @@ static int sk__client_append_tokens(struct sk_client *client,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "tokens is NULL");
   if (n > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
+  struct sk_wire_append_req a = {
+      .session = session,
+      .input = {.tokens = {.has = true, .ids = tokens, .n = n}},
+      .logprobs = logprobs != NULL};
+  sk__client_bos(&a.input, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "append", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk__pack_tokens(&b.pk, tokens, n);
-  sk__pack_bos(&b.pk, bos);
-  if (logprobs) sk_pack_kv_bool(&b.pk, "logprobs", true);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_append_req(&b, id, &a), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   return sk__client_append_reply(client, &reply, ret, logprobs, n, err);
@@ -707,26 +685,26 @@ void sk_generate_params_init(struct sk_generate_params *p) {
 
 /* Calls cb with one token event frame. Returns the callback's answer
  * (0 = go on) or a negative code for a malformed event. */
-static int sk__client_token_event(struct sk_client *c,
+static int sk__client_token_event(struct sk_client *client,
                                   const msgpack_object *ev, uint64_t session,
                                   sk_token_cb cb, void *user,
                                   int *ret_stop, struct sk_error *err) {
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
   struct sk_token_event te;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
   if (rc < 0) return rc;
   te.session = session;
   *ret_stop = cb ? cb(user, &te) : 0;
   return 0;
 }
 
-static int sk__client_generate_result(struct sk_client *c,
+static int sk__client_generate_result(struct sk_client *client,
                                       const msgpack_object *r,
                                       struct sk_generate_result *g,
                                       struct sk_error *err) {
   struct sk_error perr;
-  return sk__client_wire(c, sk_wire_unpack_generate(r, g, &perr), &perr, err);
+  return sk__client_wire(client, sk_wire_unpack_generate(r, g, &perr), &perr, err);
 }
 
 static int sk__client_generate(struct sk_client *client, uint64_t session,
@@ -779,41 +757,27 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 
   /* The sampling fields are always sent (sk_generate_params_init holds
    * the protocol's defaults); the optional ones only when set. */
+  const struct sk_wire_generate_req req = {
+      .messages = {.m = msgs, .n = n_msgs},
+      .session = session,
+      .max_tokens = p->max_tokens,
+      .temperature = p->temperature,
+      .top_k = p->top_k,
+      .top_p = p->top_p,
+      .ignore_eos = p->ignore_eos,
+      .has_seed = p->has_seed,
+      .seed = p->seed,
+      .stop = {.s = p->stop, .n = p->n_stop},
+      .input = {.text = has_prompt ? p->prompt : NULL,
+                .text_len = has_prompt ? prompt_len : 0,
+                .bos = -1,
+                .parse_special = has_prompt && p->parse_special},
+      .n_top = p->n_top,
+  };
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, msgs ? "chat" : "generate", &id, err)) < 0)
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_generate_req(&b, id, msgs != NULL, &req), err)) < 0)
     return rc;
-  msgpack_packer *pk = &b.pk;
-  if (msgs) {
-    sk_pack_cstr(pk, "messages");
-    msgpack_pack_array(pk, (uint32_t)n_msgs);
-    for (size_t i = 0; i < n_msgs; i++) {
-      struct sk_wire_map m;
-      sk_wire_map_begin(&m, pk);
-      sk_wire_map_str(&m, "role", msgs[i].role);
-      sk_wire_map_strn(&m, "content", msgs[i].content,
-                       msgs[i].content_len ? msgs[i].content_len : strlen(msgs[i].content));
-      if (sk_wire_map_end(&m) < 0) {
-        sk_msgbuf_free(&b);
-        return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory building the request");
-      }
-    }
-  }
-  sk_pack_kv_u64(pk, "session", session);
-  sk_pack_kv_u64(pk, "max_tokens", p->max_tokens);
-  sk_pack_kv_f64(pk, "temperature", p->temperature);
-  sk_pack_kv_u64(pk, "top_k", p->top_k);
-  sk_pack_kv_f64(pk, "top_p", p->top_p);
-  sk_pack_kv_bool(pk, "ignore_eos", p->ignore_eos);
-  if (p->has_seed) sk_pack_kv_u64(pk, "seed", p->seed);
-  if (p->n_stop > 0) {
-    sk_pack_cstr(pk, "stop");
-    msgpack_pack_array(pk, p->n_stop);
-    for (size_t i = 0; i < p->n_stop; i++) sk_pack_cstr(pk, p->stop[i]);
-  }
-  if (has_prompt) sk_pack_kv_strn(pk, "prompt", p->prompt, prompt_len);
-  if (has_prompt && p->parse_special) sk_pack_kv_bool(pk, "parse_special", true);
-  if (p->n_top > 0) sk_pack_kv_u64(pk, "n_top", p->n_top);
   if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
 
   /* Read events until the final reply, and, if the callback asked to
@@ -832,16 +796,14 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 
     if (got == id && !have_final) {
       struct sk_error perr;
-      const char *event;
-      size_t event_len;
-      rc = sk_msg_get_str(r, "event", &event, &event_len, &perr);
-      if (rc < 0) {
+      enum sk_wire_kind kind;
+      if (sk_wire_unpack_kind(r, &kind, &perr) < 0) {
         sk_msg_free(&msg);
         return sk__client_bad_reply(client, err, perr.message);
       }
-      if (rc == 1) {
+      if (kind != SK_WIRE_REPLY) {
         /* Events other than "token" are for future versions: skipped. */
-        if (event_len == 5 && memcmp(event, "token", 5) == 0) {
+        if (kind == SK_WIRE_EVENT_TOKEN) {
           int stop = 0;
           rc = sk__client_token_event(client, r, session,
                                       cancel_id ? NULL : cb, user, &stop,
@@ -852,9 +814,11 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
           }
           if (stop && !cancel_id) {
             struct sk_msgbuf cb_buf;
-            if ((rc = sk__client_begin(client, &cb_buf, "cancel", &cancel_id, err)) < 0 ||
-                (sk_pack_kv_u64(&cb_buf.pk, "session", session),
-                 rc = sk__client_send(client, &cb_buf, err)) < 0) {
+            cancel_id = sk__client_id(client);
+            if ((rc = sk__client_packed(
+                     sk_wire_pack_session_req(&cb_buf, cancel_id, SK_OP_CANCEL, session), err)) <
+                    0 ||
+                (rc = sk__client_send(client, &cb_buf, err)) < 0) {
               sk_msg_free(&msg);
               return rc;
             }
@@ -901,7 +865,7 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
 int sk_client_cancel(struct sk_client *client, uint64_t session,
                      bool *ret_cancelled, struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(client, "cancel", session, &reply, err);
+  int rc = sk__client_on_session(client, SK_OP_CANCEL, session, &reply, err);
   if (rc < 0) return rc;
   struct sk_error perr;
   bool cancelled = false;
@@ -922,36 +886,36 @@ int sk_client_cancel(struct sk_client *client, uint64_t session,
  * daemon can hold, and a bound on what a wrong path can make us read. */
 #define SK__LOAD_MAX ((uint64_t)64 << 30)
 
-static int sk__reply_summary(struct sk_client *c, const msgpack_object *r,
+static int sk__reply_summary(struct sk_client *client, const msgpack_object *r,
                              struct sk_session_summary *ret,
                              struct sk_error *err) {
   struct sk_session_summary s;
   struct sk_error perr;
-  int rc = sk__client_wire(c, sk_wire_unpack_summary(r, &s, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_summary(r, &s, &perr), &perr, err);
   if (rc == 0 && ret) *ret = s;
   return rc;
 }
 
-static int sk__client_summary_op(struct sk_client *c, const char *op,
+static int sk__client_summary_op(struct sk_client *client, enum sk_op op,
                                  uint64_t session,
                                  struct sk_session_summary *ret,
                                  struct sk_error *err) {
   struct sk_msg reply;
-  int rc = sk__client_on_session(c, op, session, &reply, err);
+  int rc = sk__client_on_session(client, op, session, &reply, err);
   if (rc < 0) return rc;
-  rc = sk__reply_summary(c, &reply.root, ret, err);
+  rc = sk__reply_summary(client, &reply.root, ret, err);
   sk_msg_free(&reply);
   return rc;
 }
 
 int sk_client_resume(struct sk_client *client, uint64_t session,
                      struct sk_session_summary *ret, struct sk_error *err) {
-  return sk__client_summary_op(client, "resume", session, ret, err);
+  return sk__client_summary_op(client, SK_OP_RESUME, session, ret, err);
 }
 
 int sk_client_fork(struct sk_client *client, uint64_t session,
                    struct sk_session_summary *ret, struct sk_error *err) {
-  return sk__client_summary_op(client, "fork", session, ret, err);
+  return sk__client_summary_op(client, SK_OP_FORK, session, ret, err);
 }
 
 int sk_client_session_tokens(struct sk_client *client, uint64_t session,
@@ -960,10 +924,9 @@ int sk_client_session_tokens(struct sk_client *client, uint64_t session,
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "stats", &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  sk_pack_kv_bool(&b.pk, "tokens", true);
+  uint64_t id = sk__client_id(client);
+  const struct sk_wire_stats_req st = {.has_session = true, .session = session, .tokens = true};
+  if ((rc = sk__client_packed(sk_wire_pack_stats_req(&b, id, &st), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
   struct sk_error perr;
@@ -983,10 +946,10 @@ int sk_client_export(struct sk_client *client, uint64_t session,
   int rc = sk__client_check(client, err);
   if (rc < 0) return rc;
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "export", &id, err)) < 0) return rc;
-  sk_pack_kv_u64(&b.pk, "session", session);
-  if ((rc = sk__client_send(client, &b, err)) < 0) return rc;
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_session_req(&b, id, SK_OP_EXPORT, session), err)) < 0 ||
+      (rc = sk__client_send(client, &b, err)) < 0)
+    return rc;
   char *buf = NULL;
   size_t len = 0, cap = 0;
   for (;;) {
@@ -1001,19 +964,17 @@ int sk_client_export(struct sk_client *client, uint64_t session,
       goto fail;
     }
     struct sk_error perr;
-    const char *event;
-    size_t event_len;
-    rc = got == id ? sk_msg_get_str(r, "event", &event, &event_len, &perr) : 0;
-    if (rc < 0) {
+    enum sk_wire_kind kind = SK_WIRE_REPLY;
+    if (got == id && sk_wire_unpack_kind(r, &kind, &perr) < 0) {
       sk_msg_free(&msg);
       rc = sk__client_bad_reply(client, err, perr.message);
       goto fail;
     }
-    if (rc == 1) {
+    if (kind != SK_WIRE_REPLY) {
       uint64_t off = UINT64_MAX;
       const char *data;
       size_t n;
-      if (event_len == 4 && memcmp(event, "data", 4) == 0) {
+      if (kind == SK_WIRE_EVENT_DATA) {
         if (sk_wire_unpack_data_event(r, &off, &data, &n, &perr) < 0 || off != len) {
           sk_msg_free(&msg);
           rc = sk__client_bad_reply(client, err, "export data event out of order");
@@ -1066,13 +1027,10 @@ int sk_client_import(struct sk_client *client, const void *data, size_t len,
   for (;;) {
     size_t n = len - off < chunk ? len - off : chunk;
     struct sk_msgbuf b;
-    uint64_t id;
-    if ((rc = sk__client_begin(client, &b, "import", &id, err)) < 0) return rc;
-    sk_pack_kv_u64(&b.pk, "total", len);
-    sk_pack_kv_u64(&b.pk, "offset", off);
-    sk_pack_cstr(&b.pk, "data");
-    msgpack_pack_bin(&b.pk, n);
-    msgpack_pack_bin_body(&b.pk, (const char *)data + off, n);
+    uint64_t id = sk__client_id(client);
+    const struct sk_wire_import_req chunk_req = {
+        .total = len, .offset = off, .data = (const char *)data + off, .len = n};
+    if ((rc = sk__client_packed(sk_wire_pack_import_req(&b, id, &chunk_req), err)) < 0) return rc;
     struct sk_msg reply;
     struct sk_error e2;
     rc = sk__client_call(client, &b, id, &reply, &e2);
@@ -1195,12 +1153,11 @@ int sk_client_tokenize(struct sk_client *client, const char *text,
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "text is NULL");
   if (len > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "text of %zu bytes", len);
+  struct sk_wire_input in = {.text = text ? text : "", .text_len = len};
+  sk__client_bos(&in, bos);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "tokenize", &id, err)) < 0)
-    return rc;
-  sk_pack_kv_strn(&b.pk, "text", text ? text : "", len);
-  sk__pack_bos(&b.pk, bos);
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_tokenize_req(&b, id, &in), err)) < 0) return rc;
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 
@@ -1226,10 +1183,9 @@ int sk_client_detokenize(struct sk_client *client, const int32_t *tokens,
   if (n > UINT32_MAX)
     return sk_error_set(err, SK_ERR_TOO_LARGE, "%zu tokens", n);
   struct sk_msgbuf b;
-  uint64_t id;
-  if ((rc = sk__client_begin(client, &b, "detokenize", &id, err)) < 0)
+  uint64_t id = sk__client_id(client);
+  if ((rc = sk__client_packed(sk_wire_pack_detokenize_req(&b, id, tokens, n), err)) < 0)
     return rc;
-  sk__pack_tokens(&b.pk, tokens, n);
   struct sk_msg reply;
   if ((rc = sk__client_call(client, &b, id, &reply, err)) < 0) return rc;
 

@@ -9,7 +9,6 @@
  * by a small multiple of the body length.
  */
 #include "proto/msg.h"
-#include "proto/wire.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -481,25 +480,4 @@ void sk_pack_kv_bool(msgpack_packer *pk, const char *key, bool val) {
     msgpack_pack_true(pk);
   else
     msgpack_pack_false(pk);
-}
-
-/* b comes from sk_msgbuf_init with nothing packed yet. On success it holds
- * the finished frame, b->sbuf.data[0..b->sbuf.size) (finishing again is
- * harmless); either way the caller frees b with sk_msgbuf_free (or takes
- * the bytes with sk_msgbuf_release). A code of 0 is sent as "internal". */
-int sk_msg_pack_error(struct sk_msgbuf *b, uint64_t id,
-                      const struct sk_error *e) {
-  int code = e && e->code ? e->code : SK_ERR_INTERNAL;
-  const char *message = e && e->message[0] ? e->message : sk_strerror(code);
-  struct sk_wire_map m, em;
-  sk_wire_map_begin(&m, &b->pk);
-  sk_wire_map_u64(&m, "id", id);
-  sk_wire_map_bool(&m, "ok", false);
-  sk_wire_map_begin(&em, sk_wire_map_key(&m, "error"));
-  sk_wire_map_str(&em, "code", sk_error_name(code));
-  sk_wire_map_str(&em, "message", message);
-  if (sk_wire_map_end(&em) < 0) m.failed = true;
-  if (sk_wire_map_end(&m) < 0) return -SK_ERR_NO_MEMORY;
-  int64_t rc = sk_msgbuf_finish(b);
-  return rc < 0 ? (int)rc : 0;
 }

@@ -101,8 +101,4 @@ void sk_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t val);
 void sk_pack_kv_f64(msgpack_packer *pk, const char *key, double val);
 void sk_pack_kv_bool(msgpack_packer *pk, const char *key, bool val);
 
-/* Whole error reply frame {"id": id, "ok": false, "error": {"code",
- * "message"}}. Returns 0 or -SK_ERR_NO_MEMORY. */
-int sk_msg_pack_error(struct sk_msgbuf *b, uint64_t id, const struct sk_error *e);
-
 #endif

@@ -20,6 +20,7 @@
 
 #include "fuzz.h"
 #include "proto/msg.h"
+#include "proto/wire.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
@@ -102,7 +103,7 @@ static void check_body(const uint8_t *body, size_t len) {
     /* The reply the daemon sends for it is a valid frame. */
     struct sk_msgbuf b;
     if (sk_msgbuf_init(&b) < 0) return;
-    if (sk_msg_pack_error(&b, 0, &e) == 0) {
+    if (sk_wire_pack_error(&b, 0, &e) == 0) {
       struct sk_msg reply;
       struct sk_error e2;
       if (sk_msg_parse((const uint8_t *)b.sbuf.data + SK_FRAME_HEADER_SIZE,
