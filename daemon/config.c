@@ -50,6 +50,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     [SK_CFG_THREADS] = {"daemon", "threads", "--threads", T_U32_AUTO, F(threads), 1,
                         SK_LIMIT_MAX_THREADS, false},
     [SK_CFG_BATCH] = {"daemon", "batch", "--batch", T_U32, F(batch), 1, SK_LIMIT_MAX_BATCH, false},
+    [SK_CFG_STEP_TOKENS] = {"daemon", "step_tokens", "--step-tokens", T_U32, F(step_tokens), 1,
+                            SK_LIMIT_MAX_BATCH, false},
     [SK_CFG_LOG_LEVEL] = {"daemon", "log_level", "--log-level", T_LOG_LEVEL, F(log_level), 0, 0,
                           true},
     /* fixed for the store's life (its new sessions' type; any type is adopted) */
@@ -186,6 +188,7 @@ int sk_config_init(struct sk_config *cfg) {
     return -SK_ERR_NO_MEMORY;
   }
   cfg->batch = SK_CONFIG_DEFAULT_BATCH;
+  cfg->step_tokens = SK_CONFIG_DEFAULT_STEP_TOKENS;
   cfg->log_level = SK_LOG_INFO;
   cfg->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
   cfg->chat_template = -1;  /* the model's own */
