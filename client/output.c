@@ -7,6 +7,7 @@
 
 #include "sinkctl.h"
 
+const char *const prog = "sinkctl";
 bool g_json;
 
 /* ---- messages --------------------------------------------------------- */

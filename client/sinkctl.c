@@ -23,8 +23,6 @@
 #include "sinkctl.h"
 #include "sk_config.h"
 
-const char *const prog = "sinkctl";
-
 /* ---- messages --------------------------------------------------------- */
 
 /* sk_cli's usage errors and sk_cli_die with --json: the error as JSON on

@@ -24,7 +24,7 @@ enum {
   EXIT_INTERRUPTED = 130,
 };
 
-/* "sinkctl": the prefix of messages. */
+/* "sinkctl": the prefix of messages (output.c). */
 extern const char *const prog;
 
 /* ---- options (sinkctl.c) ---------------------------------------------- */

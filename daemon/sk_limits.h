@@ -99,7 +99,7 @@
 #define SK_LIMIT_CONV_MSGS 64u
 #define SK_LIMIT_CONV_ROLE 32u
 
-/* ---- the HTTP front end (http.c, httpreq.c, openai.c) ---- */
+/* ---- the HTTP front end (daemon/http/) ---- */
 
 /* Bytes read per wakeup of a connection. */
 #define SK_LIMIT_HTTP_READ_BUF (64u * 1024u)
@@ -126,7 +126,7 @@
 #define SK_LIMIT_OPENAI_STOP_BYTES 256u
 /* Largest max_tokens: the generate op's ceiling. */
 #define SK_LIMIT_OPENAI_MAX_TOKENS (1u << 20)
-/* Conversations of persistent sessions remembered (openai.h); the
+/* Conversations of persistent sessions remembered (oaiconv.h); the
  * oldest is dropped, so memory stays bounded however many sessions. */
 #define SK_LIMIT_OPENAI_CONVS 1024u
 

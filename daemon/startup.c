@@ -26,6 +26,7 @@
 #include "model/pool.h"
 #include "model/sparse.h"
 #include "model/tokenizer.h"
+#include "modelwait.h"
 #include "server/server.h"
 #include "session/kvcache.h"
 #include "session/store.h"
@@ -490,10 +491,28 @@ static void say(const struct daemon *d, int level, const char *what) {
     sk_log(level, "%s", what);
 }
 
-/* The configuration (defaults, file, command line) and the kernels. */
+/* sk_modelwait_run's re-read (SIGHUP while waiting for a model). */
+static int reread_for_model(void *user, const char **ret_model) {
+  struct daemon *d = user;
+  sk_config_done(&d->cfg);
+  if (config_build(d->src, false, &d->cfg) < 0) return -1;
+  *ret_model = d->cfg.model;
+  return 0;
+}
+
+/* start_config's status for a stop (SIGTERM) while waiting for a model:
+ * nothing more to start, exit status 0. */
+#define STOPPED_WAITING (-1)
+
+/* The configuration (defaults, file, command line) and the kernels; under
+ * a service manager with no model yet, the wait for one (modelwait.h). */
 static int start_config(struct daemon *d) {
   struct sk_error err = {0};
   if (config_build(d->src, d->src->check_only, &d->cfg) < 0) return SK_EXIT_CONFIG;
+  if (!d->src->check_only) {
+    int w = sk_modelwait_run(d->cfg.model, d->src->config_path, reread_for_model, d);
+    if (w <= 0) return w == 0 ? STOPPED_WAITING : SK_EXIT_START;
+  }
   if (!d->cfg.model) {
     /* Say it before loading anything (resolve would say it too). */
     sk_config_resolve(&d->cfg, NULL, &err);
@@ -761,6 +780,11 @@ int sk_startup_run(struct sk_startup *st) {
   d.src = st;
   struct sk_server_config scfg = {0};
   int status = start_config(&d);
+  if (status == STOPPED_WAITING) {
+    daemon_free(&d);
+    sk_config_done(&st->cli);
+    return 0;
+  }
   if (!status && !st->check_only) status = check_free(&d);
   if (!status) status = load_model(&d);
   if (!status && st->calibrate_text) {

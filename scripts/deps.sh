@@ -3,6 +3,9 @@
 #   deps.sh           to build and run it (the daemon, sinkctl, libsinkd,
 #                     the man pages)
 #   deps.sh --tests   that and what the test suite needs besides
+#   deps.sh --packages  that and what building, checking, installing and
+#                     purging the Debian packages takes besides debian/control's
+#                     Build-Depends (scripts/test-packages.sh)
 # --list (after the others) prints the packages, one a line, and installs
 # nothing.
 set -euo pipefail
@@ -25,6 +28,13 @@ tests=(libcmocka-dev
        # (libclang-rt-14-dev), llvm-symbolizer for readable reports,
        # valgrind; useradd and setpriv for the isolation test
        clang libclang-rt-14-dev llvm valgrind passwd util-linux python3)
+# The packages' checks (scripts/test-packages.sh): building .deb files and
+# lintian; man, systemd-analyze, setpriv, userdel and /usr/bin/python3
+# with msgpack for the installed programs; procps's /bin/kill (the unit's
+# ExecReload). Installed before the packages, so that installing them
+# pulls in nothing that purging them would leave.
+packages=(dpkg-dev build-essential lintian man-db systemd procps util-linux passwd
+          python3 python3-msgpack libmsgpack-dev)
 pkgs=("${build[@]}")
 list=false
 for arg in "$@"; do
@@ -33,8 +43,9 @@ for arg in "$@"; do
              # npm for the OpenAI SDK test: Debian's package, unless an npm is
              # there already (nodesource's nodejs ships its own and conflicts)
              command -v npm >/dev/null || pkgs+=(npm) ;;
+    --packages) pkgs+=("${packages[@]}") ;;
     --list) list=true ;;
-    *) echo "usage: $0 [--tests] [--list]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--tests] [--packages] [--list]" >&2; exit 2 ;;
   esac
 done
 if $list; then printf '%s\n' "${pkgs[@]}"; exit 0; fi

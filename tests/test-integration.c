@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "proto/msg.h"
+#include "testmsg.h"
 #include "sinkd/client.h"
 #include "testdaemon.h"
 #include "testutil.h"
@@ -1064,10 +1065,10 @@ static void test_temporary_sessions(void **state) {
 static void send_session_op(int fd, uint64_t id, const char *op, uint64_t session) {
   struct sk_msgbuf b;
   assert_int_equal(sk_msgbuf_init(&b), 0);
-  sk_pack_kv_u64(&b.pk, "id", id);
-  sk_pack_kv_str(&b.pk, "op", op);
-  sk_pack_kv_u64(&b.pk, "session", session);
-  int64_t n = sk_msgbuf_finish_map(&b);
+  sk_test_pack_kv_u64(&b.pk, "id", id);
+  sk_test_pack_kv_str(&b.pk, "op", op);
+  sk_test_pack_kv_u64(&b.pk, "session", session);
+  int64_t n = sk_test_msgbuf_finish_map(&b);
   assert_true(n > 0);
   sk_test_write_all(fd, b.sbuf.data, (size_t)n);
   sk_msgbuf_free(&b);
@@ -1153,13 +1154,13 @@ static void test_copies_hold_their_session(void **state) {
     for (size_t i = 0; i < reps; i++) memcpy(pin + i * (sizeof piece - 1), piece, sizeof piece - 1);
     struct sk_msgbuf b;
     assert_int_equal(sk_msgbuf_init(&b), 0);
-    sk_pack_kv_u64(&b.pk, "id", 1);
-    sk_pack_kv_str(&b.pk, "op", "open");
-    sk_pack_kv_str(&b.pk, "policy", "dense");
-    sk_pack_kv_u64(&b.pk, "capacity", 2048);
-    sk_pack_kv_f64(&b.pk, "rope_scale", 1);
-    sk_pack_kv_strn(&b.pk, "pin", pin, reps * (sizeof piece - 1));
-    int64_t fn = sk_msgbuf_finish_map(&b);
+    sk_test_pack_kv_u64(&b.pk, "id", 1);
+    sk_test_pack_kv_str(&b.pk, "op", "open");
+    sk_test_pack_kv_str(&b.pk, "policy", "dense");
+    sk_test_pack_kv_u64(&b.pk, "capacity", 2048);
+    sk_test_pack_kv_f64(&b.pk, "rope_scale", 1);
+    sk_test_pack_kv_strn(&b.pk, "pin", pin, reps * (sizeof piece - 1));
+    int64_t fn = sk_test_msgbuf_finish_map(&b);
     assert_true(fn > 0);
     sk_test_write_all(fd, b.sbuf.data, (size_t)fn);
     sk_msgbuf_free(&b);

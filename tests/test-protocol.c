@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "proto/msg.h"
+#include "testmsg.h"
 #include "proto/wire.h"
 #include "sinkd/client.h"
 #include "sinkd/protocol.h"
@@ -340,14 +341,14 @@ static uint8_t *build_rich_request(size_t *ret_len) {
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 12);
-  sk_pack_kv_u64(&pk, "id", 77);
-  sk_pack_kv_str(&pk, "op", "generate");
-  sk_pack_kv_u64(&pk, "big", UINT64_MAX);
-  sk_pack_kv_i64(&pk, "neg", INT64_MIN);
-  sk_pack_kv_f64(&pk, "temperature", 0.5);
+  sk_test_pack_kv_u64(&pk, "id", 77);
+  sk_test_pack_kv_str(&pk, "op", "generate");
+  sk_test_pack_kv_u64(&pk, "big", UINT64_MAX);
+  sk_test_pack_kv_i64(&pk, "neg", INT64_MIN);
+  sk_test_pack_kv_f64(&pk, "temperature", 0.5);
   sk_pack_cstr(&pk, "f32");
   msgpack_pack_float(&pk, 1.5f);
-  sk_pack_kv_bool(&pk, "ignore_eos", true);
+  sk_test_pack_kv_bool(&pk, "ignore_eos", true);
   sk_pack_cstr(&pk, "nil");
   msgpack_pack_nil(&pk);
   sk_pack_cstr(&pk, "bin");
@@ -553,15 +554,15 @@ static void test_msg_getters(void **state) {
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 9);
-  sk_pack_kv_str(&pk, "max_tokens", "many");
-  sk_pack_kv_u64(&pk, "top_k", 4294967296u);
-  sk_pack_kv_i64(&pk, "neg", -3);
-  sk_pack_kv_u64(&pk, "huge", UINT64_MAX);
+  sk_test_pack_kv_str(&pk, "max_tokens", "many");
+  sk_test_pack_kv_u64(&pk, "top_k", 4294967296u);
+  sk_test_pack_kv_i64(&pk, "neg", -3);
+  sk_test_pack_kv_u64(&pk, "huge", UINT64_MAX);
   sk_pack_cstr(&pk, "nan");
   msgpack_pack_double(&pk, 0.0 / 0.0);
-  sk_pack_kv_str(&pk, "flag", "yes");
-  sk_pack_kv_bool(&pk, "arr", true);
-  sk_pack_kv_u64(&pk, "session", 12);
+  sk_test_pack_kv_str(&pk, "flag", "yes");
+  sk_test_pack_kv_bool(&pk, "arr", true);
+  sk_test_pack_kv_u64(&pk, "session", 12);
   sk_pack_cstr(&pk, "stop");
   msgpack_pack_map(&pk, 0);
   struct sk_msg m;
@@ -632,8 +633,8 @@ static void test_msg_builder(void **state) {
   struct sk_msgbuf b;
   assert_int_equal(sk_msgbuf_init(&b), 0);
   msgpack_pack_map(&b.pk, 2);
-  sk_pack_kv_u64(&b.pk, "id", 1);
-  sk_pack_kv_bool(&b.pk, "ok", true);
+  sk_test_pack_kv_u64(&b.pk, "id", 1);
+  sk_test_pack_kv_bool(&b.pk, "ok", true);
   assert_int_equal(sk_msgbuf_finish(&b), 13);
   static const uint8_t want[] = {0x00, 0x00, 0x00, 0x09, 0x82, 0xa2, 0x69,
                                  0x64, 0x01, 0xa2, 0x6f, 0x6b, 0xc3};
@@ -644,8 +645,8 @@ static void test_msg_builder(void **state) {
   /* The man page's ping request, exactly. */
   assert_int_equal(sk_msgbuf_init(&b), 0);
   msgpack_pack_map(&b.pk, 2);
-  sk_pack_kv_u64(&b.pk, "id", 1);
-  sk_pack_kv_str(&b.pk, "op", "ping");
+  sk_test_pack_kv_u64(&b.pk, "id", 1);
+  sk_test_pack_kv_str(&b.pk, "op", "ping");
   assert_int_equal(sk_msgbuf_finish(&b), sizeof ping_frame);
   assert_memory_equal(b.sbuf.data, ping_frame, sizeof ping_frame);
   size_t size = 0;

@@ -65,7 +65,7 @@ class Live(unittest.TestCase):
         # The README's example runs as printed and leaves no session.
         with open(os.path.join(PYDIR, "..", "README.md")) as f:
             readme = f.read()
-        start = readme.index("```", readme.index("Python (`pip install"))
+        start = readme.index("```", readme.index("Python (the package `python3-sinkd`"))
         code = readme[readme.index("\n", start) + 1:readme.index("```", start + 3)]
         self.assertIn("sinkd.Client()", code)
         before = [x["session"] for x in self.c.list()]

@@ -22,6 +22,10 @@ done
 for p in $build; do
   echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p of the build list"
 done
+pk=$("$src/scripts/deps.sh" --packages --list) || fail "deps.sh --packages --list"
+for p in dpkg-dev lintian man-db python3-msgpack; do
+  echo "$pk" | grep -qx "$p" || fail "deps.sh --packages lacks $p (scripts/test-packages.sh)"
+done
 "$src/scripts/deps.sh" --bogus 2>/dev/null && fail "deps.sh accepts --bogus"
 grep -qx '\./scripts/deps\.sh' "$src/scripts/run-demo.sh" || fail "run-demo.sh: not plain deps.sh"
 grep -q 'build\.sh -Dtests=false' "$src/scripts/run-demo.sh" || fail "run-demo.sh builds the tests"

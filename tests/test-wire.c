@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "proto/msg.h"
+#include "testmsg.h"
 #include "proto/wire.h"
 #include "test-wire.h"
 
@@ -793,7 +794,7 @@ static void test_session_stats(void **state) {
   frame_free(&f);
 }
 
-/* A request built field by field: sk_msgbuf_finish_map counts the
+/* A request built field by field: sk_test_msgbuf_finish_map counts the
  * entries and writes the header msgpack-c would have, byte for byte. */
 static void test_finish_map(void **state) {
   (void)state;
@@ -814,12 +815,12 @@ static void test_finish_map(void **state) {
         msgpack_packer *pk = w ? &literal.pk : &counted.pk;
         msgpack_pack_array(pk, 2);
         msgpack_pack_map(pk, 1);
-        sk_pack_kv_u64(pk, "x", i);
+        sk_test_pack_kv_u64(pk, "x", i);
         msgpack_pack_bin(pk, 3);
         msgpack_pack_bin_body(pk, "a\0b", 3);
       }
     }
-    int64_t a = sk_msgbuf_finish_map(&counted), b = sk_msgbuf_finish(&literal);
+    int64_t a = sk_test_msgbuf_finish_map(&counted), b = sk_msgbuf_finish(&literal);
     assert_true(a > 0);
     assert_int_equal(a, b);
     assert_memory_equal(counted.sbuf.data, literal.sbuf.data, (size_t)a);
@@ -830,7 +831,7 @@ static void test_finish_map(void **state) {
   struct sk_msgbuf odd;
   assert_int_equal(sk_msgbuf_init(&odd), 0);
   sk_pack_cstr(&odd.pk, "alone");
-  assert_int_equal(sk_msgbuf_finish_map(&odd), -SK_ERR_INTERNAL);
+  assert_int_equal(sk_test_msgbuf_finish_map(&odd), -SK_ERR_INTERNAL);
   sk_msgbuf_free(&odd);
 }
 

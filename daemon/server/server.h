@@ -84,7 +84,7 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err);
 /* Serves one more client over fd, a connected stream socket (one end of
- * a socketpair: the HTTP front end, http.h, speaks the msgpack protocol
+ * a socketpair: the HTTP front end, httpd.c, speaks the msgpack protocol
  * on the other end), as an accepted connection whose uid is given
  * instead of read with SO_PEERCRED. Admitted as any connection (past
  * max_clients or the uid's limit it gets the usual error and is

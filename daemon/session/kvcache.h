@@ -30,7 +30,7 @@
  * probabilities of all query heads of its group, then sum over KV heads
  * and layers. A token has one score because it has one slot for all
  * layers and heads (H2O's paper evicts per head; a shared slot cannot).
- * The forward pass (model.c) accumulates it; a slot's score is reset to 0
+ * The forward pass (attention.c) accumulates it; a slot's score is reset to 0
  * when a new token is written into it.
  *
  * Tie-break (h2o, sink_h2o): among equal scores the older token (smaller
@@ -50,7 +50,7 @@
  *     query and key, and within each of these caches' runs of positions
  *     (the sinks; the window, or all of a dense cache) t - p is one
  *     number, so the forward pass rotates a query once per run and never
- *     touches a cached key again (model.c, attention): O(1) rotations a
+ *     touches a cached key again (attention.c): O(1) rotations a
  *     token, whatever the window.
  *   h2o, sink_h2o: before RoPE. An eviction in the middle moves every
  *     later token one position down, so t - p differs from token to

@@ -379,43 +379,6 @@ int sk_msgbuf_init(struct sk_msgbuf *b) {
   return 0;
 }
 
-int64_t sk_msgbuf_finish_map(struct sk_msgbuf *b) {
-  if (b->pk.callback == sk__msgbuf_write_failed || b->sbuf.size < SK_FRAME_HEADER_SIZE)
-    return -SK_ERR_NO_MEMORY;
-  const uint8_t *body = (const uint8_t *)b->sbuf.data + SK_FRAME_HEADER_SIZE;
-  size_t len = b->sbuf.size - SK_FRAME_HEADER_SIZE;
-  struct sk_error e;
-  struct sk__walk w = {.start = body, .p = body, .end = body + len, .err = &e};
-  uint64_t n = 0;
-  while (w.p != w.end) {
-    if (sk__walk_object(&w, 2, "entry") < 0) return -SK_ERR_INTERNAL;
-    n++;
-  }
-  if (n % 2) return -SK_ERR_INTERNAL; /* a key without its value */
-  /* The map header as msgpack-c writes it for n / 2 entries. */
-  uint8_t head[5];
-  size_t hlen;
-  uint64_t entries = n / 2;
-  if (entries < 16) {
-    head[0] = (uint8_t)(0x80u | entries);
-    hlen = 1;
-  } else if (entries <= UINT16_MAX) {
-    head[0] = 0xde;
-    head[1] = (uint8_t)(entries >> 8);
-    head[2] = (uint8_t)entries;
-    hlen = 3;
-  } else {
-    head[0] = 0xdf;
-    for (int i = 0; i < 4; i++) head[1 + i] = (uint8_t)(entries >> (24 - 8 * i));
-    hlen = 5;
-  }
-  if (msgpack_sbuffer_write(&b->sbuf, (const char *)head, hlen) != 0) return -SK_ERR_NO_MEMORY;
-  char *start = b->sbuf.data + SK_FRAME_HEADER_SIZE;
-  memmove(start + hlen, start, len);
-  memcpy(start, head, hlen);
-  return sk_msgbuf_finish(b);
-}
-
 int64_t sk_msgbuf_finish(struct sk_msgbuf *b) {
   if (b->pk.callback == sk__msgbuf_write_failed ||
       b->sbuf.size < SK_FRAME_HEADER_SIZE)
@@ -446,38 +409,4 @@ void sk_pack_strn(msgpack_packer *pk, const char *s, size_t len) {
 
 void sk_pack_cstr(msgpack_packer *pk, const char *s) {
   sk_pack_strn(pk, s, strlen(s));
-}
-
-void sk_pack_kv_str(msgpack_packer *pk, const char *key, const char *val) {
-  sk_pack_cstr(pk, key);
-  sk_pack_cstr(pk, val);
-}
-
-void sk_pack_kv_strn(msgpack_packer *pk, const char *key, const char *val,
-                     size_t len) {
-  sk_pack_cstr(pk, key);
-  sk_pack_strn(pk, val, len);
-}
-
-void sk_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val) {
-  sk_pack_cstr(pk, key);
-  msgpack_pack_uint64(pk, val);
-}
-
-void sk_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t val) {
-  sk_pack_cstr(pk, key);
-  msgpack_pack_int64(pk, val);
-}
-
-void sk_pack_kv_f64(msgpack_packer *pk, const char *key, double val) {
-  sk_pack_cstr(pk, key);
-  msgpack_pack_double(pk, val);
-}
-
-void sk_pack_kv_bool(msgpack_packer *pk, const char *key, bool val) {
-  sk_pack_cstr(pk, key);
-  if (val)
-    msgpack_pack_true(pk);
-  else
-    msgpack_pack_false(pk);
 }

@@ -78,13 +78,6 @@ int sk_msgbuf_init(struct sk_msgbuf *b);
  * -SK_ERR_TOO_LARGE if the body exceeds 4 GiB - 1. The bytes are
  * b->sbuf.data[0..size). */
 int64_t sk_msgbuf_finish(struct sk_msgbuf *b);
-/* For a frame whose body holds a map's entries without its header (key,
- * value, key, value, ... packed one after another): counts them as
- * written, puts the map header msgpack writes for that count in front,
- * and finishes like sk_msgbuf_finish. So a request built field by field
- * needs no count kept beside it. Errors also -SK_ERR_INTERNAL (a key
- * without a value, or bytes that are not msgpack). */
-int64_t sk_msgbuf_finish_map(struct sk_msgbuf *b);
 /* Takes ownership of the frame bytes (free with free()); b is reset. */
 char *sk_msgbuf_release(struct sk_msgbuf *b, size_t *ret_size);
 void sk_msgbuf_free(struct sk_msgbuf *b);
@@ -92,13 +85,5 @@ void sk_msgbuf_free(struct sk_msgbuf *b);
 /* Packing helpers for the common shapes. */
 void sk_pack_cstr(msgpack_packer *pk, const char *s);
 void sk_pack_strn(msgpack_packer *pk, const char *s, size_t len);
-/* "key": value pairs (the caller has opened the map with the right size). */
-void sk_pack_kv_str(msgpack_packer *pk, const char *key, const char *val);
-void sk_pack_kv_strn(msgpack_packer *pk, const char *key, const char *val,
-                     size_t len);
-void sk_pack_kv_u64(msgpack_packer *pk, const char *key, uint64_t val);
-void sk_pack_kv_i64(msgpack_packer *pk, const char *key, int64_t val);
-void sk_pack_kv_f64(msgpack_packer *pk, const char *key, double val);
-void sk_pack_kv_bool(msgpack_packer *pk, const char *key, bool val);
 
 #endif

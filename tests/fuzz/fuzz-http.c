@@ -22,7 +22,7 @@
 
 #include "fuzz.h"
 #include "http/httpreq.h"
-#include "http/openai.h"
+#include "http/oaireq.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
