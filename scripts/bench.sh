@@ -236,8 +236,11 @@ for part in $parts; do
         NF == 9 { n++; for (k = 1; k <= 9; k++) v[k, n] = $k }
         END {
           for (k = 1; k <= 9; k++) { for (i = 1; i <= n; i++) c[i] = v[k, i]; m[k] = median(c, n) }
-          printf "%s (medians of %d rounds): sinkd %.1f / %.1f / %.1f tokens/s (1 / 16 / 64 sessions), llama-server %.1f / %.1f (-np 16 / 64); 16 vs -np 16 %.2fx, 64 vs -np 64 %.2fx, 16 vs 1 %.2fx, 64 vs 16 %.2fx\n",
-            name, n, m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9] }'
+          printf "%s (medians of %d rounds): sinkd %.1f / %.1f / %.1f tokens/s (1 / 16 / 64",
+            name, n, m[1], m[2], m[3]
+          printf " sessions), llama-server %.1f / %.1f (-np 16 / 64); 16 vs -np 16 %.2fx,",
+            m[4], m[5], m[6]
+          printf " 64 vs -np 64 %.2fx, 16 vs 1 %.2fx, 64 vs 16 %.2fx\n", m[7], m[8], m[9] }'
     done
     "$build/tools/sinkd-kbench" --membw 1024 --samples 5
     ;;

@@ -227,8 +227,8 @@ static void test_errors(void **state) {
                "debug)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, step_tokens, log_level, kv_type, chat_template, http_socket, http_listen, "
-               "http_key_file, http_uid, sparsity_file)");
+               "threads, batch, step_tokens, log_level, kv_type, chat_template, http_socket, "
+               "http_listen, http_key_file, http_uid, sparsity_file)");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");

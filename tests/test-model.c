@@ -971,7 +971,8 @@ static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type, uint32_t t
     struct sk_seq q = {.kv = chk, .tokens = ids + at, .n = n,
                        .n_evicted = (uint32_t)(chk->hdr->n_evicted - before),
                        .logits = l2 + (size_t)at * V, .all_logits = true};
-    if (sk_model_forward_batch(fx.m, sc, &q, 1, &err) < 0) fail_msg("chunk at %u: %s", at, err.message);
+    if (sk_model_forward_batch(fx.m, sc, &q, 1, &err) < 0)
+      fail_msg("chunk at %u: %s", at, err.message);
     at += n;
   }
   for (int i = 0; i < N; i++)

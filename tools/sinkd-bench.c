@@ -523,7 +523,8 @@ static void *mixed_append_main(void *arg) {
 /* The gaps between consecutive events of tm whose later event is at or
  * before t_end, appended to gaps (ms). */
 static void mixed_gaps(const struct timing *tm, double t_end, double *gaps, size_t *n) {
-  for (size_t k = 1; k < tm->n && tm->t[k] <= t_end; k++) gaps[(*n)++] = (tm->t[k] - tm->t[k - 1]) * 1e3;
+  for (size_t k = 1; k < tm->n && tm->t[k] <= t_end; k++)
+    gaps[(*n)++] = (tm->t[k] - tm->t[k - 1]) * 1e3;
 }
 
 /* One streaming session generates MIXED_GEN tokens at a time, MIXED_ALONE

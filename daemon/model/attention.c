@@ -375,12 +375,15 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
             const uint32_t u0 = parts[k][0], u1 = parts[k][1], pos = u0 - parts[k][2];
             if (u1 <= u0) continue;
             const void *const *rows = bv + (u0 - q0);
+            const uint32_t m = u1 - u0;
             if (sq->f16) {
-              if (pos) sk_kernels_wsum_add_f16(out, att + pos, (const uint16_t *const *)rows, u1 - u0, hd);
-              else sk_kernels_wsum_f16(out, att + pos, (const uint16_t *const *)rows, u1 - u0, hd);
+              const uint16_t *const *h = (const uint16_t *const *)rows;
+              if (pos) sk_kernels_wsum_add_f16(out, att + pos, h, m, hd);
+              else sk_kernels_wsum_f16(out, att + pos, h, m, hd);
             } else {
-              if (pos) sk_kernels_wsum_add(out, att + pos, (const float *const *)rows, u1 - u0, hd);
-              else sk_kernels_wsum(out, att + pos, (const float *const *)rows, u1 - u0, hd);
+              const float *const *f = (const float *const *)rows;
+              if (pos) sk_kernels_wsum_add(out, att + pos, f, m, hd);
+              else sk_kernels_wsum(out, att + pos, f, m, hd);
             }
           }
         }

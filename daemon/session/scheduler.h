@@ -9,9 +9,9 @@
  * the input chunks fill only what its tokens leave of step_tokens, a
  * prompt token counting more the more positions its attention reads, so
  * that a long prefill slows the generating sessions' tokens only a few
- * times; who goes first rotates every turn. The forward pass runs on a pool of n_threads threads (this
- * thread and n_threads - 1 workers). Results go back to the loop thread as
- * events through a uv_async_t.
+ * times; who goes first rotates every turn. The forward pass runs on a
+ * pool of n_threads threads (this thread and n_threads - 1 workers).
+ * Results go back to the loop thread as events through a uv_async_t.
  *
  * Once a streaming or window session's cache is full, its prefill goes
  * SK_KV_SPARE_SLOTS tokens per pass (the store's crash-consistent budget),
