@@ -935,7 +935,7 @@ static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
 }
 
 int sk_eval_main(int argc, char **argv, const char *global_socket,
-                 bool global_json) {
+                 bool global_json, unsigned int wait_ms) {
   sk_cli_init("sinkctl: eval", "sinkctl eval --help");
   struct eval *ev = calloc(1, sizeof *ev);
   if (!ev) return EXIT_FAILURE;
@@ -956,7 +956,7 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   if (!text) sk_cli_die(EVAL_EXIT_FILE, "cannot open %s: %s", ev->file, strerror(errno));
   struct sk_client *c;
   struct sk_error e;
-  if (sk_client_connect(ev->socket, &c, &e) < 0) {
+  if (sk_client_connect_wait(ev->socket, wait_ms, &c, &e) < 0) {
     fprintf(stderr, "sinkctl: %s\n", e.message);
     fclose(text);
     free(ev);

@@ -2,6 +2,9 @@
 # Installs what sinkd needs (Debian 12 packages):
 #   deps.sh           to build and run it (the daemon, sinkctl, libsinkd,
 #                     the man pages)
+#   deps.sh --python  what the Python client's install needs (python3 -m
+#                     venv --system-site-packages sees msgpack and the
+#                     build backend flit_core: README, python/README.md)
 #   deps.sh --tests   that and what the test suite needs besides
 #   deps.sh --packages  that and what building, checking, installing and
 #                     purging the Debian packages takes besides debian/control's
@@ -14,12 +17,14 @@ build=(build-essential pkg-config meson ninja-build
        libinih-dev libxxhash-dev scdoc
        libpcre2-dev  # byte-level BPE pre-tokenizer regexes (UTF, Unicode properties)
        libjansson-dev libhttp-parser-dev)  # the HTTP endpoint's JSON and HTTP (sinkd-http(7))
+python=(python3 python3-venv python3-msgpack
+        flit)  # flit_core, the Python client's build backend
 # systemd: systemd-analyze and systemd-socket-activate for the service
 # tests; mandoc, groff-base and man-db: man page lint and the man pages
 # systemd-analyze verify looks up.
 tests=(libcmocka-dev
        curl python3-msgpack  # the HTTP test (curl --unix-socket) and the Python client
-       python3-pip python3-setuptools python3-wheel  # the Python client's offline install
+       python3-pip python3-venv flit  # the Python client's offline install
        nodejs  # the HTTP test runs the OpenAI JavaScript SDK (npm: Debian's npm, or nodesource's nodejs)
        systemd mandoc groff-base man-db
        procps  # /bin/kill: the unit's ExecReload, which systemd-analyze verify checks
@@ -43,9 +48,10 @@ for arg in "$@"; do
              # npm for the OpenAI SDK test: Debian's package, unless an npm is
              # there already (nodesource's nodejs ships its own and conflicts)
              command -v npm >/dev/null || pkgs+=(npm) ;;
+    --python) pkgs+=("${python[@]}") ;;
     --packages) pkgs+=("${packages[@]}") ;;
     --list) list=true ;;
-    *) echo "usage: $0 [--tests] [--packages] [--list]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--python] [--tests] [--packages] [--list]" >&2; exit 2 ;;
   esac
 done
 if $list; then printf '%s\n' "${pkgs[@]}"; exit 0; fi

@@ -376,7 +376,8 @@ static const struct field k_fields[] = {
     {"import", "data", F_STR},        {"open", "heavy", F_UINT},
     {"open", "recent", F_UINT},       {"open", "rope_scale", F_NUM},
     {"open", "pin", F_STR},           {"open", "pin_tokens", F_TOKENS},
-    {"append", "logprobs", F_BOOL},
+    {"append", "logprobs", F_BOOL},   {"generate", "logprobs", F_BOOL},
+    {"generate", "top_logprobs", F_UINT},
 };
 
 /* Values of every msgpack type. */

@@ -254,7 +254,7 @@ static void test_notify_lifecycle(void **state) {
   wait_message(&d, "READY=1", NULL, 0);
   assert_non_null(strstr(g_heard, "STATUS=loading "));
   assert_true(strstr(g_heard, "STATUS=loading ") < strstr(g_heard, "READY=1"));
-  assert_true(log_has(&d, "model loaded: "));
+  assert_true(log_has(&d, "model loaded in "));
   struct sk_client *c = connect_now(sock);
   struct sk_hello h;
   struct sk_error e = {0};
@@ -518,7 +518,7 @@ static void test_wait_for_model(void **state) {
   assert_string_equal(msg, want);
   assert_non_null(strstr(g_heard, "RELOADING=1\n"));
   wait_message(&d, "READY=1", NULL, 0);
-  assert_true(log_has(&d, "model loaded: "));
+  assert_true(log_has(&d, "model loaded in "));
   struct sk_client *c = connect_now(sock);
   struct sk_error e = {0};
   struct sk_hello h;

@@ -250,14 +250,15 @@ void test_request_generate(void **state) {
       .session = 9, .max_tokens = 64, .temperature = 0.5, .top_k = 7, .top_p = 0.75,
       .ignore_eos = true, .has_seed = true, .seed = 1ull << 40,
       .stop = {.s = stops, .len = stop_len, .n = 2},
-      .input = {.text = "Once", .text_len = 4, .bos = 0, .parse_special = true}, .n_top = 5};
+      .input = {.text = "Once", .text_len = 4, .bos = 0, .parse_special = true}, .n_top = 5,
+      .logprobs = true, .top_logprobs = 20};
   struct frame f;
   assert_int_equal(sk_wire_pack_generate_req(&f.b, 50, false, &g), 0);
   const msgpack_object *map = parse(&f);
   char k[512];
   keys(map, k, sizeof k);
   assert_string_equal(k, "id op session max_tokens temperature top_k top_p ignore_eos seed stop "
-                         "prompt bos parse_special n_top");
+                         "prompt bos parse_special n_top logprobs top_logprobs");
   assert_request(map, 50, "generate");
   struct sk_wire_generate_req got;
   memset(&got, 0xa5, sizeof got);
@@ -284,6 +285,8 @@ void test_request_generate(void **state) {
   assert_int_equal(got.input.bos, 0);
   assert_true(got.input.parse_special);
   assert_int_equal(got.n_top, 5);
+  assert_true(got.logprobs);
+  assert_int_equal(got.top_logprobs, 20);
   assert_int_equal(got.messages.n, 0);
   frame_free(&f);
 
@@ -362,6 +365,8 @@ void test_request_generate_defaults(void **state) {
   assert_false(got.has_seed);
   assert_false(got.ignore_eos);
   assert_int_equal(got.n_top, 0);
+  assert_false(got.logprobs);
+  assert_int_equal(got.top_logprobs, 0);
   assert_int_equal(got.input.bos, -1);
   assert_null(got.input.text);
   assert_false(got.input.tokens.has);
