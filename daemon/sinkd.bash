@@ -21,6 +21,7 @@ _sinkd() {
     --max-input-memory|--max-user-input-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-uid) COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
+    --http-listen-public) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --sinks|--max-sessions|--max-clients|--max-frame|--batch|--step-tokens|--idle-ttl|\
     --max-user-sessions|--max-user-clients|--frame-timeout|--http-listen)
       COMPREPLY=(); return ;;
@@ -31,7 +32,7 @@ _sinkd() {
     --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch --step-tokens
     --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
-    --sparsity-file --calibrate --log-level --verbose --help --version" -- "$cur"))
+    --http-listen-public --sparsity-file --calibrate --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd
