@@ -3,7 +3,7 @@
 # and the latest figures).
 #
 #   scripts/bench.sh BUILD_DIR OUT_DIR
-#     [decode|aggregate|positions|sidebyside|ratio|server|mixed]...
+#     [decode|aggregate|positions|sidebyside|single|ratio|server|mixed]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench
 # (doc/performance.md says how to build it): for each shape, weight type and thread
@@ -17,6 +17,16 @@
 # preset sinkd-mkmodel writes, e.g. "q4_K_M q6_K q4_0", mixed as
 # llama-quantize mixes them) and THREADS (default "1 2") choose the
 # cells.
+#
+# single: one session's prefill and decode against llama.cpp's
+# llama-bench (LLAMA_BENCH) and, if BASE_BUILD names another sinkd build
+# (e.g. of the main branch), against that build, for each model of
+# SINGLE_MODELS (default "1B:q4_K_M") with THREADS threads (default 2),
+# ROUNDS rounds (default 3) taking turns at going first: sinkd-bench's
+# one PREFILL-token append (default 512) and 64-token decode (medians of
+# 3) against llama-bench's ppPREFILL and tg64 (averages of 3); per round
+# the tokens/s, the decode's weight read rate (GB/s) and the ratios,
+# then the median of each ratio.
 #
 # ratio: 16 sessions against one on the 110M shape, taking turns
 # (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per weight
@@ -151,6 +161,74 @@ for part in $parts; do
     done
     "$build/tools/sinkd-kbench" --membw 1024 --samples 5
     ;;
+  single)
+    : "${LLAMA_BENCH:?set LLAMA_BENCH to llama.cpp's llama-bench}"
+    rounds=${ROUNDS:-3}
+    t=${THREADS:-2}
+    pp=${PREFILL:-512}
+    who_list="llama sinkd${BASE_BUILD:+ base}"
+    for sm in ${SINGLE_MODELS:-1B:q4_K_M}; do
+      shape=${sm%%:*} type=${sm#*:}
+      m=$(model "$shape" "$type")
+      rows=""
+      r=1
+      while [ $r -le "$rounds" ]; do
+        # each round starts with the next of the engines
+        order=$(echo $who_list |
+          awk -v r=$r '{ for (i = 0; i < NF; i++) printf "%s ", $((r - 1 + i) % NF + 1) }')
+        b_pp=0 b_tg=0
+        for who in $order; do
+          case $who in
+          llama)
+            # csv rows ppN then tg64; the field before the last is avg_ts
+            csv=$("$LLAMA_BENCH" -m "$m" -p "$pp" -n 64 -t "$t" -r 3 -o csv 2>/dev/null |
+              tail -n 2 | tr -d '"')
+            l_pp=$(echo "$csv" | head -n 1 | awk -F, '{print $(NF-1)}')
+            l_tg=$(echo "$csv" | tail -n 1 | awk -F, '{print $(NF-1)}')
+            ;;
+          sinkd | base)
+            if [ "$who" = base ]; then
+              sv_sinkd=$sinkd sv_bench=$bench
+              sinkd="$BASE_BUILD/daemon/sinkd" bench="$BASE_BUILD/tools/sinkd-bench"
+            fi
+            json=$(run "single-$who-$shape-$type-t$t-r$r" "$m" "$t" --no-concurrency \
+              --no-positions --prefill "$pp" --gen 64 --reps 3)
+            v_pp=$(echo "$json" | sed -n 's/.*"prefill_tokens_per_s": \([0-9.]*\).*/\1/p')
+            v_tg=$(echo "$json" | sed -n 's/.*"decode_tokens_per_s": \([0-9.]*\).*/\1/p')
+            bytes=$(echo "$json" | sed -n 's/.*"weight_bytes": \([0-9]*\).*/\1/p')
+            if [ "$who" = base ]; then
+              sinkd=$sv_sinkd bench=$sv_bench b_pp=$v_pp b_tg=$v_tg
+            else
+              s_pp=$v_pp s_tg=$v_tg
+            fi
+            ;;
+          esac
+        done
+        line=$(awk -v spp="$s_pp" -v stg="$s_tg" -v lpp="$l_pp" -v ltg="$l_tg" -v bpp="$b_pp" \
+          -v btg="$b_tg" -v by="$bytes" 'BEGIN {
+          printf "%.1f %.1f %.1f %.1f %.1f %.1f %.1f %.2f %.2f %.2f %.2f", spp, stg, lpp, ltg, bpp,
+            btg, stg * by / 1e9, spp / lpp, stg / ltg, bpp ? spp / bpp : 0, btg ? stg / btg : 0 }')
+        echo "$shape $type t$t round $r: sinkd pp$pp/tg64, llama.cpp pp$pp/tg64, base pp$pp/tg64," \
+          "sinkd decode GB/s, pp vs llama.cpp, tg vs llama.cpp, pp vs base, tg vs base: $line"
+        rows="$rows$line
+"
+        r=$((r + 1))
+      done
+      printf '%s' "$rows" | awk -v name="$shape $type, $t threads" -v pp="$pp" '
+        function median(a, n,   i, j, t) {
+          for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+            t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+          return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+        NF == 11 { n++; for (k = 1; k <= 11; k++) v[k, n] = $k }
+        END {
+          for (k = 1; k <= 11; k++) { for (i = 1; i <= n; i++) c[i] = v[k, i]; m[k] = median(c, n) }
+          printf "%s (medians of %d rounds): sinkd pp%s %.1f, tg64 %.1f tokens/s (%.1f GB/s);", name,
+            n, pp, m[1], m[2], m[7]
+          printf " llama.cpp %.1f, %.1f; base %.1f, %.1f; pp vs llama.cpp %.2fx, tg %.2fx;", m[3],
+            m[4], m[5], m[6], m[8], m[9]
+          printf " pp vs base %.2fx, tg %.2fx\n", m[10], m[11] }'
+    done
+    ;;
   ratio)
     list=""
     r=0
@@ -265,7 +343,8 @@ for part in $parts; do
     done
     ;;
   *)
-    echo "unknown part $part (decode, aggregate, positions, sidebyside, ratio, server, mixed)" >&2
+    echo "unknown part $part (decode, aggregate, positions, sidebyside, single, ratio, server," \
+      "mixed)" >&2
     exit 2
     ;;
   esac
