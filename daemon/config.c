@@ -58,6 +58,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     [SK_CFG_THREADS] = {"daemon", "threads", "--threads", T_U32_AUTO, F(threads), 1,
                         SK_LIMIT_MAX_THREADS, false},
     [SK_CFG_BATCH] = {"daemon", "batch", "--batch", T_U32, F(batch), 1, SK_LIMIT_MAX_BATCH, false},
+    [SK_CFG_STEP_TOKENS] = {"daemon", "step_tokens", "--step-tokens", T_U32, F(step_tokens), 1,
+                            SK_LIMIT_MAX_BATCH, false},
     [SK_CFG_LOG_LEVEL] = {"daemon", "log_level", "--log-level", T_LOG_LEVEL, F(log_level), 0, 0,
                           true},
     /* fixed for the store's life (its new sessions' type; any type is adopted) */
@@ -196,6 +198,7 @@ int sk_config_init(struct sk_config *cfg) {
     return -SK_ERR_NO_MEMORY;
   }
   cfg->batch = SK_CONFIG_DEFAULT_BATCH;
+  cfg->step_tokens = SK_CONFIG_DEFAULT_STEP_TOKENS;
   cfg->log_level = SK_LOG_INFO;
   cfg->kv_type = SK_KV_F16; /* llama.cpp's default cache type */
   cfg->chat_template = -1;  /* the model's own */
@@ -678,8 +681,15 @@ static int handler(void *user, const char *section, const char *name, const char
     for (int k = 0; k < SK_CFG__COUNT; k++)
       if (strcmp(keys[k].section, section) == 0 && w < sizeof known)
         w += (size_t)snprintf(known + w, sizeof known - w, "%s%s", w ? ", " : "", keys[k].name);
-    add_error(st, st->line, "[%s] %s: unknown key (keys of [%s]: %s)", section, name, section,
-              known);
+    /* a list longer than one message: the manual lists the keys */
+    if (w >= sizeof known ||
+        (size_t)snprintf(NULL, 0, "%s:%u: [%s] %s: unknown key (keys of [%s]: %s)", st->path,
+                         st->line, section, name, section, known) >= SK_ERROR_MESSAGE_MAX)
+      add_error(st, st->line, "[%s] %s: unknown key (sinkd.conf(5) lists the keys of [%s])",
+                section, name, section);
+    else
+      add_error(st, st->line, "[%s] %s: unknown key (keys of [%s]: %s)", section, name, section,
+                known);
     return 1;
   }
   if (st->seen[key]) {

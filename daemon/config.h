@@ -28,6 +28,8 @@
 #define SK_CONFIG_DEFAULT_MAX_SESSIONS 64u  /* each holds a full KV cache */
 #define SK_CONFIG_DEFAULT_MAX_CLIENTS 1024u /* well under a default fd limit */
 #define SK_CONFIG_DEFAULT_BATCH 64u         /* keeps other sessions' tokens flowing */
+/* a pass of 16 tokens takes about 3 times a lone token's (doc/performance.md) */
+#define SK_CONFIG_DEFAULT_STEP_TOKENS 16u
 #define SK_CONFIG_DEFAULT_N_SINK 4u         /* StreamingLLM: 4 sinks suffice */
 #define SK_CONFIG_DEFAULT_WINDOW_SPAN 1024u /* sinks + window, unless the model is shorter */
 #define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
@@ -53,6 +55,7 @@ enum sk_config_key {
   SK_CFG_STATE_DIR,
   SK_CFG_THREADS,
   SK_CFG_BATCH,
+  SK_CFG_STEP_TOKENS,
   SK_CFG_LOG_LEVEL,
   SK_CFG_KV_TYPE,
   SK_CFG_CHAT_TEMPLATE,
@@ -95,6 +98,7 @@ struct sk_config {
   char *state_dir;    /* folder of the session store */
   uint32_t threads;   /* compute threads; 0 = auto (online CPUs) */
   uint32_t batch;     /* tokens per forward pass, all sessions */
+  uint32_t step_tokens; /* token budget of a pass while a session generates */
   uint32_t log_level; /* SK_LOG_ERR .. SK_LOG_DEBUG */
   uint32_t kv_type;   /* enum sk_kv_type of new sessions' caches (default f16) */
   int chat_template;  /* enum sk_chat_template of the `chat` op; -1 = auto: the

@@ -55,6 +55,8 @@ static void usage(FILE *f) {
           "                          (604800 = 7 days; 0 = never)\n"
           "      --batch N           tokens per forward pass: one per generating session\n"
           "                          plus prefill chunks (64)\n"
+          "      --step-tokens N     token budget of a pass while a session generates:\n"
+          "                          prefill chunks fill what its tokens leave (16)\n"
           "      --kv-type TYPE      element type of new sessions' KV caches: f16 (default:\n"
           "                          keys and values in half the bytes, rounded) or f32\n"
           "      --chat-template NAME  template family of the chat op: auto (default: the\n"
@@ -122,6 +124,7 @@ static int parse_command_line(int argc, char **argv, struct sk_startup *st) {
       KEY_OPT("max-input-memory", SK_CFG_MAX_INPUT_MEMORY),
       KEY_OPT("max-user-input-memory", SK_CFG_MAX_USER_INPUT_MEMORY),
       KEY_OPT("batch", SK_CFG_BATCH),
+      KEY_OPT("step-tokens", SK_CFG_STEP_TOKENS),
       KEY_OPT("log-level", SK_CFG_LOG_LEVEL),
       KEY_OPT("kv-type", SK_CFG_KV_TYPE),
       KEY_OPT("chat-template", SK_CFG_CHAT_TEMPLATE),

@@ -22,15 +22,15 @@ _sinkd() {
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-uid) COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-listen-public) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
-    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions|\
-    --max-user-clients|--frame-timeout|--http-listen)
+    --sinks|--max-sessions|--max-clients|--max-frame|--batch|--step-tokens|--idle-ttl|\
+    --max-user-sessions|--max-user-clients|--frame-timeout|--http-listen)
       COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
     --policy --sinks --window --capacity --max-capacity --max-sessions --max-clients
     --max-memory --max-user-sessions --max-user-memory --max-user-clients --max-frame
     --max-input-memory --max-user-input-memory
-    --frame-timeout --idle-ttl --batch
+    --frame-timeout --idle-ttl --batch --step-tokens
     --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
     --http-listen-public --sparsity-file --calibrate --log-level --verbose --help --version" -- "$cur"))
 }

@@ -90,6 +90,7 @@ static void server_config_from(const struct sk_config *cfg, struct sk_server_con
   s->max_user_sessions = cfg->max_user_sessions;
   s->max_user_kv_bytes = cfg->max_user_memory;
   s->max_batch = cfg->batch;
+  s->step_tokens = cfg->step_tokens;
   s->threads = cfg->threads;
   s->kv_type = cfg->kv_type;
   s->defaults.policy = cfg->policy;

@@ -2,7 +2,8 @@
 # Benchmarks sinkd on synthetic models (doc/performance.md: the method
 # and the latest figures).
 #
-#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
+#   scripts/bench.sh BUILD_DIR OUT_DIR
+#     [decode|aggregate|positions|sidebyside|single|ratio|server|mixed]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench
 # (doc/performance.md says how to build it): for each shape, weight type and thread
@@ -17,12 +18,38 @@
 # llama-quantize mixes them) and THREADS (default "1 2") choose the
 # cells.
 #
+# single: one session's prefill and decode against llama.cpp's
+# llama-bench (LLAMA_BENCH) and, if BASE_BUILD names another sinkd build
+# (e.g. of the main branch), against that build, for each model of
+# SINGLE_MODELS (default "1B:q4_K_M") with THREADS threads (default 2),
+# ROUNDS rounds (default 3) taking turns at going first: sinkd-bench's
+# one PREFILL-token append (default 512) and 64-token decode (medians of
+# 3) against llama-bench's ppPREFILL and tg64 (averages of 3); per round
+# the tokens/s, the decode's weight read rate (GB/s) and the ratios,
+# then the median of each ratio.
+#
 # ratio: 16 sessions against one on the 110M shape, taking turns
 # (1, 16, 1, 16, ... ROUNDS times, default 6) in one daemon per weight
 # type (RATIO_TYPES, default "q8_0"; e.g. "q8_0 q4_K_M"), thread count
 # and KV type (RATIO_KV, default "f16 f32"), so that the VM's swings
 # fall on both; prints the medians, their ratio and the ratio of each
 # round.
+#
+# server: many sessions against llama.cpp's llama-server (LLAMA_SERVER,
+# its path), for each model of SERVER_MODELS (default "110M:q8_0
+# 1B:q4_K_M", shape:type) with THREADS threads (default 2), ROUNDS rounds
+# (default 3) taking turns at going first: sinkd-bench's 1, 16 and 64
+# concurrent sessions (128 greedy tokens after a 16-token prompt) against
+# llama-server -np 16 and -np 64 on the same file, threads and prompts,
+# measured alike (scripts/llama-server-bench.py); per round the aggregate
+# tokens/s and the ratios, then the median of each ratio.
+#
+# mixed: for each model of MIXED_MODELS (default as SERVER_MODELS) with
+# THREADS threads, ROUNDS rounds of sinkd-bench --mixed MIXED_TOKENS
+# (default 8000): the p50 and p99 inter-token gap of a generating session
+# alone and beside a session prefilling that many tokens, and the median
+# ratio of the p99s (DAEMON_ARGS, e.g. "--step-tokens 32", reach the
+# daemon).
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -134,6 +161,74 @@ for part in $parts; do
     done
     "$build/tools/sinkd-kbench" --membw 1024 --samples 5
     ;;
+  single)
+    : "${LLAMA_BENCH:?set LLAMA_BENCH to llama.cpp's llama-bench}"
+    rounds=${ROUNDS:-3}
+    t=${THREADS:-2}
+    pp=${PREFILL:-512}
+    who_list="llama sinkd${BASE_BUILD:+ base}"
+    for sm in ${SINGLE_MODELS:-1B:q4_K_M}; do
+      shape=${sm%%:*} type=${sm#*:}
+      m=$(model "$shape" "$type")
+      rows=""
+      r=1
+      while [ $r -le "$rounds" ]; do
+        # each round starts with the next of the engines
+        order=$(echo $who_list |
+          awk -v r=$r '{ for (i = 0; i < NF; i++) printf "%s ", $((r - 1 + i) % NF + 1) }')
+        b_pp=0 b_tg=0
+        for who in $order; do
+          case $who in
+          llama)
+            # csv rows ppN then tg64; the field before the last is avg_ts
+            csv=$("$LLAMA_BENCH" -m "$m" -p "$pp" -n 64 -t "$t" -r 3 -o csv 2>/dev/null |
+              tail -n 2 | tr -d '"')
+            l_pp=$(echo "$csv" | head -n 1 | awk -F, '{print $(NF-1)}')
+            l_tg=$(echo "$csv" | tail -n 1 | awk -F, '{print $(NF-1)}')
+            ;;
+          sinkd | base)
+            if [ "$who" = base ]; then
+              sv_sinkd=$sinkd sv_bench=$bench
+              sinkd="$BASE_BUILD/daemon/sinkd" bench="$BASE_BUILD/tools/sinkd-bench"
+            fi
+            json=$(run "single-$who-$shape-$type-t$t-r$r" "$m" "$t" --no-concurrency \
+              --no-positions --prefill "$pp" --gen 64 --reps 3)
+            v_pp=$(echo "$json" | sed -n 's/.*"prefill_tokens_per_s": \([0-9.]*\).*/\1/p')
+            v_tg=$(echo "$json" | sed -n 's/.*"decode_tokens_per_s": \([0-9.]*\).*/\1/p')
+            bytes=$(echo "$json" | sed -n 's/.*"weight_bytes": \([0-9]*\).*/\1/p')
+            if [ "$who" = base ]; then
+              sinkd=$sv_sinkd bench=$sv_bench b_pp=$v_pp b_tg=$v_tg
+            else
+              s_pp=$v_pp s_tg=$v_tg
+            fi
+            ;;
+          esac
+        done
+        line=$(awk -v spp="$s_pp" -v stg="$s_tg" -v lpp="$l_pp" -v ltg="$l_tg" -v bpp="$b_pp" \
+          -v btg="$b_tg" -v by="$bytes" 'BEGIN {
+          printf "%.1f %.1f %.1f %.1f %.1f %.1f %.1f %.2f %.2f %.2f %.2f", spp, stg, lpp, ltg, bpp,
+            btg, stg * by / 1e9, spp / lpp, stg / ltg, bpp ? spp / bpp : 0, btg ? stg / btg : 0 }')
+        echo "$shape $type t$t round $r: sinkd pp$pp/tg64, llama.cpp pp$pp/tg64, base pp$pp/tg64," \
+          "sinkd decode GB/s, pp vs llama.cpp, tg vs llama.cpp, pp vs base, tg vs base: $line"
+        rows="$rows$line
+"
+        r=$((r + 1))
+      done
+      printf '%s' "$rows" | awk -v name="$shape $type, $t threads" -v pp="$pp" '
+        function median(a, n,   i, j, t) {
+          for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+            t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+          return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+        NF == 11 { n++; for (k = 1; k <= 11; k++) v[k, n] = $k }
+        END {
+          for (k = 1; k <= 11; k++) { for (i = 1; i <= n; i++) c[i] = v[k, i]; m[k] = median(c, n) }
+          printf "%s (medians of %d rounds): sinkd pp%s %.1f, tg64 %.1f tokens/s (%.1f GB/s);", name,
+            n, pp, m[1], m[2], m[7]
+          printf " llama.cpp %.1f, %.1f; base %.1f, %.1f; pp vs llama.cpp %.2fx, tg %.2fx;", m[3],
+            m[4], m[5], m[6], m[8], m[9]
+          printf " pp vs base %.2fx, tg %.2fx\n", m[10], m[11] }'
+    done
+    ;;
   ratio)
     list=""
     r=0
@@ -159,8 +254,97 @@ for part in $parts; do
     done
     done
     ;;
+  server)
+    : "${LLAMA_SERVER:?set LLAMA_SERVER to llama.cpp's llama-server}"
+    rounds=${ROUNDS:-3}
+    port=${LLAMA_PORT:-18419}
+    here=$(dirname "$0")
+    t=${THREADS:-2}
+    "$build/tools/sinkd-kbench" --membw 1024 --samples 5
+    for sm in ${SERVER_MODELS:-110M:q8_0 1B:q4_K_M}; do
+      shape=${sm%%:*} type=${sm#*:}
+      m=$(model "$shape" "$type")
+      rows=""
+      r=1
+      while [ $r -le "$rounds" ]; do
+        for who in $( [ $((r % 2)) -eq 1 ] && echo "llama sinkd" || echo "sinkd llama"); do
+          if [ "$who" = sinkd ]; then
+            json=$(run "server-$shape-$type-t$t-r$r" "$m" "$t" --no-prefill --no-decode \
+              --no-positions --concurrency 1,16,64 --gen 128)
+            agg=$(echo "$json" | tr '{' '\n' |
+              sed -n 's/.*"sessions": \([0-9]*\), "aggregate_tokens_per_s": \([0-9.]*\).*/\1 \2/p')
+            s1=$(echo "$agg" | awk '$1 == 1 { print $2 }')
+            s16=$(echo "$agg" | awk '$1 == 16 { print $2 }')
+            s64=$(echo "$agg" | awk '$1 == 64 { print $2 }')
+          else
+            for np in 16 64; do
+              echo "== llama-server -np $np $shape $type t$t ($(uptime | sed 's/.*load/load/'))" >&2
+              "$LLAMA_SERVER" -m "$m" -np $np -c $((np * 256)) -t "$t" -tb "$t" \
+                --host 127.0.0.1 --port "$port" >"$out/llama-server-$np.log" 2>&1 &
+              lpid=$!
+              i=0
+              until curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 || [ $i -gt 600 ]; do
+                sleep 0.1
+                i=$((i + 1))
+              done
+              lj=$(python3 "$here/llama-server-bench.py" --port "$port" --sessions $np --gen 128) ||
+                { kill "$lpid"; exit 1; }
+              kill "$lpid"
+              wait "$lpid" || true
+              echo "$lj" >"$out/llama-server-$shape-$type-t$t-np$np-r$r.json"
+              v=$(echo "$lj" | sed -n 's/.*"aggregate_tokens_per_s": \([0-9.]*\).*/\1/p')
+              if [ $np -eq 16 ]; then l16=$v; else l64=$v; fi
+            done
+          fi
+        done
+        line=$(awk -v s1="$s1" -v s16="$s16" -v s64="$s64" -v l16="$l16" -v l64="$l64" 'BEGIN {
+          printf "%.1f %.1f %.1f %.1f %.1f %.2f %.2f %.2f %.2f", s1, s16, s64, l16, l64,
+            s16 / l16, s64 / l64, s16 / s1, s64 / s16 }')
+        echo "$shape $type t$t round $r: sinkd 1/16/64 sessions, llama-server -np 16/64," \
+          "16/-np16, 64/-np64, 16/1, 64/16: $line"
+        rows="$rows$line
+"
+        r=$((r + 1))
+      done
+      printf '%s' "$rows" | awk -v name="$shape $type, $t threads" '
+        function median(a, n,   i, j, t) {
+          for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+            t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+          return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+        NF == 9 { n++; for (k = 1; k <= 9; k++) v[k, n] = $k }
+        END {
+          for (k = 1; k <= 9; k++) { for (i = 1; i <= n; i++) c[i] = v[k, i]; m[k] = median(c, n) }
+          printf "%s (medians of %d rounds): sinkd %.1f / %.1f / %.1f tokens/s (1 / 16 / 64",
+            name, n, m[1], m[2], m[3]
+          printf " sessions), llama-server %.1f / %.1f (-np 16 / 64); 16 vs -np 16 %.2fx,",
+            m[4], m[5], m[6]
+          printf " 64 vs -np 64 %.2fx, 16 vs 1 %.2fx, 64 vs 16 %.2fx\n", m[7], m[8], m[9] }'
+    done
+    "$build/tools/sinkd-kbench" --membw 1024 --samples 5
+    ;;
+  mixed)
+    rounds=${ROUNDS:-3}
+    t=${THREADS:-2}
+    for sm in ${MIXED_MODELS:-${SERVER_MODELS:-110M:q8_0 1B:q4_K_M}}; do
+      shape=${sm%%:*} type=${sm#*:}
+      m=$(model "$shape" "$type")
+      ratios=""
+      r=1
+      while [ $r -le "$rounds" ]; do
+        json=$(run "mixed-$shape-$type-t$t-r$r" "$m" "$t" --no-prefill --no-decode \
+          --no-concurrency --no-positions --mixed "${MIXED_TOKENS:-8000}")
+        line=$(echo "$json" | sed -n 's/.*"mixed": {\([^}]*\)}.*/\1/p')
+        echo "$shape $type t$t round $r: $line"
+        ratios="$ratios $(echo "$line" | sed -n 's/.*"p99_ratio": \([0-9.]*\).*/\1/p')"
+        r=$((r + 1))
+      done
+      echo "$shape $type t$t median p99 beside / alone: $(echo $ratios | tr ' ' '\n' | sort -n |
+        awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')"
+    done
+    ;;
   *)
-    echo "unknown part $part (decode, aggregate, positions, sidebyside, ratio)" >&2
+    echo "unknown part $part (decode, aggregate, positions, sidebyside, single, ratio, server," \
+      "mixed)" >&2
     exit 2
     ;;
   esac

@@ -85,6 +85,7 @@ static void test_defaults(void **state) {
   assert_null(c.file);
   assert_int_equal(c.threads, 0);
   assert_int_equal(c.batch, 64);
+  assert_int_equal(c.step_tokens, 16);
   assert_int_equal(c.log_level, SK_LOG_INFO);
   assert_int_equal(c.kv_type, SK_KV_F16);
   assert_int_equal(c.chat_template, -1); /* auto: the model's */
@@ -142,6 +143,7 @@ static void test_full_file(void **state) {
         "state_dir = /run/x\n"
         "  threads = 3\n"
         "batch = 32\n"
+        "step_tokens = 8\n"
         "log_level = debug\n"
         "kv_type = f32\n"
         "chat_template = llama3\n"
@@ -168,6 +170,7 @@ static void test_full_file(void **state) {
   assert_string_equal(c.state_dir, "/run/x");
   assert_int_equal(c.threads, 3);
   assert_int_equal(c.batch, 32);
+  assert_int_equal(c.step_tokens, 8);
   assert_int_equal(c.log_level, SK_LOG_DEBUG);
   assert_int_equal(c.kv_type, SK_KV_F32);
   assert_int_equal(c.chat_template, SK_CHAT_LLAMA3);
@@ -183,9 +186,10 @@ static void test_full_file(void **state) {
   assert_int_equal(c.origin[SK_CFG_MODEL].from, SK_CONFIG_FROM_FILE);
   assert_int_equal(c.origin[SK_CFG_MODEL].line, 3);
   assert_int_equal(c.origin[SK_CFG_THREADS].line, 6);
-  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 23);
-  assert_int_equal(c.origin[SK_CFG_CHAT_TEMPLATE].line, 10);
-  assert_int_equal(c.origin[SK_CFG_KV_TYPE].line, 9);
+  assert_int_equal(c.origin[SK_CFG_STEP_TOKENS].line, 8);
+  assert_int_equal(c.origin[SK_CFG_MAX_FRAME].line, 24);
+  assert_int_equal(c.origin[SK_CFG_CHAT_TEMPLATE].line, 11);
+  assert_int_equal(c.origin[SK_CFG_KV_TYPE].line, 10);
 
   /* The command line overrides the file, key by key. */
   struct sk_config cli;
@@ -237,10 +241,12 @@ static void test_errors(void **state) {
   expect_error("[daemon]\nlog_level = loud\n",
                ":2: [daemon] log_level: 'loud' is not a log level (err, warning, notice, info, "
                "debug)");
+  /* The keys of [session] fit the message; those of [daemon] do not. */
+  expect_error("[session]\nbogus = 1\n",
+               ":2: [session] bogus: unknown key (keys of [session]: policy, sinks, window, "
+               "capacity)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
-               ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
-               "http_key_file, http_uid, http_listen_public, sparsity_file)");
+               ":3: [daemon] bogus: unknown key (sinkd.conf(5) lists the keys of [daemon])");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
@@ -572,6 +578,7 @@ static void test_key_table(void **state) {
   }
   static const enum sk_config_key fixed[] = {
       SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
+      SK_CFG_STEP_TOKENS,
       SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
       SK_CFG_HTTP_UID,    SK_CFG_HTTP_LISTEN_PUBLIC, SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE};
   const size_t n = sizeof fixed / sizeof fixed[0];

@@ -688,6 +688,96 @@ static void test_long_prefill_does_not_block(void **state) {
   sk_client_free(c);
 }
 
+/* A generate on its own connection that goes on until told to stop. */
+struct long_generate {
+  uint64_t session;
+  atomic_bool started, stop;
+  struct sk_generate_result gr;
+  int rc;
+  struct sk_error err;
+};
+
+static int long_generate_cb(void *user, const struct sk_token_event *ev) {
+  (void)ev;
+  struct long_generate *lg = user;
+  atomic_store(&lg->started, true);
+  return atomic_load(&lg->stop) ? 1 : 0; /* nonzero: cancel */
+}
+
+static void *long_generate_main(void *arg) {
+  struct long_generate *lg = arg;
+  struct sk_client *c = NULL;
+  lg->rc = sk_client_connect(g_socket, &c, &lg->err);
+  if (lg->rc == 0) {
+    struct sk_generate_params gp;
+    sk_generate_params_init(&gp);
+    gp.max_tokens = 1000000;
+    gp.ignore_eos = true;
+    gp.prompt = "Once upon a time";
+    lg->rc = sk_client_generate(c, lg->session, &gp, long_generate_cb, lg, &lg->gr, &lg->err);
+    sk_client_free(c);
+  }
+  atomic_store(&lg->started, true); /* (failed before its first token) */
+  return NULL;
+}
+
+/* Beside a generating session a prefill takes, per forward pass, at
+ * most what the generating token leaves of step_tokens (16 by default),
+ * prompt tokens counting more with the positions their attention reads:
+ * a 240-token append into a dense session takes at least 240 / 15 = 16
+ * passes, each a step of its object (session stats' commit); with no
+ * session generating, the whole batch (64): 4 passes. */
+static uint64_t session_commits(struct sk_client *c, uint64_t session) {
+  struct sk_session_stats ss;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_session_stats(c, session, &ss, &e), 0);
+  return ss.commit;
+}
+
+static void test_prefill_budget_beside_decode(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  struct sk_error e = {0};
+  struct sk_open_params sp = {.policy = "streaming", .n_sink = 4, .window = 60};
+  struct sk_open_params dp = {.policy = "dense", .capacity = 256};
+  struct sk_open_result og, o1, o2;
+  assert_int_equal(sk_client_open(c, &sp, &og, &e), 0);
+  assert_int_equal(sk_client_open(c, &dp, &o1, &e), 0);
+  assert_int_equal(sk_client_open(c, &dp, &o2, &e), 0);
+  enum { N = 240 };
+  int32_t toks[N];
+  for (int i = 0; i < N; i++) toks[i] = (int32_t)(3 + i * 7 % 500);
+  /* alone */
+  uint64_t before = session_commits(c, o1.session);
+  assert_int_equal(sk_client_append_tokens(c, o1.session, toks, N, SK_BOS_FALSE, NULL, &e), 0);
+  assert_int_equal(session_commits(c, o1.session) - before, (N + 63) / 64);
+  /* beside a generate */
+  static struct long_generate lg;
+  lg.session = og.session;
+  atomic_store(&lg.started, false);
+  atomic_store(&lg.stop, false);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, long_generate_main, &lg), 0);
+  while (!atomic_load(&lg.started)) usleep(1000);
+  before = session_commits(c, o2.session);
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_tokens(c, o2.session, toks, N, SK_BOS_FALSE, &ar, &e), 0);
+  const uint64_t passes = session_commits(c, o2.session) - before;
+  atomic_store(&lg.stop, true);
+  pthread_join(th, NULL);
+  if (lg.rc < 0) fail_msg("generate: %s", lg.err.message);
+  assert_string_equal(lg.gr.stop, "cancelled");
+  assert_int_equal(ar.n_tokens, N);
+  print_message("a %d-token append: %d passes alone, %" PRIu64 " beside a generate\n", N,
+                (N + 63) / 64, passes);
+  assert_true(passes >= (N + 14) / 15);
+  assert_true(passes <= N); /* never starved: a token a pass at least */
+  assert_int_equal(sk_client_close_session(c, og.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o1.session, &e), 0);
+  assert_int_equal(sk_client_close_session(c, o2.session, &e), 0);
+  sk_client_free(c);
+}
+
 /* ---- sinkctl ---- */
 
 /* ---- policies, pins, eviction reports, logprobs, eval ---- */
@@ -904,6 +994,7 @@ int main(void) {
       cmocka_unit_test(test_pipelining),
       cmocka_unit_test(test_batching_unchanged),
       cmocka_unit_test(test_long_prefill_does_not_block),
+      cmocka_unit_test(test_prefill_budget_beside_decode),
       cmocka_unit_test(test_temporary_sessions),
       cmocka_unit_test(test_copies_hold_their_session),
       cmocka_unit_test(test_sigterm),

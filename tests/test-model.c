@@ -932,8 +932,10 @@ static void test_batch_errors(void **state) {
 
 /* A streaming chunk that evicts inside itself (sk_seq.n_evicted) computes
  * exactly what token-by-token streaming computes: same logits for every
- * token, same cache afterwards. 300 tokens through 4 sinks + 40. */
-static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
+ * token, same cache afterwards. 300 tokens through 4 sinks + 40. The
+ * chunks run on a pool of `threads` threads (2: attention tasks of one KV
+ * head each, whose chunk rows walk the cache together). */
+static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type, uint32_t threads) {
   enum { N = 300 };
   const uint32_t V = fx.c->n_vocab;
   int32_t ids[N];
@@ -942,11 +944,16 @@ static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
   const uint32_t n_sink = policy == SK_POLICY_STREAMING ? 4 : 0;
   struct sk_kv *one = new_cache_t(fx.m, policy, n_sink, 44 - n_sink, 0, kv_type);
   struct sk_kv *chk = new_cache_t(fx.m, policy, n_sink, 44 - n_sink, 0, kv_type);
-  struct sk_scratch *s = new_scratch(fx.m, 64, 64);
+  struct sk_scratch *s = new_scratch(fx.m, 64, 64), *sc = s;
   float *l1 = malloc((size_t)N * V * sizeof *l1), *l2 = malloc((size_t)N * V * sizeof *l2);
   assert_non_null(l1);
   assert_non_null(l2);
   struct sk_error err = {0};
+  struct sk_pool *pool = NULL;
+  if (threads > 1) {
+    assert_int_equal(sk_pool_new(threads, &pool, &err), 0);
+    assert_int_equal(sk_scratch_new_pool(fx.m, 64, 64, pool, &sc, &err), 0);
+  }
   struct sk_evict_log log1, log2;
   sk_evict_log_reset(&log1);
   sk_evict_log_reset(&log2);
@@ -964,7 +971,8 @@ static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
     struct sk_seq q = {.kv = chk, .tokens = ids + at, .n = n,
                        .n_evicted = (uint32_t)(chk->hdr->n_evicted - before),
                        .logits = l2 + (size_t)at * V, .all_logits = true};
-    if (sk_model_forward_batch(fx.m, s, &q, 1, &err) < 0) fail_msg("chunk at %u: %s", at, err.message);
+    if (sk_model_forward_batch(fx.m, sc, &q, 1, &err) < 0)
+      fail_msg("chunk at %u: %s", at, err.message);
     at += n;
   }
   for (int i = 0; i < N; i++)
@@ -984,16 +992,20 @@ static void streaming_chunks_exact(uint32_t policy, uint32_t kv_type) {
     }
   free(l1);
   free(l2);
+  if (sc != s) sk_scratch_free(sc);
   sk_scratch_free(s);
+  sk_pool_free(pool);
   sk_kv_free(one);
   sk_kv_free(chk);
 }
 
 static void test_streaming_chunks_exact(void **state) {
   (void)state;
-  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F32);
-  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F16);
-  streaming_chunks_exact(SK_POLICY_WINDOW, SK_KV_F32);
+  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F32, 1);
+  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F16, 1);
+  streaming_chunks_exact(SK_POLICY_WINDOW, SK_KV_F32, 1);
+  streaming_chunks_exact(SK_POLICY_STREAMING, SK_KV_F16, 2);
+  streaming_chunks_exact(SK_POLICY_WINDOW, SK_KV_F32, 2);
 }
 
 /* An f16 KV cache (kv_type f16, llama.cpp's default cache type) against

@@ -46,6 +46,7 @@ expect 2 err "--reps: '2.5' is not a number" "$bench" --reps 2.5
 expect 2 err "--concurrency: '0' is not a list of up to 16 numbers in [1, 4096]" "$bench" --concurrency 0
 expect 2 err "--positions: '1e3,,1e5' is not a list" "$bench" --positions 1e3,,1e5
 expect 2 err "Try 'sinkd-bench --help' for more information." "$bench" --sinks -1
+expect 2 err "--mixed: 'many' is not a number" "$bench" --mixed many
 expect 3 err "cannot connect to $dir/none.sock" "$bench" --socket "$dir/none.sock" --sinks 0
 
 expect 0 out "usage: sinkd-kbench" "$kbench" --help

@@ -26,6 +26,13 @@
  *                daemon's CPU time per token (all its threads,
  *                /proc/PID/task/TID/schedstat), which a busy machine
  *                disturbs far less than wall time
+ *   mixed        (--mixed N) one streaming session generating beside a
+ *                session of the daemon's defaults that appends N random
+ *                tokens: the decoding session's inter-token gaps
+ *                (between two events of one generate) alone, before and
+ *                after, and while the append runs; p50, p99 and the
+ *                ratio of the p99s, and the append's tokens/s (the
+ *                daemon's chunked prefill keeps the gap bounded)
  *   memory       the daemon's RSS (/proc/PID/status, PID from the socket's
  *                SO_PEERCRED) idle and with C sessions open, and the KV
  *                bytes of one session as `open` reports them
@@ -36,6 +43,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,12 +64,14 @@
 #define POS_SEGMENT 64u     /* tokens per segment of a position's median */
 #define POS_ROUNDS 4u       /* rounds over the positions, --pos-gen split */
 #define FIRST_NORMAL_ID 259 /* after <unk> <s> </s> and the 256 byte tokens */
+#define MIXED_GEN 64u       /* tokens per generate of the mixed part's decoding session */
+#define MIXED_ALONE 4u      /* its generates alone before the append, and after it */
 
 
 struct opts {
   const char *socket;
   bool json;
-  uint32_t prefill, gen, reps, pos_gen, window, sinks;
+  uint32_t prefill, gen, reps, pos_gen, window, sinks, mixed;
   uint32_t conc[MAX_LIST], n_conc;
   uint64_t pos[MAX_LIST];
   uint32_t n_pos;
@@ -300,6 +310,7 @@ static void usage(FILE *f) {
           "      --window N           streaming window of the prefill and position tests\n"
           "                           (1024, or what the model's context leaves)\n"
           "      --sinks N            attention sinks of the position test (4)\n"
+          "      --mixed N            decode beside an N-token prefill (0: skip; default)\n"
           "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
           "                           skip a part\n"
           "  -h, --help               this text\n"
@@ -314,7 +325,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
                      .sinks = 4, .conc = {1, 4, 16, 64}, .n_conc = 4,
                      .pos = {1000, 10000, 100000, 1000000}, .n_pos = 4};
   enum { O_PREFILL = 256, O_GEN, O_REPS, O_CONC, O_POS, O_POS_GEN, O_WINDOW, O_SINKS,
-         O_NO_PREFILL, O_NO_DECODE, O_NO_CONC, O_NO_POS };
+         O_NO_PREFILL, O_NO_DECODE, O_NO_CONC, O_NO_POS, O_MIXED };
   static const struct option lo[] = {
       {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
       {"prefill", required_argument, NULL, O_PREFILL}, {"gen", required_argument, NULL, O_GEN},
@@ -322,6 +333,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
       {"positions", required_argument, NULL, O_POS},
       {"pos-gen", required_argument, NULL, O_POS_GEN},
       {"window", required_argument, NULL, O_WINDOW}, {"sinks", required_argument, NULL, O_SINKS},
+      {"mixed", required_argument, NULL, O_MIXED},
       {"no-prefill", no_argument, NULL, O_NO_PREFILL}, {"no-decode", no_argument, NULL, O_NO_DECODE},
       {"no-concurrency", no_argument, NULL, O_NO_CONC},
       {"no-positions", no_argument, NULL, O_NO_POS}, {"help", no_argument, NULL, 'h'},
@@ -342,6 +354,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
       o->window_set = true;
       break;
     case O_SINKS: o->sinks = (uint32_t)sk_cli_parse_u64("--sinks", optarg, 0, 1u << 20); break;
+    case O_MIXED: o->mixed = (uint32_t)sk_cli_parse_u64("--mixed", optarg, 0, 1u << 20); break;
     case O_CONC:
       o->n_conc = sk_cli_parse_list("--concurrency", optarg, tmp, MAX_LIST, 1, 4096);
       for (uint32_t i = 0; i < o->n_conc; i++) o->conc[i] = (uint32_t)tmp[i];
@@ -376,6 +389,12 @@ struct results {
   double pos_ms[MAX_LIST];    /* median ms per token at each position */
   double pos_cpu_ms[MAX_LIST]; /* the daemon's CPU ms per token there */
   uint32_t n_pos;
+  struct mixed_result {
+    double alone_p50_ms, alone_p99_ms;   /* gaps of the decoding session alone */
+    double beside_p50_ms, beside_p99_ms; /* while the append runs */
+    size_t n_beside;                     /* gaps measured beside it */
+    double prefill_tps;                  /* the append's tokens/s */
+  } mixed;
   uint64_t kv_bytes_stream;   /* a streaming session's KV bytes */
   uint64_t kv_bytes_default;  /* a session of the daemon's defaults */
 };
@@ -481,6 +500,101 @@ static void bench_positions(struct sk_client *c, const struct opts *o, uint32_t 
   free(seg);
 }
 
+/* ---- mixed: decode beside a long prefill ---- */
+
+struct mixed_append {
+  struct sk_client *c;
+  uint64_t session;
+  const int32_t *tokens;
+  uint32_t n;
+  double t0, t1;   /* the append's start and end */
+  atomic_bool done;
+};
+
+static void *mixed_append_main(void *arg) {
+  struct mixed_append *a = arg;
+  a->t0 = sk_cli_now_s();
+  append_or_die(a->c, a->session, a->tokens, a->n);
+  a->t1 = sk_cli_now_s();
+  atomic_store(&a->done, true);
+  return NULL;
+}
+
+/* The gaps between consecutive events of tm whose later event is at or
+ * before t_end, appended to gaps (ms). */
+static void mixed_gaps(const struct timing *tm, double t_end, double *gaps, size_t *n) {
+  for (size_t k = 1; k < tm->n && tm->t[k] <= t_end; k++)
+    gaps[(*n)++] = (tm->t[k] - tm->t[k - 1]) * 1e3;
+}
+
+/* One streaming session generates MIXED_GEN tokens at a time, MIXED_ALONE
+ * times alone, then again and again while a session of the daemon's
+ * defaults appends o->mixed random tokens on its own connection, then
+ * MIXED_ALONE times alone again; the gaps inside each generate (those
+ * of the last generate beside the append up to the append's end). */
+static void bench_mixed(const struct opts *o, const struct sk_hello *h, uint64_t *st,
+                        struct mixed_result *r) {
+  const uint32_t V = h->model.n_vocab, n = o->mixed;
+  struct sk_client *cd = connect_or_die(o->socket), *cp = connect_or_die(o->socket);
+  const uint64_t dec = open_session(cd, o, true, NULL);
+  const uint64_t pre = open_session(cp, o, false, NULL);
+  int32_t prompt[PROMPT_TOKENS];
+  random_tokens(prompt, PROMPT_TOKENS, V, st);
+  append_or_die(cd, dec, prompt, PROMPT_TOKENS);
+  struct mixed_append a = {.c = cp, .session = pre, .n = n};
+  int32_t *toks = malloc((size_t)n * sizeof *toks);
+  struct timing tm = {.t = calloc(MIXED_GEN, sizeof(double)), .cap = MIXED_GEN};
+  size_t cap = 2 * MIXED_ALONE * MIXED_GEN, n_alone = 0, n_beside = 0;
+  double *alone = malloc(cap * sizeof *alone), *beside = malloc(cap * sizeof *beside);
+  if (!toks || !tm.t || !alone || !beside) sk_cli_die(1, "out of memory");
+  random_tokens(toks, n, V, st);
+  a.tokens = toks;
+  for (uint32_t k = 0; k < MIXED_ALONE; k++) {
+    tm.n = 0;
+    generate_or_die(cd, dec, MIXED_GEN, &tm);
+    mixed_gaps(&tm, INFINITY, alone, &n_alone);
+  }
+  pthread_t th;
+  if (pthread_create(&th, NULL, mixed_append_main, &a) != 0) sk_cli_die(1, "cannot start a thread");
+  for (;;) {
+    tm.n = 0;
+    generate_or_die(cd, dec, MIXED_GEN, &tm);
+    const bool done = atomic_load(&a.done); /* a.t1 is set before done */
+    if (n_beside + MIXED_GEN > cap) {
+      cap *= 2;
+      beside = realloc(beside, cap * sizeof *beside);
+      if (!beside) sk_cli_die(1, "out of memory");
+    }
+    /* not done: every event of this generate came before the append's end */
+    mixed_gaps(&tm, done ? a.t1 : INFINITY, beside, &n_beside);
+    if (done) break;
+  }
+  pthread_join(th, NULL);
+  for (uint32_t k = 0; k < MIXED_ALONE; k++) {
+    tm.n = 0;
+    generate_or_die(cd, dec, MIXED_GEN, &tm);
+    mixed_gaps(&tm, INFINITY, alone, &n_alone);
+  }
+  r->n_beside = n_beside;
+  r->alone_p50_ms = quantile(alone, n_alone, 0.50);
+  r->alone_p99_ms = quantile(alone, n_alone, 0.99);
+  r->beside_p50_ms = quantile(beside, n_beside, 0.50);
+  r->beside_p99_ms = quantile(beside, n_beside, 0.99);
+  r->prefill_tps = (double)n / (a.t1 - a.t0);
+  sk_cli_note("mixed: gaps alone p50 %.2f ms, p99 %.2f ms; beside a %u-token prefill "
+              "(%.1f tokens/s) p50 %.2f ms, p99 %.2f ms (%zu gaps): p99 %.2fx",
+              r->alone_p50_ms, r->alone_p99_ms, n, r->prefill_tps, r->beside_p50_ms,
+              r->beside_p99_ms, n_beside, r->beside_p99_ms / r->alone_p99_ms);
+  close_session(cp, pre);
+  close_session(cd, dec);
+  sk_client_free(cp);
+  sk_client_free(cd);
+  free(toks);
+  free(tm.t);
+  free(alone);
+  free(beside);
+}
+
 /* ---- the report ---- */
 
 static void print_json(const struct opts *o, const struct sk_hello *h, const struct results *r) {
@@ -512,7 +626,15 @@ static void print_json(const struct opts *o, const struct sk_hello *h, const str
            "\"cpu_ms_per_token\": %.4f, \"cpu_ratio\": %.4f}",
            i ? ", " : "", o->pos[i], r->pos_ms[i], r->pos_ms[i] / r->pos_ms[0], r->pos_cpu_ms[i],
            r->pos_cpu_ms[0] > 0 ? r->pos_cpu_ms[i] / r->pos_cpu_ms[0] : 0.0);
-  printf("], \"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
+  printf("], ");
+  if (o->mixed)
+    printf("\"mixed\": {\"prefill_tokens\": %u, \"prefill_tokens_per_s\": %.2f, "
+           "\"alone_p50_ms\": %.3f, \"alone_p99_ms\": %.3f, \"beside_p50_ms\": %.3f, "
+           "\"beside_p99_ms\": %.3f, \"beside_gaps\": %zu, \"p99_ratio\": %.3f}, ",
+           o->mixed, r->mixed.prefill_tps, r->mixed.alone_p50_ms, r->mixed.alone_p99_ms,
+           r->mixed.beside_p50_ms, r->mixed.beside_p99_ms, r->mixed.n_beside,
+           r->mixed.beside_p99_ms / r->mixed.alone_p99_ms);
+  printf("\"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
          ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
          r->rss_idle, r->kv_bytes_default, r->kv_bytes_stream, o->sinks, o->window);
 }
@@ -538,6 +660,12 @@ static void print_text(const struct opts *o, const struct sk_hello *h, const str
     printf("%8" PRIu64 "   %8.3f   %8.3f   %12.3f   %8.3f\n", o->pos[i], r->pos_ms[i],
            r->pos_ms[i] / r->pos_ms[0], r->pos_cpu_ms[i],
            r->pos_cpu_ms[0] > 0 ? r->pos_cpu_ms[i] / r->pos_cpu_ms[0] : 0.0);
+  if (o->mixed)
+    printf("mixed          decode gaps alone p50 %.2f ms, p99 %.2f ms; beside a %u-token "
+           "prefill (%.1f tokens/s) p50 %.2f ms, p99 %.2f ms: p99 %.2fx\n",
+           r->mixed.alone_p50_ms, r->mixed.alone_p99_ms, o->mixed, r->mixed.prefill_tps,
+           r->mixed.beside_p50_ms, r->mixed.beside_p99_ms,
+           r->mixed.beside_p99_ms / r->mixed.alone_p99_ms);
   printf("memory         RSS idle %.1f MB; KV bytes per session: %.2f MB default",
          (double)r->rss_idle / 1e6, (double)r->kv_bytes_default / 1e6);
   if (r->n_pos)
@@ -576,6 +704,7 @@ int main(int argc, char **argv) {
   }
   r.n_pos = o.no_pos ? 0 : o.n_pos;
   if (r.n_pos) bench_positions(c, &o, V, &st, pid, &r);
+  if (o.mixed) bench_mixed(&o, &h, &st, &r.mixed);
   {
     uint64_t id = open_session(c, &o, false, &r.kv_bytes_default);
     close_session(c, id);

@@ -193,8 +193,10 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
 }
 
 /* Cache slots a rotated-keys task walks at a time, all its heads over
- * one block before the next (sk__att_rot_task). */
+ * one block before the next (sk__att_rot_task); a task of one KV head
+ * with several rows, SK__ATT_BLOCK_ONE. */
 #define SK__ATT_BLOCK 32u
+#define SK__ATT_BLOCK_ONE 256u
 
 /* Pointers to one head's slice (off bytes into each row) of the rows
  * rows[p0..p1): rows + p0 itself when the rows already point at the
@@ -206,28 +208,157 @@ static const void *const *sk__att_slices(const void **rows, uint32_t p0, uint32_
   return bp;
 }
 
+/* One chunk of rows of sk__att_rot_task: row r (i0 + r) sees the sinks
+ * [0, sr) of ts->kp / ts->vp and the window indices [wa[r], wb[r]) at
+ * positions index - shift[r] (np[r] positions); window index idx is at
+ * sr + idx - lo (lo = wa[0] <= every wa[r]), total entries in all, walked
+ * blk at a time; query heads [h0, h0 + nh); bp: room for one head's slice
+ * of a block's rows. */
+struct sk__att_chunk {
+  uint32_t i0, nrow, sr, lo, total, blk, h0, nh, group;
+  bool one;
+  size_t esz;
+  const void **bp;
+  uint32_t shift[SK__ATT_ROWS], np[SK__ATT_ROWS], wa[SK__ATT_ROWS], wb[SK__ATT_ROWS];
+};
+
+/* Row r's part of the block [q0, q1) of ts->kp / ts->vp: the sinks
+ * [q0, qs) at positions q, the window [qw0, qw1) at positions q - ds
+ * (index lo - sr + q, minus the row's shift: ds = shift[r] - shift[0]). */
+#define SK__ATT_PART(ch, r)                                                \
+  const uint32_t qs = q1 < (ch)->sr ? q1 : (ch)->sr;                       \
+  const uint32_t wq0 = (ch)->sr + (ch)->wa[r] - (ch)->lo;                  \
+  const uint32_t wq1 = (ch)->sr + (ch)->wb[r] - (ch)->lo;                  \
+  const uint32_t qw0 = q0 > wq0 ? q0 : wq0, qw1 = q1 < wq1 ? q1 : wq1;     \
+  const uint32_t ds = (ch)->shift[r] - (ch)->shift[0]
+
+/* The scores of every row and query head of chunk ch, block by block of
+ * its cache slots, into ts->att (row r, head g at (r nh + g) T). */
+static void sk__att_rot_scores(struct sk_scratch *s, const struct sk__seq *sq,
+                               struct sk__tscratch *ts, const struct sk__att_chunk *ch) {
+  const uint32_t hd = s->m->cfg.head_dim, T = s->max_ctx, nh = ch->nh;
+  for (uint32_t q0 = 0; q0 < ch->total; q0 += ch->blk) {
+    const uint32_t q1 = ch->total - q0 < ch->blk ? ch->total : q0 + ch->blk;
+    for (uint32_t g = 0; g < nh; g++) {
+      const void *const *bk = sk__att_slices(
+          ts->kp, q0, q1, ch->one, (size_t)((ch->h0 + g) / ch->group) * hd * ch->esz, ch->bp);
+      for (uint32_t r = 0; r < ch->nrow; r++) {
+        SK__ATT_PART(ch, r);
+        float *att = ts->att + ((size_t)r * nh + g) * T;
+        const size_t qo = ((size_t)r * nh + g) * hd;
+        /* sinks meet the query rotated for them; each score depends
+         * only on its query and key, not on its neighbours */
+        if (qs > q0) {
+          if (sq->f16)
+            sk_kernels_scores_f16(ts->qs + qo, (const uint16_t *const *)bk, qs - q0, hd,
+                                  att + q0);
+          else
+            sk_kernels_scores(ts->qs + qo, (const float *const *)bk, qs - q0, hd, att + q0);
+        }
+        if (qw1 > qw0) {
+          if (sq->f16)
+            sk_kernels_scores_f16(ts->qw + qo, (const uint16_t *const *)bk + (qw0 - q0),
+                                  qw1 - qw0, hd, att + (qw0 - ds));
+          else
+            sk_kernels_scores(ts->qw + qo, (const float *const *)bk + (qw0 - q0), qw1 - qw0, hd,
+                              att + (qw0 - ds));
+        }
+      }
+    }
+  }
+}
+
+/* The weighted sums of the values of chunk ch into s->att_out, block by
+ * block, each going on from the last block's (sk_kernels_wsum_add). */
+static void sk__att_rot_wsum(struct sk_scratch *s, const struct sk__seq *sq,
+                             struct sk__tscratch *ts, const struct sk__att_chunk *ch) {
+  const struct sk_model_config *c = &s->m->cfg;
+  const uint32_t hd = c->head_dim, T = s->max_ctx, nh = ch->nh;
+  for (uint32_t q0 = 0; q0 < ch->total; q0 += ch->blk) {
+    const uint32_t q1 = ch->total - q0 < ch->blk ? ch->total : q0 + ch->blk;
+    for (uint32_t g = 0; g < nh; g++) {
+      const void *const *bv = sk__att_slices(
+          ts->vp, q0, q1, ch->one, (size_t)((ch->h0 + g) / ch->group) * hd * ch->esz, ch->bp);
+      for (uint32_t r = 0; r < ch->nrow; r++) {
+        SK__ATT_PART(ch, r);
+        const float *att = ts->att + ((size_t)r * nh + g) * T;
+        float *out = s->att_out + (size_t)(sq->row0 + ch->i0 + r) * c->q_dim +
+                     (size_t)(ch->h0 + g) * hd;
+        /* the row's positions in order: sinks [q0, qs), then the
+         * window [qw0, qw1); its first (position 0) starts the sum */
+        const uint32_t parts[2][3] = {{q0, qs, 0}, {qw0, qw1, ds}};
+        for (int k = 0; k < 2; k++) {
+          const uint32_t u0 = parts[k][0], u1 = parts[k][1], pos = u0 - parts[k][2];
+          if (u1 <= u0) continue;
+          const void *const *rows = bv + (u0 - q0);
+          const uint32_t m = u1 - u0;
+          if (sq->f16) {
+            const uint16_t *const *h = (const uint16_t *const *)rows;
+            if (pos) sk_kernels_wsum_add_f16(out, att + pos, h, m, hd);
+            else sk_kernels_wsum_f16(out, att + pos, h, m, hd);
+          } else {
+            const float *const *f = (const float *const *)rows;
+            if (pos) sk_kernels_wsum_add(out, att + pos, f, m, hd);
+            else sk_kernels_wsum(out, att + pos, f, m, hd);
+          }
+        }
+      }
+    }
+  }
+}
+#undef SK__ATT_PART
+
+/* The softmaxes of chunk ch's scores, and the diagnostics of the
+ * sequence's last token (si: the sequence). */
+static void sk__att_rot_softmax(struct sk_scratch *s, const struct sk__seq *sq, uint32_t si,
+                                struct sk__tscratch *ts, const struct sk__att_chunk *ch) {
+  const struct sk_model_config *c = &s->m->cfg;
+  const float scale = 1.0f / sqrtf((float)c->head_dim);
+  const uint32_t T = s->max_ctx;
+  for (uint32_t r = 0; r < ch->nrow; r++) {
+    const bool last = ch->i0 + r + 1 == sq->in->n;
+    for (uint32_t g = 0; g < ch->nh; g++) {
+      float *att = ts->att + ((size_t)r * ch->nh + g) * T;
+      double ent = 0.0;
+      sk_kernels_softmax(att, ch->np[r], scale, last ? &ent : NULL);
+      if (last) { /* diagnostics of the sequence's last token */
+        const uint32_t probe = sq->probe < ch->np[r] ? sq->probe : ch->np[r];
+        double mass = 0.0;
+        for (uint32_t p = 0; p < probe; p++) mass += (double)att[p];
+        const size_t kh = (size_t)si * c->n_kv_head + (ch->h0 + g) / ch->group;
+        s->mass_part[kh] += mass;
+        s->ent_part[kh] += ent;
+      }
+    }
+  }
+}
+
 /* The attention of a cache with rotated keys over KV heads [task_kvh,
- * + kvh_per) of one sequence: the scores of every query head, block by
- * block of slots, then the softmaxes, then the weighted sums block by
- * block, each going on from the last block's (sk_kernels_wsum_add). The
- * same bits as one head's walk over all slots: a score depends only on
- * its query and key, and each sum adds in slot order. The rows of a
- * block are read whole (heads side by side) while they are in cache;
- * one head at a time read 256 of every 3 KB row, 3 KB apart, from DRAM
- * (16 sessions of the 110M model: attention took ~14% less CPU time
+ * + kvh_per) of one sequence, s->att_rows of its rows at a time: the
+ * scores of every query head and row, block by block of cache slots,
+ * then the softmaxes, then the weighted sums block by block, each going
+ * on from the last block's (sk_kernels_wsum_add). Each block of keys and
+ * values is read once for all the rows: a chunk of a long prefill read
+ * the whole cache once per row before. The same bits as one row and one
+ * head walking all its positions: a score depends only on its query and
+ * key, and each sum adds in position order, which is the order of the
+ * stream indices the blocks walk (row i sees the sinks, then the window
+ * indices S + shift_i .. A_i, the visible part of each block). The rows
+ * of a block are read whole (heads side by side) while they are in
+ * cache; one head at a time read 256 of every 3 KB row, 3 KB apart, from
+ * DRAM (16 sessions of the 110M model: attention took ~14% less CPU time
  * with blocks of 32, measured; prefetching the next block did not
  * help). */
 static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
   const struct sk__att *a = ctx;
   struct sk_scratch *s = a->s;
   const struct sk_model_config *c = &s->m->cfg;
-  const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim, T = s->max_ctx;
+  const uint32_t hd = c->head_dim, D = c->kv_dim, rd = c->rope_dim;
   const uint32_t group = c->n_head / c->n_kv_head;
-  const float scale = 1.0f / sqrtf((float)hd);
   const uint32_t si = s->task_seq[task];
   const struct sk__seq *sq = &s->seqs[si];
   const struct sk_kv_step *kv = &sq->kv;
-  const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e;
+  const uint32_t e = sq->in->n_evicted, nr = sq->nr, nb = nr + e, n = sq->in->n;
   const uint32_t sr = sq->n_sink < nr ? sq->n_sink : nr; /* resident sinks */
   const uint32_t cap = kv->capacity - 1;
   struct sk__tscratch *ts = &s->ts[thread];
@@ -237,9 +368,10 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
   const size_t esz = sq->f16 ? sizeof(uint16_t) : sizeof(float);
   const size_t b0 = (size_t)kvh0 * hd * esz, b1 = (size_t)kvh1 * hd * esz; /* of a row */
   const void *bp[SK__ATT_BLOCK]; /* one head's slice of a block's rows */
-  /* A task of one KV head reads only its slice of each row, so there is
-   * no block to share: its pointers point at the slice and it walks all
-   * the slots in one go (small heads pay for every kernel call). */
+  /* A task of one KV head reads only its slice of each row: its
+   * pointers point at the slice, and one row walks all the slots in one
+   * go (small heads pay for every kernel call); several take blocks of
+   * SK__ATT_BLOCK_ONE slots. */
   const bool one = kvh1 - kvh0 == 1;
   const size_t at = one ? b0 : 0; /* bytes into a row of ts->kp / ts->vp */
   /* the layer's rows, read once (kvstep.h) */
@@ -252,99 +384,56 @@ static void sk__att_rot_task(void *ctx, uint32_t task, uint32_t thread) {
     s->mass_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
     s->ent_part[(size_t)si * c->n_kv_head + kvh] = 0.0;
   }
-  /* ts->kp / ts->vp: whole rows, as sk__att_task's at offset 0 */
+  /* ts->kp / ts->vp: whole rows, as sk__att_task's at offset 0; the
+   * sinks at [0, sr) */
   for (uint32_t p = 0; p < sr; p++) {
     ts->kp[p] = kl + order[p] * rb;
     ts->vp[p] = vl + order[p] * rb;
   }
-  uint32_t rot_shift = UINT32_MAX, rot_next = sr; /* positions < rot_next done */
-  for (uint32_t i = 0; i < sq->in->n; i++) {
-    const uint32_t row = sq->row0 + i;
-    const uint32_t A = nb + i, shift = A > cap ? A - cap : 0, P = A - shift, np = P + 1;
-    if (shift != rot_shift) {
-      rot_shift = shift;
-      rot_next = sr;
+  struct sk__att_chunk ch = {
+      .sr = sr, .h0 = h0, .nh = nh, .group = group, .one = one, .esz = esz, .bp = bp};
+  for (uint32_t i0 = 0; i0 < n; i0 += s->att_rows) {
+    const uint32_t nrow = n - i0 < s->att_rows ? n - i0 : s->att_rows;
+    ch.i0 = i0;
+    ch.nrow = nrow;
+    for (uint32_t r = 0; r < nrow; r++) {
+      const uint32_t A = nb + i0 + r;
+      ch.shift[r] = A > cap ? A - cap : 0;
+      ch.np[r] = A - ch.shift[r] + 1;
+      ch.wa[r] = sr + ch.shift[r];
+      ch.wb[r] = A + 1;
     }
-    for (uint32_t p = rot_next; p <= P; p++) {
-      const uint32_t idx = p + shift;
+    const uint32_t lo = ch.wa[0], hi = ch.wb[nrow - 1];
+    ch.lo = lo;
+    ch.total = sr + (hi - lo);
+    for (uint32_t idx = lo; idx < hi; idx++) {
+      const uint32_t q = sr + idx - lo;
       if (idx < nb) {
         const uint32_t slot = idx - sr < e ? order[n_slots - e + (idx - sr)] : order[idx - e];
-        ts->kp[p] = kl + slot * rb;
-        ts->vp[p] = vl + slot * rb;
+        ts->kp[q] = kl + slot * rb;
+        ts->vp[q] = vl + slot * rb;
       } else { /* this chunk's rows, as the cache will hold them */
         const size_t r = (size_t)(sq->row0 + idx - nb) * D;
-        ts->kp[p] = (sq->f16 ? (const char *)(s->k16 + r) : (const char *)(s->k + r)) + at;
-        ts->vp[p] = (sq->f16 ? (const char *)(s->v16 + r) : (const char *)(s->v + r)) + at;
+        ts->kp[q] = (sq->f16 ? (const char *)(s->k16 + r) : (const char *)(s->k + r)) + at;
+        ts->vp[q] = (sq->f16 ? (const char *)(s->v16 + r) : (const char *)(s->v + r)) + at;
       }
     }
-    rot_next = P + 1;
-    const uint32_t blk = one ? np : SK__ATT_BLOCK;
+    ch.blk = !one ? SK__ATT_BLOCK : nrow == 1 ? ch.total : SK__ATT_BLOCK_ONE;
 
-    for (uint32_t g = 0; g < nh; g++) {
-      const float *qh = s->q + (size_t)row * c->q_dim + (size_t)(h0 + g) * hd;
-      sk__rope(ts->qw + (size_t)g * hd, qh, c, s->row_cos + (size_t)row * rd,
-               s->row_sin + (size_t)row * rd);
-      if (sr)
-        sk__rope(ts->qs + (size_t)g * hd, qh, c, s->sink_cos + (size_t)row * rd,
-                 s->sink_sin + (size_t)row * rd);
-    }
-    for (uint32_t p0 = 0; p0 < np; p0 += blk) {
-      const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
+    for (uint32_t r = 0; r < nrow; r++) {
+      const uint32_t row = sq->row0 + i0 + r;
       for (uint32_t g = 0; g < nh; g++) {
-        const void *const *bk =
-            sk__att_slices(ts->kp, p0, p1, one, (size_t)((h0 + g) / group) * hd * esz, bp);
-        float *att = ts->att + (size_t)g * T;
-        /* sinks (p < sr) meet the query rotated for them; each score
-         * depends only on its query and key, not on its neighbours */
-        const uint32_t ps = sr < p0 ? p0 : sr < p1 ? sr : p1;
-        if (ps > p0) {
-          if (sq->f16)
-            sk_kernels_scores_f16(ts->qs + (size_t)g * hd, (const uint16_t *const *)bk, ps - p0,
-                                  hd, att + p0);
-          else
-            sk_kernels_scores(ts->qs + (size_t)g * hd, (const float *const *)bk, ps - p0, hd,
-                              att + p0);
-        }
-        if (p1 > ps) {
-          if (sq->f16)
-            sk_kernels_scores_f16(ts->qw + (size_t)g * hd,
-                                  (const uint16_t *const *)bk + (ps - p0), p1 - ps, hd, att + ps);
-          else
-            sk_kernels_scores(ts->qw + (size_t)g * hd, (const float *const *)bk + (ps - p0),
-                              p1 - ps, hd, att + ps);
-        }
+        const float *qh = s->q + (size_t)row * c->q_dim + (size_t)(h0 + g) * hd;
+        const size_t qo = ((size_t)r * nh + g) * hd;
+        sk__rope(ts->qw + qo, qh, c, s->row_cos + (size_t)row * rd, s->row_sin + (size_t)row * rd);
+        if (sr)
+          sk__rope(ts->qs + qo, qh, c, s->sink_cos + (size_t)row * rd,
+                   s->sink_sin + (size_t)row * rd);
       }
     }
-    const bool last = i + 1 == sq->in->n;
-    for (uint32_t g = 0; g < nh; g++) {
-      float *att = ts->att + (size_t)g * T;
-      double ent = 0.0;
-      sk_kernels_softmax(att, np, scale, last ? &ent : NULL);
-      if (last) { /* diagnostics of the sequence's last token */
-        const uint32_t probe = sq->probe < np ? sq->probe : np;
-        double mass = 0.0;
-        for (uint32_t p = 0; p < probe; p++) mass += (double)att[p];
-        const size_t kh = (size_t)si * c->n_kv_head + (h0 + g) / group;
-        s->mass_part[kh] += mass;
-        s->ent_part[kh] += ent;
-      }
-    }
-    for (uint32_t p0 = 0; p0 < np; p0 += blk) {
-      const uint32_t p1 = np - p0 < blk ? np : p0 + blk;
-      for (uint32_t g = 0; g < nh; g++) {
-        const void *const *bv =
-            sk__att_slices(ts->vp, p0, p1, one, (size_t)((h0 + g) / group) * hd * esz, bp);
-        const float *att = ts->att + (size_t)g * T + p0;
-        float *out = s->att_out + (size_t)row * c->q_dim + (size_t)(h0 + g) * hd;
-        if (sq->f16) {
-          if (p0) sk_kernels_wsum_add_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
-          else sk_kernels_wsum_f16(out, att, (const uint16_t *const *)bv, p1 - p0, hd);
-        } else {
-          if (p0) sk_kernels_wsum_add(out, att, (const float *const *)bv, p1 - p0, hd);
-          else sk_kernels_wsum(out, att, (const float *const *)bv, p1 - p0, hd);
-        }
-      }
-    }
+    sk__att_rot_scores(s, sq, ts, &ch);
+    sk__att_rot_softmax(s, sq, si, ts, &ch);
+    sk__att_rot_wsum(s, sq, ts, &ch);
   }
   /* this task's heads of the new keys and values (no other task reads
    * those bytes) */

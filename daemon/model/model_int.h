@@ -74,18 +74,25 @@ struct sk__seq {
   struct sk_kv_step kv; /* the cache, as taken before the pass (kvstep.h) */
 };
 
+/* Most rows of one sequence whose attention walks its cache together
+ * (each block of keys and values read once for all of them). */
+#define SK__ATT_ROWS 16u
+
 /* Attention buffers of one pool thread. */
 struct sk__tscratch {
   float *kr;        /* (T, head_dim) keys of one KV head, rotated (h2o) */
   const float **kq; /* (T) kq[p] = kr + p * head_dim */
-  float *qw;        /* (att_heads, head_dim) queries rotated for the
-                       window's keys */
-  float *qs;        /* (att_heads, head_dim) the same for the sinks' keys */
-  float *att;       /* (att_heads, T) scores, then probabilities */
-  const void **kp;  /* (T) key row of each position, at the head
-                       (sk__att_task) or whole (sk__att_rot_task): floats,
-                       or halves for an f16 cache */
-  const void **vp;  /* (T) value row of each position, the same */
+  float *qw;        /* (att_rows, att_heads, head_dim) queries rotated
+                       for the window's keys */
+  float *qs;        /* (att_rows, att_heads, head_dim) the same for the
+                       sinks' keys */
+  float *att;       /* (att_rows, att_heads, T) scores, then probabilities */
+  const void **kp;  /* (T + SK__ATT_ROWS) key row of each position
+                       (sk__att_task) or stream index (sk__att_rot_task),
+                       at the head (sk__att_task) or whole
+                       (sk__att_rot_task): floats, or halves for an f16
+                       cache */
+  const void **vp;  /* (T + SK__ATT_ROWS) value row of each, the same */
   uint32_t *sp;     /* (T) cache slot of each position (H2O scores) */
   float *cs;        /* (rope_dim) angles computed off the tables */
   float *sn;        /* (rope_dim) */
@@ -102,6 +109,8 @@ struct sk_scratch {
   uint32_t att_heads;     /* query heads whose scores a thread holds at
                              once: n_head, or fewer for long contexts (a
                              multiple of n_head / n_kv_head) */
+  uint32_t att_rows;      /* rows of a sequence whose attention walks the
+                             cache together: 1..SK__ATT_ROWS */
   float *x;               /* (B, dim) residual stream */
   float *xb;              /* (B, dim) normed input of a block */
   float *xb2;             /* (B, dim) output of a projection */

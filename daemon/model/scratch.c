@@ -120,21 +120,28 @@ int sk_scratch_new_pool(const struct sk_model *m, uint32_t max_batch, uint32_t m
       goto nomem;
   }
   /* all the query heads' scores at once, unless that takes over 4 MB a
-   * thread (long contexts): then as many KV heads' as fit, at least one */
+   * thread (long contexts): then as many KV heads' as fit, at least one;
+   * the scores of up to SK__ATT_ROWS rows in 8 MB, at least one row's */
   const uint32_t group = c->n_head / c->n_kv_head;
   s->att_heads = c->n_head;
   if ((size_t)c->n_head * T * sizeof(float) > ((size_t)4 << 20)) {
     size_t fit = ((size_t)4 << 20) / (T * sizeof(float)) / group * group;
     s->att_heads = fit > group ? (uint32_t)fit : group;
   }
+  const size_t per_row = (size_t)s->att_heads * T * sizeof(float);
+  s->att_rows = ((size_t)8 << 20) / per_row >= SK__ATT_ROWS ? SK__ATT_ROWS
+                : ((size_t)8 << 20) / per_row >= 1      ? (uint32_t)(((size_t)8 << 20) / per_row)
+                                                         : 1;
+  const size_t AR = s->att_rows, TP = T + SK__ATT_ROWS;
   for (uint32_t t = 0; t < s->n_threads; t++) {
     struct sk__tscratch *ts = &s->ts[t];
     if (!(ts->kr = malloc(T * c->head_dim * sizeof(float))) ||
-        !(ts->kq = malloc(T * sizeof *ts->kq)) || !(ts->qw = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
-        !(ts->qs = malloc((size_t)s->att_heads * c->head_dim * sizeof(float))) ||
-        !(ts->att = malloc(T * s->att_heads * sizeof(float))) ||
-        !(ts->vp = malloc(T * sizeof *ts->vp)) ||
-        !(ts->kp = malloc(T * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
+        !(ts->kq = malloc(T * sizeof *ts->kq)) ||
+        !(ts->qw = malloc(AR * s->att_heads * c->head_dim * sizeof(float))) ||
+        !(ts->qs = malloc(AR * s->att_heads * c->head_dim * sizeof(float))) ||
+        !(ts->att = malloc(AR * T * s->att_heads * sizeof(float))) ||
+        !(ts->vp = malloc(TP * sizeof *ts->vp)) ||
+        !(ts->kp = malloc(TP * sizeof *ts->kp)) || !(ts->sp = malloc(T * sizeof *ts->sp)) ||
         !(ts->cs = malloc(2 * half * sizeof(float))) ||
         !(ts->sn = malloc(2 * half * sizeof(float))))
       goto nomem;

@@ -217,7 +217,8 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
              (unsigned long long)sk_session_table_bytes(&srv->sessions));
   }
   if (rc == 0)
-    rc = sk_scheduler_new(loop, m, tok, &srv->sessions, cfg->max_batch, cfg->max_capacity,
+    rc = sk_scheduler_new(loop, m, tok, &srv->sessions, cfg->max_batch,
+                          cfg->step_tokens ? cfg->step_tokens : cfg->max_batch, cfg->max_capacity,
                           cfg->threads ? cfg->threads : 1, sk_jobs_on_event, srv, &srv->scheduler,
                           err);
   if (rc == 0) sk_scheduler_set_sparse(srv->scheduler, cfg->sparse);

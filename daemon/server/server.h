@@ -34,6 +34,8 @@ struct sk_server_config {
   uint32_t max_user_sessions; /* sessions one uid may own at once; 0 = none */
   uint64_t max_user_kv_bytes; /* KV bytes of all sessions of one uid; 0 = none */
   uint32_t max_batch;         /* rows (tokens) of one forward pass */
+  uint32_t step_tokens;       /* token budget of a pass while a session
+                                 generates (sk_scheduler_new) */
   uint32_t threads;           /* compute threads (0 = 1) */
   uint32_t kv_type;           /* enum sk_kv_type of the caches (reported) */
   struct sk_kv_params defaults; /* for `open` without parameters */

@@ -14,6 +14,9 @@ struct sk_scheduler {
   const struct sk_tokenizer *tok;
   struct sk_session_table *table;
   uint32_t max_batch;       /* rows of one forward pass */
+  uint32_t step_tokens;     /* token budget of a pass while a session generates */
+  double att_cost;          /* budget tokens of a prompt token's attention per
+                               position it reads (prefill_rows) */
   uint32_t n_vocab;
   struct sk_pool *pool;     /* owned */
   struct sk_scratch *scratch;
@@ -306,9 +309,41 @@ static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
  * appending one, at most max_batch rows in all. Decoding jobs come first,
  * one row each, but leave a quarter of the rows to prefill while any job
  * has input left, so that a long prompt keeps moving while many sessions
- * generate; the prefill rows are shared evenly among the jobs that have
+ * generate. While a job generates, the prefill chunks fill only what its
+ * tokens leave of step_tokens (at least a quarter of it), each prompt
+ * token counting for its weights and for the attention over the
+ * positions it reads (prefill_rows), so that a pass beside a long prompt
+ * takes a few times a lone token's; with no job generating they take all
+ * the rows. The prefill rows are shared evenly among the jobs that have
  * input. Who goes first rotates every turn, so when there are more jobs
  * than rows each waits its turn. */
+
+/* An attention multiply-add over a cache costs about this many
+ * multiply-adds of the batched weight products (f16 caches and int8
+ * products, 16 sessions of the 110M model on a Zen 5: doc/performance.md). */
+#define SK__ATT_MAC_COST 16.0
+
+/* Budget tokens one prompt token's attention costs per position it
+ * reads: its multiply-adds (scores and weighted sums of every layer and
+ * query head) at SK__ATT_MAC_COST each, over those of a token's weight
+ * products. */
+static double att_cost(const struct sk_model_config *c) {
+  const double per_layer = (double)c->dim * (c->q_dim + 2.0 * c->kv_dim) +
+                           (double)c->q_dim * c->dim + 3.0 * c->dim * c->hidden_dim;
+  const double w = c->n_layer * per_layer + (double)c->dim * c->n_vocab;
+  return (double)c->n_layer * c->n_head * 2.0 * c->head_dim * SK__ATT_MAC_COST / w;
+}
+
+/* Prompt tokens of job's next chunk that `budget` budget tokens pay
+ * for: each costs 1 + att_cost x the positions it reads (the session's
+ * resident tokens and the chunk's earlier ones), at least 1. */
+static uint32_t prefill_rows(const struct sk_scheduler *sched, const struct sk_job *job,
+                             double budget) {
+  const double ctx = sk_kv_resident(sk_session_kv(job->sess));
+  double n = budget / (1.0 + sched->att_cost * ctx);
+  if (n > 1.0) n = budget / (1.0 + sched->att_cost * (ctx + n / 2.0));
+  return n < 1.0 ? 1u : n > (double)UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
 
 /* Finishes job with its error (rc < 0, job->err maybe set). */
 static void fail_job(struct sk_scheduler *sched, struct sk_job *job, int rc) {
@@ -642,10 +677,19 @@ static void step(struct sk_scheduler *sched) {
     sched->seq_job[n_seqs++] = j;
     rows++;
   }
+  /* Prefill: the rest of the rows; beside generating jobs, the rest of
+   * the token budget (at least a quarter of it) */
+  const bool beside = rows > 0;
+  double tokens = sched->step_tokens > rows ? (double)(sched->step_tokens - rows) : 0.0;
+  if (tokens < sched->step_tokens / 4.0) tokens = sched->step_tokens / 4.0;
   for (uint32_t t = 0; t < n_pre && rows < sched->max_batch; t++) {
     uint32_t left = n_pre - t, budget = sched->max_batch - rows;
     uint32_t share = (budget + left - 1) / left; /* even split of what is left */
     struct sk_job *j = sched->pre[t];
+    if (beside) {
+      const uint32_t n = prefill_rows(sched, j, tokens / left);
+      if (n < share) share = n;
+    }
     int rc = plan_prefill(sched, j, share, rows, &sched->seqs[n_seqs], &sched->seq_log[n_seqs]);
     if (rc < 0) {
       fail_job(sched, j, rc);
@@ -654,6 +698,11 @@ static void step(struct sk_scheduler *sched) {
     sched->seq_ev[n_seqs] = NULL;
     sched->seq_job[n_seqs++] = j;
     rows += sched->seqs[n_seqs - 1].n;
+    if (beside) { /* what this chunk cost, as prefill_rows counts it */
+      const double ctx = sk_kv_resident(sk_session_kv(j->sess));
+      tokens -= sched->seqs[n_seqs - 1].n * (1.0 + sched->att_cost * ctx);
+      if (tokens < 0.0) tokens = 0.0;
+    }
   }
   if (n_seqs == 0) return;
 
@@ -748,8 +797,9 @@ void sk_scheduler_set_sparse(struct sk_scheduler *sched, const struct sk_sparse_
 int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
-                     uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
-                     struct sk_scheduler **ret, struct sk_error *err) {
+                     uint32_t step_tokens, uint32_t max_ctx, uint32_t n_threads,
+                     sk_scheduler_event_cb cb, void *user, struct sk_scheduler **ret,
+                     struct sk_error *err) {
   struct sk_scheduler *sched = calloc(1, sizeof *sched);
   if (!sched) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   sched->loop = loop;
@@ -757,6 +807,8 @@ int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
   sched->tok = tok;
   sched->table = table;
   sched->max_batch = max_batch;
+  sched->step_tokens = step_tokens;
+  sched->att_cost = att_cost(sk_model_config(m));
   sched->n_vocab = sk_model_config(m)->n_vocab;
   sched->cb = cb;
   sched->user = user;

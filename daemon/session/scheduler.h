@@ -5,10 +5,13 @@
  * (or generate prompt), at most max_batch rows in all. Decoding jobs get a
  * row each first, but a quarter of the rows stay for input while any job
  * has some, and the input rows are shared evenly, so a long prefill never
- * stops other sessions' tokens and never starves; who goes first rotates
- * every turn. The forward pass runs on a pool of n_threads threads (this
- * thread and n_threads - 1 workers). Results go back to the loop thread as
- * events through a uv_async_t.
+ * stops other sessions' tokens and never starves; while a job generates,
+ * the input chunks fill only what its tokens leave of step_tokens, a
+ * prompt token counting more the more positions its attention reads, so
+ * that a long prefill slows the generating sessions' tokens only a few
+ * times; who goes first rotates every turn. The forward pass runs on a
+ * pool of n_threads threads (this thread and n_threads - 1 workers).
+ * Results go back to the loop thread as events through a uv_async_t.
  *
  * Once a streaming or window session's cache is full, its prefill goes
  * SK_KV_SPARE_SLOTS tokens per pass (the store's crash-consistent budget),
@@ -63,15 +66,18 @@ typedef void (*sk_scheduler_event_cb)(void *user, struct sk_event *ev);
 struct sk_scheduler;
 
 /* Starts the thread. model, tokenizer and table must outlive it.
- * max_batch: rows (tokens) of one forward pass; max_ctx: largest cache
+ * max_batch: rows (tokens) of one forward pass; step_tokens: the token
+ * budget of a pass while a job generates (1..max_batch; larger acts as
+ * max_batch); max_ctx: largest cache
  * capacity a session may have; n_threads: compute threads in all
  * (1..SK_POOL_MAX_THREADS). Errors: -SK_ERR_BAD_REQUEST (n_threads),
  * -SK_ERR_NO_MEMORY, -SK_ERR_INTERNAL (thread creation). */
 int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
                      const struct sk_tokenizer *tok,
                      struct sk_session_table *table, uint32_t max_batch,
-                     uint32_t max_ctx, uint32_t n_threads, sk_scheduler_event_cb cb, void *user,
-                     struct sk_scheduler **ret, struct sk_error *err);
+                     uint32_t step_tokens, uint32_t max_ctx, uint32_t n_threads,
+                     sk_scheduler_event_cb cb, void *user, struct sk_scheduler **ret,
+                     struct sk_error *err);
 /* Hands a job to the thread (loop thread). */
 /* The calibration whose thresholds sessions with a sparsity level use
  * (not owned; outlives sched; NULL: none). Call before submitting jobs; the
