@@ -27,6 +27,11 @@
 #define SK__STORE_MAGIC "SINKDSHM"
 #define SK__IMAGE_MAGIC "SINKDEXP"
 #define SK__TMPFS_MAGIC 0x01021994
+/* The largest speculation mode a meta copy may hold: SK_SPEC_LIST's
+ * values are 0, 1, 2, ... */
+#define SK__SPEC_ONE(NAME, value, wire) +1
+enum { SK__SPEC_MODE_MAX = 0 SK_SPEC_LIST(SK__SPEC_ONE) - 1 };
+#undef SK__SPEC_ONE
 /* Bytes hashed at each end of every tensor for the fingerprint. */
 #define SK__FP_TENSOR_SAMPLE 4096u
 
@@ -543,6 +548,12 @@ static int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                    m->utf8_held[3]);
   if (!(m->sparsity >= 0.0f && m->sparsity < 1.0f))
     return sk__bad(err, "live meta copy: sparsity %g is outside [0, 1)", (double)m->sparsity);
+  if (m->spec_mode > SK__SPEC_MODE_MAX || m->spec_tokens > SK_SPEC_TOKENS_MAX ||
+      m->spec_fixed > 1)
+    return sk__bad(err, "live meta copy: speculation mode %u, tokens %u, fixed %u: one is "
+                   "outside its range (mode 0..%u, tokens 0..%u, fixed 0..1)",
+                   m->spec_mode, m->spec_tokens, m->spec_fixed, SK__SPEC_MODE_MAX,
+                   SK_SPEC_TOKENS_MAX);
   for (size_t i = 0; i < sizeof m->reserved; i++)
     if (m->reserved[i])
       return sk__bad(err, "live meta copy: reserved byte %zu is not zero (a newer sinkd's "
@@ -1036,6 +1047,9 @@ int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_
   obj->meta = m;
   sk_store_sampler_set(obj, sampler);
   m->sparsity = params->sparsity;
+  m->spec_mode = params->spec_mode;
+  m->spec_tokens = params->spec_tokens;
+  m->spec_fixed = params->spec_fixed;
   rc = sk__finish_create(st, obj, 1, err);
   if (rc < 0) return rc;
   *ret = obj;
