@@ -224,7 +224,7 @@ static void test_errors(void **state) {
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
                "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
-               "http_key_file, http_uid, sparsity_file)");
+               "http_key_file, http_uid, sparsity_file, draft_model, lookup_history)");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
@@ -557,7 +557,8 @@ static void test_key_table(void **state) {
   static const enum sk_config_key fixed[] = {
       SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
       SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
-      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE};
+      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE, SK_CFG_DRAFT_MODEL,
+      SK_CFG_LOOKUP_HISTORY};
   const size_t n = sizeof fixed / sizeof fixed[0];
   size_t n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)
