@@ -484,8 +484,12 @@ static int sk__load_special_ids(struct sk_tokenizer *t, const struct sk_gguf *g,
   if (r < 0) return r;
   r = sk__special_id(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab, &t->eom, err);
   if (r < 0) return r;
-  r = sk__special_id(g, "tokenizer.ggml.padding_token_id", -1, t->n_vocab, &t->pad, err);
+  /* llama.cpp's converters write -1 (as 2^32 - 1) for "no padding":
+   * an id outside the vocabulary means none here, not a broken file */
+  uint32_t pad;
+  r = sk_gguf_get_u32(g, "tokenizer.ggml.padding_token_id", &pad, err);
   if (r < 0) return r;
+  t->pad = r == 1 && pad < t->n_vocab ? (int32_t)pad : -1;
   /* SentencePiece puts a space in front and adds BOS; byte-level BPE does
    * neither unless its pre-tokenizer says so. The keys override. */
   t->add_space_prefix = spm;
