@@ -266,7 +266,9 @@ static void op_open(struct sk_server *srv, const struct request *r) {
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
   size_t bytes = sk_store_object_size(srv->cfg.store, sk_kv_params_capacity(&p));
-  if (bytes) bytes += sk_spec_bytes(&srv->sessions.spec_cfg, &p);
+  if (bytes)
+    bytes += sk_spec_bytes(&srv->sessions.spec_cfg, &p,
+                           sk_spec_needs(&srv->sessions.spec_cfg, p.spec_mode));
   if (bytes && (rc = sk_session_check_user(&srv->sessions, sk_conn_uid(r->conn), bytes, NULL,
                                            temporary, &e)) < 0)
     goto bad;
@@ -480,6 +482,7 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
       0)
     goto bad;
   job->has_spec_fixed = g.spec.has_fixed;
+  if ((rc = sk_session_spec_charge(&srv->sessions, s, job->spec_mode, &e)) < 0) goto bad;
   if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
   if (g.stop.n > SK_LIMIT_STOP_COUNT) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %zu strings given, at most %u",

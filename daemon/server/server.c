@@ -180,7 +180,8 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                                    cfg->max_user_kv_bytes);
   srv->start_copy = sk_copy_start;
   const struct sk_spec_config spec = {.draft = cfg->draft, .kv_type = cfg->kv_type,
-                                      .history = cfg->lookup_history};
+                                      .history = cfg->lookup_history,
+                                      .default_mode = cfg->speculation};
   sk_session_table_set_spec(&srv->sessions, &spec);
   if (rc == 0) {
     struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = srv};
@@ -275,6 +276,7 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
   srv->cfg.draft_tokens = cfg->draft_tokens;
   if (srv->scheduler)
     sk_scheduler_set_spec_defaults(srv->scheduler, srv->cfg.speculation, srv->cfg.draft_tokens);
+  sk_session_table_set_spec_default(&srv->sessions, srv->cfg.speculation);
 }
 
 void sk_server_shutdown(struct sk_server *srv) {

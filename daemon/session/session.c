@@ -29,6 +29,7 @@ struct sk_session {
   size_t spec_bytes;         /* bytes its speculation may take (spec.h);
                                 with object_bytes, what counts toward
                                 max_memory */
+  unsigned spec_needs;       /* the SK_SPEC_NEEDS_* spec_bytes pays for */
   struct sk_spec *spec;      /* owned */
   uint64_t kv_bytes;         /* bytes of its keys and values, of those */
   uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
@@ -197,7 +198,9 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.spec_fixed = obj->meta->spec_fixed != 0;
   s->capacity = h->capacity;
   s->object_bytes = obj->size, s->kv_bytes = sk_kv_tensor_bytes(&obj->kv);
-  s->spec_bytes = sk_spec_bytes(&t->spec_cfg, &kp);
+  s->spec_needs = sk_spec_needs(&t->spec_cfg, s->params.spec_mode);
+  s->spec_bytes = sk_spec_bytes(&t->spec_cfg, &kp, s->spec_needs);
+  sk_spec_allow(s->spec, s->spec_needs);
   s->kv_type = obj->hdr->kv_type;
   t->items[slot] = s;
   t->count++;
@@ -249,7 +252,7 @@ int sk_session_reserve_open(struct sk_session_table *t, const struct sk_kv_param
   if (bytes == 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u is too large for this machine",
                         sk_kv_params_capacity(params));
-  bytes += sk_spec_bytes(&t->spec_cfg, params);
+  bytes += sk_spec_bytes(&t->spec_cfg, params, sk_spec_needs(&t->spec_cfg, params->spec_mode));
   if ((rc = check_limits(t, bytes, err)) < 0) return rc;
   int fd = sk_store_create_file(t->store, t->next_id, err);
   if (fd < 0) return fd;
@@ -296,7 +299,7 @@ int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation 
   struct sk_store_obj *obj = res->obj;
   const bool sized = res->bytes != 0;
   reservation_end(t, res);
-  int rc = sized ? 0 : check_limits(t, obj->size + sk_session_spec_bytes(t, &obj->kv), err);
+  int rc = sized ? 0 : check_limits(t, obj->size + sk_session_spec_bytes(t, obj), err);
   if (rc < 0) {
     sk_store_obj_remove(obj);
     return rc;
@@ -968,12 +971,38 @@ void sk_session_table_set_spec(struct sk_session_table *t, const struct sk_spec_
   t->spec_cfg = *cfg;
 }
 
-size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_kv *kv) {
-  const struct sk_kv_header *h = kv->hdr;
+size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_store_obj *obj) {
+  const struct sk_kv_header *h = obj->kv.hdr;
   struct sk_kv_params kp = {.policy = h->policy, .n_sink = h->n_sink, .window = h->window,
                             .heavy = h->heavy, .recent = h->recent, .n_pin = h->n_pin,
                             .capacity = h->capacity, .rope_scale = h->rope_scale};
-  return sk_spec_bytes(&t->spec_cfg, &kp);
+  return sk_spec_bytes(&t->spec_cfg, &kp, sk_spec_needs(&t->spec_cfg, obj->meta->spec_mode));
+}
+
+void sk_session_table_set_spec_default(struct sk_session_table *t, uint32_t mode) {
+  t->spec_cfg.default_mode = mode;
+}
+
+int sk_session_spec_charge(struct sk_session_table *t, struct sk_session *s, uint32_t mode,
+                           struct sk_error *err) {
+  const unsigned needs =
+      s->spec_needs | sk_spec_needs(&t->spec_cfg, mode ? mode : s->params.spec_mode);
+  if (needs == s->spec_needs) return 0;
+  const size_t bytes = sk_spec_bytes(&t->spec_cfg, &s->params, needs);
+  const size_t delta = bytes - s->spec_bytes;
+  const uint64_t used = t->bytes + t->reserved_bytes;
+  if (delta > t->max_bytes || used > t->max_bytes - delta)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit reached: %" PRIu64 " bytes of sessions + %zu for session "
+                        "%" PRIu64 "'s speculation exceed max_memory %" PRIu64 " bytes",
+                        used, delta, s->id, t->max_bytes);
+  int rc = sk_session_check_user(t, s->owner_uid, s->object_bytes + bytes, s, false, err);
+  if (rc < 0) return rc;
+  t->bytes += delta;
+  s->spec_bytes = bytes;
+  s->spec_needs = needs;
+  sk_spec_allow(s->spec, needs);
+  return 0;
 }
 struct sk_store_obj *sk_session_object(const struct sk_session *s) { return s->obj; }
 

@@ -227,9 +227,19 @@ void sk_session_table_set_release(struct sk_session_table *t,
  * outlive the table): their speculation state's memory counts toward the
  * limits from then on. Set before any session is made. */
 void sk_session_table_set_spec(struct sk_session_table *t, const struct sk_spec_config *cfg);
-/* Bytes the speculation of a session with cache kv may take under the
- * table's spec config (sk_spec_bytes). */
-size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_kv *kv);
+/* Bytes the speculation of the session of object obj takes when it is
+ * made (the mode it keeps, or the default: sk_spec_needs, sk_spec_bytes). */
+size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_store_obj *obj);
+/* The mode of sessions that do not choose (a reload): what they are
+ * charged for when they next generate. */
+void sk_session_table_set_spec_default(struct sk_session_table *t, uint32_t mode);
+/* Before a generate of s in mode (enum sk_spec_mode; SK_SPEC_DEFAULT: the
+ * session's own, else the table's default): charges s for the parts of
+ * its speculation state the mode needs and it has not paid for yet, and
+ * allows them (loop thread). Errors: -SK_ERR_BUSY (max_memory or the
+ * uid's limit; the message names it), nothing charged. */
+int sk_session_spec_charge(struct sk_session_table *t, struct sk_session *s, uint32_t mode,
+                           struct sk_error *err);
 /* Ids of new sessions continue after id (the largest found in the state
  * directory). */
 void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id);

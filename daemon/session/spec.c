@@ -1,6 +1,7 @@
 /* A session's speculative decoding state (see spec.h). */
 #include "session/spec.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@ _Static_assert(SK_SPEC_DEFAULT_TOKENS <= SK_SPEC_MAX_TOKENS, "the default is all
 struct sk_spec {
   const struct sk_spec_config *cfg;
   struct sk_kv_params params;
+  atomic_uint allowed;    /* SK_SPEC_NEEDS_* charged to the session */
 
   /* History: the tokens with stream indices [start, end), the last
    * `cap` of them at ring[index % cap]. */
@@ -62,12 +64,22 @@ static uint32_t sk__table_slots(uint32_t history) {
   return t;
 }
 
-size_t sk_spec_bytes(const struct sk_spec_config *cfg, const struct sk_kv_params *p) {
+unsigned sk_spec_needs(const struct sk_spec_config *cfg, uint32_t mode) {
+  if (mode == SK_SPEC_DEFAULT) mode = cfg->default_mode;
+  unsigned needs = 0;
+  if ((mode == SK_SPEC_LOOKUP || (mode == SK_SPEC_DRAFT && cfg->draft)) && cfg->history)
+    needs |= SK_SPEC_NEEDS_HISTORY;
+  if (mode == SK_SPEC_DRAFT && cfg->draft) needs |= SK_SPEC_NEEDS_DRAFT;
+  return needs;
+}
+
+size_t sk_spec_bytes(const struct sk_spec_config *cfg, const struct sk_kv_params *p,
+                     unsigned needs) {
   size_t bytes = 0;
-  if (cfg->history)
+  if ((needs & SK_SPEC_NEEDS_HISTORY) && cfg->history)
     bytes += (size_t)cfg->history * sizeof(int32_t) +
              (size_t)SK__N_GRAMS * sk__table_slots(cfg->history) * sizeof(uint32_t);
-  if (cfg->draft) {
+  if ((needs & SK_SPEC_NEEDS_DRAFT) && cfg->draft) {
     struct sk_kv_shape shape = sk_model_kv_shape(cfg->draft);
     shape.kv_type = cfg->kv_type;
     size_t meta, data;
@@ -84,8 +96,15 @@ int sk_spec_new(const struct sk_spec_config *cfg, const struct sk_kv_params *p,
   sp->cfg = cfg;
   sp->params = *p;
   sp->dsynced = UINT64_MAX;
+  atomic_init(&sp->allowed, 0);
   *ret = sp;
   return 0;
+}
+
+void sk_spec_allow(struct sk_spec *sp, unsigned needs) { atomic_fetch_or(&sp->allowed, needs); }
+
+unsigned sk_spec_allowed(const struct sk_spec *sp) {
+  return atomic_load(&((struct sk_spec *)sp)->allowed);
 }
 
 void sk_spec_free(struct sk_spec *sp) {
@@ -158,7 +177,7 @@ static void sk__push(struct sk_spec *sp, int32_t token) {
 }
 
 bool sk_spec_observe(struct sk_spec *sp, const int32_t *tokens, uint32_t n, uint64_t first) {
-  if (!sp->cfg->history) return true;
+  if (!sp->cfg->history || !(sk_spec_allowed(sp) & SK_SPEC_NEEDS_HISTORY)) return true;
   if (!sp->has_history || sp->end != first) return false;
   for (uint32_t i = 0; i < n; i++) sk__push(sp, tokens[i]);
   return true;
@@ -166,7 +185,9 @@ bool sk_spec_observe(struct sk_spec *sp, const int32_t *tokens, uint32_t n, uint
 
 void sk_spec_history_restart(struct sk_spec *sp, const int32_t *resident, uint32_t n,
                              uint64_t end) {
-  if (!sp->cfg->history || !sk__history_alloc(sp)) return;
+  if (!sp->cfg->history || !(sk_spec_allowed(sp) & SK_SPEC_NEEDS_HISTORY) ||
+      !sk__history_alloc(sp))
+    return;
   sk__history_reset(sp, end - n);
   for (uint32_t i = 0; i < n; i++) sk__push(sp, resident[i]);
 }
@@ -205,7 +226,7 @@ bool sk_spec_history_copy(const struct sk_spec *sp, uint64_t from, uint64_t end,
 /* ---- the draft cache ---- */
 
 struct sk_kv *sk_spec_draft_kv(struct sk_spec *sp) {
-  if (sp->dkv || !sp->cfg->draft) return sp->dkv;
+  if (sp->dkv || !sp->cfg->draft || !(sk_spec_allowed(sp) & SK_SPEC_NEEDS_DRAFT)) return sp->dkv;
   struct sk_kv_shape shape = sk_model_kv_shape(sp->cfg->draft);
   shape.kv_type = sp->cfg->kv_type;
   struct sk_error err;

@@ -26,8 +26,11 @@
  *           proposal. Kept in the daemon's memory like the draft cache;
  *           after an adoption it starts again from the resident tokens.
  *
- * Both count toward the session's memory (sk_spec_bytes). How many
- * tokens are proposed adapts to how many are accepted (sk_spec_k).
+ * Both count toward the session's memory (sk_spec_bytes) from the time
+ * the session may use them: a session that never speculates takes
+ * nothing; one that may use a mode is charged for what it needs
+ * (sk_spec_needs) and allowed it (sk_spec_allow). How many tokens are
+ * proposed adapts to how many are accepted (sk_spec_k).
  *
  * Threads: the compute thread's while a job of the session runs (the
  * scheduler changes it only then), the loop thread's counters through
@@ -73,20 +76,30 @@ const char *sk_spec_mode_name(uint32_t mode);
 int sk_spec_mode_parse(const char *name, size_t len);
 
 /* What every session's speculation state is made of: the draft model
- * (NULL: none) and the element type of its caches, and the tokens of
- * history the look-up keeps (0: no look-up). */
+ * (NULL: none) and the element type of its caches, the tokens of
+ * history the look-up keeps (0: no look-up), and the mode of sessions
+ * that do not choose (enum sk_spec_mode, resolved: OFF, DRAFT or
+ * LOOKUP). */
 struct sk_spec_config {
   const struct sk_model *draft;
   uint32_t kv_type;   /* enum sk_kv_type of draft caches */
   uint32_t history;   /* tokens */
+  uint32_t default_mode;
 };
 
-/* Bytes a session with cache parameters p may take for speculation
+/* The parts of a session's speculation state a mode uses (bits): the
+ * history (look-up, and the draft cache's catching up), the draft
+ * cache. */
+#define SK_SPEC_NEEDS_HISTORY 1u
+#define SK_SPEC_NEEDS_DRAFT 2u
+/* What mode (SK_SPEC_DEFAULT: cfg->default_mode) uses of what cfg has. */
+unsigned sk_spec_needs(const struct sk_spec_config *cfg, uint32_t mode);
+/* Bytes the parts `needs` of a session with cache parameters p take
  * under cfg: its draft cache and the copy of its bookkeeping it saves
- * each step (when cfg->draft), its history ring and look-up tables
- * (when cfg->history): what counts toward its memory, allocated or not.
- * 0 when neither. */
-size_t sk_spec_bytes(const struct sk_spec_config *cfg, const struct sk_kv_params *p);
+ * each step, its history ring and look-up tables; what counts toward its
+ * memory, allocated or not. */
+size_t sk_spec_bytes(const struct sk_spec_config *cfg, const struct sk_kv_params *p,
+                     unsigned needs);
 
 struct sk_spec;
 
@@ -96,6 +109,11 @@ struct sk_spec;
 int sk_spec_new(const struct sk_spec_config *cfg, const struct sk_kv_params *p,
                 struct sk_spec **ret, struct sk_error *err);
 void sk_spec_free(struct sk_spec *sp);
+/* The session may use the parts `needs` from now on (they were charged);
+ * allowances only grow. Any thread: the compute thread reads them. */
+void sk_spec_allow(struct sk_spec *sp, unsigned needs);
+/* The parts allowed. */
+unsigned sk_spec_allowed(const struct sk_spec *sp);
 
 /* ---- history and look-up ---- */
 
@@ -104,7 +122,7 @@ void sk_spec_free(struct sk_spec *sp);
  * nothing, when the history does not end at first (an adopted, forked or
  * imported session, one that did not keep its history for a while, or
  * a new one): the caller starts it again with sk_spec_history_restart.
- * True without a history (cfg->history 0). Compute thread. */
+ * True without a history (none allowed). Compute thread. */
 bool sk_spec_observe(struct sk_spec *sp, const int32_t *tokens, uint32_t n, uint64_t first);
 /* Starts the history again from the cache's resident tokens (n ids in
  * cache order; the last is at stream index end - 1). Allocates the
@@ -127,7 +145,8 @@ bool sk_spec_history_copy(const struct sk_spec *sp, uint64_t from, uint64_t end,
 /* ---- the draft cache ---- */
 
 /* The draft model's cache of the session (same policy and budget),
- * made on first use; NULL when there is no draft model or no memory. */
+ * made on first use; NULL when there is no draft model, it is not
+ * allowed, or no memory. */
 struct sk_kv *sk_spec_draft_kv(struct sk_spec *sp);
 /* The target's stream index the draft cache has caught up to (its
  * tokens are the session's up to there), or UINT64_MAX when it must be
