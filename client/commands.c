@@ -202,7 +202,7 @@ int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id, uint64_t i
       }
       out_u64(&k, "weights_mapped_bytes", s.weights_mapped_bytes);
       out_u64(&k, "weights_repacked_bytes", s.weights_repacked_bytes);
-      json_spec(&k.first, &s.speculation);
+      if (s.speculation.mode[0]) json_spec(&k.first, &s.speculation);
       out_end(&k);
       return 0;
     }

@@ -339,7 +339,7 @@ void json_session_stats_members(struct kv_out *k, const struct sk_session_stats 
   fputs("], \"entropy\": [", stdout);
   for (size_t l = 0; l < s->n_layers; l++) printf("%s%.6g", l ? ", " : "", s->entropy[l]);
   fputs("]}", stdout);
-  json_spec(&k->first, &s->speculation);
+  if (s->speculation.mode[0]) json_spec(&k->first, &s->speculation);
 }
 
 void json_session_stats(const struct sk_session_stats *s) {
