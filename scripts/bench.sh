@@ -2,7 +2,7 @@
 # Benchmarks sinkd on synthetic models (doc/performance.md: the method
 # and the latest figures).
 #
-#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio]...
+#   scripts/bench.sh BUILD_DIR OUT_DIR [decode|aggregate|positions|sidebyside|ratio|spec]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench
 # (doc/performance.md says how to build it): for each shape, weight type and thread
@@ -23,6 +23,20 @@
 # and KV type (RATIO_KV, default "f16 f32"), so that the VM's swings
 # fall on both; prints the medians, their ratio and the ratio of each
 # round.
+#
+# spec: speculative decoding on the real pair of SHARED/models
+# (pycode-29M, pycode-5M as its draft; SHARED defaults to ../shared
+# beside the source tree), greedy continuations of SPEC_PROMPTS (8)
+# prompts cut from SHARED/data/python-stdlib.txt, SPEC_ROUNDS (5)
+# rounds in which the modes take turns at going first: one session with
+# speculation off, draft and lookup (the outputs compared token for
+# token), look-up on fortunes-en.txt (where it finds little), and
+# SPEC_SESSIONS (16) sessions at once, off against draft; each daemon
+# on SPEC_THREADS (2) threads. With LLAMA_SPECULATIVE (llama.cpp's
+# llama-speculative) also its decode speed on the same prompts, model
+# pair and threads, greedy, the same number of tokens, for --draft-max
+# in SPEC_LLAMA_DRAFT (3 8), its best beside sinkd's draft mode, in
+# alternating rounds.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -159,8 +173,61 @@ for part in $parts; do
     done
     done
     ;;
+  spec)
+    shared=${SHARED:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
+    target="$shared/models/pycode-29M-f16.gguf"
+    draft="$shared/models/pycode-5M-f16.gguf"
+    t=${SPEC_THREADS:-2}
+    rounds=${SPEC_ROUNDS:-5}
+    common="--no-prefill --no-decode --no-concurrency --no-positions --spec-prompts ${SPEC_PROMPTS:-8} --spec-rounds $rounds --spec-gen 256"
+    DAEMON_ARGS="--draft-model $draft" run "spec-code-t$t" "$target" "$t" $common \
+      --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft,lookup
+    DAEMON_ARGS="--draft-model $draft" run "spec-fortunes-t$t" "$target" "$t" $common \
+      --spec-text "$shared/data/fortunes-en.txt" --spec-modes off,lookup
+    DAEMON_ARGS="--draft-model $draft" run "spec-sessions-t$t" "$target" "$t" $common \
+      --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft \
+      --spec-prompts "${SPEC_SESSIONS:-16}" --spec-sessions "${SPEC_SESSIONS:-16}" --spec-prompt-bytes 600
+    if [ -n "${LLAMA_SPECULATIVE:-}" ]; then
+      # the same prompts as sinkd-bench cuts them, one file each
+      n=${SPEC_PROMPTS:-8}
+      awk -v n="$n" -v bytes=1500 -v out="$out/prompt" 'BEGIN { RS = "^$" } {
+        len = length($0)
+        for (i = 0; i < n; i++) {
+          at = int(len / n) * i; while (at > 0 && at < len && substr($0, at, 1) != "\n") at++
+          end = at + bytes < len ? at + bytes : len; while (end < len && substr($0, end, 1) != "\n") end++
+          printf "%s", substr($0, at + 1, end - at) > (out "-" i ".txt") } }' "$shared/data/python-stdlib.txt"
+      printf '%-5s %-10s %10s %10s %7s\n' round engine 'tok/s' 'accepted' ''
+      r=1
+      while [ $r -le "$rounds" ]; do
+        for who in $( [ $((r % 2)) -eq 1 ] && echo "llama sinkd" || echo "sinkd llama"); do
+          if [ "$who" = llama ]; then
+            for k in ${SPEC_LLAMA_DRAFT:-3 8}; do
+              i=0 sum_t=0 sum_n=0
+              while [ $i -lt "$n" ]; do
+                # "decoded N tokens in S seconds"
+                line=$("$LLAMA_SPECULATIVE" -m "$target" -md "$draft" -f "$out/prompt-$i.txt" -n 256 \
+                  --temp 0 -t "$t" -td "$t" -c 2048 --spec-draft-n-max "$k" 2>&1 | grep 'decoded ')
+                sum_n=$(echo "$line" | awk -v s="$sum_n" '{ print s + $(NF - 7) }')
+                sum_t=$(echo "$line" | awk -v s="$sum_t" '{ print s + $(NF - 4) }')
+                i=$((i + 1))
+              done
+              printf '%-5s %-10s %10.1f\n' $r "llama-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print a / b }')"
+            done
+          else
+            json=$(DAEMON_ARGS="--draft-model $draft" run "spec-side-r$r" "$target" "$t" \
+              --no-prefill --no-decode --no-concurrency --no-positions --spec-prompts "$n" \
+              --spec-rounds 1 --spec-gen 256 --spec-text "$shared/data/python-stdlib.txt" \
+              --spec-modes draft)
+            printf '%-5s %-10s %10.1f\n' $r sinkd \
+              "$(echo "$json" | sed -n 's/.*"mode": "draft", "tokens_per_s": \([0-9.]*\).*/\1/p')"
+          fi
+        done
+        r=$((r + 1))
+      done
+    fi
+    ;;
   *)
-    echo "unknown part $part (decode, aggregate, positions, sidebyside, ratio)" >&2
+    echo "unknown part $part (decode, aggregate, positions, sidebyside, ratio, spec)" >&2
     exit 2
     ;;
   esac
