@@ -435,6 +435,34 @@ static void test_resolve(void **state) {
   assert_string_equal(e.message, "--max-user-input-memory: 1048576 bytes is less than one whole "
                                  "request frame (max_frame 1048576 + 4 bytes of header)");
   sk_config_done(&c);
+  /* Speculation: a draft needs a draft model, a look-up a history. */
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(c.speculation, 0); /* auto */
+  assert_int_equal(c.draft_tokens, 8);
+  assert_int_equal(c.lookup_history, 16384);
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "draft", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--speculation: speculation draft needs a draft model: set "
+                                 "draft_model (or --draft-model) in [daemon], or speculation "
+                                 "lookup or off");
+  assert_int_equal(sk_config_set(&c, SK_CFG_DRAFT_MODEL, "/d.gguf", SK_CONFIG_FROM_COMMAND_LINE,
+                                 0, &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "lookup", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_LOOKUP_HISTORY, "0", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--speculation: speculation lookup needs a history: "
+                                 "lookup_history is 0");
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "fast", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "'fast' is not auto, off, draft or lookup");
+  assert_int_equal(sk_config_set(&c, SK_CFG_DRAFT_TOKENS, "16", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "'16' is not a number in [1, 15]");
+  sk_config_done(&c);
 
   /* A long-context model: max_capacity follows it, the window stays 1024. */
   mc = model_with_context(32768);
