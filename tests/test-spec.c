@@ -458,7 +458,10 @@ static void write_perturbed(const char *path) {
  * the session's speculation mode. */
 static void sample_counts(struct sk_client *c, const char *mode, uint32_t *counts,
                           uint32_t n_vocab, uint64_t *ret_drafted, uint64_t *ret_accepted) {
-  struct sk_open_params op = {.policy = "dense", .capacity = 64, .speculation = mode};
+  /* a fixed count: the draft is the model's size, so an adaptive count
+   * would rightly propose little */
+  struct sk_open_params op = {.policy = "dense", .capacity = 64, .speculation = mode,
+                              .draft_tokens = 3, .draft_fixed = true};
   uint64_t s = open_session(c, &op);
   append_text(c, s, "Once upon a time, there was a little");
   *ret_drafted = *ret_accepted = 0;

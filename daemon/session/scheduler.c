@@ -1,4 +1,5 @@
 #include "session/scheduler.h"
+#include "base/clock.h"
 #include "model/sparse.h"
 
 #include <math.h>
@@ -26,6 +27,7 @@ struct sk_scheduler {
   float *dlogits;           /* (max_batch, n_vocab) */
   struct sk_job **dlist;    /* (max_batch) the jobs drafting this step */
   atomic_uint spec_mode, spec_tokens; /* set by the loop thread (a reload) */
+  struct sk_spec_costs costs; /* what passes cost, measured (spec.h) */
   struct sk_pool *pool;     /* owned */
   struct sk_scratch *scratch;
   const struct sk_sparse_calib *sparse; /* thresholds of the sparsity levels */
@@ -625,6 +627,10 @@ static bool after_decode(struct sk_scheduler *sched, struct sk_job *job, struct 
  * any: refused tokens leave no trace in the cache, its object or a
  * restart. */
 
+/* Weight bytes from which a draft model runs on the compute pool rather
+ * than on the compute thread alone: about 2 ms of reading a pass. */
+#define SK__DRAFT_POOL_BYTES (32u << 20)
+
 /* Rows of a pass up to which decoders' proposals may add rows: a pass
  * of one or a few sessions reads every weight for a handful of rows and
  * is bound by memory, so more rows cost little; past about this many,
@@ -661,10 +667,11 @@ static void history_observe(struct sk_session *s, const int32_t *tokens, uint32_
 }
 
 /* A job that drafted and does not reach spec_verify (its room or the
- * pass failed): its draft cache as it was before the proposals. */
+ * pass failed, so its drawn token is not kept either): its draft cache
+ * is rebuilt next time. */
 static void spec_abandon(struct sk_job *j) {
   if (!j->spec_saved) return;
-  sk_spec_draft_restore(sk_session_spec(j->sess));
+  sk_spec_draft_set_synced(sk_session_spec(j->sess), UINT64_MAX);
   j->spec_saved = false;
 }
 
@@ -779,10 +786,11 @@ static void spec_draft(struct sk_scheduler *sched, uint32_t n_dec) {
       j->dfeed_done += sched->dseqs[t].n;
       if (j->dfeed_done < j->dfeed_n) continue;
       /* caught up with the drawn token: the state the verification
-       * goes back to, then the first proposal */
+       * goes back to if it keeps no proposal, then the first proposal */
       sk_spec_draft_set_synced(sp, sk_kv_seen(sk_session_kv(j->sess)) + 1);
-      sk_spec_draft_save(sp);
+      sk_spec_draft_save(sp, 1);
       j->spec_saved = true;
+      j->spec_fed = 0;
       j->spec_chunk[1] = draft_pick(sched, j, sched->dlogits + t * V, 1);
       if (sk_tokenizer_is_eog(sched->tok, j->spec_chunk[1])) j->spec_n = 1;
     }
@@ -793,7 +801,9 @@ static void spec_draft(struct sk_scheduler *sched, uint32_t n_dec) {
     for (uint32_t t = 0; t < n_list; t++) {
       struct sk_job *j = list[t];
       if (j->spec_n < k || !j->spec_saved) continue;
-      struct sk_kv *dkv = sk_spec_draft_kv(sk_session_spec(j->sess));
+      struct sk_spec *sp = sk_session_spec(j->sess);
+      struct sk_kv *dkv = sk_spec_draft_kv(sp);
+      if (k > 2) sk_spec_draft_save(sp, k - 1); /* before proposal k - 1 goes in */
       if (sk_kv_free_slots(dkv) == 0 && sk_kv_make_room(dkv, 1, NULL, NULL) < 0) {
         j->spec_n = k - 1;
         continue;
@@ -803,13 +813,19 @@ static void spec_draft(struct sk_scheduler *sched, uint32_t n_dec) {
       sched->djob[n++] = j;
     }
     if (n == 0) break;
+    const double t0 = sk_clock_s();
     const int rc = sk_model_forward_batch(sched->draft, sched->dscratch, sched->dseqs, n, &err);
+    if (n == 1) sk_spec_costs_draft(&sched->costs, sk_clock_s() - t0);
     for (uint32_t t = 0; t < n; t++) {
       struct sk_job *j = sched->djob[t];
       if (rc < 0) {
         j->spec_n = k - 1;
         continue;
       }
+      /* proposal k - 1 is in: the cache holds the tokens up to it */
+      j->spec_fed = k - 1;
+      sk_spec_draft_set_synced(sk_session_spec(j->sess),
+                               sk_kv_seen(sk_session_kv(j->sess)) + k);
       j->spec_chunk[k] = draft_pick(sched, j, sched->dlogits + t * V, k);
       if (sk_tokenizer_is_eog(sched->tok, j->spec_chunk[k])) j->spec_n = k;
     }
@@ -834,19 +850,24 @@ static void spec_plan(struct sk_scheduler *sched, uint32_t n_dec, uint32_t cap) 
     if (j->run_spec == SK_SPEC_OFF) continue;
     struct sk_spec *sp = sk_session_spec(j->sess);
     const struct sk_kv *kv = sk_session_kv(j->sess);
-    uint32_t k = sk_spec_k(sp, j->run_spec_tokens, j->spec_fixed);
     const uint32_t left = j->max_tokens - j->n_generated - 1, room = spec_room(kv);
+    uint32_t k = j->run_spec_tokens;
     if (k > left) k = left;
     if (k > budget) k = budget;
     if (k + 1 > room) k = room > 0 ? room - 1 : 0;
     if (k == 0) continue;
+    j->spec_ngram = 0;
     if (j->run_spec == SK_SPEC_LOOKUP) {
       if (!sk_spec_history_at(sp, sk_kv_seen(kv)))
         history_observe(j->sess, NULL, 0, sk_kv_seen(kv));
-      k = sk_spec_lookup(sp, sched->seq_token[i], k, j->spec_chunk + 1);
-    } else {
-      drafting = true;
+      k = sk_spec_lookup(sp, sched->seq_token[i], k, j->spec_chunk + 1, &j->spec_ngram);
+      if (k == 0) continue;
     }
+    const uint32_t want = sk_spec_k(sp, j->run_spec, j->spec_ngram, j->run_spec_tokens,
+                                    j->spec_fixed, &sched->costs);
+    if (k > want) k = want;
+    if (k == 0) continue;
+    if (j->run_spec == SK_SPEC_DRAFT) drafting = true;
     j->spec_n = k;
     budget -= k;
   }
@@ -926,7 +947,7 @@ static void spec_verify(struct sk_scheduler *sched, uint32_t i) {
     if (job->n_stop && tail_has_stop(job, ev->text, ev->text_len)) stop = "stop";
   }
   const uint32_t verified = kept + (refused ? 1u : 0u);
-  sk_spec_result(sp, job->run_spec_tokens, verified, kept);
+  sk_spec_result(sp, job->run_spec, job->spec_ngram, verified, kept);
   job->drafted += verified;
   job->accepted += kept;
   atomic_fetch_add(&sched->drafted, verified);
@@ -938,7 +959,8 @@ static void spec_verify(struct sk_scheduler *sched, uint32_t i) {
   sk_session_step_set_logits(s, job->spec_logits + (size_t)(c - 1) * V);
   sk_session_step_commit(s);
   job->spec_stop = stop;
-  spec_abandon(job);
+  if (job->spec_saved) sk_spec_draft_keep(sp, c, job->spec_fed);
+  job->spec_saved = false;
   history_observe(s, job->spec_chunk, c, first);
 }
 
@@ -1088,7 +1110,11 @@ static void step(struct sk_scheduler *sched) {
   if (n_seqs == 0) return;
 
   struct sk_error err = {0};
+  const double t0 = sk_clock_s();
   int rc = sk_model_forward_batch(sched->model, sched->scratch, sched->seqs, n_seqs, &err);
+  /* one decoding session alone: what a pass of its rows costs */
+  if (rc == 0 && n_seqs == 1 && sched->seq_ev[0])
+    sk_spec_costs_pass(&sched->costs, sched->seqs[0].n, sk_clock_s() - t0);
   atomic_fetch_add(&sched->steps, 1);
   if (rc == 0) sk_pool_run(sched->pool, commit_task, sched, n_seqs);
   for (uint32_t i = 0; i < n_seqs; i++) {
@@ -1189,8 +1215,15 @@ void sk_scheduler_set_spec_defaults(struct sk_scheduler *sched, uint32_t mode, u
 int sk_scheduler_set_draft(struct sk_scheduler *sched, const struct sk_model *draft,
                            struct sk_error *err) {
   if (!draft) return 0;
-  int rc = sk_scratch_new_pool(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
-                               sched->pool, &sched->dscratch, err);
+  /* A small draft model runs on the compute thread alone: its passes
+   * are a few hundred microseconds, of which handing work to the pool and
+   * waiting for it would take a good part, much more on a busy machine
+   * (doc/performance.md); a larger one on the pool. */
+  int rc = sk_model_weight_bytes(draft) < SK__DRAFT_POOL_BYTES
+               ? sk_scratch_new(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
+                                &sched->dscratch, err)
+               : sk_scratch_new_pool(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
+                                     sched->pool, &sched->dscratch, err);
   if (rc < 0) return rc;
   if (!(sched->dseqs = calloc(sched->max_batch, sizeof *sched->dseqs)) ||
       !(sched->djob = calloc(sched->max_batch, sizeof *sched->djob)) ||

@@ -121,6 +121,7 @@ struct sk_job {
   uint32_t run_spec_tokens;
   int32_t spec_pending;
   uint32_t spec_n;
+  uint32_t spec_ngram;       /* the look-up's match length this step */
   int32_t spec_chunk[1 + SK_SPEC_TOKENS_MAX];
   float *spec_logits;        /* ((1 + run_spec_tokens) * n_vocab) */
   float *spec_q;             /* (run_spec_tokens * n_vocab), or NULL */
@@ -130,6 +131,7 @@ struct sk_job {
   uint32_t spec_n_ev;
   const char *spec_stop;     /* the step ended the job ("stop", "eos", ...) */
   bool spec_saved;           /* the draft cache was saved this step */
+  uint32_t spec_fed;         /* proposals fed to the draft cache this step */
   int32_t *dfeed;            /* (capacity + 1) tokens the draft cache takes
                                 before it drafts (DRAFT only) */
   uint32_t dfeed_n, dfeed_done;

@@ -29,12 +29,18 @@ struct sk_spec {
   uint32_t *table[SK__N_GRAMS]; /* (mask + 1) each */
   uint32_t mask;
 
-  /* The draft cache, its saved bookkeeping and how far it is synced. */
+  /* The draft cache, how far it is synced, and its bookkeeping saved
+   * before each proposal of a step (dsave[t], allocated when first used)
+   * with how far it was synced then. */
   struct sk_kv *dkv;
-  void *dsave;
-  uint64_t dsynced, dsaved;
+  uint64_t dsynced;
+  void *dsave[SK_SPEC_MAX_TOKENS];
+  uint64_t dsaved[SK_SPEC_MAX_TOKENS];
 
-  uint32_t k;             /* adaptive proposal count, 0: not started */
+  /* Decayed sums of kept proposals and of refusals: the draft's, then
+   * the look-up's per n-gram length. */
+  double acc[1 + SK__N_GRAMS][2];
+  uint32_t idle;          /* steps it paid to propose nothing */
   struct sk_spec_counters counters;
 };
 
@@ -84,7 +90,7 @@ size_t sk_spec_bytes(const struct sk_spec_config *cfg, const struct sk_kv_params
     shape.kv_type = cfg->kv_type;
     size_t meta, data;
     if (sk_kv_part_sizes(shape, sk_kv_params_capacity(p), &meta, &data))
-      bytes += 2 * meta + data; /* the cache and its saved bookkeeping */
+      bytes += (1 + SK_SPEC_MAX_TOKENS) * meta + data; /* the cache, its saves */
   }
   return bytes;
 }
@@ -112,7 +118,7 @@ void sk_spec_free(struct sk_spec *sp) {
   free(sp->ring);
   for (uint32_t g = 0; g < SK__N_GRAMS; g++) free(sp->table[g]);
   sk_kv_free(sp->dkv);
-  free(sp->dsave);
+  for (uint32_t t = 0; t < SK_SPEC_MAX_TOKENS; t++) free(sp->dsave[t]);
   free(sp);
 }
 
@@ -196,7 +202,9 @@ bool sk_spec_history_at(const struct sk_spec *sp, uint64_t end) {
   return sp->has_history && sp->end == end;
 }
 
-uint32_t sk_spec_lookup(const struct sk_spec *sp, int32_t next, uint32_t max, int32_t *out) {
+uint32_t sk_spec_lookup(const struct sk_spec *sp, int32_t next, uint32_t max, int32_t *out,
+                        uint32_t *ret_ngram) {
+  *ret_ngram = 0;
   if (!sp->has_history || !sp->ring || max == 0) return 0;
   for (uint32_t g = SK__N_GRAMS; g-- > 0;) {
     const uint32_t n = SK_SPEC_NGRAM_MIN + g;
@@ -212,6 +220,7 @@ uint32_t sk_spec_lookup(const struct sk_spec *sp, int32_t next, uint32_t max, in
     if (!same) continue;
     uint32_t k = 0;
     for (uint64_t i = p; i < sp->end && k < max; i++) out[k++] = sk__at(sp, i);
+    *ret_ngram = n;
     return k;
   }
   return 0;
@@ -231,11 +240,6 @@ struct sk_kv *sk_spec_draft_kv(struct sk_spec *sp) {
   shape.kv_type = sp->cfg->kv_type;
   struct sk_error err;
   if (sk_kv_new(shape, &sp->params, &sp->dkv, &err) < 0) return NULL;
-  sp->dsave = malloc(sk_kv_meta_bytes(sp->dkv));
-  if (!sp->dsave) {
-    sk_kv_free(sp->dkv);
-    sp->dkv = NULL;
-  }
   sp->dsynced = UINT64_MAX;
   return sp->dkv;
 }
@@ -247,34 +251,94 @@ void sk_spec_draft_set_synced(struct sk_spec *sp, uint64_t synced) {
   if (synced == UINT64_MAX && sp->dkv) sk_kv_clear(sp->dkv);
 }
 
-void sk_spec_draft_save(struct sk_spec *sp) {
-  sk_kv_meta_save(sp->dkv, sp->dsave);
-  sp->dsaved = sp->dsynced;
+void sk_spec_draft_save(struct sk_spec *sp, uint32_t t) {
+  if (!sp->dsave[t] && !(sp->dsave[t] = malloc(sk_kv_meta_bytes(sp->dkv)))) {
+    sp->dsaved[t] = UINT64_MAX; /* no memory: going back there rebuilds */
+    return;
+  }
+  sk_kv_meta_save(sp->dkv, sp->dsave[t]);
+  sp->dsaved[t] = sp->dsynced;
 }
 
-void sk_spec_draft_restore(struct sk_spec *sp) {
-  sk_kv_meta_restore(sp->dkv, sp->dsave);
-  sp->dsynced = sp->dsaved;
+void sk_spec_draft_keep(struct sk_spec *sp, uint32_t c, uint32_t fed) {
+  if (c > fed) return;
+  if (sp->dsaved[c] == UINT64_MAX) {
+    sk_spec_draft_set_synced(sp, UINT64_MAX);
+    return;
+  }
+  sk_kv_meta_restore(sp->dkv, sp->dsave[c]);
+  sp->dsynced = sp->dsaved[c];
 }
 
 /* ---- how many ---- */
 
-uint32_t sk_spec_k(const struct sk_spec *sp, uint32_t max, bool fixed) {
-  if (max > SK_SPEC_MAX_TOKENS) max = SK_SPEC_MAX_TOKENS;
-  if (fixed || sp->k == 0 || sp->k > max) return max;
-  return sp->k;
+/* Decay of the acceptance averages per step: about the last 30 steps. */
+#define SK__DECAY 0.97
+/* A measured cost is a floor that drifts up slowly: a pass takes at
+ * least its work, and a busy machine adds delays of any length to
+ * some, which an average would follow; the floor follows the work
+ * (2% of a slower sample a step). */
+#define SK__COST_DRIFT 0.02
+/* A draft pass's cost relative to a one-row pass before any measure. */
+#define SK__DRAFT_PRIOR 0.15
+
+/* The decaying floor of *est with a new sample. */
+static void sk__floor(double *est, double seconds) {
+  if (!(seconds > 0)) return;
+  if (!(*est > 0) || seconds < *est) *est = seconds;
+  else *est += SK__COST_DRIFT * (seconds - *est);
 }
 
-void sk_spec_result(struct sk_spec *sp, uint32_t max, uint32_t proposed, uint32_t accepted) {
+void sk_spec_costs_pass(struct sk_spec_costs *c, uint32_t n, double seconds) {
+  if (n >= 1) sk__floor(&c->unit, seconds / (1.0 + SK_SPEC_ROW_COST * (n - 1)));
+}
+
+void sk_spec_costs_draft(struct sk_spec_costs *c, double seconds) {
+  sk__floor(&c->draft, seconds);
+}
+
+/* The acceptance average of mode / ngram: (kept + 2) / (kept + refused + 3)
+ * over the decayed sums, 2/3 before any step. */
+static double *sk__acc(struct sk_spec *sp, uint32_t mode, uint32_t ngram) {
+  uint32_t i = 0;
+  if (mode == SK_SPEC_LOOKUP)
+    i = 1 + (ngram < SK_SPEC_NGRAM_MIN ? 0 : ngram > SK_SPEC_NGRAM_MAX ? SK__N_GRAMS - 1
+                                                                        : ngram - SK_SPEC_NGRAM_MIN);
+  return sp->acc[i];
+}
+
+uint32_t sk_spec_k(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t max, bool fixed,
+                   const struct sk_spec_costs *c) {
   if (max > SK_SPEC_MAX_TOKENS) max = SK_SPEC_MAX_TOKENS;
-  if (proposed == 0) return;
-  uint32_t k = sp->k ? sp->k : max;
-  if (accepted == proposed) {
-    if (proposed >= k) k = k + 2 < max ? k + 2 : max;
-  } else {
-    k = accepted + 1;
+  if (fixed) return max;
+  const double *acc = sk__acc(sp, mode, ngram);
+  const double a = (acc[0] + 2.0) / (acc[0] + acc[1] + 3.0);
+  /* a draft pass and a proposed row, in one-row passes */
+  const double d = mode != SK_SPEC_DRAFT                ? 0.0
+                   : c->draft > 0 && c->unit > 0 ? c->draft / c->unit
+                                                 : SK__DRAFT_PRIOR;
+  const double per = SK_SPEC_ROW_COST + d;
+  double best = 1.0, tokens = 1.0, ak = 1.0;
+  uint32_t k_best = 0;
+  for (uint32_t k = 1; k <= max; k++) {
+    ak *= a;
+    tokens += ak;
+    const double rate = tokens / (1.0 + k * per);
+    if (rate > best) {
+      best = rate;
+      k_best = k;
+    }
   }
-  sp->k = k;
+  if (k_best == 0 && ++sp->idle % SK_SPEC_PROBE_STEPS == 0) k_best = 1;
+  return k_best;
+}
+
+void sk_spec_result(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t proposed,
+                    uint32_t accepted) {
+  if (proposed == 0) return;
+  double *acc = sk__acc(sp, mode, ngram);
+  acc[0] = SK__DECAY * acc[0] + accepted;
+  acc[1] = SK__DECAY * acc[1] + (accepted < proposed ? 1.0 : 0.0);
   sp->counters.drafted += proposed;
   sp->counters.accepted += accepted;
   sp->counters.rejected += proposed - accepted;

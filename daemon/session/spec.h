@@ -136,8 +136,9 @@ bool sk_spec_history_at(const struct sk_spec *sp, uint64_t end);
  * token drawn for the step, not yet in the history) into out: the
  * tokens after the latest earlier occurrence of the longest n-gram
  * (SK_SPEC_NGRAM_MAX down to SK_SPEC_NGRAM_MIN tokens, `next` last)
- * found. Returns how many (0: no match). */
-uint32_t sk_spec_lookup(const struct sk_spec *sp, int32_t next, uint32_t max, int32_t *out);
+ * found; *ret_ngram its length. Returns how many (0: no match). */
+uint32_t sk_spec_lookup(const struct sk_spec *sp, int32_t next, uint32_t max, int32_t *out,
+                        uint32_t *ret_ngram);
 /* The history's tokens with stream indices [from, end) into out (end -
  * from of them), if it holds them all; returns false otherwise. */
 bool sk_spec_history_copy(const struct sk_spec *sp, uint64_t from, uint64_t end, int32_t *out);
@@ -155,24 +156,68 @@ uint64_t sk_spec_draft_synced(const struct sk_spec *sp);
 /* The draft cache holds the session's tokens up to stream index
  * synced; UINT64_MAX: clears it, to be rebuilt. */
 void sk_spec_draft_set_synced(struct sk_spec *sp, uint64_t synced);
-/* Saves the draft cache's bookkeeping before the step's proposals are
- * drafted, and restores it after (sk_kv_meta_save): the cache is then as
- * it was before the proposals, caught up to the saved synced index. */
-void sk_spec_draft_save(struct sk_spec *sp);
-void sk_spec_draft_restore(struct sk_spec *sp);
+/* Saves the draft cache's bookkeeping (sk_kv_meta_save) and the index it
+ * has caught up to as they are before the step's t-th proposal is fed to
+ * it (1 <= t < SK_SPEC_MAX_TOKENS; t = 1: right after the drawn token). */
+void sk_spec_draft_save(struct sk_spec *sp, uint32_t t);
+/* After the step: the session kept its drawn token and the first c - 1
+ * proposals (c >= 1), of which the first `fed` went into the draft cache
+ * (saves 1..fed were made): the cache goes back to the save before
+ * proposal c (it then holds the kept tokens) when c <= fed, or stays as
+ * it is (caught up to the last one fed) otherwise. */
+void sk_spec_draft_keep(struct sk_spec *sp, uint32_t c, uint32_t fed);
 
-/* ---- how many tokens to propose ---- */
+/* ---- how many tokens to propose ----
+ *
+ * A step that proposes K tokens gives on average E(K) = 1 + a + a^2 +
+ * ... + a^K tokens, a the chance that a proposal is kept when the one
+ * before it was (each kept proposal, then the token drawn after them),
+ * and costs a pass of K + 1 rows, 1 + K * SK_SPEC_ROW_COST times a
+ * one-row pass, and, for a draft model, K passes of it, whose cost
+ * relative to a one-row pass the scheduler measures (struct
+ * sk_spec_costs). The count proposed is the K that gives the most tokens
+ * per unit of time by those costs and what the session's proposals
+ * achieved (a per mode, and per n-gram length for the look-up, decaying
+ * averages). Speculation that does not pay proposes nothing, but tries
+ * one proposal every SK_SPEC_PROBE_STEPS steps, so that a text that
+ * becomes predictable is noticed. */
 
-/* Tokens to propose this step, at most max (1..SK_SPEC_MAX_TOKENS):
- * max when fixed, else the adaptive count (starting at max, growing by 2
- * after a step that kept every proposal, falling to one more than
- * were kept after one that did not). */
-uint32_t sk_spec_k(const struct sk_spec *sp, uint32_t max, bool fixed);
-/* The step proposed `proposed` tokens and the model kept `accepted`
- * (<= proposed) of them before the first it refused (none refused when
- * accepted == proposed): adapts the count and adds to the counters
- * (drafted += proposed, accepted, rejected += proposed - accepted). */
-void sk_spec_result(struct sk_spec *sp, uint32_t max, uint32_t proposed, uint32_t accepted);
+/* What a proposed row adds to a one-row pass, as a share of it: a
+ * one-row pass reads every weight from memory, more rows add arithmetic
+ * on weights already read (0.26 to 0.36 per row for pycode-29M F16
+ * with one session, 1 and 2 threads, doc/performance.md). */
+#define SK_SPEC_ROW_COST 0.3
+
+/* Steps between tries of a session whose proposals do not pay. */
+#define SK_SPEC_PROBE_STEPS 16u
+
+/* What passes cost, measured by the scheduler (seconds, floors of the
+ * samples that drift up slowly: a busy machine delays passes at random,
+ * by more than their work): unit a one-row pass of a step whose only
+ * sequence is one decoding session (from passes of n rows as their time
+ * / (1 + (n - 1) * SK_SPEC_ROW_COST)), draft one pass of the draft model
+ * for one session; 0 before any. */
+struct sk_spec_costs {
+  double unit;
+  double draft;
+};
+/* Adds a measured pass of n rows, or of the draft model. */
+void sk_spec_costs_pass(struct sk_spec_costs *c, uint32_t n, double seconds);
+void sk_spec_costs_draft(struct sk_spec_costs *c, double seconds);
+
+/* Tokens to propose this step in mode (DRAFT or LOOKUP; ngram the
+ * look-up's match length, 0 for the draft), at most max
+ * (1..SK_SPEC_MAX_TOKENS): max when fixed, else the count of most tokens
+ * per second by c, possibly 0. */
+uint32_t sk_spec_k(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t max, bool fixed,
+                   const struct sk_spec_costs *c);
+/* The step proposed `proposed` tokens (in mode, ngram as for sk_spec_k)
+ * and the model kept `accepted` (<= proposed) of them before the first
+ * it refused (none refused when accepted == proposed): updates the
+ * acceptance and adds to the counters (drafted += proposed, accepted,
+ * rejected += proposed - accepted). */
+void sk_spec_result(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t proposed,
+                    uint32_t accepted);
 
 /* The counters since the session was made or adopted: tokens proposed
  * (and verified), kept and refused; drafted = accepted + rejected. The
