@@ -745,7 +745,7 @@ static void spec_draft(struct sk_scheduler *sched, uint32_t n_dec) {
   struct sk_job **list = sched->dlist;
   for (uint32_t i = 0; i < n_dec; i++) {
     struct sk_job *j = sched->seq_job[i];
-    if (j->run_spec != SK_SPEC_DRAFT || !j->spec_n) continue;
+    if (j->spec_src != SK_SPEC_DRAFT || !j->spec_n) continue;
     if (!draft_feed(j, sched->seq_token[i])) {
       j->spec_n = 0;
       continue;
@@ -856,18 +856,27 @@ static void spec_plan(struct sk_scheduler *sched, uint32_t n_dec, uint32_t cap) 
     if (k > budget) k = budget;
     if (k + 1 > room) k = room > 0 ? room - 1 : 0;
     if (k == 0) continue;
+    /* the history's proposals, free; for a draft session the draft's
+     * when they promise more tokens per second */
+    uint32_t kl = 0, kd = 0;
+    double rl = 0, rd = 0;
     j->spec_ngram = 0;
-    if (j->run_spec == SK_SPEC_LOOKUP) {
+    if (sk_spec_allowed(sp) & SK_SPEC_NEEDS_HISTORY) {
       if (!sk_spec_history_at(sp, sk_kv_seen(kv)))
         history_observe(j->sess, NULL, 0, sk_kv_seen(kv));
-      k = sk_spec_lookup(sp, sched->seq_token[i], k, j->spec_chunk + 1, &j->spec_ngram);
-      if (k == 0) continue;
+      kl = sk_spec_lookup(sp, sched->seq_token[i], k, j->spec_chunk + 1, &j->spec_ngram);
+      if (kl && !j->spec_fixed) kl = sk_spec_best(sp, SK_SPEC_LOOKUP, j->spec_ngram, kl,
+                                                   &sched->costs, &rl);
     }
-    const uint32_t want = sk_spec_k(sp, j->run_spec, j->spec_ngram, j->run_spec_tokens,
-                                    j->spec_fixed, &sched->costs);
-    if (k > want) k = want;
+    if (j->run_spec == SK_SPEC_DRAFT)
+      kd = j->spec_fixed ? k : sk_spec_best(sp, SK_SPEC_DRAFT, 0, k, &sched->costs, &rd);
+    j->spec_src = j->run_spec == SK_SPEC_DRAFT && (kd && (!kl || rd > rl)) ? SK_SPEC_DRAFT
+                                                                            : SK_SPEC_LOOKUP;
+    const uint32_t best = j->spec_src == SK_SPEC_DRAFT ? kd : kl;
+    k = j->spec_fixed ? best : sk_spec_step(sp, best, j->spec_src == SK_SPEC_DRAFT ? k : kl,
+                                            &sched->costs);
     if (k == 0) continue;
-    if (j->run_spec == SK_SPEC_DRAFT) drafting = true;
+    if (j->spec_src == SK_SPEC_DRAFT) drafting = true;
     j->spec_n = k;
     budget -= k;
   }
@@ -947,7 +956,7 @@ static void spec_verify(struct sk_scheduler *sched, uint32_t i) {
     if (job->n_stop && tail_has_stop(job, ev->text, ev->text_len)) stop = "stop";
   }
   const uint32_t verified = kept + (refused ? 1u : 0u);
-  sk_spec_result(sp, job->run_spec, job->spec_ngram, verified, kept);
+  sk_spec_result(sp, job->spec_src, job->spec_ngram, verified, kept);
   job->drafted += verified;
   job->accepted += kept;
   atomic_fetch_add(&sched->drafted, verified);
@@ -1219,7 +1228,7 @@ int sk_scheduler_set_draft(struct sk_scheduler *sched, const struct sk_model *dr
    * are a few hundred microseconds, of which handing work to the pool and
    * waiting for it would take a good part, much more on a busy machine
    * (doc/performance.md); a larger one on the pool. */
-  int rc = sk_model_weight_bytes(draft) < SK__DRAFT_POOL_BYTES
+  int rc = sk_model_weight_bytes(draft) < (uint64_t)SK__DRAFT_POOL_BYTES
                ? sk_scratch_new(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
                                 &sched->dscratch, err)
                : sk_scratch_new_pool(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,

@@ -121,6 +121,8 @@ struct sk_job {
   uint32_t run_spec_tokens;
   int32_t spec_pending;
   uint32_t spec_n;
+  uint32_t spec_src;         /* where this step's proposals come from:
+                                SK_SPEC_DRAFT or SK_SPEC_LOOKUP */
   uint32_t spec_ngram;       /* the look-up's match length this step */
   int32_t spec_chunk[1 + SK_SPEC_TOKENS_MAX];
   float *spec_logits;        /* ((1 + run_spec_tokens) * n_vocab) */

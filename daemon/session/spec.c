@@ -41,6 +41,7 @@ struct sk_spec {
    * the look-up's per n-gram length. */
   double acc[1 + SK__N_GRAMS][2];
   uint32_t idle;          /* steps it paid to propose nothing */
+  uint32_t steps;         /* steps that could propose */
   struct sk_spec_counters counters;
 };
 
@@ -290,53 +291,86 @@ static void sk__floor(double *est, double seconds) {
 }
 
 void sk_spec_costs_pass(struct sk_spec_costs *c, uint32_t n, double seconds) {
-  if (n >= 1) sk__floor(&c->unit, seconds / (1.0 + SK_SPEC_ROW_COST * (n - 1)));
+  if (n < 1 || n > SK_SPEC_MAX_TOKENS + 1 || !(seconds > 0)) return;
+  sk__floor(&c->pass[n], seconds);
+  if (c->samples[n] < UINT32_MAX) c->samples[n]++;
 }
 
 void sk_spec_costs_draft(struct sk_spec_costs *c, double seconds) {
   sk__floor(&c->draft, seconds);
 }
 
-/* The acceptance average of mode / ngram: (kept + 2) / (kept + refused + 3)
- * over the decayed sums, 2/3 before any step. */
-static double *sk__acc(struct sk_spec *sp, uint32_t mode, uint32_t ngram) {
+/* The cost of a pass of n rows: its measure once it has enough, else a
+ * one-row pass's (measured, or judged from the best measured count) with
+ * SK_SPEC_ROW_COST a row; 1 + ... when nothing is measured. */
+static double sk__pass(const struct sk_spec_costs *c, uint32_t n) {
+  if (c->samples[n] >= SK_SPEC_COST_SAMPLES) return c->pass[n];
+  double unit = 0;
+  for (uint32_t m = 1; m <= SK_SPEC_MAX_TOKENS + 1; m++)
+    if (c->samples[m] >= SK_SPEC_COST_SAMPLES) {
+      const double u = c->pass[m] / (1.0 + SK_SPEC_ROW_COST * (m - 1));
+      if (!(unit > 0) || u < unit) unit = u;
+    }
+  return (unit > 0 ? unit : 1.0) * (1.0 + SK_SPEC_ROW_COST * (n - 1));
+}
+
+/* The acceptance average of mode / ngram: (kept + 4) / (kept + refused +
+ * 5) over the decayed sums, 0.8 before any step (a prior that a few
+ * refusals do not overturn: a session that stops proposing learns
+ * again only from its probes). */
+static double *sk__acc(struct sk_spec *sp, uint32_t source, uint32_t ngram) {
   uint32_t i = 0;
-  if (mode == SK_SPEC_LOOKUP)
+  if (source == SK_SPEC_LOOKUP)
     i = 1 + (ngram < SK_SPEC_NGRAM_MIN ? 0 : ngram > SK_SPEC_NGRAM_MAX ? SK__N_GRAMS - 1
                                                                         : ngram - SK_SPEC_NGRAM_MIN);
   return sp->acc[i];
 }
 
-uint32_t sk_spec_k(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t max, bool fixed,
-                   const struct sk_spec_costs *c) {
+uint32_t sk_spec_best(const struct sk_spec *sp, uint32_t source, uint32_t ngram, uint32_t max,
+                      const struct sk_spec_costs *c, double *ret_rate) {
   if (max > SK_SPEC_MAX_TOKENS) max = SK_SPEC_MAX_TOKENS;
-  if (fixed) return max;
-  const double *acc = sk__acc(sp, mode, ngram);
-  const double a = (acc[0] + 2.0) / (acc[0] + acc[1] + 3.0);
-  /* a draft pass and a proposed row, in one-row passes */
-  const double d = mode != SK_SPEC_DRAFT                ? 0.0
-                   : c->draft > 0 && c->unit > 0 ? c->draft / c->unit
-                                                 : SK__DRAFT_PRIOR;
-  const double per = SK_SPEC_ROW_COST + d;
-  double best = 1.0, tokens = 1.0, ak = 1.0;
+  const double *acc = sk__acc((struct sk_spec *)sp, source, ngram);
+  const double a = (acc[0] + 4.0) / (acc[0] + acc[1] + 5.0);
+  const double t1 = sk__pass(c, 1);
+  bool known = false; /* t1 is in seconds, as a measured draft pass is */
+  for (uint32_t m = 1; m <= SK_SPEC_MAX_TOKENS + 1; m++)
+    known |= c->samples[m] >= SK_SPEC_COST_SAMPLES;
+  const double d = source != SK_SPEC_DRAFT      ? 0.0
+                   : known && c->draft > 0 ? c->draft
+                                           : SK__DRAFT_PRIOR * t1;
+  double best = 1.0 / t1, tokens = 1.0, ak = 1.0;
   uint32_t k_best = 0;
   for (uint32_t k = 1; k <= max; k++) {
     ak *= a;
     tokens += ak;
-    const double rate = tokens / (1.0 + k * per);
+    const double rate = tokens / (sk__pass(c, k + 1) + k * d);
     if (rate > best) {
       best = rate;
       k_best = k;
     }
   }
-  if (k_best == 0 && ++sp->idle % SK_SPEC_PROBE_STEPS == 0) k_best = 1;
+  *ret_rate = best;
   return k_best;
 }
 
-void sk_spec_result(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t proposed,
+uint32_t sk_spec_step(struct sk_spec *sp, uint32_t k, uint32_t max,
+                      const struct sk_spec_costs *c) {
+  if (max > SK_SPEC_MAX_TOKENS) max = SK_SPEC_MAX_TOKENS;
+  /* now and then the count whose cost is measured least */
+  if (++sp->steps % SK_SPEC_EXPLORE_STEPS == 0) {
+    uint32_t least = 0;
+    for (uint32_t n = 0; n <= max; n++)
+      if (c->samples[n + 1] < c->samples[least + 1]) least = n;
+    if (c->samples[least + 1] < SK_SPEC_COST_SAMPLES) return least;
+  }
+  if (k == 0 && max > 0 && ++sp->idle % SK_SPEC_PROBE_STEPS == 0) return 1;
+  return k;
+}
+
+void sk_spec_result(struct sk_spec *sp, uint32_t source, uint32_t ngram, uint32_t proposed,
                     uint32_t accepted) {
   if (proposed == 0) return;
-  double *acc = sk__acc(sp, mode, ngram);
+  double *acc = sk__acc(sp, source, ngram);
   acc[0] = SK__DECAY * acc[0] + accepted;
   acc[1] = SK__DECAY * acc[1] + (accepted < proposed ? 1.0 : 0.0);
   sp->counters.drafted += proposed;

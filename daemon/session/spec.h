@@ -26,6 +26,11 @@
  *           proposal. Kept in the daemon's memory like the draft cache;
  *           after an adoption it starts again from the resident tokens.
  *
+ * A draft session proposes from its history too, when a match there
+ * promises more tokens per second than the draft model (history
+ * proposals cost no draft pass; on code, which repeats itself, they
+ * often do).
+ *
  * Both count toward the session's memory (sk_spec_bytes) from the time
  * the session may use them: a session that never speculates takes
  * nothing; one that may use a mode is charged for what it needs
@@ -172,51 +177,66 @@ void sk_spec_draft_keep(struct sk_spec *sp, uint32_t c, uint32_t fed);
  * A step that proposes K tokens gives on average E(K) = 1 + a + a^2 +
  * ... + a^K tokens, a the chance that a proposal is kept when the one
  * before it was (each kept proposal, then the token drawn after them),
- * and costs a pass of K + 1 rows, 1 + K * SK_SPEC_ROW_COST times a
- * one-row pass, and, for a draft model, K passes of it, whose cost
- * relative to a one-row pass the scheduler measures (struct
- * sk_spec_costs). The count proposed is the K that gives the most tokens
- * per unit of time by those costs and what the session's proposals
- * achieved (a per mode, and per n-gram length for the look-up, decaying
- * averages). Speculation that does not pay proposes nothing, but tries
- * one proposal every SK_SPEC_PROBE_STEPS steps, so that a text that
- * becomes predictable is noticed. */
+ * and costs a pass of K + 1 rows and, for a draft model, K passes of it,
+ * which the scheduler measures (struct sk_spec_costs). The count
+ * proposed is the K that gives the most tokens per second by those
+ * costs and what the session's proposals achieved (a per mode, and per
+ * n-gram length for the look-up, decaying averages). A pass's cost
+ * grows with its rows in steps on some kernels (they take rows in
+ * groups: F16 weights 2 or 3 rows cost as much, 4 to 6 as much), which
+ * only measures show; until a count of rows has SK_SPEC_COST_SAMPLES
+ * measures, a row is taken to add SK_SPEC_ROW_COST of a one-row pass,
+ * and every SK_SPEC_EXPLORE_STEPS steps a session proposes the count
+ * whose pass is measured least. Speculation that does not pay proposes
+ * nothing, but tries one proposal every SK_SPEC_PROBE_STEPS steps, so
+ * that a text that becomes predictable is noticed. */
 
-/* What a proposed row adds to a one-row pass, as a share of it: a
- * one-row pass reads every weight from memory, more rows add arithmetic
- * on weights already read (0.26 to 0.36 per row for pycode-29M F16
- * with one session, 1 and 2 threads, doc/performance.md). */
+/* What a proposed row adds to a one-row pass, as a share of it, before
+ * measures: a one-row pass reads every weight from memory, more rows add
+ * arithmetic on weights already read (0.3 per row on average for
+ * pycode-29M F16 up to 16 rows, doc/performance.md). */
 #define SK_SPEC_ROW_COST 0.3
+/* Measures of a count of rows before its cost is taken from them. */
+#define SK_SPEC_COST_SAMPLES 4u
+/* Steps between two proposals of the least measured count. */
+#define SK_SPEC_EXPLORE_STEPS 8u
 
 /* Steps between tries of a session whose proposals do not pay. */
 #define SK_SPEC_PROBE_STEPS 16u
 
 /* What passes cost, measured by the scheduler (seconds, floors of the
  * samples that drift up slowly: a busy machine delays passes at random,
- * by more than their work): unit a one-row pass of a step whose only
- * sequence is one decoding session (from passes of n rows as their time
- * / (1 + (n - 1) * SK_SPEC_ROW_COST)), draft one pass of the draft model
- * for one session; 0 before any. */
+ * by more than their work): pass[n] a step whose only sequence is one
+ * decoding session with n rows, samples[n] its measures; draft one pass
+ * of the draft model for one session; 0 before any. */
 struct sk_spec_costs {
-  double unit;
+  double pass[SK_SPEC_MAX_TOKENS + 2];
+  uint32_t samples[SK_SPEC_MAX_TOKENS + 2];
   double draft;
 };
 /* Adds a measured pass of n rows, or of the draft model. */
 void sk_spec_costs_pass(struct sk_spec_costs *c, uint32_t n, double seconds);
 void sk_spec_costs_draft(struct sk_spec_costs *c, double seconds);
 
-/* Tokens to propose this step in mode (DRAFT or LOOKUP; ngram the
+/* The count of proposals from source (DRAFT or LOOKUP; ngram the
  * look-up's match length, 0 for the draft), at most max
- * (1..SK_SPEC_MAX_TOKENS): max when fixed, else the count of most tokens
- * per second by c, possibly 0. */
-uint32_t sk_spec_k(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t max, bool fixed,
-                   const struct sk_spec_costs *c);
-/* The step proposed `proposed` tokens (in mode, ngram as for sk_spec_k)
+ * (<= SK_SPEC_MAX_TOKENS), that gives the most tokens per second by c,
+ * possibly 0; *ret_rate that rate (tokens per second, or per one-row
+ * pass before any measure). */
+uint32_t sk_spec_best(const struct sk_spec *sp, uint32_t source, uint32_t ngram, uint32_t max,
+                      const struct sk_spec_costs *c, double *ret_rate);
+/* The count a step proposes, once its best count k is chosen (<= max):
+ * every SK_SPEC_EXPLORE_STEPS steps the count whose pass is measured
+ * least instead, and every SK_SPEC_PROBE_STEPS steps of 0 a 1. */
+uint32_t sk_spec_step(struct sk_spec *sp, uint32_t k, uint32_t max,
+                      const struct sk_spec_costs *c);
+/* The step proposed `proposed` tokens (from source, ngram as for
+ * sk_spec_best)
  * and the model kept `accepted` (<= proposed) of them before the first
  * it refused (none refused when accepted == proposed): updates the
  * acceptance and adds to the counters (drafted += proposed, accepted,
  * rejected += proposed - accepted). */
-void sk_spec_result(struct sk_spec *sp, uint32_t mode, uint32_t ngram, uint32_t proposed,
+void sk_spec_result(struct sk_spec *sp, uint32_t source, uint32_t ngram, uint32_t proposed,
                     uint32_t accepted);
 
 /* The counters since the session was made or adopted: tokens proposed
