@@ -24,6 +24,8 @@ struct chat {
                      continuation */
   char *system;   /* the system prompt still to send with the first message
                      (--session's --system, or /system), or NULL; owned */
+  bool system_set; /* the session holds a system prompt or a conversation
+                      already: a new system prompt needs a new session */
   unsigned turn;  /* messages sent */
   int status;     /* the exit status so far */
 };
@@ -36,11 +38,33 @@ static void chat_help(void) {
         "assistant's; without one, the text simply continues.\n"
         "  Ctrl-C      stop the reply (a second Ctrl-C quits)\n"
         "  Ctrl-D      quit (also /bye)\n"
-        "  /system T   the system prompt, before the first message\n"
+        "  /system T   the system prompt: before the first message, or it starts\n"
+        "              a new conversation (a new session)\n"
         "  /stats      the session's figures\n"
         "  /help       this text\n"
         "  //text      send a line that starts with '/'\n",
         stderr);
+}
+
+/* Opens a session for the chat with the options' policy, and system as
+ * its system prompt (pinned at open; NULL: none). Returns 0, or the exit
+ * status of a reported error. */
+static int chat_open(struct chat *ch, const char *system) {
+  const struct opts *o = ch->o;
+  struct sk_error e;
+  struct sk_open_result r;
+  struct sk_open_params op = o->open;
+  op.temporary = !o->given[OPT_KEEP]; /* closed by the daemon even if we die */
+  op.system = system;
+  if (sk_client_open(ch->c, &op, &r, &e) < 0) return report(ch->c, &e);
+  ch->session = r.session;
+  ch->opened = true;
+  ch->system_set = system != NULL;
+  if (ch->tty || system)
+    fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64 " tokens%s%" PRIu64 "%s)\n", prog,
+            ch->session, r.policy, r.capacity, system ? ", the system prompt " : "",
+            system ? r.pinned : 0, system ? " of them" : "");
+  return 0;
 }
 
 /* Opens the chat's session (a new one, or --session's), learns whether a
@@ -59,21 +83,14 @@ static int chat_start(struct chat *ch) {
     if (sk_client_hello(c, &h, &e) < 0) return report(c, &e);
     snprintf(tmpl, sizeof tmpl, "%s", h.chat_template[0] ? h.chat_template : "none");
     snprintf(tmpl_error, sizeof tmpl_error, "%s", h.chat_template_error);
-    struct sk_open_result r;
-    struct sk_open_params op = o->open;
-    op.temporary = !o->given[OPT_KEEP]; /* closed by the daemon even if we die */
-    if (o->system && strcmp(tmpl, "none") != 0) op.system = o->system; /* pinned */
-    if (sk_client_open(c, &op, &r, &e) < 0) return report(c, &e);
-    ch->session = r.session;
-    ch->opened = true;
-    if (ch->tty)
-      fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64
-              " tokens). Ctrl-C stops a reply; Ctrl-D or /bye quits; /help.\n",
-              prog, ch->session, r.policy, r.capacity);
+    int rc = chat_open(ch, strcmp(tmpl, "none") != 0 ? o->system : NULL);
+    if (rc != 0) return rc;
+    if (ch->tty) fprintf(stderr, "%s: Ctrl-C stops a reply; Ctrl-D or /bye quits; /help.\n", prog);
   } else {
     struct sk_session_stats st;
     if (sk_client_session_stats(c, ch->session, &st, &e) < 0) return report(c, &e);
     snprintf(tmpl, sizeof tmpl, "%s", st.chat_template[0] ? st.chat_template : "none");
+    ch->system_set = st.seen > 0;
     if (ch->tty)
       fprintf(stderr, "%s: session %" PRIu64 " (%s, %" PRIu64 " of %" PRIu64
               " tokens in the cache). Ctrl-D or /bye quits; /help.\n",
@@ -93,6 +110,19 @@ static int chat_start(struct chat *ch) {
   return 0;
 }
 
+/* The session this chat opened: kept (--keep, with how to go on) or
+ * closed. */
+static void chat_end(struct chat *ch) {
+  struct sk_error e;
+  if (!ch->opened || !sk_client_connected(ch->c)) return;
+  if (ch->o->given[OPT_KEEP]) {
+    fprintf(stderr, "%s: session %" PRIu64 " kept; continue with: %s chat --session %" PRIu64
+              "\n", prog, ch->session, prog, ch->session);
+  } else if (sk_client_close_session(ch->c, ch->session, &e) < 0 && ch->status == 0) {
+    ch->status = report(ch->c, &e);
+  }
+}
+
 /* One of chat's commands (a line starting with '/', not "//"). Returns
  * false to end the chat: /bye, or the connection gone. */
 static bool chat_command(struct chat *ch, const char *line) {
@@ -101,16 +131,33 @@ static bool chat_command(struct chat *ch, const char *line) {
   if (!strncmp(line, "/system", 7) && (line[7] == ' ' || line[7] == 0)) {
     const char *t = line + 7;
     while (*t == ' ') t++;
-    if (!ch->roles)
+    if (!ch->roles) {
       fprintf(stderr, "%s: /system: no chat template (plain continuation)\n", prog);
-    else if (ch->turn > 0 || (ch->opened && ch->o->system))
-      fprintf(stderr, "%s: /system: the system prompt is set before the first message\n",
-              prog);
-    else if (!*t)
+    } else if (!*t) {
       fprintf(stderr, "%s: /system TEXT\n", prog);
-    else {
+    } else if (ch->turn == 0 && !ch->system_set) {
+      /* nothing sent yet: it goes first in the first message */
       free(ch->system);
       ch->system = strdup(t);
+    } else if (!ch->opened) {
+      fprintf(stderr, "%s: /system: session %" PRIu64 " holds a conversation already, and a "
+              "system prompt starts one; for a new conversation: %s chat --system TEXT\n",
+              prog, ch->session, prog);
+    } else {
+      /* A new conversation: this one's session ends (or is kept), a new
+       * one opens with the system prompt pinned. */
+      chat_end(ch);
+      if (!sk_client_connected(ch->c)) return false;
+      fprintf(stderr, "%s: /system: a new conversation\n", prog);
+      free(ch->system);
+      ch->system = NULL;
+      ch->turn = 0;
+      int rc = chat_open(ch, t);
+      if (rc != 0) {
+        ch->status = rc;
+        ch->opened = false;
+        return false;
+      }
     }
     return true;
   }
@@ -161,13 +208,21 @@ static void chat_turn_roles(struct chat *ch, const char *text, size_t text_len) 
     fflush(stdout);
   }
   int rc = sk_client_chat(c, ch->session, m, nm, &p, on_token, &g, &res, &e);
+  if (ch->system) {
+    /* sent once: taken, or refused with the message (later lines go
+     * without it) */
+    if (rc < 0 && sk_client_connected(c))
+      fprintf(stderr, "%s: the system prompt was not taken: /system TEXT gives another\n",
+              prog);
+    free(ch->system);
+    ch->system = NULL;
+    ch->system_set = rc == 0;
+  }
   if (rc < 0) {
     if (g.printed && !g.ends_with_newline) fputc('\n', stdout);
     fflush(stdout);
     ch->status = report(c, &e);
   } else {
-    free(ch->system);
-    ch->system = NULL;
     if (o->json) json_generate(ch->session, ch->turn, &g, &res);
     else if (!g.printed || !g.ends_with_newline) fputc('\n', stdout);
     fflush(stdout);
@@ -232,19 +287,6 @@ static void chat_turn_plain(struct chat *ch, const char *text, size_t text_len) 
       say_session_full(res.resident);
   }
   gen_state_free(&g);
-}
-
-/* The session this chat opened: kept (--keep, with how to go on) or
- * closed. */
-static void chat_end(struct chat *ch) {
-  struct sk_error e;
-  if (!ch->opened || !sk_client_connected(ch->c)) return;
-  if (ch->o->given[OPT_KEEP]) {
-    fprintf(stderr, "%s: session %" PRIu64 " kept; continue with: %s chat --session %" PRIu64
-              "\n", prog, ch->session, prog, ch->session);
-  } else if (sk_client_close_session(ch->c, ch->session, &e) < 0 && ch->status == 0) {
-    ch->status = report(ch->c, &e);
-  }
 }
 
 int cmd_chat(struct sk_client *c, const struct opts *o) {

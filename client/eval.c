@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "eval.h"
+#include "tokstream.h"
 #include "sinkd/client.h"
 
 enum {
@@ -28,7 +29,10 @@ enum {
 
 /* Limits of the command line, each with its reason. */
 #define EVAL_MAX_RUNS 32u          /* columns of one table */
-#define EVAL_MAX_FILE (16u << 20)  /* the daemon's frame ceiling */
+#define EVAL_PIECE (256u << 10)    /* bytes of text per tokenize request:
+                                      a quarter of the daemon's default
+                                      frame limit (halved while it answers
+                                      too_large) */
 #define EVAL_DEFAULT_BUDGET 256u   /* half the test model's trained 512 */
 #define EVAL_DEFAULT_SPAN 1000u    /* tokens per table row */
 #define EVAL_DEFAULT_CHUNK 256u    /* tokens per append request */
@@ -62,6 +66,7 @@ static bool run_takes(enum run_kind k, const char *key) {
               {"heavy", SK_PART_HEAVY},
               {"recent", SK_PART_HEAVY},
               {"capacity", SK_PART_CAPACITY}};
+  if (strcmp(key, "bos") == 0) return k == RUN_RECOMPUTE;
   const unsigned parts = k == RUN_RECOMPUTE
                              ? SK_PART_WINDOW | SK_PART_CAPACITY
                              : sk_policy_parts(run_kind_names[k], strlen(run_kind_names[k]));
@@ -77,13 +82,16 @@ struct run {
   enum run_kind kind;
   uint32_t n_sink, window, heavy, recent, capacity;
   bool has_sink;
+  bool no_bos;           /* recompute: the window without BOS (bos=0) */
+  bool window_given;     /* window=W was in the spec */
   double rope_scale;     /* 0 = 1 */
   double sparsity;       /* MLP contextual sparsity level; 0 = off */
   size_t n_sparse_layers; /* layers of sparsity_measured (0: not measured) */
   double sparsity_measured[SK_CLIENT_MAX_LAYERS]; /* fraction of neurons
                             skipped per layer, over the run's tokens */
-  double *lp;            /* (n_tokens) ln p(token k | before); NaN unscored */
-  size_t n_scored;
+  double *span_sum;      /* (n_spans) sum of ln p(token | before) over the
+                            scored tokens of each span */
+  uint32_t *span_n;      /* (n_spans) tokens scored in each span */
   uint64_t evicted;
   uint64_t capacity_used; /* the session's capacity (dense: its limit) */
   double seconds;
@@ -98,7 +106,11 @@ struct eval {
   const char *csv, *plot;
   struct run runs[EVAL_MAX_RUNS];
   size_t n_runs;
-  int32_t *tokens; /* (n_tokens) BOS first */
+  FILE *tokens;    /* the text's n_tokens token ids (int32, BOS first), in
+                      an unnamed temporary file: memory stays bounded
+                      whatever the text's size */
+  int32_t bos;     /* the BOS a fresh session starts with, or -1 (the
+                      model adds none) */
   size_t n_tokens;
   struct sk_hello hello;
   /* progress */
@@ -132,9 +144,14 @@ static void eval_help(void) {
       "                              the other is the rest)\n"
       "  sink_h2o[:sinks=S,heavy=H,recent=R]  4 sinks + H2O (recent =\n"
       "                              budget / 2, heavy the rest)\n"
-      "  recompute[:window=W]        sliding window with re-computation: a\n"
-      "                              fresh dense session of the W tokens\n"
-      "                              before each scored token (W = budget)\n"
+      "  recompute[:window=W,bos=B]  sliding window with re-computation: each\n"
+      "                              scored token gets a fresh dense session\n"
+      "                              of the W tokens before it (W = budget;\n"
+      "                              at most the model's context - 1); with\n"
+      "                              bos=1 (default) it starts as a new\n"
+      "                              session does, BOS first when the model\n"
+      "                              adds one, then the W - 1 tokens before\n"
+      "                              it; bos=0: the W tokens, no BOS\n"
       "  Any run also takes rope_scale=R (<= 64) and sparsity=S (the\n"
       "  MLP's contextual sparsity, a level the daemon has calibrated;\n"
       "  the summary gives the fraction of neurons each layer skipped);\n"
@@ -144,7 +161,7 @@ static void eval_help(void) {
       "  a usage error; a default run the budget cannot hold is left out.\n"
       "  Default set: dense, dense:rope_scale=2, dense:rope_scale=4, window,\n"
       "  streaming:sinks=1, streaming:sinks=2, streaming:sinks=4,\n"
-      "  streaming:sinks=8, h2o, sink_h2o, recompute.\n"
+      "  streaming:sinks=8, h2o, sink_h2o, recompute, recompute:bos=0.\n"
       "\n"
       "Options:\n"
       "  --run SPEC              add a run (see above)\n"
@@ -206,12 +223,15 @@ static void eval_parse_run(const char *spec, struct run *r) {
       r->has_sink = true;
     } else if (strcmp(key, "window") == 0) {
       r->window = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
+      r->window_given = true;
     } else if (strcmp(key, "heavy") == 0) {
       r->heavy = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "recent") == 0) {
       r->recent = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
     } else if (strcmp(key, "capacity") == 0) {
       r->capacity = (uint32_t)sk_cli_parse_u64(what, val, 1, UINT32_MAX);
+    } else if (strcmp(key, "bos") == 0) {
+      r->no_bos = sk_cli_parse_u64(what, val, 0, 1) == 0;
     } else if (strcmp(key, "rope_scale") == 0) {
       r->rope_scale = eval_parse_positive(what, val);
       if (r->rope_scale > SK_MAX_ROPE_SCALE)
@@ -221,7 +241,7 @@ static void eval_parse_run(const char *spec, struct run *r) {
       if (!(r->sparsity < 1)) sk_cli_usage_error("%s: '%s' is not below 1", what, val);
     } else {
       sk_cli_usage_error("--run %s: unknown parameter '%s' (sinks, window, "
-                         "heavy, recent, capacity, rope_scale, sparsity)",
+                         "heavy, recent, capacity, bos, rope_scale, sparsity)",
                        spec, key);
     }
   }
@@ -366,7 +386,7 @@ static void eval_parse_args(int argc, char **argv, struct eval *ev) {
     static const char *const defaults[] = {
         "dense", "dense:rope_scale=2", "dense:rope_scale=4", "window",
         "streaming:sinks=1", "streaming:sinks=2", "streaming:sinks=4",
-        "streaming:sinks=8", "h2o", "sink_h2o", "recompute"};
+        "streaming:sinks=8", "h2o", "sink_h2o", "recompute", "recompute:bos=0"};
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
       eval_add_run(ev, defaults[i]);
     defaults_used = true;
@@ -452,6 +472,14 @@ static void eval_derive(const struct eval *ev, struct run *r,
                    (r->rope_scale > 0 ? r->rope_scale : 1.0);
       uint64_t cap = r->kind == RUN_RECOMPUTE ? (uint64_t)r->window + 1
                                               : (uint64_t)floor(ctx);
+      /* a recompute window the budget sized, whose scored token would
+       * not fit the model's context: one token less */
+      if (r->kind == RUN_RECOMPUTE && !r->window_given && cap > floor(ctx) && ctx >= 2) {
+        cap = (uint64_t)floor(ctx);
+        r->window = (uint32_t)cap - 1;
+        sk_cli_note("%s: window %u (the model's context %.0f holds it and the scored token)",
+                    r->label, r->window, floor(ctx));
+      }
       if (ev->hello.model.max_capacity && cap > ev->hello.model.max_capacity)
         cap = ev->hello.model.max_capacity;
       r->capacity = (uint32_t)cap;
@@ -460,6 +488,26 @@ static void eval_derive(const struct eval *ev, struct run *r,
     op->capacity = r->capacity;
     break;
   }
+}
+
+/* Token ids [first, first + n) of the text into buf. Returns 0, or -1
+ * with a note. */
+static int eval_tokens_read(const struct eval *ev, size_t first, size_t n, int32_t *buf) {
+  if (fseeko(ev->tokens, (off_t)(first * sizeof *buf), SEEK_SET) != 0 ||
+      fread(buf, sizeof *buf, n, ev->tokens) != n) {
+    sk_cli_note("cannot read back the tokens: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Adds the log-probability of token t (>= 1) to its span; NaN (not
+ * scored) adds nothing. */
+static void eval_score(const struct eval *ev, struct run *r, size_t t, double lp) {
+  if (isnan(lp) || t == 0) return;
+  size_t s = (t - 1) / ev->span;
+  r->span_sum[s] += lp;
+  r->span_n[s]++;
 }
 
 /* Streams the tokens through one session of the run's policy. */
@@ -477,6 +525,13 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
   size_t pos = 0;
   uint64_t resident = 0;
   int status = 0;
+  int32_t *ids = malloc(ev->chunk * sizeof *ids);
+  double *lp = malloc(ev->chunk * sizeof *lp);
+  if (!ids || !lp) {
+    sk_cli_note("out of memory");
+    status = EXIT_FAILURE;
+    total = 0;
+  }
   while (pos < total) {
     if (eval_interrupted) {
       status = EVAL_EXIT_INTERRUPTED;
@@ -487,17 +542,23 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
       k = (size_t)(o.capacity - resident);
     if (k == 0) break;
     struct sk_append_result ar;
-    if (sk_client_append_logprobs(c, o.session, ev->tokens + pos, k,
-                                  SK_BOS_DEFAULT, r->lp + pos, &ar, &e) < 0) {
+    if (eval_tokens_read(ev, pos, k, ids) < 0) {
+      status = EVAL_EXIT_FILE;
+      break;
+    }
+    if (sk_client_append_logprobs(c, o.session, ids, k, SK_BOS_DEFAULT, lp, &ar, &e) < 0) {
       status = eval_report(c, &e, r->label);
       break;
     }
+    for (size_t j = 0; j < k; j++) eval_score(ev, r, pos + j, lp[j]);
     resident = ar.resident;
     r->evicted += ar.evicted;
     pos += k;
     eval_progress(ev, r, pos, total, t0);
   }
   r->seconds = sk_cli_now_s() - t0;
+  free(ids);
+  free(lp);
   if (r->sparsity != 0 && status == 0) { /* what the layers skipped */
     struct sk_session_stats st;
     if (sk_client_session_stats(c, o.session, &st, &e) == 0) {
@@ -511,14 +572,24 @@ static int eval_stream(struct eval *ev, struct sk_client *c, struct run *r,
 }
 
 /* Sliding window with re-computation: token t is scored by a fresh dense
- * session holding tokens[max(0, t - W) .. t - 1] at positions from 0. */
+ * session that starts as a new session does, with BOS when the model adds
+ * one (ev->bos), then tokens[t - W + 1 .. t - 1]: W tokens in all, the
+ * budget the evicting runs keep. A window that reaches the start of the
+ * text is tokens[0 .. t - 1], which begins with BOS already. With bos=0
+ * (r->no_bos) it holds tokens[max(0, t - W) .. t - 1], BOS only where the
+ * window reaches the start. The tokens sit at positions from 0; the
+ * session's last token is t, appended to be scored. */
 static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
                           const struct sk_open_params *op) {
   struct sk_error e;
   size_t n = ev->n_tokens, W = r->window;
+  const bool bos = !r->no_bos && ev->bos >= 0;
   size_t total = n > 1 ? (n - 2) / ev->stride + 1 : 0, done = 0;
   double *lp = malloc((W + 1) * sizeof *lp);
-  if (!lp) {
+  int32_t *win = malloc((W + 1) * sizeof *win);
+  if (!lp || !win) {
+    free(lp);
+    free(win);
     sk_cli_note("out of memory");
     return EXIT_FAILURE;
   }
@@ -530,7 +601,15 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
       status = EVAL_EXIT_INTERRUPTED;
       break;
     }
-    size_t start = t > W ? t - W : 0;
+    /* the text tokens before t that the window holds */
+    size_t keep = bos ? W - 1 : W;
+    size_t start = t > keep ? t - keep : 0, m = 0;
+    if (bos && start > 0) win[m++] = ev->bos;
+    if (eval_tokens_read(ev, start, t - start + 1, win + m) < 0) {
+      status = EVAL_EXIT_FILE;
+      break;
+    }
+    m += t - start + 1;
     struct sk_open_result o;
     struct sk_open_params tmp = *op;
     tmp.temporary = true;
@@ -538,33 +617,31 @@ static int eval_recompute(struct eval *ev, struct sk_client *c, struct run *r,
       status = eval_report(c, &e, r->label);
       break;
     }
-    int rc = sk_client_append_logprobs(c, o.session, ev->tokens + start,
-                                       t - start + 1, SK_BOS_DEFAULT, lp, NULL,
-                                       &e);
+    int rc = sk_client_append_logprobs(c, o.session, win, m, SK_BOS_DEFAULT, lp, NULL, &e);
     if (rc < 0) status = eval_report(c, &e, r->label);
     if (sk_client_connected(c)) sk_client_close_session(c, o.session, NULL);
     if (rc < 0) break;
-    r->lp[t] = lp[t - start];
+    eval_score(ev, r, t, lp[m - 1]);
     done++;
     if (done % 16 == 0 || done == total) eval_progress(ev, r, done, total, t0);
   }
   r->seconds = sk_cli_now_s() - t0;
   free(lp);
+  free(win);
   return status;
 }
 
 /* ---- output ----------------------------------------------------------- */
 
-/* Perplexity over tokens [first, last] of a run; NAN if none scored. */
-static double eval_ppl(const struct run *r, size_t first, size_t last,
-                       size_t *ret_n) {
+/* Perplexity over the tokens of spans [s0, s1) of a run; NAN if none was
+ * scored. */
+static double eval_ppl(const struct run *r, size_t s0, size_t s1, size_t *ret_n) {
   double sum = 0;
   size_t cnt = 0;
-  for (size_t k = first; k <= last; k++)
-    if (!isnan(r->lp[k])) {
-      sum += r->lp[k];
-      cnt++;
-    }
+  for (size_t s = s0; s < s1; s++) {
+    sum += r->span_sum[s];
+    cnt += r->span_n[s];
+  }
   if (ret_n) *ret_n = cnt;
   return cnt ? exp(-sum / (double)cnt) : NAN;
 }
@@ -604,16 +681,17 @@ static void eval_print_table(const struct eval *ev) {
   char cell[32], rowname[40];
   size_t spans = eval_n_spans(ev);
   for (size_t s = 0; s <= spans; s++) {
-    size_t first = 1, last = ev->n_tokens - 1;
+    size_t first, last, s0 = 0, s1 = spans;
     if (s < spans) {
       eval_span(ev, s, &first, &last);
       snprintf(rowname, sizeof rowname, "%zu-%zu", first, last);
+      s0 = s, s1 = s + 1;
     } else {
       snprintf(rowname, sizeof rowname, "all scored");
     }
     printf("%-15s", rowname);
     for (size_t i = 0; i < ev->n_runs; i++) {
-      eval_fmt(cell, sizeof cell, eval_ppl(&ev->runs[i], first, last, NULL));
+      eval_fmt(cell, sizeof cell, eval_ppl(&ev->runs[i], s0, s1, NULL));
       printf("  %*s", (int)w[i], cell);
     }
     putchar('\n');
@@ -623,7 +701,7 @@ static void eval_print_table(const struct eval *ev) {
   for (size_t i = 0; i < ev->n_runs; i++) {
     const struct run *r = &ev->runs[i];
     size_t cnt;
-    double p = eval_ppl(r, 1, ev->n_tokens - 1, &cnt);
+    double p = eval_ppl(r, 0, eval_n_spans(ev), &cnt);
     eval_fmt(cell, sizeof cell, p);
     printf("%-24s %10" PRIu64 " %10zu %9" PRIu64 " %10s %9.3f\n", r->label,
            r->capacity_used, cnt, r->evicted, cell,
@@ -653,7 +731,7 @@ static void eval_print_json(const struct eval *ev) {
   for (size_t i = 0; i < ev->n_runs; i++) {
     const struct run *r = &ev->runs[i];
     size_t cnt;
-    double p = eval_ppl(r, 1, ev->n_tokens - 1, &cnt);
+    double p = eval_ppl(r, 0, eval_n_spans(ev), &cnt);
     printf("%s{\"label\": ", i ? ", " : "");
     sk_cli_json_cstr(stdout, r->label);
     printf(", \"capacity\": %" PRIu64 ", \"scored\": %zu, \"evicted\": %" PRIu64
@@ -673,7 +751,7 @@ static void eval_print_json(const struct eval *ev) {
            first, last);
     for (size_t i = 0; i < ev->n_runs; i++) {
       if (i) fputs(", ", stdout);
-      eval_json_num(eval_ppl(&ev->runs[i], first, last, NULL));
+      eval_json_num(eval_ppl(&ev->runs[i], s, s + 1, NULL));
     }
     printf("]}");
   }
@@ -699,7 +777,7 @@ static int eval_write_csv(const struct eval *ev, const char *path) {
     eval_span(ev, s, &first, &last);
     fprintf(f, "%zu,%zu", first, last);
     for (size_t i = 0; i < ev->n_runs; i++) {
-      double p = eval_ppl(&ev->runs[i], first, last, NULL);
+      double p = eval_ppl(&ev->runs[i], s, s + 1, NULL);
       if (isnan(p))
         fputc(',', f); /* empty: no token of the span was scored */
       else
@@ -750,29 +828,67 @@ static int eval_plot(const struct eval *ev, const char *csv) {
 
 /* ---- main ------------------------------------------------------------- */
 
-static char *eval_read_file(const char *path, size_t *ret_len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) sk_cli_die(EVAL_EXIT_FILE, "cannot open %s: %s", path, strerror(errno));
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  for (;;) {
-    if (!buf) sk_cli_die(EXIT_FAILURE, "out of memory");
-    size_t n = fread(buf + len, 1, cap - len, f);
-    len += n;
-    if (n == 0) break;
-    if (len == cap) {
-      if (cap >= EVAL_MAX_FILE)
-        sk_cli_die(EVAL_EXIT_FILE, "%s is larger than %u bytes", path, EVAL_MAX_FILE);
-      cap *= 2;
-      char *nb = realloc(buf, cap);
-      if (!nb) free(buf);
-      buf = nb;
+/* A piece of the text for sk_tokstream: tokenized by the daemon (ctx, the
+ * client), BOS first or none. */
+static int eval_tokenize_piece(void *ctx, const char *text, size_t len, bool bos,
+                               int32_t **ret_tokens, size_t *ret_n, struct sk_error *err) {
+  return sk_client_tokenize(ctx, text, len, bos ? SK_BOS_TRUE : SK_BOS_FALSE, ret_tokens, ret_n,
+                            err);
+}
+
+/* Tokenizes the text (BOS first: the tokens llama.cpp's perplexity tool
+ * scores) into ev->tokens, a temporary file, piece by piece (tokstream.h):
+ * as many tokens as --tokens asks for, else all. Returns 0 or an exit
+ * status. */
+static int eval_tokenize(struct eval *ev, struct sk_client *c, FILE *text) {
+  struct sk_error e;
+  ev->tokens = tmpfile();
+  if (!ev->tokens) {
+    sk_cli_note("cannot make a temporary file for the tokens: %s", strerror(errno));
+    return EVAL_EXIT_FILE;
+  }
+  struct sk_tokstream *ts;
+  if (sk_tokstream_open(text, EVAL_PIECE, true, eval_tokenize_piece, c, &ts, &e) < 0)
+    return eval_report(c, &e, "tokenize");
+  const size_t want = ev->max_tokens ? (size_t)ev->max_tokens + 1 : SIZE_MAX;
+  int status = 0;
+  double t0 = sk_cli_now_s(), shown = t0;
+  while (ev->n_tokens < want) {
+    int32_t *t = NULL;
+    size_t n = 0;
+    int rc = sk_tokstream_next(ts, &t, &n, &e);
+    if (rc == 0) break;
+    if (rc < 0) {
+      status = eval_report(c, &e, "tokenize");
+      break;
+    }
+    if (n > want - ev->n_tokens) n = want - ev->n_tokens;
+    size_t w = fwrite(t, sizeof *t, n, ev->tokens);
+    free(t);
+    if (w != n) {
+      sk_cli_note("cannot write the tokens to a temporary file: %s", strerror(errno));
+      status = EVAL_EXIT_FILE;
+      break;
+    }
+    ev->n_tokens += n;
+    if (ev->progress && sk_cli_now_s() - shown > 0.5) {
+      shown = sk_cli_now_s();
+      fprintf(stderr, "\rtokenizing: %.1f MB, %zu tokens, %.0f s ",
+              (double)sk_tokstream_bytes(ts) / 1e6, ev->n_tokens, shown - t0);
+      fflush(stderr);
+    }
+    if (eval_interrupted) {
+      status = EVAL_EXIT_INTERRUPTED;
+      break;
     }
   }
-  if (ferror(f)) sk_cli_die(EVAL_EXIT_FILE, "cannot read %s", path);
-  fclose(f);
-  *ret_len = len;
-  return buf;
+  if (ev->progress && shown > t0) fputc('\n', stderr);
+  sk_tokstream_free(ts);
+  if (status == 0 && fflush(ev->tokens) != 0) {
+    sk_cli_note("cannot write the tokens to a temporary file: %s", strerror(errno));
+    status = EVAL_EXIT_FILE;
+  }
+  return status;
 }
 
 /* Exits with a usage error unless output file path (--csv, --plot, the
@@ -819,7 +935,7 @@ static const char *eval_plot_csv(const char *plot, char *buf, size_t size) {
 }
 
 int sk_eval_main(int argc, char **argv, const char *global_socket,
-                 bool global_json) {
+                 bool global_json, unsigned int wait_ms) {
   sk_cli_init("sinkctl: eval", "sinkctl eval --help");
   struct eval *ev = calloc(1, sizeof *ev);
   if (!ev) return EXIT_FAILURE;
@@ -836,13 +952,13 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
   eval_check_output(ev->csv ? "--csv" : "--plot (its CSV)", csv);
   eval_check_output("--plot", ev->plot);
 
-  size_t text_len;
-  char *text = eval_read_file(ev->file, &text_len);
+  FILE *text = fopen(ev->file, "rb");
+  if (!text) sk_cli_die(EVAL_EXIT_FILE, "cannot open %s: %s", ev->file, strerror(errno));
   struct sk_client *c;
   struct sk_error e;
-  if (sk_client_connect(ev->socket, &c, &e) < 0) {
+  if (sk_client_connect_wait(ev->socket, wait_ms, &c, &e) < 0) {
     fprintf(stderr, "sinkctl: %s\n", e.message);
-    free(text);
+    fclose(text);
     free(ev);
     return EVAL_EXIT_CONNECT;
   }
@@ -851,44 +967,48 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
     status = eval_report(c, &e, "hello");
     goto out;
   }
-  /* The whole file in one call, BOS first: the tokens llama.cpp's
-   * perplexity tool scores. */
-  if (sk_client_tokenize(c, text, text_len, SK_BOS_TRUE, &ev->tokens,
-                         &ev->n_tokens, &e) < 0) {
-    status = eval_report(c, &e, "tokenize");
-    goto out;
+  /* The BOS a fresh session starts with: what tokenizing no text with
+   * the vocabulary's own add_bos gives. */
+  {
+    int32_t *b = NULL;
+    size_t nb = 0;
+    if (sk_client_tokenize(c, "", 0, SK_BOS_DEFAULT, &b, &nb, &e) < 0) {
+      status = eval_report(c, &e, "tokenize");
+      goto out;
+    }
+    ev->bos = nb ? b[0] : -1;
+    free(b);
   }
-  if (ev->max_tokens && ev->n_tokens > ev->max_tokens + 1)
-    ev->n_tokens = (size_t)ev->max_tokens + 1;
-  if (ev->n_tokens < 2) {
-    sk_cli_note("%s has no token to score", ev->file);
-    status = EVAL_EXIT_FILE;
-    goto out;
-  }
-
   struct sigaction sa, old_sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = eval_on_sigint;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_sa);
+  status = eval_tokenize(ev, c, text);
+  if (status != 0) goto out_sig;
+  if (ev->n_tokens < 2) {
+    sk_cli_note("%s has no token to score", ev->file);
+    status = EVAL_EXIT_FILE;
+    goto out_sig;
+  }
+
   ev->t_start = sk_cli_now_s();
   for (ev->run_index = 0; ev->run_index < ev->n_runs && status == 0;
        ev->run_index++) {
     struct run *r = &ev->runs[ev->run_index];
-    r->lp = malloc(ev->n_tokens * sizeof *r->lp);
-    if (!r->lp) {
+    r->span_sum = calloc(eval_n_spans(ev), sizeof *r->span_sum);
+    r->span_n = calloc(eval_n_spans(ev), sizeof *r->span_n);
+    if (!r->span_sum || !r->span_n) {
       sk_cli_note("out of memory");
       status = EXIT_FAILURE;
       break;
     }
-    for (size_t k = 0; k < ev->n_tokens; k++) r->lp[k] = NAN;
     struct sk_open_params op;
     eval_derive(ev, r, &op);
     status = r->kind == RUN_RECOMPUTE ? eval_recompute(ev, c, r, &op)
                                       : eval_stream(ev, c, r, &op);
-    /* The first token has nothing before it: never scored. */
-    r->lp[0] = NAN;
   }
+out_sig:
   sigaction(SIGINT, &old_sa, NULL);
   if (ev->progress) fputc('\n', stderr);
   if (status != 0) goto out;
@@ -903,10 +1023,13 @@ int sk_eval_main(int argc, char **argv, const char *global_socket,
     sk_cli_note("wrote%s%s%s%s", csv ? " " : "", csv ? csv : "", ev->plot ? " " : "",
                 ev->plot ? ev->plot : "");
 out:
-  for (size_t i = 0; i < ev->n_runs; i++) free(ev->runs[i].lp);
-  free(ev->tokens);
+  for (size_t i = 0; i < ev->n_runs; i++) {
+    free(ev->runs[i].span_sum);
+    free(ev->runs[i].span_n);
+  }
+  if (ev->tokens) fclose(ev->tokens);
   sk_client_free(c);
-  free(text);
+  fclose(text);
   free(ev);
   if (fflush(stdout) != 0) return EXIT_FAILURE;
   return status;

@@ -16,11 +16,12 @@
 #include <stdbool.h>
 
 /* Runs the eval command. argv[0] is "eval"; the rest are its options and
- * the text file (see `sinkctl eval --help`). global_socket and
- * global_json are the options given before the command (NULL/false if
- * none). Returns the exit status: 0, 1 (daemon error), 2 (usage),
- * 3 (cannot connect), 4 (connection lost), 130 (interrupted). */
+ * the text file (see `sinkctl eval --help`). global_socket, global_json
+ * and wait_ms (--wait) are the options given before the command
+ * (NULL/false/0 if none). Returns the exit status: 0, 1 (daemon error),
+ * 2 (usage), 3 (cannot connect), 4 (connection lost), 130
+ * (interrupted). */
 int sk_eval_main(int argc, char **argv, const char *global_socket,
-                 bool global_json);
+                 bool global_json, unsigned int wait_ms);
 
 #endif

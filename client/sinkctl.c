@@ -1,6 +1,7 @@
 /* sinkctl: command-line client for sinkd, built on libsinkd.
  *
- *   sinkctl [--socket PATH] [--timeout DURATION] [--json] [--verbose] COMMAND [ARGS]
+ *   sinkctl [--socket PATH] [--timeout DURATION] [--wait[=DURATION]] [--json]
+ *           [--verbose] COMMAND [ARGS]
  *
  * Options may come before or after the command. Exit status: 0 success,
  * 1 the daemon answered with an error, 2 usage error, 3 cannot connect,
@@ -69,6 +70,8 @@ static void help(void) {
       "      --timeout DURATION\n"
       "                        give up when the daemon does not answer for\n"
       "                        that long (30s, 2m; default: wait)\n"
+      "      --wait[=DURATION] wait that long (default 60s) for a daemon that\n"
+      "                        is starting: its socket, then its answer\n"
       "  -j, --json            print one JSON object instead of text (chat:\n"
       "                        one per turn)\n"
       "  -v, --verbose         generate: print a usage summary to stderr\n"
@@ -167,6 +170,10 @@ static uint64_t parse_duration(const char *what, const char *s) {
 
 /* ---- options ---------------------------------------------------------- */
 
+/* --wait without a duration: a minute, longer than a large model takes
+ * to load from a warm page cache. */
+#define SINKCTL_DEFAULT_WAIT_S 60u
+
 static const struct option long_options[] = {
     {"socket", required_argument, NULL, OPT_SOCKET},
     {"json", no_argument, NULL, OPT_JSON},
@@ -202,6 +209,7 @@ static const struct option long_options[] = {
     {"all", no_argument, NULL, OPT_ALL},
     {"system", required_argument, NULL, OPT_SYSTEM},
     {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"wait", optional_argument, NULL, OPT_WAIT},
     {"speculation", required_argument, NULL, OPT_SPECULATION},
     {"draft-tokens", required_argument, NULL, OPT_DRAFT_TOKENS},
     {"draft-fixed", no_argument, NULL, OPT_DRAFT_FIXED},
@@ -454,6 +462,13 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       o->timeout_ms = (unsigned int)(t * 1000);
       break;
     }
+    case OPT_WAIT: {
+      uint64_t t = optarg ? parse_duration("--wait", optarg) : SINKCTL_DEFAULT_WAIT_S;
+      if (t == 0 || t > UINT_MAX / 1000)
+        sk_cli_usage_error("--wait: '%s' is not in 1s..%us", optarg, UINT_MAX / 1000);
+      o->wait_ms = (unsigned int)(t * 1000);
+      break;
+    }
     case ':':
       sk_cli_usage_error("option '%s' needs a value", argv[optind - 1]);
     case '?':
@@ -528,9 +543,10 @@ int main(int argc, char **argv) {
   if (cmd_at < argc && strcmp(argv[cmd_at], "eval") == 0) {
     parse_options(cmd_at, argv, &o);
     for (int id = OPT_MAX_TOKENS; id < OPT__END; id++)
-      if (o.given[id] && id != OPT_SOCKET && id != OPT_JSON && id != OPT_VERBOSE)
+      if (o.given[id] && id != OPT_SOCKET && id != OPT_JSON && id != OPT_VERBOSE &&
+          id != OPT_WAIT)
         sk_cli_usage_error("--%s: not an option of 'eval'", opt_name(id));
-    return sk_eval_main(argc - cmd_at, argv + cmd_at, o.socket, o.json);
+    return sk_eval_main(argc - cmd_at, argv + cmd_at, o.socket, o.json, o.wait_ms);
   }
   parse_options(argc, argv, &o);
 
@@ -551,7 +567,7 @@ int main(int argc, char **argv) {
   /* Options that belong to another command are errors, not ignored. */
   for (int id = OPT_MAX_TOKENS; id < OPT__END; id++) {
     if (!o.given[id] || id == OPT_SOCKET || id == OPT_JSON || id == OPT_VERBOSE ||
-        id == OPT_TIMEOUT)
+        id == OPT_TIMEOUT || id == OPT_WAIT)
       continue;
     bool ok = false;
     for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;
@@ -585,7 +601,7 @@ int main(int argc, char **argv) {
 
   struct sk_client *c;
   struct sk_error e;
-  if (sk_client_connect(o.socket, &c, &e) < 0)
+  if (sk_client_connect_wait(o.socket, o.wait_ms, &c, &e) < 0)
     sk_cli_die(EXIT_CONNECT, "%s", e.message);
   if (o.timeout_ms && sk_client_set_timeout(c, o.timeout_ms, &e) < 0)
     sk_cli_die(EXIT_CONNECT, "%s", e.message);

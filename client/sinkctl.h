@@ -64,6 +64,7 @@ enum opt_id {
   OPT_ALL,
   OPT_SYSTEM,
   OPT_TIMEOUT,
+  OPT_WAIT,
   OPT_SPECULATION,
   OPT_DRAFT_TOKENS,
   OPT_DRAFT_FIXED,
@@ -75,6 +76,7 @@ struct opts {
   const char *socket;
   bool json, verbose;
   unsigned int timeout_ms; /* --timeout; 0: wait for the daemon forever */
+  unsigned int wait_ms;    /* --wait: for a daemon that is starting; 0: no */
   bool given[OPT__END]; /* which command-specific options were used */
   struct sk_generate_params gen;
   const char **stops; /* (n_stop) pointers into argv */

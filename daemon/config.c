@@ -4,10 +4,13 @@
 #include <ini.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -756,6 +759,67 @@ static void where(const struct sk_config *cfg, enum sk_config_key k, char *buf, 
   }
 }
 
+int sk_config_resolve_sockets(struct sk_config *cfg, struct sk_error *err) {
+  if (cfg->http_socket || !cfg->socket) return 0;
+  /* Beside the msgpack socket: the same folder, so the same access, and
+   * its name, so that two daemons whose sockets share a folder do not
+   * want the same one. */
+  const char *slash = strrchr(cfg->socket, '/');
+  const char *name = slash ? slash + 1 : cfg->socket;
+  size_t stem = strlen(name);
+  if (stem > 5 && strcmp(name + stem - 5, ".sock") == 0) stem -= 5;
+  char path[PATH_MAX];
+  int n = snprintf(path, sizeof path, "%.*s%.*s-http.sock", (int)(name - cfg->socket),
+                   cfg->socket, (int)stem, name);
+  if (n < 0 || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "[daemon] http_socket (default): '%s' would be longer than a socket "
+                        "path may be; set http_socket or --http-socket",
+                        path);
+  cfg->http_socket = strdup(path);
+  if (!cfg->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  cfg->origin[SK_CFG_HTTP_SOCKET].automatic = true;
+  return 0;
+}
+
+int sk_config_read_key(const char *path, char *ret, size_t size, struct sk_error *err) {
+  /* O_NONBLOCK: a FIFO (or a device) there must not hang the start; it
+   * is refused below, before anything is read. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "http_key_file %s: %s%s", path, strerror(e),
+                        e == ELOOP ? " (a symbolic link: name the file itself)" : "");
+  }
+  if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+    close(fd);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "http_key_file %s: must be a regular file of mode 0600 (it is %s%04o): "
+                        "chmod 600 %s",
+                        path, S_ISREG(st.st_mode) ? "" : "not a regular file, mode ",
+                        (unsigned)(st.st_mode & 07777), path);
+  }
+  const bool too_long = st.st_size >= (off_t)size; /* refused below, unread */
+  ssize_t n = too_long ? 0 : read(fd, ret, size - 1);
+  close(fd);
+  if (n < 0) n = 0;
+  ret[n] = 0;
+  while (n > 0 && (ret[n - 1] == '\n' || ret[n - 1] == '\r' || ret[n - 1] == ' ')) ret[--n] = 0;
+  bool ok = !too_long && n >= SK_CONFIG_MIN_KEY && (size_t)n < size - 1;
+  for (ssize_t i = 0; i < n; i++)
+    if ((unsigned char)ret[i] <= 0x20 || ret[i] == 0x7f) ok = false;
+  if (!ok) {
+    memset(ret, 0, size);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "http_key_file %s: the key must be one line of %u to %zu printable "
+                        "characters without spaces",
+                        path, SK_CONFIG_MIN_KEY, size - 2);
+  }
+  return 0;
+}
+
 int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                       struct sk_error *err) {
   char at[PATH_MAX + 64];
@@ -763,22 +827,8 @@ int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "no model: set 'model' in [daemon] of %s or pass --model FILE",
                         cfg->file ? cfg->file : sk_config_default_path());
-  if (!cfg->http_socket && cfg->socket) {
-    /* Beside the msgpack socket: the same folder, so the same access. */
-    const char *slash = strrchr(cfg->socket, '/');
-    int dir_len = slash ? (int)(slash - cfg->socket) : 0;
-    char path[PATH_MAX];
-    int n = slash ? snprintf(path, sizeof path, "%.*s/sinkd-http.sock", dir_len, cfg->socket)
-                  : snprintf(path, sizeof path, "sinkd-http.sock");
-    if (n < 0 || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path))
-      return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "[daemon] http_socket (default): '%s' would be longer than a socket "
-                          "path may be; set http_socket or --http-socket",
-                          path);
-    cfg->http_socket = strdup(path);
-    if (!cfg->http_socket) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-    cfg->origin[SK_CFG_HTTP_SOCKET].automatic = true;
-  }
+  int rc = sk_config_resolve_sockets(cfg, err);
+  if (rc < 0) return rc;
   if (cfg->http_listen && !cfg->http_key_file) {
     where(cfg, SK_CFG_HTTP_LISTEN, at, sizeof at);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,

@@ -211,6 +211,24 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src);
 int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                       struct sk_error *err);
 
+/* The default HTTP socket (http_socket unset) beside `socket`, named
+ * after it: DIR/NAME.sock gives DIR/NAME-http.sock (sinkd.sock:
+ * sinkd-http.sock), a NAME without ".sock" NAME-http.sock; what
+ * sk_config_resolve does first, and the start before it loads the model.
+ * Errors: -SK_ERR_BAD_REQUEST (the path too long), -SK_ERR_NO_MEMORY. */
+int sk_config_resolve_sockets(struct sk_config *cfg, struct sk_error *err);
+
+/* Shortest API key taken from http_key_file: a key anyone can guess is
+ * no key. */
+#define SK_CONFIG_MIN_KEY 16u
+/* Reads the HTTP API key from path into ret (size bytes): a regular file
+ * (not a symbolic link, a FIFO or a device: never read then, and never
+ * waited on) that only its owner may read (no group or other bits),
+ * holding the key on one line of SK_CONFIG_MIN_KEY to size - 2 printable
+ * characters without spaces. Errors: -SK_ERR_BAD_REQUEST, the message
+ * naming the file and what is wrong (ret zeroed). */
+int sk_config_read_key(const char *path, char *ret, size_t size, struct sk_error *err);
+
 /* Writes the configuration as INI text that sk_config_load reads back,
  * each value followed by where it came from (" ; default", " ; auto",
  * " ; command line", " ; FILE:LINE"). */

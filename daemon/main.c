@@ -69,8 +69,8 @@ static void usage(FILE *f) {
   /* (two strings: C11 compilers need take no literal above 4095 bytes) */
   fputs("      --sparsity-file FILE  MLP sparsity calibration for sessions that ask\n"
           "                          for sparsity (written by --calibrate)\n"
-          "      --calibrate TEXT    compute the sparsity thresholds (levels 0.3, 0.5,\n"
-          "                          0.7) of the model over the text file TEXT, write\n"
+          "      --calibrate TEXT    compute the sparsity thresholds (levels 0.1, 0.2,\n"
+          "                          ..., 0.7) of the model over the text file TEXT, write\n"
           "                          them to --sparsity-file (or stdout) and exit\n"
           "      --draft-model FILE  GGUF draft model for speculative decoding (same\n"
           "                          vocabulary as the model)\n"

@@ -130,6 +130,9 @@
 #define SK_LIMIT_OPENAI_STOP_BYTES 256u
 /* Largest max_tokens: the generate op's ceiling. */
 #define SK_LIMIT_OPENAI_MAX_TOKENS (1u << 20)
+/* Likely tokens a response gives per token with logprobs: OpenAI's bound
+ * for chat (20), which the protocol's top_logprobs matches. */
+#define SK_LIMIT_OPENAI_TOP_LOGPROBS 20u
 /* Conversations of persistent sessions remembered (oaiconv.h); the
  * oldest is dropped, so memory stays bounded however many sessions. */
 #define SK_LIMIT_OPENAI_CONVS 1024u
@@ -149,5 +152,10 @@
 #define SK_LIMIT_CALIB_WINDOW 512u
 /* Gate values kept per layer: bounds the run's memory whatever the text. */
 #define SK_LIMIT_CALIB_SAMPLES (1u << 21)
+
+/* A model file this large logs its load's progress (and says it in the
+ * service's status) whatever the load takes: loads of such files take
+ * seconds to minutes on a cold page cache. */
+#define SK_LIMIT_LOAD_PROGRESS_BYTES (256ull << 20)
 
 #endif

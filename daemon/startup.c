@@ -11,11 +11,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/notify.h"
 #include "http/http.h"
@@ -26,6 +28,9 @@
 #include "model/pool.h"
 #include "model/sparse.h"
 #include "model/tokenizer.h"
+#include "modelwait.h"
+#include "proto/msg.h"
+#include "proto/wire.h"
 #include "server/server.h"
 #include "session/kvcache.h"
 #include "session/spec.h"
@@ -151,6 +156,10 @@ struct daemon {
   uint32_t n_sessions, n_clients;
   uint32_t start_max_sessions, start_max_capacity; /* sizes fixed at start */
   bool stopping;
+  char http_key[1024];          /* the HTTP API key (http_listen), zeroed
+                                   once the front end has it */
+  uint64_t load_start_ms;       /* the model load's progress: when it began */
+  uint32_t load_reported;       /* and the last tenth reported */
 };
 
 static void send_status(struct daemon *d) {
@@ -331,39 +340,6 @@ static int passed_socket(char *ret_path, size_t size, int *ret_http_fd) {
   return fd;
 }
 
-/* Reads the HTTP API key from path: a file only its owner may read
- * (mode 0600 or stricter), holding the key on one line. Returns 0, or -1
- * after logging why. */
-static int read_key_file(const char *path, char *ret, size_t size) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0) {
-    sk_log(SK_LOG_ERR, "http_key_file %s: %s", path, strerror(errno));
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
-    sk_log(SK_LOG_ERR, "http_key_file %s: must be a regular file of mode 0600 (it is %04o): "
-                       "chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
-    close(fd);
-    return -1;
-  }
-  ssize_t n = read(fd, ret, size - 1);
-  close(fd);
-  if (n < 0) n = 0;
-  ret[n] = 0;
-  while (n > 0 && (ret[n - 1] == '\n' || ret[n - 1] == '\r' || ret[n - 1] == ' ')) ret[--n] = 0;
-  bool ok = n >= 16 && (size_t)n < size - 1;
-  for (ssize_t i = 0; i < n; i++)
-    if (ret[i] <= 0x20 || ret[i] == 0x7f) ok = false;
-  if (!ok) {
-    sk_log(SK_LOG_ERR, "http_key_file %s: the key must be one line of 16 to %zu printable "
-                       "characters without spaces", path, size - 2);
-    return -1;
-  }
-  return 0;
-}
-
 /* ---- --calibrate ------------------------------------------------------------ */
 
 /* Calibration (sparse.h, CATS sec. 3.2): the sizes of a run are
@@ -498,10 +474,28 @@ static void say(const struct daemon *d, int level, const char *what) {
     sk_log(level, "%s", what);
 }
 
-/* The configuration (defaults, file, command line) and the kernels. */
+/* sk_modelwait_run's re-read (SIGHUP while waiting for a model). */
+static int reread_for_model(void *user, const char **ret_model) {
+  struct daemon *d = user;
+  sk_config_done(&d->cfg);
+  if (config_build(d->src, false, &d->cfg) < 0) return -1;
+  *ret_model = d->cfg.model;
+  return 0;
+}
+
+/* start_config's status for a stop (SIGTERM) while waiting for a model:
+ * nothing more to start, exit status 0. */
+#define STOPPED_WAITING (-1)
+
+/* The configuration (defaults, file, command line) and the kernels; under
+ * a service manager with no model yet, the wait for one (modelwait.h). */
 static int start_config(struct daemon *d) {
   struct sk_error err = {0};
   if (config_build(d->src, d->src->check_only, &d->cfg) < 0) return SK_EXIT_CONFIG;
+  if (!d->src->check_only) {
+    int w = sk_modelwait_run(d->cfg.model, d->src->config_path, reread_for_model, d);
+    if (w <= 0) return w == 0 ? STOPPED_WAITING : SK_EXIT_START;
+  }
   if (!d->cfg.model) {
     /* Say it before loading anything (resolve would say it too). */
     sk_config_resolve(&d->cfg, NULL, &err);
@@ -524,20 +518,117 @@ static int start_config(struct daemon *d) {
   return 0;
 }
 
-/* The socket and the state directory before the model: a daemon that
- * cannot listen on the socket (in use, not a socket) or whose state
- * directory another daemon holds says so at once, not after loading the
- * weights. The socket's folder is made later, after the store's: the
- * socket may live in a folder the store creates. */
+/* How long --check-config waits for the daemon on its socket to say
+ * which it is. */
+#define SK_CHECK_PROBE_MS 2000
+
+/* Whether the daemon that answers on path is this configuration's own:
+ * its stats name the same state directory. --check-config before a
+ * reload finds its own daemon running on the sockets, which is fine; a
+ * second daemon's finds another one there, which its start would not get
+ * past. */
+static bool own_daemon(const char *path, const char *state_dir) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  struct timeval tv = {SK_CHECK_PROBE_MS / 1000, 0};
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0 ||
+      connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  struct sk_msgbuf b;
+  bool own = false;
+  uint8_t head[4], *body = NULL;
+  if (sk_wire_pack_req(&b, 1, SK_OP_STATS) == 0) {
+    const int64_t n = sk_msgbuf_finish(&b);
+    uint32_t len = 0;
+    if (n > 0 && write(fd, b.sbuf.data, (size_t)n) == n &&
+        recv(fd, head, 4, MSG_WAITALL) == 4 &&
+        (len = sk_frame_header_get(head)) > 0 && len <= SK_FRAME_MAX_DEFAULT &&
+        (body = malloc(len)) && recv(fd, body, len, MSG_WAITALL) == (ssize_t)len) {
+      struct sk_msg msg;
+      struct sk_error e;
+      const char *dir = NULL;
+      size_t dir_len = 0;
+      if (sk_msg_parse(body, len, &msg, &e) == 0) {
+        char mine[PATH_MAX], theirs[PATH_MAX], got[PATH_MAX];
+        if (sk_msg_get_str(&msg.root, "state_dir", &dir, &dir_len, &e) == 1 &&
+            dir_len < sizeof got) {
+          memcpy(got, dir, dir_len);
+          got[dir_len] = 0;
+          own = realpath(state_dir, mine) && realpath(got, theirs) && strcmp(mine, theirs) == 0;
+        }
+        sk_msg_free(&msg);
+      }
+    }
+    sk_msgbuf_free(&b);
+  }
+  free(body);
+  close(fd);
+  return own;
+}
+
+/* What the start needs besides the model, checked before it loads: the
+ * sockets (the protocol's and the HTTP ones: in use, not a socket, a TCP
+ * address taken), the state directory (held by another daemon), the HTTP
+ * API key file (missing, short, readable by others, not a regular file)
+ * and the uid TCP requests act as. A daemon that cannot start says so at
+ * once, not after loading the weights, and --check-config finds the same.
+ * The socket's folder is made later, after the store's: the socket may
+ * live in a folder the store creates. */
 static int check_free(struct daemon *d) {
   struct sk_error err = {0};
-  d->listen_fd = passed_socket(d->passed_path, sizeof d->passed_path, &d->http_fd);
-  if (d->listen_fd < 0) return SK_EXIT_START;
+  const bool check = d->src->check_only;
+  if (!check) {
+    d->listen_fd = passed_socket(d->passed_path, sizeof d->passed_path, &d->http_fd);
+    if (d->listen_fd < 0) return SK_EXIT_START;
+  }
+  if (sk_config_resolve_sockets(&d->cfg, &err) < 0) {
+    say(d, SK_LOG_ERR, err.message);
+    return SK_EXIT_CONFIG;
+  }
+  const bool http_unix = d->http_fd == 0 && d->listen_fd == 0 &&
+                         strcmp(d->cfg.http_socket, "none") != 0;
+  const struct sk_http_config hc = {.socket_path = http_unix ? d->cfg.http_socket : NULL,
+                                    .tcp_listen = d->cfg.http_listen};
   if ((d->listen_fd == 0 && sk_server_check_socket(d->cfg.socket, &err) < 0) ||
-      sk_store_check_busy(d->cfg.state_dir, &err) < 0) {
-    sk_log(SK_LOG_ERR, "%s", err.message);
-    log_model_problem(&d->cfg);
+      sk_http_check(&hc, &err) < 0 || sk_store_check_busy(d->cfg.state_dir, &err) < 0) {
+    if (check && err.code == SK_ERR_BUSY && own_daemon(d->cfg.socket, d->cfg.state_dir)) {
+      printf("; the daemon of this configuration runs on %s: its sockets and state directory "
+             "are its own\n", d->cfg.socket);
+      goto key;
+    }
+    say(d, SK_LOG_ERR, err.message);
+    if (http_unix && err.code == SK_ERR_BUSY && strstr(err.message, d->cfg.http_socket) &&
+        d->cfg.origin[SK_CFG_HTTP_SOCKET].automatic)
+      say(d, SK_LOG_ERR, "the HTTP socket is named after --socket: give each daemon its own "
+                         "--socket, or set --http-socket (http_socket) or none");
+    if (!check) log_model_problem(&d->cfg);
     return SK_EXIT_START;
+  }
+key:
+  if (d->cfg.http_listen) {
+    if (!d->cfg.http_key_file) {
+      char at[PATH_MAX + 64] = "";
+      if (d->cfg.origin[SK_CFG_HTTP_LISTEN].from == SK_CONFIG_FROM_FILE)
+        snprintf(at, sizeof at, "%s:%u: ", d->cfg.file, d->cfg.origin[SK_CFG_HTTP_LISTEN].line);
+      snprintf(err.message, sizeof err.message,
+               "%sa TCP listener needs an API key: set http_key_file (or --http-key-file) to a "
+               "file of mode 0600 holding it",
+               at);
+      say(d, SK_LOG_ERR, err.message);
+      return SK_EXIT_CONFIG;
+    }
+    if (sk_config_read_key(d->cfg.http_key_file, d->http_key, sizeof d->http_key, &err) < 0) {
+      say(d, SK_LOG_ERR, err.message);
+      return SK_EXIT_CONFIG;
+    }
+    const uint32_t uid = d->cfg.http_uid ? d->cfg.http_uid : (uint32_t)getuid();
+    if (uid == 0)
+      say(d, SK_LOG_WARNING, "HTTP requests on TCP act as uid 0, which may use every user's "
+                             "session: set http_uid (--http-uid) to an unprivileged uid");
   }
   return 0;
 }
@@ -561,6 +652,27 @@ static void pick_chat_template(struct daemon *d) {
   }
 }
 
+/* How far the model's load is: a line in the log and the service's
+ * status at each tenth of the layers, for a large model (its file at
+ * least SK_LIMIT_LOAD_PROGRESS_BYTES) or a load that has taken a second;
+ * a small model loads before anyone would look. */
+static void load_progress(void *user, uint32_t done, uint32_t total) {
+  struct daemon *d = user;
+  const uint64_t ms = sk_clock_ms() - d->load_start_ms;
+  const uint32_t tenth = total ? done * 10 / total : 10;
+  size_t bytes = 0;
+  sk_gguf_bytes(d->gguf, &bytes);
+  if ((ms < 1000 && bytes < SK_LIMIT_LOAD_PROGRESS_BYTES) || tenth == d->load_reported ||
+      done == total)
+    return;
+  d->load_reported = tenth;
+  sk_log(SK_LOG_INFO, "loading %s: layer %u of %u (%u%%, %.1f s)", d->cfg.model, done, total,
+         done * 100 / total, (double)ms / 1000.0);
+  sk_notify("STATUS=loading %s: layer %u of %u", d->cfg.model, done, total);
+}
+
+/* The model and its tokenizer; the configuration resolved against it.
+ * --check-config checks every tensor but copies none (inspect). */
 /* The draft model of speculation (draft_model), if configured: loaded as
  * the model is, and refused unless its vocabulary is the model's (the
  * message names the first difference). */
@@ -602,8 +714,13 @@ static int load_draft(struct daemon *d) {
 /* The model and its tokenizer; the configuration resolved against it. */
 static int load_model(struct daemon *d) {
   struct sk_error err = {0};
+  const bool inspect = d->src->check_only && !d->src->calibrate_text;
+  const struct sk_model_load_options lo = {.inspect = inspect,
+                                           .progress = inspect ? NULL : load_progress,
+                                           .progress_user = d};
+  d->load_start_ms = sk_clock_ms();
   int rc = sk_gguf_open(d->cfg.model, &d->gguf, &err);
-  if (rc == 0) rc = sk_model_load(d->gguf, &d->model, &err);
+  if (rc == 0) rc = sk_model_load_opts(d->gguf, &lo, &d->model, &err);
   if (rc == 0) rc = sk_tokenizer_load(d->gguf, &d->tok, &err);
   /* Every id the model can produce must have a piece, and every id the
    * tokenizer produces a row of the embedding. */
@@ -631,6 +748,43 @@ static int load_model(struct daemon *d) {
   return load_draft(d);
 }
 
+/* --check-config's summary of the model, as comment lines before the
+ * configuration: what the file is, read from its header and tensor
+ * table (sk_model_load_opts' inspect: every tensor checked, none
+ * copied). */
+static void print_model_summary(const struct daemon *d) {
+  const struct sk_model_config *mc = d->mc;
+  uint64_t params = 0, by_type[64] = {0};
+  size_t file_bytes = 0;
+  sk_gguf_bytes(d->gguf, &file_bytes);
+  for (uint64_t i = 0; i < sk_gguf_n_tensors(d->gguf); i++) {
+    const struct sk_gguf_tensor *t = sk_gguf_tensor(d->gguf, i);
+    uint64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    params += n;
+    if (t->type < 64) by_type[t->type] += n;
+  }
+  char types[512] = "";
+  size_t at = 0;
+  for (unsigned k = 0; k < 64 && at < sizeof types; k++)
+    if (by_type[k])
+      at += (size_t)snprintf(types + at, sizeof types - at, "%s%s %.1f%%", at ? ", " : "",
+                             sk_ggml_type_name(k), 100.0 * (double)by_type[k] / (double)params);
+  printf("; model %s\n", d->cfg.model);
+  printf(";   %s (%s), GGUF v%u, %.1f MB, %.2fM parameters\n", mc->name[0] ? mc->name : "-",
+         mc->arch, sk_gguf_version(d->gguf), (double)file_bytes / 1e6, (double)params / 1e6);
+  printf(";   %u layers, dim %u, FFN %u, %u heads, %u KV heads, head dim %u\n", mc->n_layer,
+         mc->dim, mc->hidden_dim, mc->n_head, mc->n_kv_head, mc->head_dim);
+  printf(";   weights %s (of the parameters: %s)\n", sk_model_weight_type(d->model), types);
+  printf(";   vocabulary %u tokens, %s, BOS %s\n", sk_tokenizer_n_vocab(d->tok),
+         sk_tokenizer_is_bpe(d->tok) ? "byte-level BPE" : "SentencePiece",
+         sk_tokenizer_add_bos(d->tok) ? "added" : "not added");
+  printf(";   chat template %s%s%s\n",
+         sk_chat_name(d->chat_template),
+         d->chat_error[0] ? ": " : "", d->chat_error);
+  printf(";   context %u tokens (RoPE base %g%s)\n", mc->n_ctx_train, (double)mc->rope_base,
+         mc->rope_scale != 1.0f ? ", linear scaling" : "");
+}
+
 /* The daemon's model fingerprint (store.h) into d->model_fp: what binds
  * sessions and calibrations to this model. */
 static void fingerprint(struct daemon *d) {
@@ -644,11 +798,12 @@ static int open_store(struct daemon *d) {
   struct sk_error err = {0};
   const struct sk_model_config *mc = d->mc;
   sk_log(SK_LOG_INFO,
-         "model loaded: %s (%s): %s, %u layers, dim %u, %u heads, %u KV heads, vocab %u, "
-         "context %u, %s weights (%.1f MB per step), %s kernels",
-         d->cfg.model, mc->name, mc->arch, mc->n_layer, mc->dim, mc->n_head, mc->n_kv_head,
-         mc->n_vocab, mc->n_ctx_train, sk_model_weight_type(d->model),
-         (double)sk_model_weight_bytes(d->model) / 1e6, sk_kernels_name());
+         "model loaded in %.1f s: %s (%s): %s, %u layers, dim %u, %u heads, %u KV heads, "
+         "vocab %u, context %u, %s weights (%.1f MB per step), %s kernels",
+         (double)(sk_clock_ms() - d->load_start_ms) / 1000.0, d->cfg.model, mc->name, mc->arch,
+         mc->n_layer, mc->dim, mc->n_head, mc->n_kv_head, mc->n_vocab, mc->n_ctx_train,
+         sk_model_weight_type(d->model), (double)sk_model_weight_bytes(d->model) / 1e6,
+         sk_kernels_name());
   d->start_max_sessions = d->cfg.max_sessions;
   d->start_max_capacity = d->cfg.max_capacity;
   struct sk_kv_shape kv_shape = sk_model_kv_shape(d->model);
@@ -735,23 +890,20 @@ static int start_http(struct daemon *d) {
   const bool http_unix =
       d->http_fd > 0 || (d->listen_fd == 0 && strcmp(d->cfg.http_socket, "none") != 0);
   if (!http_unix && !d->cfg.http_listen) return 0;
-  char key[1024] = "";
   struct sk_http_config hc = {
       .socket_path = d->http_fd > 0 || !http_unix ? NULL : d->cfg.http_socket,
       .listen_fd = d->http_fd,
       .tcp_listen = d->cfg.http_listen,
-      .api_key = key,
+      .api_key = d->http_key,
       .tcp_uid = d->cfg.http_uid,
       .model_name = model_id,
       .max_body = d->cfg.max_frame,
   };
   struct sk_error err;
   memset(&err, 0, sizeof err);
-  int rc = 0;
-  if (d->cfg.http_listen && read_key_file(d->cfg.http_key_file, key, sizeof key) < 0) rc = -1;
-  if (rc == 0) rc = sk_http_start(d->loop, d->server, &hc, &d->http, &err);
+  int rc = sk_http_start(d->loop, d->server, &hc, &d->http, &err);
   if (rc < 0 && err.message[0]) sk_log(SK_LOG_ERR, "%s", err.message);
-  memset(key, 0, sizeof key);
+  memset(d->http_key, 0, sizeof d->http_key); /* the front end has its copy */
   if (rc < 0) {
     sk_server_shutdown(d->server);
     uv_run(d->loop, UV_RUN_DEFAULT);
@@ -810,13 +962,19 @@ int sk_startup_run(struct sk_startup *st) {
   d.src = st;
   struct sk_server_config scfg = {0};
   int status = start_config(&d);
-  if (!status && !st->check_only) status = check_free(&d);
+  if (status == STOPPED_WAITING) {
+    daemon_free(&d);
+    sk_config_done(&st->cli);
+    return 0;
+  }
+  if (!status && !st->calibrate_text) status = check_free(&d);
   if (!status) status = load_model(&d);
   if (!status && st->calibrate_text) {
     fingerprint(&d);
     status = calibrate(d.model, d.tok, d.model_fp, st->calibrate_text, d.cfg.sparsity_file,
                        d.cfg.threads, d.cfg.batch);
   } else if (!status && st->check_only) {
+    print_model_summary(&d);
     sk_config_print(stdout, &d.cfg);
     status = fflush(stdout) == 0 ? 0 : SK_EXIT_START;
   } else if (!status) {
@@ -825,6 +983,7 @@ int sk_startup_run(struct sk_startup *st) {
       serve(&d, &scfg);
   }
   daemon_free(&d);
+  memset(d.http_key, 0, sizeof d.http_key);
   sk_config_done(&st->cli);
   return status;
 }

@@ -3,6 +3,10 @@
 # builds without the test suite, starts sinkd on the test model and
 # prints a story generated through sinkctl; then stops the daemon.
 #   MODEL=path/to/model.gguf PROMPT="..." ./scripts/run-demo.sh
+# A code model (pycode-*.gguf) samples at temperature 0.5 (seed 42) and
+# stops at the end of a top-level definition (two blank lines): at the
+# story model's 0.8 its code wanders, greedy it repeats itself.
+# TEMPERATURE, SEED and MAX_TOKENS override the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -20,4 +24,9 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 echo "sinkd is up (pid $pid, socket $sock); generating:" >&2
-./build/client/sinkctl --socket "$sock" generate --max-tokens 200 --seed 42 "$prompt"
+set -- --max-tokens "${MAX_TOKENS:-200}" --seed "${SEED:-42}"
+case $(basename "$model") in
+pycode*) set -- "$@" --temperature "${TEMPERATURE:-0.5}" --stop $'\n\n\n' ;;
+*) [ -z "${TEMPERATURE:-}" ] || set -- "$@" --temperature "$TEMPERATURE" ;;
+esac
+./build/client/sinkctl --socket "$sock" generate "$@" "$prompt"

@@ -87,15 +87,19 @@ static void test_chat_named_template(void **state) {
   assert_int_equal(sk_client_open(c, &bad, &o, &e), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(e.message, "unrecognised chat template; set chat_template to one of"));
 
-  /* chatml, a system prompt pinned as the sinks, a window of 24. */
+  /* chatml, a system prompt pinned as the sinks of a budget of n_pin +
+   * 24: a window of 24. */
   const char *sys = "You are a storyteller.";
-  struct sk_open_params op = {.policy = "streaming", .window = 24, .chat_template = "chatml",
-                              .system = sys};
-  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
   const size_t n_pin = n_tokens(c, "<|im_start|>system\nYou are a storyteller.<|im_end|>\n",
                                 SK_BOS_TRUE);
+  struct sk_open_params op = {.policy = "streaming", .n_sink = 4, .has_n_sink = true,
+                              .window = (uint32_t)n_pin + 20, .chat_template = "chatml",
+                              .system = sys};
+  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
   assert_int_equal(o.pinned, n_pin);
   assert_int_equal(o.n_sink, n_pin);
+  assert_int_equal(o.window, 24);
+  assert_int_equal(o.capacity, n_pin + 24);
   int32_t *pin_ids = NULL, *res = NULL;
   size_t n_pin_ids = 0, n_res = 0;
   assert_int_equal(sk_client_session_tokens(c, o.session, &pin_ids, &n_pin_ids, &e), 0);
@@ -194,7 +198,10 @@ static int run_sinkctl(const struct sk_test_daemon *d, const char *input, char *
 }
 
 /* The daemon's --chat-template: hello reports it; sinkctl chat uses the op
- * (--system pinned, /system refused once set, one JSON object a turn). */
+ * (--system pinned; /system after the first message starts a new
+ * conversation in a new session; one JSON object a turn); in a session
+ * of its own (--session) /system is refused once it holds a
+ * conversation. */
 static void test_sinkctl_chat(void **state) {
   (void)state;
   struct sk_test_daemon d;
@@ -203,26 +210,54 @@ static void test_sinkctl_chat(void **state) {
   struct sk_client *c = start_with_template(&d, extra, "chatml", &h);
   struct sk_error e = {0};
   char *out = NULL, *err = NULL;
-  assert_int_equal(run_sinkctl(&d, "Hello\n/system late\nHow are you?\n", &out, &err,
+  assert_int_equal(run_sinkctl(&d, "Hello\n/system Be late.\nHow are you?\n", &out, &err,
                                (const char *const[]){"--json", "chat", "-t", "0", "-n", "6",
                                                      "--system", "You are terse.", "--keep",
                                                      NULL}),
                    0);
-  assert_non_null(strstr(err, "sinkctl: /system: the system prompt is set before the first "
-                              "message\n"));
+  assert_non_null(strstr(err, "sinkctl: /system: a new conversation\n"));
   assert_null(strstr(err, "plain text continuation"));
-  assert_non_null(strstr(out, "{\"turn\": 1, \"session\": "));
-  assert_non_null(strstr(out, "\n{\"turn\": 2, \"session\": "));
-  unsigned long long kept = 0;
-  const char *k = strstr(err, "session ");
-  assert_non_null(k);
-  assert_int_equal(sscanf(k, "session %llu kept", &kept), 1);
+  /* one turn in each session, both kept */
+  unsigned long long s1 = 0, s2 = 0;
+  assert_int_equal(sscanf(out, "{\"turn\": 1, \"session\": %llu", &s1), 1);
+  const char *second = strstr(out, "\n{\"turn\": 1, \"session\": ");
+  assert_non_null(second);
+  assert_int_equal(sscanf(second + 1, "{\"turn\": 1, \"session\": %llu", &s2), 1);
+  assert_true(s1 != s2);
+  char kept[128];
+  snprintf(kept, sizeof kept, "sinkctl: session %llu kept; continue with: ", s1);
+  assert_non_null(strstr(err, kept));
+  snprintf(kept, sizeof kept, "sinkctl: session %llu kept; continue with: ", s2);
+  assert_non_null(strstr(err, kept));
   struct sk_session_stats *st = calloc(1, sizeof *st);
   assert_non_null(st);
-  assert_int_equal(sk_client_session_stats(c, kept, st, &e), 0);
+  assert_int_equal(sk_client_session_stats(c, s1, st, &e), 0);
   assert_string_equal(st->chat_template, "chatml");
   assert_int_equal(st->pinned,
                    n_tokens(c, "<|im_start|>system\nYou are terse.<|im_end|>\n", SK_BOS_TRUE));
+  assert_int_equal(sk_client_session_stats(c, s2, st, &e), 0);
+  assert_int_equal(st->pinned,
+                   n_tokens(c, "<|im_start|>system\nBe late.<|im_end|>\n", SK_BOS_TRUE));
+  const uint64_t seen = st->seen;
+  free(out);
+  free(err);
+  /* --session: the session's conversation goes on; /system is refused
+   * and the next line goes on without it */
+  char sid[32];
+  snprintf(sid, sizeof sid, "%llu", s2);
+  assert_int_equal(run_sinkctl(&d, "/system Be early.\nMore.\n", &out, &err,
+                               (const char *const[]){"chat", "-t", "0", "-n", "2",
+                                                     "--session", sid, NULL}),
+                   0);
+  char want[256];
+  snprintf(want, sizeof want, "sinkctl: /system: session %s holds a conversation already, and "
+           "a system prompt starts one; for a new conversation: sinkctl chat --system TEXT\n",
+           sid);
+  assert_non_null(strstr(err, want));
+  assert_int_equal(sk_client_session_stats(c, s2, st, &e), 0);
+  assert_true(st->seen > seen);
+  assert_int_equal(st->pinned,
+                   n_tokens(c, "<|im_start|>system\nBe late.<|im_end|>\n", SK_BOS_TRUE));
   free(st);
   free(out);
   free(err);
@@ -431,11 +466,14 @@ static void test_qwen2_chat(void **state) {
   enc(tok, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", SK_TOKENIZE_SPECIAL,
       want, &n_want, CAP);
   assert_int_equal(count_id(want, n_want, im_start), 1);
-  struct sk_open_params op = {.policy = "streaming", .window = 32,
+  /* the pin takes the sinks' place in the budget: n_want + 32 */
+  struct sk_open_params op = {.policy = "streaming", .n_sink = 0, .has_n_sink = true,
+                              .window = (uint32_t)n_want + 32,
                               .system = "You are a helpful assistant."};
   struct sk_open_result o;
   assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
   assert_int_equal(o.pinned, n_want);
+  assert_int_equal(o.window, 32);
   int32_t *res = NULL;
   size_t n_res = 0;
   assert_int_equal(sk_client_session_tokens(c, o.session, &res, &n_res, &e), 0);
@@ -523,6 +561,176 @@ static void test_qwen2_chat(void **state) {
   free(dir);
 }
 
+
+/* Appends the token count and ids a session holds into *ret (malloc'd). */
+static size_t session_ids(struct sk_client *c, uint64_t session, int32_t **ret) {
+  size_t n = 0;
+  struct sk_error e = {0};
+  assert_int_equal(sk_client_session_tokens(c, session, ret, &n, &e), 0);
+  return n;
+}
+
+/* A system prompt always fits (Qwen2's vocabulary and ChatML on a
+ * random-weight model, the daemon's default settings, as an OpenAI
+ * client sends it): the first chat's system message of 11 tokens, and of
+ * 205, is pinned in full as the session's sinks and the window keeps the
+ * rest of the same budget; "developer" is the same message; a prompt that
+ * leaves less than a quarter of the budget is refused with both numbers
+ * and the option to raise; the new split survives SIGKILL. */
+static void test_system_prompt_fits(void **state) {
+  (void)state;
+  char *dir = sk_test_tmpdir();
+  char model[4096];
+  snprintf(model, sizeof model, "%s/qwen2-vocab.gguf", dir);
+  char *vocab = sk_test_shared_path("reference/vocab/ggml-vocab-qwen2.gguf");
+  mkmodel((const char *const[]){"-s", "260K", "-t", "q8_0", "--vocab-from", vocab, "-o", model,
+                                NULL});
+  struct sk_gguf *g = NULL;
+  struct sk_tokenizer *tok = NULL;
+  struct sk_error e = {0};
+  assert_int_equal(sk_gguf_open(vocab, &g, &e), 0);
+  assert_int_equal(sk_tokenizer_load(g, &tok, &e), 0);
+  sk_gguf_close(g);
+  struct sk_test_daemon d;
+  struct sk_hello h;
+  struct sk_client *c = start_with_template(
+      &d, (const char *const[]){"--config", "/dev/null", "--model", model, NULL}, "chatml", &h);
+
+  /* the default budget: 4 sinks and the window */
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, NULL, &o, &e), 0);
+  const uint64_t cap = o.capacity;
+  assert_int_equal(o.n_sink, 4);
+  assert_int_equal(o.window, cap - 4);
+
+  enum { CAP = 8192 };
+  int32_t *want = malloc(CAP * sizeof *want);
+  assert_non_null(want);
+  size_t n_want = 0;
+  enc(tok, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", SK_TOKENIZE_SPECIAL,
+      want, &n_want, CAP);
+  assert_int_equal(n_want, 11);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.temperature = 0;
+  gp.max_tokens = 4;
+  const struct sk_chat_message msgs[2] = {{"system", "You are a helpful assistant.", 0},
+                                          {"user", "Hi", 0}};
+  struct sk_generate_result gr;
+  assert_int_equal(sk_client_chat(c, o.session, msgs, 2, &gp, NULL, NULL, &gr, &e), 0);
+  struct sk_session_stats *st = calloc(1, sizeof *st);
+  assert_non_null(st);
+  assert_int_equal(sk_client_session_stats(c, o.session, st, &e), 0);
+  assert_int_equal(st->pinned, 11);
+  assert_int_equal(st->n_sink, 11);
+  assert_int_equal(st->window, cap - 11);
+  assert_int_equal(st->capacity, cap);
+  int32_t *res = NULL;
+  size_t n_res = session_ids(c, o.session, &res);
+  assert_true(n_res > 11);
+  assert_memory_equal(res, want, 11 * sizeof *res);
+  /* the tokens the chat appended: the prefix, then the rest of the delta */
+  int32_t *expect = malloc(CAP * sizeof *expect);
+  assert_non_null(expect);
+  size_t n_expect = 0;
+  enc(tok, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", SK_TOKENIZE_SPECIAL,
+      expect, &n_expect, CAP);
+  enc(tok, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", SK_TOKENIZE_SPECIAL,
+      expect, &n_expect, CAP);
+  assert_int_equal(gr.prompt_tokens, n_expect);
+  assert_memory_equal(res, expect, n_expect * sizeof *res);
+
+  /* "developer" is the same system message: the same tokens, the same
+   * reply */
+  struct sk_open_result o2;
+  assert_int_equal(sk_client_open(c, NULL, &o2, &e), 0);
+  const struct sk_chat_message dev[2] = {{"developer", "You are a helpful assistant.", 0},
+                                         {"user", "Hi", 0}};
+  struct sk_generate_result gr2;
+  assert_int_equal(sk_client_chat(c, o2.session, dev, 2, &gp, NULL, NULL, &gr2, &e), 0);
+  int32_t *res2 = NULL;
+  assert_int_equal(session_ids(c, o2.session, &res2), n_res);
+  assert_memory_equal(res2, res, n_res * sizeof *res);
+  free(res2);
+  free(res);
+
+  /* 200 tokens of system text (205 with the framing) */
+  char *big = malloc(200 * 4 + 1);
+  assert_non_null(big);
+  strcpy(big, "cat");
+  for (int i = 1; i < 200; i++) strcat(big, " cat");
+  n_want = 0;
+  enc(tok, big, 0, want, &n_want, CAP);
+  assert_int_equal(n_want, 200);
+  struct sk_open_result o3;
+  assert_int_equal(sk_client_open(c, NULL, &o3, &e), 0);
+  const struct sk_chat_message long_sys[2] = {{"system", big, 0}, {"user", "Hi", 0}};
+  assert_int_equal(sk_client_chat(c, o3.session, long_sys, 2, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(sk_client_session_stats(c, o3.session, st, &e), 0);
+  assert_int_equal(st->pinned, 205);
+  assert_int_equal(st->n_sink, 205);
+  assert_int_equal(st->window, cap - 205);
+
+  /* one that leaves less than a quarter of the budget is refused, and
+   * the session stays empty and usable */
+  const size_t n_long = cap - cap / 4 - 4; /* 5 of framing: cap/4 - 1 left */
+  char *huge = malloc(n_long * 4 + 1);
+  assert_non_null(huge);
+  strcpy(huge, "cat");
+  for (size_t i = 1; i < n_long; i++) strcat(huge, " cat");
+  struct sk_open_result o4;
+  assert_int_equal(sk_client_open(c, NULL, &o4, &e), 0);
+  const struct sk_chat_message huge_sys[2] = {{"system", huge, 0}, {"user", "Hi", 0}};
+  assert_int_equal(sk_client_chat(c, o4.session, huge_sys, 2, &gp, NULL, NULL, &gr, &e),
+                   -SK_ERR_BAD_REQUEST);
+  char msg[512];
+  snprintf(msg, sizeof msg,
+           "the system prompt is %zu tokens: pinned as the session's sinks it leaves %llu of the "
+           "session's budget of %llu tokens to the window, less than a quarter (%llu): open the "
+           "session with a larger 'window' (the daemon's default: sinkd --window)",
+           n_long + 5, (unsigned long long)(cap - n_long - 5), (unsigned long long)cap,
+           (unsigned long long)((cap + 3) / 4));
+  assert_string_equal(e.message, msg);
+  assert_int_equal(sk_client_session_stats(c, o4.session, st, &e), 0);
+  assert_int_equal(st->seen, 0);
+  assert_int_equal(st->n_sink, 4);
+  assert_int_equal(sk_client_chat(c, o4.session, msgs, 2, &gp, NULL, NULL, &gr, &e), 0);
+  assert_int_equal(sk_client_session_stats(c, o4.session, st, &e), 0);
+  assert_int_equal(st->pinned, 11);
+
+  /* SIGKILL: the adopted session keeps its pinned split */
+  sk_client_free(c);
+  kill(d.pid, SIGKILL);
+  int status = 0;
+  assert_int_equal(waitpid(d.pid, &status, 0), d.pid);
+  d.pid = 0;
+  struct sk_test_daemon d2;
+  sk_test_daemon_start(&d2, (const char *const[]){"--config", "/dev/null", "--model", model,
+                                                  "--state-dir", d.state, NULL});
+  c = connect_to(&d2);
+  assert_int_equal(sk_client_session_stats(c, o3.session, st, &e), 0);
+  assert_true(st->adopted);
+  assert_int_equal(st->pinned, 205);
+  assert_int_equal(st->n_sink, 205);
+  assert_int_equal(st->window, cap - 205);
+  const struct sk_chat_message more = {"user", "And then?", 0};
+  assert_int_equal(sk_client_chat(c, o3.session, &more, 1, &gp, NULL, NULL, &gr, &e), 0);
+
+  free(big);
+  free(huge);
+  free(st);
+  free(want);
+  free(expect);
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d2, 30000), 0);
+  sk_test_daemon_stop(&d, 30000);
+  sk_tokenizer_free(tok);
+  free(vocab);
+  remove(model);
+  rmdir(dir);
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chat_named_template),
@@ -530,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_model_template),
       cmocka_unit_test(test_conversation_survives_restart),
       cmocka_unit_test(test_qwen2_chat),
+      cmocka_unit_test(test_system_prompt_fits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.environ.get("SK_PYTHON_DIR", os.path.join(os.path.dirname(__file__), "..", "python")))
+sys.dont_write_bytecode = True  # nothing written into the checkout
 import sinkd  # noqa: E402
 
 SINKD = os.environ["SK_SINKD"]
@@ -38,7 +39,9 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, extra=()):
+    def __init__(self, extra=(), model=MODEL, defaults=False):
+        """A daemon on model: the settings below unless defaults (then
+        only the socket, the state directory and extra)."""
         self.dir = tempfile.mkdtemp(prefix="sinkd-http-")
         self.sock = os.path.join(self.dir, "sinkd.sock")
         self.http = os.path.join(self.dir, "sinkd-http.sock")
@@ -48,11 +51,13 @@ class Daemon:
         os.chmod(self.key, 0o600)
         self.port = free_port()
         self.log = open(os.path.join(self.dir, "log"), "w+")
-        args = [SINKD, "--model", MODEL, "--socket", self.sock, "--state-dir",
-                os.path.join(self.dir, "state"), "--threads", "1",
-                "--max-sessions", "256", "--max-user-sessions", "256",
-                "--window", "252", "--chat-template", "chatml", "--http-listen", "127.0.0.1:%d" % self.port,
-                "--http-key-file", self.key] + list(extra)
+        args = [SINKD, "--model", model, "--socket", self.sock, "--state-dir",
+                os.path.join(self.dir, "state"), "--config", "/dev/null"]
+        if not defaults:
+            args += ["--threads", "1", "--max-sessions", "256", "--max-user-sessions", "256",
+                     "--window", "252", "--chat-template", "chatml",
+                     "--http-listen", "127.0.0.1:%d" % self.port, "--http-key-file", self.key]
+        args += list(extra)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -373,6 +378,71 @@ class Chat(unittest.TestCase):
             c.close_session(b)
 
 
+class SystemPrompt(unittest.TestCase):
+    """What every OpenAI client sends: a system message, with the
+    daemon's default settings, on a model with a chat template (Qwen2's
+    vocabulary and ChatML, random weights): 200 OK, the prompt pinned as
+    the sinks, for 11 tokens and for 205."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="sinkd-qwen2-")
+        cls.model = os.path.join(cls.tmp, "qwen2-vocab.gguf")
+        subprocess.run([os.environ["SK_MKMODEL"], "-s", "260K", "-t", "q8_0", "--vocab-from",
+                        os.environ["SK_QWEN2_VOCAB"], "-o", cls.model], check=True,
+                       capture_output=True)
+        cls.d = Daemon(model=cls.model, defaults=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.d.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        assert rc == 0, "sinkd exited %d" % rc
+
+    def post(self, body):
+        cmd = ["curl", "-sS", "--max-time", "60", "--unix-socket", self.d.http,
+               "-H", "Content-Type: application/json", "--data-binary", json.dumps(body),
+               "-w", "\n%{http_code}", "http://x/v1/chat/completions"]
+        out = subprocess.run(cmd, capture_output=True, check=True)
+        body, _, code = out.stdout.rpartition(b"\n")
+        return int(code), body
+
+    def test_system_message(self):
+        with sinkd.Client(socket=self.d.sock) as c:
+            cap = c.open_info(temporary=True)["capacity"]
+            sys11 = "You are a helpful assistant."
+            framed = c.call("tokenize", text="<|im_start|>system\n%s<|im_end|>\n" % sys11,
+                            parse_special=True)["tokens"]
+            self.assertEqual(len(framed), 11)
+            sys200 = " ".join(["cat"] * 200)
+            self.assertEqual(len(c.tokenize(sys200)), 200)
+        for sys_text, n_pin in ((sys11, 11), (sys200, 205)):
+            msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": "Hi"}]
+            for stream in (False, True):
+                code, body = self.post({"messages": msgs, "max_tokens": 4, "stream": stream})
+                self.assertEqual(code, 200, body)
+            code, body = self.post({"messages": msgs, "max_tokens": 4, "session": "new"})
+            self.assertEqual(code, 200, body)
+            sid = json.loads(body)["sinkd"]["session"]
+            with sinkd.Client(socket=self.d.sock) as c:
+                st = c.stats(sid)
+                c.close_session(sid)
+            self.assertEqual(st["pinned"], n_pin)
+            self.assertEqual(st["n_sink"], n_pin)
+            self.assertEqual(st["window"], cap - n_pin)
+        # Too long for the budget: 400 naming both numbers and the option.
+        n = cap - cap // 4 - 4
+        code, body = self.post({"messages": [{"role": "system", "content": " ".join(["cat"] * n)},
+                                             {"role": "user", "content": "Hi"}]})
+        self.assertEqual(code, 400, body)
+        self.assertEqual(json.loads(body)["error"]["message"],
+                         "the system prompt is %d tokens: pinned as the session's sinks it "
+                         "leaves %d of the session's budget of %d tokens to the window, less "
+                         "than a quarter (%d): open the session with a larger 'window' (the "
+                         "daemon's default: sinkd --window)"
+                         % (n + 5, cap - n - 5, cap, (cap + 3) // 4))
+
+
 class Tcp(unittest.TestCase):
     def get(self, path, auth=None):
         cmd = ["curl", "-sS", "--max-time", "30", "-w", "\n%{http_code}"]
@@ -460,8 +530,9 @@ POST = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/
         b"Content-Length: %d\r\n\r\n%s")
 
 
-def post(body, extra=b""):
-    return POST.replace(b"Host: x\r\n", b"Host: x\r\n" + extra) % (len(body), body)
+def post(body, extra=b"", route="completions"):
+    req = POST.replace(b"Host: x\r\n", b"Host: x\r\n" + extra) % (len(body), body)
+    return req.replace(b"/v1/completions", b"/v1/chat/completions") if route == "chat" else req
 
 
 class Hostile(unittest.TestCase):
@@ -540,6 +611,25 @@ class Hostile(unittest.TestCase):
             ("empty body", b"", "invalid JSON"),
             ("NUL in a string", b'{"prompt": "a\\u0000b"}',
              "invalid JSON at byte 21: a string holds \\u0000 (NUL)"),
+            # the allow-list (sinkd-http(7)): a field named, or its value
+            ("unknown field", b'{"prompt": "a", "frobnicate": null}',
+             "'frobnicate' is not a field sinkd takes on /v1/completions"),
+            ("chat field on completions", b'{"prompt": "a", "messages": []}',
+             "'messages' is not a field sinkd takes on /v1/completions"),
+            ("penalty", b'{"prompt": "a", "presence_penalty": 0.5}',
+             "'presence_penalty': sinkd has no penalties: only 0"),
+            ("logit_bias", b'{"prompt": "a", "logit_bias": {"1": 5}}',
+             "'logit_bias': sinkd has no logit bias"),
+            ("echo", b'{"prompt": "a", "echo": true}', "'echo': the prompt is not echoed"),
+            ("best_of", b'{"prompt": "a", "best_of": 3}', "'best_of': only 1"),
+            ("logprobs range", b'{"prompt": "a", "logprobs": 21}',
+             "'logprobs' must be an integer from 0 to 20"),
+            ("stream_options without stream",
+             b'{"prompt": "a", "stream_options": {"include_usage": true}}',
+             "'stream_options' goes with \"stream\": true"),
+            ("stream_options field",
+             b'{"prompt": "a", "stream": true, "stream_options": {"x": 1}}',
+             "'stream_options.x' is not a field sinkd takes"),
         ]
         for name, body, needle in cases:
             with self.subTest(name):
@@ -547,6 +637,34 @@ class Hostile(unittest.TestCase):
                 err = json.loads(body_of(resp))["error"]
                 self.assertIn(needle, err["message"])
                 self.assertEqual(err["type"], "invalid_request_error")
+
+    def test_chat_fields(self):
+        # The chat route's allow-list; the fields that ask for nothing, or
+        # that mean nothing here, are taken.
+        close = b"Connection: close\r\n"
+        msgs = b'"messages": [{"role": "user", "content": "Hi"}]'
+        cases = [
+            (b'"tools": [{"type": "function"}]', "'tools': sinkd has no tool calls: only []"),
+            (b'"tool_choice": "auto"', "'tool_choice': sinkd has no tool calls"),
+            (b'"response_format": {"type": "json_object"}',
+             "'response_format': sinkd writes text only"),
+            (b'"top_logprobs": 2', "'top_logprobs' needs \"logprobs\": true"),
+            (b'"logprobs": 1', "'logprobs' must be true or false"),
+            (b'"audio": {"voice": "alloy"}',
+             "'audio' is not a field sinkd takes on /v1/chat/completions"),
+            (b'"prompt": "x"', "'prompt' is not a field sinkd takes on /v1/chat/completions"),
+        ]
+        for field, needle in cases:
+            with self.subTest(field):
+                resp = self.expect(post(b"{" + msgs + b", " + field + b"}", close, "chat"), 400)
+                self.assertIn(needle, json.loads(body_of(resp))["error"]["message"])
+        ok = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+              "user": "u-1", "store": False, "metadata": {"a": "b"}, "presence_penalty": 0,
+              "frequency_penalty": 0.0, "logit_bias": {}, "tools": [], "tool_choice": "none",
+              "response_format": {"type": "text"}, "parallel_tool_calls": True, "n": 1,
+              "seed": 5, "stream_options": None, "modalities": ["text"]}
+        code, body = curl("http://x/v1/chat/completions", data=ok)
+        self.assertEqual(code, 200, body)
 
     def test_failed_generate_closes_its_session(self):
         # The daemon refuses the generate (context_full) after the
@@ -828,6 +946,99 @@ class OpenAISDK(unittest.TestCase):
         self.assertEqual(out["chat"]["usage"]["prompt_tokens"], cres["usage"]["prompt_tokens"])
         self.assertEqual(out["chat"]["usage"]["completion_tokens"],
                          cres["usage"]["completion_tokens"])
+        self.check_sdk_system(out)
+        self.check_sdk_logprobs(out)
+        self.assertEqual(out["tools"]["status"], 400)
+        self.assertIn("'tools': sinkd has no tool calls: only []", out["tools"]["message"])
+
+    def check_sdk_system(self, out):
+        # A system message (streamed or not) and the developer role: the
+        # protocol's chat op with the same messages, the prompt pinned.
+        sys_msgs = [{"role": "system", "content": "You are a helpful assistant."}] + STORY
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            res = {}
+            text = "".join(c.chat(s, sys_msgs, result=res, max_tokens=12, temperature=0,
+                                  top_k=0, top_p=1.0))
+            st = c.stats(s)
+        self.assertGreater(st["pinned"], 4)
+        self.assertEqual(st["n_sink"], st["pinned"])
+        self.assertEqual(st["window"], 256 - st["pinned"])  # --window 252 + 4 sinks
+        for key in ("system", "system_stream", "developer"):
+            self.assertEqual(out[key]["text"], text, key)
+            self.assertEqual(out[key]["usage"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+            self.assertEqual(out[key]["usage"]["completion_tokens"],
+                             res["usage"]["completion_tokens"])
+        # The conversation on a persistent session: the protocol's chat op
+        # with the first turn, then only the new message.
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            t1 = "".join(c.chat(s, sys_msgs, max_tokens=8, temperature=0, top_k=0, top_p=1.0))
+            res = {}
+            t2 = "".join(c.chat(s, [{"role": "user", "content": "And then?"}], result=res,
+                                max_tokens=8, temperature=0, top_k=0, top_p=1.0))
+            st = c.stats(out["multi"]["session"])
+            c.close_session(out["multi"]["session"])
+        self.assertEqual(out["multi"]["turn1"], t1)
+        self.assertEqual(out["multi"]["turn2"], t2)
+        self.assertEqual(out["multi"]["usage2"]["prompt_tokens"], res["usage"]["prompt_tokens"])
+        self.assertEqual(out["multi"]["seen2"], res["seen"])
+        self.assertEqual(st["n_sink"], st["pinned"])
+        self.assertGreater(st["pinned"], 4)
+
+    def check_sdk_logprobs(self, out):
+        # Chat: sinkd's own log-probabilities are the protocol chat op's
+        # token events (logprob, bytes, top_logprobs); the SDK's are the
+        # same numbers, streamed or not.
+        events = []
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            text = "".join(c.chat(s, STORY, events=events, max_tokens=8, temperature=0,
+                                  top_k=0, top_p=1.0, logprobs=True, top_logprobs=3))
+        lp = out["chat_logprobs"]["logprobs"]
+        self.assertEqual(out["chat_logprobs"]["text"], text)
+        self.assertIsNone(lp["refusal"])
+        self.assertEqual(len(lp["content"]), len(events))
+        for got, ev in zip(lp["content"], events):
+            self.assertEqual(got["bytes"], list(ev["bytes"]))
+            self.assertEqual(got["token"], ev["bytes"].decode(errors="replace"))
+            self.assertEqual(got["logprob"], ev["logprob"])
+            self.assertEqual(len(got["top_logprobs"]), 3)
+            for g, t in zip(got["top_logprobs"], ev["top_logprobs"]):
+                self.assertEqual(g["bytes"], list(t[2]))
+                self.assertEqual(g["logprob"], t[1])
+            # greedy: the most likely token is the one chosen
+            self.assertEqual(got["top_logprobs"][0]["logprob"], got["logprob"])
+        self.assertEqual("".join(e["token"] for e in lp["content"]), text)
+        self.assertEqual(out["chat_logprobs_stream"], lp["content"])
+        # Completions: the tokens' log-probabilities are those append with
+        # logprobs gives the prompt and the generated tokens, fed to a new
+        # session (teacher-forced).
+        cl = out["completion_logprobs"]
+        with sinkd.Client(socket=D.sock) as c:
+            s = c.open(temporary=True)
+            text, res = "", {}
+            events = []
+            text = "".join(c.generate(s, prompt=PROMPT, max_tokens=8, temperature=0, top_k=0,
+                                      top_p=1.0, result=res, events=events))
+            ids = c.tokenize(PROMPT) + [e["token"] for e in events]
+            s2 = c.open(temporary=True)
+            want = c.append(s2, tokens=ids, logprobs=True)["logprobs"][-len(events):]
+        self.assertEqual(cl["text"], text)
+        l = cl["logprobs"]
+        self.assertEqual("".join(l["tokens"]), text)
+        self.assertEqual(len(l["token_logprobs"]), len(want))
+        for got, w in zip(l["token_logprobs"], want):
+            self.assertAlmostEqual(got, w, delta=1e-5)
+        offset = 0
+        for tok, off, top, lpv in zip(l["tokens"], l["text_offset"], l["top_logprobs"],
+                                      l["token_logprobs"]):
+            self.assertEqual(off, offset)
+            offset += len(tok)
+            self.assertIn(tok, top)  # the chosen token with the 2 likeliest
+            self.assertEqual(top[tok], lpv)
+            self.assertLessEqual(len(top), 3)
+        self.assertEqual(out["completion_logprobs_stream"], l)
 
 
 if __name__ == "__main__":

@@ -1246,6 +1246,109 @@ static void test_logprobs_through_daemon(void **state) {
   sk_client_free(c);
 }
 
+/* What a generate's token events carry with logprobs: the token, its
+ * log-probability and bytes, the top 5. */
+struct lp_rec {
+  int32_t tokens[32];
+  double lp[32];
+  int32_t top_id[32][5];
+  double top_lp[32][5];
+  size_t n_top[32];
+  char bytes[32][16];
+  size_t bytes_len[32];
+  size_t n;
+  char text[1024]; /* the events' texts */
+  size_t text_len;
+};
+
+static int on_lp_token(void *user, const struct sk_token_event *ev) {
+  struct lp_rec *r = user;
+  if (r->n == 32) return 1;
+  r->tokens[r->n] = ev->token;
+  r->lp[r->n] = ev->logprob;
+  r->n_top[r->n] = ev->n_top_logprobs;
+  for (size_t k = 0; k < ev->n_top_logprobs && k < 5; k++) {
+    r->top_id[r->n][k] = ev->top_logprobs[k].token;
+    r->top_lp[r->n][k] = ev->top_logprobs[k].logprob;
+  }
+  r->bytes_len[r->n] = ev->bytes_len < 16 ? ev->bytes_len : 16;
+  if (ev->bytes) memcpy(r->bytes[r->n], ev->bytes, r->bytes_len[r->n]);
+  if (r->text_len + ev->text_len <= sizeof r->text) {
+    memcpy(r->text + r->text_len, ev->text, ev->text_len);
+    r->text_len += ev->text_len;
+  }
+  r->n++;
+  return 0;
+}
+
+/* A generate's log-probabilities (logprobs, top_logprobs) are the model's
+ * own: each generated token's equals the one `append` with logprobs gives
+ * it when the same tokens are fed to a new session (teacher-forced), for
+ * sampled tokens too (temperature does not change them); the top 5 are
+ * the 5 most likely in order, the greedy choice first; the tokens' bytes
+ * make the text. */
+static void test_generate_logprobs(void **state) {
+  (void)state;
+  struct sk_client *c = connect_or_fail();
+  for (int sampled = 0; sampled < 2; sampled++) {
+    struct sk_open_params op = {.policy = "dense", .capacity = 64, .temporary = true};
+    struct sk_open_result o;
+    struct sk_error e = {0};
+    assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+    struct sk_generate_params gp;
+    sk_generate_params_init(&gp);
+    gp.prompt = "Once upon a time";
+    gp.max_tokens = 24;
+    gp.temperature = sampled ? 1.5 : 0;
+    gp.has_seed = true;
+    gp.seed = 11;
+    gp.ignore_eos = true;
+    gp.top_logprobs = 5;
+    struct lp_rec r = {0};
+    struct sk_generate_result gr;
+    assert_int_equal(sk_client_generate(c, o.session, &gp, on_lp_token, &r, &gr, &e), 0);
+    assert_int_equal(r.n, 24);
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    assert_int_equal(sk_client_tokenize(c, gp.prompt, strlen(gp.prompt), SK_BOS_DEFAULT, &prompt,
+                                        &n_prompt, &e),
+                     0);
+    int32_t all[64];
+    memcpy(all, prompt, n_prompt * sizeof *all);
+    memcpy(all + n_prompt, r.tokens, r.n * sizeof *all);
+    struct sk_open_result o2;
+    assert_int_equal(sk_client_open(c, &op, &o2, &e), 0);
+    double lp[64];
+    assert_int_equal(sk_client_append_logprobs(c, o2.session, all, n_prompt + r.n,
+                                               SK_BOS_FALSE, lp, NULL, &e),
+                     0);
+    for (size_t i = 0; i < r.n; i++) {
+      if (!(fabs(r.lp[i] - lp[n_prompt + i]) <= 1e-5))
+        fail_msg("token %zu: generate's logprob %.9g, append's %.9g", i, r.lp[i],
+                 lp[n_prompt + i]);
+      assert_int_equal(r.n_top[i], 5);
+      for (size_t k = 1; k < 5; k++) assert_true(r.top_lp[i][k] <= r.top_lp[i][k - 1]);
+      assert_true(r.top_lp[i][0] >= r.lp[i]);
+      if (!sampled) {
+        assert_int_equal(r.top_id[i][0], r.tokens[i]);
+        assert_true(r.top_lp[i][0] == r.lp[i]);
+      }
+    }
+    char joined[1024];
+    size_t joined_len = 0;
+    for (size_t i = 0; i < r.n; i++) {
+      memcpy(joined + joined_len, r.bytes[i], r.bytes_len[i]);
+      joined_len += r.bytes_len[i];
+    }
+    assert_int_equal(joined_len, r.text_len);
+    assert_memory_equal(joined, r.text, joined_len);
+    free(prompt);
+    assert_int_equal(sk_client_close_session(c, o.session, &e), 0);
+    assert_int_equal(sk_client_close_session(c, o2.session, &e), 0);
+  }
+  sk_client_free(c);
+}
+
 /* Tokens and text of one generate or of several in a row. */
 struct stream_rec {
   int32_t tokens[64];
@@ -1732,6 +1835,7 @@ int main(void) {
       cmocka_unit_test(test_temporary_sessions),
       cmocka_unit_test(test_copies_hold_their_session),
       cmocka_unit_test(test_logprobs_through_daemon),
+      cmocka_unit_test(test_generate_logprobs),
       cmocka_unit_test(test_utf8_across_generates),
       cmocka_unit_test(test_pin_survives_10000_evictions),
       cmocka_unit_test(test_h2o_through_daemon),

@@ -35,7 +35,7 @@ LAYERS = [
     [("tools", ["tools"])],
     [("client", ["client"]),
      ("daemon", ["daemon/main.c", "daemon/startup.c", "daemon/startup.h", "daemon/config.c",
-                 "daemon/config.h"])],
+                 "daemon/config.h", "daemon/modelwait.c", "daemon/modelwait.h"])],
     [("daemon/http", ["daemon/http"])],
     [("daemon/server", ["daemon/server"])],
     [("daemon/net", ["daemon/net"]), ("daemon/session", ["daemon/session"])],

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """The Python client (python/, import name sinkd) against a live daemon
-on the test model: every method, the typed errors, and that the package
-installs without the network (pip install --no-build-isolation).
+on the test model: installed as the README says (into a fresh virtual
+environment, without the network, by root and by an unprivileged user
+when run as root) with nothing written into the checkout, then every
+method and the typed errors.
 
 Environment (from meson): SK_SINKD, SK_MODEL, SK_PYTHON_DIR.
 """
@@ -16,20 +18,62 @@ import unittest
 SINKD = os.environ["SK_SINKD"]
 MODEL = os.environ["SK_MODEL"]
 PYDIR = os.environ["SK_PYTHON_DIR"]
+TOP = os.path.dirname(os.path.abspath(PYDIR))
 PROMPT = "Once upon a time"
+VENV_IN_README = "~/.local/sinkd-venv"
 
-# The package as pip installs it, offline: the tests import that copy.
-SITE = tempfile.mkdtemp(prefix="sinkd-py-")
-_p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                     "--no-build-isolation", "--no-index", "--target", SITE, PYDIR],
-                    capture_output=True, text=True,
-                    env=dict(os.environ, PIP_NO_CACHE_DIR="1"))
-if _p.returncode != 0:
-    sys.exit("pip install --no-build-isolation %s failed:\n%s" % (PYDIR, _p.stderr))
+with open(os.path.join(TOP, "README.md")) as _f:
+    README = _f.read()
+
+
+def readme_block(after):
+    """The first code block of the README after the text `after`."""
+    start = README.index("```", README.index(after))
+    return README[README.index("\n", start) + 1:README.index("```", start + 3)]
+
+
+def git_status():
+    """The checkout's state, ignored files of python/ included (a build
+    folder or an egg-info there would be ignored by .gitignore rules
+    elsewhere)."""
+    p = subprocess.run(["git", "-C", TOP, "status", "--porcelain", "--ignored", "--untracked-files=all",
+                        "--", "python"], capture_output=True, text=True)
+    return p.returncode, p.stdout
+
+
+def install_as_readme(home, user=None):
+    """Runs the README's install commands with HOME=home (as user, a
+    (uid, gid) pair, if given) in the checkout, offline: pip may not
+    reach an index, and a proxy that does not exist stands in for the
+    network. Returns the venv's folder."""
+    venv = os.path.join(home, ".local", "sinkd-venv")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+           "PIP_NO_CACHE_DIR": "1", "http_proxy": "http://127.0.0.1:9",
+           "https_proxy": "http://127.0.0.1:9", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    for line in readme_block("installed into a virtual environment").strip().splitlines():
+        cmd = ["bash", "-c", line]
+        if user:
+            cmd = ["setpriv", "--reuid=%d" % user[0], "--regid=%d" % user[1],
+                   "--clear-groups", "--"] + cmd
+        # the README's own interpreter: Debian's (not a pyenv or a venv's)
+        p = subprocess.run(cmd, cwd=TOP, env=env, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            sys.exit("the README's `%s` failed:\n%s%s" % (line, p.stdout, p.stderr))
+    return venv
+
+
+# The package as the README installs it: the tests import that copy.
+_before = git_status()
+HOME = tempfile.mkdtemp(prefix="sinkd-py-")
+VENV = install_as_readme(HOME)
+assert git_status() == _before, "the install wrote into the checkout:\n" + git_status()[1]
+SITE = subprocess.run([os.path.join(VENV, "bin", "python"), "-c",
+                       "import sinkd, os; print(os.path.dirname(os.path.dirname(sinkd.__file__)))"],
+                      capture_output=True, text=True, check=True).stdout.strip()
 sys.path.insert(0, SITE)
 import sinkd  # noqa: E402
 
-assert sinkd.__file__.startswith(SITE), sinkd.__file__
+assert sinkd.__file__.startswith(VENV), sinkd.__file__
 
 
 class Live(unittest.TestCase):
@@ -58,23 +102,46 @@ class Live(unittest.TestCase):
         cls.proc.terminate()
         rc = cls.proc.wait(30)
         shutil.rmtree(cls.dir, ignore_errors=True)
-        shutil.rmtree(SITE, ignore_errors=True)
+        shutil.rmtree(HOME, ignore_errors=True)
         assert rc == 0, "sinkd exited %d" % rc
 
     def test_readme_example(self):
-        # The README's example runs as printed and leaves no session.
-        with open(os.path.join(PYDIR, "..", "README.md")) as f:
-            readme = f.read()
-        start = readme.index("```", readme.index("Python (`pip install"))
-        code = readme[readme.index("\n", start) + 1:readme.index("```", start + 3)]
+        # The README's example runs as printed, with the venv's python,
+        # and leaves no session.
+        install = README.index("installed into a virtual environment")
+        start = README.index("```", README.index("```", install) + 3)  # after the install
+        start = README.index("```", start + 3)
+        code = README[README.index("\n", start) + 1:README.index("```", start + 3)]
         self.assertIn("sinkd.Client()", code)
         before = [x["session"] for x in self.c.list()]
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=120, env=dict(os.environ, SINKD_SOCKET=self.sock,
-                                                 PYTHONPATH=SITE))
+        p = subprocess.run([os.path.join(VENV, "bin", "python"), "-c", code],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, SINKD_SOCKET=self.sock))
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertTrue(p.stdout)
         self.assertEqual([x["session"] for x in self.c.list()], before)
+
+    @unittest.skipUnless(os.getuid() == 0 and shutil.which("setpriv"),
+                         "the install as a user runs when the suite runs as root")
+    def test_install_as_a_user(self):
+        # The same commands as uid 65534 (nobody), who may not write into
+        # the checkout: the install writes nothing there, and the client
+        # it installed runs.
+        home = tempfile.mkdtemp(prefix="sinkd-py-user-")
+        try:
+            os.chown(home, 65534, 65534)
+            before = git_status()
+            venv = install_as_readme(home, user=(65534, 65534))
+            self.assertEqual(git_status(), before)
+            p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                "--", os.path.join(venv, "bin", "python"), "-c",
+                                "import sinkd\ntry:\n    sinkd.Client(socket='/nonexistent')\n"
+                                "except OSError as e:\n    print(type(e).__name__, e.errno)"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout, "ConnectError 2\n")
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
     def test_hello(self):
         h = self.c.hello()

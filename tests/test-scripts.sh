@@ -1,7 +1,7 @@
 #!/bin/sh
 # The scripts a new user runs install only what they need:
-# scripts/deps.sh lists what building and running take, --tests adds the
-# test toolchain; run-demo.sh installs the first only and builds without
+# scripts/deps.sh lists what building and running take, --python what
+# the Python client's install takes, --tests adds the test toolchain; run-demo.sh installs the first only and builds without
 # the test suite; run-tests.sh installs both. build.sh and run-tests.sh
 # build with warnings as errors, meson.build leaves them warnings.
 #   test-scripts.sh SOURCE_ROOT
@@ -21,6 +21,16 @@ for p in clang llvm valgrind gnuplot-nox libcmocka-dev curl mandoc systemd; do
 done
 for p in $build; do
   echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p of the build list"
+done
+# --python: what the README's Python install takes, all of it in --tests
+py=$("$src/scripts/deps.sh" --python --list) || fail "deps.sh --python --list"
+for p in python3-venv python3-msgpack flit; do
+  echo "$py" | grep -qx "$p" || fail "deps.sh --python lacks $p"
+  echo "$all" | grep -qx "$p" || fail "deps.sh --tests lacks $p"
+done
+pk=$("$src/scripts/deps.sh" --packages --list) || fail "deps.sh --packages --list"
+for p in dpkg-dev lintian man-db python3-msgpack; do
+  echo "$pk" | grep -qx "$p" || fail "deps.sh --packages lacks $p (scripts/test-packages.sh)"
 done
 "$src/scripts/deps.sh" --bogus 2>/dev/null && fail "deps.sh accepts --bogus"
 grep -qx '\./scripts/deps\.sh' "$src/scripts/run-demo.sh" || fail "run-demo.sh: not plain deps.sh"

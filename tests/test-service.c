@@ -254,7 +254,7 @@ static void test_notify_lifecycle(void **state) {
   wait_message(&d, "READY=1", NULL, 0);
   assert_non_null(strstr(g_heard, "STATUS=loading "));
   assert_true(strstr(g_heard, "STATUS=loading ") < strstr(g_heard, "READY=1"));
-  assert_true(log_has(&d, "model loaded: "));
+  assert_true(log_has(&d, "model loaded in "));
   struct sk_client *c = connect_now(sock);
   struct sk_hello h;
   struct sk_error e = {0};
@@ -447,6 +447,160 @@ static void test_socket_activation(void **state) {
   assert_true(log_has(&d, "<3>the socket passed as fd 3 is not a listening Unix stream socket"));
   free(sock);
   free(unused);
+}
+
+/* ---- no model yet: waiting for one ------------------------------------------ */
+
+/* Under a service manager, a configuration without a model (or naming a
+ * file not there yet) is no failure: READY=1 with a status saying what to
+ * do, watchdog pings, and each SIGHUP re-reads the file until the model
+ * is there; then it loads and serves. Outside one it stays an error. */
+static void test_wait_for_model(void **state) {
+  (void)state;
+  char *sock = path_in_dir("wait.sock");
+  char *conf = path_in_dir("wait.conf");
+  char *absent = path_in_dir("not-yet.gguf");
+  char notify_env[160], want[1200], text[1024];
+  snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
+  write_text(conf, "[daemon]\nlog_level = info\n");
+  drain_messages();
+  struct child d;
+  spawn(&d, "wait.log",
+        (const char *const[]){notify_env, "WATCHDOG_USEC=200000", "WATCHDOG_PID=self", NULL},
+        (const char *const[]){getenv("SK_SINKD"), "--config", conf, "--socket", sock,
+                              "--threads", "1", NULL});
+  char msg[1024];
+  wait_message(&d, "READY=1", msg, sizeof msg);
+  snprintf(want, sizeof want,
+           "READY=1\nSTATUS=no model: set model = in [daemon] of %s, then systemctl reload "
+           "sinkd", conf);
+  assert_string_equal(msg, want);
+  snprintf(want, sizeof want,
+           "<4>no model: set model = in [daemon] of %s, then systemctl reload sinkd\n", conf);
+  assert_true(log_has(&d, want));
+  /* Alive while it waits: watchdog pings, no socket yet, nothing loaded. */
+  for (int i = 0; i < 3; i++) wait_message(&d, "WATCHDOG=1", NULL, 0);
+  assert_false(file_exists(sock));
+  assert_false(log_has(&d, "model loaded"));
+
+  /* A model path whose file is not there yet: still waiting, and saying so. */
+  snprintf(text, sizeof text, "[daemon]\nmodel = %s\n", absent);
+  write_text(conf, text);
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "RELOADING=1", NULL, 0);
+  wait_message(&d, "READY=1", msg, sizeof msg);
+  snprintf(want, sizeof want,
+           "READY=1\nSTATUS=no model: %s does not exist; put the GGUF file there or set "
+           "model = in %s, then systemctl reload sinkd", absent, conf);
+  assert_string_equal(msg, want);
+
+  /* A file with errors: logged, still waiting. */
+  write_text(conf, "[daemon]\nmodle = /m.gguf\n");
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "RELOADING=1", NULL, 0);
+  wait_message(&d, "READY=1", msg, sizeof msg);
+  snprintf(want, sizeof want,
+           "READY=1\nSTATUS=no model: %s has errors (see the log); fix them, then systemctl "
+           "reload sinkd", conf);
+  assert_string_equal(msg, want);
+  snprintf(want, sizeof want, "<3>%s:2: [daemon] modle: unknown key", conf);
+  assert_true(log_has(&d, want));
+
+  /* The model is there: RELOADING=1, loading (the start timeout, and so
+   * the watchdog, extended by 10 minutes), then READY=1 once serving. */
+  snprintf(text, sizeof text, "[daemon]\nmodel = %s\n", sk_test_model_path());
+  write_text(conf, text);
+  drain_messages();
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "EXTEND_TIMEOUT_USEC=", msg, sizeof msg);
+  snprintf(want, sizeof want, "STATUS=loading %s\nEXTEND_TIMEOUT_USEC=600000000",
+           sk_test_model_path());
+  assert_string_equal(msg, want);
+  assert_non_null(strstr(g_heard, "RELOADING=1\n"));
+  wait_message(&d, "READY=1", NULL, 0);
+  assert_true(log_has(&d, "model loaded in "));
+  struct sk_client *c = connect_now(sock);
+  struct sk_error e = {0};
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_int_equal(h.model.n_vocab, 512);
+  sk_client_free(c);
+  wait_message(&d, "WATCHDOG=1", NULL, 0);
+  kill(d.pid, SIGTERM);
+  wait_message(&d, "STOPPING=1", NULL, 0);
+  assert_int_equal(wait_exit(&d), 0);
+
+  /* Stopped while waiting: STOPPING=1, exit 0. */
+  drain_messages();
+  write_text(conf, "[daemon]\n");
+  spawn(&d, "wait-stop.log", (const char *const[]){notify_env, NULL},
+        (const char *const[]){getenv("SK_SINKD"), "--config", conf, "--socket", sock,
+                              "--threads", "1", NULL});
+  wait_message(&d, "READY=1\nSTATUS=no model", NULL, 0);
+  kill(d.pid, SIGTERM);
+  wait_message(&d, "STOPPING=1", NULL, 0);
+  assert_int_equal(wait_exit(&d), 0);
+  assert_true(log_has(&d, "stopped while waiting for a model"));
+
+  /* Without a service manager: an error at once, as ever (exit 2 without
+   * a model, 1 for a file that is not there). */
+  spawn(&d, "wait-none.log", NULL,
+        (const char *const[]){getenv("SK_SINKD"), "--config", conf, "--socket", sock,
+                              "--threads", "1", NULL});
+  assert_int_equal(wait_exit(&d), 2);
+  snprintf(want, sizeof want, "<3>no model: set 'model' in [daemon] of %s or pass --model FILE",
+           conf);
+  assert_true(log_has(&d, want));
+  spawn(&d, "wait-absent.log", NULL,
+        (const char *const[]){getenv("SK_SINKD"), "--config", conf, "--model", absent,
+                              "--socket", sock, "--threads", "1", NULL});
+  assert_int_equal(wait_exit(&d), 1);
+  snprintf(want, sizeof want, "<3>cannot load model %s: ", absent);
+  assert_true(log_has(&d, want));
+  free(absent);
+  free(conf);
+  free(sock);
+}
+
+/* Socket activation while waiting: the client that started sinkd waits in
+ * the passed socket's queue and is answered once the model is loaded. */
+static void test_wait_activated(void **state) {
+  (void)state;
+  char *sock = path_in_dir("wait-activated.sock");
+  char *conf = path_in_dir("wait-activated.conf");
+  char notify_env[160], text[1024];
+  snprintf(notify_env, sizeof notify_env, "NOTIFY_SOCKET=%s", g_notify_path);
+  const char *activate = getenv("SK_SOCKET_ACTIVATE");
+  if (!activate || !*activate)
+    fail_msg("systemd-socket-activate not found (Debian package systemd; scripts/deps.sh --tests)");
+  write_text(conf, "[daemon]\n");
+  drain_messages();
+  struct child d;
+  spawn(&d, "wait-activated.log", NULL,
+        (const char *const[]){activate, "--listen", sock, "-E", notify_env, getenv("SK_SINKD"),
+                              "--config", conf, "--threads", "1", NULL});
+  for (int i = 0; i < 3000 && !file_exists(sock); i++) usleep(10000);
+  if (!file_exists(sock)) {
+    dump_log(&d);
+    fail_msg("systemd-socket-activate did not create %s", sock);
+  }
+  struct sk_client *c = connect_now(sock);
+  wait_message(&d, "READY=1\nSTATUS=no model", NULL, 0);
+  snprintf(text, sizeof text, "[daemon]\nmodel = %s\n", sk_test_model_path());
+  write_text(conf, text);
+  kill(d.pid, SIGHUP);
+  wait_message(&d, "STATUS=loading", NULL, 0);
+  struct sk_error e = {0};
+  struct sk_hello h;
+  assert_int_equal(sk_client_hello(c, &h, &e), 0);
+  assert_int_equal(h.model.n_vocab, 512);
+  wait_message(&d, "READY=1", NULL, 0);
+  sk_client_free(c);
+  kill(d.pid, SIGTERM);
+  assert_int_equal(wait_exit(&d), 0);
+  unlink(sock);
+  free(conf);
+  free(sock);
 }
 
 /* ---- socket files left behind ------------------------------------------------ */
@@ -731,6 +885,8 @@ int main(void) {
       cmocka_unit_test(test_stale_and_live_socket),
       cmocka_unit_test(test_log_format),
       cmocka_unit_test(test_check_config),
+      cmocka_unit_test(test_wait_for_model),
+      cmocka_unit_test(test_wait_activated),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,7 +33,7 @@ static struct {
   const struct sk_model_config *c;
   int32_t *tok;  /* the start of stories-sampled.txt */
   size_t n_tok;
-  struct sk_sparse_calib calib; /* levels 0.3, 0.5, 0.7 over the text */
+  struct sk_sparse_calib calib; /* levels 0.1 ... 0.7 over the text */
   uint8_t fp[16];
 } fx;
 
@@ -91,7 +91,8 @@ static int setup(void **state) {
   }
   sk_scratch_free(s);
   const float levels[] = SK_SPARSE_DEFAULT_LEVELS;
-  rc = sk_sparse_collect_thresholds(col, levels, 3, &fx.calib, &err);
+  rc = sk_sparse_collect_thresholds(col, levels, sizeof levels / sizeof levels[0], &fx.calib,
+                                    &err);
   sk_sparse_collect_free(col);
   memcpy(fx.calib.model_fp, fx.fp, 16);
   return rc;
@@ -269,14 +270,15 @@ static void test_calibration_file(void **state) {
   fclose(f);
   struct sk_sparse_calib c;
   assert_int_equal(sk_sparse_calib_load(path, fx.fp, fx.c->n_layer, &c, &err), 0);
-  assert_int_equal(c.n_levels, 3);
-  assert_memory_equal(c.level, fx.calib.level, 3 * sizeof(float));
-  assert_memory_equal(c.thr, fx.calib.thr, 3 * fx.c->n_layer * sizeof(float));
-  assert_memory_equal(c.measured, fx.calib.measured, 3 * fx.c->n_layer * sizeof(float));
-  assert_ptr_equal(sk_sparse_calib_find(&c, 0.5f), c.thr + fx.c->n_layer);
-  assert_null(sk_sparse_calib_find(&c, 0.4f));
+  assert_int_equal(c.n_levels, 7);
+  assert_memory_equal(c.level, fx.calib.level, 7 * sizeof(float));
+  assert_memory_equal(c.thr, fx.calib.thr, 7 * fx.c->n_layer * sizeof(float));
+  assert_memory_equal(c.measured, fx.calib.measured, 7 * fx.c->n_layer * sizeof(float));
+  assert_ptr_equal(sk_sparse_calib_find(&c, 0.5f), c.thr + 4 * fx.c->n_layer);
+  assert_null(sk_sparse_calib_find(&c, 0.45f));
   char lv[64];
-  assert_string_equal(sk_sparse_calib_levels(&c, lv, sizeof lv), "0.3, 0.5, 0.7");
+  assert_string_equal(sk_sparse_calib_levels(&c, lv, sizeof lv),
+                      "0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7");
   sk_sparse_calib_free(&c);
 
   uint8_t other[16];

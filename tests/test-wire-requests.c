@@ -259,6 +259,7 @@ void test_request_generate(void **state) {
       .ignore_eos = true, .has_seed = true, .seed = 1ull << 40,
       .stop = {.s = stops, .len = stop_len, .n = 2},
       .input = {.text = "Once", .text_len = 4, .bos = 0, .parse_special = true}, .n_top = 5,
+      .logprobs = true, .top_logprobs = 20,
       .spec = {.mode = "draft", .mode_len = 5, .has_tokens = true, .tokens = 15,
                .has_fixed = true, .fixed = false}};
   struct frame f;
@@ -267,7 +268,8 @@ void test_request_generate(void **state) {
   char k[512];
   keys(map, k, sizeof k);
   assert_string_equal(k, "id op session max_tokens temperature top_k top_p ignore_eos seed stop "
-                         "prompt bos parse_special n_top speculation draft_tokens draft_fixed");
+                         "prompt bos parse_special n_top logprobs top_logprobs speculation "
+                         "draft_tokens draft_fixed");
   assert_request(map, 50, "generate");
   struct sk_wire_generate_req got;
   memset(&got, 0xa5, sizeof got);
@@ -294,6 +296,8 @@ void test_request_generate(void **state) {
   assert_int_equal(got.input.bos, 0);
   assert_true(got.input.parse_special);
   assert_int_equal(got.n_top, 5);
+  assert_true(got.logprobs);
+  assert_int_equal(got.top_logprobs, 20);
   assert_strn(got.spec.mode, got.spec.mode_len, "draft");
   assert_true(got.spec.has_tokens && got.spec.has_fixed && !got.spec.fixed);
   assert_int_equal(got.spec.tokens, 15);
@@ -387,6 +391,8 @@ void test_request_generate_defaults(void **state) {
   assert_false(got.has_seed);
   assert_false(got.ignore_eos);
   assert_int_equal(got.n_top, 0);
+  assert_false(got.logprobs);
+  assert_int_equal(got.top_logprobs, 0);
   assert_int_equal(got.input.bos, -1);
   assert_null(got.input.text);
   assert_false(got.input.tokens.has);

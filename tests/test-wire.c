@@ -349,25 +349,34 @@ static void test_generate(void **state) {
 static void test_token_event(void **state) {
   (void)state;
   const struct sk_top_pair top[3] = {{10, 1.5}, {3, -2.25}, {70000, 0.125}};
+  const struct sk_top_logprob toplp[2] = {{10, -0.5, "\xc3", 1}, {3, -1.75, "", 0}};
   struct sk_token_event ev = {.token = 10, .text = "\xc3\xbc", .text_len = 2, .top = top,
                               .n_top = 3};
   for (int with_top = 0; with_top < 2; with_top++) {
     ev.n_top = with_top ? 3 : 0;
     ev.top = with_top ? top : NULL;
+    /* with log-probabilities: the token's, its bytes and two likely ones */
+    ev.logprob = with_top ? -0.5 : NAN;
+    ev.bytes = with_top ? "\xc3" : NULL;
+    ev.bytes_len = with_top ? 1 : 0;
+    ev.top_logprobs = with_top ? toplp : NULL;
+    ev.n_top_logprobs = with_top ? 2 : 0;
     struct frame f;
     assert_int_equal(sk_wire_pack_token_event(&f.b, 5, &ev), 0);
     const msgpack_object *map = parse(&f);
     char k[256];
     keys(map, k, sizeof k);
-    assert_string_equal(k, with_top ? "id event token text top" : "id event token text");
+    assert_string_equal(k, with_top ? "id event token text top logprob bytes top_logprobs"
+                                    : "id event token text");
     const char *name;
     size_t len;
     assert_int_equal(sk_msg_get_str(map, "event", &name, &len, NULL), 1);
     assert_int_equal(len, 5);
     assert_memory_equal(name, "token", 5);
     struct sk_top_pair gtop[SK_WIRE_MAX_TOP];
+    struct sk_top_logprob glp[SK_WIRE_MAX_TOP];
     struct sk_token_event got;
-    assert_int_equal(sk_wire_unpack_token_event(map, &got, gtop, NULL), 0);
+    assert_int_equal(sk_wire_unpack_token_event(map, &got, gtop, glp, NULL), 0);
     assert_int_equal(got.token, 10);
     assert_int_equal(got.text_len, 2);
     assert_memory_equal(got.text, "\xc3\xbc", 2);
@@ -375,6 +384,23 @@ static void test_token_event(void **state) {
     for (size_t i = 0; i < got.n_top; i++) {
       assert_int_equal(got.top[i].token, top[i].token);
       assert_true(got.top[i].logit == top[i].logit);
+    }
+    if (with_top) {
+      assert_true(got.logprob == -0.5);
+      assert_int_equal(got.bytes_len, 1);
+      assert_memory_equal(got.bytes, "\xc3", 1);
+      assert_int_equal(got.n_top_logprobs, 2);
+      assert_int_equal(got.top_logprobs[0].token, 10);
+      assert_true(got.top_logprobs[0].logprob == -0.5);
+      assert_int_equal(got.top_logprobs[0].bytes_len, 1);
+      assert_memory_equal(got.top_logprobs[0].bytes, "\xc3", 1);
+      assert_int_equal(got.top_logprobs[1].token, 3);
+      assert_true(got.top_logprobs[1].logprob == -1.75);
+      assert_int_equal(got.top_logprobs[1].bytes_len, 0);
+    } else {
+      assert_true(isnan(got.logprob));
+      assert_null(got.bytes);
+      assert_int_equal(got.n_top_logprobs, 0);
     }
     frame_free(&f);
   }
@@ -913,8 +939,9 @@ static void test_bad_field(void **state) {
   assert_int_equal(sk_wire_unpack_append(map, &a, NULL, 0, &e), -SK_ERR_PROTOCOL);
   assert_non_null(strstr(e.message, "'seen'"));
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
   struct sk_token_event ev;
-  assert_int_equal(sk_wire_unpack_token_event(map, &ev, top, &e), -SK_ERR_PROTOCOL);
+  assert_int_equal(sk_wire_unpack_token_event(map, &ev, top, toplp, &e), -SK_ERR_PROTOCOL);
   assert_string_equal(e.message, "token event without an integer 'token'");
   frame_free(&f);
 }

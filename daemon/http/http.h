@@ -32,6 +32,13 @@ struct sk_http;
  * -SK_ERR_NO_MEMORY. */
 int sk_http_start(uv_loop_t *loop, struct sk_server *srv, const struct sk_http_config *cfg,
                   struct sk_http **ret, struct sk_error *err);
+/* What sk_http_start would find in the way, checked before the daemon
+ * loads its model: the Unix socket path too long, not a socket or in use
+ * by a running daemon, the TCP address not an address or in use (bound
+ * for a moment and let go). Errors: -SK_ERR_IO, -SK_ERR_BUSY (in use),
+ * the message naming the socket. */
+int sk_http_check(const struct sk_http_config *cfg, struct sk_error *err);
+
 /* Stops accepting (removing the socket file it bound) and closes every
  * connection; call before sk_server_shutdown. sk_http_free after the
  * loop ended. h may be NULL. */

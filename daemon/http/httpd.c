@@ -711,8 +711,8 @@ static int listen_unix(struct sk_httpd *h, struct sk_error *err) {
   return 0;
 }
 
-static int listen_tcp(struct sk_httpd *h, struct sk_error *err) {
-  const char *spec = h->cfg.tcp_listen;
+int sk_httpd_parse_address(const char *spec, struct sockaddr_storage *ret,
+                           struct sk_error *err) {
   const char *colon = strrchr(spec, ':');
   char host[64];
   size_t hl = colon ? (size_t)(colon - spec) : 0;
@@ -721,14 +721,23 @@ static int listen_tcp(struct sk_httpd *h, struct sk_error *err) {
   memcpy(host, spec, hl);
   host[hl] = 0;
   int port = atoi(colon + 1);
-  struct sockaddr_storage addr;
   int rc;
-  if (strcmp(host, "localhost") == 0) rc = uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)&addr);
+  memset(ret, 0, sizeof *ret);
+  if (strcmp(host, "localhost") == 0)
+    rc = uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)ret);
   else if (host[0] == '[') {
     host[hl - 1] = 0;
-    rc = uv_ip6_addr(host + 1, port, (struct sockaddr_in6 *)&addr);
-  } else rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+    rc = uv_ip6_addr(host + 1, port, (struct sockaddr_in6 *)ret);
+  } else rc = uv_ip4_addr(host, port, (struct sockaddr_in *)ret);
   if (rc < 0) return sk_error_set(err, SK_ERR_IO, "bad HTTP listen address '%s'", spec);
+  return 0;
+}
+
+static int listen_tcp(struct sk_httpd *h, struct sk_error *err) {
+  const char *spec = h->cfg.tcp_listen;
+  struct sockaddr_storage addr;
+  int rc = sk_httpd_parse_address(spec, &addr, err);
+  if (rc < 0) return rc;
   uv_tcp_init(h->loop, &h->tcp_l);
   h->tcp_l.data = h;
   rc = uv_tcp_bind(&h->tcp_l, (struct sockaddr *)&addr, 0);

@@ -139,4 +139,9 @@ uint64_t sk_httpd_next_id(struct sk_httpd_req *req);
  * says why). */
 int sk_httpd_call(struct sk_httpd_req *req, struct sk_msgbuf *b, struct sk_error *err);
 
+/* The address of an "ADDRESS:PORT" listen spec (IPv4, [IPv6] or
+ * localhost) into *ret. Errors: -SK_ERR_IO naming the spec. */
+int sk_httpd_parse_address(const char *spec, struct sockaddr_storage *ret,
+                           struct sk_error *err);
+
 #endif

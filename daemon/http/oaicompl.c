@@ -9,8 +9,18 @@
 #include <string.h>
 #include <time.h>
 
+#include "http/oailogprobs.h"
 #include "http/oaireq.h"
 #include "proto/wire.h"
+
+/* A token's log-probabilities waiting for its text to go out (a stop
+ * string may still cut it): its entry (oailogprobs.h), where its text
+ * begins and ends in the generated text (bytes), and its text_offset. */
+struct lp_pending {
+  json_t *entry;
+  size_t start, end;
+  uint64_t offset;
+};
 
 /* One request's flow, bound to the request (sk_httpd_bind). */
 struct flow {
@@ -29,6 +39,12 @@ struct flow {
   size_t text_len;
   bool stopped;           /* a stop string was found */
   uint64_t last_token_us;
+  /* logprobs: the entries of tokens whose text has not all gone out */
+  struct lp_pending *lp;  /* (n_lp, lp_cap) */
+  size_t n_lp, lp_cap;
+  size_t received;        /* bytes of generated text so far */
+  uint64_t received_chars;
+  size_t emitted;         /* bytes of it given to the client */
 };
 
 void sk_oaicompl_init(struct sk_oaicompl *oc, const char *model_name,
@@ -47,6 +63,8 @@ static uint64_t now_us(void) {
 
 static void flow_free(struct flow *f) {
   if (!f) return;
+  for (size_t i = 0; i < f->n_lp; i++) json_decref(f->lp[i].entry);
+  free(f->lp);
   sk_openai_params_free(&f->p);
   free(f->held);
   free(f->text);
@@ -136,6 +154,47 @@ static void send_json_event(struct sk_httpd_req *req, json_t *o) {
   free(s);
 }
 
+/* ---- log-probabilities ---- */
+
+/* A token event's entry, queued until its text goes out. */
+static void lp_push(struct flow *f, const struct sk_token_event *ev) {
+  if (f->n_lp == f->lp_cap) {
+    size_t cap = f->lp_cap ? 2 * f->lp_cap : 16;
+    struct lp_pending *p = realloc(f->lp, cap * sizeof *p);
+    if (!p) return;
+    f->lp = p;
+    f->lp_cap = cap;
+  }
+  json_t *e = sk_oailp_entry(ev);
+  if (!e) return;
+  f->lp[f->n_lp++] = (struct lp_pending){e, f->received, f->received + ev->text_len,
+                                         f->received_chars};
+}
+
+/* The logprobs of the tokens whose text went out (final: and of those
+ * it went into, ending a response that a stop string cut), in the
+ * route's shape; taken from the queue. JSON null when the request did
+ * not ask for them. */
+static json_t *lp_take(struct flow *f, bool final) {
+  if (!f->p.logprobs) return json_null();
+  json_t *entries = json_array(), *offsets = json_array();
+  size_t n = 0;
+  while (n < f->n_lp && (f->lp[n].end <= f->emitted || (final && f->lp[n].start < f->emitted))) {
+    json_array_append_new(entries, f->lp[n].entry);
+    json_array_append_new(offsets, json_integer((json_int_t)f->lp[n].offset));
+    n++;
+  }
+  if (final)
+    for (size_t i = n; i < f->n_lp; i++) json_decref(f->lp[i].entry); /* after the stop */
+  f->n_lp = final ? 0 : f->n_lp - n;
+  memmove(f->lp, f->lp + (final ? f->n_lp : n), f->n_lp * sizeof *f->lp);
+  if (f->p.chat) {
+    json_decref(offsets);
+    return sk_oailp_chat(entries);
+  }
+  return sk_oailp_completion(entries, offsets);
+}
+
 /* The first chunk of a stream that opened a session ("session": "new")
  * gives its id, so that a client that stops reading before the end still
  * knows the session it owns. */
@@ -154,16 +213,18 @@ static void stream_text(struct sk_httpd_req *req, struct flow *f, const char *te
   if (!s) s = json_string(""); /* not UTF-8: cannot happen, tokens are completed */
   json_t *choice;
   if (f->p.chat)
-    choice = json_pack("{s:i, s:{s:o}, s:n}", "index", 0, "delta", "content", s, "finish_reason");
+    choice = json_pack("{s:i, s:{s:o}, s:o, s:n}", "index", 0, "delta", "content", s,
+                       "logprobs", lp_take(f, false), "finish_reason");
   else
-    choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "text", s, "logprobs",
-                       "finish_reason");
+    choice = json_pack("{s:i, s:o, s:o, s:n}", "index", 0, "text", s, "logprobs",
+                       lp_take(f, false), "finish_reason");
   json_object_set_new(o, "choices", json_pack("[o]", choice));
   send_json_event(req, o);
 }
 
 /* Text for the client (after stop strings were looked for). */
 static void emit(struct sk_httpd_req *req, struct flow *f, const char *text, size_t len) {
+  f->emitted += len;
   if (f->p.stream) {
     stream_text(req, f, text, len);
     /* A chat's reply is kept too: it becomes part of the conversation. */
@@ -248,10 +309,12 @@ static void close_session(struct sk_httpd_req *req, struct flow *f) {
 static void end_stream(struct sk_httpd_req *req, struct flow *f, const char *reason,
                        json_t *usage, const struct sk_generate_result *g) {
   json_t *o = chunk_new(f);
-  json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:s}", "index", 0, "delta",
-                                         "finish_reason", reason)
-                             : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "",
-                                         "logprobs", "finish_reason", reason);
+  /* the logprobs of tokens a stop string cut into, if any */
+  json_t *lp = f->n_lp ? lp_take(f, true) : json_null();
+  json_t *choice = f->p.chat ? json_pack("{s:i, s:{}, s:o, s:s}", "index", 0, "delta",
+                                         "logprobs", lp, "finish_reason", reason)
+                             : json_pack("{s:i, s:s, s:o, s:s}", "index", 0, "text", "",
+                                         "logprobs", lp, "finish_reason", reason);
   json_object_set_new(o, "choices", json_pack("[o]", choice));
   if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, g));
   send_json_event(req, o);
@@ -273,11 +336,12 @@ static void respond_whole(struct sk_httpd_req *req, struct flow *f, const char *
   json_t *o = chunk_new(f);
   json_t *t = json_stringn(f->text ? f->text : "", f->text_len);
   if (!t) t = json_string("");
-  json_t *choice = f->p.chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0,
+  json_t *lp = lp_take(f, true);
+  json_t *choice = f->p.chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0,
                                          "message", "role", "assistant", "content", t,
-                                         "logprobs", "finish_reason", reason)
-                             : json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", t,
-                                         "logprobs", "finish_reason", reason);
+                                         "logprobs", lp, "finish_reason", reason)
+                             : json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "text", t,
+                                         "logprobs", lp, "finish_reason", reason);
   json_object_set_new(o, "choices", json_pack("[o]", choice));
   json_object_set_new(o, "usage", usage);
   if (f->p.session != SK_OPENAI_SESSION_NONE) json_object_set_new(o, "sinkd", sinkd_ext(f, g));
@@ -339,6 +403,8 @@ static void send_generate(struct sk_httpd_req *req, struct flow *f) {
       .seed = f->p.seed,
       .stop = {.s = f->p.stop, .len = f->p.stop_len, .n = f->p.n_stop},
       .input = {.bos = -1},
+      .logprobs = f->p.logprobs,
+      .top_logprobs = f->p.top_logprobs,
       .spec = {.mode = f->p.speculation,
                .mode_len = f->p.speculation ? strlen(f->p.speculation) : 0,
                .has_tokens = f->p.has_draft_tokens, .tokens = (uint32_t)f->p.draft_tokens,
@@ -388,8 +454,10 @@ static void send_generate(struct sk_httpd_req *req, struct flow *f) {
 static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_object *map) {
   struct sk_token_event ev;
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
   struct sk_error e;
-  if (sk_wire_unpack_token_event(map, &ev, top, &e) < 0) return; /* not one the daemon sends */
+  if (sk_wire_unpack_token_event(map, &ev, top, toplp, &e) < 0)
+    return; /* not one the daemon sends */
   uint64_t t = now_us();
   if (f->last_token_us) sk_metrics_token_gap(f->oc->metrics, t - f->last_token_us);
   f->last_token_us = t;
@@ -400,12 +468,16 @@ static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_obj
       /* OpenAI's first chunk gives the role. */
       json_t *o = chunk_new(f);
       json_object_set_new(o, "choices",
-                          json_pack("[{s:i, s:{s:s, s:s}, s:n}]", "index", 0, "delta", "role",
-                                    "assistant", "content", "", "finish_reason"));
+                          json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
+                                    "role", "assistant", "content", "", "logprobs",
+                                    "finish_reason"));
       add_new_session_id(f, o);
       send_json_event(req, o);
     }
   }
+  if (f->p.logprobs) lp_push(f, &ev);
+  f->received += ev.text_len;
+  f->received_chars += sk_oailp_chars(ev.text, ev.text_len);
   add_text(req, f, ev.text, ev.text_len, false);
 }
 

@@ -135,6 +135,29 @@ static int parse_input(json_t *r, struct sk_openai_params *p, char *msg, size_t 
   return 0;
 }
 
+/* Log-probabilities: a chat's "logprobs" (bool) and "top_logprobs" (0 to
+ * 20, with logprobs), a completion's "logprobs" (0 to 20: the most likely
+ * tokens besides the one chosen). */
+static int parse_logprobs(json_t *r, struct sk_openai_params *p, char *msg, size_t size) {
+  int rc;
+  uint64_t top = 0;
+  bool has_top = false;
+  if (p->chat) {
+    if ((rc = get_bool(r, "logprobs", &p->logprobs, msg, size))) return rc;
+    if ((rc = get_uint(r, "top_logprobs", SK_LIMIT_OPENAI_TOP_LOGPROBS, &top, &has_top, msg,
+                       size)))
+      return rc;
+    if (has_top && !p->logprobs)
+      return bad(msg, size, "'top_logprobs' needs \"logprobs\": true");
+  } else {
+    if ((rc = get_uint(r, "logprobs", SK_LIMIT_OPENAI_TOP_LOGPROBS, &top, &has_top, msg, size)))
+      return rc;
+    p->logprobs = has_top;
+  }
+  p->top_logprobs = (uint32_t)top;
+  return 0;
+}
+
 /* How to generate: n, max_tokens, sampling, stop strings, streaming. */
 static int parse_sampling(json_t *r, struct sk_openai_params *p, char *msg, size_t size) {
   json_t *n = json_object_get(r, "n");
@@ -172,7 +195,126 @@ static int parse_sampling(json_t *r, struct sk_openai_params *p, char *msg, size
   json_t *so = json_object_get(r, "stream_options");
   if (so && !json_is_null(so)) {
     if (!json_is_object(so)) return bad(msg, size, "'stream_options' must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach(so, key, v) if (strcmp(key, "include_usage") != 0) return bad(
+        msg, size, "'stream_options.%.64s' is not a field sinkd takes (only include_usage)", key);
     if ((rc = get_bool(so, "include_usage", &p->include_usage, msg, size))) return rc;
+    if (!p->stream && p->include_usage)
+      return bad(msg, size, "'stream_options' goes with \"stream\": true");
+  }
+  return parse_logprobs(r, p, msg, size);
+}
+
+/* ---- the fields a request may have ----
+ * Every field of a request body is on this list, or the request is
+ * refused with 400 naming it: a client that asks for something sinkd
+ * does not do (tools, another response format, penalties) learns so
+ * rather than getting an answer that silently ignored it. */
+
+enum { ROUTE_COMPL = 1, ROUTE_CHAT = 2, ROUTE_BOTH = 3 };
+
+/* Whether v is the value that asks for nothing: null, 0, false, "", an
+ * empty array or object. */
+static bool neutral(json_t *v) {
+  return json_is_null(v) || json_is_false(v) ||
+         (json_is_number(v) && json_number_value(v) == 0) ||
+         (json_is_string(v) && json_string_length(v) == 0) ||
+         (json_is_array(v) && json_array_size(v) == 0) ||
+         (json_is_object(v) && json_object_size(v) == 0);
+}
+
+static bool is_one(json_t *v) {
+  return json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 1);
+}
+
+static bool is_text_format(json_t *v) {
+  json_t *t = json_object_get(v, "type");
+  return json_is_null(v) ||
+         (json_is_object(v) && json_object_size(v) == 1 && json_is_string(t) &&
+          strcmp(json_string_value(t), "text") == 0);
+}
+
+static bool is_none_choice(json_t *v) {
+  return json_is_null(v) || (json_is_string(v) && strcmp(json_string_value(v), "none") == 0);
+}
+
+static bool is_text_modalities(json_t *v) {
+  json_t *m = json_array_get(v, 0);
+  return json_is_null(v) || (json_is_array(v) && json_array_size(v) == 1 && json_is_string(m) &&
+                             strcmp(json_string_value(m), "text") == 0);
+}
+
+static const struct field {
+  const char *name;
+  unsigned routes;
+  bool (*only)(json_t *v); /* NULL: any value (checked where it is read, or
+                              meaningless here); else the one value taken */
+  const char *why;         /* what the refusal says of another value */
+} fields[] = {
+    /* implemented (read below) */
+    {"model", ROUTE_BOTH, NULL, NULL},
+    {"prompt", ROUTE_COMPL, NULL, NULL},
+    {"messages", ROUTE_CHAT, NULL, NULL},
+    {"max_tokens", ROUTE_BOTH, NULL, NULL},
+    {"max_completion_tokens", ROUTE_CHAT, NULL, NULL},
+    {"temperature", ROUTE_BOTH, NULL, NULL},
+    {"top_p", ROUTE_BOTH, NULL, NULL},
+    {"top_k", ROUTE_BOTH, NULL, NULL},
+    {"seed", ROUTE_BOTH, NULL, NULL},
+    {"stop", ROUTE_BOTH, NULL, NULL},
+    {"stream", ROUTE_BOTH, NULL, NULL},
+    {"stream_options", ROUTE_BOTH, NULL, NULL},
+    {"logprobs", ROUTE_BOTH, NULL, NULL},
+    {"top_logprobs", ROUTE_CHAT, NULL, NULL},
+    {"n", ROUTE_BOTH, NULL, NULL},
+    {"session", ROUTE_BOTH, NULL, NULL},
+    {"policy", ROUTE_BOTH, NULL, NULL},
+    {"n_sink", ROUTE_BOTH, NULL, NULL},
+    {"window", ROUTE_BOTH, NULL, NULL},
+    {"heavy", ROUTE_BOTH, NULL, NULL},
+    {"recent", ROUTE_BOTH, NULL, NULL},
+    {"capacity", ROUTE_BOTH, NULL, NULL},
+    /* meaningless for a local daemon: taken and ignored */
+    {"user", ROUTE_BOTH, NULL, NULL},
+    {"safety_identifier", ROUTE_CHAT, NULL, NULL},
+    {"prompt_cache_key", ROUTE_CHAT, NULL, NULL},
+    {"store", ROUTE_CHAT, NULL, NULL},
+    {"metadata", ROUTE_CHAT, NULL, NULL},
+    {"service_tier", ROUTE_CHAT, NULL, NULL},
+    {"parallel_tool_calls", ROUTE_CHAT, NULL, NULL},
+    /* not implemented: only the value that asks for nothing */
+    {"presence_penalty", ROUTE_BOTH, neutral, "sinkd has no penalties: only 0"},
+    {"frequency_penalty", ROUTE_BOTH, neutral, "sinkd has no penalties: only 0"},
+    {"logit_bias", ROUTE_BOTH, neutral, "sinkd has no logit bias: only {}"},
+    {"echo", ROUTE_COMPL, neutral, "the prompt is not echoed: only false"},
+    {"best_of", ROUTE_COMPL, is_one, "only 1"},
+    {"suffix", ROUTE_COMPL, neutral, "sinkd does not insert text: only \"\""},
+    {"response_format", ROUTE_CHAT, is_text_format,
+     "sinkd writes text only: {\"type\": \"text\"}"},
+    {"tools", ROUTE_CHAT, neutral, "sinkd has no tool calls: only []"},
+    {"tool_choice", ROUTE_CHAT, is_none_choice, "sinkd has no tool calls: only \"none\""},
+    {"functions", ROUTE_CHAT, neutral, "sinkd has no function calls: only []"},
+    {"function_call", ROUTE_CHAT, is_none_choice,
+     "sinkd has no function calls: only \"none\""},
+    {"modalities", ROUTE_CHAT, is_text_modalities, "sinkd writes text only: [\"text\"]"},
+};
+
+/* Every field of r on the route's list, with a value it takes. */
+static int check_fields(json_t *r, bool chat, char *msg, size_t size) {
+  const char *key;
+  json_t *v;
+  json_object_foreach(r, key, v) {
+    const struct field *f = NULL;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !f; i++)
+      if ((fields[i].routes & (chat ? ROUTE_CHAT : ROUTE_COMPL)) &&
+          strcmp(fields[i].name, key) == 0)
+        f = &fields[i];
+    if (!f)
+      return bad(msg, size,
+                 "'%.64s' is not a field sinkd takes on %s (sinkd-http(7) lists them)", key,
+                 chat ? "/v1/chat/completions" : "/v1/completions");
+    if (f->only && !f->only(v)) return bad(msg, size, "'%s': %s", key, f->why);
   }
   return 0;
 }
@@ -241,7 +383,8 @@ int sk_openai_parse(const char *body, size_t len, bool chat, struct sk_openai_pa
     rc = bad(msg, size, "the request body must be a JSON object");
   else if (model && !json_is_string(model))
     rc = bad(msg, size, "'model' must be a string");
-  else if (!(rc = parse_input(r, p, msg, size)) && !(rc = parse_sampling(r, p, msg, size)))
+  else if (!(rc = check_fields(r, chat, msg, size)) && !(rc = parse_input(r, p, msg, size)) &&
+           !(rc = parse_sampling(r, p, msg, size)))
     rc = parse_session(r, p, msg, size);
   if (rc) sk_openai_params_free(p);
   return rc;

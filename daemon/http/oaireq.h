@@ -33,6 +33,8 @@ struct sk_openai_params {
   size_t stop_len[SK_LIMIT_OPENAI_STOPS];
   uint32_t n_stop;
   bool stream, include_usage;
+  bool logprobs;               /* log-probabilities in the response */
+  uint32_t top_logprobs;       /* and this many likely tokens each */
   enum { SK_OPENAI_SESSION_NONE, SK_OPENAI_SESSION_NEW, SK_OPENAI_SESSION_ID } session;
   uint64_t session_id;
   /* "new" session (or the temporary one): the open op's fields. */

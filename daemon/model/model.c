@@ -374,6 +374,14 @@ static int sk__vector(struct sk_model *m, const struct sk_gguf *g, const char *n
   if (t->type != SK_GGML_F16 && t->type != SK_GGML_BF16)
     return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s has type %s, expected f32, f16 or bf16",
                         name, sk_ggml_type_name(t->type));
+  if (m->inspect) {
+    if (t->n_bytes != ne0 * sizeof(uint16_t))
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "tensor %s: %llu bytes of %s data for %llu "
+                          "elements", name, (unsigned long long)t->n_bytes,
+                          sk_ggml_type_name(t->type), (unsigned long long)ne0);
+    *ret = NULL;
+    return 0;
+  }
   return sk__to_f32(m, t, name, ne0, ret, err);
 }
 
@@ -419,7 +427,9 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
                         "tensor %s: %llu bytes of %s data for %llu x %llu elements", name,
                         (unsigned long long)t->n_bytes, sk_ggml_type_name(t->type),
                         (unsigned long long)ne1, (unsigned long long)ne0);
-  if (m->dequantize && t->type != SK_GGML_F32) {
+  if (m->inspect) {
+    m->mapped_bytes += t->n_bytes; /* as it is in the file */
+  } else if (m->dequantize && t->type != SK_GGML_F32) {
     const float *f = NULL;
     if ((rc = sk__dequantize(m, t, name, ne0, ne1, w.row_bytes, &f, err)) < 0) return rc;
     w.type = SK_GGML_F32;
@@ -446,7 +456,8 @@ static int sk__matrix(struct sk_model *m, const struct sk_gguf *g, const char *n
 }
 
 static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
-                            const struct sk__arch *arch, struct sk_error *err) {
+                            const struct sk__arch *arch,
+                            const struct sk_model_load_options *opts, struct sk_error *err) {
   const struct sk_model_config *c = &m->cfg;
   const struct sk_gguf_tensor *te = sk_gguf_find_tensor(g, "token_embd.weight");
   if (!te)
@@ -471,7 +482,8 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
     m->output = m->tok_embd;
     void *mem = NULL;
     /* (not embeddings converted from BF16: token lookups read that copy) */
-    if (m->tok_embd.data == te->data && (rc = sk_kernels_pack(&m->output, &mem, err)) < 0)
+    if (!m->inspect && m->tok_embd.data == te->data &&
+        (rc = sk_kernels_pack(&m->output, &mem, err)) < 0)
       return rc;
     if (mem && (rc = sk__own(m, mem, "output", err)) < 0) return rc;
     /* token lookups fault back in only the rows they read */
@@ -490,7 +502,7 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
     m->cfg.rope_freqs = true;
     if ((rc = sk__vector(m, g, "rope_freqs.weight", c->rope_dim / 2, &m->rope_freqs, err)) < 0)
       return rc;
-    for (uint32_t i = 0; i < c->rope_dim / 2; i++)
+    for (uint32_t i = 0; m->rope_freqs && i < c->rope_dim / 2; i++)
       if (!isfinite(m->rope_freqs[i]) || !(m->rope_freqs[i] >= SK__MIN_ROPE_DIVISOR))
         return sk_error_set(err, SK_ERR_BAD_MODEL,
                             "rope_freqs.weight[%u] is %g, expected a finite "
@@ -556,6 +568,7 @@ static int sk__load_tensors(struct sk_model *m, const struct sk_gguf *g,
                                 : " (llama.cpp refuses it too)");
       }
     }
+    if (opts && opts->progress) opts->progress(opts->progress_user, l + 1, c->n_layer);
   }
   return 0;
 }
@@ -570,6 +583,7 @@ int sk_model_load_opts(const struct sk_gguf *g, const struct sk_model_load_optio
   struct sk_model *m = calloc(1, sizeof *m);
   if (!m) return sk_error_set(err, SK_ERR_NO_MEMORY, "cannot allocate model");
   m->dequantize = opts && opts->dequantize;
+  m->inspect = opts && opts->inspect;
   const struct sk__arch *arch = NULL;
   int rc = sk__find_arch(g, &arch, err);
   if (rc < 0) goto fail;
@@ -581,7 +595,7 @@ int sk_model_load_opts(const struct sk_gguf *g, const struct sk_model_load_optio
                       m->cfg.n_layer);
     goto fail;
   }
-  rc = sk__load_tensors(m, g, arch, err);
+  rc = sk__load_tensors(m, g, arch, opts, err);
   if (rc < 0) goto fail;
   *ret = m;
   return 0;

@@ -108,6 +108,16 @@ struct sk_model_load_options {
    * block format against llama.cpp running an F32 twin of the file. The
    * copies take 4 bytes per weight. */
   bool dequantize;
+  /* Check every tensor as a load does (names, types, shapes, sizes) but
+   * copy, convert and pack nothing: the model can be described
+   * (sk_model_config, sk_model_weight_type, the byte counts) and not
+   * run. What --check-config reads of a model, in a fraction of a
+   * load's time and memory. */
+  bool inspect;
+  /* Called after each layer's tensors (done of total layers), so that a
+   * long load of a large model can say how far it is; NULL: none. */
+  void (*progress)(void *user, uint32_t done, uint32_t total);
+  void *progress_user;
 };
 
 /* sk_model_load with options (NULL: the defaults). */

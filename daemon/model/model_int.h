@@ -49,6 +49,8 @@ struct sk_model {
   uint64_t repacked_bytes;  /* matrices the model holds in its own copies
                                (packed for the kernels, or dequantized) */
   bool dequantize;          /* sk_model_load_options.dequantize */
+  bool inspect;             /* sk_model_load_options.inspect: nothing
+                               copied, the model cannot run */
   struct sk_sparse_mlp *sparse; /* (n_layer) sparse MLP weights, or NULL
                                    (sk_model_sparse_prepare) */
   uint64_t sparse_bytes;    /* bytes of the copies made for them */

@@ -59,8 +59,9 @@
 #define SK_SPARSE_CALIB_VERSION 1u
 /* Levels one calibration file may hold. */
 #define SK_SPARSE_MAX_LEVELS 16u
-/* The levels `sinkd --calibrate` writes (CATS reports 50% and 70%). */
-#define SK_SPARSE_DEFAULT_LEVELS {0.3f, 0.5f, 0.7f}
+/* The levels `sinkd --calibrate` writes: 0.1 to 0.7 in steps of 0.1, the
+ * curve of perplexity against sparsity (CATS reports 50% and 70%). */
+#define SK_SPARSE_DEFAULT_LEVELS {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f}
 /* Two levels closer than this are the same level (a session's sparsity
  * is matched against the file's with it). */
 #define SK_SPARSE_LEVEL_EPS 1e-4f
@@ -90,7 +91,7 @@ void sk_sparse_calib_free(struct sk_sparse_calib *c);
 /* The thresholds (n_layer floats) of level s, or NULL if c (may be NULL)
  * has no such level. */
 const float *sk_sparse_calib_find(const struct sk_sparse_calib *c, float s);
-/* The levels of c as text ("0.3, 0.5, 0.7") into buf; "none" for NULL. */
+/* The levels of c as text ("0.1, 0.2, ..., 0.7") into buf; "none" for NULL. */
 const char *sk_sparse_calib_levels(const struct sk_sparse_calib *c, char *buf, size_t n);
 
 /* Collects |silu(gate)| values of a calibration run, per layer, and turns

@@ -96,7 +96,7 @@ void sk_jobs_on_event(void *user, struct sk_event *ev) {
   struct sk_job *job = ev->job;
   struct sk_conn *conn = job->conn;
   if (ev->kind == SK_EVENT_TOKEN) {
-    if (conn) sk_replies_token(conn, job->req_id, ev);
+    if (conn) sk_replies_token(conn, srv->tok, job->req_id, ev);
     free(ev);
     return;
   }

@@ -163,12 +163,13 @@ static int read_pin(struct sk_server *srv, const struct sk_wire_open_req *o, int
 }
 
 /* Reads open's "chat_template" (a family name or a template text to
- * recognise) into conv->tmpl and "system" (the system prompt: rendered
- * with the template and tokenized, BOS first, as the pin; not with 'pin'
- * or 'pin_tokens', has_pin). */
+ * recognise) into conv->tmpl and "system" (the system prompt; not with
+ * 'pin' or 'pin_tokens', has_pin). With pin_it (the policy has a sink
+ * region) it is rendered with the template and tokenized, BOS first, as
+ * the pin (*ret_pin, *ret_n); else the first chat renders it as text. */
 static int read_chat(struct sk_server *srv, const struct sk_wire_open_req *o,
-                     struct sk_conv *conv, bool has_pin, int32_t **ret_pin, size_t *ret_n,
-                     struct sk_error *e) {
+                     struct sk_conv *conv, bool has_pin, bool pin_it, int32_t **ret_pin,
+                     size_t *ret_n, struct sk_error *e) {
   const char *sys = o->system;
   const size_t sys_len = o->system_len;
   int tmpl = srv->cfg.chat_template, rc;
@@ -186,10 +187,10 @@ static int read_chat(struct sk_server *srv, const struct sk_wire_open_req *o,
   if (sys_len > SK_LIMIT_PIN_TEXT)
     return sk_error_set(e, SK_ERR_BAD_REQUEST, "field 'system': %zu bytes, at most %u", sys_len,
                         SK_LIMIT_PIN_TEXT);
+  if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) < 0 || !pin_it) return rc;
   struct sk_chat_text t;
   sk_chat_text_init(&t);
-  if ((rc = sk_conv_set_system(conv, sys, sys_len, e)) == 0 &&
-      (rc = sk_conv_system_text(conv, &t, e)) == 0 &&
+  if ((rc = sk_conv_system_text(conv, &t, e)) == 0 &&
       (rc = sk_session_chat_tokenize(srv->tok, &t, sk_tokenizer_add_bos(srv->tok), ret_pin,
                                     ret_n, e)) == 0)
     sk_conv_system_pinned(conv, &t, *ret_n);
@@ -247,17 +248,28 @@ static void op_open(struct sk_server *srv, const struct request *r) {
   p.spec_fixed = spec_fixed;
   const bool temporary = o.temporary;
   if ((rc = read_pin(srv, &o, &pin, &n_pin, &e)) < 0) goto bad;
-  if ((rc = read_chat(srv, &o, &conv, pin != NULL, &pin, &n_pin, &e)) < 0) goto bad;
+  if ((rc = read_chat(srv, &o, &conv, pin != NULL, (parts & SK_PART_PIN) != 0, &pin, &n_pin,
+                      &e)) < 0)
+    goto bad;
   if (n_pin > UINT32_MAX) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "pin of %zu tokens is too long", n_pin);
     goto bad;
   }
-  p.n_pin = (uint32_t)n_pin;
-  /* The pin is the sink region of the policies that have one. */
-  if (n_pin && !o.has_n_sink && (parts & SK_PART_SINKS)) p.n_sink = (uint32_t)n_pin;
   if (!(parts & SK_PART_SINKS) && o.has_n_sink && p.n_sink) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "n_sink %u: policy %s has no sinks", p.n_sink, name);
     goto bad;
+  }
+  if (o.system && n_pin) {
+    /* A system prompt is pinned in full as the sinks, whatever n_sink
+     * was, within the budget asked for (sk_kv_params_pin). */
+    if ((rc = sk_kv_params_check(&p, srv->cfg.max_capacity, &e)) < 0 ||
+        (rc = sk_kv_params_pin(&p, (uint32_t)n_pin, sk_session_pin_raise(p.policy), &p, &e)) < 0)
+      goto bad;
+  } else {
+    p.n_pin = (uint32_t)n_pin;
+    /* A pin is the sink region of the policies that have one; the window
+     * is the one asked for. */
+    if (n_pin && !o.has_n_sink && (parts & SK_PART_SINKS)) p.n_sink = (uint32_t)n_pin;
   }
 
   /* The budget against the daemon's limit, then against the positions the
@@ -478,6 +490,8 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   job->has_seed = g.has_seed; /* else the session's PRNG stream goes on (scheduler.c) */
   job->ignore_eos = g.ignore_eos;
   job->n_top = g.n_top;
+  job->token_logprobs = g.logprobs;
+  job->top_logprobs = g.top_logprobs;
   if ((rc = read_spec(srv, &g.spec, &job->spec_mode, &job->spec_tokens, &job->spec_fixed, &e)) <
       0)
     goto bad;

@@ -340,12 +340,30 @@ void sk_replies_session_stats(struct sk_server *srv, struct sk_conn *conn, uint6
   free(mass);
 }
 
-void sk_replies_token(struct sk_conn *conn, uint64_t req_id, const struct sk_event *ev) {
+/* The bytes of token id's text ("" if it has none). */
+static void token_bytes(const struct sk_tokenizer *tok, int32_t id, const char **ret,
+                        size_t *ret_len) {
+  struct sk_error e;
+  if (sk_tokenizer_piece(tok, id, ret, ret_len, &e) < 0) {
+    *ret = "";
+    *ret_len = 0;
+  }
+}
+
+void sk_replies_token(struct sk_conn *conn, const struct sk_tokenizer *tok, uint64_t req_id,
+                      const struct sk_event *ev) {
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
   for (uint32_t i = 0; i < ev->n_top; i++)
     top[i] = (struct sk_top_pair){ev->top_id[i], ev->top_logit[i]};
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
+  for (uint32_t i = 0; i < ev->n_top_logprobs; i++) {
+    toplp[i] = (struct sk_top_logprob){.token = ev->top_id[i], .logprob = ev->top_logprob[i]};
+    token_bytes(tok, ev->top_id[i], &toplp[i].bytes, &toplp[i].bytes_len);
+  }
   struct sk_token_event te = {.token = ev->token, .text = ev->text, .text_len = ev->text_len,
-                              .top = top, .n_top = ev->n_top};
+                              .top = top, .n_top = ev->n_top, .logprob = ev->logprob,
+                              .top_logprobs = toplp, .n_top_logprobs = ev->n_top_logprobs};
+  if (ev->has_logprob) token_bytes(tok, ev->token, &te.bytes, &te.bytes_len);
   struct sk_msgbuf b;
   if (sk_wire_pack_token_event(&b, req_id, &te) == 0) sk_conn_send_msg(conn, &b);
 }

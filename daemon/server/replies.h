@@ -42,8 +42,10 @@ void sk_replies_summary(struct sk_server *srv, struct sk_conn *conn, uint64_t re
 void sk_replies_session_stats(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
                               struct sk_session *s, bool tokens);
 
-/* A token event of a generate (ev from the scheduler). */
-void sk_replies_token(struct sk_conn *conn, uint64_t req_id, const struct sk_event *ev);
+/* A token event of a generate (ev from the scheduler); tok gives the
+ * bytes of the tokens whose log-probabilities it carries. */
+void sk_replies_token(struct sk_conn *conn, const struct sk_tokenizer *tok, uint64_t req_id,
+                      const struct sk_event *ev);
 
 /* The final reply of an append or generate job that succeeded. */
 void sk_replies_job(struct sk_server *srv, const struct sk_job *job);

@@ -215,6 +215,62 @@ int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
   return 0;
 }
 
+int sk_kv_params_pin(const struct sk_kv_params *p, uint32_t n_pin, const char *raise,
+                     struct sk_kv_params *ret, struct sk_error *err) {
+  const unsigned parts = sk_policy_parts_of(p->policy);
+  if (!(parts & SK_PART_PIN))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "policy %s has no sink region: a pinned prefix needs "
+                        "streaming, sink_h2o or dense",
+                        sk_policy_name(p->policy) ? sk_policy_name(p->policy) : "?");
+  const uint32_t c = sk_kv_params_capacity(p);
+  const uint32_t left = n_pin < c ? c - n_pin : 0;
+  const uint32_t need = (c + SK_KV_PIN_MIN_WINDOW_SHARE - 1) / SK_KV_PIN_MIN_WINDOW_SHARE;
+  if (left < need || left == 0 || ((parts & SK_PART_HEAVY) && left < 2))
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "the system prompt is %u tokens: pinned as the session's sinks it "
+                        "leaves %u of the session's budget of %u tokens to the %s, less than "
+                        "a quarter (%u)%s%s",
+                        n_pin, left, c, parts & SK_PART_CAPACITY ? "conversation" : "window",
+                        need, raise ? ": " : "", raise ? raise : "");
+  struct sk_kv_params q = *p;
+  q.n_pin = n_pin;
+  if (parts & SK_PART_SINKS) q.n_sink = n_pin;
+  if (parts & SK_PART_WINDOW) q.window = left;
+  if (parts & SK_PART_HEAVY) {
+    /* the proportion of recent tokens kept, rounded; each part >= 1 */
+    const uint64_t hr = (uint64_t)p->heavy + p->recent;
+    uint64_t r = hr ? ((uint64_t)p->recent * left + hr / 2) / hr : left / 2;
+    if (r < 1) r = 1;
+    if (r > left - 1) r = left - 1;
+    q.recent = (uint32_t)r;
+    q.heavy = left - q.recent;
+  }
+  *ret = q;
+  return 0;
+}
+
+int sk_kv_pin_prefix(struct sk_kv *kv, uint32_t n_pin, const char *raise, struct sk_error *err) {
+  struct sk_kv_header *h = kv->hdr;
+  if (h->n_seen != 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "a pinned prefix goes first: the session has seen %llu tokens",
+                        (unsigned long long)h->n_seen);
+  const struct sk_kv_params p = {.policy = h->policy, .n_sink = h->n_sink, .window = h->window,
+                                 .heavy = h->heavy, .recent = h->recent,
+                                 .capacity = h->capacity, .n_pin = h->n_pin,
+                                 .rope_scale = h->rope_scale};
+  struct sk_kv_params q;
+  int rc = sk_kv_params_pin(&p, n_pin, raise, &q, err);
+  if (rc < 0) return rc;
+  h->n_sink = q.n_sink;
+  h->window = q.window;
+  h->heavy = q.heavy;
+  h->recent = q.recent;
+  h->n_pin = q.n_pin;
+  return 0;
+}
+
 int sk_kv_params_check_context(const struct sk_kv_params *p,
                                uint32_t n_ctx_train, struct sk_error *err) {
   double limit = floor((double)n_ctx_train * (double)p->rope_scale);

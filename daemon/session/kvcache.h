@@ -257,6 +257,32 @@ uint32_t sk_kv_params_capacity(const struct sk_kv_params *p);
  * -SK_ERR_BAD_REQUEST naming the parameter, its value and the limit. */
 int sk_kv_params_check(const struct sk_kv_params *p, uint32_t max_capacity,
                        struct sk_error *err);
+/* The share of a session's budget C the window keeps at least when a
+ * system prompt is pinned as its sinks (sk_kv_params_pin): a quarter. A
+ * prompt that would leave less is refused, since the conversation would
+ * then forget its turns almost as soon as they are said. */
+#define SK_KV_PIN_MIN_WINDOW_SHARE 4u
+/* The parameters of p's session with its first n_pin tokens (a system
+ * prompt: BOS, the template's framing, the system text) pinned, within
+ * the same budget C = sk_kv_params_capacity(p), into *ret:
+ *   streaming  n_sink = n_pin, window = C - n_pin;
+ *   sink_h2o   n_sink = n_pin, heavy and recent share C - n_pin in the
+ *              proportion they had (each at least 1);
+ *   dense      capacity C, n_pin pinned at its start.
+ * Whatever n_sink was: the pin is the sink region. Errors:
+ * -SK_ERR_BAD_REQUEST when the policy has no sink region (window, h2o),
+ * or when the part left, C - n_pin, is less than C /
+ * SK_KV_PIN_MIN_WINDOW_SHARE: the message names the prompt's tokens, the
+ * tokens left and C, and `raise` (text naming the option that raises the
+ * budget, may be NULL). */
+int sk_kv_params_pin(const struct sk_kv_params *p, uint32_t n_pin, const char *raise,
+                     struct sk_kv_params *ret, struct sk_error *err);
+/* Pins the first n_pin tokens of kv's session, an empty cache (n_seen 0),
+ * with the parameters sk_kv_params_pin gives: writes its header. Inside a
+ * step of the session's object (store.h), so that the change is committed
+ * with the step's tokens or not at all. Errors: those of
+ * sk_kv_params_pin; -SK_ERR_BAD_REQUEST when tokens were seen already. */
+int sk_kv_pin_prefix(struct sk_kv *kv, uint32_t n_pin, const char *raise, struct sk_error *err);
 /* Checks that the cache never places a token at a position the model
  * cannot handle: capacity <= n_ctx_train * rope_scale (the trained context
  * stretched by position interpolation). Returns 0 or -SK_ERR_BAD_REQUEST

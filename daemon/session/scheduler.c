@@ -74,6 +74,8 @@ struct sk__draw {
   int32_t token;
   int32_t top_id[SK_WIRE_MAX_TOP];
   float top_logit[SK_WIRE_MAX_TOP];
+  float logprob;    /* the token's ln p (job->logprobs / top_logprobs) */
+  float top_logprob[SK_WIRE_MAX_TOP]; /* ln p of top_id[0..top_logprobs) */
 };
 
 /* ---- events (compute thread -> loop thread) ---- */
@@ -285,13 +287,24 @@ static int job_start(struct sk_scheduler *sched, struct sk_job *job) {
 
 /* ln softmax(logits)[token], as llama.cpp's perplexity: max-subtracted,
  * the sum of exponentials in double. */
-static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
+/* What turns the logits into log-probabilities: their max and the log of
+ * sum(exp(logit - max)), in double. ln p(t) = logits[t] - max - log_sum. */
+static void log_normalizer(const float *logits, uint32_t n_vocab, float *ret_max,
+                           double *ret_log_sum) {
   float max = logits[0];
   for (uint32_t j = 1; j < n_vocab; j++)
     if (logits[j] > max) max = logits[j];
   double sum = 0.0;
   for (uint32_t j = 0; j < n_vocab; j++) sum += exp((double)logits[j] - max);
-  return (float)((double)logits[token] - max - log(sum));
+  *ret_max = max;
+  *ret_log_sum = log(sum);
+}
+
+static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
+  float max;
+  double log_sum;
+  log_normalizer(logits, n_vocab, &max, &log_sum);
+  return (float)((double)logits[token] - max - log_sum);
 }
 
 /* Top n logits, highest first, ties by lower id. O(n_vocab * n). */
@@ -419,13 +432,23 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   const float *logits = sk_session_logits(s);
   d->stop = decode_stop(job);
   if (d->stop) return;
-  if (job->n_top) top_logits(logits, sched->n_vocab, job->n_top, d->top_id, d->top_logit);
+  const uint32_t n_top = job->n_top > job->top_logprobs ? job->n_top : job->top_logprobs;
+  if (n_top) top_logits(logits, sched->n_vocab, n_top, d->top_id, d->top_logit);
   /* a token the last step's rejection rule drew (spec_verify) comes
    * first: it was drawn for these logits */
   d->token = job->spec_pending >= 0 ? job->spec_pending : sk_sampler_sample(&job->sampler, logits);
   job->spec_pending = -1;
   d->not_numbers = isnan(logits[d->token]);
   if (d->not_numbers) return; /* no step: the job fails (plan_decode) */
+  if (job->token_logprobs || job->top_logprobs) {
+    /* the model's own distribution, as append's logprobs score a token */
+    float max;
+    double log_sum;
+    log_normalizer(logits, sched->n_vocab, &max, &log_sum);
+    d->logprob = (float)((double)logits[d->token] - max - log_sum);
+    for (uint32_t k = 0; k < job->top_logprobs; k++)
+      d->top_logprob[k] = (float)((double)d->top_logit[k] - max - log_sum);
+  }
   sk_session_step_begin_decode(s); /* the pass writes every logit */
   sk_session_sampler_set(s, &job->sampler.st);
 }
@@ -470,8 +493,12 @@ static int plan_decode(struct sk_scheduler *sched, struct sk_job *job, uint32_t 
   }
   ev->token = *token;
   ev->n_top = job->n_top;
-  memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * job->n_top);
+  memcpy(ev->top_id, d->top_id, sizeof ev->top_id[0] * SK_WIRE_MAX_TOP);
   memcpy(ev->top_logit, d->top_logit, sizeof ev->top_logit[0] * job->n_top);
+  ev->has_logprob = job->token_logprobs || job->top_logprobs;
+  ev->logprob = d->logprob;
+  ev->n_top_logprobs = job->top_logprobs;
+  memcpy(ev->top_logprob, d->top_logprob, sizeof ev->top_logprob[0] * job->top_logprobs);
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
   sk_session_utf8_set(s, &job->utf8); /* committed with the token */
   sk_evict_log_reset(&sched->seq_log[i]);
@@ -540,6 +567,16 @@ static int plan_prefill(struct sk_scheduler *sched, struct sk_job *job, uint32_t
   uint32_t evicted = 0;
   sk_evict_log_reset(log);
   sk_session_step_begin(s);
+  if (job->pin_prefix && job->n_done == 0) {
+    /* A chat's system prompt becomes the sink region in the step that
+     * brings its first tokens: committed with them or not at all. */
+    int rc = sk_kv_pin_prefix(kv, job->pin_prefix, sk_session_pin_raise(sk_kv_policy(kv)),
+                              &job->err);
+    if (rc < 0) {
+      sk_session_step_abort(s);
+      return rc;
+    }
+  }
   /* Input after a generate that ended inside a character: that
    * character can no longer complete, so its bytes are dropped. */
   struct sk_utf8_stream none;
@@ -895,7 +932,18 @@ static struct sk_event *spec_event(struct sk_scheduler *sched, struct sk_job *jo
   if (!ev) return NULL;
   ev->token = token;
   ev->n_top = job->n_top;
-  if (job->n_top) top_logits(row, sched->n_vocab, job->n_top, ev->top_id, ev->top_logit);
+  const uint32_t n_top = job->n_top > job->top_logprobs ? job->n_top : job->top_logprobs;
+  if (n_top) top_logits(row, sched->n_vocab, n_top, ev->top_id, ev->top_logit);
+  if (job->token_logprobs || job->top_logprobs) { /* as draw_task gives them */
+    float max;
+    double log_sum;
+    log_normalizer(row, sched->n_vocab, &max, &log_sum);
+    ev->has_logprob = true;
+    ev->logprob = (float)((double)row[token] - max - log_sum);
+    ev->n_top_logprobs = job->top_logprobs;
+    for (uint32_t k = 0; k < job->top_logprobs; k++)
+      ev->top_logprob[k] = (float)((double)ev->top_logit[k] - max - log_sum);
+  }
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, len, ev->text);
   return ev;
 }

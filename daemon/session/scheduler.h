@@ -46,6 +46,10 @@ struct sk_event {
   uint32_t n_top;
   int32_t top_id[SK_WIRE_MAX_TOP];   /* highest logits first, ties lower id */
   float top_logit[SK_WIRE_MAX_TOP];
+  bool has_logprob;             /* the job asked for log-probabilities */
+  float logprob;                /* ln p(token | before) */
+  uint32_t n_top_logprobs;      /* the first n of top_id, their ln p in */
+  float top_logprob[SK_WIRE_MAX_TOP];
   struct sk_event *next;
   size_t text_len;
   char text[];                  /* (text_len) valid UTF-8 */

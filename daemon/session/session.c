@@ -23,7 +23,8 @@ struct sk_attn_stats {
 struct sk_session {
   uint64_t id;
   uint32_t owner_uid;
-  struct sk_kv_params params; /* as opened (n_pin: pinned tokens) */
+  struct sk_kv_params params; /* as opened, or as its first chat's system
+                                 prompt pinned (n_pin: pinned tokens) */
   uint32_t capacity;
   size_t object_bytes;       /* bytes of its shared-memory object */
   size_t spec_bytes;         /* bytes its speculation may take (spec.h);
@@ -625,6 +626,20 @@ int sk_session_chat_tokenize(const struct sk_tokenizer *tok, const struct sk_cha
   return 0;
 }
 
+bool sk_session_is_system_role(const char *role, size_t len) {
+  return (len == 6 && memcmp(role, "system", 6) == 0) ||
+         (len == 9 && memcmp(role, "developer", 9) == 0);
+}
+
+const char *sk_session_pin_raise(uint32_t policy) {
+  const unsigned parts = sk_policy_parts_of(policy);
+  if (parts & SK_PART_CAPACITY)
+    return "open the session with a larger 'capacity' (the daemon's default: sinkd "
+           "--capacity)";
+  if (parts & SK_PART_HEAVY) return "open the session with larger 'heavy' and 'recent'";
+  return "open the session with a larger 'window' (the daemon's default: sinkd --window)";
+}
+
 int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
                           struct sk_job *job) {
   struct sk_conv *cv = &s->conv;
@@ -640,50 +655,67 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
   for (size_t i = 0; i < job->n_chat; i++)
     m[i] = (struct sk_chat_msg){job->chat_msgs[i].role, job->chat_msgs[i].role_len,
                                 job->chat_msgs[i].content, job->chat_msgs[i].content_len};
+  /* An empty session holds no conversation: what a chat that never got
+   * its first tokens in left behind (a failure, a cancel) is dropped. */
+  if (kv->hdr->n_seen == 0 && (cv->has_system || cv->n_msgs || cv->text_len)) {
+    const int tmpl = cv->tmpl;
+    sk_conv_free(cv);
+    sk_conv_init(cv, tmpl);
+  }
   size_t first = 0;
   int rc = 0;
+  int32_t *pin = NULL; /* the pinned prefix's tokens (n_pin), BOS first */
+  size_t n_pin = 0;
   char *extra = NULL;
   size_t extra_len = 0;
   struct sk_chat_text delta;
   sk_chat_text_init(&delta);
   for (size_t i = 0; i < job->n_chat; i++) {
-    if (!(m[i].role_len == 6 && memcmp(m[i].role, "system", 6) == 0)) continue;
+    if (!sk_session_is_system_role(m[i].role, m[i].role_len)) continue;
     if (i > 0 || cv->has_system || cv->n_msgs || kv->hdr->n_seen) {
       rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "messages[%zu]: the system prompt is given at open ('system') or as the "
-                        "first message of the session's first chat",
-                        i);
+                        "messages[%zu]: a system prompt goes first, into an empty session (at "
+                        "open, 'system', or as the first message of its first chat); this "
+                        "session %s: open a new one for a new system prompt",
+                        i,
+                        cv->has_system ? "has one already" : "holds a conversation already");
       goto out;
     }
   }
-  if (job->n_chat && m[0].role_len == 6 && memcmp(m[0].role, "system", 6) == 0) {
-    /* The first chat's system prompt: pinned where the policy keeps the
-     * first tokens (the sinks, a dense cache's start) if it fits them. */
-    struct sk_conv probe;
-    sk_conv_init(&probe, cv->tmpl);
-    struct sk_chat_text st;
-    sk_chat_text_init(&st);
-    int32_t *toks = NULL;
-    size_t n = 0;
-    rc = sk_conv_set_system(&probe, m[0].content, m[0].content_len, err);
-    if (rc == 0) rc = sk_conv_system_text(&probe, &st, err);
-    if (rc == 0) rc = sk_session_chat_tokenize(tok, &st, sk_tokenizer_add_bos(tok), &toks, &n, err);
-    free(toks);
-    sk_chat_text_free(&st);
-    sk_conv_free(&probe);
-    if (rc < 0) goto out;
-    if (sk_policy_parts_of(kv->hdr->policy) & SK_PART_SINKS) {
-      uint32_t sinks = kv->hdr->n_sink;
-      if (n > sinks) {
-        rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
-                          "the system prompt is %zu tokens but the session keeps %u as its "
-                          "sinks: give it at open ('system'), which pins it",
-                          n, sinks);
-        goto out;
-      }
-    }
+  if (job->n_chat && sk_session_is_system_role(m[0].role, m[0].role_len)) {
+    /* The first chat's system prompt. Where the policy has a sink region
+     * (streaming, sink_h2o; a dense cache's start) it is pinned in full as
+     * the session's sinks, the window keeping the rest of the budget
+     * (sk_kv_params_pin), tokenized apart from what follows, as open's
+     * 'system' is; policies without one (window, h2o) take it as text
+     * like the rest. */
     if ((rc = sk_conv_set_system(cv, m[0].content, m[0].content_len, err)) < 0) goto out;
     first = 1;
+    const uint32_t policy = kv->hdr->policy;
+    if (sk_policy_parts_of(policy) & SK_PART_PIN) {
+      struct sk_chat_text st;
+      sk_chat_text_init(&st);
+      rc = sk_conv_system_text(cv, &st, err);
+      if (rc == 0)
+        rc = sk_session_chat_tokenize(tok, &st, sk_tokenizer_add_bos(tok), &pin, &n_pin, err);
+      const struct sk_kv_params cur = {.policy = policy, .n_sink = kv->hdr->n_sink,
+                                       .window = kv->hdr->window, .heavy = kv->hdr->heavy,
+                                       .recent = kv->hdr->recent,
+                                       .capacity = kv->hdr->capacity,
+                                       .rope_scale = kv->hdr->rope_scale};
+      struct sk_kv_params pinned;
+      if (rc == 0)
+        rc = sk_kv_params_pin(&cur, n_pin > UINT32_MAX ? UINT32_MAX : (uint32_t)n_pin,
+                              sk_session_pin_raise(policy), &pinned, err);
+      if (rc == 0) {
+        /* the conversation's text so far is the prefix's (n_seen stays
+         * the cache's: nothing is in it yet) */
+        sk_conv_system_pinned(cv, &st, 0);
+        job->pin_prefix = (uint32_t)n_pin; /* set with the first chunk (scheduler.c) */
+      }
+      sk_chat_text_free(&st);
+      if (rc < 0) goto out;
+    }
   }
   /* Tokens that arrived after the state's text (other ops, or a reply a
    * crash cut short) are read back as text. */
@@ -707,9 +739,24 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
   }
   int32_t *toks = NULL;
   size_t n = 0;
-  if ((rc = sk_session_chat_tokenize(tok, &delta, kv->hdr->n_seen == 0 && sk_tokenizer_add_bos(tok),
+  if ((rc = sk_session_chat_tokenize(tok, &delta,
+                                      kv->hdr->n_seen == 0 && !pin && sk_tokenizer_add_bos(tok),
                                       &toks, &n, err)) < 0)
     goto out;
+  if (pin) {
+    /* the pinned prefix, then the rest of the delta */
+    int32_t *all = realloc(pin, (n_pin + n + 1) * sizeof *all);
+    if (!all) {
+      free(toks);
+      rc = sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+      goto out;
+    }
+    pin = NULL;
+    if (n) memcpy(all + n_pin, toks, n * sizeof *toks);
+    free(toks);
+    toks = all;
+    n += n_pin;
+  }
   free(job->tokens);
   job->tokens = toks;
   job->n_tokens = n;
@@ -737,6 +784,7 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
 out:
   free(m);
   free(extra);
+  free(pin);
   sk_chat_text_free(&delta);
   return rc;
 }
@@ -826,6 +874,15 @@ void sk_session_run(struct sk_session *s, struct sk_job *job) { s->running = job
 void sk_session_job_done(struct sk_session *s) {
   struct sk_job *j = s->running;
   s->running = NULL;
+  if (j && j->pin_prefix) {
+    /* a chat pinned its system prompt: the parameters are the header's */
+    const struct sk_kv_header *h = s->kv->hdr;
+    s->params.n_sink = h->n_sink;
+    s->params.window = h->window;
+    s->params.heavy = h->heavy;
+    s->params.recent = h->recent;
+    s->params.n_pin = h->n_pin;
+  }
   s->last_used_ms = sk_clock_ms();
   sk_job_free(j);
 }

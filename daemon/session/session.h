@@ -70,6 +70,8 @@ struct sk_job {
   bool has_seed;             /* false: continue the session's PRNG */
   bool ignore_eos;
   uint32_t n_top;
+  bool token_logprobs;       /* token events carry the token's logprob */
+  uint32_t top_logprobs;     /* and those of the most likely tokens */
   char *stop[SK_LIMIT_STOP_COUNT]; /* owned, NUL-terminated */
   uint32_t n_stop;
 
@@ -94,6 +96,9 @@ struct sk_job {
   char *reply;               /* (reply_cap) the reply so far, owned */
   size_t reply_len, reply_cap;
   bool prompt_done;          /* the delta is in the cache */
+  uint32_t pin_prefix;       /* the delta's first tokens to pin as the
+                                session's sinks (its system prompt), set in
+                                the header with its first chunk; 0: none */
 
   /* Control, written by the loop thread, read by the compute thread. */
   atomic_bool cancel;
@@ -327,13 +332,16 @@ uint32_t sk_session_table_max_sessions(const struct sk_session_table *t);
 uint64_t sk_session_table_max_bytes(const struct sk_session_table *t);
 
 /* ---- what a session is ----
- * Its id and parameters never change: any thread may read them. The
+ * Its id, policy, budget and sparsity never change: any thread may read
+ * them. The split of the budget changes once, when a first chat pins its
+ * system prompt (the loop thread sees it when that job is done). The
  * rest is the loop thread's. */
 
 uint64_t sk_session_id(const struct sk_session *s);
 uint32_t sk_session_owner(const struct sk_session *s);
-/* The parameters as opened (n_pin: its pinned tokens; sparsity its MLP
- * sparsity level, 0 = dense). Owned by s. */
+/* The parameters as opened, or as a first chat's system prompt pinned
+ * them (n_pin: its pinned tokens; sparsity its MLP sparsity level, 0 =
+ * dense). Owned by s. */
 const struct sk_kv_params *sk_session_params(const struct sk_session *s);
 /* Whether a close was requested (the session goes once idle). */
 bool sk_session_closing(const struct sk_session *s);
@@ -517,14 +525,25 @@ uint32_t sk_session_attn_get(struct sk_session_table *t,
                              const struct sk_session *s, float *ret_sink_mass,
                              float *ret_entropy, uint32_t *ret_probe);
 
+/* Whether a chat message's role (len bytes) is a system prompt: "system",
+ * or "developer" (OpenAI's newer name for it). */
+bool sk_session_is_system_role(const char *role, size_t len);
+/* The advice a refused system prompt's message ends with: the option of
+ * the open (and of sinkd) that raises the budget of a session of policy
+ * (enum sk_policy). Static text. */
+const char *sk_session_pin_raise(uint32_t policy);
+
 /* Compute thread, a chat job's start: the messages' delta (conv.h)
  * rendered with the session's template and tokenized into job->tokens
  * (BOS first on an empty session), template text with its special
  * tokens, content as plain text; job->eot set. A system message first in
  * the first chat becomes the conversation's system prompt (on an empty
- * session, within the sinks of a policy that has them). Errors:
- * -SK_ERR_BAD_REQUEST (no template, misplaced system message, a system
- * prompt longer than the sinks), -SK_ERR_NO_MEMORY. */
+ * session: a role sk_session_is_system_role names). Where the policy has a
+ * sink region its tokens come first in job->tokens and job->pin_prefix
+ * says how many: the scheduler pins them (sk_kv_pin_prefix) with the
+ * first chunk. Errors: -SK_ERR_BAD_REQUEST (no template, misplaced
+ * system message, a system prompt that leaves less than a quarter of the
+ * budget, sk_kv_params_pin), -SK_ERR_NO_MEMORY. */
 int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
                           struct sk_job *job);
 /* Tokens of a chat rendering (any thread): BOS first if bos (and the

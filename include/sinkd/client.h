@@ -73,6 +73,17 @@ const char *sk_client_default_socket(void);
 int sk_client_connect(const char *path, struct sk_client **ret_client,
                       struct sk_error *err);
 
+/* sk_client_connect, waiting up to wait_ms milliseconds for a daemon
+ * that is starting: while its socket is missing or refuses connections,
+ * the connect is tried again (every 50 ms), then the daemon must answer
+ * a ping within what is left of wait_ms (a socket the service manager
+ * holds accepts before the daemon behind it has loaded its model). 0:
+ * no waiting, as sk_client_connect. Errors: those of sk_client_connect
+ * (the message says how long it waited), and -SK_ERR_IO when the daemon
+ * did not answer in time. */
+int sk_client_connect_wait(const char *path, unsigned int wait_ms,
+                           struct sk_client **ret_client, struct sk_error *err);
+
 /* Closes the connection and frees the client. Accepts NULL. */
 void sk_client_free(struct sk_client *client);
 
@@ -511,6 +522,10 @@ struct sk_generate_params {
   uint32_t n_top;      /* 0..20: top logits per token event */
   bool parse_special;  /* the prompt's control-token text becomes those
                           tokens (see SK_TEXT_SPECIAL) */
+  bool logprobs;       /* each token event gives the token's
+                          log-probability and bytes */
+  uint32_t top_logprobs; /* 0..20: and the log-probabilities of the most
+                            likely tokens at its place (implies logprobs) */
   /* Speculative decoding of this generate (as sk_open_params; NULL / 0:
    * the session's setting): "off", "draft" or "lookup", the most tokens
    * a step proposes, and whether always that many. */
@@ -521,13 +536,24 @@ struct sk_generate_params {
 
 /* Fills *p with the protocol's defaults: max_tokens 128, temperature 0.8,
  * top_k 40, top_p 0.95, no seed (the session's stream goes on), no stop
- * strings, ignore_eos false, no prompt, n_top 0. */
+ * strings, ignore_eos false, no prompt, n_top 0, no log-probabilities. */
 void sk_generate_params_init(struct sk_generate_params *p);
 
 /* A [token, logit] pair of a token event (raw logit). */
 struct sk_top_pair {
   int32_t token;
   double logit;
+};
+
+/* A likely token at a generated token's place (top_logprobs): its id,
+ * log-probability and bytes. */
+struct sk_top_logprob {
+  int32_t token;
+  double logprob;      /* ln p(token | what came before), the model's own
+                          distribution (softmax of its logits) */
+  const char *bytes;   /* bytes_len bytes of its text (a piece of a UTF-8
+                          character for byte tokens), not NUL-terminated */
+  size_t bytes_len;
 };
 
 /* One generated token, as given to the callback. Every pointer is valid
@@ -540,6 +566,16 @@ struct sk_token_event {
   size_t text_len;
   const struct sk_top_pair *top; /* n_top pairs, highest logit first */
   size_t n_top;
+  /* With logprobs (else logprob is NaN, bytes NULL): ln p(token | what
+   * came before) under the model's own distribution (softmax of its
+   * logits: neither temperature nor top-k/top-p change it), and the
+   * token's own bytes (bytes_len; text holds whole characters only). */
+  double logprob;
+  const char *bytes;
+  size_t bytes_len;
+  const struct sk_top_logprob *top_logprobs; /* n_top_logprobs, most likely
+                                                first (top_logprobs) */
+  size_t n_top_logprobs;
 };
 
 /* Called for every token event of a generate. Return 0 to continue;

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "proto/msg.h"
@@ -146,8 +147,18 @@ static int sk__client_denied(const char *path, struct sk_error *err) {
                       path, mode, gname, gname);
 }
 
-int sk_client_connect(const char *path, struct sk_client **ret_client,
-                      struct sk_error *err) {
+/* Milliseconds of the monotonic clock. */
+static uint64_t sk__client_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* How often a connect that waits for a starting daemon tries again. */
+#define SK__CLIENT_WAIT_STEP_MS 50
+
+int sk_client_connect_wait(const char *path, unsigned int wait_ms,
+                           struct sk_client **ret_client, struct sk_error *err) {
   if (!path) path = sk_client_default_socket();
   struct sockaddr_un addr;
   memset(&addr, 0, sizeof addr);
@@ -162,17 +173,36 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
 
   struct sk_client *client = malloc(sizeof *client);
   if (!client) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  client->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (client->fd < 0) {
-    int e = errno;
-    free(client);
-    return sk_error_set(err, SK_ERR_IO, "cannot create a socket: %s",
-                        strerror(e));
-  }
-  if (connect(client->fd, (const struct sockaddr *)&addr, sizeof addr) < 0) {
-    int e = errno;
+  /* A daemon that is starting (wait_ms): its socket is not there yet, or
+   * not listening yet; tried again every SK__CLIENT_WAIT_STEP_MS. */
+  const uint64_t t0 = sk__client_now_ms();
+  int e = 0;
+  for (;;) {
+    client->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (client->fd < 0) {
+      e = errno;
+      free(client);
+      return sk_error_set(err, SK_ERR_IO, "cannot create a socket: %s", strerror(e));
+    }
+    if (connect(client->fd, (const struct sockaddr *)&addr, sizeof addr) == 0) {
+      e = 0;
+      break;
+    }
+    e = errno;
     close(client->fd);
+    if (!(e == ENOENT || e == ECONNREFUSED) || sk__client_now_ms() - t0 >= wait_ms) break;
+    struct timespec ts = {0, SK__CLIENT_WAIT_STEP_MS * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  if (e) {
     free(client);
+    if (wait_ms && (e == ENOENT || e == ECONNREFUSED)) {
+      sk__client_not_running(path, e, err);
+      char msg[SK_ERROR_MESSAGE_MAX];
+      memcpy(msg, err->message, sizeof msg);
+      return sk_error_set(err, SK_ERR_IO, "%.*s; waited %u.%03u s", (int)sizeof msg - 24, msg,
+                          wait_ms / 1000, wait_ms % 1000);
+    }
     switch (e) {
     case ENOENT:
     case ECONNREFUSED:
@@ -188,8 +218,29 @@ int sk_client_connect(const char *path, struct sk_client **ret_client,
   client->next_id = 1;
   client->timeout_ms = 0;
   sk_frame_reader_init(&client->reader, SK_FRAME_MAX_CEILING);
+  if (wait_ms) {
+    /* Ready once it answers: a service manager's socket accepts before
+     * the daemon behind it has loaded its model. */
+    const uint64_t spent = sk__client_now_ms() - t0;
+    const unsigned left = spent < wait_ms ? (unsigned)(wait_ms - spent) : 1;
+    int rc = sk_client_set_timeout(client, left, err);
+    if (rc == 0) rc = sk_client_ping(client, err);
+    if (rc == 0) rc = sk_client_set_timeout(client, 0, err);
+    if (rc < 0) {
+      char msg[SK_ERROR_MESSAGE_MAX];
+      memcpy(msg, err->message, sizeof msg);
+      sk_client_free(client);
+      return sk_error_set(err, SK_ERR_IO, "%s did not answer within %u.%03u s: %s", path,
+                          wait_ms / 1000, wait_ms % 1000, msg);
+    }
+  }
   *ret_client = client;
   return 0;
+}
+
+int sk_client_connect(const char *path, struct sk_client **ret_client,
+                      struct sk_error *err) {
+  return sk_client_connect_wait(path, 0, ret_client, err);
 }
 
 void sk_client_free(struct sk_client *client) {
@@ -693,9 +744,11 @@ static int sk__client_token_event(struct sk_client *client,
                                   sk_token_cb cb, void *user,
                                   int *ret_stop, struct sk_error *err) {
   struct sk_top_pair top[SK_WIRE_MAX_TOP];
+  struct sk_top_logprob toplp[SK_WIRE_MAX_TOP];
   struct sk_token_event te;
   struct sk_error perr;
-  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, &perr), &perr, err);
+  int rc = sk__client_wire(client, sk_wire_unpack_token_event(ev, &te, top, toplp, &perr), &perr,
+                           err);
   if (rc < 0) return rc;
   te.session = session;
   *ret_stop = cb ? cb(user, &te) : 0;
@@ -776,6 +829,8 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
                 .bos = -1,
                 .parse_special = has_prompt && p->parse_special},
       .n_top = p->n_top,
+      .logprobs = p->logprobs || p->top_logprobs > 0,
+      .top_logprobs = p->top_logprobs,
       .spec = {.mode = p->speculation, .mode_len = p->speculation ? strlen(p->speculation) : 0,
                .has_tokens = p->draft_tokens != 0, .tokens = p->draft_tokens,
                .has_fixed = p->draft_fixed, .fixed = p->draft_fixed},

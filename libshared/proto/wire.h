@@ -216,13 +216,20 @@ int sk_wire_unpack_data_event(const msgpack_object *map, uint64_t *ret_offset,
 
 /* A token event of request id: {"id", "event": "token", "token", "text",
  * "top" (only when ev->n_top > 0: [token, logit] pairs, logits as
- * float32)}. ev->session is not sent. Same returns as the replies. */
+ * float32), "logprob" (float32) and "bytes" (bin) when ev->bytes is not
+ * NULL, "top_logprobs" (when ev->n_top_logprobs > 0: [token, logprob,
+ * bytes] triples)}. ev->session is not sent. Same returns as the
+ * replies. */
 int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_token_event *ev);
 /* Reads a token event's map into *ret: ret->text points into the message
  * ("" when absent); ret->top points to top[], which receives the first
- * SK_WIRE_MAX_TOP pairs. ret->session is left 0 (the caller knows it). */
+ * SK_WIRE_MAX_TOP pairs, ret->top_logprobs to toplp[] likewise (bytes
+ * into the message); ret->logprob is NaN and ret->bytes NULL when the
+ * event has none. ret->session is left 0 (the caller knows it). */
 int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event *ret,
-                               struct sk_top_pair top[SK_WIRE_MAX_TOP], struct sk_error *err);
+                               struct sk_top_pair top[SK_WIRE_MAX_TOP],
+                               struct sk_top_logprob toplp[SK_WIRE_MAX_TOP],
+                               struct sk_error *err);
 
 /* ---- requests ---------------------------------------------------------
  * Every sk_wire_pack_*_req starts the frame in *b (sk_msgbuf_init) and
@@ -387,6 +394,8 @@ struct sk_wire_generate_req {
   struct sk_wire_strs stop;
   struct sk_wire_input input;   /* generate */
   uint32_t n_top;               /* <= SK_WIRE_MAX_TOP; sent when > 0 */
+  bool logprobs;                /* sent when true */
+  uint32_t top_logprobs;        /* <= SK_WIRE_MAX_TOP; sent when > 0 */
   struct sk_wire_spec spec;
 };
 

@@ -963,13 +963,47 @@ int sk_wire_pack_token_event(struct sk_msgbuf *b, uint64_t id, const struct sk_t
       msgpack_pack_float(pk, (float)ev->top[i].logit);
     }
   }
+  if (ev->bytes) {
+    msgpack_pack_float(sk_wire_map_key(&m, "logprob"), (float)ev->logprob);
+    msgpack_packer *pk = sk_wire_map_key(&m, "bytes");
+    msgpack_pack_bin(pk, ev->bytes_len);
+    msgpack_pack_bin_body(pk, ev->bytes, ev->bytes_len);
+  }
+  if (ev->n_top_logprobs) {
+    msgpack_packer *pk = sk_wire_map_key(&m, "top_logprobs");
+    msgpack_pack_array(pk, ev->n_top_logprobs);
+    for (size_t i = 0; i < ev->n_top_logprobs; i++) {
+      const struct sk_top_logprob *t = &ev->top_logprobs[i];
+      msgpack_pack_array(pk, 3);
+      msgpack_pack_int32(pk, t->token);
+      msgpack_pack_float(pk, (float)t->logprob);
+      msgpack_pack_bin(pk, t->bytes_len);
+      msgpack_pack_bin_body(pk, t->bytes, t->bytes_len);
+    }
+  }
   return sk__wire_end(b, &m);
 }
 
+/* A msgpack number as a double; false when o is not one. */
+static bool sk__wire_obj_number(const msgpack_object *o, double *ret) {
+  if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+    *ret = o->via.f64;
+  else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+    *ret = (double)o->via.u64;
+  else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+    *ret = (double)o->via.i64;
+  else
+    return false;
+  return true;
+}
+
 int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event *ret,
-                               struct sk_top_pair top[SK_WIRE_MAX_TOP], struct sk_error *err) {
+                               struct sk_top_pair top[SK_WIRE_MAX_TOP],
+                               struct sk_top_logprob toplp[SK_WIRE_MAX_TOP],
+                               struct sk_error *err) {
   struct sk_token_event te;
   memset(&te, 0, sizeof te);
+  te.logprob = NAN;
   const msgpack_object *tok = sk_msg_get(map, "token");
   if (!tok || !sk__wire_obj_i32(tok, &te.token))
     return sk__wire_bad(err, "token event without an integer 'token'");
@@ -987,18 +1021,37 @@ int sk_wire_unpack_token_event(const msgpack_object *map, struct sk_token_event 
       if (pair->type != MSGPACK_OBJECT_ARRAY || pair->via.array.size != 2 ||
           !sk__wire_obj_i32(&pair->via.array.ptr[0], &top[i].token))
         return sk__wire_bad(err, "field 'top' must hold [token, logit] pairs");
-      const msgpack_object *lo = &pair->via.array.ptr[1];
-      if (lo->type == MSGPACK_OBJECT_FLOAT32 || lo->type == MSGPACK_OBJECT_FLOAT64)
-        top[i].logit = lo->via.f64;
-      else if (lo->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-        top[i].logit = (double)lo->via.u64;
-      else if (lo->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-        top[i].logit = (double)lo->via.i64;
-      else
+      if (!sk__wire_obj_number(&pair->via.array.ptr[1], &top[i].logit))
         return sk__wire_bad(err, "field 'top' must hold [token, logit] pairs");
     }
     te.top = top;
     te.n_top = n;
+  }
+  const msgpack_object *lp = sk_msg_get(map, "logprob");
+  if (lp) {
+    const msgpack_object *by = sk_msg_get(map, "bytes");
+    if (!sk__wire_obj_number(lp, &te.logprob) || !by || by->type != MSGPACK_OBJECT_BIN)
+      return sk__wire_bad(err, "token event: 'logprob' must be a number, with 'bytes' (bin)");
+    te.bytes = by->via.bin.size ? by->via.bin.ptr : "";
+    te.bytes_len = by->via.bin.size;
+  }
+  rc = sk_msg_get_array(map, "top_logprobs", &a, &perr);
+  if (rc < 0) return sk__wire_bad(err, perr.message);
+  if (rc == 1) {
+    size_t n = a->size < SK_WIRE_MAX_TOP ? a->size : SK_WIRE_MAX_TOP;
+    for (size_t i = 0; i < n; i++) {
+      const msgpack_object *t = &a->ptr[i];
+      if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size != 3 ||
+          !sk__wire_obj_i32(&t->via.array.ptr[0], &toplp[i].token) ||
+          !sk__wire_obj_number(&t->via.array.ptr[1], &toplp[i].logprob) ||
+          t->via.array.ptr[2].type != MSGPACK_OBJECT_BIN)
+        return sk__wire_bad(err, "field 'top_logprobs' must hold [token, logprob, bytes] "
+                                 "triples");
+      toplp[i].bytes = t->via.array.ptr[2].via.bin.size ? t->via.array.ptr[2].via.bin.ptr : "";
+      toplp[i].bytes_len = t->via.array.ptr[2].via.bin.size;
+    }
+    te.top_logprobs = toplp;
+    te.n_top_logprobs = n;
   }
   *ret = te;
   return 0;

@@ -303,6 +303,8 @@ int sk_wire_pack_generate_req(struct sk_msgbuf *b, uint64_t id, bool chat,
   }
   if (!chat) sk__wire_input(&m, "prompt", &g->input);
   if (g->n_top > 0) sk_wire_map_u64(&m, "n_top", g->n_top);
+  if (g->logprobs) sk_wire_map_bool(&m, "logprobs", true);
+  if (g->top_logprobs > 0) sk_wire_map_u64(&m, "top_logprobs", g->top_logprobs);
   sk__wire_spec(&m, &g->spec);
   return sk__wire_end(b, &m);
 }
@@ -343,6 +345,9 @@ int sk_wire_unpack_generate_req(const msgpack_object *map, bool chat,
       (rc = sk_msg_get_u64(map, "seed", UINT64_MAX, &g.seed, err)) < 0 ||
       (g.has_seed = rc == 1, rc = sk_msg_get_bool(map, "ignore_eos", &g.ignore_eos, err)) < 0 ||
       (rc = sk__wire_req_u32(map, "n_top", SK_WIRE_MAX_TOP, NULL, &g.n_top, err)) < 0 ||
+      (rc = sk_msg_get_bool(map, "logprobs", &g.logprobs, err)) < 0 ||
+      (rc = sk__wire_req_u32(map, "top_logprobs", SK_WIRE_MAX_TOP, NULL, &g.top_logprobs,
+                             err)) < 0 ||
       (rc = sk_msg_get_array(map, "stop", &stop, err)) < 0 ||
       (rc = sk__wire_req_spec(map, &g.spec, err)) < 0)
     return rc;

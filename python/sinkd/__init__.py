@@ -15,17 +15,19 @@ Every failure the daemon reports raises a subclass of SinkdError whose
 .code is the protocol's error code ("busy", "forbidden", ...).
 """
 
+import errno as _errno
 import os
 import socket as _socket
 import struct
+import time as _time
 
 import msgpack
 
 __all__ = [
     "Client", "SinkdError", "BadRequest", "UnknownOp", "NoSuchSession",
     "Forbidden", "ContextFull", "Busy", "TooLarge", "Cancelled", "BadModel",
-    "NoMemory", "Internal", "IOError_", "Disconnected", "ProtocolError",
-    "default_socket",
+    "NoMemory", "Internal", "IOError_", "ConnectError", "Disconnected",
+    "ProtocolError", "default_socket",
 ]
 
 # Replies and events up to the protocol's ceiling (16 MiB).
@@ -96,6 +98,21 @@ class IOError_(SinkdError):
     code = "io"
 
 
+class ConnectError(IOError_, OSError):
+    """The daemon's socket could not be connected to (no daemon there, no
+    permission, ...). An OSError too: .errno and .filename say which."""
+    code = "io"
+
+    def __init__(self, message, err=None, path=None):
+        IOError_.__init__(self, message)
+        self.errno = err
+        self.strerror = os.strerror(err) if err else None
+        self.filename = path
+
+    def __str__(self):
+        return SinkdError.__str__(self)
+
+
 class Disconnected(SinkdError):
     """The daemon closed the connection."""
     code = "disconnected"
@@ -131,22 +148,53 @@ def default_socket():
     return "/run/sinkd/sinkd.sock"
 
 
-class Client:
-    """One connection to sinkd. Not thread-safe: use one per thread."""
+# connect() errors that a daemon still starting gives: no socket yet, or
+# one not listening yet.
+_NOT_YET = (_errno.ENOENT, _errno.ECONNREFUSED)
 
-    def __init__(self, socket=None, timeout=None):
+
+class Client:
+    """One connection to sinkd. Not thread-safe: use one per thread.
+
+    timeout: seconds for each read and write (None: no limit). wait:
+    seconds to wait for a daemon that is starting (its socket not there
+    yet, or not listening yet, or the model still loading) before giving
+    up with ConnectError; None or 0: no waiting."""
+
+    def __init__(self, socket=None, timeout=None, wait=None):
         self.path = socket or default_socket()
-        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self._sock.settimeout(timeout)
-        try:
-            self._sock.connect(self.path)
-        except OSError as e:
-            self._sock.close()
-            raise IOError_("cannot connect to %s: %s (is sinkd running?)"
-                           % (self.path, e.strerror or e)) from None
         self._next_id = 0
         self._buf = bytearray()
         self._early = {}  # frames of other requests read while waiting
+        deadline = _time.monotonic() + wait if wait else None
+        while True:
+            self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                self._sock.settimeout(timeout)
+                self._sock.connect(self.path)
+                break
+            except OSError as e:
+                self._sock.close()
+                if (deadline is not None and e.errno in _NOT_YET
+                        and _time.monotonic() < deadline):
+                    _time.sleep(0.05)
+                    continue
+                raise ConnectError("cannot connect to %s: %s (is sinkd running?%s)"
+                                   % (self.path, e.strerror or e,
+                                      " waited %gs" % wait if wait else ""),
+                                   e.errno, self.path) from None
+        if deadline is not None:
+            # Ready once it answers: a service manager's socket accepts
+            # before the daemon behind it has loaded its model.
+            self._sock.settimeout(max(deadline - _time.monotonic(), 0.001))
+            try:
+                self.ping()
+            except (IOError_, Disconnected) as e:
+                self._sock.close()
+                raise ConnectError("%s did not answer within %gs: %s"
+                                   % (self.path, wait, e.message),
+                                   _errno.ETIMEDOUT, self.path) from None
+            self._sock.settimeout(timeout)
 
     # ---- framing ----
 
@@ -257,34 +305,45 @@ class Client:
 
     def generate(self, session, max_tokens=None, temperature=None, top_k=None,
                  top_p=None, seed=None, stop=None, prompt=None,
-                 ignore_eos=None, result=None, speculation=None,
-                 draft_tokens=None, draft_fixed=None):
+                 ignore_eos=None, result=None, logprobs=None, top_logprobs=None,
+                 events=None, speculation=None, draft_tokens=None, draft_fixed=None):
         """Generates on a session: an iterator of the streamed token texts
         (str). When it ends, the final reply (stop, n_tokens, usage,
-        evicted, ...) is stored in result (a dict) if one is given. Leaving
-        the loop early does not stop the generation: call cancel().
-        speculation ("off", "draft", "lookup"), draft_tokens and
-        draft_fixed override the session's speculative decoding for this
-        generate; usage then counts drafted_tokens and accepted_tokens."""
+        evicted, ...) is stored in result (a dict) if one is given. With
+        logprobs=True (or top_logprobs=N, 0..20) each token event also
+        carries "logprob" and "bytes" (and "top_logprobs": [token,
+        logprob, bytes] triples); events (a list) receives every token
+        event (a dict: token, text, ...). Leaving the loop early does not
+        stop the generation: call cancel(). speculation ("off", "draft",
+        "lookup"), draft_tokens and draft_fixed override the session's
+        speculative decoding for this generate; usage then counts
+        drafted_tokens and accepted_tokens."""
         return self._stream("generate", dict(
             session=session, max_tokens=max_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, prompt=prompt,
-            ignore_eos=ignore_eos, speculation=speculation,
-            draft_tokens=draft_tokens, draft_fixed=draft_fixed), result)
+            ignore_eos=ignore_eos, logprobs=logprobs, top_logprobs=top_logprobs,
+            speculation=speculation, draft_tokens=draft_tokens,
+            draft_fixed=draft_fixed), result, events)
 
-    def chat(self, session, messages, result=None, **fields):
+    def chat(self, session, messages, result=None, events=None, **fields):
         """The chat op: messages (a list of {"role", "content"}, only the
         ones the session has not seen) formatted with the session's chat
         template, then the assistant's reply generated: an iterator of its
-        token texts, as generate. fields: those of generate (max_tokens,
-        temperature, ...). The final reply goes into result if given."""
-        return self._stream("chat", dict(fields, session=session, messages=messages), result)
+        token texts, as generate. A "system" (or "developer") message
+        first in an empty session's first chat is its system prompt,
+        pinned as its sinks. fields: those of generate (max_tokens,
+        temperature, logprobs, ...). The final reply goes into result,
+        the token events into events, if given."""
+        return self._stream("chat", dict(fields, session=session, messages=messages), result,
+                            events)
 
-    def _stream(self, op, fields, result):
+    def _stream(self, op, fields, result, events=None):
         req = self._send(op, fields)
         while True:
             msg = self._next(req)
             if msg.get("event") == "token":
+                if events is not None:
+                    events.append(msg)
                 yield msg.get("text", "")
                 continue
             if "event" in msg:
