@@ -186,13 +186,17 @@ static int teardown(void **state) {
 
 struct ids {
   int32_t v[1024];
+  double lp[1024]; /* the events' log-probabilities (NaN: none) */
   size_t n;
   int kill_after; /* > 0: SIGKILL the daemon when this many arrived */
 };
 
 static int ids_cb(void *user, const struct sk_token_event *ev) {
   struct ids *x = user;
-  if (x->n < sizeof x->v / sizeof x->v[0]) x->v[x->n++] = ev->token;
+  if (x->n < sizeof x->v / sizeof x->v[0]) {
+    x->lp[x->n] = ev->logprob;
+    x->v[x->n++] = ev->token;
+  }
   if (x->kill_after > 0 && x->n == (size_t)x->kill_after) kill9();
   return 0;
 }
@@ -220,6 +224,7 @@ static void gen_greedy(struct sk_client *c, uint64_t s, uint32_t n, const char *
   gp.temperature = 0;
   gp.ignore_eos = true;
   gp.speculation = mode;
+  gp.logprobs = true;
   struct sk_generate_result gr;
   struct sk_error e = {0};
   if (sk_client_generate(c, s, &gp, ids_cb, out, &gr, &e) < 0) {
@@ -276,8 +281,12 @@ static void test_greedy_identity(void **state) {
     struct ids *out[3];
     struct sk_generate_result gr[3];
     for (int m = 0; m < 3; m++) {
+      /* a fixed count: how many an adaptive count proposes depends on
+       * measured times, and the test wants proposals for sure */
       struct sk_open_params op = k_policies[p].op;
       op.speculation = modes[m];
+      op.draft_tokens = 6;
+      op.draft_fixed = true;
       uint64_t s = open_session(c, &op);
       append_text(c, s, g_prompt);
       out[m] = calloc(1, sizeof *out[m]);
@@ -298,10 +307,16 @@ static void test_greedy_identity(void **state) {
     for (int m = 1; m < 3; m++) {
       assert_string_equal(gr[m].stop, gr[0].stop);
       assert_int_equal(out[m]->n, out[0]->n);
-      for (size_t i = 0; i < out[0]->n; i++)
+      for (size_t i = 0; i < out[0]->n; i++) {
         if (out[m]->v[i] != out[0]->v[i])
           fail_msg("%s, speculation %s: token %zu is %d, plain decoding's %d", k_policies[p].name,
                    modes[m], i, out[m]->v[i], out[0]->v[i]);
+        /* the same logits, bit for bit: the same log-probabilities */
+        if (memcmp(&out[m]->lp[i], &out[0]->lp[i], sizeof(double)) != 0)
+          fail_msg("%s, speculation %s: token %zu has log-probability %.9g, plain decoding's "
+                   "%.9g",
+                   k_policies[p].name, modes[m], i, out[m]->lp[i], out[0]->lp[i]);
+      }
       assert_int_equal(gr[m].evicted, gr[0].evicted);
       assert_int_equal(gr[m].resident, gr[0].resident);
       assert_int_equal(gr[m].seen, gr[0].seen);
