@@ -43,7 +43,7 @@ int cmd_detokenize(struct sk_client *c, const struct opts *o, int argc, char **a
     sk_cli_json_str(stdout, text, len);
     fputs("}\n", stdout);
   } else {
-    fwrite(text, 1, len, stdout);
+    print_model_text(text, len);
     /* On a terminal the next prompt must not start after the text; in a
      * pipe the bytes stay exactly the text's. */
     if (isatty(STDOUT_FILENO) && len > 0 && text[len - 1] != '\n') fputc('\n', stdout);

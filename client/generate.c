@@ -95,7 +95,7 @@ void catch_sigint(void) {
 /* Prints the prompt still to echo, once. */
 static void gen_echo(struct gen_state *g) {
   if (g->echo_len == 0) return;
-  fwrite(g->echo, 1, g->echo_len, stdout);
+  print_model_text(g->echo, g->echo_len);
   g->echo_len = 0;
 }
 
@@ -104,7 +104,7 @@ int on_token(void *user, const struct sk_token_event *ev) {
   if (g->first_token_ms == 0) g->first_token_ms = now_ms();
   if (!g->json) {
     gen_echo(g);
-    fwrite(ev->text, 1, ev->text_len, stdout);
+    print_model_text(ev->text, ev->text_len);
     fflush(stdout);
     if (ev->text_len) {
       g->printed = true;

@@ -9,6 +9,32 @@
 
 const char *const prog = "sinkctl";
 bool g_json;
+bool g_escape;
+
+/* ---- the model's text ------------------------------------------------- */
+
+void print_model_text(const char *text, size_t len) {
+  if (!g_escape) {
+    fwrite(text, 1, len, stdout);
+    return;
+  }
+  const unsigned char *p = (const unsigned char *)text;
+  size_t start = 0;
+  for (size_t i = 0; i < len; i++) {
+    bool c0 = (p[i] < 0x20 && p[i] != '\n' && p[i] != '\t') || p[i] == 0x7f;
+    bool c1 = p[i] == 0xc2 && i + 1 < len && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f;
+    if (!c0 && !c1) continue;
+    fwrite(text + start, 1, i - start, stdout);
+    if (c0) {
+      printf("\\x%02x", p[i]);
+    } else {
+      printf("\\u%04x", p[i + 1]);
+      i++;
+    }
+    start = i + 1;
+  }
+  fwrite(text + start, 1, len - start, stdout);
+}
 
 /* ---- messages --------------------------------------------------------- */
 

@@ -10,7 +10,7 @@ _sinkctl_sessions() {
 _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
-  local global="--socket --timeout --wait --json --verbose --help --version"
+  local global="--socket --timeout --wait --json --verbose --raw --help --version"
   local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--pin-file|--idle|--system|--timeout|--speculation|--draft-tokens"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do

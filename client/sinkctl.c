@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eval.h"
 #include "sinkctl.h"
@@ -75,6 +76,8 @@ static void help(void) {
       "  -j, --json            print one JSON object instead of text (chat:\n"
       "                        one per turn)\n"
       "  -v, --verbose         generate: print a usage summary to stderr\n"
+      "      --raw             the model's text as it is: on a terminal its control\n"
+      "                        characters are otherwise shown as \\x1b, \\u009b\n"
       "  -h, --help            show this help\n"
       "  -V, --version         show the version\n"
       "\n"
@@ -209,6 +212,7 @@ static const struct option long_options[] = {
     {"all", no_argument, NULL, OPT_ALL},
     {"system", required_argument, NULL, OPT_SYSTEM},
     {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"raw", no_argument, NULL, OPT_RAW},
     {"wait", optional_argument, NULL, OPT_WAIT},
     {"speculation", required_argument, NULL, OPT_SPECULATION},
     {"draft-tokens", required_argument, NULL, OPT_DRAFT_TOKENS},
@@ -455,6 +459,7 @@ static void parse_options(int argc, char **argv, struct opts *o) {
       o->close_idle = true;
       break;
     case OPT_ALL: o->close_all = true; break;
+    case OPT_RAW: break; /* o->given says it */
     case OPT_TIMEOUT: {
       uint64_t t = parse_duration("--timeout", optarg);
       if (t == 0 || t > UINT_MAX / 1000)
@@ -549,6 +554,9 @@ int main(int argc, char **argv) {
     return sk_eval_main(argc - cmd_at, argv + cmd_at, o.socket, o.json, o.wait_ms);
   }
   parse_options(argc, argv, &o);
+  /* A model's output may hold escape sequences: on a terminal they are
+   * shown, not obeyed (sinkctl(1), --raw). */
+  g_escape = !o.given[OPT_RAW] && isatty(STDOUT_FILENO);
 
   int nargs = argc - optind;
   char **args = argv + optind;
@@ -567,7 +575,7 @@ int main(int argc, char **argv) {
   /* Options that belong to another command are errors, not ignored. */
   for (int id = OPT_MAX_TOKENS; id < OPT__END; id++) {
     if (!o.given[id] || id == OPT_SOCKET || id == OPT_JSON || id == OPT_VERBOSE ||
-        id == OPT_TIMEOUT || id == OPT_WAIT)
+        id == OPT_TIMEOUT || id == OPT_WAIT || id == OPT_RAW)
       continue;
     bool ok = false;
     for (const int *a = commands[ci].options; *a; a++) ok |= *a == id;

@@ -68,6 +68,7 @@ enum opt_id {
   OPT_SPECULATION,
   OPT_DRAFT_TOKENS,
   OPT_DRAFT_FIXED,
+  OPT_RAW,
   OPT__END
 };
 
@@ -98,6 +99,16 @@ struct opts {
 
 /* --json given: errors too are JSON, on stdout (json_error). */
 extern bool g_json;
+/* Text of the model (and of prompts echoed with it) has its control
+ * characters escaped: stdout is a terminal and --raw was not given. */
+extern bool g_escape;
+
+/* Writes text of the model (len bytes, UTF-8) to stdout: as it is, or
+ * with g_escape every control character that a terminal would act on
+ * (C0 but newline and tab, DEL, C1 U+0080..U+009F: escape sequences
+ * that move the cursor, retitle the window, clear the screen) shown
+ * instead as \xHH or \uHHHH. */
+void print_model_text(const char *text, size_t len);
 
 /* Reports a failed library call and returns the exit status for it:
  * 4 if the connection is gone, 1 if the daemon answered with an error.

@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -9,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <sys/stat.h>
+#include <netinet/in.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -19,6 +22,7 @@
 #include "session/kvcache.h"
 #include "session/spec.h"
 #include "base/log.h"
+#include "base/safefile.h"
 #include "sk_config.h"
 
 enum key_type {
@@ -32,6 +36,7 @@ enum key_type {
   T_KV_TYPE,   /* f32, f16 */
   T_CHAT,      /* a chat template family (chat.h), none or auto */
   T_SPEC,      /* auto, off, draft, lookup */
+  T_BOOL,      /* yes/no, true/false, on/off, 1/0 (stored as 1/0 in a uint32_t) */
 };
 
 struct key_desc {
@@ -119,6 +124,8 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     /* a uid: the kernel's uid_t, without (uid_t)-1, which means "none" */
     [SK_CFG_HTTP_UID] = {"daemon", "http_uid", "--http-uid", T_U32_AUTO, F(http_uid), 1,
                          UINT32_MAX - 1, false},
+    [SK_CFG_HTTP_LISTEN_PUBLIC] = {"daemon", "http_listen_public", "--http-listen-public", T_BOOL,
+                                   F(http_listen_public), 0, 1, false},
 };
 
 static const char *const log_level_names[] = {
@@ -337,6 +344,23 @@ static bool listen_ok(const char *s) {
   return inet_pton(AF_INET, host, addr) == 1;
 }
 
+bool sk_config_listen_loopback(const char *listen) {
+  const char *colon = strrchr(listen, ':');
+  if (!colon) return false;
+  size_t n = (size_t)(colon - listen);
+  char host[64];
+  if (n >= sizeof host) return false;
+  memcpy(host, listen, n);
+  host[n] = 0;
+  if (strcmp(host, "localhost") == 0) return true;
+  unsigned char a[16];
+  if (n > 2 && host[0] == '[' && host[n - 1] == ']') {
+    host[n - 1] = 0;
+    return inet_pton(AF_INET6, host + 1, a) == 1 && memcmp(a, &in6addr_loopback, 16) == 0;
+  }
+  return inet_pton(AF_INET, host, a) == 1 && a[0] == 127; /* 127.0.0.0/8 */
+}
+
 int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *value,
                   enum sk_config_origin from, uint32_t line, struct sk_error *err) {
   const struct key_desc *d = &keys[key];
@@ -428,6 +452,19 @@ int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *val
     cfg->speculation = (uint32_t)m;
     break;
   }
+  case T_BOOL: {
+    static const char *const yes[] = {"yes", "true", "on", "1"}, *const no[] = {"no", "false",
+                                                                               "off", "0"};
+    int b = -1;
+    for (size_t i = 0; i < 4; i++) {
+      if (strcmp(value, yes[i]) == 0) b = 1;
+      if (strcmp(value, no[i]) == 0) b = 0;
+    }
+    if (b < 0)
+      return sk_error_set(err, SK_ERR_BAD_REQUEST, "'%.64s' is not yes or no", value);
+    field_num_set(cfg, key, (uint64_t)b);
+    break;
+  }
   case T_LOG_LEVEL: {
     uint32_t level = 0;
     for (uint32_t l = SK_LOG_ERR; l <= SK_LOG_DEBUG; l++)
@@ -504,6 +541,7 @@ void sk_config_format(const struct sk_config *cfg, enum sk_config_key key, char 
     snprintf(buf, size, "%s", n ? n : "?");
     break;
   }
+  case T_BOOL: snprintf(buf, size, "%s", field_num(cfg, key) ? "yes" : "no"); break;
   case T_LOG_LEVEL: snprintf(buf, size, "%s", sk_config_log_level_name(cfg->log_level)); break;
   case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(cfg->kv_type)); break;
   case T_CHAT:
@@ -672,8 +710,15 @@ static int handler(void *user, const char *section, const char *name, const char
     for (int k = 0; k < SK_CFG__COUNT; k++)
       if (strcmp(keys[k].section, section) == 0 && w < sizeof known)
         w += (size_t)snprintf(known + w, sizeof known - w, "%s%s", w ? ", " : "", keys[k].name);
-    add_error(st, st->line, "[%s] %s: unknown key (keys of [%s]: %s)", section, name, section,
-              known);
+    /* The list goes only where the whole message (path, line and all) keeps
+     * it; a section with more keys than that refers to the manual. */
+    size_t used = strlen(st->path) + 2 * strlen(section) + strlen(name) + 48;
+    if (w >= sizeof known || used + w >= SK_ERROR_MESSAGE_MAX)
+      add_error(st, st->line, "[%s] %s: unknown key (sinkd.conf(5) lists the keys of [%s])",
+                section, name, section);
+    else
+      add_error(st, st->line, "[%s] %s: unknown key (keys of [%s]: %s)", section, name, section,
+                known);
     return 1;
   }
   if (st->seen[key]) {
@@ -696,23 +741,52 @@ static int handler(void *user, const char *section, const char *name, const char
 int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs) {
   memset(errs, 0, sizeof *errs);
-  struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
-  st.f = fopen(path, "re");
-  if (!st.f) {
+  /* Read whole before parsing, as a regular file of bounded size: a FIFO
+   * or /dev/zero named as the configuration (or swapped in before a
+   * reload) is refused at once instead of hanging the daemon. */
+  char *text = NULL;
+  size_t text_len = 0;
+  struct sk_error fe;
+  struct stat sb;
+  int frc;
+  if (stat(path, &sb) == 0 && S_ISCHR(sb.st_mode) && sb.st_rdev == makedev(1, 3)) {
+    /* /dev/null: no configuration (sinkd --config /dev/null), read as
+     * an empty file. */
+    frc = (text = calloc(1, 1)) ? 0 : -SK_ERR_NO_MEMORY;
+  } else {
+    frc = sk_safefile_read(AT_FDCWD, path, 0, SK_LIMIT_CONFIG_BYTES, NULL, &text, &text_len,
+                           &fe);
+  }
+  if (frc < 0) {
     int e = errno;
+    if (frc == -SK_ERR_NO_MEMORY) return frc;
     if (e == ENOENT && !must_exist) return 1;
     errs->n = 1;
-    return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
-                        strerror(e));
+    if (e)
+      return sk_error_set(&errs->e[0], SK_ERR_IO, "%s: cannot read the configuration: %s", path,
+                          strerror(e));
+    return sk_error_set(&errs->e[0], SK_ERR_IO, "cannot read the configuration: %s",
+                        fe.message);
   }
+  int rc = sk_config_load_text(cfg, path, text, text_len, errs);
+  free(text);
+  return rc;
+}
+
+int sk_config_load_text(struct sk_config *cfg, const char *path, const char *text, size_t len,
+                        struct sk_config_errors *errs) {
+  memset(errs, 0, sizeof *errs);
+  struct load_state st = {.cfg = cfg, .path = path, .errs = errs};
   free(cfg->file);
   cfg->file = strdup(path);
-  if (!cfg->file) {
+  if (!cfg->file) return -SK_ERR_NO_MEMORY;
+  int rc = 0;
+  if (len) {
+    st.f = fmemopen((void *)text, len, "r");
+    if (!st.f) return -SK_ERR_NO_MEMORY;
+    rc = ini_parse_stream(reader, &st, handler, &st);
     fclose(st.f);
-    return -SK_ERR_NO_MEMORY;
   }
-  int rc = ini_parse_stream(reader, &st, handler, &st);
-  fclose(st.f);
   free(st.buf);
   if (st.fatal == -SK_ERR_NO_MEMORY) return st.fatal;
   if (st.fatal == -SK_ERR_IO) {
@@ -783,23 +857,28 @@ int sk_config_resolve_sockets(struct sk_config *cfg, struct sk_error *err) {
 }
 
 int sk_config_read_key(const char *path, char *ret, size_t size, struct sk_error *err) {
-  /* O_NONBLOCK: a FIFO (or a device) there must not hang the start; it
-   * is refused below, before anything is read. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  /* base/safefile: a FIFO (or a device) there must not hang the start;
+   * it is refused, before anything is read. */
   struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0) {
+  memset(&st, 0, sizeof st);
+  struct sk_error fe;
+  int fd = sk_safefile_open(AT_FDCWD, path, SK_SAFEFILE_NOFOLLOW, UINT64_MAX / 4, NULL, &st, &fe);
+  if (fd < 0 && st.st_mode == 0) { /* not opened */
     int e = errno;
-    if (fd >= 0) close(fd);
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "http_key_file %s: %s%s", path, strerror(e),
                         e == ELOOP ? " (a symbolic link: name the file itself)" : "");
   }
-  if (!S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+  if (fd < 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "http_key_file %s: must be a regular file of mode 0600 (it is not a "
+                        "regular file: %s)",
+                        path, sk_safefile_kind(st.st_mode));
+  if (st.st_mode & 077) {
     close(fd);
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
-                        "http_key_file %s: must be a regular file of mode 0600 (it is %s%04o): "
+                        "http_key_file %s: must be a regular file of mode 0600 (it is %04o): "
                         "chmod 600 %s",
-                        path, S_ISREG(st.st_mode) ? "" : "not a regular file, mode ",
-                        (unsigned)(st.st_mode & 07777), path);
+                        path, (unsigned)(st.st_mode & 07777), path);
   }
   const bool too_long = st.st_size >= (off_t)size; /* refused below, unread */
   ssize_t n = too_long ? 0 : read(fd, ret, size - 1);
@@ -848,8 +927,22 @@ int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "%sspeculation lookup needs a history: lookup_history is 0", at);
   }
+  if (cfg->http_listen && !cfg->http_listen_public && !sk_config_listen_loopback(cfg->http_listen)) {
+    where(cfg, SK_CFG_HTTP_LISTEN, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%shttp_listen %s is not a loopback address: other machines could reach "
+                        "it; set http_listen_public = yes (or --http-listen-public yes) to mean it",
+                        at, cfg->http_listen);
+  }
   if (cfg->http_uid == 0) {
-    cfg->http_uid = (uint32_t)getuid();
+    /* TCP requests carry no uid: they act as sinkd's own, never as root
+     * (who may use every session); as root, as nobody. */
+    uid_t self = getuid();
+    if (self == 0) {
+      struct passwd *pw = getpwnam("nobody");
+      self = pw && pw->pw_uid != 0 ? pw->pw_uid : SK_CONFIG_NOBODY_UID;
+    }
+    cfg->http_uid = (uint32_t)self;
     cfg->origin[SK_CFG_HTTP_UID].automatic = true;
   }
   if (cfg->threads == 0) {

@@ -44,6 +44,9 @@
  * do not fill max_user_sessions for good. */
 #define SK_CONFIG_DEFAULT_IDLE_TTL (7u * 24u * 3600u)
 #define SK_CONFIG_DEFAULT_FRAME_TIMEOUT 30u     /* seconds: a slow 1 MiB frame still fits */
+/* http_uid when sinkd runs as root and the system has no "nobody": the
+ * uid Debian and most distributions give it (65534, the overflow uid). */
+#define SK_CONFIG_NOBODY_UID 65534u
 /* auto input memory, in frames of max_frame: 64 in all (64 MiB by
  * default, against 1 GiB for max_clients whole frames), 16 per uid. */
 #define SK_CONFIG_INPUT_FRAMES 64u
@@ -63,6 +66,7 @@ enum sk_config_key {
   SK_CFG_HTTP_LISTEN,
   SK_CFG_HTTP_KEY_FILE,
   SK_CFG_HTTP_UID,
+  SK_CFG_HTTP_LISTEN_PUBLIC,
   SK_CFG_SPARSITY_FILE,
   SK_CFG_DRAFT_MODEL,
   SK_CFG_LOOKUP_HISTORY,
@@ -142,7 +146,10 @@ struct sk_config {
                             `socket`, named sinkd-http.sock; "none": off */
   char *http_listen;     /* loopback TCP "HOST:PORT"; NULL: none */
   char *http_key_file;   /* API key file (mode 0600), needed by http_listen */
-  uint32_t http_uid;     /* uid TCP requests act as; 0 = auto: sinkd's own */
+  uint32_t http_uid;     /* uid TCP requests act as; 0 = auto: sinkd's own,
+                            or nobody's when sinkd runs as root */
+  uint32_t http_listen_public; /* 1: http_listen may be a non-loopback
+                                  address (a choice made knowingly) */
 
   struct {
     enum sk_config_origin from;
@@ -189,6 +196,16 @@ const char *sk_config_default_path(void);
  * hold some values of the file: callers discard it. */
 int sk_config_load(struct sk_config *cfg, const char *path, bool must_exist,
                    struct sk_config_errors *errs);
+/* What sk_config_load does with the file's text once read: parses the
+ * len bytes of text (any bytes; no NUL needed) as the file `path`
+ * (the name errors give and cfg->file keeps). Returns 0,
+ * -SK_ERR_BAD_REQUEST (errs holds the problems) or -SK_ERR_NO_MEMORY. */
+int sk_config_load_text(struct sk_config *cfg, const char *path, const char *text, size_t len,
+                        struct sk_config_errors *errs);
+
+/* Whether an http_listen value ("ADDRESS:PORT") names a loopback
+ * address: 127.0.0.0/8, [::1] or localhost. */
+bool sk_config_listen_loopback(const char *listen);
 
 /* Sets key from its text form, as the file and command line write it,
  * recording where it came from (line 0 when not from a file). Errors:

@@ -64,7 +64,10 @@ static void usage(FILE *f) {
           "                          sinkd-http.sock beside --socket; see sinkd-http(7))\n"
           "      --http-listen ADDR:PORT  also serve HTTP on TCP (needs --http-key-file)\n"
           "      --http-key-file FILE  API key for TCP requests (file of mode 0600)\n"
-          "      --http-uid UID|auto  uid that TCP requests act as (auto: sinkd's own)\n",
+          "      --http-uid UID|auto  uid that TCP requests act as (auto: sinkd's own;\n"
+          "                          nobody's when sinkd runs as root)\n"
+          "      --http-listen-public yes|no  allow --http-listen on an address other\n"
+          "                          machines reach (default no: loopback only)\n",
           sk_config_default_path());
   /* (two strings: C11 compilers need take no literal above 4095 bytes) */
   fputs("      --sparsity-file FILE  MLP sparsity calibration for sessions that ask\n"
@@ -133,6 +136,7 @@ static int parse_command_line(int argc, char **argv, struct sk_startup *st) {
       KEY_OPT("http-listen", SK_CFG_HTTP_LISTEN),
       KEY_OPT("http-key-file", SK_CFG_HTTP_KEY_FILE),
       KEY_OPT("http-uid", SK_CFG_HTTP_UID),
+      KEY_OPT("http-listen-public", SK_CFG_HTTP_LISTEN_PUBLIC),
       KEY_OPT("sparsity-file", SK_CFG_SPARSITY_FILE),
       KEY_OPT("draft-model", SK_CFG_DRAFT_MODEL),
       KEY_OPT("lookup-history", SK_CFG_LOOKUP_HISTORY),

@@ -23,6 +23,7 @@ _sinkd() {
     --max-input-memory|--max-user-input-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-uid) COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
+    --http-listen-public) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --sinks|--max-sessions|--max-clients|--max-frame|--batch|--idle-ttl|--max-user-sessions|\
     --max-user-clients|--frame-timeout|--http-listen|--draft-tokens|--lookup-history)
       COMPREPLY=(); return ;;
@@ -33,8 +34,8 @@ _sinkd() {
     --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch
     --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
-    --sparsity-file --calibrate --draft-model --speculation --draft-tokens --lookup-history
-    --log-level --verbose --help --version" -- "$cur"))
+    --http-listen-public --sparsity-file --calibrate --draft-model --speculation
+    --draft-tokens --lookup-history --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

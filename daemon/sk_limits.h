@@ -46,6 +46,10 @@
  * gone (0 = no deadline). */
 #define SK_LIMIT_MAX_FRAME_TIMEOUT 3600u
 
+/* Bytes of the configuration file: a commented sinkd.conf is a few KiB;
+ * it is read whole, so its size is bounded before it is. */
+#define SK_LIMIT_CONFIG_BYTES (1u << 20)
+
 /* ---- connections (listen.c, conn.c, admit.c) ---- */
 
 /* Pending connections the kernel queues for accept: the usual SOMAXCONN
@@ -65,6 +69,15 @@
  * frame_timeout_s is closed at most this late, and checking costs nothing. */
 #define SK_LIMIT_FRAME_TICK_MIN_MS 100u
 #define SK_LIMIT_FRAME_TICK_MAX_MS 1000u
+/* A refused connection is reported to the log once per uid in this time
+ * (the others are counted into the next report): a client that retries
+ * in a loop must not flood the journal. A minute keeps a persistent
+ * offender visible. */
+#define SK_LIMIT_REFUSAL_LOG_MS 60000u
+/* uids whose last refusal time is remembered: more than the users who
+ * hit a limit at once on any machine sinkd serves; past it the uid
+ * reported longest ago is forgotten (and may be reported early). */
+#define SK_LIMIT_REFUSAL_LOG_UIDS 64u
 /* Quiet time after the last disconnect before freed memory is given back
  * to the system (malloc_trim): a burst of clients pays it once. */
 #define SK_LIMIT_TRIM_DELAY_MS 1000u
@@ -102,6 +115,9 @@
  * is rendered on every chat, and roles are short words. */
 #define SK_LIMIT_CONV_MSGS 64u
 #define SK_LIMIT_CONV_ROLE 32u
+/* Bytes of a session's conversation file (conv.c): its text and 64
+ * messages are far below this; past it the file is not one sinkd wrote. */
+#define SK_LIMIT_CONV_FILE_BYTES (64u << 20)
 
 /* ---- the HTTP front end (daemon/http/) ---- */
 
@@ -112,8 +128,13 @@
 #define SK_LIMIT_HTTP_REQUEST_MS 10000u
 /* A keep-alive connection with no request for this long is closed. */
 #define SK_LIMIT_HTTP_IDLE_MS 60000u
+/* After a client left, the time its request may take to close what it
+ * opened for it on its daemon connection (a session whose id the client
+ * never got): one round trip to the server, far less than this. */
+#define SK_LIMIT_HTTP_LINGER_MS 10000u
 /* Bytes of responses waiting for a slow reader before its generation
- * pauses (as SK_LIMIT_CONN_OUT for msgpack clients). */
+ * pauses and its requests stop being read (as SK_LIMIT_CONN_OUT for
+ * msgpack clients). */
 #define SK_LIMIT_HTTP_OUT (1u << 20)
 /* Request line plus headers, in bytes: no OpenAI client sends more than
  * a few hundred; 16 KiB leaves room for long bearer tokens and cookies
@@ -133,9 +154,13 @@
 /* Likely tokens a response gives per token with logprobs: OpenAI's bound
  * for chat (20), which the protocol's top_logprobs matches. */
 #define SK_LIMIT_OPENAI_TOP_LOGPROBS 20u
-/* Conversations of persistent sessions remembered (oaiconv.h); the
- * oldest is dropped, so memory stays bounded however many sessions. */
-#define SK_LIMIT_OPENAI_CONVS 1024u
+/* Conversations of persistent sessions remembered per uid (oaiconv.h):
+ * many times the sessions a uid may hold (max_user_sessions, 16 by
+ * default); the uid's least recently used one is dropped, so its memory
+ * stays bounded however many sessions it goes through, and no uid's use
+ * drops another's. */
+#define SK_LIMIT_OPENAI_USER_CONVS 256u
+
 
 /* ---- the state directory (store.c) ---- */
 
@@ -144,6 +169,11 @@
 #define SK_LIMIT_SET_ASIDE_TRIES 100
 
 /* ---- sparsity calibration (main.c --calibrate, sparse.h, CATS sec. 3.2) ---- */
+
+/* Bytes of a sparsity file: a few lines of 1024 numbers at most. */
+#define SK_LIMIT_SPARSITY_FILE_BYTES (16u << 20)
+/* Bytes of the text --calibrate reads (it uses its first tokens only). */
+#define SK_LIMIT_CALIB_TEXT_BYTES (64u << 20)
 
 /* Tokens of the text used, at most: bounds the run's time. */
 #define SK_LIMIT_CALIB_TOKENS 8192u

@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/notify.h"
+#include "base/safefile.h"
 #include "http/http.h"
 #include "model/chat.h"
 #include "model/gguf.h"
@@ -360,9 +361,13 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
                      uint32_t threads, uint32_t batch) {
   struct sk_error err = {0};
   const struct sk_model_config *mc = sk_model_config(m);
-  FILE *f = fopen(text_path, "rb");
+  /* A regular file (a FIFO would wait for a writer), read up to its
+   * first SK_LIMIT_CALIB_TEXT_BYTES. */
+  int tfd = sk_safefile_open(AT_FDCWD, text_path, 0, UINT64_MAX / 4, NULL, NULL, &err);
+  FILE *f = tfd >= 0 ? fdopen(tfd, "rb") : NULL;
   if (!f) {
-    fprintf(stderr, "sinkd: --calibrate %s: %s\n", text_path, strerror(errno));
+    if (tfd >= 0) close(tfd);
+    fprintf(stderr, "sinkd: --calibrate: %s\n", tfd >= 0 ? strerror(errno) : err.message);
     return SK_EXIT_CONFIG;
   }
   char *text = NULL;
@@ -370,7 +375,7 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
   for (;;) {
     if (len == cap) {
       cap = cap ? 2 * cap : 1 << 16;
-      char *t = cap <= (64u << 20) ? realloc(text, cap) : NULL;
+      char *t = cap <= SK_LIMIT_CALIB_TEXT_BYTES ? realloc(text, cap) : NULL;
       if (!t) break;
       text = t;
     }
@@ -426,20 +431,33 @@ static int calibrate(const struct sk_model *m, const struct sk_tokenizer *tok,
     goto fail;
   memcpy(cal.model_fp, fp, 16);
   cal.n_tokens = n_use;
-  char tmp[PATH_MAX];
-  FILE *o = stdout;
-  if (out) {
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    if (!(o = fopen(tmp, "w"))) {
-      fprintf(stderr, "sinkd: %s: %s\n", tmp, strerror(errno));
-      goto done;
-    }
+  /* The file: written in memory, then into its folder through a
+   * temporary created exclusively and renamed over it (base/safefile.h),
+   * never through a link planted at either name. */
+  char *buf = NULL;
+  size_t buf_len = 0;
+  FILE *o = out ? open_memstream(&buf, &buf_len) : stdout;
+  if (!o) {
+    fprintf(stderr, "sinkd: cannot write %s: %s\n", out, strerror(errno));
+    goto done;
   }
   int rc = sk_sparse_calib_write(o, &cal, &err);
-  if (out && (fclose(o) != 0 || rc < 0 || rename(tmp, out) < 0)) {
-    fprintf(stderr, "sinkd: cannot write %s: %s\n", out, rc < 0 ? err.message : strerror(errno));
-    unlink(tmp);
-    goto done;
+  if (out) {
+    int dfd = -1;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(out, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out) : 1, slash ? out : ".");
+    if (slash == out) snprintf(dir, sizeof dir, "/");
+    if (fclose(o) != 0 && rc == 0) rc = sk_error_set(&err, SK_ERR_NO_MEMORY, "out of memory");
+    if (rc == 0 && (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+      rc = sk_error_set(&err, SK_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (rc == 0) rc = sk_safefile_write(dfd, slash ? slash + 1 : out, 0644, buf, buf_len, &err);
+    if (dfd >= 0) close(dfd);
+    free(buf);
+    if (rc < 0) {
+      fprintf(stderr, "sinkd: cannot write %s: %s\n", out, err.message);
+      goto done;
+    }
   }
   if (rc < 0) goto fail;
   for (uint32_t i = 0; i < cal.n_levels; i++) {
@@ -509,6 +527,12 @@ static int start_config(struct daemon *d) {
     sk_notify("STATUS=loading %s", d->cfg.model);
   }
   signal(SIGPIPE, SIG_IGN);
+  /* Signals whose default action ends a process without a word: a stray
+   * kill -USR1 (or a timer of some library) must not stop the daemon
+   * without its clean shutdown. SIGINT and SIGTERM stop it, SIGHUP
+   * reloads (serve()). */
+  static const int stray[] = {SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGIO};
+  for (size_t i = 0; i < sizeof stray / sizeof stray[0]; i++) signal(stray[i], SIG_IGN);
   /* The kernels first: the model loader packs weights for them. */
   if (sk_kernels_select(getenv("SINKD_KERNEL"), &err) < 0) {
     if (d->src->check_only) fprintf(stderr, "sinkd: SINKD_KERNEL: %s\n", err.message);
@@ -916,6 +940,15 @@ static int start_http(struct daemon *d) {
          d->http_fd > 0 ? "the passed socket" : http_unix ? d->cfg.http_socket : "",
          http_unix && d->cfg.http_listen ? " and " : "",
          d->cfg.http_listen ? d->cfg.http_listen : "");
+  if (d->cfg.http_listen) {
+    sk_log(SK_LOG_NOTICE, "HTTP on %s (TCP, API key): requests act as uid %u%s",
+           d->cfg.http_listen, d->cfg.http_uid,
+           d->cfg.origin[SK_CFG_HTTP_UID].automatic ? " (http_uid auto)" : "");
+    if (!sk_config_listen_loopback(d->cfg.http_listen))
+      sk_log(SK_LOG_WARNING, "HTTP listens on %s, which other machines may reach: the API key "
+             "and every request travel in clear text (http_listen_public = yes)",
+             d->cfg.http_listen);
+  }
   return 0;
 }
 

@@ -18,7 +18,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 mkdir -p "$out"
 status=0
 summary=()
-for t in frame server gguf tokenizer chat http; do
+for t in frame server gguf tokenizer chat http config; do
   bin="$build/tests/fuzz/fuzz-$t"
   [ -x "$bin" ] || { echo "run-fuzz: $bin missing (configure with -Dfuzzing=true)" >&2; exit 1; }
   work=$(mktemp -d "${TMPDIR:-/tmp}/sinkd-fuzz-$t.XXXXXX")

@@ -354,6 +354,39 @@ static void test_model_template(void **state) {
   free(dir);
 }
 
+/* Text appended to a session before its first chat (open, append "x",
+ * chat): the chat appends the whole rendering of its message after it.
+ * This is the path where the conversation so far holds no message at
+ * all, which the other tests never took (they chat first, or append
+ * after a reply): under the ASan+UBSan build it passed NULL to memcmp. */
+static void test_chat_after_append(void **state) {
+  (void)state;
+  struct sk_test_daemon d;
+  sk_test_daemon_start(&d, (const char *const[]){"--config", "/dev/null", "--chat-template",
+                                                 "chatml", NULL});
+  struct sk_client *c = connect_to(&d);
+  struct sk_error e = {0};
+  struct sk_open_params op = {.policy = "streaming", .window = 64};
+  struct sk_open_result o;
+  assert_int_equal(sk_client_open(c, &op, &o, &e), 0);
+  struct sk_append_result ar;
+  assert_int_equal(sk_client_append_text(c, o.session, "x", 1, SK_BOS_FALSE, &ar, &e), 0);
+  struct sk_generate_params gp;
+  sk_generate_params_init(&gp);
+  gp.temperature = 0;
+  gp.max_tokens = 4;
+  const struct sk_chat_message q = {"user", "Once upon a time", 0};
+  struct sk_generate_result gr;
+  if (sk_client_chat(c, o.session, &q, 1, &gp, NULL, NULL, &gr, &e) < 0)
+    fail_msg("chat after append: %s", e.message);
+  assert_int_equal(gr.prompt_tokens,
+                   n_tokens(c, "<|im_start|>user\nOnce upon a time<|im_end|>\n"
+                               "<|im_start|>assistant\n",
+                            SK_BOS_FALSE));
+  sk_client_free(c);
+  assert_int_equal(sk_test_daemon_stop(&d, 30000), 0);
+}
+
 /* The conversation outlives the daemon: the session keeps its template
  * (not the new daemon's default) and the next chat appends exactly the
  * end of the reply's turn and the new message. */
@@ -736,6 +769,7 @@ int main(void) {
       cmocka_unit_test(test_chat_named_template),
       cmocka_unit_test(test_sinkctl_chat),
       cmocka_unit_test(test_model_template),
+      cmocka_unit_test(test_chat_after_append),
       cmocka_unit_test(test_conversation_survives_restart),
       cmocka_unit_test(test_qwen2_chat),
       cmocka_unit_test(test_system_prompt_fits),

@@ -278,6 +278,25 @@ static void test_conversation_delta(void **state) {
   sk_chat_text_free(&t);
 }
 
+/* Text appended to a session before its first chat (an append op, then
+ * a chat): the conversation holds no message, only that text. The delta
+ * is the whole rendering of the new messages, as after any text the
+ * template did not produce. (Its empty "conversation so far" must not
+ * reach memcmp as NULL: UBSan's nonnull check, in the ASan+UBSan build.) */
+static void test_delta_after_plain_text(void **state) {
+  (void)state;
+  struct sk_error err = {0};
+  struct sk_chat_text t;
+  sk_chat_text_init(&t);
+  const struct sk_chat_msg hi = {"user", 4, "Hi", 2};
+  struct sk_conv c;
+  sk_conv_init(&c, SK_CHAT_CHATML);
+  assert_int_equal(sk_conv_delta(&c, &hi, 1, "x", 1, &t, &err), 0);
+  expect_text(&t, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  sk_conv_free(&c);
+  sk_chat_text_free(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_templates_json),
@@ -286,6 +305,7 @@ int main(void) {
       cmocka_unit_test(test_end_of_turn),
       cmocka_unit_test(test_content_is_content),
       cmocka_unit_test(test_conversation_delta),
+      cmocka_unit_test(test_delta_after_plain_text),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -109,10 +110,25 @@ static void test_defaults(void **state) {
   assert_string_equal(errs.e[0].message,
                       "/nonexistent/sinkd.conf: cannot read the configuration: No such file or "
                       "directory");
-  /* A folder opens but does not read. */
+  /* A folder, a device, a FIFO: refused before a byte is read (a FIFO
+   * would wait for a writer, /dev/zero never end). */
+  char want[512];
   assert_int_equal(sk_config_load(&c, g_dir, true, &errs), -SK_ERR_IO);
   assert_int_equal(errs.n, 1);
-  assert_non_null(strstr(errs.e[0].message, ": cannot read the configuration: Is a directory"));
+  snprintf(want, sizeof want, "cannot read the configuration: %s is a directory, not a regular "
+           "file", g_dir);
+  assert_string_equal(errs.e[0].message, want);
+  assert_int_equal(sk_config_load(&c, "/dev/zero", true, &errs), -SK_ERR_IO);
+  assert_string_equal(errs.e[0].message, "cannot read the configuration: /dev/zero is a "
+                                         "character device, not a regular file");
+  char fifo[400];
+  snprintf(fifo, sizeof fifo, "%s/fifo.conf", g_dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(sk_config_load(&c, fifo, true, &errs), -SK_ERR_IO);
+  snprintf(want, sizeof want, "cannot read the configuration: %s is a FIFO, not a regular file",
+           fifo);
+  assert_string_equal(errs.e[0].message, want);
+  unlink(fifo);
   sk_config_done(&c);
   sk_config_done(&c); /* twice is fine */
 }
@@ -222,9 +238,11 @@ static void test_errors(void **state) {
                ":2: [daemon] log_level: 'loud' is not a log level (err, warning, notice, info, "
                "debug)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
-               ":3: [daemon] bogus: unknown key (keys of [daemon]: model, socket, state_dir, "
-               "threads, batch, log_level, kv_type, chat_template, http_socket, http_listen, "
-               "http_key_file, http_uid, sparsity_file, draft_model, lookup_history)");
+               ":3: [daemon] bogus: unknown key (sinkd.conf(5) lists the keys of [daemon])");
+  /* A section whose keys fit in the message lists them. */
+  expect_error("[session]\nbogus = 1\n", ":2: [session] bogus: unknown key (keys of [session]: "
+                                          "policy, sinks, window, capacity, speculation, "
+                                          "draft_tokens)");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
@@ -585,8 +603,8 @@ static void test_key_table(void **state) {
   static const enum sk_config_key fixed[] = {
       SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
       SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
-      SK_CFG_HTTP_UID,    SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE, SK_CFG_DRAFT_MODEL,
-      SK_CFG_LOOKUP_HISTORY};
+      SK_CFG_HTTP_UID,    SK_CFG_HTTP_LISTEN_PUBLIC, SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE,
+      SK_CFG_DRAFT_MODEL, SK_CFG_LOOKUP_HISTORY};
   const size_t n = sizeof fixed / sizeof fixed[0];
   size_t n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)

@@ -792,6 +792,14 @@ static void fake_generate(struct fake *f, int fd, uint64_t id,
   uint64_t max_tokens = 0, n_top = 0;
   sk_msg_get_u64(req, "max_tokens", UINT64_MAX, &max_tokens, NULL);
   sk_msg_get_u64(req, "n_top", UINT64_MAX, &n_top, NULL);
+  if (max_tokens == 4) { /* a model's text that holds terminal controls */
+    fake_token(fd, id, 20, "\x1b]0;owned\x07", false); /* retitle the window */
+    fake_token(fd, id, 21, "\x1b[2J", false);           /* clear the screen */
+    fake_token(fd, id, 22, "ok\r\n\xc3\xbc", false);
+    fake_token(fd, id, 23, "\xc2\x9b" "31m", false);      /* C1 CSI, in UTF-8 */
+    fake_generate_final(fd, id, "length", 4);
+    return;
+  }
   if (max_tokens == 3) { /* three events, then the final reply */
     fake_token(fd, id, 10, "a", n_top > 0);
     fake_token(fd, id, 11, "", n_top > 0);
@@ -1776,9 +1784,31 @@ static void test_sinkctl(void **state) {
     assert_int_equal(run_sinkctl_tty((const char *const[]){"--socket", P, "detokenize", "1", NULL},
                                      tty, sizeof tty, &tty_len),
                      0);
-    assert_int_equal(tty_len, 8);
-    assert_memory_equal(tty, "he\0llo\r\n", 8);
+    assert_int_equal(tty_len, 11);
+    assert_memory_equal(tty, "he\\x00llo\r\n", 11);
   }
+  /* The model's text on a terminal: its control characters are shown,
+   * not obeyed; with --raw, and into a pipe, the bytes as they came. */
+  {
+    char tty[512];
+    size_t tty_len = 0;
+    assert_int_equal(run_sinkctl_tty((const char *const[]){"--socket", P, "generate", "-n", "4",
+                                                           "--no-echo", "x", NULL},
+                                     tty, sizeof tty, &tty_len),
+                     0);
+    const char want[] = "\\x1b]0;owned\\x07\\x1b[2Jok\\x0d\r\n\xc3\xbc\\u009b31m\r\n";
+    assert_int_equal(tty_len, sizeof want - 1);
+    assert_memory_equal(tty, want, sizeof want - 1);
+    assert_int_equal(run_sinkctl_tty((const char *const[]){"--socket", P, "--raw", "generate",
+                                                           "-n", "4", "--no-echo", "x", NULL},
+                                     tty, sizeof tty, &tty_len),
+                     0);
+    const char want_raw[] = "\x1b]0;owned\x07\x1b[2Jok\r\r\n\xc3\xbc\xc2\x9b" "31m\r\n";
+    assert_int_equal(tty_len, sizeof want_raw - 1);
+    assert_memory_equal(tty, want_raw, sizeof want_raw - 1);
+  }
+  assert_int_equal(RUN(NULL, "--socket", P, "generate", "-n", "4", "--no-echo", "x"), 0);
+  assert_string_equal(out, "\x1b]0;owned\x07\x1b[2Jok\r\n\xc3\xbc\xc2\x9b" "31m\n");
   /* resume: columns, as stats prints them. */
   assert_int_equal(RUN(NULL, "--socket", P, "resume", "7"), 0);
   assert_string_equal(out,

@@ -408,8 +408,14 @@ static void test_socket_activation(void **state) {
     dump_log(&d);
     fail_msg("systemd-socket-activate did not create %s", sock);
   }
-  /* The connection is queued by the passed socket while sinkd loads. */
-  struct sk_client *c = connect_now(sock);
+  /* The connection is queued by the passed socket while sinkd loads.
+   * (systemd-socket-activate binds, then listens: until it listens, the
+   * file exists and refuses connections.) */
+  struct sk_client *c = NULL;
+  struct sk_error ce = {0};
+  for (int i = 0; i < 500 && sk_client_connect(sock, &c, &ce) < 0; i++) usleep(10000);
+  if (!c) fail_msg("connect %s: %s", sock, ce.message);
+  sk_client_set_timeout(c, 60000, NULL);
   struct sk_error e = {0};
   assert_int_equal(sk_client_ping(c, &e), 0);
   wait_message(&d, "READY=1", NULL, 0);

@@ -91,3 +91,15 @@ bool sk_utf8_held_valid(const uint8_t held[4], unsigned n) {
     if (!cont_ok(held, i, held[i])) return false;
   return true;
 }
+
+size_t sk_utf8_trim_cut(const char *s, size_t n) {
+  const unsigned char *p = (const unsigned char *)s;
+  /* The start of the last character: up to 3 continuation bytes back. */
+  size_t i = n, back = 0;
+  while (i > 0 && back < 4 && (p[i - 1] & 0xc0) == 0x80) i--, back++;
+  if (i == 0) return n; /* only continuation bytes: nothing to trim */
+  unsigned char lead = p[i - 1];
+  size_t want = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+  size_t have = back + 1;
+  return have < want ? i - 1 : n;
+}

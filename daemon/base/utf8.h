@@ -28,6 +28,11 @@ size_t sk_utf8_stream_flush(struct sk_utf8_stream *s, char *out);
  * bytes of a character that more bytes can still complete (n < 4,
  * unused bytes of held zero). */
 bool sk_utf8_held_valid(const uint8_t held[4], unsigned n);
+/* The length of s[0..n) without a character cut at its end (a lead byte
+ * followed by fewer continuation bytes than it announces): where a text
+ * cut to fit a buffer may end. Bytes before the last character are not
+ * looked at. */
+size_t sk_utf8_trim_cut(const char *s, size_t n);
 /* Whether s[0..n) is valid UTF-8. */
 bool sk_utf8_valid(const char *s, size_t n);
 

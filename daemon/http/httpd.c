@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 
 #include "http/httpreq.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "proto/wire.h"
 #include "sinkd/protocol.h"
 
@@ -43,12 +45,19 @@ struct hconn {
   uint32_t depth;             /* route code running on the stack */
   bool close_pending;         /* close once it returned */
   bool closing;
+  bool admitted;              /* holds a slot of the server's (sk_server_admit) */
+  bool out_full;              /* over SK_LIMIT_HTTP_OUT: not reading, pipelined
+                                 requests wait until the output drains */
+  bool peer_eof;              /* the client shut down its sending side */
+  bool lingering;             /* the client left; the route finishes its work
+                                 on the msgpack connection (sk_httpd_release) */
   struct sk_httpd_req req;
   /* The route's binding of the request being served (sk_httpd_bind). */
   sk_httpd_frame_fn *on_frame;
   sk_httpd_gone_fn *on_gone;
   void *state;
-  uv_timer_t timer;           /* request deadline or idle timeout */
+  uv_timer_t timer;           /* request deadline, idle timeout, or the end
+                                 of a linger */
   size_t out_bytes;           /* queued in uv_write, not yet written */
   uint32_t refs;              /* handles open + callbacks running */
   /* The msgpack connection into the server. */
@@ -73,6 +82,7 @@ struct sk_httpd {
   bool tcp_on;
   bool stopping;
   struct hconn *conns;
+  struct hconn *lingering;    /* clients gone, routes finishing (list) */
   struct sk_httpd_stats stats;
   char readbuf[SK_LIMIT_HTTP_READ_BUF];
 };
@@ -139,6 +149,35 @@ static void leave(struct hconn *c) {
 /* Whether the connection is closed or about to be. */
 static bool dead(const struct hconn *c) { return c->closing || c->close_pending; }
 
+static void list_remove(struct hconn **head, struct hconn *c) {
+  if (c->prev) c->prev->next = c->next;
+  else *head = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->prev = c->next = NULL;
+}
+
+static void list_push(struct hconn **head, struct hconn *c) {
+  c->prev = NULL;
+  c->next = *head;
+  if (*head) (*head)->prev = c;
+  *head = c;
+}
+
+static void on_linger_timer(uv_timer_t *t);
+
+/* The end of a linger: the msgpack connection closes (cancelling what
+ * still runs on it), and the connection's memory goes with its handles. */
+static void linger_end(struct hconn *c) {
+  if (!c->lingering) return;
+  c->lingering = false;
+  unbind(c);
+  list_remove(&c->httpd->lingering, c);
+  if (!uv_is_closing((uv_handle_t *)&c->back)) uv_close((uv_handle_t *)&c->back, on_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+void sk_httpd_release(struct sk_httpd_req *req) { linger_end(conn_of(req)); }
+
 static void conn_close(struct hconn *c) {
   if (c->closing) return;
   if (c->depth) {
@@ -148,26 +187,42 @@ static void conn_close(struct hconn *c) {
     return;
   }
   c->closing = true;
+  bool linger = false;
   if (c->busy) {
     /* The client left before its response ended. */
     c->busy = false;
     c->httpd->stats.disconnects++;
-    if (c->on_gone) c->on_gone(&c->req, c->state);
+    if (c->on_gone) linger = c->on_gone(&c->req, c->state);
+    if (linger && (!c->back_open || c->back_gone || c->httpd->stopping)) {
+      /* No linger possible: the route hears so at once. */
+      if (c->on_frame) c->on_frame(&c->req, c->state, 0, NULL);
+      linger = false;
+    }
+  }
+  if (c->admitted) sk_server_unadmit(c->httpd->srv, c->uid);
+  c->admitted = false;
+  list_remove(&c->httpd->conns, c);
+  uv_close(&c->h.handle, on_handle_closed);
+  if (linger) {
+    /* The route still has work on the msgpack connection (closing a
+     * session the client never learned of): it stays open, within a
+     * deadline. */
+    c->lingering = true;
+    list_push(&c->httpd->lingering, c);
+    uv_timer_start(&c->timer, on_linger_timer, SK_LIMIT_HTTP_LINGER_MS, 0);
+    return;
   }
   /* Closing the msgpack connection is what a departed msgpack client
    * does: its generation is cancelled at the next step and its
    * temporary sessions close. */
   if (c->back_open) uv_close((uv_handle_t *)&c->back, on_handle_closed);
   uv_close((uv_handle_t *)&c->timer, on_handle_closed);
-  uv_close(&c->h.handle, on_handle_closed);
-  if (c->prev) c->prev->next = c->next;
-  else c->httpd->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
 }
 
 /* ---- output ---- */
 
 static void back_resume(struct hconn *c);
+static void conn_resume(struct hconn *c);
 
 static void on_written(uv_write_t *w, int status) {
   struct out_req *o = (struct out_req *)w;
@@ -178,8 +233,16 @@ static void on_written(uv_write_t *w, int status) {
   free(o);
   if (status < 0 && !back) conn_close(c);
   else if (!c->closing && !back) {
-    if (c->out_bytes <= SK_LIMIT_HTTP_OUT / 2) back_resume(c);
-    if (c->close_after_write && c->out_bytes == 0) conn_close(c);
+    if (c->out_bytes <= SK_LIMIT_HTTP_OUT / 2) {
+      back_resume(c);
+      if (c->out_full) {
+        c->out_full = false;
+        enter(c);
+        conn_resume(c);
+        leave(c);
+      }
+    }
+    if (!c->closing && c->close_after_write && c->out_bytes == 0) conn_close(c);
   }
   conn_unref(c);
 }
@@ -223,10 +286,19 @@ static void conn_write(struct hconn *c, char *data, size_t len) {
     return;
   }
   /* A slow reader: stop taking its tokens, which pauses its generation
-   * in the server (its msgpack connection backs up). */
-  if (c->out_bytes > SK_LIMIT_HTTP_OUT && c->back_reading) {
-    uv_read_stop((uv_stream_t *)&c->back);
-    c->back_reading = false;
+   * in the server (its msgpack connection backs up), and stop reading
+   * its requests (pipelined ones wait), as the protocol's connections
+   * do: a client that never reads costs at most this much output. */
+  if (c->out_bytes > SK_LIMIT_HTTP_OUT) {
+    if (c->back_reading) {
+      uv_read_stop((uv_stream_t *)&c->back);
+      c->back_reading = false;
+    }
+    c->out_full = true;
+    if (c->reading) {
+      uv_read_stop(&c->h.stream);
+      c->reading = false;
+    }
   }
 }
 
@@ -290,15 +362,34 @@ void sk_httpd_respond(struct sk_httpd_req *req, int status, const char *content_
   request_done(c);
 }
 
+const char *sk_httpd_error_type(int status) {
+  return status >= 500   ? "server_error"
+         : status == 401 ? "authentication_error"
+         : status == 403 ? "permission_error"
+         : status == 404 ? "not_found_error"
+                         : "invalid_request_error";
+}
+
+json_t *sk_httpd_error_json(int status, const char *code, const char *message) {
+  /* JSON strings are UTF-8: bytes that are not (from a request's target,
+   * say) become U+FFFD. */
+  size_t n = strlen(message);
+  char *text = malloc(3 * (n + 4) + 3 + 1);
+  if (!text) return NULL;
+  struct sk_utf8_stream u;
+  sk_utf8_stream_init(&u);
+  size_t w = sk_utf8_stream_push(&u, message, n, text);
+  w += sk_utf8_stream_flush(&u, text + w);
+  const char *type = sk_httpd_error_type(status);
+  json_t *o = json_pack("{s:{s:s%, s:s, s:n, s:s}}", "error", "message", text, w, "type", type,
+                        "param", "code", code ? code : type);
+  free(text);
+  return o;
+}
+
 /* The JSON text of an OpenAI error object (malloc'd). */
 static char *error_json(int status, const char *code, const char *message, size_t *ret_len) {
-  const char *type = status >= 500 ? "server_error"
-                     : status == 401 ? "authentication_error"
-                     : status == 403 ? "permission_error"
-                     : status == 404 ? "not_found_error"
-                                     : "invalid_request_error";
-  json_t *o = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", message, "type", type,
-                        "param", "code", code ? code : type);
+  json_t *o = sk_httpd_error_json(status, code, message);
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   *ret_len = s ? strlen(s) : 0;
@@ -310,8 +401,10 @@ void sk_httpd_error(struct sk_httpd_req *req, int status, const char *code, cons
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  /* Cut to fit: not in the middle of a character. */
+  if (n >= (int)sizeof msg) msg[sk_utf8_trim_cut(msg, sizeof msg - 1)] = 0;
   size_t len = 0;
   char *body = error_json(status, code, msg, &len);
   sk_httpd_respond(req, status, "application/json", body ? body : "{}", body ? len : 2);
@@ -362,12 +455,13 @@ static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     uv_read_stop(s);
     c->back_reading = false;
     c->back_gone = true;
-    if (c->busy && c->on_frame) c->on_frame(&c->req, c->state, 0, NULL);
+    if ((c->busy || c->lingering) && c->on_frame) c->on_frame(&c->req, c->state, 0, NULL);
+    linger_end(c); /* the route took the NULL frame as its end */
     leave(c);
     return;
   }
   for (;;) {
-    if (dead(c)) break;
+    if (dead(c) && !c->lingering) break;
     const uint8_t *body;
     size_t len;
     int rc = sk_frame_reader_next(&c->back_rd, &body, &len);
@@ -378,14 +472,14 @@ static void back_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (sk_msg_parse(body, len, &msg, &e) < 0) continue;
     uint64_t id = 0;
     if (sk_wire_unpack_id(&msg.root, &id, &e) < 0) id = 0;
-    if (c->busy && c->on_frame) c->on_frame(&c->req, c->state, id, &msg.root);
+    if ((c->busy || c->lingering) && c->on_frame) c->on_frame(&c->req, c->state, id, &msg.root);
     sk_msg_free(&msg);
   }
   leave(c);
 }
 
 static void back_resume(struct hconn *c) {
-  if (c->back_open && !c->back_reading && !c->back_gone && !c->closing) {
+  if (c->back_open && !c->back_reading && !c->back_gone && (!c->closing || c->lingering)) {
     uv_read_start((uv_stream_t *)&c->back, conn_alloc, back_read);
     c->back_reading = true;
   }
@@ -461,6 +555,53 @@ static void on_timer(uv_timer_t *t) {
   }
 }
 
+/* The route did not finish its work in time: the msgpack connection
+ * closes, the route hears of it as the server's close (on_frame NULL). */
+static void on_linger_timer(uv_timer_t *t) {
+  struct hconn *c = t->data;
+  if (!c->lingering) return;
+  sk_log(SK_LOG_WARNING, "HTTP: the work of a departed client of uid %u did not end within "
+         "%u ms; its daemon connection is closed", c->uid, SK_LIMIT_HTTP_LINGER_MS);
+  if (c->on_frame) c->on_frame(&c->req, c->state, 0, NULL);
+  linger_end(c);
+}
+
+/* Once the output has room: the next pipelined request if nothing is
+ * being served, and reading again (during a response too, up to one
+ * more request, so that a client's departure is seen); a client that
+ * shut down its side is answered, then closed. */
+static void conn_resume(struct hconn *c) {
+  if (dead(c) || c->out_full) return;
+  if (c->busy) {
+    if (!c->reading && !c->peer_eof &&
+        c->pending_len <= SK_LIMIT_HTTP_HEADER_BYTES + (size_t)c->httpd->cfg.max_body) {
+      uv_read_start(&c->h.stream, conn_alloc, on_read);
+      c->reading = true;
+    }
+    return;
+  }
+  if (c->pending_len && !c->in_process) {
+    /* Pipelined requests: served one after the other. */
+    char *p = c->pending;
+    size_t n = c->pending_len;
+    c->pending = NULL;
+    c->pending_len = c->pending_cap = 0;
+    conn_process(c, p, n);
+    free(p);
+  }
+  if (c->busy || dead(c) || c->out_full || c->in_process) return;
+  if (c->peer_eof) {
+    /* Nothing more can come: what was asked is answered. */
+    c->close_after_write = true;
+    if (c->out_bytes == 0) conn_close(c);
+    return;
+  }
+  if (!c->reading) {
+    uv_read_start(&c->h.stream, conn_alloc, on_read);
+    c->reading = true;
+  }
+}
+
 static void request_done(struct hconn *c) {
   c->busy = false;
   c->streaming = false;
@@ -472,19 +613,7 @@ static void request_done(struct hconn *c) {
     return;
   }
   uv_timer_start(&c->timer, on_timer, SK_LIMIT_HTTP_IDLE_MS, 0);
-  if (c->pending_len && !c->in_process) {
-    /* Pipelined requests: served one after the other. */
-    char *p = c->pending;
-    size_t n = c->pending_len;
-    c->pending = NULL;
-    c->pending_len = c->pending_cap = 0;
-    conn_process(c, p, n);
-    free(p);
-  }
-  if (!c->closing && !c->reading) {
-    uv_read_start(&c->h.stream, conn_alloc, on_read);
-    c->reading = true;
-  }
+  conn_resume(c);
 }
 
 /* Constant-time comparison of the bearer token with the key. */
@@ -538,9 +667,10 @@ static void conn_process(struct hconn *c, const char *data, size_t len) {
 
 static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
   while (!dead(c)) {
-    if (c->busy) {
-      /* Bytes after the request being served (pipelining), kept up to
-       * the size of one more request; past that the client waits. */
+    if (c->busy || c->out_full) {
+      /* Bytes after the request being served (pipelining), or while the
+       * output waits for the client to read: kept up to the size of one
+       * more request; past that the client waits. */
       if (len == 0) return;
       if (c->pending_len + len > c->pending_cap) {
         size_t cap = c->pending_len + len;
@@ -598,8 +728,29 @@ static void conn_process_loop(struct hconn *c, const char *data, size_t len) {
   }
 }
 
+/* Whether the peer of a Unix socket closed it whole (not only shut
+ * down its sending side): then the socket reports POLLHUP. A TCP peer's
+ * close looks like a half-close until a write fails. */
+static bool peer_closed(const struct hconn *c) {
+  uv_os_fd_t fd;
+  if (c->is_tcp || uv_fileno(&c->h.handle, &fd) != 0) return false;
+  struct pollfd p = {.fd = fd, .events = POLLOUT};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   struct hconn *c = s->data;
+  if (nread == UV_EOF && !peer_closed(c)) {
+    /* Half-close: the client sent all it will; what it asked whole is
+     * still answered (then the connection closes). */
+    uv_read_stop(s);
+    c->reading = false;
+    c->peer_eof = true;
+    enter(c);
+    conn_resume(c);
+    leave(c);
+    return;
+  }
   if (nread < 0) {
     conn_close(c);
     return;
@@ -610,14 +761,36 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   leave(c);
 }
 
+/* A connection refused at its accept: an error response written at once
+ * (if the socket takes it), then closed; nothing is read. */
+static void conn_refuse(struct hconn *c, const struct sk_error *e) {
+  size_t len = 0;
+  char *body = error_json(429, sk_error_name(e->code), e->message, &len);
+  char head[160];
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n", len);
+  uv_buf_t bufs[2] = {uv_buf_init(head, (unsigned)n), uv_buf_init(body ? body : "", (unsigned)len)};
+  (void)uv_try_write(&c->h.stream, bufs, 2);
+  free(body);
+  c->httpd->stats.responses_4xx++;
+  uv_close(&c->h.handle, on_handle_closed);
+}
+
 static void conn_start(struct sk_httpd *h, struct hconn *c) {
+  /* Counted from its accept, as a protocol connection: an HTTP client
+   * holds a descriptor and memory before it asks for anything. */
+  struct sk_error e;
+  if (!h->stopping && sk_server_admit(h->srv, c->uid, &e) < 0) {
+    conn_refuse(c, &e);
+    return;
+  }
+  c->admitted = !h->stopping;
   c->refs++; /* the timer */
   uv_timer_init(h->loop, &c->timer);
   c->timer.data = c;
   sk_http_reader_init(&c->rd, h->cfg.max_body);
-  c->next = h->conns;
-  if (h->conns) h->conns->prev = c;
-  h->conns = c;
+  list_push(&h->conns, c);
   if (h->stopping) {
     conn_close(c);
     return;
@@ -804,4 +977,9 @@ void sk_httpd_shutdown(struct sk_httpd *h) {
     h->tcp_on = false;
   }
   while (h->conns) conn_close(h->conns);
+  while (h->lingering) {
+    struct hconn *c = h->lingering;
+    if (c->on_frame) c->on_frame(&c->req, c->state, 0, NULL);
+    linger_end(c);
+  }
 }

@@ -23,6 +23,7 @@
 #ifndef SK_HTTPD_H
 #define SK_HTTPD_H
 
+#include <jansson.h>
 #include <msgpack.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -70,9 +71,16 @@ typedef void sk_httpd_route_fn(struct sk_httpd_req *req, void *user);
  * what sk_httpd_bind was given. */
 typedef void sk_httpd_frame_fn(struct sk_httpd_req *req, void *state, uint64_t id,
                                const msgpack_object *map);
-/* The client left before the request was finished: req must not be used
- * again (state is the route's to free). */
-typedef void sk_httpd_gone_fn(struct sk_httpd_req *req, void *state);
+/* The client left before the request was finished. Returns false: req
+ * must not be used again (state is the route's to free). Returns true:
+ * the route still has work on the request's msgpack connection (closing
+ * a session the client never learned of), which stays open: its frames
+ * still come to on_frame, sk_httpd_call still sends, nothing reaches the
+ * client; the route ends it with sk_httpd_release. If the server closes
+ * that connection first, or SK_LIMIT_HTTP_LINGER_MS pass, or the
+ * transport shuts down, on_frame gets map NULL instead (the route frees
+ * its state then, without sk_httpd_release). */
+typedef bool sk_httpd_gone_fn(struct sk_httpd_req *req, void *state);
 
 /* Binds the configured sockets and starts accepting; every complete
  * request goes to route(req, user). srv and user must outlive the
@@ -103,6 +111,9 @@ bool sk_httpd_stopping(const struct sk_httpd *h);
  * request is finished (or with sk_httpd_unbind). */
 void sk_httpd_bind(struct sk_httpd_req *req, sk_httpd_frame_fn *on_frame,
                    sk_httpd_gone_fn *on_gone, void *state);
+/* Ends the work of a request whose client left (gone returned true):
+ * its msgpack connection closes and req goes. */
+void sk_httpd_release(struct sk_httpd_req *req);
 /* Ends the binding if state is still the one bound (finishing the
  * request may already have started the connection's next, pipelined
  * request on the same req, with a binding of its own). */
@@ -112,10 +123,18 @@ void sk_httpd_unbind(struct sk_httpd_req *req, const void *state);
  * request is finished. */
 void sk_httpd_respond(struct sk_httpd_req *req, int status, const char *content_type,
                       const char *body, size_t len);
-/* A JSON error response {"error": {"message", "type", "param": null,
- * "code"}} with status; type follows the status (server_error for 5xx,
- * authentication_error 401, permission_error 403, not_found_error 404,
- * else invalid_request_error), code NULL means the type. The transport
+/* The "type" of an OpenAI error object for an HTTP status: server_error
+ * for 5xx, authentication_error 401, permission_error 403,
+ * not_found_error 404, else invalid_request_error (sinkd-http(7)).
+ * Static storage. */
+const char *sk_httpd_error_type(int status);
+/* The OpenAI error object {"error": {"message", "type", "param": null,
+ * "code"}} for status (type as sk_httpd_error_type; code NULL means the
+ * type); bytes of message that are not UTF-8 become U+FFFD. New
+ * reference, NULL when out of memory. */
+json_t *sk_httpd_error_json(int status, const char *code, const char *message);
+/* A JSON error response (sk_httpd_error_json) with status; a message
+ * longer than 511 bytes is cut (between characters). The transport
  * answers its own errors (401, 408, malformed requests) with it. */
 void sk_httpd_error(struct sk_httpd_req *req, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

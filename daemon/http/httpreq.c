@@ -1,7 +1,8 @@
 /* HTTP/1.1 request reading: http_parser does the syntax (request line,
  * headers, Content-Length and chunked bodies); the callbacks below bound
  * every size before storing anything and keep the request's method,
- * target, Authorization, Expect, Content-Encoding and body. */
+ * target, Authorization, Expect, Content-Encoding, Transfer-Encoding and
+ * body. */
 #include "http/httpreq.h"
 
 #include <limits.h>
@@ -10,7 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
-enum { HDR_OTHER, HDR_AUTH, HDR_EXPECT, HDR_ENCODING };
+enum { HDR_OTHER, HDR_AUTH, HDR_EXPECT, HDR_ENCODING, HDR_TE };
 
 static struct sk_http_reader *reader_of(http_parser *p) { return p->data; }
 
@@ -67,6 +68,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len) {
   if (r->field_len == 6 && strcmp(r->field, "expect") == 0) r->header_field = HDR_EXPECT;
   if (r->field_len == 16 && strcmp(r->field, "content-encoding") == 0)
     r->header_field = HDR_ENCODING;
+  if (r->field_len == 17 && strcmp(r->field, "transfer-encoding") == 0) r->header_field = HDR_TE;
   return 0;
 }
 
@@ -106,8 +108,36 @@ static int on_header_value(http_parser *p, const char *at, size_t len) {
     size_t n = r->encoding_len < sizeof r->encoding - 1 ? r->encoding_len : sizeof r->encoding - 1;
     r->encoding[n] = 0;
     r->encoded = r->encoding_len != 8 || strcasecmp(r->encoding, "identity") != 0;
+  } else if (r->header_field == HDR_TE) {
+    /* a prefix for the message (a repeated header continues the value) */
+    r->has_te = true;
+    for (size_t i = 0; i < len; i++, r->te_len++)
+      if (r->te_len < sizeof r->te - 1) r->te[r->te_len] = at[i];
+    size_t n = r->te_len < sizeof r->te - 1 ? r->te_len : sizeof r->te - 1;
+    r->te[n] = 0;
   }
   return 0;
+}
+
+/* Whether the Transfer-Encoding, if any, is chunked alone: the only
+ * coding read. Another coding before it (gzip, chunked) would leave the
+ * body encoded, and RFC 9112 sec. 6.1 says to answer 501 to a coding
+ * the server does not know. */
+static bool te_ok(const struct sk_http_reader *r) {
+  if (!r->has_te) return true;
+  if (r->te_len >= sizeof r->te) return false; /* longer than any "chunked" */
+  size_t n = r->te_len;
+  const char *v = r->te;
+  while (n && (*v == ' ' || *v == '\t')) v++, n--;
+  while (n && (v[n - 1] == ' ' || v[n - 1] == '\t')) n--;
+  return n == 7 && strncasecmp(v, "chunked", 7) == 0;
+}
+
+static int fail_te(struct sk_http_reader *r) {
+  char msg[96];
+  snprintf(msg, sizeof msg, "Transfer-Encoding '%s%s' is not supported: send the body as is or "
+           "chunked", r->te, r->te_len >= sizeof r->te ? "..." : "");
+  return fail(r, 501, msg);
 }
 
 static int on_headers_complete(http_parser *p) {
@@ -121,6 +151,10 @@ static int on_headers_complete(http_parser *p) {
              (unsigned long long)p->content_length, r->max_body);
     fail(r, 413, msg);
     return -1; /* 1 would mean "no body" to http_parser */
+  }
+  if (!te_ok(r)) {
+    fail_te(r);
+    return -1;
   }
   if (p->upgrade) {
     fail(r, 400, "protocol upgrades are not supported");
@@ -201,6 +235,9 @@ void sk_http_reader_next(struct sk_http_reader *r) {
   r->encoding[0] = 0;
   r->encoding_len = 0;
   r->encoded = false;
+  r->te[0] = 0;
+  r->te_len = 0;
+  r->has_te = false;
   r->header_bytes = 0;
   r->n_headers = 0;
   r->field_done = false;
@@ -233,6 +270,9 @@ int sk_http_reader_feed(struct sk_http_reader *r, const char *data, size_t len,
     return SK_HTTP_READ_CONTINUE; /* paused in on_headers_complete */
   }
   if (e != HPE_OK || r->status) {
+    /* http_parser refuses some codings itself (identity, chunked twice):
+     * the same answer as for those it lets through. */
+    if (!r->status && !te_ok(r)) fail_te(r);
     if (!r->status) {
       r->status = e == HPE_HEADER_OVERFLOW ? 431 : 400;
       snprintf(r->message, sizeof r->message, "malformed HTTP request: %s",

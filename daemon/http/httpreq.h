@@ -50,6 +50,9 @@ struct sk_http_reader {
   char encoding[24];          /* the Content-Encoding value so far (prefix) */
   size_t encoding_len;
   bool encoded;               /* a Content-Encoding other than identity */
+  char te[24];                /* the Transfer-Encoding value so far (prefix) */
+  size_t te_len;
+  bool has_te;                /* a Transfer-Encoding header came */
   /* Reading state. */
   size_t header_bytes;        /* request line + headers so far */
   uint32_t n_headers;
@@ -60,7 +63,8 @@ struct sk_http_reader {
   bool complete;              /* message complete: paused until next */
   bool started;               /* a byte of the current request was read */
   /* Error (SK_HTTP_READ_ERROR). */
-  int status;                 /* 400, 413, 414, 415, 431, 501 */
+  int status;                 /* 400, 413, 414, 415, 431, 501 (a transfer
+                                 coding other than chunked) */
   char message[160];
 };
 

@@ -148,7 +148,10 @@ static void metrics_end(struct sk_httpd_req *req, struct metrics_call *mc) {
   free(mc);
 }
 
-static void metrics_gone(struct sk_httpd_req *req, void *state) { metrics_end(req, state); }
+static bool metrics_gone(struct sk_httpd_req *req, void *state) {
+  metrics_end(req, state);
+  return false;
+}
 
 /* Whether a reply says "ok": true. */
 static bool reply_ok(const msgpack_object *map) {

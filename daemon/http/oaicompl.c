@@ -28,8 +28,10 @@ struct flow {
   struct sk_oaicompl *oc;
   char id[40];
   int64_t created;
-  uint64_t open_id, gen_id, session;
+  uint64_t open_id, gen_id, close_id, session;
   bool temporary;
+  bool abandoned;         /* the client left before it got the id of the
+                             session this request opened: closing it */
   bool started;           /* stream begun */
   bool id_sent;           /* a new session's id went out in a chunk */
   char *held;             /* (held_len) text not yet given out: may begin
@@ -55,6 +57,8 @@ void sk_oaicompl_init(struct sk_oaicompl *oc, const char *model_name,
   oc->serial = 0;
 }
 
+void sk_oaicompl_free(struct sk_oaicompl *oc) { sk_oaiconv_free(&oc->convs); }
+
 static uint64_t now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -79,7 +83,51 @@ static void flow_end(struct sk_httpd_req *req, struct flow *f) {
   flow_free(f);
 }
 
-static void on_gone(struct sk_httpd_req *req, void *state) { flow_end(req, state); }
+static void close_session(struct sk_httpd_req *req, struct flow *f);
+
+/* The client left. A session it asked for ("session": "new") whose id it
+ * never got is closed: nobody else could ever use or close it (it would
+ * count against the uid's sessions until the idle TTL). The request
+ * stays on its daemon connection until the open's reply (if it is still
+ * on its way) and the close's reply are in (abandoned_frame). */
+static bool on_gone(struct sk_httpd_req *req, void *state) {
+  struct flow *f = state;
+  if (f->p.session == SK_OPENAI_SESSION_NEW && !f->id_sent && f->open_id) {
+    f->abandoned = true;
+    if (f->session) close_session(req, f);
+    return true;
+  }
+  flow_end(req, f);
+  return false;
+}
+
+/* A frame after the client left (on_gone): the open's reply gives the
+ * session to close; the close's reply ends the request. */
+static void abandoned_frame(struct sk_httpd_req *req, struct flow *f, uint64_t id,
+                            const msgpack_object *map) {
+  if (!map) { /* the transport ended it: nothing more can be sent */
+    flow_free(f);
+    return;
+  }
+  struct sk_error e;
+  struct sk_open_result o;
+  bool done = false;
+  if (id == f->open_id && !f->session) {
+    bool ok = false;
+    if (sk_wire_unpack_ok(map, &ok, &e) < 0 || !ok || sk_wire_unpack_open(map, &o, &e) < 0) {
+      done = true; /* no session was made */
+    } else {
+      f->session = o.session;
+      close_session(req, f);
+    }
+  } else if (id == 0 || (f->close_id && id == f->close_id)) {
+    done = true; /* closed (or refused as a client: nothing to close) */
+  }
+  if (done) {
+    sk_httpd_release(req);
+    flow_free(f);
+  }
+}
 
 /* ---- failures ---- */
 
@@ -100,12 +148,11 @@ static int status_of(int code) {
 }
 
 /* A failure of the request: an error response, or in a stream an error
- * event and the end. Ends the flow. */
+ * event (the same error object) and the end. Ends the flow. */
 static void fail(struct sk_httpd_req *req, struct flow *f, int status, const char *code,
                  const char *message) {
   if (f->started) {
-    json_t *o = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", message, "type",
-                          status >= 500 ? "server_error" : "invalid_request_error", "code", code);
+    json_t *o = sk_httpd_error_json(status, code, message);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (s) sk_httpd_stream_event(req, s, strlen(s));
@@ -299,7 +346,8 @@ static json_t *sinkd_ext(const struct flow *f, const struct sk_generate_result *
  * only with it would outlive the request. */
 static void close_session(struct sk_httpd_req *req, struct flow *f) {
   struct sk_msgbuf b;
-  if (sk_wire_pack_session_req(&b, sk_httpd_next_id(req), SK_OP_CLOSE, f->session) < 0) return;
+  f->close_id = sk_httpd_next_id(req);
+  if (sk_wire_pack_session_req(&b, f->close_id, SK_OP_CLOSE, f->session) < 0) return;
   struct sk_error e;
   sk_httpd_call(req, &b, &e);
 }
@@ -394,9 +442,10 @@ static void send_generate(struct sk_httpd_req *req, struct flow *f) {
       .session = f->session,
       .max_tokens = (uint32_t)f->p.max_tokens,
       /* top_p 0 keeps the most likely token only (OpenAI takes 0 to 1;
-       * the generate op (0, 1]): greedy. */
-      .temperature = f->p.top_p > 0 ? f->p.temperature : 0,
-      .top_p = f->p.top_p > 0 ? f->p.top_p : 1,
+       * the generate op (0, 1]): greedy. So does a top_p that rounds to
+       * 0 as the sampler's 32-bit float (5e-324). */
+      .temperature = (float)f->p.top_p > 0 ? f->p.temperature : 0,
+      .top_p = (float)f->p.top_p > 0 ? f->p.top_p : 1,
       /* OpenAI has no top-k: off unless the request asks for it. */
       .top_k = f->p.has_top_k ? (uint32_t)f->p.top_k : 0,
       .has_seed = f->p.has_seed,
@@ -484,6 +533,10 @@ static void on_token(struct sk_httpd_req *req, struct flow *f, const msgpack_obj
 static void completion_frame(struct sk_httpd_req *req, void *state, uint64_t id,
                              const msgpack_object *map) {
   struct flow *f = state;
+  if (f->abandoned) {
+    abandoned_frame(req, f, id, map);
+    return;
+  }
   if (!map) {
     fail(req, f, 503, "unavailable", "the daemon closed the request's connection");
     return;

@@ -31,9 +31,11 @@ struct sk_oaicompl {
   uint64_t serial;            /* the number in the last response's id */
 };
 
-/* Readies *oc; model_name and metrics must outlive it. */
+/* Readies *oc; model_name and metrics must outlive it. sk_oaicompl_free
+ * frees what it remembers (the conversation cache). */
 void sk_oaicompl_init(struct sk_oaicompl *oc, const char *model_name,
                       struct sk_metrics *metrics);
+void sk_oaicompl_free(struct sk_oaicompl *oc);
 
 /* Serves a completion (chat false) or chat completion request: answers
  * 400 at once if its body is wrong, else later, when the daemon has

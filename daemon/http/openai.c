@@ -12,7 +12,7 @@
 struct sk_openai {
   char *model_name;
   struct sk_metrics metrics;
-  /* The completion routes' state, with the conversation cache (~40 KiB). */
+  /* The completion routes' state, with the conversation cache. */
   struct sk_oaicompl completions;
 };
 
@@ -32,6 +32,7 @@ int sk_openai_new(const char *model_name, struct sk_openai **ret) {
 
 void sk_openai_free(struct sk_openai *o) {
   if (!o) return;
+  sk_oaicompl_free(&o->completions);
   free(o->model_name);
   free(o);
 }

@@ -80,7 +80,9 @@ struct sk_sparse_calib {
 
 /* Reads a calibration file and checks it against the model: fingerprint
  * (fp) and layer count. On success *c owns its arrays (free with
- * sk_sparse_calib_free). Errors: -SK_ERR_IO (cannot read),
+ * sk_sparse_calib_free). Errors: -SK_ERR_IO (cannot read, or not a
+ * regular file of at most SK_LIMIT_SPARSITY_FILE_BYTES: checked before
+ * it is read),
  * -SK_ERR_BAD_REQUEST (syntax, values, or made for another model: the
  * message names the file's and the model's fingerprints). */
 int sk_sparse_calib_load(const char *path, const uint8_t fp[16], uint32_t n_layer,

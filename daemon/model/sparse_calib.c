@@ -3,12 +3,16 @@
  * sec. 3.2: quantiles of |silu(gate x)|), and the text file that keeps
  * them for a model. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/sparse.h"
+
+#include "base/safefile.h"
+#include "sk_limits.h"
 
 /* ---- calibration file ------------------------------------------------- */
 
@@ -85,9 +89,22 @@ static bool sk__floats(const char *p, float *out, uint32_t n) {
 int sk_sparse_calib_load(const char *path, const uint8_t fp[16], uint32_t n_layer,
                          struct sk_sparse_calib *c, struct sk_error *err) {
   memset(c, 0, sizeof *c);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return sk_error_set(err, SK_ERR_IO, "sparsity calibration %s: %s", path, strerror(errno));
+  /* Read whole as a regular file of bounded size first: a FIFO or a
+   * device named here must not hang the daemon's start. */
+  char *text = NULL;
+  size_t text_len = 0;
+  struct sk_error fe;
+  if (sk_safefile_read(AT_FDCWD, path, 0, SK_LIMIT_SPARSITY_FILE_BYTES, NULL, &text, &text_len,
+                       &fe) < 0)
+    return sk_error_set(err, fe.code == SK_ERR_NO_MEMORY ? SK_ERR_NO_MEMORY : SK_ERR_IO,
+                        "sparsity calibration: %s", fe.message);
+  FILE *f = text_len ? fmemopen(text, text_len, "r") : NULL;
+  if (!f) {
+    free(text);
+    return text_len ? sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory")
+                    : sk_error_set(err, SK_ERR_BAD_REQUEST, "sparsity calibration %s: empty",
+                                   path);
+  }
   int rc = 0;
   char line[65536];
   unsigned lineno = 0;
@@ -192,6 +209,7 @@ int sk_sparse_calib_load(const char *path, const uint8_t fp[16], uint32_t n_laye
 #undef BAD
 out:
   fclose(f);
+  free(text);
   if (rc < 0) sk_sparse_calib_free(c);
   return rc;
 }

@@ -23,6 +23,20 @@ static struct sk_admit_user *sk__admit_find(const struct sk_admit *a, uint32_t u
   return NULL;
 }
 
+/* A new entry for uid, or NULL (out of memory). */
+static struct sk_admit_user *sk__admit_new(struct sk_admit *a, uint32_t uid) {
+  if (a->n == a->cap) {
+    uint32_t cap = a->cap ? a->cap * 2 : 16;
+    struct sk_admit_user *users = realloc(a->users, cap * sizeof *users);
+    if (!users) return NULL;
+    a->users = users;
+    a->cap = cap;
+  }
+  struct sk_admit_user *u = &a->users[a->n++];
+  *u = (struct sk_admit_user){.uid = uid};
+  return u;
+}
+
 int sk_admit_conn_add(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t uid,
                       struct sk_error *err) {
   if (a->conns >= l->max_clients)
@@ -40,32 +54,33 @@ int sk_admit_conn_add(struct sk_admit *a, const struct sk_admit_limits *l, uint3
                           "uid %u already has %u connections (max_user_clients %u)", uid,
                           u->conns, l->max_user_clients);
   }
-  if (!u) {
-    if (a->n == a->cap) {
-      uint32_t cap = a->cap ? a->cap * 2 : 16;
-      struct sk_admit_user *users = realloc(a->users, cap * sizeof *users);
-      if (!users) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-      a->users = users;
-      a->cap = cap;
-    }
-    u = &a->users[a->n++];
-    *u = (struct sk_admit_user){.uid = uid};
-  }
+  if (!u && !(u = sk__admit_new(a, uid))) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   u->conns++;
   a->conns++;
   if (uid != 0) a->conns_nonroot++;
   return 0;
 }
 
-void sk_admit_conn_remove(struct sk_admit *a, uint32_t uid, uint64_t input_bytes) {
+int sk_admit_hold(struct sk_admit *a, uint32_t uid, struct sk_error *err) {
+  struct sk_admit_user *u = sk__admit_find(a, uid);
+  if (!u && !(u = sk__admit_new(a, uid))) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  u->holds++;
+  return 0;
+}
+
+void sk_admit_conn_remove(struct sk_admit *a, uint32_t uid, uint64_t input_bytes, bool held) {
   struct sk_admit_user *u = sk__admit_find(a, uid);
   if (!u) return;
-  u->conns--;
   u->input_bytes -= input_bytes;
   a->input_bytes -= input_bytes;
-  a->conns--;
-  if (uid != 0) a->conns_nonroot--;
-  if (u->conns == 0) *u = a->users[--a->n];
+  if (held) {
+    u->holds--;
+  } else {
+    u->conns--;
+    a->conns--;
+    if (uid != 0) a->conns_nonroot--;
+  }
+  if (u->conns == 0 && u->holds == 0) *u = a->users[--a->n];
 }
 
 int sk_admit_input(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t uid,
@@ -95,4 +110,24 @@ int sk_admit_input(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t
 uint32_t sk_admit_user_conns(const struct sk_admit *a, uint32_t uid) {
   const struct sk_admit_user *u = sk__admit_find(a, uid);
   return u ? u->conns : 0;
+}
+
+bool sk_admit_refusal_log(struct sk_admit *a, uint32_t uid, uint64_t now_ms,
+                          uint32_t *ret_unreported) {
+  struct sk_admit_refusal *r = NULL, *oldest = &a->refusals[0];
+  for (uint32_t i = 0; i < SK_LIMIT_REFUSAL_LOG_UIDS; i++) {
+    struct sk_admit_refusal *x = &a->refusals[i];
+    if (x->reported_ms && x->uid == uid) r = x;
+    if (x->reported_ms < oldest->reported_ms) oldest = x;
+  }
+  *ret_unreported = 0;
+  if (r && now_ms - r->reported_ms < SK_LIMIT_REFUSAL_LOG_MS) {
+    r->unreported++;
+    return false;
+  }
+  if (r) *ret_unreported = r->unreported;
+  else r = oldest; /* a free entry, or the one reported longest ago */
+  *r = (struct sk_admit_refusal){.uid = uid, .unreported = 0,
+                                 .reported_ms = now_ms ? now_ms : 1};
+  return true;
 }

@@ -14,11 +14,20 @@
  * - partial input: at most max_input bytes in all and max_user_input
  *   bytes per uid (0 = no limit), root included.
  *
+ * A connection that serves another one already counted (the daemon's
+ * own connection behind an HTTP client's) is a hold instead: it keeps
+ * the uid's entry (its input is counted there) without taking a slot.
+ *
+ * Refusals are reported to the log at most once per uid every
+ * SK_LIMIT_REFUSAL_LOG_MS (sk_admit_refusal_log): a client retrying in
+ * a loop must not flood the journal.
+ *
  * The table lives on the loop thread only; no locking.
  */
 #ifndef SK_ADMIT_H
 #define SK_ADMIT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "sk_limits.h"
@@ -34,7 +43,15 @@ struct sk_admit_limits {
 struct sk_admit_user {
   uint32_t uid;
   uint32_t conns;       /* connections open */
+  uint32_t holds;       /* connections counted under another (not in conns) */
   uint64_t input_bytes; /* bytes of their partial frames */
+};
+
+/* A uid whose refusals were reported lately (sk_admit_refusal_log). */
+struct sk_admit_refusal {
+  uint32_t uid;
+  uint32_t unreported;  /* refusals since the last report */
+  uint64_t reported_ms; /* when the last was reported; 0 = free entry */
 };
 
 struct sk_admit {
@@ -43,6 +60,7 @@ struct sk_admit {
   uint32_t conns;          /* all connections */
   uint32_t conns_nonroot;  /* those of uids other than 0 */
   uint64_t input_bytes;    /* all partial frames */
+  struct sk_admit_refusal refusals[SK_LIMIT_REFUSAL_LOG_UIDS];
 };
 
 void sk_admit_init(struct sk_admit *a);
@@ -57,9 +75,13 @@ uint32_t sk_admit_root_reserve(uint32_t max_clients);
  * -SK_ERR_NO_MEMORY (the table could not grow; nothing counted). */
 int sk_admit_conn_add(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t uid,
                       struct sk_error *err);
-/* Forgets one connection of uid (admitted by sk_admit_conn_add) holding
- * input_bytes of partial input. */
-void sk_admit_conn_remove(struct sk_admit *a, uint32_t uid, uint64_t input_bytes);
+/* A connection of uid counted under another of the same uid that is
+ * admitted (sk_admit_conn_add): keeps the uid's entry while it lives,
+ * takes no slot and checks no limit. Errors: -SK_ERR_NO_MEMORY. */
+int sk_admit_hold(struct sk_admit *a, uint32_t uid, struct sk_error *err);
+/* Forgets one connection of uid (admitted by sk_admit_conn_add, or a
+ * hold if `held`) holding input_bytes of partial input. */
+void sk_admit_conn_remove(struct sk_admit *a, uint32_t uid, uint64_t input_bytes, bool held);
 /* A connection of uid that holds `from` bytes of partial input would
  * hold `to`: counts it, or refuses when it grows past a limit (a
  * decrease is always accepted). Errors: -SK_ERR_BUSY (err names the uid,
@@ -68,5 +90,11 @@ int sk_admit_input(struct sk_admit *a, const struct sk_admit_limits *l, uint32_t
                    uint64_t from, uint64_t to, struct sk_error *err);
 /* Connections of uid now (0 if none). */
 uint32_t sk_admit_user_conns(const struct sk_admit *a, uint32_t uid);
+/* A refusal of uid at now_ms: whether to report it to the log (the first
+ * one, or the first after SK_LIMIT_REFUSAL_LOG_MS since the last
+ * report), with *ret_unreported the refusals left out since then. The
+ * table remembers the SK_LIMIT_REFUSAL_LOG_UIDS uids reported last. */
+bool sk_admit_refusal_log(struct sk_admit *a, uint32_t uid, uint64_t now_ms,
+                          uint32_t *ret_unreported);
 
 #endif

@@ -141,7 +141,7 @@ void sk_conn_close(struct sk_conn *conn) {
   struct sk_conns *set = conn->set;
   conn->closing = true;
   if (set->hooks.close) set->hooks.close(set->user, conn);
-  if (conn->admitted) sk_admit_conn_remove(&set->admit, conn->uid, conn->input_bytes);
+  if (conn->admitted) sk_admit_conn_remove(&set->admit, conn->uid, conn->input_bytes, conn->held);
   conn->admitted = false;
   conn->input_bytes = 0;
   if (conn->prev) conn->prev->next = conn->next; else set->head = conn->next;
@@ -304,7 +304,29 @@ struct sk_conn *sk_conn_new(struct sk_conns *set) {
 
 void sk_conn_discard(struct sk_conn *conn) { uv_close((uv_handle_t *)&conn->pipe, sk__on_closed); }
 
-void sk_conn_begin(struct sk_conn *conn, uint32_t uid) {
+/* A refused connection of uid: logged, once per uid a minute. */
+static void sk__log_refusal(struct sk_conns *set, uint32_t uid, const struct sk_error *e) {
+  uint32_t unreported = 0;
+  if (!sk_admit_refusal_log(&set->admit, uid, sk_clock_ms(), &unreported)) return;
+  if (unreported)
+    sk_log(SK_LOG_WARNING, "refused a connection of uid %u: %s (and %u more since the last "
+           "report)", uid, e->message, unreported);
+  else
+    sk_log(SK_LOG_WARNING, "refused a connection of uid %u: %s", uid, e->message);
+}
+
+int sk_conns_admit(struct sk_conns *set, uint32_t uid, struct sk_error *err) {
+  if (set->stopping) return sk_error_set(err, SK_ERR_BUSY, "the daemon is shutting down");
+  int rc = sk_admit_conn_add(&set->admit, &set->lim.admit, uid, err);
+  if (rc < 0) sk__log_refusal(set, uid, err);
+  return rc;
+}
+
+void sk_conns_unadmit(struct sk_conns *set, uint32_t uid) {
+  sk_admit_conn_remove(&set->admit, uid, 0, false);
+}
+
+void sk_conn_begin(struct sk_conn *conn, uint32_t uid, bool held) {
   struct sk_conns *set = conn->set;
   conn->uid = uid;
   conn->id = ++set->next_id;
@@ -320,13 +342,15 @@ void sk_conn_begin(struct sk_conn *conn, uint32_t uid) {
     return;
   }
   struct sk_error e;
-  if (sk_admit_conn_add(&set->admit, &set->lim.admit, conn->uid, &e) < 0) {
-    sk_log(SK_LOG_WARNING, "refused a connection of uid %u: %s", conn->uid, e.message);
+  if (held ? sk_admit_hold(&set->admit, conn->uid, &e) < 0
+           : sk_admit_conn_add(&set->admit, &set->lim.admit, conn->uid, &e) < 0) {
+    sk__log_refusal(set, conn->uid, &e);
     sk_conn_send_error(conn, 0, &e);
     sk_conn_close(conn);
     return;
   }
   conn->admitted = true;
+  conn->held = held;
   sk_log(SK_LOG_DEBUG, "client %llu connected (uid %u)", (unsigned long long)conn->id, conn->uid);
   uv_read_start((uv_stream_t *)&conn->pipe, sk__alloc, sk__on_read);
   if (set->hooks.count) set->hooks.count(set->user, set->count);

@@ -65,6 +65,7 @@ struct sk_conn {
   bool closing;              /* uv_close called */
   uint32_t refs;             /* the handle + work that still uses it */
   bool admitted;             /* counted in set->admit */
+  bool held;                 /* as a hold (sk_conn_begin's held) */
   uint64_t input_bytes;      /* of an unfinished frame, as counted in set->admit */
   uint64_t frame_since_ms;   /* since when a frame is awaited (connect, or
                                 its first bytes); 0 = none */
@@ -113,8 +114,19 @@ void sk_conns_free(struct sk_conns *set);
  * NULL: out of memory. */
 struct sk_conn *sk_conn_new(struct sk_conns *set);
 /* Registers conn (pipe connected) for uid and starts reading it, or refuses
- * it (stopping, admission limits) with an error frame and closes it. */
-void sk_conn_begin(struct sk_conn *conn, uint32_t uid);
+ * it (stopping, admission limits) with an error frame and closes it.
+ * held: conn serves a connection of uid already admitted with
+ * sk_conns_admit (the daemon's own connection behind an HTTP client), and
+ * counts as a hold (admit.h), under that one's slot. */
+void sk_conn_begin(struct sk_conn *conn, uint32_t uid, bool held);
+/* Admits a connection of uid that is not one of the set's (an HTTP
+ * client's, from its accept) under the same limits as the set's own:
+ * max_clients with root's reserve, max_user_clients. A refusal is
+ * logged (once per uid a minute, admit.h). Errors: -SK_ERR_BUSY (err
+ * names the limit), -SK_ERR_NO_MEMORY. sk_conns_unadmit gives the slot
+ * back. */
+int sk_conns_admit(struct sk_conns *set, uint32_t uid, struct sk_error *err);
+void sk_conns_unadmit(struct sk_conns *set, uint32_t uid);
 /* Drops a connection from sk_conn_new that never began (closes the
  * handle; conn goes with it). */
 void sk_conn_discard(struct sk_conn *conn);

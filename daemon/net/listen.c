@@ -57,7 +57,7 @@ static void sk__on_connection(uv_stream_t *listener, int status) {
   if (uv_fileno((uv_handle_t *)&conn->pipe, &fd) == 0 &&
       getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
     uid = cred.uid;
-  sk_conn_begin(conn, uid);
+  sk_conn_begin(conn, uid, false);
 }
 
 static int sk__bind(struct sk_listen *l, uv_loop_t *loop, struct sk_error *err) {
@@ -122,7 +122,8 @@ void sk_listen_free(struct sk_listen *l) {
   l->path = NULL;
 }
 
-int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, struct sk_error *err) {
+int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, bool held,
+                     struct sk_error *err) {
   struct sk_conn *conn = sk_conn_new(conns);
   if (!conn) {
     close(fd);
@@ -134,6 +135,6 @@ int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, struct sk_err
     sk_conn_discard(conn);
     return sk_error_set(err, SK_ERR_IO, "cannot attach a connection: %s", uv_strerror(rc));
   }
-  sk_conn_begin(conn, uid);
+  sk_conn_begin(conn, uid, held);
   return 0;
 }

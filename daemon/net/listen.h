@@ -49,8 +49,10 @@ void sk_listen_free(struct sk_listen *l);
 
 /* A client over fd, a connected stream socket (one end of a socketpair),
  * joins conns as an accepted connection whose uid is given instead of
- * read with SO_PEERCRED. Takes fd in every case (closed on error).
- * Errors: -SK_ERR_NO_MEMORY, -SK_ERR_IO. */
-int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, struct sk_error *err);
+ * read with SO_PEERCRED; held: it counts under a connection of uid
+ * admitted with sk_conns_admit (sk_conn_begin). Takes fd in every case
+ * (closed on error). Errors: -SK_ERR_NO_MEMORY, -SK_ERR_IO. */
+int sk_listen_attach(struct sk_conns *conns, int fd, uint32_t uid, bool held,
+                     struct sk_error *err);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "proto/wire.h"
 #include "server/jobs.h"
@@ -36,7 +37,7 @@ void sk_copy_peer_free(struct sk_copy_peer *p) {
 
 void sk_copy_import_drop(struct sk_server *srv, struct sk_conn *conn) {
   struct sk_copy_peer *p = peer(conn);
-  srv->copies.import_bytes -= p->import_cap;
+  sk_session_pending_release(&srv->sessions, sk_conn_uid(conn), p->import_cap);
   free(p->import_buf);
   p->import_buf = NULL;
   p->import_len = p->import_cap = 0;
@@ -118,7 +119,8 @@ struct copy_work {
   uint32_t max_capacity;    /* import */
   char *buf;                /* export: the image (len bytes, made in the
                                worker); import: the bytes received */
-  size_t len, cap;          /* import: cap counts in srv->copies.import_bytes */
+  size_t len, cap;          /* import: cap counts in the table's pending bytes
+                               of res.owner_uid */
   int rc;
   struct sk_error err;
 };
@@ -134,7 +136,7 @@ static void open_finish(struct sk_server *srv, struct sk_conn *conn, uint64_t re
   struct sk_session_desc d;
   sk_session_describe(s, &d);
   struct sk_error ce;
-  if (sk_session_conv_save(s, sk_store_dir(srv->cfg.store), d.id, &ce) < 0)
+  if (sk_session_conv_save(s, sk_store_dirfd(srv->cfg.store), d.id, &ce) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)d.id,
            ce.message);
   sk_jobs_counts_changed(srv);
@@ -280,7 +282,7 @@ static void copy_finish_new(struct sk_server *srv, struct copy_work *w, struct s
   if (w->kind == COPY_FORK) {
     /* the conversation goes with the cache */
     struct sk_error ce;
-    const char *dir = sk_store_dir(srv->cfg.store);
+    const int dir = sk_store_dirfd(srv->cfg.store);
     const uint64_t from = sk_session_id(w->src);
     int rc = sk_session_conv_save(w->src, dir, d.id, &ce);
     if (rc < 0 || (rc == 1 && sk_session_conv_load(ns, dir, &ce) < 0))
@@ -309,6 +311,12 @@ static void copy_work_done(uv_work_t *req, int status) {
   struct sk_conn *conn = w->kind == COPY_IMPORT ? w->conn : w->job->conn;
   if (conn && (sk_conn_closing(conn) || srv->shutting_down)) conn = NULL;
   uint64_t req_id = w->kind == COPY_IMPORT ? w->req_id : w->job->req_id;
+  if (w->kind == COPY_IMPORT) {
+    /* The bytes received become the new object (counted as a session
+     * from here on): no longer the uid's pending memory. */
+    sk_session_pending_release(&srv->sessions, w->res.owner_uid, w->cap);
+    w->cap = 0;
+  }
   if (w->kind == COPY_EXPORT) {
     struct sk__export *x = NULL;
     if (w->rc < 0) {
@@ -338,7 +346,6 @@ static void copy_work_done(uv_work_t *req, int status) {
     copy_finish_new(srv, w, conn, req_id);
   }
   if (w->kind == COPY_IMPORT) {
-    srv->copies.import_bytes -= w->cap;
     free(w->buf);
     sk_conn_unref(w->conn);
   } else { /* the source session goes on with its queue (or closes) */
@@ -425,10 +432,62 @@ int sk_copy_open(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
   return 0;
 }
 
+/* Drops the imports whose client sent no chunk for frame_timeout: a
+ * client that stops half way would otherwise hold its bytes (its uid's
+ * share) for as long as it keeps the connection. */
+static void on_import_timer(uv_timer_t *t) {
+  struct sk_server *srv = t->data;
+  uint32_t timeout = srv->cfg.frame_timeout_s;
+  uint64_t now = sk_clock_ms();
+  bool any = false;
+  for (struct sk_conn *conn = srv->conns.head; conn; conn = conn->next) {
+    struct sk_copy_peer *p = peer(conn);
+    if (!p->import_total || sk_conn_closing(conn)) continue;
+    if (!timeout || now - p->import_last_ms < (uint64_t)timeout * 1000u) {
+      any = true;
+      continue;
+    }
+    sk_log(SK_LOG_NOTICE, "client %llu of uid %u: import dropped after %u s without a chunk "
+           "(frame_timeout), %zu of %llu bytes in", (unsigned long long)sk_conn_id(conn),
+           sk_conn_uid(conn), timeout, p->import_len, (unsigned long long)p->import_total);
+    sk_conn_send_errorf(conn, p->import_req_id, SK_ERR_CANCELLED,
+                        "import stalled: no chunk for %u s (frame_timeout); its %zu bytes are "
+                        "dropped: send it again from offset 0", timeout, p->import_len);
+    sk_copy_import_drop(srv, conn);
+  }
+  if (!any) {
+    uv_timer_stop(t);
+    srv->copies.timer_running = false;
+  }
+}
+
+/* Starts the stalled-import timer if it is not running. */
+static void import_timer_start(struct sk_server *srv) {
+  if (srv->copies.timer_running || srv->shutting_down) return;
+  if (!srv->copies.timer_open) {
+    uv_timer_init(srv->loop, &srv->copies.import_timer);
+    srv->copies.import_timer.data = srv;
+    srv->copies.timer_open = true;
+  }
+  uint64_t tick = (uint64_t)srv->cfg.frame_timeout_s * 1000u / 4u;
+  if (tick < SK_LIMIT_FRAME_TICK_MIN_MS) tick = SK_LIMIT_FRAME_TICK_MIN_MS;
+  if (tick > SK_LIMIT_FRAME_TICK_MAX_MS) tick = SK_LIMIT_FRAME_TICK_MAX_MS;
+  uv_timer_start(&srv->copies.import_timer, on_import_timer, tick, tick);
+  srv->copies.timer_running = true;
+}
+
+void sk_copy_shutdown(struct sk_server *srv) {
+  if (!srv->copies.timer_open) return;
+  uv_close((uv_handle_t *)&srv->copies.import_timer, NULL);
+  srv->copies.timer_open = srv->copies.timer_running = false;
+}
+
 /* import: the file comes in chunks {total, offset, data}; one import per
  * connection at a time, offset 0 starts it. The buffer grows with the
- * bytes received (a declared total never allocates by itself) and all
- * imports together stay under max_memory. */
+ * bytes received (a declared total never allocates by itself); its bytes
+ * count in the uid's share of memory (max_user_memory) and in
+ * max_memory, with the sessions, while it is in progress; a client that
+ * stops sending chunks for frame_timeout loses it. */
 void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id, uint64_t total,
                     uint64_t offset, const char *data, size_t len) {
   struct sk_error e;
@@ -459,24 +518,23 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id
                  (unsigned long long)offset, (unsigned long long)total);
     goto bad_drop;
   }
+  peer(conn)->import_req_id = req_id;
+  peer(conn)->import_last_ms = sk_clock_ms();
+  import_timer_start(srv);
   size_t need = peer(conn)->import_len + len;
   if (need > peer(conn)->import_cap) {
     size_t ncap = peer(conn)->import_cap * 2 > need ? peer(conn)->import_cap * 2 : need;
     if (ncap > total) ncap = (size_t)total;
-    if (srv->copies.import_bytes + (ncap - peer(conn)->import_cap) >
-        sk_session_table_max_bytes(&srv->sessions)) {
-      sk_error_set(&e, SK_ERR_BUSY,
-                   "memory limit: imports in progress would hold more than max_memory %llu "
-                   "bytes",
-                   (unsigned long long)sk_session_table_max_bytes(&srv->sessions));
+    if (sk_session_pending_grow(&srv->sessions, sk_conn_uid(conn), ncap - peer(conn)->import_cap,
+                                &e) < 0)
       goto bad_drop;
-    }
     char *nb = realloc(peer(conn)->import_buf, ncap ? ncap : 1);
     if (!nb) {
+      sk_session_pending_release(&srv->sessions, sk_conn_uid(conn),
+                                 ncap - peer(conn)->import_cap);
       sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory for a %zu-byte import", ncap);
       goto bad_drop;
     }
-    srv->copies.import_bytes += ncap - peer(conn)->import_cap;
     peer(conn)->import_buf = nb;
     peer(conn)->import_cap = ncap;
   }
@@ -488,7 +546,8 @@ void sk_copy_import(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id
     return;
   }
   /* All in: checked and copied into a new session in a worker, which
-   * takes the bytes over (still counted in import_bytes until done). */
+   * takes the bytes over (still counted as the uid's pending bytes until
+   * done). */
   struct copy_work *w = calloc(1, sizeof *w);
   if (!w) {
     sk_error_set(&e, SK_ERR_NO_MEMORY, "out of memory");

@@ -28,8 +28,12 @@ struct sk__export;
  * making hold reservations in the session table, which counts them
  * against the limits. */
 struct sk_copies {
-  uint64_t import_bytes;        /* buffered by imports in progress, of all
-                                   connections (bounded by max_memory) */
+  /* Imports in progress hold their bytes in the session table's pending
+   * memory (sk_session_pending_*), in their uid's share. One whose client
+   * sends no chunk for frame_timeout is dropped: this timer looks. */
+  uv_timer_t import_timer;
+  bool timer_open;              /* initialised (closed by sk_copy_shutdown) */
+  bool timer_running;
 };
 
 /* What copy.c keeps with each connection (the connection's data bytes,
@@ -39,12 +43,16 @@ struct sk_copy_peer {
   char *import_buf;           /* an import in progress: received bytes */
   size_t import_len, import_cap;
   uint64_t import_total;      /* declared size of the file */
+  uint64_t import_req_id;     /* its last chunk's request id */
+  uint64_t import_last_ms;    /* when its last chunk came */
 };
 
 /* Frees a connection's exports not yet sent (its last reference went). */
 void sk_copy_peer_free(struct sk_copy_peer *p);
 /* Drops conn's import in progress (conn closes, or a new import starts). */
 void sk_copy_import_drop(struct sk_server *srv, struct sk_conn *conn);
+/* Closes the stalled-import timer (server shutdown). */
+void sk_copy_shutdown(struct sk_server *srv);
 /* Sends the next data events of conn's exports while its output has room;
  * the final reply of each follows its last event. */
 void sk_copy_export_pump(struct sk_conn *conn);

@@ -32,17 +32,15 @@ static bool may_use(const struct sk_conn *conn, const struct sk_session *s) {
 }
 
 /* The session sid of request r. Sends the error and returns NULL if it is
- * unknown or not the caller's. */
+ * unknown or not the caller's: the same error for both (no_such_session,
+ * "no session N"), so that another user's ids cannot be told from ids
+ * that do not exist (sinkd-protocol(7), USERS). */
 static struct sk_session *session_of(struct sk_server *srv, const struct request *r,
                                      uint64_t sid) {
   struct sk_session *s = sk_session_find(&srv->sessions, sid);
-  if (!s || sk_session_closing(s)) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu", (unsigned long long)sid);
-    return NULL;
-  }
-  if (!may_use(r->conn, s)) {
-    sk_conn_send_errorf(r->conn, r->id, SK_ERR_FORBIDDEN, "session %llu belongs to another user",
-                (unsigned long long)sid);
+  if (!s || sk_session_closing(s) || !may_use(r->conn, s)) {
+    sk_conn_send_errorf(r->conn, r->id, SK_ERR_NO_SUCH_SESSION, "no session %llu",
+                        (unsigned long long)sid);
     return NULL;
   }
   sk_session_touch(s);
@@ -485,6 +483,13 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   job->sampling.temperature = (float)g.temperature;
   job->sampling.top_k = g.top_k;
   if (g.has_top_k && g.top_k >= n_vocab) job->sampling.top_k = 0; /* all: off */
+  if (g.top_p > 0 && !((float)g.top_p > 0)) {
+    /* Positive, but 0 to the sampler: the message gives the value sent. */
+    rc = sk_error_set(&e, SK_ERR_BAD_REQUEST,
+                      "top_p %g must be in (0, 1] (as a 32-bit float, which it rounds to 0)",
+                      g.top_p);
+    goto bad;
+  }
   job->sampling.top_p = (float)g.top_p;
   job->sampling.seed = g.seed;
   job->has_seed = g.has_seed; /* else the session's PRNG stream goes on (scheduler.c) */

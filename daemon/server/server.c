@@ -4,6 +4,7 @@
  * jobs of sessions jobs.c's (state.h shows the whole folder). */
 #include "server/server.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "server/jobs.h"
 #include "server/ops.h"
 #include "server/state.h"
+#include "session/conv.h"
 #include "sk_limits.h"
 
 /* ---- connections (conn.h hooks) ---- */
@@ -97,8 +99,14 @@ static struct sk_conn_limits conn_limits(const struct sk_server_config *cfg) {
       .frame_timeout_s = cfg->frame_timeout_s};
 }
 
+int sk_server_admit(struct sk_server *srv, uint32_t uid, struct sk_error *err) {
+  return sk_conns_admit(&srv->conns, uid, err);
+}
+
+void sk_server_unadmit(struct sk_server *srv, uint32_t uid) { sk_conns_unadmit(&srv->conns, uid); }
+
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err) {
-  return sk_listen_attach(&srv->conns, fd, uid, err);
+  return sk_listen_attach(&srv->conns, fd, uid, true, err);
 }
 
 int sk_server_check_socket(const char *path, struct sk_error *err) {
@@ -122,7 +130,7 @@ static void on_adopt(void *user, struct sk_store_obj *obj) {
   /* Its conversation, if it held one; else the daemon's template. */
   struct sk_error ce;
   sk_session_set_template(s, srv->cfg.chat_template);
-  if (sk_session_conv_load(s, sk_store_dir(srv->cfg.store), &ce) < 0)
+  if (sk_session_conv_load(s, sk_store_dirfd(srv->cfg.store), &ce) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not restored (it starts afresh): %s",
            (unsigned long long)sk_session_id(s), ce.message);
   struct sk_session_desc d;
@@ -157,6 +165,21 @@ static void on_skip(void *user, const char *name, enum sk_store_skip what, const
   }
 }
 
+/* A set-aside session's conversation goes with it: a file left behind
+ * would be taken for the conversation of nothing. */
+static void on_aside(void *user, uint64_t id) {
+  struct sk_server *srv = user;
+  const char *dir = sk_store_dir(srv->cfg.store);
+  char name[SK_CONV_NAME_MAX], dest[128];
+  sk_conv_file_name(name, sizeof name, id);
+  if (sk_store_set_aside(srv->cfg.store, name, dest, sizeof dest))
+    sk_log(SK_LOG_WARNING, "state: %s/%s set aside as %s/%s with its session", dir, name, dir,
+           dest);
+  else if (errno != ENOENT)
+    sk_log(SK_LOG_WARNING, "state: %s/%s stays: it could not follow its session: %s", dir, name,
+           strerror(errno));
+}
+
 int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err) {
@@ -184,7 +207,8 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                                       .default_mode = cfg->speculation};
   sk_session_table_set_spec(&srv->sessions, &spec);
   if (rc == 0) {
-    struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .user = srv};
+    struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .aside = on_aside,
+                                  .user = srv};
     uint64_t max_id = 0;
     rc = sk_store_scan(cfg->store, &cb, &max_id, err);
     if (rc == 0) sk_session_table_seen_id(&srv->sessions, max_id);
@@ -286,6 +310,7 @@ void sk_server_shutdown(struct sk_server *srv) {
     uv_close((uv_handle_t *)&srv->ttl_timer, NULL);
     srv->ttl_running = false;
   }
+  sk_copy_shutdown(srv);
   sk_listen_close(&srv->listen);
   /* Running jobs end cancelled; their final replies go out before the
    * connections close. */

@@ -90,13 +90,20 @@ int sk_server_check_socket(const char *path, struct sk_error *err);
 int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                     const struct sk_model *m, const struct sk_tokenizer *tok,
                     struct sk_server **ret, struct sk_error *err);
+/* Counts a client of uid that does not speak the protocol itself (an
+ * HTTP connection, from its accept) toward max_clients (with root's
+ * reserve) and max_user_clients, exactly as a protocol connection is
+ * counted. A refusal is logged (once per uid a minute). Errors:
+ * -SK_ERR_BUSY (err names the limit), -SK_ERR_NO_MEMORY.
+ * sk_server_unadmit gives the slot back. Loop thread only. */
+int sk_server_admit(struct sk_server *srv, uint32_t uid, struct sk_error *err);
+void sk_server_unadmit(struct sk_server *srv, uint32_t uid);
 /* Serves one more client over fd, a connected stream socket (one end of
  * a socketpair: the HTTP front end, httpd.c, speaks the msgpack protocol
  * on the other end), as an accepted connection whose uid is given
- * instead of read with SO_PEERCRED. Admitted as any connection (past
- * max_clients or the uid's limit it gets the usual error and is
- * closed). Takes fd in
- * every case (closed on error). Loop thread only.
+ * instead of read with SO_PEERCRED. It serves a client admitted with
+ * sk_server_admit (uid's slot held meanwhile) and takes no slot of its
+ * own. Takes fd in every case (closed on error). Loop thread only.
  * Errors: -SK_ERR_NO_MEMORY, -SK_ERR_IO. */
 int sk_server_attach(struct sk_server *srv, int fd, uint32_t uid, struct sk_error *err);
 

@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "base/safefile.h"
+
 static void msg_free(struct sk_conv_msg *m) {
   free(m->role);
   free(m->content);
@@ -228,7 +230,9 @@ int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n
   }
   if (history(conv, reply, reply_len, msgs, n, &h, &n_h) < 0) goto oom;
   if ((rc = sk_chat_render(conv->tmpl, h, n_h, true, &full, err)) < 0) goto out;
-  if (cached_len <= full.len && memcmp(full.text, cached, cached_len) == 0) {
+  /* (A length of 0 compares nothing: memcmp must not see a NULL text
+   * even then.) */
+  if (cached_len <= full.len && (cached_len == 0 || memcmp(full.text, cached, cached_len) == 0)) {
     rc = slice(&full, cached_len, out, err);
     goto out;
   }
@@ -251,7 +255,8 @@ int sk_conv_delta(struct sk_conv *conv, const struct sk_chat_msg *msgs, size_t n
     }
     if ((rc = slice(&closed, after, out, err)) < 0) goto out;
   }
-  if (closed.len <= full.len && memcmp(full.text, closed.text, closed.len) == 0) {
+  if (closed.len <= full.len &&
+      (closed.len == 0 || memcmp(full.text, closed.text, closed.len) == 0)) {
     rc = slice(&full, closed.len, out, err);
   } else {
     sk_chat_text_reset(&full);
@@ -365,11 +370,11 @@ static void put_str(struct wbuf *b, const char *s, size_t n) {
   put(b, s, n);
 }
 
-static void conv_path(char *buf, size_t size, const char *dir, uint64_t id, const char *suffix) {
-  snprintf(buf, size, "%s/session-%" PRIu64 ".chat%s", dir, id, suffix);
+void sk_conv_file_name(char *buf, size_t size, uint64_t id) {
+  snprintf(buf, size, "session-%" PRIu64 ".chat", id);
 }
 
-int sk_conv_save(const struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err) {
+int sk_conv_save(const struct sk_conv *conv, int dirfd, uint64_t id, struct sk_error *err) {
   struct wbuf b = {0};
   put(&b, "SINKCHAT", 8);
   put_u32(&b, SK_CONV_FILE_VERSION);
@@ -388,29 +393,9 @@ int sk_conv_save(const struct sk_conv *conv, const char *dir, uint64_t id, struc
     free(b.p);
     return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   }
-  char tmp[4096], path[4096];
-  conv_path(tmp, sizeof tmp, dir, id, ".tmp");
-  conv_path(path, sizeof path, dir, id, "");
-  int rc = 0;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    rc = sk_error_set(err, SK_ERR_IO, "%s: %s", tmp, strerror(errno));
-  } else {
-    size_t off = 0;
-    while (off < b.len) {
-      ssize_t w = write(fd, b.p + off, b.len - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        rc = sk_error_set(err, SK_ERR_IO, "%s: %s", tmp, w < 0 ? strerror(errno) : "short write");
-        break;
-      }
-      off += (size_t)w;
-    }
-    if (close(fd) < 0 && rc == 0) rc = sk_error_set(err, SK_ERR_IO, "%s: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) < 0)
-      rc = sk_error_set(err, SK_ERR_IO, "%s: %s", path, strerror(errno));
-    if (rc < 0) unlink(tmp);
-  }
+  char name[SK_CONV_NAME_MAX];
+  sk_conv_file_name(name, sizeof name, id);
+  int rc = sk_safefile_write(dirfd, name, 0600, b.p, b.len, err);
   free(b.p);
   return rc;
 }
@@ -447,32 +432,15 @@ static const char *get_str(struct rbuf *b, size_t *ret_len) {
   return s;
 }
 
-int sk_conv_load(struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err) {
-  char path[4096];
-  conv_path(path, sizeof path, dir, id, "");
-  FILE *f = fopen(path, "rbe");
-  if (!f) {
-    if (errno == ENOENT) return 0;
-    return sk_error_set(err, SK_ERR_IO, "%s: %s", path, strerror(errno));
-  }
-  uint8_t *data = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len == cap) {
-      cap = cap ? 2 * cap : 4096;
-      uint8_t *p = cap > (64u << 20) ? NULL : realloc(data, cap);
-      if (!p) {
-        free(data);
-        fclose(f);
-        return sk_error_set(err, SK_ERR_BAD_REQUEST, "%s: too large", path);
-      }
-      data = p;
-    }
-    size_t r = fread(data + len, 1, cap - len, f);
-    len += r;
-    if (r == 0) break;
-  }
-  fclose(f);
+int sk_conv_load(struct sk_conv *conv, int dirfd, uint64_t id, struct sk_error *err) {
+  char path[SK_CONV_NAME_MAX];
+  sk_conv_file_name(path, sizeof path, id);
+  char *file = NULL;
+  size_t len = 0;
+  int frc = sk_safefile_read(dirfd, path, SK_SAFEFILE_NOFOLLOW | SK_SAFEFILE_OWNED,
+                             SK_LIMIT_CONV_FILE_BYTES, NULL, &file, &len, err);
+  if (frc < 0) return errno == ENOENT ? 0 : frc;
+  uint8_t *data = (uint8_t *)file;
   int rc = 0;
   struct rbuf b = {data, len, 0, false};
   struct sk_conv n;
@@ -547,8 +515,8 @@ out:
   return rc;
 }
 
-void sk_conv_remove(const char *dir, uint64_t id) {
-  char path[4096];
-  conv_path(path, sizeof path, dir, id, "");
-  unlink(path);
+void sk_conv_remove(int dirfd, uint64_t id) {
+  char name[SK_CONV_NAME_MAX];
+  sk_conv_file_name(name, sizeof name, id);
+  unlinkat(dirfd, name, 0);
 }

@@ -114,14 +114,25 @@ int sk_conv_commit_prompt(struct sk_conv *conv, const struct sk_chat_msg *msgs, 
 int sk_conv_commit_reply(struct sk_conv *conv, const char *reply, size_t len, uint64_t n_seen,
                          struct sk_error *err);
 
-/* Writes the state to dir/session-<id>.chat (via a temporary file).
- * Errors: -SK_ERR_IO (message: path and reason), -SK_ERR_NO_MEMORY. */
-int sk_conv_save(const struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err);
-/* Reads dir/session-<id>.chat into *conv (initialised, replaced). Returns 1,
- * 0 if there is no such file, or -SK_ERR_BAD_REQUEST (corrupt: magic,
- * version, lengths, checksum) / -SK_ERR_IO / -SK_ERR_NO_MEMORY. */
-int sk_conv_load(struct sk_conv *conv, const char *dir, uint64_t id, struct sk_error *err);
-/* Deletes dir/session-<id>.chat if present. */
-void sk_conv_remove(const char *dir, uint64_t id);
+/* The name of session id's conversation file in the state directory,
+ * "session-<id>.chat", into buf (at least SK_CONV_NAME_MAX bytes). */
+#define SK_CONV_NAME_MAX 40
+void sk_conv_file_name(char *buf, size_t size, uint64_t id);
+/* Writes the state to session-<id>.chat in the directory dirfd (the state
+ * directory), atomically and without following links: through a
+ * temporary of a random name created exclusively, renamed into place
+ * (base/safefile.h). Errors: -SK_ERR_IO (message: file and reason),
+ * -SK_ERR_NO_MEMORY. */
+int sk_conv_save(const struct sk_conv *conv, int dirfd, uint64_t id, struct sk_error *err);
+/* Reads session-<id>.chat of the directory dirfd into *conv (initialised,
+ * replaced): a regular file of the daemon's uid, not a link, of at most
+ * SK_LIMIT_CONV_FILE_BYTES, checked before it is read (a FIFO planted
+ * there does not hang the start). Returns 1, 0 if there is no such file,
+ * or -SK_ERR_BAD_REQUEST (corrupt: magic, version, lengths, checksum) /
+ * -SK_ERR_IO (not a regular file of the daemon's, unreadable) /
+ * -SK_ERR_TOO_LARGE / -SK_ERR_NO_MEMORY; the message names the file. */
+int sk_conv_load(struct sk_conv *conv, int dirfd, uint64_t id, struct sk_error *err);
+/* Deletes session-<id>.chat of the directory dirfd if present. */
+void sk_conv_remove(int dirfd, uint64_t id);
 
 #endif

@@ -98,6 +98,7 @@ void sk_session_table_set_release(struct sk_session_table *t,
 }
 
 void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id) {
+  if (id > SK_SESSION_ID_MAX) id = SK_SESSION_ID_MAX; /* the store caps it */
   if (id >= t->next_id) t->next_id = id + 1;
 }
 
@@ -117,6 +118,7 @@ void sk_session_table_free(struct sk_session_table *t) {
   if (!t->items) return;
   for (uint32_t i = 0; i < t->cap; i++) session_destroy(t->items[i]);
   free(t->items);
+  free(t->pending);
   pthread_mutex_destroy(&t->counters_lock);
   memset(t, 0, sizeof *t);
 }
@@ -138,8 +140,12 @@ static uint32_t table_slot(struct sk_session_table *t) {
 /* Limits for one more session of `bytes`, counting reserved opens. */
 static int check_limits(const struct sk_session_table *t, size_t bytes,
                         struct sk_error *err) {
+  if (t->next_id > SK_SESSION_ID_MAX)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "no session id left: this state directory has used every id up to %"
+                        PRIu64, (uint64_t)SK_SESSION_ID_MAX);
   const uint64_t count = (uint64_t)t->count + t->n_reserved;
-  const uint64_t used = t->bytes + t->reserved_bytes;
+  const uint64_t used = t->bytes + t->reserved_bytes + t->pending_bytes;
   if (count >= t->max_sessions)
     return sk_error_set(err, SK_ERR_BUSY,
                         "session limit reached: %" PRIu64 " sessions open (max_sessions %u): "
@@ -353,8 +359,58 @@ void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
       n++;
       bytes += r->bytes;
     }
+  for (uint32_t i = 0; i < t->n_pending; i++)
+    if (t->pending[i].uid == uid) bytes += t->pending[i].bytes;
   *ret_n = n;
   *ret_bytes = bytes;
+}
+
+int sk_session_pending_grow(struct sk_session_table *t, uint32_t uid, uint64_t add,
+                            struct sk_error *err) {
+  uint32_t n;
+  uint64_t mine;
+  sk_session_user_usage(t, uid, NULL, &n, &mine);
+  const uint64_t max = t->max_user_bytes;
+  if (max && max < t->max_bytes && (add > max || mine > max - add))
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit: uid %u's imports in progress would bring it to %" PRIu64
+                        " bytes with its sessions (max_user_memory %" PRIu64 ")",
+                        uid, mine + add, max);
+  const uint64_t used = t->bytes + t->reserved_bytes + t->pending_bytes;
+  if (add > t->max_bytes || used > t->max_bytes - add)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit: imports in progress would bring the daemon to %" PRIu64
+                        " bytes with its sessions (max_memory %" PRIu64 "); uid %u's refused",
+                        used + add, t->max_bytes, uid);
+  struct sk_session_pending *p = NULL;
+  for (uint32_t i = 0; i < t->n_pending && !p; i++)
+    if (t->pending[i].uid == uid) p = &t->pending[i];
+  if (!p) {
+    if (t->n_pending == t->pending_cap) {
+      uint32_t cap = t->pending_cap ? 2 * t->pending_cap : 8;
+      struct sk_session_pending *np = realloc(t->pending, cap * sizeof *np);
+      if (!np) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+      t->pending = np;
+      t->pending_cap = cap;
+    }
+    p = &t->pending[t->n_pending++];
+    *p = (struct sk_session_pending){.uid = uid};
+  }
+  p->bytes += add;
+  t->pending_bytes += add;
+  return 0;
+}
+
+void sk_session_pending_release(struct sk_session_table *t, uint32_t uid, uint64_t bytes) {
+  for (uint32_t i = 0; i < t->n_pending; i++) {
+    struct sk_session_pending *p = &t->pending[i];
+    if (p->uid != uid) continue;
+    if (bytes > p->bytes) bytes = p->bytes;
+    p->bytes -= bytes;
+    t->pending_bytes -= bytes;
+    if (p->bytes == 0) *p = t->pending[--t->n_pending];
+    return;
+  }
 }
 
 int sk_session_check_user(const struct sk_session_table *t, uint32_t uid, size_t bytes,
@@ -396,7 +452,7 @@ void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
       break;
     }
   }
-  sk_conv_remove(sk_store_dir(t->store), s->id);
+  sk_conv_remove(sk_store_dirfd(t->store), s->id);
   sk_conv_free(&s->conv);
   sk_store_obj_unlink(s->obj);
   if (t->release_obj)
@@ -791,7 +847,7 @@ out:
 
 static void chat_save(struct sk_session *s) {
   struct sk_error e;
-  if (sk_conv_save(&s->conv, sk_store_dir(s->obj->store), s->id, &e) < 0)
+  if (sk_conv_save(&s->conv, sk_store_dirfd(s->obj->store), s->id, &e) < 0)
     sk_log(SK_LOG_WARNING, "session %llu: conversation not saved: %s", (unsigned long long)s->id,
            e.message);
 }
@@ -949,8 +1005,8 @@ void sk_session_set_template(struct sk_session *s, int tmpl) {
   sk_conv_init(&s->conv, tmpl);
 }
 
-int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err) {
-  return sk_conv_load(&s->conv, dir, s->id, err);
+int sk_session_conv_load(struct sk_session *s, int dirfd, struct sk_error *err) {
+  return sk_conv_load(&s->conv, dirfd, s->id, err);
 }
 
 /* ---- a step of the session's state ---- */
@@ -1088,9 +1144,9 @@ void sk_session_resident_tokens(const struct sk_session *s, int32_t *ids) {
   for (uint32_t p = 0; p < sk_kv_resident(kv); p++) ids[p] = kv->token[sk_kv_slot(kv, p)];
 }
 
-int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+int sk_session_conv_save(const struct sk_session *s, int dirfd, uint64_t id,
                          struct sk_error *err) {
   if (s->conv.tmpl == SK_CHAT_NONE) return 0;
-  int rc = sk_conv_save(&s->conv, dir, id, err);
+  int rc = sk_conv_save(&s->conv, dirfd, id, err);
   return rc < 0 ? rc : 1;
 }

@@ -184,6 +184,11 @@ struct sk_session_table {
   struct sk_session_reservation *reservations; /* those, newest first */
   uint32_t max_user_sessions; /* per uid (sk_session_check_user); 0 none */
   uint64_t max_user_bytes;
+  /* Bytes held for sessions still on their way in (imports being
+   * received), per uid: counted in the uid's share and in all. */
+  struct sk_session_pending *pending; /* (n_pending) owned, in no order */
+  uint32_t n_pending, pending_cap;
+  uint64_t pending_bytes;    /* their sum */
   struct sk_store *store;    /* not owned */
   struct sk_spec_config spec_cfg; /* what sessions speculate with */
   pthread_mutex_t counters_lock;
@@ -192,6 +197,12 @@ struct sk_session_table {
    * a worker thread so the event loop does not wait for the pages. */
   void (*release_obj)(void *user, struct sk_store_obj *obj);
   void *release_user;
+};
+
+/* Bytes one uid holds for imports in progress (sk_session_pending_*). */
+struct sk_session_pending {
+  uint32_t uid;
+  uint64_t bytes;
 };
 
 /* A session on its way: its id and its share of the limits are held
@@ -303,6 +314,17 @@ int sk_session_adopt(struct sk_session_table *t, struct sk_store_obj *obj,
 void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
                            const struct sk_session *except, uint32_t *ret_n,
                            uint64_t *ret_bytes);
+/* Memory a uid holds for a session not made yet (an import's bytes as
+ * they arrive): `add` more bytes for uid, counted in its share
+ * (max_user_memory, with its sessions) and in max_memory (with every
+ * session and reservation) as a session's bytes are; an open, fork or
+ * import of uid meanwhile sees them. Errors: -SK_ERR_BUSY (the message
+ * names the limit and the bytes), -SK_ERR_NO_MEMORY; nothing is counted
+ * then. sk_session_pending_release gives bytes back. */
+int sk_session_pending_grow(struct sk_session_table *t, uint32_t uid, uint64_t add,
+                            struct sk_error *err);
+void sk_session_pending_release(struct sk_session_table *t, uint32_t uid, uint64_t bytes);
+
 /* Whether uid may own one more session of `bytes` (besides except, one
  * of its sessions already in the table, or NULL) under the per-uid
  * limits. A temporary session (one that ends with its connection:
@@ -451,13 +473,15 @@ void sk_session_set_temporary(struct sk_session *s, uint64_t conn_id);
 void sk_session_set_conv(struct sk_session *s, struct sk_conv *conv);
 /* s's conversation starts afresh with chat template tmpl. */
 void sk_session_set_template(struct sk_session *s, int tmpl);
-/* Loads s's conversation from its file in dir (sk_conv_load); on error
- * s keeps the one it had. Errors: those of sk_conv_load. */
-int sk_session_conv_load(struct sk_session *s, const char *dir, struct sk_error *err);
-/* Saves s's conversation in dir as session id's (sk_conv_save: id is s's
- * own, or a fork's that takes a copy). Returns 1, or 0 when s has no chat
- * template (nothing saved). Errors: those of sk_conv_save. */
-int sk_session_conv_save(const struct sk_session *s, const char *dir, uint64_t id,
+/* Loads s's conversation from its file in the state directory dirfd
+ * (sk_conv_load); on error s keeps the one it had. Errors: those of
+ * sk_conv_load. */
+int sk_session_conv_load(struct sk_session *s, int dirfd, struct sk_error *err);
+/* Saves s's conversation in the state directory dirfd as session id's
+ * (sk_conv_save: id is s's own, or a fork's that takes a copy). Returns
+ * 1, or 0 when s has no chat template (nothing saved). Errors: those of
+ * sk_conv_save. */
+int sk_session_conv_save(const struct sk_session *s, int dirfd, uint64_t id,
                          struct sk_error *err);
 
 /* Whether the session's last committed step left logits to sample from. */

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "base/safefile.h"
 #include "sk_limits.h"
 
 #define SK__STORE_MAGIC "SINKDSHM"
@@ -240,6 +241,9 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
                       cfg->dir, (unsigned)sb.st_uid, (unsigned)geteuid());
     goto fail;
   }
+  /* Others must not swap the files the daemon writes here (a symbolic
+   * link where a file is about to be written). */
+  if ((rc = sk_safefile_check_dir(st->dirfd, cfg->dir, err)) < 0) goto fail;
   st->lockfd = openat(st->dirfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (st->lockfd < 0) {
     rc = sk_error_set(err, SK_ERR_IO, "cannot open %s/lock: %s", cfg->dir, strerror(errno));
@@ -250,6 +254,9 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
   char idbuf[32] = {0};
   ssize_t got = pread(st->lockfd, idbuf, sizeof idbuf - 1, 0);
   st->next_id = got > 0 ? strtoull(idbuf, NULL, 10) : 0;
+  /* Every id up to the largest was used (or the file says more): none
+   * is left, and none wraps around. */
+  if (st->next_id > SK_SESSION_ID_MAX + 1) st->next_id = SK_SESSION_ID_MAX + 1;
   struct statfs fs;
   st->tmpfs = fstatfs(st->dirfd, &fs) == 0 && fs.f_type == SK__TMPFS_MAGIC;
   if (ret_tmpfs) *ret_tmpfs = st->tmpfs;
@@ -270,6 +277,7 @@ void sk_store_close(struct sk_store *st) {
 }
 
 const char *sk_store_dir(const struct sk_store *st) { return st->dir; }
+int sk_store_dirfd(const struct sk_store *st) { return st->dirfd; }
 
 static void sk__obj_name(char *buf, size_t size, uint64_t id, bool tmp) {
   snprintf(buf, size, "session-%" PRIu64 ".skv%s", id, tmp ? ".tmp" : "");
@@ -719,21 +727,23 @@ int sk_store_obj_check(struct sk_store *st, const char *path, struct sk_store_ob
 
 /* ---- scan ------------------------------------------------------------ */
 
-/* "session-<id>.skv" -> id (1 ..), or "...skv.tmp" with *ret_tmp. */
+/* "session-<id>.skv" -> id (1 ..), or "...skv.tmp" with *ret_tmp; an
+ * id past SK_SESSION_ID_MAX (or past 64 bits) gives *ret_id 0. */
 static bool sk__parse_name(const char *name, uint64_t *ret_id, bool *ret_tmp) {
   const char *p = name;
   if (strncmp(p, "session-", 8) != 0) return false;
   p += 8;
   if (*p < '1' || *p > '9') return false;
   uint64_t id = 0;
+  bool huge = false;
   for (; *p >= '0' && *p <= '9'; p++) {
-    if (id > (UINT64_MAX - 9) / 10) return false;
-    id = id * 10 + (uint64_t)(*p - '0');
+    if (id > (SK_SESSION_ID_MAX - 9) / 10) huge = true;
+    else id = id * 10 + (uint64_t)(*p - '0');
   }
   if (strcmp(p, ".skv") == 0) *ret_tmp = false;
   else if (strcmp(p, ".skv.tmp") == 0) *ret_tmp = true;
   else return false;
-  *ret_id = id;
+  *ret_id = huge || id > SK_SESSION_ID_MAX ? 0 : id;
   return true;
 }
 
@@ -742,9 +752,7 @@ static int sk__cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Moves name into invalid/, under a free name; dest gets the new path
- * relative to the state directory. */
-static bool sk__set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
+bool sk_store_set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize) {
   if (mkdirat(st->dirfd, SK_STORE_INVALID_DIR, 0700) < 0 && errno != EEXIST) return false;
   for (int i = 0; i < SK_LIMIT_SET_ASIDE_TRIES; i++) {
     if (i == 0)
@@ -769,6 +777,14 @@ static int sk__load(struct sk_store *st, const char *name, uint64_t id,
                     struct sk_store_obj **ret, struct sk_error *err) {
   int fd = openat(st->dirfd, name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return sk__bad(err, "cannot open: %s", strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) == 0 && sb.st_uid != geteuid()) {
+    /* Planted by another user (a directory others may add to): its
+     * header could name any owner. */
+    close(fd);
+    return sk__bad(err, "owned by uid %u, not by the daemon's uid %u", (unsigned)sb.st_uid,
+                   (unsigned)geteuid());
+  }
   struct sk_store_obj *obj = NULL;
   int rc = sk__map_file(fd, name, &obj, err);
   close(fd);
@@ -804,6 +820,19 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
     uint64_t id;
     bool tmp;
     if (!sk__parse_name(de->d_name, &id, &tmp)) continue;
+    if (id == 0 && !tmp) {
+      /* Beyond the largest id: not an object this daemon made. (Moved
+       * into a subfolder while the listing goes on: it is not seen
+       * again.) */
+      char dest[300], why[96];
+      snprintf(why, sizeof why, "the id is larger than the largest session id, %" PRIu64,
+               (uint64_t)SK_SESSION_ID_MAX);
+      if (sk_store_set_aside(st, de->d_name, dest, sizeof dest))
+        cb->skip(cb->user, de->d_name, SK_STORE_SET_ASIDE, dest, why);
+      else
+        cb->skip(cb->user, de->d_name, SK_STORE_KEPT, NULL, why);
+      continue;
+    }
     if (id > max_id) max_id = id;
     if (tmp) {
       if (unlinkat(st->dirfd, de->d_name, 0) == 0)
@@ -836,10 +865,12 @@ int sk_store_scan(struct sk_store *st, const struct sk_store_scan_cb *cb,
       continue;
     }
     char dest[128];
-    if (sk__set_aside(st, name, dest, sizeof dest))
+    if (sk_store_set_aside(st, name, dest, sizeof dest)) {
       cb->skip(cb->user, name, SK_STORE_SET_ASIDE, dest, why.message);
-    else
+      if (cb->aside) cb->aside(cb->user, ids[i]);
+    } else {
       cb->skip(cb->user, name, SK_STORE_KEPT, NULL, why.message);
+    }
   }
 out:
   free(ids);

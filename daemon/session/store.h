@@ -266,7 +266,8 @@ void sk_store_fp_hex(const uint8_t fp[SK_STORE_FP_SIZE], char out[33]);
 int sk_store_check_busy(const char *dir, struct sk_error *err);
 
 /* Opens the state directory cfg->dir (created 0700, missing parents 0755,
- * if absent; it must be a directory owned by the effective uid; an
+ * if absent; it must be a directory owned by the effective uid, not
+ * writable by group or others unless sticky (sk_safefile_check_dir); an
  * existing one keeps its mode, objects are 0600 anyway) and takes
  * its lock (flock on "lock" inside), so that two daemons never share one.
  * ret_tmpfs tells whether the directory is on tmpfs (the caller warns if
@@ -277,7 +278,10 @@ int sk_store_open(const struct sk_store_config *cfg, struct sk_store **ret,
 /* Releases the lock and frees the store; every object must be freed
  * first. NULL is fine. */
 void sk_store_close(struct sk_store *st);
+/* The state directory's path, and a descriptor of it (the store's, open
+ * while it is: files of the directory are opened relative to it). */
 const char *sk_store_dir(const struct sk_store *st);
+int sk_store_dirfd(const struct sk_store *st);
 
 /* Bytes of an object for a cache of this capacity (what it costs in
  * tmpfs memory); 0 if the capacity is invalid or too large. */
@@ -297,15 +301,26 @@ struct sk_store_scan_cb {
    * (and `dest`, the new name, for SET_ASIDE), and why. */
   void (*skip)(void *user, const char *name, enum sk_store_skip what,
                const char *dest, const char *reason);
+  /* The object of session id was set aside (after skip): files that go
+   * with the session (its conversation) may follow it with
+   * sk_store_set_aside. May be NULL. */
+  void (*aside)(void *user, uint64_t id);
   void *user;
 };
 
+/* Moves name, a file of the state directory, into invalid/ under a free
+ * name ("name", "name.1", ... never replacing one); dest gets the new
+ * path relative to the state directory. Returns false if it could not
+ * (errno: ENOENT when there is no such file). */
+bool sk_store_set_aside(struct sk_store *st, const char *name, char *dest, size_t dsize);
+
 /* Looks at every "session-<id>.skv" in the state directory in ascending
- * id order and adopts the valid ones (same model fingerprint and shape,
- * valid fixed header, a valid live meta copy, consistent counters, every
- * resident slot's K/V matching its checksum); sets the others aside into
- * invalid/ (never half-loaded); deletes "*.skv.tmp" leftovers. Other files
- * are left alone. *ret_max_id receives the largest id seen (adopted or
+ * id order and adopts the valid ones (owned by the daemon's uid, same
+ * model fingerprint and shape, valid fixed header, a valid live meta
+ * copy, consistent counters, every resident slot's K/V matching its
+ * checksum); sets the others aside into invalid/ (never half-loaded), as
+ * those whose id is past SK_SESSION_ID_MAX; deletes "*.skv.tmp"
+ * leftovers. Other files are left alone. *ret_max_id receives the largest id seen (adopted or
  * not, and every id ever created in this directory: the lock file keeps
  * the next one), so ids are never reused. Errors: -SK_ERR_IO if the directory
  * cannot be read (per-file problems are reported through cb->skip). */

@@ -28,6 +28,11 @@ extern "C" {
  * KiB of text fits; anything larger is refused before its body is read. */
 #define SK_FRAME_MAX_DEFAULT (1u << 20)
 #define SK_FRAME_MAX_CEILING (16u << 20)
+/* Session ids are 1, 2, ... up to this, never reused in a state
+ * directory and never wrapping: past it, open, fork and import answer
+ * busy. 2^53 - 1, so that every id is exact in a JSON number read as a
+ * double (JavaScript clients of the HTTP endpoint). */
+#define SK_SESSION_ID_MAX ((UINT64_C(1) << 53) - 1)
 /* Deepest msgpack nesting a request may use; requests are shallow (map of
  * scalars, arrays of ints or strings), so 16 is generous. */
 #define SK_MSG_MAX_DEPTH 16u
@@ -171,7 +176,8 @@ const char *sk_strerror(int code);
 /* Code for a wire name of `len` bytes; SK_ERR_INTERNAL if unknown. */
 int sk_error_from_name(const char *name, size_t len);
 /* Fills *err (if not NULL) with code (either sign) and a printf-style
- * message; returns -|code| so callers can `return sk_error_set(...)`. */
+ * message (cut to SK_ERROR_MESSAGE_MAX - 1 bytes, between two UTF-8
+ * characters); returns -|code| so callers can `return sk_error_set(...)`. */
 int sk_error_set(struct sk_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int sk_error_setv(struct sk_error *err, int code, const char *fmt, va_list ap);

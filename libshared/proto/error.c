@@ -47,13 +47,27 @@ int sk_error_from_name(const char *name, size_t len) {
   return SK_ERR_INTERNAL;
 }
 
+/* Cuts s (a message cut to its buffer) back to the end of its last
+ * whole UTF-8 character: a message may hold a client's bytes, and half
+ * a character would make it invalid text for every reader. */
+static void sk__trim_cut_character(char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s), i = n, back = 0;
+  while (i > 0 && back < 4 && (p[i - 1] & 0xc0) == 0x80) i--, back++;
+  if (i == 0) return;
+  unsigned char lead = p[i - 1];
+  size_t want = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+  if (back + 1 < want) s[i - 1] = 0;
+}
+
 int sk_error_setv(struct sk_error *err, int code, const char *fmt,
                   va_list ap) {
   int idx = sk__error_index(code);
   if (err) {
     err->code = idx;
     if (fmt) {
-      vsnprintf(err->message, sizeof err->message, fmt, ap);
+      int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
+      if (n >= (int)sizeof err->message) sk__trim_cut_character(err->message);
     } else {
       snprintf(err->message, sizeof err->message, "%s",
                sk__error_descs[idx]);

@@ -13,6 +13,7 @@
  *  - a conversation file made of the input's bytes loads or is refused as
  *    bad_request, and one that loads saves back byte for byte.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +24,15 @@
 #include "fuzz.h"
 
 static char g_dir[64];
+static int g_dirfd = -1; /* g_dir, as the daemon holds its state directory */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   snprintf(g_dir, sizeof g_dir, "/tmp/fuzz-chat.XXXXXX");
   if (!mkdtemp(g_dir)) sk_fuzz_fail("mkdtemp");
+  g_dirfd = open(g_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (g_dirfd < 0) sk_fuzz_fail("open %s", g_dir);
   return 0;
 }
 
@@ -77,6 +81,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (sk_chat_render(tmpl, m, n, a, &t, &err) < 0) sk_fuzz_fail("render: %s", err.message);
     check_text(&t, total);
   }
+  /* text appended before any chat (no message yet), then the messages */
+  struct sk_conv fresh;
+  sk_conv_init(&fresh, tmpl);
+  sk_chat_text_reset(&t);
+  if (sk_conv_delta(&fresh, m, n, " x", 2, &t, &err) < 0) sk_fuzz_fail("delta: %s", err.message);
+  check_text(&t, total + 64);
+  sk_conv_free(&fresh);
   /* a conversation: the first n_old messages as the previous request,
    * "ok" as its reply, the rest as the next */
   size_t k = n_old < n ? n_old : n;
@@ -89,8 +100,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   sk_chat_text_reset(&t);
   if (sk_conv_delta(&c, m + k, n - k, " x", 2, &t, &err) < 0) sk_fuzz_fail("delta: %s", err.message);
   check_text(&t, total + 2 + 64);
-  if (sk_conv_save(&c, g_dir, 1, &err) < 0) sk_fuzz_fail("save: %s", err.message);
-  if (sk_conv_load(&back, g_dir, 1, &err) != 1) sk_fuzz_fail("load: %s", err.message);
+  if (sk_conv_save(&c, g_dirfd, 1, &err) < 0) sk_fuzz_fail("save: %s", err.message);
+  if (sk_conv_load(&back, g_dirfd, 1, &err) != 1) sk_fuzz_fail("load: %s", err.message);
   if (back.tmpl != c.tmpl || back.text_len != c.text_len || back.n_msgs != c.n_msgs ||
       (c.text_len && memcmp(back.text, c.text, c.text_len) != 0) || back.n_seen != c.n_seen)
     sk_fuzz_fail("the state did not load back");
@@ -104,10 +115,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FILE *f = fopen(path, "wb");
   if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0) sk_fuzz_fail("write %s", path);
   sk_conv_init(&c, SK_CHAT_NONE);
-  int rc = sk_conv_load(&c, g_dir, 2, &err);
+  int rc = sk_conv_load(&c, g_dirfd, 2, &err);
   if (rc != 1 && rc != -SK_ERR_BAD_REQUEST) sk_fuzz_fail("load of the input: %d", rc);
   if (rc == 1) {
-    if (sk_conv_save(&c, g_dir, 3, &err) < 0) sk_fuzz_fail("save: %s", err.message);
+    if (sk_conv_save(&c, g_dirfd, 3, &err) < 0) sk_fuzz_fail("save: %s", err.message);
     snprintf(path, sizeof path, "%s/session-3.chat", g_dir);
     f = fopen(path, "rb");
     uint8_t *again = malloc(size + 1);
@@ -117,8 +128,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(again);
   }
   sk_conv_free(&c);
-  sk_conv_remove(g_dir, 1);
-  sk_conv_remove(g_dir, 2);
-  sk_conv_remove(g_dir, 3);
+  sk_conv_remove(g_dirfd, 1);
+  sk_conv_remove(g_dirfd, 2);
+  sk_conv_remove(g_dirfd, 3);
   return 0;
 }

@@ -12,7 +12,8 @@
  *    or after a syntax error further on is seen);
  *  - no request exceeds the limits: target, headers, body (its bytes
  *    NUL-terminated), Authorization;
- *  - an error is a 4xx (or 503, out of memory) with a message;
+ *  - an error is a 4xx (or 503, out of memory; or 501, a transfer coding
+ *    other than chunked) with a message;
  *  - every body, checked as a completion and as a chat request, is either
  *    refused with 400 and a message, or gives values inside their ranges.
  */
@@ -96,7 +97,9 @@ static struct outcome read_stream(const uint8_t *data, size_t size, uint32_t max
       off += used;
       if (rc == SK_HTTP_READ_ERROR) {
         o.status = r.status;
-        if (!((r.status >= 400 && r.status < 500) || r.status == 503) || !r.message[0])
+        if (!((r.status >= 400 && r.status < 500) || r.status == 503 ||
+              (r.status == 501 && strncmp(r.message, "Transfer-Encoding '", 19) == 0)) ||
+            !r.message[0])
           sk_fuzz_fail("error %d '%s'", r.status, r.message);
         goto out;
       }

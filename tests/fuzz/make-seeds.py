@@ -10,6 +10,7 @@ them (python3 only, no packages: msgpack and GGUF are written by hand).
   tokenizer/  byte 0 = mode, then text (or int32 ids with bit 7 set);
               bit 1: a BPE vocabulary (bit 3: Qwen2's), bit 2: parse_special
   http/       byte 0 = mode (body limit, read cuts), then HTTP requests
+  config/     sinkd.conf files: the example, every key, and broken ones
 """
 import os
 import struct
@@ -272,7 +273,36 @@ def main():
     for name, data in http_requests().items():
         write("http", name, b"\x02" + data)         # 64 KiB bodies, whole reads
         write("http", name + "-cut", b"\x1d" + data)  # 1 KiB bodies, 7 cuts
+    with open(os.path.join(HERE, "..", "..", "daemon", "sinkd.conf"), "rb") as f:
+        write("config", "example", f.read())
+    for name, data in configs().items():
+        write("config", name, data)
     return 0
+
+
+def configs():
+    """Named configuration files: every key with a value, and mistakes."""
+    s = {}
+    s["every-key"] = (
+        b"[daemon]\nmodel = /var/lib/sinkd/model.gguf\nsocket = /run/sinkd/sinkd.sock\n"
+        b"state_dir = /run/sinkd/state\nthreads = auto\nbatch = 64\nlog_level = debug\n"
+        b"kv_type = f32\nchat_template = chatml\nhttp_socket = none\n"
+        b"http_listen = [::1]:8080\nhttp_listen_public = no\nhttp_key_file = /etc/sinkd/key\n"
+        b"http_uid = 1000\nsparsity_file = /var/lib/sinkd/sparsity.txt\n"
+        b"[session]\npolicy = sink_h2o\nsinks = 4\nwindow = auto\ncapacity = 2048\n"
+        b"[limits]\nmax_clients = 1024\nmax_sessions = 64\nmax_capacity = auto\n"
+        b"max_memory = 4G\nmax_user_sessions = 16\nmax_user_memory = 1536M\n"
+        b"max_frame = 1M\nidle_ttl = 0\nmax_user_clients = 128\nframe_timeout = 30\n"
+        b"max_input_memory = auto\nmax_user_input_memory = 64M\n")
+    s["mistakes"] = (
+        b"\xef\xbb\xbf; a BOM, then a comment\nmodel = /x\n[limits]\nmax_sessions = lots\n"
+        b"max_sesions = 3\nsinks = 4\nmax_memory = 1T\nmax_memory = 2G\n[nope]\na = b\n"
+        b"just words\n  indented = yes\n[daemon]\nhttp_listen = 0.0.0.0:80x\n"
+        b"http_listen_public = maybe\nmodel = a\x00b\n")
+    s["crlf"] = b"[daemon]\r\nmodel = /m.gguf\r\n[limits]\r\nmax_frame = 64K\r\n"
+    s["long-line"] = b"[daemon]\nmodel = /" + b"a" * 300 + b"\n"
+    s["empty"] = b""
+    return s
 
 
 def http_requests():
