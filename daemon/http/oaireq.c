@@ -275,6 +275,9 @@ static const struct field {
     {"heavy", ROUTE_BOTH, NULL, NULL},
     {"recent", ROUTE_BOTH, NULL, NULL},
     {"capacity", ROUTE_BOTH, NULL, NULL},
+    {"speculation", ROUTE_BOTH, NULL, NULL},
+    {"draft_tokens", ROUTE_BOTH, NULL, NULL},
+    {"draft_fixed", ROUTE_BOTH, NULL, NULL},
     /* meaningless for a local daemon: taken and ignored */
     {"user", ROUTE_BOTH, NULL, NULL},
     {"safety_identifier", ROUTE_CHAT, NULL, NULL},
