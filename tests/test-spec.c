@@ -624,6 +624,35 @@ static void write_changed_token(const char *src, const char *dst, int32_t id, ch
   sk_gguf_close(g);
 }
 
+/* The file at src with its EOS id (tokenizer.ggml.eos_token_id, a u32)
+ * one more, into dst; returns the old id. */
+static uint32_t write_changed_eos(const char *src, const char *dst) {
+  size_t n = 0;
+  char *bytes = sk_test_read_file(src, &n);
+  assert_non_null(bytes);
+  /* the key (its 64-bit length, its bytes), the value's type (4: u32),
+   * the value */
+  static const char key[] = "tokenizer.ggml.eos_token_id";
+  char pat[8 + sizeof key];
+  const uint64_t klen = sizeof key - 1;
+  memcpy(pat, &klen, 8);
+  memcpy(pat + 8, key, klen);
+  char *at = memmem(bytes, n, pat, 8 + klen);
+  assert_non_null(at);
+  uint32_t type, id;
+  memcpy(&type, at + 8 + klen, 4);
+  assert_int_equal(type, 4);
+  memcpy(&id, at + 12 + klen, 4);
+  const uint32_t now = id + 1;
+  memcpy(at + 12 + klen, &now, 4);
+  FILE *f = fopen(dst, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(bytes, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+  free(bytes);
+  return id;
+}
+
 static void test_vocab_mismatch(void **state) {
   (void)state;
   fresh_state("vocab");
@@ -634,6 +663,16 @@ static void test_vocab_mismatch(void **state) {
   snprintf(want, sizeof want,
            "its vocabulary is not the model's: token 300 is \"%s\", the model's is \"%s\"", now,
            was);
+  if (!log_has(want)) {
+    dump_log();
+    fail_msg("the log does not say: %s", want);
+  }
+  /* the same tokens, another end-of-sequence id */
+  snprintf(path, sizeof path, "%s/eos.gguf", g_dir);
+  const uint32_t eos = write_changed_eos(sk_test_model_path(), path);
+  assert_int_equal(start_daemon(sk_test_model_path(), path, NULL), 1);
+  snprintf(want, sizeof want, "its vocabulary is not the model's: EOS id %u, the model's %u",
+           eos + 1, eos);
   if (!log_has(want)) {
     dump_log();
     fail_msg("the log does not say: %s", want);
