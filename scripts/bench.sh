@@ -37,7 +37,8 @@
 # needs curl and jq) also their decode speed on the same prompts, model
 # pair and threads, greedy, the same number of tokens, for
 # --spec-draft-n-max in SPEC_LLAMA_DRAFT (3 8), beside sinkd's draft
-# mode, in alternating rounds.
+# mode, in alternating rounds. SPEC_PARTS (code fortunes sessions side)
+# picks what runs.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -181,14 +182,21 @@ for part in $parts; do
     t=${SPEC_THREADS:-2}
     rounds=${SPEC_ROUNDS:-5}
     common="--no-prefill --no-decode --no-concurrency --no-positions --spec-prompts ${SPEC_PROMPTS:-8} --spec-rounds $rounds --spec-gen 256"
-    DAEMON_ARGS="--draft-model $draft" run "spec-code-t$t" "$target" "$t" $common \
-      --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft,lookup
-    DAEMON_ARGS="--draft-model $draft" run "spec-fortunes-t$t" "$target" "$t" $common \
-      --spec-text "$shared/data/fortunes-en.txt" --spec-modes off,lookup
-    DAEMON_ARGS="--draft-model $draft" run "spec-sessions-t$t" "$target" "$t" $common \
-      --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft \
-      --spec-prompts "${SPEC_SESSIONS:-16}" --spec-sessions "${SPEC_SESSIONS:-16}" --spec-prompt-bytes 600
-    if [ -n "${LLAMA_SPECULATIVE:-}${LLAMA_SERVER:-}" ]; then
+    has() { case " ${SPEC_PARTS:-code fortunes sessions side} " in *" $1 "*) return 0 ;; esac; return 1; }
+    if has code; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-code-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft,lookup
+    fi
+    if has fortunes; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-fortunes-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/fortunes-en.txt" --spec-modes off,lookup
+    fi
+    if has sessions; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-sessions-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft \
+        --spec-prompts "${SPEC_SESSIONS:-16}" --spec-sessions "${SPEC_SESSIONS:-16}" --spec-prompt-bytes 600
+    fi
+    if has side && [ -n "${LLAMA_SPECULATIVE:-}${LLAMA_SERVER:-}" ]; then
       # the same prompts as sinkd-bench cuts them, one file each
       n=${SPEC_PROMPTS:-8}
       awk -v n="$n" -v bytes=1500 -v out="$out/prompt" 'BEGIN { RS = "^$" } {
@@ -229,7 +237,7 @@ for part in $parts; do
                 fi
                 i=$((i + 1))
               done
-              printf '%-5s %-16s %10.1f\n' $r "speculative-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print b > 0 ? a / b : 0 }')"
+              printf '%-5s %-16s %10.1f\n' $r "speculative-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print (b > 0 ? a / b : 0) }')"
             done
             for kp in $ports; do
               k=${kp%%:*} port=${kp#*:} port=${port%%:*}
@@ -244,7 +252,7 @@ for part in $parts; do
                 sum_t=$(echo "$tm" | awk -v s="$sum_t" '{ print s + $2 / 1000 }')
                 i=$((i + 1))
               done
-              printf '%-5s %-16s %10.1f\n' $r "server-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print b > 0 ? a / b : 0 }')"
+              printf '%-5s %-16s %10.1f\n' $r "server-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print (b > 0 ? a / b : 0) }')"
             done
           else
             json=$(DAEMON_ARGS="--draft-model $draft" run "spec-side-r$r" "$target" "$t" \
