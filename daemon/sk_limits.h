@@ -87,6 +87,11 @@
 /* Requests queued behind a running one on a session: a client cannot
  * make the loop hold an unbounded list of jobs. */
 #define SK_LIMIT_SESSION_QUEUE 64u
+/* Token events of one job the compute thread may have posted before the
+ * loop thread takes them: a loop thread kept off the CPU pauses the
+ * generation instead of queueing its whole output in memory (an event
+ * is about 300 bytes). */
+#define SK_LIMIT_JOB_EVENTS 256u
 /* Sessions a uid's temporary opens may take past max_user_sessions, so
  * that persistent sessions left behind do not stop one-off requests. */
 #define SK_LIMIT_TEMP_SESSIONS 4u

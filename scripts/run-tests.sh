@@ -8,7 +8,7 @@
 #      built, not run, for the warnings only an optimizer finds;
 #   2. ./build-asan (clang, ASan+UBSan, libFuzzer): the same suite again,
 #      then each fuzz target for SK_FUZZ_SECONDS (default 60) seconds;
-#   3. the integration test under valgrind memcheck (no errors, no leaks,
+#   3. the integration tests under valgrind memcheck (no errors, no leaks,
 #      in the test and in the daemon it starts);
 #   4. ./build-tsan (clang, ThreadSanitizer): the tests that run the
 #      daemon's threads (compute pool, event loop, thread-pool work, many
@@ -42,16 +42,19 @@ meson test -C build-asan --print-errorlogs
 echo "== fuzzing: each target ${SK_FUZZ_SECONDS:-60} s under ASan+UBSan" >&2
 ./scripts/run-fuzz.sh build-asan "${SK_FUZZ_SECONDS:-60}"
 unset ASAN_OPTIONS UBSAN_OPTIONS
-echo "== valgrind memcheck: the integration test and the daemon it starts" >&2
+echo "== valgrind memcheck: the integration tests and the daemons they start" >&2
 rm -f build/meson-logs/valgrind-*.log
-meson test -C build --setup valgrind --print-errorlogs integration
+meson test -C build --setup valgrind --print-errorlogs integration integration-sessions \
+  integration-sinkctl
 echo "== ThreadSanitizer: the threaded parts (pool, daemon, clients)" >&2
 [ -f build-tsan/build.ninja ] ||
   CC=clang meson setup build-tsan -Dwerror=true -Db_sanitize=thread -Db_lundef=false \
     -Dman=disabled >/dev/null
 ninja -C build-tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 SK_LOAD_SECONDS=10 \
-  meson test -C build-tsan --print-errorlogs kernels model integration persist hostile sinkctl load
+  meson test -C build-tsan --print-errorlogs kernels kernels-types model integration \
+    integration-sessions integration-sinkctl persist persist-images hostile hostile-limits \
+    sinkctl load
 t1=$(date +%s)
 
 echo "== figures"

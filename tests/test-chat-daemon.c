@@ -603,6 +603,26 @@ static size_t session_ids(struct sk_client *c, uint64_t session, int32_t **ret) 
   return n;
 }
 
+/* In a new session of c, the chat of test_system_prompt_fits with its
+ * system message as "developer": the n_res tokens of res (freed here). */
+static void developer_is_system(struct sk_client *c, struct sk_generate_params gp, int32_t *res,
+                                size_t n_res) {
+  struct sk_error e = {0};
+  /* "developer" is the same system message: the same tokens, the same
+   * reply */
+  struct sk_open_result o2;
+  assert_int_equal(sk_client_open(c, NULL, &o2, &e), 0);
+  const struct sk_chat_message dev[2] = {{"developer", "You are a helpful assistant.", 0},
+                                         {"user", "Hi", 0}};
+  struct sk_generate_result gr2;
+  assert_int_equal(sk_client_chat(c, o2.session, dev, 2, &gp, NULL, NULL, &gr2, &e), 0);
+  int32_t *res2 = NULL;
+  assert_int_equal(session_ids(c, o2.session, &res2), n_res);
+  assert_memory_equal(res2, res, n_res * sizeof *res);
+  free(res2);
+  free(res);
+}
+
 /* A system prompt always fits (Qwen2's vocabulary and ChatML on a
  * random-weight model, the daemon's default settings, as an OpenAI
  * client sends it): the first chat's system message of 11 tokens, and of
@@ -673,19 +693,7 @@ static void test_system_prompt_fits(void **state) {
   assert_int_equal(gr.prompt_tokens, n_expect);
   assert_memory_equal(res, expect, n_expect * sizeof *res);
 
-  /* "developer" is the same system message: the same tokens, the same
-   * reply */
-  struct sk_open_result o2;
-  assert_int_equal(sk_client_open(c, NULL, &o2, &e), 0);
-  const struct sk_chat_message dev[2] = {{"developer", "You are a helpful assistant.", 0},
-                                         {"user", "Hi", 0}};
-  struct sk_generate_result gr2;
-  assert_int_equal(sk_client_chat(c, o2.session, dev, 2, &gp, NULL, NULL, &gr2, &e), 0);
-  int32_t *res2 = NULL;
-  assert_int_equal(session_ids(c, o2.session, &res2), n_res);
-  assert_memory_equal(res2, res, n_res * sizeof *res);
-  free(res2);
-  free(res);
+  developer_is_system(c, gp, res, n_res);
 
   /* 200 tokens of system text (205 with the framing) */
   char *big = malloc(200 * 4 + 1);

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -577,6 +578,71 @@ class Imports(unittest.TestCase):
         finally:
             self.assertEqual(daemon.stop(), 0)
             daemon.remove()
+
+
+class StalledLoop(unittest.TestCase):
+    def test_generation_waits_for_the_event_loop(self):
+        """The loop thread held (ptrace: only the daemon's main thread is
+        stopped, its compute thread goes on): the compute thread posts at
+        most SK_LIMIT_JOB_EVENTS token events and then waits, instead of
+        queueing the whole generation in memory (about 5 MB a second
+        here). Afterwards the generation goes on and ends as asked."""
+        daemon = Daemon()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        ptrace_seize, ptrace_interrupt, ptrace_detach = 0x4206, 0x4207, 17
+        try:
+            got = []
+            stop = threading.Event()
+
+            def generate():
+                with daemon.client(timeout=60) as c:
+                    sid = c.open(policy="streaming", n_sink=4, window=60)
+                    for tok in c.generate(sid, prompt="Once upon a time", max_tokens=1000000,
+                                          temperature=0):
+                        got.append(tok)
+                        if stop.is_set():
+                            break
+
+            th = threading.Thread(target=generate)
+            th.start()
+            deadline = time.time() + 30
+            while len(got) < 100 and time.time() < deadline:
+                time.sleep(0.01)
+            self.assertGreaterEqual(len(got), 100)
+            pid = daemon.proc.pid
+            self.assertEqual(libc.ptrace(ptrace_seize, pid, None, None), 0, ctypes.get_errno())
+            self.assertEqual(libc.ptrace(ptrace_interrupt, pid, None, None), 0)
+            os.waitpid(pid, 0x40000000)  # __WALL: the main thread has stopped
+            rss0 = proc_rss_kib(pid)
+            time.sleep(2)
+            grown = proc_rss_kib(pid) - rss0
+            n_held = len(got)
+            self.assertEqual(libc.ptrace(ptrace_detach, pid, None, None), 0)
+            print("figures: RSS +%d KiB in 2 s with the loop thread stopped" % grown,
+                  file=sys.stderr)
+            self.assertLess(grown, 1024)
+            # The held tokens arrive, then new ones.
+            deadline = time.time() + 30
+            while len(got) < n_held + 2000 and time.time() < deadline:
+                time.sleep(0.01)
+            self.assertGreaterEqual(len(got), n_held + 2000)
+            stop.set()
+            th.join(60)
+            self.assertFalse(th.is_alive())
+            with daemon.client() as c:
+                c.ping()
+        finally:
+            self.assertEqual(daemon.stop(), 0)
+            daemon.remove()
+
+
+def proc_rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS for %d" % pid)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ struct sk_job *sk_jobs_new(enum sk_job_kind kind, struct sk_conn *conn, uint64_t
   j->bos = -1;
   atomic_init(&j->cancel, false);
   atomic_init(&j->paused, false);
+  atomic_init(&j->events_queued, 0);
   return j;
 }
 

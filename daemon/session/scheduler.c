@@ -4,6 +4,7 @@
 #include "session/specstep.h"
 #include "base/clock.h"
 #include "model/sparse.h"
+#include "sk_limits.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -19,6 +20,7 @@
 
 static void post_event(struct sk_scheduler *sched, struct sk_event *ev) {
   ev->next = NULL;
+  if (ev->kind == SK_EVENT_TOKEN) atomic_fetch_add(&ev->job->events_queued, 1);
   pthread_mutex_lock(&sched->ev_lock);
   if (sched->ev_tail)
     sched->ev_tail->next = ev;
@@ -34,11 +36,17 @@ static void drain_events(struct sk_scheduler *sched) {
   struct sk_event *ev = sched->ev_head;
   sched->ev_head = sched->ev_tail = NULL;
   pthread_mutex_unlock(&sched->ev_lock);
+  bool resume = false;
   while (ev) {
     struct sk_event *next = ev->next;
+    /* A DONE event may free its job; token events come before it. */
+    if (ev->kind == SK_EVENT_TOKEN &&
+        atomic_fetch_sub(&ev->job->events_queued, 1) == SK_LIMIT_JOB_EVENTS)
+      resume = true;
     sched->cb(sched->user, ev);
     ev = next;
   }
+  if (resume) sk_scheduler_wake(sched);
 }
 
 static void on_async(uv_async_t *h) { drain_events(h->data); }
@@ -491,8 +499,11 @@ static bool after_spec(struct sk_scheduler *sched, struct sk_job *job, struct sk
   return false;
 }
 
+/* A job waits while its client's output is full or while the loop
+ * thread has SK_LIMIT_JOB_EVENTS of its token events still to take. */
 static bool runnable(const struct sk_job *j) {
-  return !atomic_load(&j->paused) || atomic_load(&j->cancel);
+  return (!atomic_load(&j->paused) && atomic_load(&j->events_queued) < SK_LIMIT_JOB_EVENTS) ||
+         atomic_load(&j->cancel);
 }
 
 /* After a pass, sequence i's commit, one task per sequence on the pool

@@ -103,6 +103,8 @@ struct sk_job {
   /* Control, written by the loop thread, read by the compute thread. */
   atomic_bool cancel;
   atomic_bool paused;        /* the client's output buffer is full */
+  atomic_uint events_queued; /* token events posted to the loop thread and
+                                not yet taken by it (the scheduler's) */
   atomic_bool session_closing; /* generate: the final reply ends the text
                                   (held bytes as U+FFFD) */
 
