@@ -202,6 +202,7 @@ int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id, uint64_t i
       }
       out_u64(&k, "weights_mapped_bytes", s.weights_mapped_bytes);
       out_u64(&k, "weights_repacked_bytes", s.weights_repacked_bytes);
+      if (s.speculation.mode[0]) json_spec(&k.first, &s.speculation);
       out_end(&k);
       return 0;
     }
@@ -241,6 +242,7 @@ int cmd_stats(struct sk_client *c, const struct opts *o, bool has_id, uint64_t i
       printf("%-17s %" PRIu64 " s\n", "idle ttl", s.idle_ttl_s);
     else
       printf("%-17s never\n", "idle ttl");
+    if (s.speculation.mode[0]) print_spec("speculation", &s.speculation);
     return 0;
   }
   struct sk_session_stats s;
@@ -425,6 +427,7 @@ int cmd_hello(struct sk_client *c, const struct opts *o) {
       if (h.chat_template_error[0]) json_kv_str(stdout, &f2, "error", h.chat_template_error);
       fputc('}', stdout);
     }
+    if (h.speculation.mode[0]) json_spec(&first, &h.speculation);
     fputs("}\n", stdout);
     return 0;
   }
@@ -459,5 +462,15 @@ int cmd_hello(struct sk_client *c, const struct opts *o) {
   printf("defaults.rope_scale: %g\n", h.defaults.rope_scale);
   if (h.chat_template[0]) printf("chat_template: %s\n", h.chat_template);
   if (h.chat_template_error[0]) printf("chat_template.error: %s\n", h.chat_template_error);
+  if (h.speculation.mode[0]) {
+    const struct sk_spec_info *sp = &h.speculation;
+    printf("speculation.mode: %s\n", sp->mode);
+    printf("speculation.draft_tokens: %" PRIu32 "\n", sp->draft_tokens);
+    if (sp->draft_model[0]) printf("speculation.draft_model: %s\n", sp->draft_model);
+    printf("speculation.lookup_history: %" PRIu32 "\n", sp->lookup_history);
+    printf("speculation.drafted: %" PRIu64 "\n", sp->drafted);
+    printf("speculation.accepted: %" PRIu64 "\n", sp->accepted);
+    printf("speculation.rejected: %" PRIu64 "\n", sp->rejected);
+  }
   return 0;
 }

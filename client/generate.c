@@ -155,8 +155,12 @@ void json_generate(uint64_t session, unsigned turn, const struct gen_state *g,
   json_kv_str(stdout, &first, "stop", res->stop);
   json_kv_u64(stdout, &first, "n_tokens", res->n_tokens);
   json_key(stdout, &first, "usage");
-  printf("{\"prompt_tokens\": %" PRIu64 ", \"completion_tokens\": %" PRIu64 "}",
-         res->prompt_tokens, res->completion_tokens);
+  printf("{\"prompt_tokens\": %" PRIu64 ", \"completion_tokens\": %" PRIu64, res->prompt_tokens,
+         res->completion_tokens);
+  if (res->drafted_tokens) /* speculation proposed tokens */
+    printf(", \"drafted_tokens\": %" PRIu64 ", \"accepted_tokens\": %" PRIu64,
+           res->drafted_tokens, res->accepted_tokens);
+  fputc('}', stdout);
   json_kv_u64(stdout, &first, "evicted", res->evicted);
   json_kv_u64(stdout, &first, "resident", res->resident);
   json_kv_u64(stdout, &first, "seen", res->seen);
@@ -349,6 +353,9 @@ close:;
       if (res.completion_tokens > 1 && gen_ms >= 20)
         fprintf(stderr, ", %.1f tokens/s",
                 (double)(res.completion_tokens - 1) * 1e3 / gen_ms);
+      if (res.drafted_tokens)
+        fprintf(stderr, "; speculation: %" PRIu64 " drafted, %" PRIu64 " accepted",
+                res.drafted_tokens, res.accepted_tokens);
       fputc('\n', stderr);
     }
     if (!o->json && strcmp(res.stop, "context_full") == 0) say_session_full(res.resident);

@@ -118,6 +118,37 @@ void human_bytes(uint64_t v, char *buf, size_t size) {
     snprintf(buf, size, "%.1f %s", d, units[u]);
 }
 
+void print_spec(const char *label, const struct sk_spec_info *sp) {
+  printf("%-17s %s", label, sp->mode[0] ? sp->mode : "off");
+  if (sp->draft_tokens)
+    printf(", up to %" PRIu32 " tokens a step%s", sp->draft_tokens,
+           sp->draft_fixed ? " (fixed)" : "");
+  if (sp->draft_model[0]) printf(", draft model %s", sp->draft_model);
+  if (sp->lookup_history) printf(", history %" PRIu32 " tokens", sp->lookup_history);
+  printf("; %" PRIu64 " drafted, %" PRIu64 " accepted, %" PRIu64 " rejected", sp->drafted,
+         sp->accepted, sp->rejected);
+  if (sp->drafted) printf(" (%.1f%% accepted)", 100.0 * sp->acceptance);
+  putchar('\n');
+}
+
+void json_spec(bool *first, const struct sk_spec_info *sp) {
+  bool f = true;
+  json_key(stdout, first, "speculation");
+  fputc('{', stdout);
+  json_kv_str(stdout, &f, "mode", sp->mode);
+  json_kv_u64(stdout, &f, "draft_tokens", sp->draft_tokens);
+  json_key(stdout, &f, "draft_fixed");
+  fputs(sp->draft_fixed ? "true" : "false", stdout);
+  json_kv_str(stdout, &f, "draft_model", sp->draft_model);
+  json_kv_u64(stdout, &f, "lookup_history", sp->lookup_history);
+  json_kv_u64(stdout, &f, "drafted", sp->drafted);
+  json_kv_u64(stdout, &f, "accepted", sp->accepted);
+  json_kv_u64(stdout, &f, "rejected", sp->rejected);
+  json_key(stdout, &f, "acceptance");
+  printf("%.6g", sp->acceptance);
+  fputc('}', stdout);
+}
+
 void print_session_stats(const struct sk_session_stats *s) {
   char kv[32], obj[32];
   human_bytes(s->kv_bytes, kv, sizeof kv);
@@ -170,6 +201,17 @@ void print_session_stats(const struct sk_session_stats *s) {
     printf(")\n");
     if (s->weight_bytes_per_token > 0)
       printf("%-10s %.1f MB of weights read per token\n", "reads", s->weight_bytes_per_token / 1e6);
+  }
+  if (s->speculation.mode[0]) {
+    const struct sk_spec_info *sp = &s->speculation;
+    printf("%-10s %s", "speculate", sp->mode);
+    if (sp->draft_tokens)
+      printf(", up to %" PRIu32 " tokens a step%s", sp->draft_tokens,
+             sp->draft_fixed ? " (fixed)" : "");
+    printf("; %" PRIu64 " drafted, %" PRIu64 " accepted, %" PRIu64 " rejected", sp->drafted,
+           sp->accepted, sp->rejected);
+    if (sp->drafted) printf(" (%.1f%% accepted)", 100.0 * sp->acceptance);
+    putchar('\n');
   }
   if (s->attn_steps)
     printf("%-10s over the last %" PRIu64 " steps; sinks = the first %" PRIu64 " positions\n",
@@ -323,6 +365,7 @@ void json_session_stats_members(struct kv_out *k, const struct sk_session_stats 
   fputs("], \"entropy\": [", stdout);
   for (size_t l = 0; l < s->n_layers; l++) printf("%s%.6g", l ? ", " : "", s->entropy[l]);
   fputs("]}", stdout);
+  if (s->speculation.mode[0]) json_spec(&k->first, &s->speculation);
 }
 
 void json_session_stats(const struct sk_session_stats *s) {

@@ -11,7 +11,7 @@ _sinkctl() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   local commands="generate chat tokenize detokenize open close list stats ping hello resume fork save load eval"
   local global="--socket --timeout --wait --json --verbose --raw --help --version"
-  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--pin-file|--idle|--system|--timeout"
+  local with_value="-s|--socket|-n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--session|--policy|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--pin-file|--idle|--system|--timeout|--speculation|--draft-tokens"
   local cmd="" sock="" i word
   for ((i = 1; i < COMP_CWORD; i++)); do
     word=${COMP_WORDS[i]}
@@ -27,14 +27,16 @@ _sinkctl() {
   case $prev in
     -s|--socket) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --policy) COMPREPLY=($(compgen -W "streaming window h2o sink_h2o dense" -- "$cur")); return ;;
+    --speculation) COMPREPLY=($(compgen -W "off draft lookup" -- "$cur")); return ;;
     --pin-file) compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --session) COMPREPLY=($(compgen -W "$(_sinkctl_sessions)" -- "$cur")); return ;;
-    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--timeout)
+    -n|--max-tokens|-t|--temperature|--top-k|--top-p|--seed|--stop|--sinks|--window|--capacity|--heavy|--recent|--rope-scale|--sparsity|--pin|--timeout|--draft-tokens)
       COMPREPLY=(); return ;;
   esac
 
   local sampling="--max-tokens --temperature --top-k --top-p --seed --stop --ignore-eos --session"
-  local open="--policy --sinks --window --capacity --heavy --recent --rope-scale --sparsity --pin --pin-file"
+  local spec="--speculation --draft-tokens --draft-fixed"
+  local open="--policy --sinks --window --capacity --heavy --recent --rope-scale --sparsity --pin --pin-file $spec"
   local opts=""
   case $cmd in
     generate) opts="$sampling $open --no-echo --progress --no-progress --special" ;;

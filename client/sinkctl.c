@@ -113,6 +113,17 @@ static void help(void) {
       "      --pin TEXT        pinned prefix (system prompt), never evicted:\n"
       "                        the sink region of streaming and sink_h2o\n"
       "      --pin-file FILE   the same, read from FILE\n"
+      "      --speculation MODE  speculative decoding: off, draft (the daemon's\n"
+      "                        draft model) or lookup (in the session's history);\n"
+      "                        default: the daemon's (also with --session)\n"
+      "      --draft-tokens N  most tokens a step proposes, 1..15\n"
+      "      --draft-fixed     always that many (default: adapts to how many\n"
+      "                        are accepted)\n"
+      "",
+      SK_CLIENT_DEFAULT_SOCKET, SK_WIRE_MAX_TOKENS, SK_GENERATE_DEFAULT_MAX_TOKENS,
+      SK_GENERATE_DEFAULT_TEMPERATURE, SK_GENERATE_DEFAULT_TOP_K, SK_GENERATE_DEFAULT_TOP_P);
+  /* (two strings: C11 compilers need take no literal above 4095 bytes) */
+  fputs(
       "tokenize:\n"
       "      --no-bos          do not put the BOS token first\n"
       "      --special         control-token text is the token (also generate)\n"
@@ -131,8 +142,7 @@ static void help(void) {
       "chat goes on after a daemon error and ends with 1.\n"
       "\n"
       "See sinkctl(1) and sinkd-protocol(7).\n",
-      SK_CLIENT_DEFAULT_SOCKET, SK_WIRE_MAX_TOKENS, SK_GENERATE_DEFAULT_MAX_TOKENS,
-      SK_GENERATE_DEFAULT_TEMPERATURE, SK_GENERATE_DEFAULT_TOP_K, SK_GENERATE_DEFAULT_TOP_P);
+      stdout);
 }
 
 /* ---- durations ------------------------------------------------------- */
@@ -204,6 +214,9 @@ static const struct option long_options[] = {
     {"timeout", required_argument, NULL, OPT_TIMEOUT},
     {"raw", no_argument, NULL, OPT_RAW},
     {"wait", optional_argument, NULL, OPT_WAIT},
+    {"speculation", required_argument, NULL, OPT_SPECULATION},
+    {"draft-tokens", required_argument, NULL, OPT_DRAFT_TOKENS},
+    {"draft-fixed", no_argument, NULL, OPT_DRAFT_FIXED},
     {NULL, 0, NULL, 0},
 };
 
@@ -249,20 +262,22 @@ static const struct {
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_NO_ECHO, OPT_POLICY, OPT_SINKS, OPT_WINDOW,
                    OPT_CAPACITY, OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY,
-                   OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SPECIAL, 0}},
+                   OPT_PIN, OPT_PIN_FILE, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SPECIAL,
+                   OPT_SPECULATION, OPT_DRAFT_TOKENS, OPT_DRAFT_FIXED, 0}},
     {OP(CHAT), CMD_CHAT, 0, 0, NULL,
      (const int[]){OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_TOP_K, OPT_TOP_P,
                    OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_SESSION,
                    OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
-                   OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SYSTEM, 0}},
+                   OPT_PIN_FILE, OPT_KEEP, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_SYSTEM,
+                   OPT_SPECULATION, OPT_DRAFT_TOKENS, OPT_DRAFT_FIXED, 0}},
     {OP(TOKENIZE), CMD_TOKENIZE, 1, -1, "TEXT ('-' reads stdin)",
      (const int[]){OPT_NO_BOS, OPT_SPECIAL, 0}},
     {OP(DETOKENIZE), CMD_DETOKENIZE, 1, -1, "token ID", (const int[]){0}},
     {OP(OPEN), CMD_OPEN, 0, 0, NULL,
      (const int[]){OPT_POLICY, OPT_SINKS, OPT_WINDOW, OPT_CAPACITY,
                    OPT_HEAVY, OPT_RECENT, OPT_ROPE_SCALE, OPT_SPARSITY, OPT_PIN,
-                   OPT_PIN_FILE, 0}},
+                   OPT_PIN_FILE, OPT_SPECULATION, OPT_DRAFT_TOKENS, OPT_DRAFT_FIXED, 0}},
     {OP(CLOSE), CMD_CLOSE, 0, 1, "session ID (or --idle DURATION, --all)",
      (const int[]){OPT_IDLE, OPT_ALL, 0}},
     {OP(LIST), CMD_LIST, 0, 0, NULL, (const int[]){0}},
@@ -314,6 +329,17 @@ static bool parse_gen_option(int c, struct opts *o) {
     break;
   }
   case OPT_IGNORE_EOS: o->gen.ignore_eos = true; break;
+  /* speculation: the session's when it is opened here, the generate's */
+  case OPT_SPECULATION:
+    if (strcmp(optarg, "off") && strcmp(optarg, "draft") && strcmp(optarg, "lookup"))
+      sk_cli_usage_error("--speculation: '%s' is not off, draft or lookup", optarg);
+    o->gen.speculation = o->open.speculation = optarg;
+    break;
+  case OPT_DRAFT_TOKENS:
+    o->gen.draft_tokens = o->open.draft_tokens =
+        (uint32_t)sk_cli_parse_u64("--draft-tokens", optarg, 1, SK_SPEC_TOKENS_MAX);
+    break;
+  case OPT_DRAFT_FIXED: o->gen.draft_fixed = o->open.draft_fixed = true; break;
   default: return false;
   }
   return true;

@@ -65,6 +65,9 @@ enum opt_id {
   OPT_SYSTEM,
   OPT_TIMEOUT,
   OPT_WAIT,
+  OPT_SPECULATION,
+  OPT_DRAFT_TOKENS,
+  OPT_DRAFT_FIXED,
   OPT_RAW,
   OPT__END
 };
@@ -152,6 +155,11 @@ void print_bytes_of(const char *label, uint64_t used, uint64_t max, const char *
  * object and a newline; json_session_stats_members writes the members
  * alone (the braces are the caller's: out_begin / out_end). */
 void print_session_stats(const struct sk_session_stats *s);
+/* The "speculation" of hello or the daemon's stats as one line of text
+ * under label, or as a JSON member after the others (*first as
+ * json_key takes it). */
+void print_spec(const char *label, const struct sk_spec_info *sp);
+void json_spec(bool *first, const struct sk_spec_info *sp);
 void json_session_stats(const struct sk_session_stats *s);
 void json_session_stats_members(struct kv_out *k, const struct sk_session_stats *s);
 

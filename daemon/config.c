@@ -20,6 +20,7 @@
 
 #include "model/chat.h"
 #include "session/kvcache.h"
+#include "session/spec.h"
 #include "base/log.h"
 #include "base/safefile.h"
 #include "sk_config.h"
@@ -34,6 +35,7 @@ enum key_type {
   T_LOG_LEVEL, /* err, warning, notice, info, debug */
   T_KV_TYPE,   /* f32, f16 */
   T_CHAT,      /* a chat template family (chat.h), none or auto */
+  T_SPEC,      /* auto, off, draft, lookup */
   T_BOOL,      /* yes/no, true/false, on/off, 1/0 (stored as 1/0 in a uint32_t) */
 };
 
@@ -70,6 +72,12 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
     /* thresholds of the MLP sparsity levels, read once at start */
     [SK_CFG_SPARSITY_FILE] = {"daemon", "sparsity_file", "--sparsity-file", T_PATH,
                               F(sparsity_file), 0, 0, false},
+    /* read once at start, its vocabulary checked against the model's */
+    [SK_CFG_DRAFT_MODEL] = {"daemon", "draft_model", "--draft-model", T_PATH, F(draft_model), 0,
+                            0, false},
+    /* sizes every session's history, counted in its memory */
+    [SK_CFG_LOOKUP_HISTORY] = {"daemon", "lookup_history", "--lookup-history", T_U32,
+                               F(lookup_history), 0, SK_LIMIT_MAX_LOOKUP_HISTORY, false},
     [SK_CFG_POLICY] = {"session", "policy", "--policy", T_POLICY, F(policy), 0, 0, true},
     [SK_CFG_SINKS] = {"session", "sinks", "--sinks", T_U32, F(n_sink), 0, SK_LIMIT_MAX_CAPACITY,
                       true},
@@ -77,6 +85,10 @@ static const struct key_desc keys[SK_CFG__COUNT] = {
                        SK_LIMIT_MAX_CAPACITY, true},
     [SK_CFG_CAPACITY] = {"session", "capacity", "--capacity", T_U32_AUTO, F(capacity), 1,
                          SK_LIMIT_MAX_CAPACITY, true},
+    [SK_CFG_SPECULATION] = {"session", "speculation", "--speculation", T_SPEC, F(speculation),
+                            0, 0, true},
+    [SK_CFG_DRAFT_TOKENS] = {"session", "draft_tokens", "--draft-tokens", T_U32, F(draft_tokens),
+                             1, SK_SPEC_MAX_TOKENS, true},
     [SK_CFG_MAX_CLIENTS] = {"limits", "max_clients", "--max-clients", T_U32, F(max_clients), 1,
                             SK_LIMIT_MAX_CLIENTS, true},
     [SK_CFG_MAX_SESSIONS] = {"limits", "max_sessions", "--max-sessions", T_U32, F(max_sessions),
@@ -211,6 +223,8 @@ int sk_config_init(struct sk_config *cfg) {
   cfg->max_user_clients = SK_CONFIG_DEFAULT_MAX_USER_CLIENTS;
   cfg->frame_timeout = SK_CONFIG_DEFAULT_FRAME_TIMEOUT;
   cfg->idle_ttl = SK_CONFIG_DEFAULT_IDLE_TTL;
+  cfg->lookup_history = SK_CONFIG_DEFAULT_LOOKUP_HISTORY;
+  cfg->draft_tokens = SK_CONFIG_DEFAULT_DRAFT_TOKENS;
   return 0;
 }
 
@@ -222,6 +236,7 @@ void sk_config_done(struct sk_config *cfg) {
   free(cfg->http_listen);
   free(cfg->http_key_file);
   free(cfg->sparsity_file);
+  free(cfg->draft_model);
   free(cfg->file);
   memset(cfg, 0, sizeof *cfg);
 }
@@ -237,12 +252,14 @@ int sk_config_copy(struct sk_config *dst, const struct sk_config *src) {
   *dst = *src;
   dst->model = dst->socket = dst->state_dir = dst->file = NULL;
   dst->http_socket = dst->http_listen = dst->http_key_file = dst->sparsity_file = NULL;
+  dst->draft_model = NULL;
   if (dup_opt(&dst->model, src->model) < 0 || dup_opt(&dst->socket, src->socket) < 0 ||
       dup_opt(&dst->state_dir, src->state_dir) < 0 || dup_opt(&dst->file, src->file) < 0 ||
       dup_opt(&dst->http_socket, src->http_socket) < 0 ||
       dup_opt(&dst->http_listen, src->http_listen) < 0 ||
       dup_opt(&dst->http_key_file, src->http_key_file) < 0 ||
-      dup_opt(&dst->sparsity_file, src->sparsity_file) < 0) {
+      dup_opt(&dst->sparsity_file, src->sparsity_file) < 0 ||
+      dup_opt(&dst->draft_model, src->draft_model) < 0) {
     sk_config_done(dst);
     return -SK_ERR_NO_MEMORY;
   }
@@ -429,6 +446,15 @@ int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *val
     cfg->chat_template = t;
     break;
   }
+  case T_SPEC: {
+    int m = strcmp(value, "auto") == 0 ? SK_SPEC_DEFAULT
+                                       : sk_spec_mode_parse(value, strlen(value));
+    if (m < 0 || (m == SK_SPEC_DEFAULT && strcmp(value, "auto") != 0))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%.64s' is not auto, off, draft or lookup", value);
+    cfg->speculation = (uint32_t)m;
+    break;
+  }
   case T_BOOL: {
     static const char *const yes[] = {"yes", "true", "on", "1"}, *const no[] = {"no", "false",
                                                                                "off", "0"};
@@ -476,6 +502,8 @@ int sk_config_overlay(struct sk_config *dst, const struct sk_config *src) {
       dst->kv_type = src->kv_type;
     } else if (keys[k].type == T_CHAT) {
       dst->chat_template = src->chat_template;
+    } else if (keys[k].type == T_SPEC) {
+      dst->speculation = src->speculation;
     } else {
       field_num_set(dst, (enum sk_config_key)k, field_num(src, (enum sk_config_key)k));
     }
@@ -521,6 +549,10 @@ void sk_config_format(const struct sk_config *cfg, enum sk_config_key key, char 
   case T_KV_TYPE: snprintf(buf, size, "%s", sk_kv_type_name(cfg->kv_type)); break;
   case T_CHAT:
     snprintf(buf, size, "%s", cfg->chat_template < 0 ? "auto" : sk_chat_name(cfg->chat_template));
+    break;
+  case T_SPEC:
+    snprintf(buf, size, "%s",
+             cfg->speculation == SK_SPEC_DEFAULT ? "auto" : sk_spec_mode_name(cfg->speculation));
     break;
   }
 }
@@ -885,6 +917,18 @@ int sk_config_resolve(struct sk_config *cfg, const struct sk_model_config *mc,
                         "%sa TCP listener needs an API key: set http_key_file (or "
                         "--http-key-file) to a file of mode 0600 holding it",
                         at);
+  }
+  if (cfg->speculation == SK_SPEC_DRAFT && !cfg->draft_model) {
+    where(cfg, SK_CFG_SPECULATION, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%sspeculation draft needs a draft model: set draft_model (or "
+                        "--draft-model) in [daemon], or speculation lookup or off",
+                        at);
+  }
+  if (cfg->speculation == SK_SPEC_LOOKUP && cfg->lookup_history == 0) {
+    where(cfg, SK_CFG_SPECULATION, at, sizeof at);
+    return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "%sspeculation lookup needs a history: lookup_history is 0", at);
   }
   if (cfg->http_listen && !cfg->http_listen_public && !sk_config_listen_loopback(cfg->http_listen)) {
     where(cfg, SK_CFG_HTTP_LISTEN, at, sizeof at);

@@ -35,6 +35,12 @@
 #define SK_CONFIG_DEFAULT_MAX_CAPACITY 8192u /* or the model's context if larger */
 #define SK_CONFIG_DEFAULT_MAX_USER_SESSIONS 16u /* a quarter: one user cannot take all */
 #define SK_CONFIG_DEFAULT_MAX_USER_CLIENTS 128u /* an eighth of max_clients */
+/* History kept for speculation by look-up: 64 KiB of token ids, and its
+ * look-up tables, 256 KiB a session in all; enough for a long
+ * conversation or a source file and what the model wrote about it. */
+#define SK_CONFIG_DEFAULT_LOOKUP_HISTORY 16384u
+/* Tokens proposed per speculating step (spec.h's default). */
+#define SK_CONFIG_DEFAULT_DRAFT_TOKENS 8u
 /* Persistent sessions unused for a week are closed: long enough for any
  * conversation someone comes back to, short enough that forgotten ones
  * do not fill max_user_sessions for good. */
@@ -65,10 +71,14 @@ enum sk_config_key {
   SK_CFG_HTTP_UID,
   SK_CFG_HTTP_LISTEN_PUBLIC,
   SK_CFG_SPARSITY_FILE,
+  SK_CFG_DRAFT_MODEL,
+  SK_CFG_LOOKUP_HISTORY,
   SK_CFG_POLICY,
   SK_CFG_SINKS,
   SK_CFG_WINDOW,
   SK_CFG_CAPACITY,
+  SK_CFG_SPECULATION,
+  SK_CFG_DRAFT_TOKENS,
   SK_CFG_MAX_CLIENTS,
   SK_CFG_MAX_SESSIONS,
   SK_CFG_MAX_CAPACITY,
@@ -104,11 +114,18 @@ struct sk_config {
   int chat_template;  /* enum sk_chat_template of the `chat` op; -1 = auto: the
                          model's tokenizer.chat_template */
   char *sparsity_file; /* MLP sparsity calibration (sparse.h); NULL = none */
+  char *draft_model;  /* GGUF of the draft model of speculation (spec.h);
+                         NULL = none */
+  uint32_t lookup_history; /* tokens of history each session keeps for
+                              speculation by look-up; 0 = none */
   /* [session]: defaults for `open` */
   uint32_t policy;    /* enum sk_policy */
   uint32_t n_sink;    /* attention sinks */
   uint32_t window;    /* 0 = auto: min(context, 1024) - sinks */
   uint32_t capacity;  /* dense; 0 = auto: context, at most max_capacity */
+  uint32_t speculation; /* enum sk_spec_mode; 0 = auto: draft with a
+                           draft_model, else off */
+  uint32_t draft_tokens; /* most tokens a speculating step proposes */
   /* [limits] */
   uint32_t max_clients;
   uint32_t max_sessions;

@@ -77,6 +77,13 @@ static void usage(FILE *f) {
           "      --calibrate TEXT    compute the sparsity thresholds (levels 0.1, 0.2,\n"
           "                          ..., 0.7) of the model over the text file TEXT, write\n"
           "                          them to --sparsity-file (or stdout) and exit\n"
+          "      --draft-model FILE  GGUF draft model for speculative decoding (same\n"
+          "                          vocabulary as the model)\n"
+          "      --speculation MODE  default speculation of generates: auto (draft\n"
+          "                          with a draft model, else off), off, draft, lookup\n"
+          "      --draft-tokens N    most tokens a speculating step proposes (8; 1..15)\n"
+          "      --lookup-history N  tokens of history each session keeps for look-up\n"
+          "                          speculation (16384; 0 = none)\n"
           "      --log-level LEVEL   err, warning, notice, info (default) or debug\n"
           "  -v, --verbose           same as --log-level debug\n"
           "  -h, --help              this text\n"
@@ -134,6 +141,10 @@ static int parse_command_line(int argc, char **argv, struct sk_startup *st) {
       KEY_OPT("http-uid", SK_CFG_HTTP_UID),
       KEY_OPT("http-listen-public", SK_CFG_HTTP_LISTEN_PUBLIC),
       KEY_OPT("sparsity-file", SK_CFG_SPARSITY_FILE),
+      KEY_OPT("draft-model", SK_CFG_DRAFT_MODEL),
+      KEY_OPT("lookup-history", SK_CFG_LOOKUP_HISTORY),
+      KEY_OPT("speculation", SK_CFG_SPECULATION),
+      KEY_OPT("draft-tokens", SK_CFG_DRAFT_TOKENS),
       {"calibrate", required_argument, NULL, OPT_CALIBRATE},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},

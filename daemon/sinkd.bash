@@ -4,7 +4,8 @@
 _sinkd() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]}
   case $prev in
-    -c|--config|-m|--model|-s|--socket|--http-socket|--http-key-file|--sparsity-file|--calibrate)
+    -c|--config|-m|--model|-s|--socket|--http-socket|--http-key-file|--sparsity-file|--calibrate|\
+    --draft-model)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --state-dir)
       compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -d -- "$cur")); return ;;
@@ -17,13 +18,15 @@ _sinkd() {
       granite granite-4.0 granite-4.1 gigachat megrez yandex bailing bailing-think bailing2 llama4
       smolvlm seed_oss" -- "$cur")); return ;;
     --log-level) COMPREPLY=($(compgen -W "err warning notice info debug" -- "$cur")); return ;;
+    --speculation) COMPREPLY=($(compgen -W "auto off draft lookup" -- "$cur")); return ;;
     -t|--threads|--window|--capacity|--max-capacity|--max-memory|--max-user-memory|\
     --max-input-memory|--max-user-input-memory)
       COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-uid) COMPREPLY=($(compgen -W "auto" -- "$cur")); return ;;
     --http-listen-public) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --sinks|--max-sessions|--max-clients|--max-frame|--batch|--step-tokens|--idle-ttl|\
-    --max-user-sessions|--max-user-clients|--frame-timeout|--http-listen)
+    --max-user-sessions|--max-user-clients|--frame-timeout|--http-listen|--draft-tokens|\
+    --lookup-history)
       COMPREPLY=(); return ;;
   esac
   COMPREPLY=($(compgen -W "--config --check-config --model --socket --state-dir --threads
@@ -32,7 +35,8 @@ _sinkd() {
     --max-input-memory --max-user-input-memory
     --frame-timeout --idle-ttl --batch --step-tokens
     --kv-type --chat-template --http-socket --http-listen --http-key-file --http-uid
-    --http-listen-public --sparsity-file --calibrate --log-level --verbose --help --version" -- "$cur"))
+    --http-listen-public --sparsity-file --calibrate --draft-model --speculation
+    --draft-tokens --lookup-history --log-level --verbose --help --version" -- "$cur"))
 }
 
 complete -F _sinkd sinkd

@@ -32,6 +32,10 @@
 /* Prefill chunk: scratch buffers grow with chunk x model width; past 4096
  * tokens bigger chunks stop paying and only delay other sessions. */
 #define SK_LIMIT_MAX_BATCH 4096u
+/* History a session keeps for speculation by look-up (spec.h): 4 bytes a
+ * token and as much again in look-up tables; 16M tokens (128 MiB a
+ * session) is far more than any conversation. */
+#define SK_LIMIT_MAX_LOOKUP_HISTORY (1u << 24)
 /* Total KV memory is capped by the machine's physical memory (computed at
  * run time): more would only end with the OOM killer. Below 1 MiB not
  * even the smallest model's session fits. */

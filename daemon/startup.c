@@ -34,6 +34,7 @@
 #include "proto/wire.h"
 #include "server/server.h"
 #include "session/kvcache.h"
+#include "session/spec.h"
 #include "session/store.h"
 #include "sk_config.h"
 #include "sk_limits.h"
@@ -98,6 +99,11 @@ static void server_config_from(const struct sk_config *cfg, struct sk_server_con
   s->defaults.window = cfg->window;
   s->defaults.capacity = cfg->capacity;
   s->defaults.rope_scale = 1.0f;
+  s->lookup_history = cfg->lookup_history;
+  s->draft_tokens = cfg->draft_tokens;
+  s->speculation = cfg->speculation != SK_SPEC_DEFAULT ? cfg->speculation
+                   : cfg->draft_model                  ? SK_SPEC_DRAFT
+                                                       : SK_SPEC_OFF;
   /* h2o and sink_h2o split the streaming budget between heavy hitters and
    * recent tokens in equal halves (as Zhang et al. 2023 do). */
   uint32_t budget = cfg->n_sink + cfg->window;
@@ -132,6 +138,9 @@ struct daemon {
   struct sk_model *model;
   const struct sk_model_config *mc;
   struct sk_tokenizer *tok;
+  /* the draft model of speculation (spec.h), or NULL */
+  struct sk_gguf *draft_gguf;
+  struct sk_model *draft;
   struct sk_store *store;
   uint8_t model_fp[SK_STORE_FP_SIZE];
   struct sk_sparse_calib calib;
@@ -689,6 +698,45 @@ static void load_progress(void *user, uint32_t done, uint32_t total) {
 
 /* The model and its tokenizer; the configuration resolved against it.
  * --check-config checks every tensor but copies none (inspect). */
+/* The draft model of speculation (draft_model), if configured: loaded as
+ * the model is, and refused unless its vocabulary is the model's (the
+ * message names the first difference). */
+static int load_draft(struct daemon *d) {
+  if (!d->cfg.draft_model) return 0;
+  struct sk_error err = {0};
+  struct sk_tokenizer *dtok = NULL;
+  int rc = sk_gguf_open(d->cfg.draft_model, &d->draft_gguf, &err);
+  if (rc == 0) rc = sk_model_load(d->draft_gguf, &d->draft, &err);
+  if (rc == 0) rc = sk_tokenizer_load(d->draft_gguf, &dtok, &err);
+  if (rc == 0 && sk_tokenizer_n_vocab(dtok) != sk_model_config(d->draft)->n_vocab)
+    rc = sk_error_set(&err, SK_ERR_BAD_MODEL,
+                      "the tokenizer has %u tokens but token_embd.weight has %u rows",
+                      sk_tokenizer_n_vocab(dtok), sk_model_config(d->draft)->n_vocab);
+  const char *what = "";
+  if (rc == 0 && (rc = sk_tokenizer_same_vocab(d->tok, dtok, &err)) < 0)
+    what = "its vocabulary is not the model's: ";
+  sk_tokenizer_free(dtok);
+  if (rc < 0) {
+    char at[PATH_MAX + 64] = "";
+    if (d->cfg.origin[SK_CFG_DRAFT_MODEL].from == SK_CONFIG_FROM_FILE)
+      snprintf(at, sizeof at, "%s:%u: [daemon] draft_model: ", d->cfg.file,
+               d->cfg.origin[SK_CFG_DRAFT_MODEL].line);
+    char line[PATH_MAX + 2 * SK_ERROR_MESSAGE_MAX];
+    snprintf(line, sizeof line, "%scannot use draft model %s: %s%s", at, d->cfg.draft_model,
+             what, err.message);
+    say(d, SK_LOG_ERR, line);
+    return SK_EXIT_START;
+  }
+  const struct sk_model_config *dc = sk_model_config(d->draft);
+  if (!d->src->check_only)
+    sk_log(SK_LOG_INFO, "draft model loaded: %s (%s): %u layers, dim %u, %s weights (%.1f MB per "
+           "step)",
+           d->cfg.draft_model, dc->name, dc->n_layer, dc->dim, sk_model_weight_type(d->draft),
+           (double)sk_model_weight_bytes(d->draft) / 1e6);
+  return 0;
+}
+
+/* The model and its tokenizer; the configuration resolved against it. */
 static int load_model(struct daemon *d) {
   struct sk_error err = {0};
   const bool inspect = d->src->check_only && !d->src->calibrate_text;
@@ -722,7 +770,7 @@ static int load_model(struct daemon *d) {
     return SK_EXIT_CONFIG;
   }
   pick_chat_template(d);
-  return 0;
+  return load_draft(d);
 }
 
 /* --check-config's summary of the model, as comment lines before the
@@ -832,6 +880,7 @@ static int start_server(struct daemon *d, struct sk_server_config *scfg) {
   struct sk_error err = {0};
   server_config_from(&d->cfg, scfg);
   scfg->store = d->store;
+  scfg->draft = d->draft;
   int rc = load_sparsity(d, scfg);
   if (rc) return rc;
   scfg->on_change = on_counts;
@@ -936,6 +985,8 @@ static void daemon_free(struct daemon *d) {
   sk_tokenizer_free(d->tok);
   sk_model_free(d->model);
   sk_gguf_close(d->gguf);
+  sk_model_free(d->draft);
+  sk_gguf_close(d->draft_gguf);
   sk_config_done(&d->cfg);
 }
 

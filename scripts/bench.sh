@@ -3,7 +3,7 @@
 # and the latest figures).
 #
 #   scripts/bench.sh BUILD_DIR OUT_DIR
-#     [decode|aggregate|positions|sidebyside|single|ratio|server|mixed]...
+#     [decode|aggregate|positions|sidebyside|single|ratio|server|mixed|spec]...
 #
 # sidebyside needs LLAMA_BENCH, the path of llama.cpp's llama-bench
 # (doc/performance.md says how to build it): for each shape, weight type and thread
@@ -50,6 +50,22 @@
 # alone and beside a session prefilling that many tokens, and the median
 # ratio of the p99s (DAEMON_ARGS, e.g. "--step-tokens 32", reach the
 # daemon).
+#
+# spec: speculative decoding on the real pair of SHARED/models
+# (pycode-29M, pycode-5M as its draft; SHARED defaults to ../shared
+# beside the source tree), greedy continuations of SPEC_PROMPTS (8)
+# prompts cut from SHARED/data/python-stdlib.txt, SPEC_ROUNDS (5)
+# rounds in which the modes take turns at going first: one session with
+# speculation off, draft and lookup (the outputs compared token for
+# token), look-up on fortunes-en.txt (where it finds little), and
+# SPEC_SESSIONS (16) sessions at once, off against draft; each daemon
+# on SPEC_THREADS (2) threads. With LLAMA_SPECULATIVE (llama.cpp's
+# llama-speculative) and/or LLAMA_SERVER (its llama-server, with -md;
+# needs curl and jq) also their decode speed on the same prompts, model
+# pair and threads, greedy, the same number of tokens, for
+# --spec-draft-n-max in SPEC_LLAMA_DRAFT (3 8), beside sinkd's draft
+# mode, in alternating rounds. SPEC_PARTS (code fortunes sessions side)
+# picks what runs.
 #
 # Writes the models (sinkd-mkmodel, random weights, real shapes) into
 # OUT_DIR (never into the source tree: they are outputs), starts sinkd on
@@ -342,9 +358,106 @@ for part in $parts; do
         awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')"
     done
     ;;
+  spec)
+    shared=${SHARED:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
+    target="$shared/models/pycode-29M-f16.gguf"
+    draft="$shared/models/pycode-5M-f16.gguf"
+    t=${SPEC_THREADS:-2}
+    rounds=${SPEC_ROUNDS:-5}
+    common="--no-prefill --no-decode --no-concurrency --no-positions --spec-prompts ${SPEC_PROMPTS:-8} --spec-rounds $rounds --spec-gen 256"
+    has() { case " ${SPEC_PARTS:-code fortunes sessions side} " in *" $1 "*) return 0 ;; esac; return 1; }
+    if has code; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-code-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft,lookup
+    fi
+    if has fortunes; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-fortunes-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/fortunes-en.txt" --spec-modes off,lookup
+    fi
+    if has sessions; then
+      DAEMON_ARGS="--draft-model $draft" run "spec-sessions-t$t" "$target" "$t" $common \
+        --spec-text "$shared/data/python-stdlib.txt" --spec-modes off,draft \
+        --spec-prompts "${SPEC_SESSIONS:-16}" --spec-sessions "${SPEC_SESSIONS:-16}" --spec-prompt-bytes 600
+    fi
+    if has side && [ -n "${LLAMA_SPECULATIVE:-}${LLAMA_SERVER:-}" ]; then
+      # the same prompts as sinkd-bench cuts them, one file each
+      n=${SPEC_PROMPTS:-8}
+      awk -v n="$n" -v bytes=1500 -v out="$out/prompt" 'BEGIN { RS = "^$" } {
+        len = length($0)
+        for (i = 0; i < n; i++) {
+          at = int(len / n) * i; while (at > 0 && at < len && substr($0, at, 1) != "\n") at++
+          end = at + bytes < len ? at + bytes : len; while (end < len && substr($0, end, 1) != "\n") end++
+          printf "%s", substr($0, at + 1, end - at) > (out "-" i ".txt") } }' "$shared/data/python-stdlib.txt"
+      ports=""
+      if [ -n "${LLAMA_SERVER:-}" ]; then
+        # one server per draft length, idle while the others run
+        port=${SPEC_LLAMA_PORT:-18730}
+        for k in ${SPEC_LLAMA_DRAFT:-3 8}; do
+          "$LLAMA_SERVER" -m "$target" -md "$draft" -t "$t" -td "$t" -c 2048 --spec-draft-n-max "$k" \
+            --host 127.0.0.1 --port "$port" >"$out/llama-server-d$k.log" 2>&1 &
+          ports="$ports $k:$port:$!"
+          i=0
+          until curl -sf "http://127.0.0.1:$port/health" >/dev/null || [ $i -gt 300 ]; do
+            sleep 0.1; i=$((i + 1)); done
+          port=$((port + 1))
+        done
+      fi
+      printf '%-5s %-16s %10s\n' round engine 'tok/s'
+      r=1
+      while [ $r -le "$rounds" ]; do
+        for who in $( [ $((r % 2)) -eq 1 ] && echo "llama sinkd" || echo "sinkd llama"); do
+          if [ "$who" = llama ]; then
+            for k in ${SPEC_LLAMA_DRAFT:-3 8}; do
+              [ -n "${LLAMA_SPECULATIVE:-}" ] || break
+              i=0 sum_t=0 sum_n=0
+              while [ $i -lt "$n" ]; do
+                # "decoded N tokens in S seconds" (a run that prints none counts nothing)
+                line=$("$LLAMA_SPECULATIVE" -m "$target" -md "$draft" -f "$out/prompt-$i.txt" -n 256 \
+                  --temp 0 -t "$t" -td "$t" -c 2048 --spec-draft-n-max "$k" 2>&1 | grep 'decoded ' || true)
+                if [ -n "$line" ]; then
+                  sum_n=$(echo "$line" | awk -v s="$sum_n" '{ print s + $(NF - 7) }')
+                  sum_t=$(echo "$line" | awk -v s="$sum_t" '{ print s + $(NF - 4) }')
+                fi
+                i=$((i + 1))
+              done
+              printf '%-5s %-16s %10.1f\n' $r "speculative-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print (b > 0 ? a / b : 0) }')"
+            done
+            for kp in $ports; do
+              k=${kp%%:*} port=${kp#*:} port=${port%%:*}
+              i=0 sum_t=0 sum_n=0
+              while [ $i -lt "$n" ]; do
+                # greedy, 256 tokens past any end of text, the prompt evaluated anew
+                tm=$(jq -Rs '{prompt: ., n_predict: 256, temperature: 0, ignore_eos: true,
+                              cache_prompt: false}' "$out/prompt-$i.txt" |
+                  curl -sf "http://127.0.0.1:$port/completion" -H 'Content-Type: application/json' -d @- |
+                  jq -r '"\(.timings.predicted_n) \(.timings.predicted_ms)"')
+                sum_n=$(echo "$tm" | awk -v s="$sum_n" '{ print s + $1 }')
+                sum_t=$(echo "$tm" | awk -v s="$sum_t" '{ print s + $2 / 1000 }')
+                i=$((i + 1))
+              done
+              printf '%-5s %-16s %10.1f\n' $r "server-d$k" "$(awk -v a="$sum_n" -v b="$sum_t" 'BEGIN { print (b > 0 ? a / b : 0) }')"
+            done
+          else
+            json=$(DAEMON_ARGS="--draft-model $draft" run "spec-side-r$r" "$target" "$t" \
+              --no-prefill --no-decode --no-concurrency --no-positions --spec-prompts "$n" \
+              --spec-rounds 1 --spec-gen 256 --spec-text "$shared/data/python-stdlib.txt" \
+              --spec-modes draft)
+            printf '%-5s %-16s %10.1f\n' $r sinkd \
+              "$(echo "$json" | sed -n 's/.*"mode": "draft", "tokens_per_s": \([0-9.]*\).*/\1/p')"
+          fi
+        done
+        r=$((r + 1))
+      done
+      for kp in $ports; do
+        pid=${kp##*:}
+        kill "$pid"
+        wait "$pid" || true
+      done
+    fi
+    ;;
   *)
     echo "unknown part $part (decode, aggregate, positions, sidebyside, single, ratio, server," \
-      "mixed)" >&2
+      "mixed, spec)" >&2
     exit 2
     ;;
   esac

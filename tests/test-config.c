@@ -241,12 +241,12 @@ static void test_errors(void **state) {
   expect_error("[daemon]\nlog_level = loud\n",
                ":2: [daemon] log_level: 'loud' is not a log level (err, warning, notice, info, "
                "debug)");
-  /* The keys of [session] fit the message; those of [daemon] do not. */
-  expect_error("[session]\nbogus = 1\n",
-               ":2: [session] bogus: unknown key (keys of [session]: policy, sinks, window, "
-               "capacity)");
   expect_error("[daemon]\nmodel = /a\nbogus = 1\n",
                ":3: [daemon] bogus: unknown key (sinkd.conf(5) lists the keys of [daemon])");
+  /* A section whose keys fit in the message lists them. */
+  expect_error("[session]\nbogus = 1\n", ":2: [session] bogus: unknown key (keys of [session]: "
+                                          "policy, sinks, window, capacity, speculation, "
+                                          "draft_tokens)");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
@@ -457,6 +457,34 @@ static void test_resolve(void **state) {
   assert_string_equal(e.message, "--max-user-input-memory: 1048576 bytes is less than one whole "
                                  "request frame (max_frame 1048576 + 4 bytes of header)");
   sk_config_done(&c);
+  /* Speculation: a draft needs a draft model, a look-up a history. */
+  assert_int_equal(sk_config_copy(&c, &c2), 0);
+  assert_int_equal(c.speculation, 0); /* auto */
+  assert_int_equal(c.draft_tokens, 8);
+  assert_int_equal(c.lookup_history, 16384);
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "draft", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--speculation: speculation draft needs a draft model: set "
+                                 "draft_model (or --draft-model) in [daemon], or speculation "
+                                 "lookup or off");
+  assert_int_equal(sk_config_set(&c, SK_CFG_DRAFT_MODEL, "/d.gguf", SK_CONFIG_FROM_COMMAND_LINE,
+                                 0, &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "lookup", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_set(&c, SK_CFG_LOOKUP_HISTORY, "0", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), 0);
+  assert_int_equal(sk_config_resolve(&c, &mc, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "--speculation: speculation lookup needs a history: "
+                                 "lookup_history is 0");
+  assert_int_equal(sk_config_set(&c, SK_CFG_SPECULATION, "fast", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "'fast' is not auto, off, draft or lookup");
+  assert_int_equal(sk_config_set(&c, SK_CFG_DRAFT_TOKENS, "16", SK_CONFIG_FROM_COMMAND_LINE, 0,
+                                 &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "'16' is not a number in [1, 15]");
+  sk_config_done(&c);
 
   /* A long-context model: max_capacity follows it, the window stays 1024. */
   mc = model_with_context(32768);
@@ -580,7 +608,8 @@ static void test_key_table(void **state) {
       SK_CFG_MODEL,       SK_CFG_SOCKET,      SK_CFG_STATE_DIR,     SK_CFG_THREADS, SK_CFG_BATCH,
       SK_CFG_STEP_TOKENS,
       SK_CFG_KV_TYPE,     SK_CFG_HTTP_SOCKET, SK_CFG_HTTP_LISTEN,   SK_CFG_HTTP_KEY_FILE,
-      SK_CFG_HTTP_UID,    SK_CFG_HTTP_LISTEN_PUBLIC, SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE};
+      SK_CFG_HTTP_UID,    SK_CFG_HTTP_LISTEN_PUBLIC, SK_CFG_CHAT_TEMPLATE, SK_CFG_SPARSITY_FILE,
+      SK_CFG_DRAFT_MODEL, SK_CFG_LOOKUP_HISTORY};
   const size_t n = sizeof fixed / sizeof fixed[0];
   size_t n_fixed = 0;
   for (int k = 0; k < SK_CFG__COUNT; k++)

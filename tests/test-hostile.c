@@ -380,6 +380,9 @@ static const struct field k_fields[] = {
     {"open", "pin", F_STR},           {"open", "pin_tokens", F_TOKENS},
     {"append", "logprobs", F_BOOL},   {"generate", "logprobs", F_BOOL},
     {"generate", "top_logprobs", F_UINT},
+    {"open", "speculation", F_STR},   {"open", "draft_tokens", F_UINT},
+    {"open", "draft_fixed", F_BOOL},  {"generate", "speculation", F_STR},
+    {"generate", "draft_tokens", F_UINT}, {"generate", "draft_fixed", F_BOOL},
 };
 
 /* Values of every msgpack type. */
@@ -753,6 +756,17 @@ static uint64_t cases_generate_numbers(uint64_t id) {
       {{"n_top", P_U, SK_CLIENT_MAX_TOP + 1, 0, 0, NULL}, "bad_request", "n_top"},
       {{"n_top", P_U, UINT64_MAX, 0, 0, NULL}, "bad_request", "n_top"},
       {{"n_top", P_I, 0, -1, 0, NULL}, "bad_request", "n_top"},
+      {{"draft_tokens", P_U, 1, 0, 0, NULL}, "", NULL},
+      {{"draft_tokens", P_U, SK_SPEC_TOKENS_MAX, 0, 0, NULL}, "", NULL},
+      {{"draft_tokens", P_U, 0, 0, 0, NULL}, "bad_request", "draft_tokens"},
+      {{"draft_tokens", P_U, SK_SPEC_TOKENS_MAX + 1, 0, 0, NULL}, "bad_request", "draft_tokens"},
+      {{"draft_tokens", P_U, UINT64_MAX, 0, 0, NULL}, "bad_request", "draft_tokens"},
+      {{"draft_tokens", P_I, 0, -1, 0, NULL}, "bad_request", "draft_tokens"},
+      {{"speculation", P_S, 0, 0, 0, "lookup"}, "", NULL},
+      {{"speculation", P_S, 0, 0, 0, "off"}, "", NULL},
+      {{"speculation", P_S, 0, 0, 0, "draft"}, "bad_request", "no draft model"},
+      {{"speculation", P_S, 0, 0, 0, "default"}, "bad_request", "speculation"},
+      {{"speculation", P_S, 0, 0, 0, ""}, "bad_request", "speculation"},
   };
   for (size_t i = 0; i < sizeof gen_cases / sizeof gen_cases[0]; i++) {
     struct pair p[2] = {gen_cases[i].p, {"max_tokens", P_U, 1, 0, 0, NULL}};

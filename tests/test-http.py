@@ -167,6 +167,33 @@ class Completions(unittest.TestCase):
             st = c.stats()
         self.assertGreaterEqual(st["tokens_generated"], m["sinkd_tokens_generated_total"])
 
+    def test_metrics_speculation(self):
+        # a greedy look-up completion of text that repeats: proposals kept
+        # and refused, reported in its usage and in the totals of /metrics
+        # and the daemon's stats alike
+        code, body = curl("http://x/v1/completions",
+                          data={"prompt": "one two three four " * 12, "max_tokens": 32,
+                                "temperature": 0, "speculation": "lookup", "draft_tokens": 4,
+                                "draft_fixed": True})
+        self.assertEqual(code, 200, body)
+        det = json.loads(body)["usage"]["completion_tokens_details"]
+        self.assertGreater(det["accepted_prediction_tokens"], 0)
+        code, body = curl("http://x/metrics")
+        self.assertEqual(code, 200)
+        m = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                m[k] = float(v)
+        with sinkd.Client(socket=D.sock) as c:
+            sp = c.stats()["speculation"]
+        self.assertGreaterEqual(sp["accepted"], det["accepted_prediction_tokens"])
+        self.assertEqual(m["sinkd_spec_drafted_tokens_total"], sp["drafted"])
+        self.assertEqual(m["sinkd_spec_accepted_tokens_total"], sp["accepted"])
+        self.assertEqual(m["sinkd_spec_rejected_tokens_total"], sp["drafted"] - sp["accepted"])
+        self.assertAlmostEqual(m["sinkd_spec_acceptance_ratio"],
+                               sp["accepted"] / sp["drafted"], places=4)
+
 
 def own_chat(messages, **kw):
     """The same chat through the msgpack protocol's chat op."""

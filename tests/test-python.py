@@ -171,6 +171,23 @@ class Live(unittest.TestCase):
         c.append(s2, PROMPT)
         again = "".join(c.generate(s2, max_tokens=40, temperature=0))
         self.assertEqual("".join(pieces), again)
+        # Speculation by look-up in the session's history: the same text.
+        s3 = c.open(policy="window", window=32, speculation="lookup", draft_tokens=4)
+        c.append(s3, PROMPT)
+        res3 = {}
+        spec = "".join(c.generate(s3, max_tokens=40, temperature=0, result=res3))
+        self.assertEqual("".join(pieces), spec)
+        st3 = c.stats(s3)["speculation"]
+        self.assertEqual(st3["mode"], "lookup")
+        self.assertEqual(st3["draft_tokens"], 4)
+        self.assertEqual(st3["drafted"], res3["usage"]["drafted_tokens"])
+        self.assertEqual(st3["accepted"], res3["usage"]["accepted_tokens"])
+        self.assertEqual(st3["rejected"], st3["drafted"] - st3["accepted"])
+        off = "".join(c.generate(s3, max_tokens=4, temperature=0, speculation="off",
+                                 result=res3))
+        self.assertEqual(res3["usage"]["drafted_tokens"], 0)
+        self.assertEqual(len(off) > 0, True)
+        c.close_session(s3)
         self.assertIn(s, [x["session"] for x in c.list()])
         c.close_session(s)
         c.close_session(s2)

@@ -243,6 +243,101 @@ static void test_distribution(void **state) {
   run_dist(3.0f, 0, 0.85f, pt);
 }
 
+/* sk_sampler_probs is the distribution sk_sampler_sample draws from:
+ * softmax of the kept logits (top-k, top-p, temperature), 0 elsewhere;
+ * greedy puts 1 at the argmax. */
+static void test_probs(void **state) {
+  (void)state;
+  const float l[4] = {1.0f, 2.0f, 0.5f, -1.0f};
+  struct sk_sampler s;
+  float q[4];
+  double p[4];
+  init_ok(&s, 2.0f, 0, 1.0f, 1, 4);
+  sk_sampler_probs(&s, l, q);
+  softmax(l, 2.0, p, 4);
+  for (int i = 0; i < 4; i++) assert_true(fabs(q[i] - p[i]) < 1e-6);
+  sk_sampler_free(&s);
+  init_ok(&s, 1.0f, 2, 1.0f, 1, 4); /* top-k 2: tokens 1 and 0 */
+  sk_sampler_probs(&s, l, q);
+  const float l2[2] = {1.0f, 2.0f};
+  double p2[2];
+  softmax(l2, 1.0, p2, 2);
+  assert_true(fabs(q[0] - p2[0]) < 1e-6 && fabs(q[1] - p2[1]) < 1e-6);
+  assert_true(q[2] == 0.0f && q[3] == 0.0f);
+  sk_sampler_free(&s);
+  init_ok(&s, 0.0f, 0, 1.0f, 1, 4);
+  sk_sampler_probs(&s, l, q);
+  assert_true(q[1] == 1.0f && q[0] == 0.0f && q[2] == 0.0f && q[3] == 0.0f);
+  sk_sampler_free(&s);
+}
+
+/* Chi-square statistic of counts against n * p over k tokens. */
+static double chi2(const int *count, const double *p, int k, int n) {
+  double x = 0;
+  for (int i = 0; i < k; i++) {
+    const double e = n * p[i];
+    x += (count[i] - e) * (count[i] - e) / e;
+  }
+  return x;
+}
+
+/* Speculative sampling (Leviathan et al. 2023, Algorithm 1): a token x
+ * drawn from q, kept with probability min(1, p(x)/q(x)), else replaced
+ * by a draw from norm(max(0, p - q)), is distributed as p; and so is a
+ * deterministic proposal (q = NULL: one-hot at x) kept with probability
+ * p(x), else replaced by a draw from p without x. 200000 seeded draws
+ * each against the chi-square quantile at 1 - 1e-4 for 5 degrees of
+ * freedom (25.7); the rule broken the usual way (a refused token replaced
+ * by a draw from p) lands far above it, so the test tells them apart. */
+#define N_SPEC_DRAWS 200000
+static void test_speculative_rule(void **state) {
+  (void)state;
+  const float pf[6] = {0.30f, 0.25f, 0.20f, 0.15f, 0.07f, 0.03f};
+  const float qf[6] = {0.05f, 0.10f, 0.50f, 0.05f, 0.25f, 0.05f};
+  double p[6];
+  for (int i = 0; i < 6; i++) p[i] = pf[i];
+  const double limit = 25.7;
+  struct sk_sampler s;
+  /* a draft's proposal */
+  init_ok(&s, 1.0f, 0, 1.0f, 77, 6);
+  int count[6] = {0}, broken[6] = {0}, kept = 0;
+  for (int i = 0; i < N_SPEC_DRAWS; i++) {
+    const int32_t x = sk_sampler_draw(&s, qf);
+    const int32_t y = sk_sampler_verify(&s, pf, qf, x);
+    count[y < 0 ? x : y]++;
+    kept += y < 0;
+    /* the broken rule: the same test, a refused token redrawn from p */
+    const int32_t z = sk_sampler_draw(&s, qf);
+    broken[sk_sampler_verify(&s, pf, qf, z) < 0 ? z : sk_sampler_draw(&s, pf)]++;
+  }
+  double x_ok = chi2(count, p, 6, N_SPEC_DRAWS);
+  const double x_bad = chi2(broken, p, 6, N_SPEC_DRAWS);
+  printf("speculative rule, draft proposals: chi-square %.1f (limit %.1f; %d of %d kept); a "
+         "refusal redrawn from p instead: %.1f\n",
+         x_ok, limit, kept, N_SPEC_DRAWS, x_bad);
+  assert_true(x_ok < limit);
+  assert_true(x_bad > 10 * limit);
+  /* sum min(p, q) = 0.05 + 0.10 + 0.20 + 0.05 + 0.07 + 0.03 = 0.50 */
+  assert_true(fabs((double)kept / N_SPEC_DRAWS - 0.50) < 0.01);
+  sk_sampler_free(&s);
+  /* a deterministic proposal (look-up): always token 2 */
+  init_ok(&s, 1.0f, 0, 1.0f, 78, 6);
+  memset(count, 0, sizeof count);
+  kept = 0;
+  for (int i = 0; i < N_SPEC_DRAWS; i++) {
+    const int32_t y = sk_sampler_verify(&s, pf, NULL, 2);
+    count[y < 0 ? 2 : y]++;
+    kept += y < 0;
+    assert_true(y != 2); /* a refused x is never the replacement */
+  }
+  x_ok = chi2(count, p, 6, N_SPEC_DRAWS);
+  printf("speculative rule, a fixed proposal: chi-square %.1f (limit %.1f; %d of %d kept)\n", x_ok,
+         limit, kept, N_SPEC_DRAWS);
+  assert_true(x_ok < limit);
+  assert_true(fabs((double)kept / N_SPEC_DRAWS - 0.20) < 0.01);
+  sk_sampler_free(&s);
+}
+
 static void expect_bad(struct sk_sampler_params p, const char *needle) {
   struct sk_error err = {0};
   assert_int_equal(sk_sampler_params_check(&p, &err), -SK_ERR_BAD_REQUEST);
@@ -295,6 +390,8 @@ int main(void) {
       cmocka_unit_test(test_state_copy),
       cmocka_unit_test(test_top_k1_and_tiny_top_p_are_greedy),
       cmocka_unit_test(test_distribution),
+      cmocka_unit_test(test_probs),
+      cmocka_unit_test(test_speculative_rule),
       cmocka_unit_test(test_bad_params),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -112,14 +112,17 @@ void test_request_open(void **state) {
       .has_rope_scale = true, .rope_scale = 2.5, .pin = "pin text", .pin_len = 8,
       .has_temporary = true, .temporary = false, .chat_template = "chatml",
       .chat_template_len = 6, .system = "be\0brief", .system_len = 8,
-      .has_sparsity = true, .sparsity = 0.25};
+      .has_sparsity = true, .sparsity = 0.25,
+      .spec = {.mode = "lookupXX", .mode_len = 6, .has_tokens = true, .tokens = 5,
+               .has_fixed = true, .fixed = true}};
   struct frame f;
   assert_int_equal(sk_wire_pack_open_req(&f.b, 31, &o), 0);
   const msgpack_object *map = parse(&f);
   char k[512];
   keys(map, k, sizeof k);
   assert_string_equal(k, "id op policy n_sink window heavy recent capacity rope_scale pin "
-                         "temporary chat_template system sparsity");
+                         "temporary chat_template system sparsity speculation draft_tokens "
+                         "draft_fixed");
   assert_request(map, 31, "open");
   struct sk_wire_open_req got;
   memset(&got, 0xa5, sizeof got);
@@ -140,6 +143,9 @@ void test_request_open(void **state) {
   assert_int_equal(got.system_len, 8);
   assert_memory_equal(got.system, "be\0brief", 8);
   assert_true(got.sparsity == 0.25);
+  assert_strn(got.spec.mode, got.spec.mode_len, "lookup");
+  assert_true(got.spec.has_tokens && got.spec.has_fixed && got.spec.fixed);
+  assert_int_equal(got.spec.tokens, 5);
   assert_false(got.pin_tokens.has);
   frame_free(&f);
 
@@ -156,6 +162,8 @@ void test_request_open(void **state) {
   assert_null(got.system);
   assert_false(got.has_n_sink || got.has_window || got.has_heavy || got.has_recent ||
                got.has_capacity || got.has_rope_scale || got.has_temporary || got.has_sparsity);
+  assert_null(got.spec.mode);
+  assert_false(got.spec.has_tokens || got.spec.has_fixed);
   assert_int_equal(got.window, 0);
   assert_ids(&got.pin_tokens, pin_tokens, 3);
   frame_free(&f);
@@ -251,14 +259,17 @@ void test_request_generate(void **state) {
       .ignore_eos = true, .has_seed = true, .seed = 1ull << 40,
       .stop = {.s = stops, .len = stop_len, .n = 2},
       .input = {.text = "Once", .text_len = 4, .bos = 0, .parse_special = true}, .n_top = 5,
-      .logprobs = true, .top_logprobs = 20};
+      .logprobs = true, .top_logprobs = 20,
+      .spec = {.mode = "draft", .mode_len = 5, .has_tokens = true, .tokens = 15,
+               .has_fixed = true, .fixed = false}};
   struct frame f;
   assert_int_equal(sk_wire_pack_generate_req(&f.b, 50, false, &g), 0);
   const msgpack_object *map = parse(&f);
   char k[512];
   keys(map, k, sizeof k);
   assert_string_equal(k, "id op session max_tokens temperature top_k top_p ignore_eos seed stop "
-                         "prompt bos parse_special n_top logprobs top_logprobs");
+                         "prompt bos parse_special n_top logprobs top_logprobs speculation "
+                         "draft_tokens draft_fixed");
   assert_request(map, 50, "generate");
   struct sk_wire_generate_req got;
   memset(&got, 0xa5, sizeof got);
@@ -287,6 +298,9 @@ void test_request_generate(void **state) {
   assert_int_equal(got.n_top, 5);
   assert_true(got.logprobs);
   assert_int_equal(got.top_logprobs, 20);
+  assert_strn(got.spec.mode, got.spec.mode_len, "draft");
+  assert_true(got.spec.has_tokens && got.spec.has_fixed && !got.spec.fixed);
+  assert_int_equal(got.spec.tokens, 15);
   assert_int_equal(got.messages.n, 0);
   frame_free(&f);
 
@@ -343,6 +357,18 @@ static void fill_chat_prompt(struct sk_wire_map *m) {
   sk_wire_map_str(m, "prompt", "x");
 }
 
+static void fill_draft_tokens_0(struct sk_wire_map *m) {
+  sk_wire_map_str(m, "op", "generate");
+  sk_wire_map_u64(m, "session", 1);
+  sk_wire_map_u64(m, "draft_tokens", 0);
+}
+
+static void fill_draft_tokens_16(struct sk_wire_map *m) {
+  sk_wire_map_str(m, "op", "generate");
+  sk_wire_map_u64(m, "session", 1);
+  sk_wire_map_u64(m, "draft_tokens", 16);
+}
+
 static void fill_too_many_tokens(struct sk_wire_map *m) {
   sk_wire_map_str(m, "op", "generate");
   sk_wire_map_u64(m, "session", 1);
@@ -380,6 +406,15 @@ void test_request_generate_defaults(void **state) {
   map = raw_request(&f, fill_too_many_tokens);
   assert_int_equal(sk_wire_unpack_generate_req(map, false, &got, &e), -SK_ERR_BAD_REQUEST);
   assert_string_equal(e.message, "field 'max_tokens' out of range (max 1048576)");
+  frame_free(&f);
+
+  map = raw_request(&f, fill_draft_tokens_0);
+  assert_int_equal(sk_wire_unpack_generate_req(map, false, &got, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "field 'draft_tokens' must be 1 to 15 (got 0)");
+  frame_free(&f);
+  map = raw_request(&f, fill_draft_tokens_16);
+  assert_int_equal(sk_wire_unpack_generate_req(map, false, &got, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, "field 'draft_tokens' out of range (max 15)");
   frame_free(&f);
 }
 

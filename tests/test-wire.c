@@ -92,10 +92,39 @@ static void assert_generate_equal(const struct sk_generate_result *a,
   assert_int_equal(a->n_tokens, b->n_tokens);
   assert_int_equal(a->prompt_tokens, b->prompt_tokens);
   assert_int_equal(a->completion_tokens, b->completion_tokens);
+  assert_int_equal(a->drafted_tokens, b->drafted_tokens);
+  assert_int_equal(a->accepted_tokens, b->accepted_tokens);
   assert_int_equal(a->evicted, b->evicted);
   assert_int_equal(a->resident, b->resident);
   assert_int_equal(a->seen, b->seen);
   assert_ranges_equal(a->ranges, a->n_ranges, b->ranges, b->n_ranges);
+}
+
+/* A "speculation" map, its keys in order, and the values read back. */
+static const struct sk_spec_info spec_values = {
+    .mode = "draft", .draft_tokens = 7, .draft_fixed = true, .draft_model = "pycode-5M",
+    .lookup_history = 16384, .drafted = 300, .accepted = 240, .rejected = 60, .acceptance = 0.8};
+
+static void assert_spec(const msgpack_object *map, const struct sk_spec_info *got) {
+  char k[256] = "";
+  size_t at = 0;
+  const msgpack_object *m = sk_msg_get(map, "speculation");
+  assert_non_null(m);
+  for (uint32_t i = 0; i < m->via.map.size; i++)
+    at += (size_t)snprintf(k + at, sizeof k - at, "%s%.*s", i ? " " : "",
+                           (int)m->via.map.ptr[i].key.via.str.size,
+                           m->via.map.ptr[i].key.via.str.ptr);
+  assert_string_equal(k, "mode draft_tokens draft_fixed draft_model lookup_history drafted "
+                         "accepted rejected acceptance");
+  assert_string_equal(got->mode, spec_values.mode);
+  assert_int_equal(got->draft_tokens, spec_values.draft_tokens);
+  assert_int_equal(got->draft_fixed, spec_values.draft_fixed);
+  assert_string_equal(got->draft_model, spec_values.draft_model);
+  assert_int_equal(got->lookup_history, spec_values.lookup_history);
+  assert_int_equal(got->drafted, spec_values.drafted);
+  assert_int_equal(got->accepted, spec_values.accepted);
+  assert_int_equal(got->rejected, spec_values.rejected);
+  assert_true(got->acceptance == spec_values.acceptance);
 }
 
 static void test_ok_bytes(void **state) {
@@ -266,6 +295,8 @@ static void test_generate(void **state) {
   g.n_tokens = 17;
   g.prompt_tokens = 5;
   g.completion_tokens = 17;
+  g.drafted_tokens = 12;
+  g.accepted_tokens = 9;
   g.evicted = 1;
   g.resident = 21;
   g.seen = 22;
@@ -285,7 +316,7 @@ static void test_generate(void **state) {
   assert_int_equal(len, 5);
   assert_memory_equal(text, "hello", 5);
   keys(sk_msg_get(map, "usage"), k, sizeof k);
-  assert_string_equal(k, "prompt_tokens completion_tokens");
+  assert_string_equal(k, "prompt_tokens completion_tokens drafted_tokens accepted_tokens");
   struct sk_generate_result got;
   memset(&got, 0xa5, sizeof got);
   assert_int_equal(sk_wire_unpack_generate(map, &got, NULL), 0);
@@ -492,6 +523,7 @@ static void test_hello(void **state) {
   h.defaults = (struct sk_session_defaults){.policy = "streaming", .n_sink = 4, .window = 252,
                                             .heavy = 0, .recent = 0, .capacity = 256,
                                             .rope_scale = 1.0};
+  h.speculation = spec_values;
   for (int with_error = 0; with_error < 2; with_error++) {
     snprintf(h.chat_template_error, sizeof h.chat_template_error, "%s",
              with_error ? "the model's template is not one sinkd knows" : "");
@@ -505,7 +537,8 @@ static void test_hello(void **state) {
     const msgpack_object *map = parse(&f);
     char k[512];
     keys(map, k, sizeof k);
-    assert_string_equal(k, "id ok protocol chat_template server version compute model defaults");
+    assert_string_equal(k, "id ok protocol chat_template server version compute model defaults "
+                           "speculation");
     keys(sk_msg_get(map, "chat_template"), k, sizeof k);
     assert_string_equal(k, with_error ? "name error" : "name");
     keys(sk_msg_get(map, "model"), k, sizeof k);
@@ -551,6 +584,7 @@ static void test_hello(void **state) {
     assert_int_equal(gd->recent, hd->recent);
     assert_int_equal(gd->capacity, hd->capacity);
     assert_true(gd->rope_scale == hd->rope_scale);
+    assert_spec(map, &got.speculation);
     frame_free(&f);
   }
 }
@@ -623,7 +657,8 @@ static void test_daemon_stats(void **state) {
                                           .kv_type = "f16"},
                               .weights_mapped_bytes = 1000, .weights_repacked_bytes = 2000,
                               .user_sessions = 1, .user_memory_bytes = 4096,
-                              .max_user_sessions = 16, .max_user_memory = 1u << 20};
+                              .max_user_sessions = 16, .max_user_memory = 1u << 20,
+                              .speculation = spec_values};
   const struct sk_wire_daemon_extra x = {.chat_template = "chatml", .chat_template_error = "",
                                          .state_dir = "/dev/shm/sinkd"};
   for (int has_user = 0; has_user < 2; has_user++) {
@@ -638,11 +673,12 @@ static void test_daemon_stats(void **state) {
                                  "weights_repacked_bytes steps sessions user_sessions "
                                  "user_memory_bytes max_user_sessions max_user_memory clients "
                                  "uptime_s tokens_prefilled tokens_generated max_sessions "
-                                 "memory_bytes max_memory adopted set_aside idle_ttl_s state_dir"
+                                 "memory_bytes max_memory adopted set_aside idle_ttl_s state_dir "
+                                 "speculation"
                                : "id ok compute chat_template weights_mapped_bytes "
                                  "weights_repacked_bytes steps sessions clients uptime_s "
                                  "tokens_prefilled tokens_generated max_sessions memory_bytes "
-                                 "max_memory adopted set_aside idle_ttl_s state_dir");
+                                 "max_memory adopted set_aside idle_ttl_s state_dir speculation");
     struct sk_daemon_stats got;
     assert_int_equal(sk_wire_unpack_daemon_stats(map, &got, NULL), 0);
     assert_int_equal(got.sessions, s.sessions);
@@ -663,6 +699,7 @@ static void test_daemon_stats(void **state) {
     assert_int_equal(got.compute.threads, s.compute.threads);
     assert_int_equal(got.compute.max_batch, s.compute.max_batch);
     assert_string_equal(got.compute.kv_type, s.compute.kv_type);
+    assert_spec(map, &got.speculation);
     assert_int_equal(got.has_user, has_user);
     assert_int_equal(got.user_sessions, has_user ? s.user_sessions : 0);
     assert_int_equal(got.user_memory_bytes, has_user ? s.user_memory_bytes : 0);
@@ -717,6 +754,7 @@ static void test_session_stats(void **state) {
   const double measured[3] = {0.5, 0.625, 0.4375};
   memcpy(s.sparsity_measured, measured, sizeof measured);
   s.weight_bytes_per_token = 12345.5;
+  s.speculation = spec_values;
   /* The struct's own arrays (x NULL), then the daemon's extras: more
    * ranges than the struct keeps, float layers, the owner and tokens. */
   struct sk_range many[SK_CLIENT_MAX_RANGES + 6];
@@ -739,13 +777,13 @@ static void test_session_stats(void **state) {
                                     "evicted kv_bytes object_bytes kv_type sparsity sparse_tokens "
                                     "sparsity_measured weight_bytes_per_token positions "
                                     "attention busy commit "
-                                    "adopted idle_s owner_uid resident_ranges tokens"
+                                    "adopted idle_s owner_uid speculation resident_ranges tokens"
                                   : "id ok session chat_template policy n_sink window heavy recent "
                                     "pinned rope_scale model_rope_scale capacity resident seen "
                                     "evicted kv_bytes object_bytes kv_type sparsity sparse_tokens "
                                     "sparsity_measured weight_bytes_per_token positions "
                                     "attention busy commit "
-                                    "adopted idle_s owner_uid resident_ranges");
+                                    "adopted idle_s owner_uid speculation resident_ranges");
     keys(sk_msg_get(map, "attention"), k, sizeof k);
     assert_string_equal(k, "steps sink_tokens sink_mass entropy");
     memset(&got, 0xa5, sizeof got);
@@ -779,6 +817,7 @@ static void test_session_stats(void **state) {
     assert_int_equal(got.n_sparse_layers, 3);
     for (int l = 0; l < 3; l++) assert_true(got.sparsity_measured[l] == measured[l]);
     assert_true(got.weight_bytes_per_token == 12345.5);
+    assert_spec(map, &got.speculation);
     assert_int_equal(got.attn_steps, 64);
     assert_int_equal(got.sink_tokens, 4);
     assert_int_equal(got.n_layers, 3);

@@ -53,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchspec.h"
 #include "cli.h"
 #include "sinkd/client.h"
 #include "tool.h"
@@ -76,6 +77,7 @@ struct opts {
   uint64_t pos[MAX_LIST];
   uint32_t n_pos;
   bool no_prefill, no_decode, no_conc, no_pos;
+  struct sk_benchspec_opts spec; /* spec.text NULL: no speculation part */
   bool window_set; /* --window given: never shortened to the model */
 };
 
@@ -313,6 +315,14 @@ static void usage(FILE *f) {
           "      --mixed N            decode beside an N-token prefill (0: skip; default)\n"
           "      --no-prefill, --no-decode, --no-concurrency, --no-positions\n"
           "                           skip a part\n"
+          "      --spec-text FILE     the speculation part: greedy continuations of prompts\n"
+          "                           cut from FILE under each mode of --spec-modes\n"
+          "      --spec-modes LIST    off,draft,lookup (modes take turns at going first)\n"
+          "      --spec-prompts N     prompts spread evenly through the text (8)\n"
+          "      --spec-prompt-bytes N  bytes of each (whole lines; 1500)\n"
+          "      --spec-gen N         tokens generated per prompt (256)\n"
+          "      --spec-rounds N      rounds, every mode on every prompt (3)\n"
+          "      --spec-sessions LIST sessions generating together (1)\n"
           "  -h, --help               this text\n"
           "\n"
           "Exit status: 0 done, 1 the daemon answered with an error, 2 usage error,\n"
@@ -320,12 +330,29 @@ static void usage(FILE *f) {
           sk_cli_prog());
 }
 
+/* --spec-modes: up to SK_BENCHSPEC_MAX_MODES of off, draft, lookup. */
+static void parse_modes(char *list, struct sk_benchspec_opts *s) {
+  s->n_modes = 0;
+  for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    if (strcmp(tok, "off") && strcmp(tok, "draft") && strcmp(tok, "lookup"))
+      sk_cli_usage_error("--spec-modes: '%s' is not off, draft or lookup", tok);
+    if (s->n_modes == SK_BENCHSPEC_MAX_MODES)
+      sk_cli_usage_error("--spec-modes: at most %u modes", SK_BENCHSPEC_MAX_MODES);
+    s->modes[s->n_modes++] = tok;
+  }
+  if (!s->n_modes) sk_cli_usage_error("--spec-modes: no mode");
+}
+
 static void parse_opts(int argc, char **argv, struct opts *o) {
   *o = (struct opts){.prefill = 512, .gen = 128, .reps = 3, .pos_gen = 1024, .window = 1024,
                      .sinks = 4, .conc = {1, 4, 16, 64}, .n_conc = 4,
                      .pos = {1000, 10000, 100000, 1000000}, .n_pos = 4};
+  o->spec = (struct sk_benchspec_opts){.modes = {"off", "draft", "lookup"}, .n_modes = 3,
+                                       .prompts = 8, .prompt_bytes = 1500, .gen = 256,
+                                       .rounds = 3, .sessions = {1}, .n_sessions = 1};
   enum { O_PREFILL = 256, O_GEN, O_REPS, O_CONC, O_POS, O_POS_GEN, O_WINDOW, O_SINKS,
-         O_NO_PREFILL, O_NO_DECODE, O_NO_CONC, O_NO_POS, O_MIXED };
+         O_NO_PREFILL, O_NO_DECODE, O_NO_CONC, O_NO_POS, O_MIXED, O_SPEC_TEXT, O_SPEC_MODES,
+         O_SPEC_PROMPTS, O_SPEC_BYTES, O_SPEC_GEN, O_SPEC_ROUNDS, O_SPEC_SESSIONS };
   static const struct option lo[] = {
       {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
       {"prefill", required_argument, NULL, O_PREFILL}, {"gen", required_argument, NULL, O_GEN},
@@ -337,6 +364,13 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
       {"no-prefill", no_argument, NULL, O_NO_PREFILL}, {"no-decode", no_argument, NULL, O_NO_DECODE},
       {"no-concurrency", no_argument, NULL, O_NO_CONC},
       {"no-positions", no_argument, NULL, O_NO_POS}, {"help", no_argument, NULL, 'h'},
+      {"spec-text", required_argument, NULL, O_SPEC_TEXT},
+      {"spec-modes", required_argument, NULL, O_SPEC_MODES},
+      {"spec-prompts", required_argument, NULL, O_SPEC_PROMPTS},
+      {"spec-prompt-bytes", required_argument, NULL, O_SPEC_BYTES},
+      {"spec-gen", required_argument, NULL, O_SPEC_GEN},
+      {"spec-rounds", required_argument, NULL, O_SPEC_ROUNDS},
+      {"spec-sessions", required_argument, NULL, O_SPEC_SESSIONS},
       {NULL, 0, NULL, 0},
   };
   int ch;
@@ -364,6 +398,25 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
     case O_NO_DECODE: o->no_decode = true; break;
     case O_NO_CONC: o->no_conc = true; break;
     case O_NO_POS: o->no_pos = true; break;
+    case O_SPEC_TEXT: o->spec.text = optarg; break;
+    case O_SPEC_MODES: parse_modes(optarg, &o->spec); break;
+    case O_SPEC_PROMPTS:
+      o->spec.prompts = (uint32_t)sk_cli_parse_u64("--spec-prompts", optarg, 1, 256);
+      break;
+    case O_SPEC_BYTES:
+      o->spec.prompt_bytes = (uint32_t)sk_cli_parse_u64("--spec-prompt-bytes", optarg, 1, 1u << 20);
+      break;
+    case O_SPEC_GEN:
+      o->spec.gen = (uint32_t)sk_cli_parse_u64("--spec-gen", optarg, 2, 1u << 20);
+      break;
+    case O_SPEC_ROUNDS:
+      o->spec.rounds = (uint32_t)sk_cli_parse_u64("--spec-rounds", optarg, 1, 100);
+      break;
+    case O_SPEC_SESSIONS:
+      o->spec.n_sessions = sk_cli_parse_list("--spec-sessions", optarg, tmp,
+                                             SK_BENCHSPEC_MAX_SESSIONS, 1, 256);
+      for (uint32_t i = 0; i < o->spec.n_sessions; i++) o->spec.sessions[i] = (uint32_t)tmp[i];
+      break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); exit(2);
     }
@@ -373,6 +426,7 @@ static void parse_opts(int argc, char **argv, struct opts *o) {
     exit(2);
   }
   if (!o->socket) o->socket = sk_client_default_socket();
+  o->spec.socket = o->socket;
   for (uint32_t i = 1; i < o->n_pos; i++)
     if (o->pos[i] <= o->pos[i - 1]) sk_cli_usage_error("--positions must increase");
 }
@@ -397,6 +451,8 @@ struct results {
   } mixed;
   uint64_t kv_bytes_stream;   /* a streaming session's KV bytes */
   uint64_t kv_bytes_default;  /* a session of the daemon's defaults */
+  struct sk_benchspec_result spec;
+  struct sk_spec_info spec_totals; /* the daemon's, at the end */
 };
 
 /* Prefill: a --prefill-token append into a new session, --reps times;
@@ -635,8 +691,21 @@ static void print_json(const struct opts *o, const struct sk_hello *h, const str
            r->mixed.beside_p50_ms, r->mixed.beside_p99_ms, r->mixed.n_beside,
            r->mixed.beside_p99_ms / r->mixed.alone_p99_ms);
   printf("\"memory\": {\"rss_idle_bytes\": %" PRIu64 ", \"kv_bytes_default_session\": %" PRIu64
-         ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}}\n",
+         ", \"kv_bytes_streaming_session\": %" PRIu64 ", \"sinks\": %u, \"window\": %u}, ",
          r->rss_idle, r->kv_bytes_default, r->kv_bytes_stream, o->sinks, o->window);
+  const struct sk_spec_info *t = &r->spec_totals;
+  printf("\"spec_totals\": {\"mode\": ");
+  sk_cli_json_cstr(stdout, t->mode);
+  printf(", \"draft_model\": ");
+  sk_cli_json_cstr(stdout, t->draft_model);
+  printf(", \"drafted\": %" PRIu64 ", \"accepted\": %" PRIu64 ", \"rejected\": %" PRIu64
+         ", \"acceptance\": %.4f}",
+         t->drafted, t->accepted, t->rejected, t->acceptance);
+  if (o->spec.text) {
+    printf(", ");
+    sk_benchspec_print_json(&o->spec, &r->spec);
+  }
+  printf("}\n");
 }
 
 static void print_text(const struct opts *o, const struct sk_hello *h, const struct results *r) {
@@ -671,6 +740,12 @@ static void print_text(const struct opts *o, const struct sk_hello *h, const str
   if (r->n_pos)
     printf(", %.2f MB streaming %u+%u", (double)r->kv_bytes_stream / 1e6, o->sinks, o->window);
   printf("\n");
+  if (o->spec.text) sk_benchspec_print_text(&o->spec, &r->spec);
+  const struct sk_spec_info *t = &r->spec_totals;
+  printf("speculation    default %s%s%s; daemon totals: %" PRIu64 " drafted, %" PRIu64
+         " accepted, %" PRIu64 " rejected (%.1f%% accepted)\n",
+         t->mode, t->draft_model[0] ? ", draft model " : "", t->draft_model, t->drafted,
+         t->accepted, t->rejected, 100.0 * t->acceptance);
 }
 
 /* ---- main ---- */
@@ -709,6 +784,10 @@ int main(int argc, char **argv) {
     uint64_t id = open_session(c, &o, false, &r.kv_bytes_default);
     close_session(c, id);
   }
+  if (o.spec.text) sk_benchspec_run(&o.spec, &r.spec);
+  struct sk_daemon_stats ds;
+  if (sk_client_stats(c, &ds, &e) < 0) sk_cli_die(1, "stats: %s", e.message);
+  r.spec_totals = ds.speculation;
 
   if (o.json) print_json(&o, &h, &r);
   else print_text(&o, &h, &r);

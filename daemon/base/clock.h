@@ -12,4 +12,11 @@ static inline uint64_t sk_clock_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Seconds of CLOCK_MONOTONIC, as a double: for durations of steps. */
+static inline double sk_clock_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 #endif

@@ -72,6 +72,15 @@ static void put_daemon(struct text *t, const struct sk_daemon_stats *d) {
   prom(t, "sinkd_steps_total", "counter", "Forward passes run.", (double)d->steps);
   prom(t, "sinkd_uptime_seconds", "gauge", "Seconds since the daemon started.",
        (double)d->uptime_s);
+  const struct sk_spec_info *sp = &d->speculation;
+  prom(t, "sinkd_spec_drafted_tokens_total", "counter",
+       "Tokens speculative decoding proposed and the model checked.", (double)sp->drafted);
+  prom(t, "sinkd_spec_accepted_tokens_total", "counter",
+       "Proposed tokens the model kept.", (double)sp->accepted);
+  prom(t, "sinkd_spec_rejected_tokens_total", "counter",
+       "Proposed tokens the model refused.", (double)sp->rejected);
+  prom(t, "sinkd_spec_acceptance_ratio", "gauge",
+       "Accepted over drafted tokens since start (0 before any).", sp->acceptance);
 }
 
 /* Requests by route, then the transport's and the gateway's counters. */

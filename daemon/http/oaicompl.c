@@ -420,6 +420,12 @@ static void finish(struct sk_httpd_req *req, struct flow *f, const msgpack_objec
   json_t *usage = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)g.prompt_tokens,
                             "completion_tokens", (json_int_t)g.completion_tokens,
                             "total_tokens", (json_int_t)(g.prompt_tokens + g.completion_tokens));
+  /* speculation's proposals, as OpenAI reports those of a prediction */
+  if (usage && g.drafted_tokens)
+    json_object_set_new(usage, "completion_tokens_details",
+                        json_pack("{s:I, s:I}", "accepted_prediction_tokens",
+                                  (json_int_t)g.accepted_tokens, "rejected_prediction_tokens",
+                                  (json_int_t)(g.drafted_tokens - g.accepted_tokens)));
   /* Before the response: it may start the next pipelined request. */
   if (f->p.chat && f->p.session != SK_OPENAI_SESSION_NONE)
     sk_oaiconv_record(&f->oc->convs, f->session, req->uid, f->p.messages,
@@ -448,6 +454,10 @@ static void send_generate(struct sk_httpd_req *req, struct flow *f) {
       .input = {.bos = -1},
       .logprobs = f->p.logprobs,
       .top_logprobs = f->p.top_logprobs,
+      .spec = {.mode = f->p.speculation,
+               .mode_len = f->p.speculation ? strlen(f->p.speculation) : 0,
+               .has_tokens = f->p.has_draft_tokens, .tokens = (uint32_t)f->p.draft_tokens,
+               .has_fixed = f->p.has_draft_fixed, .fixed = f->p.draft_fixed},
   };
   struct sk_chat_message *msgs = NULL;
   if (f->p.chat) {

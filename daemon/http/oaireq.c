@@ -275,6 +275,9 @@ static const struct field {
     {"heavy", ROUTE_BOTH, NULL, NULL},
     {"recent", ROUTE_BOTH, NULL, NULL},
     {"capacity", ROUTE_BOTH, NULL, NULL},
+    {"speculation", ROUTE_BOTH, NULL, NULL},
+    {"draft_tokens", ROUTE_BOTH, NULL, NULL},
+    {"draft_fixed", ROUTE_BOTH, NULL, NULL},
     /* meaningless for a local daemon: taken and ignored */
     {"user", ROUTE_BOTH, NULL, NULL},
     {"safety_identifier", ROUTE_CHAT, NULL, NULL},
@@ -344,6 +347,19 @@ static int parse_session(json_t *r, struct sk_openai_params *p, char *msg, size_
   if ((rc = get_uint(r, "recent", UINT32_MAX, &p->recent, &p->has_recent, msg, size))) return rc;
   if ((rc = get_uint(r, "capacity", UINT32_MAX, &p->capacity, &p->has_capacity, msg, size)))
     return rc;
+  json_t *spec = json_object_get(r, "speculation");
+  if (spec && !json_is_null(spec)) {
+    if (!json_is_string(spec)) return bad(msg, size, "'speculation' must be a string");
+    p->speculation = json_string_value(spec);
+  }
+  if ((rc = get_uint(r, "draft_tokens", SK_SPEC_TOKENS_MAX, &p->draft_tokens,
+                     &p->has_draft_tokens, msg, size)))
+    return rc;
+  if (p->has_draft_tokens && p->draft_tokens == 0)
+    return bad(msg, size, "'draft_tokens' must be 1 to %u", SK_SPEC_TOKENS_MAX);
+  json_t *fixed = json_object_get(r, "draft_fixed");
+  p->has_draft_fixed = fixed && !json_is_null(fixed);
+  if ((rc = get_bool(r, "draft_fixed", &p->draft_fixed, msg, size))) return rc;
   if (p->session == SK_OPENAI_SESSION_ID &&
       (p->policy || p->has_n_sink || p->has_window || p->has_heavy || p->has_recent ||
        p->has_capacity))

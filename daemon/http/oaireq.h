@@ -41,6 +41,13 @@ struct sk_openai_params {
   const char *policy;
   uint64_t n_sink, window, heavy, recent, capacity;
   bool has_n_sink, has_window, has_heavy, has_recent, has_capacity;
+  /* Speculative decoding of this request (the generate op's fields):
+   * "speculation" (off, draft, lookup; NULL: the session's), its
+   * "draft_tokens" (1..15) and "draft_fixed". */
+  const char *speculation;
+  uint64_t draft_tokens;
+  bool has_draft_tokens;
+  bool draft_fixed, has_draft_fixed;
 };
 
 /* Checks a request body (JSON, len bytes). chat: a chat request

@@ -167,9 +167,12 @@ static void sk__att_task(void *ctx, uint32_t task, uint32_t thread) {
       double ent = 0.0;
       sk_kernels_softmax(ts->att, P + 1, scale, last ? &ent : NULL);
       /* H2O (kvcache.h): every probability adds to its position's score,
-       * summed over query heads and layers */
-      if (scores)
-        for (uint32_t p = 0; p <= P; p++) kv->score[ts->sp[p]] += ts->att[p];
+       * summed over query heads and layers (or to the row's own
+       * contributions, sk_seq.row_scores) */
+      if (scores) {
+        float *sc = sq->in->row_scores ? sq->in->row_scores + (size_t)i * kv->n_slots : kv->score;
+        for (uint32_t p = 0; p <= P; p++) sc[ts->sp[p]] += ts->att[p];
+      }
       if (last) { /* diagnostics of the sequence's last token */
         const uint32_t probe = sq->probe < P + 1 ? sq->probe : P + 1;
         double mass = 0.0;

@@ -451,6 +451,8 @@ static void sk__plan_attention(struct sk__pass *p) {
     const struct sk_kv_step *kv = &s->seqs[i].kv;
     if (kv->scores) {
       for (uint32_t j = 0; j < p->seqs[i].n; j++) kv->score[kv->order[s->seqs[i].nr + j]] = 0.0f;
+      if (p->seqs[i].row_scores)
+        memset(p->seqs[i].row_scores, 0, (size_t)p->seqs[i].n * kv->n_slots * sizeof(float));
       s->task_seq[n_tasks] = i;
       s->task_kvh[n_tasks++] = 0;
     } else {
@@ -664,7 +666,7 @@ int sk_model_forward_batch(const struct sk_model *m, struct sk_scratch *s,
   }
   sk__logits(&p);
   for (uint32_t i = 0; i < n_seqs; i++) {
-    sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
+    if (!seqs[i].defer_commit) sk_kv_commit(seqs[i].kv, seqs[i].tokens, seqs[i].n);
     s->probe[i] = s->seqs[i].probe;
   }
   s->attn_n_seqs = n_seqs;

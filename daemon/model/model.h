@@ -198,6 +198,20 @@ struct sk_seq {
    * without all_logits runs dense. Needs sk_model_sparse_prepare before
    * the scratch was made. */
   const float *sparse_thr;
+  /* Speculative verification (kvcache.h, sk_kv_commit_prefix): the pass
+   * writes the n tokens' keys and values into the cache's free slots but
+   * commits none of them; the caller commits the prefix it keeps. */
+  bool defer_commit;
+  /* Caches that accumulate attention scores (h2o, sink_h2o) only: NULL
+   * adds every probability to the cache's scores as the pass goes;
+   * else (n, n_slots) floats that receive each row's contributions
+   * apart (row r at row_scores + r * n_slots, zeroed by the pass; the
+   * probability a row's query heads give a slot, summed over layers and
+   * heads in the pass's order), the cache's scores left as they were but
+   * for the new slots' reset, for the caller to add the rows it keeps
+   * (sk_kv_add_scores): a chunk then adds exactly what one-token steps
+   * add. */
+  float *row_scores;
 };
 
 /* Runs seqs[0..n_seqs) in one pass: their rows are stacked for the matrix

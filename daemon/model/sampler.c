@@ -178,18 +178,28 @@ static void sk__select_top(uint32_t *idx, uint32_t n, uint32_t k,
   sk__sort_desc(idx, k, l);
 }
 
-int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits) {
+/* The tokens a draw picks from and their weights: idx[0..*ret_k) with
+ * probs[0..*ret_k) (unnormalised; their sum in *ret_sum). Returns false
+ * when the draw is decided without weights: greedy, or a top logit that
+ * is NaN or infinite (*ret_token then). */
+static bool sk__weights(struct sk_sampler *s, const float *logits, uint32_t *ret_k,
+                        double *ret_sum, int32_t *ret_token) {
   const struct sk_sampler_params *p = &s->st.params;
   uint32_t n = s->n_vocab;
-  if (p->temperature == 0.0f) return sk__argmax(logits, n);
-
+  if (p->temperature == 0.0f) {
+    *ret_token = sk__argmax(logits, n);
+    return false;
+  }
   uint32_t *idx = s->idx;
   float *probs = s->probs;
   for (uint32_t i = 0; i < n; i++) idx[i] = i;
   uint32_t k = p->top_k == 0 || p->top_k > n ? n : p->top_k;
   sk__select_top(idx, n, k, logits);
   float top = logits[idx[0]];
-  if (isnan(top) || isinf(top)) return (int32_t)idx[0];
+  if (isnan(top) || isinf(top)) {
+    *ret_token = (int32_t)idx[0];
+    return false;
+  }
 
   /* top-p over the softmax of the untempered kept logits. */
   if (p->top_p < 1.0f && k > 1) {
@@ -211,17 +221,73 @@ int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits) {
     k = keep;
   }
 
-  /* Temperature, softmax, draw. */
+  /* Temperature, softmax. */
   double max = (double)top / p->temperature, sum = 0.0;
   for (uint32_t i = 0; i < k; i++) {
     float l = logits[idx[i]];
     probs[i] = isnan(l) ? 0.0f : (float)exp((double)l / p->temperature - max);
     sum += probs[i];
   }
+  *ret_k = k;
+  *ret_sum = sum;
+  return true;
+}
+
+int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits) {
+  uint32_t k;
+  double sum;
+  int32_t token;
+  if (!sk__weights(s, logits, &k, &sum, &token)) return token;
+  const uint32_t *idx = s->idx;
+  const float *probs = s->probs;
   double r = sk__uniform(s->st.rng) * sum, cum = 0.0;
   for (uint32_t i = 0; i < k; i++) {
     cum += probs[i];
     if (r < cum) return (int32_t)idx[i];
   }
   return (int32_t)idx[k - 1]; /* rounding left r at the very top */
+}
+
+void sk_sampler_probs(struct sk_sampler *s, const float *logits, float *out) {
+  uint32_t k;
+  double sum;
+  int32_t token;
+  memset(out, 0, (size_t)s->n_vocab * sizeof *out);
+  if (!sk__weights(s, logits, &k, &sum, &token)) {
+    out[token] = 1.0f;
+    return;
+  }
+  for (uint32_t i = 0; i < k; i++) out[s->idx[i]] = (float)(s->probs[i] / sum);
+}
+
+int32_t sk_sampler_draw(struct sk_sampler *s, const float *probs) {
+  const uint32_t n = s->n_vocab;
+  double sum = 0.0;
+  for (uint32_t i = 0; i < n; i++) sum += probs[i];
+  double r = sk__uniform(s->st.rng) * sum, cum = 0.0;
+  int32_t last = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (!(probs[i] > 0.0f)) continue;
+    cum += probs[i];
+    last = (int32_t)i;
+    if (r < cum) return (int32_t)i;
+  }
+  return last; /* rounding left r at the very top */
+}
+
+int32_t sk_sampler_verify(struct sk_sampler *s, const float *p, const float *q, int32_t x) {
+  const double px = p[x], qx = q ? q[x] : 1.0;
+  /* kept with probability min(1, p(x) / q(x)) */
+  if (sk__uniform(s->st.rng) * qx < px) return -1;
+  /* the residual norm(max(0, p - q)), into the sampler's scratch */
+  const uint32_t n = s->n_vocab;
+  float *r = s->probs;
+  double sum = 0.0;
+  for (uint32_t i = 0; i < n; i++) {
+    const float qi = q ? q[i] : (int32_t)i == x ? 1.0f : 0.0f;
+    r[i] = p[i] > qi ? p[i] - qi : 0.0f;
+    sum += r[i];
+  }
+  /* p == q up to rounding (the test fails only by rounding then): p */
+  return sk_sampler_draw(s, sum > 0.0 ? r : p);
 }

@@ -48,4 +48,28 @@ void sk_sampler_state_seed(struct sk_sampler_state *st,
  * seed and sequence of logits. */
 int32_t sk_sampler_sample(struct sk_sampler *s, const float *logits);
 
+/* The distribution sk_sampler_sample draws from for these logits, as
+ * n_vocab probabilities into probs (summing to 1, 0 outside the tokens
+ * top-k and top-p keep; greedy: 1 at the argmax). Uses s's scratch, not
+ * its PRNG. */
+void sk_sampler_probs(struct sk_sampler *s, const float *logits, float *probs);
+/* Draws a token from probs (n_vocab non-negative weights, any sum > 0)
+ * with s's PRNG (one uniform draw). All zero: the argmax of nothing,
+ * token 0. */
+int32_t sk_sampler_draw(struct sk_sampler *s, const float *probs);
+
+/* Speculative sampling (Leviathan et al. 2023, "Fast Inference from
+ * Transformers via Speculative Decoding", Algorithm 1; Chen et al. 2023,
+ * "Accelerating Large Language Model Decoding with Speculative
+ * Sampling", Algorithm 2): a proposed token x, drawn from the draft's
+ * distribution q, is kept with probability min(1, p(x) / q(x)), p the
+ * target's distribution (both from sk_sampler_probs, n_vocab floats);
+ * otherwise the token is drawn from norm(max(0, p - q)). The result is
+ * distributed as p whatever q is. q NULL: x was proposed
+ * deterministically (a look-up in the session's history: q is 1 at x),
+ * so it is kept with probability p(x), else drawn from p without x.
+ * Uses s's PRNG: one uniform for the test, one more on rejection.
+ * Returns -1 when x is kept, else the token drawn instead. */
+int32_t sk_sampler_verify(struct sk_sampler *s, const float *p, const float *q, int32_t x);
+
 #endif

@@ -61,6 +61,15 @@ bool sk_tokenizer_add_eos(const struct sk_tokenizer *t);
 /* Whether the vocabulary is byte-level BPE ("gpt2"). */
 bool sk_tokenizer_is_bpe(const struct sk_tokenizer *t);
 
+/* Whether b's vocabulary is a's: the same tokenizer model, token count,
+ * every token's text, score and type, and the same BOS, EOS, UNK, PAD,
+ * EOT and EOM ids (what a draft model needs to propose ids the model
+ * reads as it does; speculation, spec.h). Returns 0, or -SK_ERR_BAD_MODEL
+ * with a message naming the first difference, b's value first ("token 17
+ * is \"def\", the model's is \"de\""). */
+int sk_tokenizer_same_vocab(const struct sk_tokenizer *a, const struct sk_tokenizer *b,
+                            struct sk_error *err);
+
 /* Whether generating token ends generation (llama_vocab_is_eog): EOS,
  * EOT, EOM, and every token whose text llama.cpp lists as an end of
  * generation ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",

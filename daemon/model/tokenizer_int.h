@@ -55,6 +55,7 @@ struct sk__token {
   size_t piece_len;
   float score;
   uint16_t attr;  /* SK__ATTR_* */
+  int32_t type;   /* the file's token type (SK__TOK_*; NORMAL without one) */
 };
 
 /* One BPE merge "left right" of rank r, in the (left id, right id)
@@ -85,6 +86,7 @@ struct sk_tokenizer {
                                unknown ids, longest text first */
   size_t n_specials;
   int32_t bos, eos, unk, eot, eom; /* -1: none */
+  int32_t pad;                     /* tokenizer.ggml.padding_token_id, -1: none */
   bool add_space_prefix;
   bool add_bos, add_eos;
 

@@ -454,6 +454,7 @@ static int sk__load_tokens(struct sk_tokenizer *t, const struct sk_gguf *g,
     t->pool[off++] = '\0';
     tok->score = scores ? scores[i] : 0.0f;
     tok->attr = types ? sk__type_attr(types[i]) : SK__ATTR_NORMAL;
+    tok->type = types ? types[i] : SK__TOK_NORMAL;
     tok->piece = off;
     off += tok->len; /* room for the piece, made once the attributes are final */
     sk__insert(t, (int32_t)i);
@@ -483,6 +484,12 @@ static int sk__load_special_ids(struct sk_tokenizer *t, const struct sk_gguf *g,
   if (r < 0) return r;
   r = sk__special_id(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab, &t->eom, err);
   if (r < 0) return r;
+  /* llama.cpp's converters write -1 (as 2^32 - 1) for "no padding":
+   * an id outside the vocabulary means none here, not a broken file */
+  uint32_t pad;
+  r = sk_gguf_get_u32(g, "tokenizer.ggml.padding_token_id", &pad, err);
+  if (r < 0) return r;
+  t->pad = r == 1 && pad < t->n_vocab ? (int32_t)pad : -1;
   /* SentencePiece puts a space in front and adds BOS; byte-level BPE does
    * neither unless its pre-tokenizer says so. The keys override. */
   t->add_space_prefix = spm;
@@ -573,5 +580,57 @@ int sk_tokenizer_text(const struct sk_tokenizer *t, int32_t token, const char **
   if (token < 0 || (uint32_t)token >= t->n_vocab) return -SK_ERR_BAD_REQUEST;
   *ret = sk__text(t, token);
   *ret_len = t->tokens[token].len;
+  return 0;
+}
+
+/* ---- two vocabularies ---- */
+
+/* A token's text for a message: at most 24 bytes, control characters as
+ * '?'. */
+static void sk__quote(const struct sk_tokenizer *t, int32_t id, char out[32]) {
+  const char *s = sk__text(t, id);
+  size_t n = t->tokens[id].len < 24 ? t->tokens[id].len : 24, k = 0;
+  for (size_t i = 0; i < n; i++) out[k++] = (unsigned char)s[i] < 0x20 ? '?' : s[i];
+  if (t->tokens[id].len > 24) out[k++] = '.', out[k++] = '.', out[k++] = '.';
+  out[k] = 0;
+}
+
+int sk_tokenizer_same_vocab(const struct sk_tokenizer *a, const struct sk_tokenizer *b,
+                            struct sk_error *err) {
+  if (a->kind != b->kind)
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "tokenizer %s, the model's is %s",
+                        b->kind == SK__SPM ? "llama" : "gpt2", a->kind == SK__SPM ? "llama" : "gpt2");
+  if (a->n_vocab != b->n_vocab)
+    return sk_error_set(err, SK_ERR_BAD_MODEL, "%u tokens, the model has %u", b->n_vocab,
+                        a->n_vocab);
+  for (uint32_t i = 0; i < a->n_vocab; i++) {
+    const struct sk__token *x = &a->tokens[i], *y = &b->tokens[i];
+    char qa[32], qb[32];
+    if (x->len != y->len || memcmp(sk__text(a, (int32_t)i), sk__text(b, (int32_t)i), x->len)) {
+      sk__quote(a, (int32_t)i, qa);
+      sk__quote(b, (int32_t)i, qb);
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "token %u is \"%s\", the model's is \"%s\"", i,
+                          qb, qa);
+    }
+    if (memcmp(&x->score, &y->score, sizeof x->score) != 0) {
+      sk__quote(a, (int32_t)i, qa);
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "token %u (\"%s\") has score %g, the model's %g",
+                          i, qa, (double)y->score, (double)x->score);
+    }
+    if (x->type != y->type) {
+      sk__quote(a, (int32_t)i, qa);
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "token %u (\"%s\") has type %d, the model's %d",
+                          i, qa, y->type, x->type);
+    }
+  }
+  const struct {
+    const char *name;
+    int32_t x, y;
+  } ids[] = {{"BOS", a->bos, b->bos}, {"EOS", a->eos, b->eos}, {"UNK", a->unk, b->unk},
+             {"PAD", a->pad, b->pad}, {"EOT", a->eot, b->eot}, {"EOM", a->eom, b->eom}};
+  for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+    if (ids[i].x != ids[i].y)
+      return sk_error_set(err, SK_ERR_BAD_MODEL, "%s id %d, the model's %d (-1: none)",
+                          ids[i].name, ids[i].y, ids[i].x);
   return 0;
 }

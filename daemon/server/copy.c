@@ -382,8 +382,10 @@ bool sk_copy_start(struct sk_server *srv, struct sk_session *s, struct sk_job *j
     struct sk_session_desc d;
     sk_session_describe(s, &d);
     const uint32_t uid = sk_conn_uid(conn);
-    if (sk_session_check_user(&srv->sessions, uid, d.object_bytes, NULL, false, &e) < 0 ||
-        sk_session_reserve(&srv->sessions, d.object_bytes, uid, &w->res, &e) < 0) {
+    const size_t bytes = d.object_bytes + sk_session_spec_bytes(&srv->sessions,
+                                                                sk_session_object(s));
+    if (sk_session_check_user(&srv->sessions, uid, bytes, NULL, false, &e) < 0 ||
+        sk_session_reserve(&srv->sessions, bytes, uid, &w->res, &e) < 0) {
       free(w);
       sk_conn_send_error(conn, job->req_id, &e);
       return false;

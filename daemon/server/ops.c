@@ -90,6 +90,34 @@ static int read_sparsity(struct sk_server *srv, const struct sk_wire_open_req *o
                       sk_sparse_calib_levels(cal, lv, sizeof lv));
 }
 
+/* The speculation fields of open, generate and chat: a mode this daemon
+ * runs (draft needs its draft model, lookup its history), a number of
+ * tokens (the wire checked 1..SK_SPEC_TOKENS_MAX) and fixed; absent ones
+ * stay 0 (the session's, then the daemon's default). */
+static int read_spec(struct sk_server *srv, const struct sk_wire_spec *w, uint32_t *ret_mode,
+                     uint32_t *ret_tokens, bool *ret_fixed, struct sk_error *e) {
+  if (w->mode) {
+    int m = sk_spec_mode_parse(w->mode, w->mode_len);
+    if (m <= SK_SPEC_DEFAULT)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                          "speculation \"%.*s\"%s is not off, draft or lookup",
+                          (int)(w->mode_len > 32 ? 32 : w->mode_len), w->mode,
+                          w->mode_len > 32 ? "..." : "");
+    if (m == SK_SPEC_DRAFT && !srv->cfg.draft)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                          "speculation draft: this daemon has no draft model (sinkd.conf "
+                          "draft_model, or --draft-model)");
+    if (m == SK_SPEC_LOOKUP && !srv->cfg.lookup_history)
+      return sk_error_set(e, SK_ERR_BAD_REQUEST,
+                          "speculation lookup: this daemon keeps no history (sinkd.conf "
+                          "lookup_history is 0)");
+    *ret_mode = (uint32_t)m;
+  }
+  if (w->has_tokens) *ret_tokens = w->tokens;
+  if (w->has_fixed) *ret_fixed = w->fixed;
+  return 0;
+}
+
 static void op_hello(struct sk_server *srv, const struct request *r) {
   sk_replies_hello(srv, r->conn, r->id);
 }
@@ -210,6 +238,12 @@ static void op_open(struct sk_server *srv, const struct request *r) {
     p.rope_scale = (float)d;
   }
   if ((rc = read_sparsity(srv, &o, &p.sparsity, &e)) < 0) goto bad;
+  uint32_t spec_mode = 0, spec_tokens = 0;
+  bool spec_fixed = false;
+  if ((rc = read_spec(srv, &o.spec, &spec_mode, &spec_tokens, &spec_fixed, &e)) < 0) goto bad;
+  p.spec_mode = (uint8_t)spec_mode;
+  p.spec_tokens = (uint8_t)spec_tokens;
+  p.spec_fixed = spec_fixed;
   const bool temporary = o.temporary;
   if ((rc = read_pin(srv, &o, &pin, &n_pin, &e)) < 0) goto bad;
   if ((rc = read_chat(srv, &o, &conv, pin != NULL, (parts & SK_PART_PIN) != 0, &pin, &n_pin,
@@ -242,6 +276,9 @@ static void op_open(struct sk_server *srv, const struct request *r) {
       (rc = sk_kv_params_check_context(&p, sk_model_config(srv->model)->n_ctx_train, &e)) < 0)
     goto bad;
   size_t bytes = sk_store_object_size(srv->cfg.store, sk_kv_params_capacity(&p));
+  if (bytes)
+    bytes += sk_spec_bytes(&srv->sessions.spec_cfg, &p,
+                           sk_spec_needs(&srv->sessions.spec_cfg, p.spec_mode));
   if (bytes && (rc = sk_session_check_user(&srv->sessions, sk_conn_uid(r->conn), bytes, NULL,
                                            temporary, &e)) < 0)
     goto bad;
@@ -460,6 +497,11 @@ static void generate_request(struct sk_server *srv, const struct request *r, boo
   job->n_top = g.n_top;
   job->token_logprobs = g.logprobs;
   job->top_logprobs = g.top_logprobs;
+  if ((rc = read_spec(srv, &g.spec, &job->spec_mode, &job->spec_tokens, &job->spec_fixed, &e)) <
+      0)
+    goto bad;
+  job->has_spec_fixed = g.spec.has_fixed;
+  if ((rc = sk_session_spec_charge(&srv->sessions, s, job->spec_mode, &e)) < 0) goto bad;
   if ((rc = sk_sampler_params_check(&job->sampling, &e)) < 0) goto bad;
   if (g.stop.n > SK_LIMIT_STOP_COUNT) {
     rc = sk_error_set(&e, SK_ERR_BAD_REQUEST, "field 'stop': %zu strings given, at most %u",

@@ -22,6 +22,28 @@ static void compute_info(struct sk_server *srv, struct sk_compute_info *ret) {
   snprintf(ret->kv_type, sizeof ret->kv_type, "%s", sk_kv_type_name(srv->cfg.kv_type));
 }
 
+/* The counts of "speculation": drafted, accepted, rejected, acceptance. */
+static void spec_counts(struct sk_spec_info *ret, uint64_t drafted, uint64_t accepted) {
+  ret->drafted = drafted;
+  ret->accepted = accepted;
+  ret->rejected = drafted - accepted;
+  ret->acceptance = drafted ? (double)accepted / (double)drafted : 0.0;
+}
+
+/* "speculation" of hello and the daemon's stats: the defaults of
+ * generates, the draft model and the totals since start. */
+static void spec_info(struct sk_server *srv, struct sk_spec_info *ret) {
+  snprintf(ret->mode, sizeof ret->mode, "%s", sk_spec_mode_name(srv->cfg.speculation));
+  ret->draft_tokens = srv->cfg.draft_tokens;
+  if (srv->cfg.draft)
+    snprintf(ret->draft_model, sizeof ret->draft_model, "%s",
+             sk_model_config(srv->cfg.draft)->name);
+  ret->lookup_history = srv->cfg.lookup_history;
+  uint64_t drafted, accepted;
+  sk_scheduler_spec_totals(srv->scheduler, &drafted, &accepted);
+  spec_counts(ret, drafted, accepted);
+}
+
 void sk_replies_hello(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id) {
   const struct sk_model_config *mc = sk_model_config(srv->model);
   struct sk_hello h;
@@ -54,6 +76,7 @@ void sk_replies_hello(struct sk_server *srv, struct sk_conn *conn, uint64_t req_
   d->recent = srv->cfg.defaults.recent;
   d->capacity = srv->cfg.defaults.capacity;
   d->rope_scale = srv->cfg.defaults.rope_scale;
+  spec_info(srv, &h.speculation);
   struct sk_wire_hello_extra x = {
       .model_file = srv->cfg.model_path,
       /* the transposed down projections of the sparse MLP (0 without) */
@@ -92,6 +115,7 @@ void sk_replies_daemon_stats(struct sk_server *srv, struct sk_conn *conn, uint64
       .weights_repacked_bytes = sk_model_repacked_bytes(srv->model),
   };
   compute_info(srv, &st.compute);
+  spec_info(srv, &st.speculation);
   struct sk_wire_daemon_extra x = {
       .chat_template = sk_chat_name(srv->cfg.chat_template),
       .chat_template_error = srv->chat_error,
@@ -250,6 +274,11 @@ static void session_stats_fields(struct sk_server *srv, const struct sk_session_
   st->commit = cnt->commit;
   st->adopted = d->adopted;
   st->idle_s = (sk_clock_ms() - d->last_used_ms) / 1000u;
+  snprintf(st->speculation.mode, sizeof st->speculation.mode, "%s",
+           sk_spec_mode_name(h->spec_mode));
+  st->speculation.draft_tokens = h->spec_tokens;
+  st->speculation.draft_fixed = h->spec_fixed;
+  spec_counts(&st->speculation, cnt->spec.drafted, cnt->spec.accepted);
 }
 
 void sk_replies_session_stats(struct sk_server *srv, struct sk_conn *conn, uint64_t req_id,
@@ -365,6 +394,8 @@ void sk_replies_job(struct sk_server *srv, const struct sk_job *job) {
                                    .n_tokens = job->n_generated,
                                    .prompt_tokens = job->n_done,
                                    .completion_tokens = job->n_generated,
+                                   .drafted_tokens = job->drafted,
+                                   .accepted_tokens = job->accepted,
                                    .evicted = job->evicted.n_evicted,
                                    .resident = cnt.resident,
                                    .seen = cnt.seen};

@@ -202,6 +202,10 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
   sk_session_table_set_user_limits(&srv->sessions, cfg->max_user_sessions,
                                    cfg->max_user_kv_bytes);
   srv->start_copy = sk_copy_start;
+  const struct sk_spec_config spec = {.draft = cfg->draft, .kv_type = cfg->kv_type,
+                                      .history = cfg->lookup_history,
+                                      .default_mode = cfg->speculation};
+  sk_session_table_set_spec(&srv->sessions, &spec);
   if (rc == 0) {
     struct sk_store_scan_cb cb = {.adopt = on_adopt, .skip = on_skip, .aside = on_aside,
                                   .user = srv};
@@ -222,6 +226,14 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
                           cfg->threads ? cfg->threads : 1, sk_jobs_on_event, srv, &srv->scheduler,
                           err);
   if (rc == 0) sk_scheduler_set_sparse(srv->scheduler, cfg->sparse);
+  if (rc == 0) {
+    sk_scheduler_set_spec_defaults(srv->scheduler, cfg->speculation, cfg->draft_tokens);
+    rc = sk_scheduler_set_draft(srv->scheduler, cfg->draft, err);
+    if (rc < 0) {
+      sk_scheduler_free(srv->scheduler);
+      srv->scheduler = NULL;
+    }
+  }
   if (rc == 0) {
     const struct sk_conn_hooks hooks = {.frame = sk_ops_frame,
                                         .pause = on_conn_pause,
@@ -283,6 +295,13 @@ void sk_server_reconfigure(struct sk_server *srv, const struct sk_server_config 
     srv->cfg.idle_ttl_s = cfg->idle_ttl_s;
     if (srv->ttl_running) ttl_timer_set(srv);
   }
+  /* a draft mode needs the draft model loaded at start */
+  srv->cfg.speculation =
+      cfg->speculation == SK_SPEC_DRAFT && !srv->cfg.draft ? SK_SPEC_OFF : cfg->speculation;
+  srv->cfg.draft_tokens = cfg->draft_tokens;
+  if (srv->scheduler)
+    sk_scheduler_set_spec_defaults(srv->scheduler, srv->cfg.speculation, srv->cfg.draft_tokens);
+  sk_session_table_set_spec_default(&srv->sessions, srv->cfg.speculation);
 }
 
 void sk_server_shutdown(struct sk_server *srv) {

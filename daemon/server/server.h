@@ -61,6 +61,15 @@ struct sk_server_config {
    * not owned, outlives the server; the model was sparse-prepared), or
    * NULL: sparsity unavailable. */
   const struct sk_sparse_calib *sparse;
+  /* Speculation (spec.h): the draft model (not owned, outlives the
+   * server; the model's vocabulary) or NULL; the history each session
+   * keeps for look-up (tokens, 0: none); what generates speculate with
+   * by default (enum sk_spec_mode, resolved: OFF, DRAFT or LOOKUP) and
+   * the most tokens a step proposes. */
+  const struct sk_model *draft;
+  uint32_t lookup_history;
+  uint32_t speculation;
+  uint32_t draft_tokens;
 };
 
 struct sk_server;

@@ -759,6 +759,48 @@ void sk_kv_commit(struct sk_kv *kv, const int32_t *tokens, uint32_t n) {
   h->n_seen += n;
 }
 
+void sk_kv_commit_prefix(struct sk_kv *kv, const int32_t *tokens, uint32_t n,
+                         uint32_t n_evicted, uint32_t m, struct sk_evict_log *log) {
+  struct sk_kv_header *h = kv->hdr;
+  /* free slots before the chunk's make_room: those it found, less the
+   * ones its evictions made */
+  const uint32_t free_before = h->capacity - h->n_resident - n_evicted;
+  const uint32_t keep = m > free_before ? m - free_before : 0; /* evictions m tokens need */
+  const uint32_t back = n_evicted - (keep < n_evicted ? keep : n_evicted);
+  (void)n;
+  if (back) {
+    /* The chunk's evicted slots sit at the tail of the free list, oldest
+     * first; the newest `back` of them return in front of the window:
+     * rotate order[n_sink..S) right by back (three reversals). */
+    const uint32_t s0 = h->n_sink, ns = h->n_slots;
+    sk__reverse(kv->order + s0, ns - s0 - back);
+    sk__reverse(kv->order + ns - back, back);
+    sk__reverse(kv->order + s0, ns - s0);
+    h->n_resident += back;
+    h->n_evicted -= back;
+  }
+  if (log)
+    for (uint32_t i = h->n_slots - (n_evicted - back); i < h->n_slots; i++)
+      sk_evict_log_add(log, kv->index[kv->order[i]]);
+  sk_kv_commit(kv, tokens, m);
+}
+
+void sk_kv_add_scores(struct sk_kv *kv, const float *row_scores, uint32_t rows) {
+  const uint32_t ns = kv->hdr->n_slots;
+  for (uint32_t r = 0; r < rows; r++)
+    for (uint32_t i = 0; i < ns; i++) kv->score[i] += row_scores[(size_t)r * ns + i];
+}
+
+size_t sk_kv_meta_bytes(const struct sk_kv *kv) { return (size_t)kv->hdr->off_k; }
+
+void sk_kv_meta_save(const struct sk_kv *kv, void *buf) {
+  memcpy(buf, kv->hdr, (size_t)kv->hdr->off_k);
+}
+
+void sk_kv_meta_restore(struct sk_kv *kv, const void *buf) {
+  memcpy(kv->hdr, buf, (size_t)((const struct sk_kv_header *)buf)->off_k);
+}
+
 void sk_kv_clear(struct sk_kv *kv) { kv->hdr->n_resident = 0; }
 
 /* ---- the forward pass's view (kvstep.h) ----------------------------- */

@@ -165,6 +165,13 @@ struct sk_kv_params {
   float rope_scale;  /* positions are divided by this (1 = none; > 0) */
   float sparsity;    /* not the cache's: the session's MLP sparsity level
                         (sparse.h), 0 = dense; kept in the store's meta */
+  /* Not the cache's either: what the session speculates with (spec.h),
+   * kept in the store's meta: enum sk_spec_mode (0: the daemon's
+   * default), the most tokens a step proposes (0: the default), and
+   * whether that number is fixed rather than adaptive. */
+  uint8_t spec_mode;
+  uint8_t spec_tokens;
+  bool spec_fixed;
 };
 
 /* What each policy is, from the one table in kvcache.c; every other
@@ -348,6 +355,43 @@ uint32_t sk_kv_max_room(const struct sk_kv *kv);
  * (h2o evicting more than one token at once sorts a temporary array). */
 int sk_kv_make_room(struct sk_kv *kv, uint32_t n, struct sk_evict_log *log,
                     struct sk_error *err);
+
+/* Speculative verification (Leviathan et al. 2023, "Fast Inference from
+ * Transformers via Speculative Decoding", sec. 2): a step runs n tokens
+ * as one chunk (the last token and n - 1 proposed ones) and keeps only
+ * the first m the target model accepts, as if m one-token steps had run.
+ * The chunk's room is made with sk_kv_make_room(kv, n, NULL, ...), which
+ * evicted n_evicted tokens (streaming and window: the oldest window
+ * tokens, oldest first at the tail of the free list; the other policies
+ * take chunks that fit in the free slots, n_evicted 0), and the forward
+ * pass wrote the n tokens' keys and values without committing them
+ * (sk_seq.defer_commit). This keeps the evictions m tokens need (the
+ * first max(0, m - free slots before the chunk) of the chunk's, FIFO),
+ * puts the others back where they were (their slots were never written:
+ * new rows go only to the head of the free list), adds their stream
+ * indices to log (may be NULL), and commits tokens[0..m) as sk_kv_commit
+ * does. The order array then equals what sk_kv_make_room(kv, m) and
+ * sk_kv_commit(kv, tokens, m) would have made; the rejected rows' slots
+ * stay free and nothing reads what was written into them. Requires
+ * 1 <= m <= n, n_evicted 0 for policies that do not evict in chunks. */
+void sk_kv_commit_prefix(struct sk_kv *kv, const int32_t *tokens, uint32_t n,
+                         uint32_t n_evicted, uint32_t m, struct sk_evict_log *log);
+/* Adds rows rows of per-slot attention-score contributions (each n_slots
+ * floats, row r at row_scores + r * n_slots: sk_seq.row_scores of a pass,
+ * one row per token in stream order) to the cache's accumulated scores
+ * (h2o, sink_h2o): row by row, so that a chunk of tokens adds exactly
+ * what as many one-token steps add, in the same float order. */
+void sk_kv_add_scores(struct sk_kv *kv, const float *row_scores, uint32_t rows);
+
+/* Bytes of the meta part (header and per-slot arrays; the keys and
+ * values excluded), and a copy of it saved into buf / restored from buf
+ * (meta_bytes each): a cache that drafts tokens and then drops them
+ * (a draft model's cache, scheduler.c) restores what it was, provided
+ * the drafting evicted at most SK_KV_SPARE_SLOTS tokens, so that no row
+ * resident in the saved state was overwritten (the FIFO free list). */
+size_t sk_kv_meta_bytes(const struct sk_kv *kv);
+void sk_kv_meta_save(const struct sk_kv *kv, void *buf);
+void sk_kv_meta_restore(struct sk_kv *kv, const void *buf);
 
 /* Slot at cache position pos (pos < n_slots; positions >= n_resident
  * name the free slots that the next appends will fill, in order). */

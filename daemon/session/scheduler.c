@@ -1,4 +1,8 @@
 #include "session/scheduler.h"
+#include "session/emit.h"
+#include "session/scheduler_int.h"
+#include "session/specstep.h"
+#include "base/clock.h"
 #include "model/sparse.h"
 #include "sk_limits.h"
 
@@ -8,64 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sk_scheduler {
-  uv_loop_t *loop;
-  const struct sk_model *model;
-  const struct sk_tokenizer *tok;
-  struct sk_session_table *table;
-  uint32_t max_batch;       /* rows of one forward pass */
-  uint32_t step_tokens;     /* token budget of a pass while a session generates */
-  double att_cost;          /* budget tokens of a prompt token's attention per
-                               position it reads (prefill_rows) */
-  uint32_t n_vocab;
-  struct sk_pool *pool;     /* owned */
-  struct sk_scratch *scratch;
-  const struct sk_sparse_calib *sparse; /* thresholds of the sparsity levels */
-  /* One step's plan, compute thread only. */
-  struct sk_seq *seqs;      /* (max_batch) */
-  struct sk_job **seq_job;  /* (max_batch) the job of each sequence */
-  struct sk_event **seq_ev; /* (max_batch) decode: the token's event */
-  int32_t *seq_token;       /* (max_batch) decode: the sampled token */
-  struct sk_evict_log *seq_log; /* (max_batch) evictions of the step */
-  float *batch_logits;      /* (max_batch, n_vocab): appends with logprobs */
-  struct sk_job **dec;      /* (max_batch) jobs decoding this step */
-  struct sk__draw *draw;    /* (max_batch) their draws (as dec), on the pool */
-  struct sk_job **pre;      /* (max_batch) jobs prefilling this step */
-  uint64_t turn;            /* steps taken; rotates who goes first */
-  sk_scheduler_event_cb cb;
-  void *user;
-
-  pthread_t thread;
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  struct sk_job *submitted; /* under lock, LIFO; reversed when taken */
-  bool stopping;            /* under lock */
-  bool woken;               /* under lock: something changed */
-
-  struct sk_job *active;    /* compute thread only, in arrival order */
-
-  pthread_mutex_t ev_lock;
-  struct sk_event *ev_head, *ev_tail; /* under ev_lock */
-  uv_async_t async;
-
-  atomic_uint_fast64_t tokens_prefilled;
-  atomic_uint_fast64_t tokens_generated;
-  atomic_uint_fast64_t steps;
-};
-
-/* The draw of a decoding job, taken before its step (draw_task): the
- * token sampled from the live logits and the job's n_top top logits, the
- * step begun; or why the job stops instead. */
-struct sk__draw {
-  const char *stop; /* non-NULL: no draw, the job stops (decode_stop) */
-  bool not_numbers; /* the drawn token's logit is NaN: every logit is (NaN
-                       never wins a draw), the weights are damaged */
-  int32_t token;
-  int32_t top_id[SK_WIRE_MAX_TOP];
-  float top_logit[SK_WIRE_MAX_TOP];
-  float logprob;    /* the token's ln p (job->logprobs / top_logprobs) */
-  float top_logprob[SK_WIRE_MAX_TOP]; /* ln p of top_id[0..top_logprobs) */
-};
+/* Weight bytes from which a draft model runs on the compute pool rather
+ * than on the compute thread alone: about 2 ms of reading a pass. */
+#define SK__DRAFT_POOL_BYTES (32u << 20)
 
 /* ---- events (compute thread -> loop thread) ---- */
 
@@ -102,18 +51,6 @@ static void drain_events(struct sk_scheduler *sched) {
 
 static void on_async(uv_async_t *h) { drain_events(h->data); }
 
-/* Allocation failure of an event is not recoverable for that token; the
- * job ends with an internal error instead (set by the caller). */
-static struct sk_event *event_new(enum sk_event_kind kind, struct sk_job *job,
-                                  size_t text_len) {
-  struct sk_event *ev = calloc(1, sizeof *ev + text_len + 1);
-  if (!ev) return NULL;
-  ev->kind = kind;
-  ev->job = job;
-  ev->text_len = text_len;
-  return ev;
-}
-
 /* ---- job steps (compute thread) ---- */
 
 /* Removes job from the active list (no-op if it is not there). */
@@ -139,11 +76,11 @@ static void finish(struct sk_scheduler *sched, struct sk_job *job) {
     sk_session_chat_end(job->sess, job);
   }
   sk_session_counters_publish(sched->table, job->sess);
-  struct sk_event *ev = event_new(SK_EVENT_DONE, job, 0);
+  struct sk_event *ev = sk_emit_event_new(SK_EVENT_DONE, job, 0);
   if (!ev) {
     /* Cannot even report: keep trying is pointless; the loop would hang
      * waiting for this job, so spin on allocation briefly. */
-    while (!(ev = event_new(SK_EVENT_DONE, job, 0))) {
+    while (!(ev = sk_emit_event_new(SK_EVENT_DONE, job, 0))) {
     }
   }
   post_event(sched, ev);
@@ -227,6 +164,8 @@ static int job_start(struct sk_scheduler *sched, struct sk_job *job) {
       memcpy(job->sampler.st.rng, st.rng, sizeof st.rng);
       job->sampler.st.params.seed = st.params.seed;
     }
+    int src = sk_specstep_start(sched, job);
+    if (src < 0) return src;
     /* A character the session's last generate ended inside goes on
      * here, unless input comes between (the prompt; plan_prefill drops
      * the held bytes then). */
@@ -236,70 +175,6 @@ static int job_start(struct sk_scheduler *sched, struct sk_job *job) {
       sk_utf8_stream_init(&job->utf8);
   }
   return 0;
-}
-
-/* ln softmax(logits)[token], as llama.cpp's perplexity: max-subtracted,
- * the sum of exponentials in double. */
-/* What turns the logits into log-probabilities: their max and the log of
- * sum(exp(logit - max)), in double. ln p(t) = logits[t] - max - log_sum. */
-static void log_normalizer(const float *logits, uint32_t n_vocab, float *ret_max,
-                           double *ret_log_sum) {
-  float max = logits[0];
-  for (uint32_t j = 1; j < n_vocab; j++)
-    if (logits[j] > max) max = logits[j];
-  double sum = 0.0;
-  for (uint32_t j = 0; j < n_vocab; j++) sum += exp((double)logits[j] - max);
-  *ret_max = max;
-  *ret_log_sum = log(sum);
-}
-
-static float log_prob(const float *logits, uint32_t n_vocab, int32_t token) {
-  float max;
-  double log_sum;
-  log_normalizer(logits, n_vocab, &max, &log_sum);
-  return (float)((double)logits[token] - max - log_sum);
-}
-
-/* Top n logits, highest first, ties by lower id. O(n_vocab * n). */
-static void top_logits(const float *logits, uint32_t n_vocab, uint32_t n,
-                       int32_t *ids, float *vals) {
-  uint32_t k = 0;
-  for (uint32_t t = 0; t < n_vocab; t++) {
-    float v = logits[t];
-    if (k == n && !(v > vals[k - 1])) continue;
-    uint32_t i = k < n ? k++ : n - 1;
-    while (i > 0 && v > vals[i - 1]) {
-      vals[i] = vals[i - 1];
-      ids[i] = ids[i - 1];
-      i--;
-    }
-    vals[i] = v;
-    ids[i] = (int32_t)t;
-  }
-}
-
-static bool tail_has_stop(struct sk_job *job, const char *text, size_t len) {
-  /* Keep the last SK_LIMIT_STOP_LEN + len bytes at most. */
-  if (len > SK_LIMIT_STOP_LEN) {
-    text += len - SK_LIMIT_STOP_LEN;
-    len = SK_LIMIT_STOP_LEN;
-  }
-  if (job->tail_len + len > sizeof job->tail) {
-    size_t drop = job->tail_len + len - sizeof job->tail;
-    memmove(job->tail, job->tail + drop, job->tail_len - drop);
-    job->tail_len -= drop;
-  }
-  memcpy(job->tail + job->tail_len, text, len);
-  job->tail_len += len;
-  for (uint32_t i = 0; i < job->n_stop; i++) {
-    size_t sl = strlen(job->stop[i]);
-    /* Only matches that end inside the new text are new. */
-    for (size_t end = job->tail_len - len + 1; end <= job->tail_len; end++) {
-      if (end >= sl && memcmp(job->tail + end - sl, job->stop[i], sl) == 0)
-        return true;
-    }
-  }
-  return false;
 }
 
 /* ---- one step (compute thread) ----
@@ -418,15 +293,18 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
   d->stop = decode_stop(job);
   if (d->stop) return;
   const uint32_t n_top = job->n_top > job->top_logprobs ? job->n_top : job->top_logprobs;
-  if (n_top) top_logits(logits, sched->n_vocab, n_top, d->top_id, d->top_logit);
-  d->token = sk_sampler_sample(&job->sampler, logits);
+  if (n_top) sk_emit_top_logits(logits, sched->n_vocab, n_top, d->top_id, d->top_logit);
+  /* a token the last step's rejection rule drew (sk_specstep_verify) comes
+   * first: it was drawn for these logits */
+  d->token = job->spec_pending >= 0 ? job->spec_pending : sk_sampler_sample(&job->sampler, logits);
+  job->spec_pending = -1;
   d->not_numbers = isnan(logits[d->token]);
   if (d->not_numbers) return; /* no step: the job fails (plan_decode) */
   if (job->token_logprobs || job->top_logprobs) {
     /* the model's own distribution, as append's logprobs score a token */
     float max;
     double log_sum;
-    log_normalizer(logits, sched->n_vocab, &max, &log_sum);
+    sk_emit_log_normalizer(logits, sched->n_vocab, &max, &log_sum);
     d->logprob = (float)((double)logits[d->token] - max - log_sum);
     for (uint32_t k = 0; k < job->top_logprobs; k++)
       d->top_logprob[k] = (float)((double)d->top_logit[k] - max - log_sum);
@@ -436,13 +314,13 @@ static void draw_task(void *ctx, uint32_t i, uint32_t thread) {
 }
 
 /* Before the pass, for a decoding job whose draw d was taken (draw_task):
- * stop checks, the token's event, room. Returns 1 when the job is done
- * (stop_reason set), 0 when it takes a row (the token is in sched->seqs / its
- * event in sched->seq_ev at index i), or -code with job->err set. */
+ * stop checks, the token's event (its room: decode_room). Returns 1 when
+ * the job is done (stop_reason set), 0 when it takes a row (the token is
+ * in sched->seqs / its event in sched->seq_ev at index i), or -code with
+ * job->err set. */
 static int plan_decode(struct sk_scheduler *sched, struct sk_job *job, uint32_t i,
                        const struct sk__draw *d, int32_t *token) {
   struct sk_session *s = job->sess;
-  struct sk_kv *kv = sk_session_kv(s);
   if (d->stop) {
     job->stop_reason = d->stop;
     return 1;
@@ -468,7 +346,7 @@ static int plan_decode(struct sk_scheduler *sched, struct sk_job *job, uint32_t 
     sk_session_step_abort(s);
     return rc;
   }
-  struct sk_event *ev = event_new(SK_EVENT_TOKEN, job, 3 * (piece_len + 4));
+  struct sk_event *ev = sk_emit_event_new(SK_EVENT_TOKEN, job, 3 * (piece_len + 4));
   if (!ev) {
     sk_session_step_abort(s);
     return sk_error_set(&job->err, SK_ERR_NO_MEMORY, "out of memory for a token event");
@@ -484,15 +362,50 @@ static int plan_decode(struct sk_scheduler *sched, struct sk_job *job, uint32_t 
   ev->text_len = sk_utf8_stream_push(&job->utf8, piece, piece_len, ev->text);
   sk_session_utf8_set(s, &job->utf8); /* committed with the token */
   sk_evict_log_reset(&sched->seq_log[i]);
-  if (sk_kv_free_slots(kv) == 0) {
-    rc = sk_kv_make_room(kv, 1, &sched->seq_log[i], &job->err);
-    if (rc < 0) {
-      free(ev);
-      sk_session_step_abort(s);
-      return rc;
-    }
-  }
   sched->seq_ev[i] = ev;
+  job->spec_n = 0;
+  job->spec_saved = false;
+  return 0;
+}
+
+/* Before the pass, for decoding sequence i whose token was drawn
+ * (plan_decode): room for it and the job->spec_n proposals after it
+ * (sk_specstep_plan), and the sequence. One token: an eviction when the cache
+ * is full, as the policy says. A chunk: sk_kv_make_room for all of it,
+ * without logging (sk_specstep_verify keeps and logs the evictions of the
+ * tokens kept); its rows' logits go to the job's buffer and its tokens
+ * stay uncommitted. Returns 0 or -code with job->err set (the step
+ * aborted, the event freed). */
+static int decode_room(struct sk_scheduler *sched, struct sk_job *job, uint32_t i) {
+  struct sk_session *s = job->sess;
+  struct sk_kv *kv = sk_session_kv(s);
+  const uint32_t n = 1 + job->spec_n;
+  uint32_t evicted = 0;
+  int rc = 0;
+  if (n == 1) {
+    if (sk_kv_free_slots(kv) == 0) rc = sk_kv_make_room(kv, 1, &sched->seq_log[i], &job->err);
+  } else {
+    const uint64_t before = sk_kv_evicted(kv);
+    rc = sk_kv_make_room(kv, n, NULL, &job->err);
+    evicted = (uint32_t)(sk_kv_evicted(kv) - before);
+  }
+  if (rc < 0) {
+    free(sched->seq_ev[i]);
+    sched->seq_ev[i] = NULL;
+    sk_session_step_abort(s);
+    return rc;
+  }
+  struct sk_seq *q = &sched->seqs[i];
+  q->n = n;
+  q->row_scores = job->row_scores;
+  if (n > 1) {
+    job->spec_chunk[0] = sched->seq_token[i];
+    q->tokens = job->spec_chunk;
+    q->n_evicted = sk_policy_evict_chunk(sk_kv_policy(kv)) > 1 ? evicted : 0;
+    q->logits = job->spec_logits;
+    q->all_logits = true;
+    q->defer_commit = true;
+  }
   return 0;
 }
 
@@ -566,7 +479,7 @@ static int plan_prefill(struct sk_scheduler *sched, struct sk_job *job, uint32_t
      * (from its previous tokens), the others by this chunk's rows, which
      * go to the batch's rows of batch_logits. */
     job->logprobs[job->n_done] =
-        sk_session_has_logits(s) ? log_prob(sk_session_logits(s), sched->n_vocab, seq->tokens[0])
+        sk_session_has_logits(s) ? sk_emit_log_prob(sk_session_logits(s), sched->n_vocab, seq->tokens[0])
                                  : NAN;
     seq->logits = sched->batch_logits + (size_t)row * sched->n_vocab;
     seq->all_logits = true;
@@ -581,7 +494,7 @@ static bool after_decode(struct sk_scheduler *sched, struct sk_job *job, struct 
   atomic_fetch_add(&sched->tokens_generated, 1);
   if (job->chat) sk_job_reply_add(job, ev->text, ev->text_len);
   sk_session_counters_publish(sched->table, job->sess);
-  bool stopped = job->n_stop && tail_has_stop(job, ev->text, ev->text_len);
+  bool stopped = job->n_stop && sk_emit_tail_has_stop(job, ev->text, ev->text_len);
   post_event(sched, ev);
   if (stopped) {
     job->stop_reason = "stop";
@@ -590,6 +503,28 @@ static bool after_decode(struct sk_scheduler *sched, struct sk_job *job, struct 
   }
   if (job->n_generated >= job->max_tokens) {
     job->stop_reason = "length";
+    finish(sched, job);
+    return true;
+  }
+  return false;
+}
+
+/* After the pass and sk_specstep_verify, for a chunk: the kept tokens' events
+ * posted in order, the job finished if the chunk ended it (its stop, or
+ * max_tokens). Returns true when the job is finished (DONE posted). */
+static bool after_spec(struct sk_scheduler *sched, struct sk_job *job, struct sk_event *ev0) {
+  const uint32_t n_ev = job->spec_n_ev;
+  job->spec_n_ev = 0;
+  for (uint32_t k = 0; k <= n_ev; k++) {
+    struct sk_event *ev = k == 0 ? ev0 : job->spec_ev[k - 1];
+    job->n_generated++;
+    atomic_fetch_add(&sched->tokens_generated, 1);
+    if (job->chat) sk_job_reply_add(job, ev->text, ev->text_len);
+    post_event(sched, ev);
+  }
+  sk_session_counters_publish(sched->table, job->sess);
+  if (job->spec_stop || job->n_generated >= job->max_tokens) {
+    job->stop_reason = job->spec_stop ? job->spec_stop : "length";
     finish(sched, job);
     return true;
   }
@@ -614,15 +549,22 @@ static void commit_task(void *ctx, uint32_t i, uint32_t thread) {
   struct sk_scheduler *sched = ctx;
   struct sk_job *j = sched->seq_job[i];
   const struct sk_seq *q = &sched->seqs[i];
+  if (q->defer_commit) { /* a chunk of proposals */
+    sk_specstep_verify(sched, i);
+    return;
+  }
+  const uint64_t first = sk_kv_seen(sk_session_kv(j->sess)) - q->n;
+  if (q->row_scores) sk_kv_add_scores(sk_session_kv(j->sess), q->row_scores, q->n);
   const float *last = NULL; /* NULL: the pass wrote the session's logits */
   if (q->all_logits) { /* an append with logprobs */
     float *lp = j->logprobs + j->n_done;
     for (uint32_t r = 1; r < q->n; r++)
-      lp[r] = log_prob(q->logits + (size_t)(r - 1) * sched->n_vocab, sched->n_vocab, q->tokens[r]);
+      lp[r] = sk_emit_log_prob(q->logits + (size_t)(r - 1) * sched->n_vocab, sched->n_vocab, q->tokens[r]);
     last = q->logits + (size_t)(q->n - 1) * sched->n_vocab;
   }
   sk_session_step_set_logits(j->sess, last);
   sk_session_step_commit(j->sess);
+  sk_specstep_observe(j->sess, q->tokens, q->n, first);
 }
 
 static void step(struct sk_scheduler *sched) {
@@ -677,6 +619,29 @@ static void step(struct sk_scheduler *sched) {
     sched->seq_job[n_seqs++] = j;
     rows++;
   }
+  /* proposals for the decoders that speculate, then every decoder's
+   * room; a decoder whose room fails leaves the list */
+  sk_specstep_plan(sched, n_seqs, dec_cap);
+  const uint32_t n_dec_seqs = n_seqs;
+  n_seqs = rows = 0;
+  for (uint32_t i = 0; i < n_dec_seqs; i++) {
+    struct sk_job *j = sched->seq_job[i];
+    int rc = decode_room(sched, j, i);
+    if (rc < 0) {
+      sk_specstep_abandon(j);
+      fail_job(sched, j, rc);
+      continue;
+    }
+    if (n_seqs != i) {
+      sched->seqs[n_seqs] = sched->seqs[i];
+      sched->seq_job[n_seqs] = j;
+      sched->seq_ev[n_seqs] = sched->seq_ev[i];
+      sched->seq_token[n_seqs] = sched->seq_token[i];
+      sched->seq_log[n_seqs] = sched->seq_log[i];
+      if (sched->seqs[n_seqs].n == 1) sched->seqs[n_seqs].tokens = &sched->seq_token[n_seqs];
+    }
+    rows += sched->seqs[n_seqs++].n;
+  }
   /* Prefill: the rest of the rows; beside generating jobs, the rest of
    * the token budget (at least a quarter of it) */
   const bool beside = rows > 0;
@@ -707,13 +672,18 @@ static void step(struct sk_scheduler *sched) {
   if (n_seqs == 0) return;
 
   struct sk_error err = {0};
+  const double t0 = sk_clock_s();
   int rc = sk_model_forward_batch(sched->model, sched->scratch, sched->seqs, n_seqs, &err);
+  /* one decoding session alone: what a pass of its rows costs */
+  if (rc == 0 && n_seqs == 1 && sched->seq_ev[0])
+    sk_spec_costs_pass(&sched->costs, sched->seqs[0].n, sk_clock_s() - t0);
   atomic_fetch_add(&sched->steps, 1);
   if (rc == 0) sk_pool_run(sched->pool, commit_task, sched, n_seqs);
   for (uint32_t i = 0; i < n_seqs; i++) {
     struct sk_job *j = sched->seq_job[i];
     if (rc < 0) { /* checked before: a bug, but each job gets the error */
       sk_session_step_abort(j->sess);
+      sk_specstep_abandon(j);
       free(sched->seq_ev[i]);
       j->err = err;
       finish(sched, j);
@@ -727,8 +697,9 @@ static void step(struct sk_scheduler *sched) {
     const struct sk_evict_log *log = &sched->seq_log[i];
     for (uint32_t r = 0; r < log->n_ranges; r++)
       for (uint64_t x = log->first[r]; x <= log->last[r]; x++) sk_evict_log_add(&j->evicted, x);
-    if (sched->seq_ev[i]) {
-      after_decode(sched, j, sched->seq_ev[i]); /* finish() unlinks a finished job */
+    if (sched->seq_ev[i]) { /* finish() unlinks a finished job */
+      if (sched->seqs[i].defer_commit) after_spec(sched, j, sched->seq_ev[i]);
+      else after_decode(sched, j, sched->seq_ev[i]);
       continue;
     }
     j->n_done += sched->seqs[i].n;
@@ -779,6 +750,10 @@ static void *thread_main(void *arg) {
 }
 
 static void free_plan(struct sk_scheduler *sched) {
+  free(sched->dseqs);
+  free(sched->djob);
+  free(sched->dlogits);
+  free(sched->dlist);
   free(sched->seqs);
   free(sched->seq_job);
   free(sched->seq_ev);
@@ -792,6 +767,33 @@ static void free_plan(struct sk_scheduler *sched) {
 
 void sk_scheduler_set_sparse(struct sk_scheduler *sched, const struct sk_sparse_calib *calib) {
   sched->sparse = calib;
+}
+
+void sk_scheduler_set_spec_defaults(struct sk_scheduler *sched, uint32_t mode, uint32_t tokens) {
+  atomic_store(&sched->spec_mode, mode);
+  atomic_store(&sched->spec_tokens, tokens);
+}
+
+int sk_scheduler_set_draft(struct sk_scheduler *sched, const struct sk_model *draft,
+                           struct sk_error *err) {
+  if (!draft) return 0;
+  /* A small draft model runs on the compute thread alone: its passes
+   * are a few hundred microseconds, of which handing work to the pool and
+   * waiting for it would take a good part, much more on a busy machine
+   * (doc/performance.md); a larger one on the pool. */
+  int rc = sk_model_weight_bytes(draft) < (uint64_t)SK__DRAFT_POOL_BYTES
+               ? sk_scratch_new(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
+                                &sched->dscratch, err)
+               : sk_scratch_new_pool(draft, sched->max_batch, sched->max_ctx + SK_KV_SPARE_SLOTS,
+                                     sched->pool, &sched->dscratch, err);
+  if (rc < 0) return rc;
+  if (!(sched->dseqs = calloc(sched->max_batch, sizeof *sched->dseqs)) ||
+      !(sched->djob = calloc(sched->max_batch, sizeof *sched->djob)) ||
+      !(sched->dlist = calloc(sched->max_batch, sizeof *sched->dlist)) ||
+      !(sched->dlogits = malloc((size_t)sched->max_batch * sched->n_vocab * sizeof(float))))
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory for the draft model's batch");
+  sched->draft = draft;
+  return 0;
 }
 
 int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
@@ -809,7 +811,10 @@ int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
   sched->max_batch = max_batch;
   sched->step_tokens = step_tokens;
   sched->att_cost = att_cost(sk_model_config(m));
+  sched->max_ctx = max_ctx;
   sched->n_vocab = sk_model_config(m)->n_vocab;
+  atomic_init(&sched->spec_mode, SK_SPEC_OFF);
+  atomic_init(&sched->spec_tokens, SK_SPEC_DEFAULT_TOKENS);
   sched->cb = cb;
   sched->user = user;
   int rc = sk_pool_new(n_threads, &sched->pool, err);
@@ -888,6 +893,8 @@ void sk_scheduler_free(struct sk_scheduler *sched) {
   drain_events(sched);
   sk_scratch_free(sched->scratch);
   sched->scratch = NULL;
+  sk_scratch_free(sched->dscratch);
+  sched->dscratch = NULL;
   sk_pool_free(sched->pool);
   sched->pool = NULL;
   free_plan(sched);
@@ -904,6 +911,12 @@ uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *sched) {
 
 uint64_t sk_scheduler_steps(const struct sk_scheduler *sched) {
   return atomic_load(&((struct sk_scheduler *)sched)->steps);
+}
+
+void sk_scheduler_spec_totals(const struct sk_scheduler *sched, uint64_t *ret_drafted,
+                              uint64_t *ret_accepted) {
+  *ret_drafted = atomic_load(&((struct sk_scheduler *)sched)->drafted);
+  *ret_accepted = atomic_load(&((struct sk_scheduler *)sched)->accepted);
 }
 
 uint32_t sk_scheduler_threads(const struct sk_scheduler *sched) {

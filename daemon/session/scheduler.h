@@ -84,6 +84,17 @@ int sk_scheduler_new(uv_loop_t *loop, const struct sk_model *m,
  * model must have been sk_model_sparse_prepare'd before sk_scheduler_new. */
 struct sk_sparse_calib;
 void sk_scheduler_set_sparse(struct sk_scheduler *sched, const struct sk_sparse_calib *calib);
+/* Speculation (spec.h): the draft model (NULL: none; same vocabulary as
+ * the model, not owned, outlives sched), for which a scratch is made on
+ * the scheduler's pool; call once, before submitting jobs. Errors:
+ * -SK_ERR_NO_MEMORY, those of sk_scratch_new_pool. */
+int sk_scheduler_set_draft(struct sk_scheduler *sched, const struct sk_model *draft,
+                           struct sk_error *err);
+/* What a generate speculates with when neither it nor its session says
+ * (mode: enum sk_spec_mode, DRAFT meaning OFF without a draft model;
+ * tokens: the most a step proposes, 1..SK_SPEC_MAX_TOKENS). Any thread,
+ * any time (a reload); jobs that start later see it. */
+void sk_scheduler_set_spec_defaults(struct sk_scheduler *sched, uint32_t mode, uint32_t tokens);
 void sk_scheduler_submit(struct sk_scheduler *sched, struct sk_job *job);
 /* Wakes the thread after a job was unpaused or cancelled. */
 void sk_scheduler_wake(struct sk_scheduler *sched);
@@ -95,6 +106,10 @@ void sk_scheduler_free(struct sk_scheduler *sched);
 /* Totals since start (thread-safe). */
 uint64_t sk_scheduler_tokens_prefilled(const struct sk_scheduler *sched);
 uint64_t sk_scheduler_tokens_generated(const struct sk_scheduler *sched);
+/* Tokens proposed (and checked) by speculation since start, and those
+ * the model kept (thread-safe); rejected = drafted - accepted. */
+void sk_scheduler_spec_totals(const struct sk_scheduler *sched, uint64_t *ret_drafted,
+                              uint64_t *ret_accepted);
 /* Forward passes run since start (thread-safe). */
 uint64_t sk_scheduler_steps(const struct sk_scheduler *sched);
 /* Threads the forward pass runs on. */

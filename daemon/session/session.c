@@ -26,8 +26,12 @@ struct sk_session {
   struct sk_kv_params params; /* as opened, or as its first chat's system
                                  prompt pinned (n_pin: pinned tokens) */
   uint32_t capacity;
-  size_t object_bytes;       /* bytes of its shared-memory object: what
-                                counts toward max_memory */
+  size_t object_bytes;       /* bytes of its shared-memory object */
+  size_t spec_bytes;         /* bytes its speculation may take (spec.h);
+                                with object_bytes, what counts toward
+                                max_memory */
+  unsigned spec_needs;       /* the SK_SPEC_NEEDS_* spec_bytes pays for */
+  struct sk_spec *spec;      /* owned */
   uint64_t kv_bytes;         /* bytes of its keys and values, of those */
   uint32_t kv_type;          /* enum sk_kv_type of its cache (its own, kept
                                 from creation; may differ from the
@@ -103,6 +107,7 @@ static void session_destroy(struct sk_session *s) {
   if (!s) return;
   sk_conv_free(&s->conv);
   sk_store_obj_free(s->obj);
+  sk_spec_free(s->spec);
   free(s->attn.sink_mass);
   free(s->attn.entropy);
   free(s->sp_kept);
@@ -170,7 +175,12 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->attn.sink_mass = calloc((size_t)SK_LIMIT_ATTN_STEPS * h->n_layer, sizeof(float));
   s->attn.entropy = calloc((size_t)SK_LIMIT_ATTN_STEPS * h->n_layer, sizeof(float));
   s->sp_kept = calloc(h->n_layer, sizeof *s->sp_kept);
-  if (!s->attn.sink_mass || !s->attn.entropy || !s->sp_kept) {
+  struct sk_kv_params kp = {.policy = h->policy, .n_sink = h->n_sink, .window = h->window,
+                            .heavy = h->heavy, .recent = h->recent, .n_pin = h->n_pin,
+                            .capacity = h->capacity, .rope_scale = h->rope_scale};
+  struct sk_error e;
+  if (!s->attn.sink_mass || !s->attn.entropy || !s->sp_kept ||
+      sk_spec_new(&t->spec_cfg, &kp, &s->spec, &e) < 0) {
     free(s->attn.sink_mass);
     free(s->attn.entropy);
     free(s->sp_kept);
@@ -190,12 +200,18 @@ static struct sk_session *session_insert(struct sk_session_table *t, uint32_t sl
   s->params.capacity = h->capacity;
   s->params.rope_scale = h->rope_scale;
   s->params.sparsity = obj->meta->sparsity;
+  s->params.spec_mode = obj->meta->spec_mode;
+  s->params.spec_tokens = obj->meta->spec_tokens;
+  s->params.spec_fixed = obj->meta->spec_fixed != 0;
   s->capacity = h->capacity;
   s->object_bytes = obj->size, s->kv_bytes = sk_kv_tensor_bytes(&obj->kv);
+  s->spec_needs = sk_spec_needs(&t->spec_cfg, s->params.spec_mode);
+  s->spec_bytes = sk_spec_bytes(&t->spec_cfg, &kp, s->spec_needs);
+  sk_spec_allow(s->spec, s->spec_needs);
   s->kv_type = obj->hdr->kv_type;
   t->items[slot] = s;
   t->count++;
-  t->bytes += s->object_bytes;
+  t->bytes += s->object_bytes + s->spec_bytes;
   if (s->id >= t->next_id) t->next_id = s->id + 1;
   sk_session_counters_publish(t, s);
   return s;
@@ -243,6 +259,7 @@ int sk_session_reserve_open(struct sk_session_table *t, const struct sk_kv_param
   if (bytes == 0)
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "capacity %u is too large for this machine",
                         sk_kv_params_capacity(params));
+  bytes += sk_spec_bytes(&t->spec_cfg, params, sk_spec_needs(&t->spec_cfg, params->spec_mode));
   if ((rc = check_limits(t, bytes, err)) < 0) return rc;
   int fd = sk_store_create_file(t->store, t->next_id, err);
   if (fd < 0) return fd;
@@ -289,7 +306,7 @@ int sk_session_commit(struct sk_session_table *t, struct sk_session_reservation 
   struct sk_store_obj *obj = res->obj;
   const bool sized = res->bytes != 0;
   reservation_end(t, res);
-  int rc = sized ? 0 : check_limits(t, obj->size, err);
+  int rc = sized ? 0 : check_limits(t, obj->size + sk_session_spec_bytes(t, obj), err);
   if (rc < 0) {
     sk_store_obj_remove(obj);
     return rc;
@@ -335,7 +352,7 @@ void sk_session_user_usage(const struct sk_session_table *t, uint32_t uid,
     const struct sk_session *s = t->items[i];
     if (!s || s == except || s->owner_uid != uid) continue;
     n++;
-    bytes += s->object_bytes;
+    bytes += s->object_bytes + s->spec_bytes;
   }
   for (const struct sk_session_reservation *r = t->reservations; r; r = r->next)
     if (r->owner_uid == uid) {
@@ -431,7 +448,7 @@ void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
     if (t->items[i] == s) {
       t->items[i] = NULL;
       t->count--;
-      t->bytes -= s->object_bytes;
+      t->bytes -= s->object_bytes + s->spec_bytes;
       break;
     }
   }
@@ -443,6 +460,7 @@ void sk_session_remove(struct sk_session_table *t, struct sk_session *s) {
   else
     sk_store_obj_free(s->obj);
   s->obj = NULL;
+  sk_spec_free(s->spec);
   free(s->attn.sink_mass);
   free(s->attn.entropy);
   free(s->sp_kept);
@@ -468,6 +486,7 @@ void sk_session_counters_publish(struct sk_session_table *t,
   s->pub.seen = s->kv->hdr->n_seen;
   s->pub.evicted = s->kv->hdr->n_evicted;
   s->pub.commit = sk_store_commit_count(s->obj);
+  sk_spec_counters(s->spec, &s->pub.spec);
   pthread_mutex_unlock(&t->counters_lock);
 }
 
@@ -521,6 +540,12 @@ void sk_job_free(struct sk_job *j) {
   free(j->tokens);
   for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
   if (j->sampler_ready) sk_sampler_free(&j->sampler);
+  free(j->spec_logits);
+  free(j->spec_q);
+  free(j->spec_p);
+  free(j->row_scores);
+  free(j->dfeed);
+  for (uint32_t i = 0; i < j->spec_n_ev; i++) free(j->spec_ev[i]);
   free(j);
 }
 
@@ -1039,6 +1064,7 @@ void sk_session_describe(const struct sk_session *s, struct sk_session_desc *ret
       .kv_type = s->kv_type,
       .n_layer = s->attn.n_layer,
       .object_bytes = s->object_bytes,
+      .spec_bytes = s->spec_bytes,
       .kv_bytes = s->kv_bytes,
       .created_unix = s->obj->hdr->created_unix,
       .last_used_ms = s->last_used_ms,
@@ -1052,6 +1078,45 @@ void sk_session_describe(const struct sk_session *s, struct sk_session_desc *ret
 }
 
 struct sk_kv *sk_session_kv(struct sk_session *s) { return s->kv; }
+struct sk_spec *sk_session_spec(struct sk_session *s) { return s->spec; }
+
+void sk_session_table_set_spec(struct sk_session_table *t, const struct sk_spec_config *cfg) {
+  t->spec_cfg = *cfg;
+}
+
+size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_store_obj *obj) {
+  const struct sk_kv_header *h = obj->kv.hdr;
+  struct sk_kv_params kp = {.policy = h->policy, .n_sink = h->n_sink, .window = h->window,
+                            .heavy = h->heavy, .recent = h->recent, .n_pin = h->n_pin,
+                            .capacity = h->capacity, .rope_scale = h->rope_scale};
+  return sk_spec_bytes(&t->spec_cfg, &kp, sk_spec_needs(&t->spec_cfg, obj->meta->spec_mode));
+}
+
+void sk_session_table_set_spec_default(struct sk_session_table *t, uint32_t mode) {
+  t->spec_cfg.default_mode = mode;
+}
+
+int sk_session_spec_charge(struct sk_session_table *t, struct sk_session *s, uint32_t mode,
+                           struct sk_error *err) {
+  const unsigned needs =
+      s->spec_needs | sk_spec_needs(&t->spec_cfg, mode ? mode : s->params.spec_mode);
+  if (needs == s->spec_needs) return 0;
+  const size_t bytes = sk_spec_bytes(&t->spec_cfg, &s->params, needs);
+  const size_t delta = bytes - s->spec_bytes;
+  const uint64_t used = t->bytes + t->reserved_bytes;
+  if (delta > t->max_bytes || used > t->max_bytes - delta)
+    return sk_error_set(err, SK_ERR_BUSY,
+                        "memory limit reached: %" PRIu64 " bytes of sessions + %zu for session "
+                        "%" PRIu64 "'s speculation exceed max_memory %" PRIu64 " bytes",
+                        used, delta, s->id, t->max_bytes);
+  int rc = sk_session_check_user(t, s->owner_uid, s->object_bytes + bytes, s, false, err);
+  if (rc < 0) return rc;
+  t->bytes += delta;
+  s->spec_bytes = bytes;
+  s->spec_needs = needs;
+  sk_spec_allow(s->spec, needs);
+  return 0;
+}
 struct sk_store_obj *sk_session_object(const struct sk_session *s) { return s->obj; }
 
 uint32_t sk_session_resident(const struct sk_session *s) { return sk_kv_resident(s->kv); }

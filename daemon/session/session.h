@@ -23,6 +23,7 @@
 
 #include "session/conv.h"
 #include "session/kvcache.h"
+#include "session/spec.h"
 #include "sk_limits.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -74,6 +75,14 @@ struct sk_job {
   char *stop[SK_LIMIT_STOP_COUNT]; /* owned, NUL-terminated */
   uint32_t n_stop;
 
+  /* generate: speculation (spec.h), from the request (0: the session's
+   * own, then the daemon's default): enum sk_spec_mode, the most tokens
+   * a step proposes, and whether that number is fixed */
+  uint32_t spec_mode;
+  uint32_t spec_tokens;
+  bool spec_fixed;
+  bool has_spec_fixed;       /* spec_fixed was given */
+
   /* append */
   bool want_logprobs;        /* reply with per-token log-probabilities */
   bool is_pin;               /* the pinned prefix of an `open`: the reply
@@ -108,6 +117,34 @@ struct sk_job {
   struct sk_utf8_stream utf8;
   char tail[2 * SK_LIMIT_STOP_LEN]; /* end of the generated text, for stops */
   size_t tail_len;
+  /* Speculation (scheduler.c), compute thread: the mode and counts the
+   * job runs with once started (OFF, DRAFT or LOOKUP); a token the
+   * rejection rule drew for the next step (-1: none); this step's chunk
+   * (the drawn token, then spec_n proposals), its rows of logits and,
+   * drafting while sampling, the draft's distributions; the per-row
+   * attention scores of a cache that keeps them; the events of the
+   * step's tokens after the first; and what the reply reports. */
+  uint32_t run_spec;
+  uint32_t run_spec_tokens;
+  int32_t spec_pending;
+  uint32_t spec_n;
+  uint32_t spec_src;         /* where this step's proposals come from:
+                                SK_SPEC_DRAFT or SK_SPEC_LOOKUP */
+  uint32_t spec_ngram;       /* the look-up's match length this step */
+  int32_t spec_chunk[1 + SK_SPEC_TOKENS_MAX];
+  float *spec_logits;        /* ((1 + run_spec_tokens) * n_vocab) */
+  float *spec_q;             /* (run_spec_tokens * n_vocab), or NULL */
+  float *spec_p;             /* (n_vocab) */
+  float *row_scores;         /* ((1 + run_spec_tokens) * n_slots), or NULL */
+  struct sk_event *spec_ev[SK_SPEC_TOKENS_MAX];
+  uint32_t spec_n_ev;
+  const char *spec_stop;     /* the step ended the job ("stop", "eos", ...) */
+  bool spec_saved;           /* the draft cache was saved this step */
+  uint32_t spec_fed;         /* proposals fed to the draft cache this step */
+  int32_t *dfeed;            /* (capacity + 1) tokens the draft cache takes
+                                before it drafts (DRAFT only) */
+  uint32_t dfeed_n, dfeed_done;
+  uint64_t drafted, accepted;
 
   /* Result, compute thread, read by the loop after the DONE event. */
   struct sk_error err;       /* code 0 = success */
@@ -129,6 +166,7 @@ struct sk_session_counters {
   uint64_t seen;
   uint64_t evicted;
   uint64_t commit;           /* commit counter of the object's live copy */
+  struct sk_spec_counters spec; /* speculation (spec.h) */
 };
 
 /* A session (opaque; its functions below). */
@@ -154,6 +192,7 @@ struct sk_session_table {
   uint32_t n_pending, pending_cap;
   uint64_t pending_bytes;    /* their sum */
   struct sk_store *store;    /* not owned */
+  struct sk_spec_config spec_cfg; /* what sessions speculate with */
   pthread_mutex_t counters_lock;
   /* Frees (unmaps) the object of a closed session, whose file is already
    * deleted; NULL: sk_store_obj_free on the spot. The daemon hands it to
@@ -206,6 +245,23 @@ void sk_session_table_set_user_limits(struct sk_session_table *t, uint32_t max_s
 void sk_session_table_set_release(struct sk_session_table *t,
                                   void (*release_obj)(void *user, struct sk_store_obj *obj),
                                   void *user);
+/* What sessions speculate with (spec.h; copied; the draft model must
+ * outlive the table): their speculation state's memory counts toward the
+ * limits from then on. Set before any session is made. */
+void sk_session_table_set_spec(struct sk_session_table *t, const struct sk_spec_config *cfg);
+/* Bytes the speculation of the session of object obj takes when it is
+ * made (the mode it keeps, or the default: sk_spec_needs, sk_spec_bytes). */
+size_t sk_session_spec_bytes(const struct sk_session_table *t, const struct sk_store_obj *obj);
+/* The mode of sessions that do not choose (a reload): what they are
+ * charged for when they next generate. */
+void sk_session_table_set_spec_default(struct sk_session_table *t, uint32_t mode);
+/* Before a generate of s in mode (enum sk_spec_mode; SK_SPEC_DEFAULT: the
+ * session's own, else the table's default): charges s for the parts of
+ * its speculation state the mode needs and it has not paid for yet, and
+ * allows them (loop thread). Errors: -SK_ERR_BUSY (max_memory or the
+ * uid's limit; the message names it), nothing charged. */
+int sk_session_spec_charge(struct sk_session_table *t, struct sk_session *s, uint32_t mode,
+                           struct sk_error *err);
 /* Ids of new sessions continue after id (the largest found in the state
  * directory). */
 void sk_session_table_seen_id(struct sk_session_table *t, uint64_t id);
@@ -326,8 +382,10 @@ struct sk_session_desc {
                                  from creation; may differ from the
                                  daemon's kv_type after adoption) */
   uint32_t n_layer;
-  size_t object_bytes;        /* its shared-memory object: what counts
-                                 toward max_memory */
+  size_t object_bytes;        /* its shared-memory object */
+  size_t spec_bytes;          /* its speculation state (draft cache,
+                                 history; spec.h); with object_bytes,
+                                 what counts toward max_memory */
   uint64_t kv_bytes;          /* its keys and values, of those */
   uint64_t created_unix;      /* made (open, fork, import), seconds */
   uint64_t last_used_ms;      /* its last request or job end (sk_clock_ms) */
@@ -344,6 +402,9 @@ void sk_session_describe(const struct sk_session *s, struct sk_session_desc *ret
 /* The session's cache: the compute thread's while a job of s runs, the
  * loop thread's while s is idle. */
 struct sk_kv *sk_session_kv(struct sk_session *s);
+/* The session's speculation state (spec.h), the compute thread's while
+ * a job of s runs. */
+struct sk_spec *sk_session_spec(struct sk_session *s);
 /* The session's object (store.h), for the copies of fork and export,
  * which read it in a worker while s is held (its running job is the
  * copy's). */

@@ -181,7 +181,14 @@ struct sk_store_meta {
    * before them (the bytes were reserved, zero): nothing held. */
   uint8_t utf8_held[4];
   uint8_t n_utf8_held;       /* 0..3 */
-  uint8_t reserved[11];
+  /* What the session speculates with (sk_kv_params, spec.h): enum
+   * sk_spec_mode, the most tokens a step proposes, fixed (1) or adaptive
+   * (0). 0 in files of versions before them (the bytes were reserved,
+   * zero): the daemon's defaults. */
+  uint8_t spec_mode;
+  uint8_t spec_tokens;
+  uint8_t spec_fixed;
+  uint8_t reserved[8];
 };
 #define SK_STORE_META_MAGIC 0x434d4b53u /* "SKMC" little-endian */
 

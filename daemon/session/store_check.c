@@ -27,6 +27,12 @@
 #include "base/safefile.h"
 #include "sk_limits.h"
 
+/* The largest speculation mode a meta copy may hold: SK_SPEC_LIST's
+ * values are 0, 1, 2, ... */
+#define SK__SPEC_ONE(NAME, value, wire) +1
+enum { SK__SPEC_MODE_MAX = 0 SK_SPEC_LIST(SK__SPEC_ONE) - 1 };
+#undef SK__SPEC_ONE
+
 /* ---- checking an object ---------------------------------------------- */
 
 int sk__bad(struct sk_error *err, const char *fmt, ...) {
@@ -166,6 +172,12 @@ int sk__check_live(const struct sk_store *st, struct sk_store_obj *obj,
                    m->utf8_held[3]);
   if (!(m->sparsity >= 0.0f && m->sparsity < 1.0f))
     return sk__bad(err, "live meta copy: sparsity %g is outside [0, 1)", (double)m->sparsity);
+  if (m->spec_mode > SK__SPEC_MODE_MAX || m->spec_tokens > SK_SPEC_TOKENS_MAX ||
+      m->spec_fixed > 1)
+    return sk__bad(err, "live meta copy: speculation mode %u, tokens %u, fixed %u: one is "
+                   "outside its range (mode 0..%u, tokens 0..%u, fixed 0..1)",
+                   m->spec_mode, m->spec_tokens, m->spec_fixed, SK__SPEC_MODE_MAX,
+                   SK_SPEC_TOKENS_MAX);
   for (size_t i = 0; i < sizeof m->reserved; i++)
     if (m->reserved[i])
       return sk__bad(err, "live meta copy: reserved byte %zu is not zero (a newer sinkd's "

@@ -226,6 +226,9 @@ int sk_store_create_in(struct sk_store *st, int fd, uint64_t id, uint32_t owner_
   obj->meta = m;
   sk_store_sampler_set(obj, sampler);
   m->sparsity = params->sparsity;
+  m->spec_mode = params->spec_mode;
+  m->spec_tokens = params->spec_tokens;
+  m->spec_fixed = params->spec_fixed;
   rc = sk__finish_create(st, obj, 1, err);
   if (rc < 0) return rc;
   *ret = obj;

@@ -143,6 +143,25 @@ struct sk_session_defaults {
   double rope_scale;
 };
 
+/* Speculative decoding (sinkd-protocol(7), "speculation"): what is
+ * speculated with and how it went. In hello and the daemon's stats: the
+ * defaults of generates and the totals since start; in a session's
+ * stats: its setting and its counts since it was opened or adopted. */
+struct sk_spec_info {
+  char mode[SK_CLIENT_NAME_MAX]; /* "off", "draft" or "lookup"; a
+                                    session's is "default" unless it chose */
+  uint32_t draft_tokens; /* most tokens one step proposes (0: default) */
+  bool draft_fixed;      /* always that many (else it adapts) */
+  char draft_model[SK_CLIENT_MODEL_NAME_MAX]; /* daemon: the draft model's
+                                                 name, "" without one */
+  uint32_t lookup_history; /* daemon: tokens of history a session keeps for
+                              look-up (0: none) */
+  uint64_t drafted;      /* tokens proposed and checked */
+  uint64_t accepted;     /* of those, kept (the model agreed) */
+  uint64_t rejected;     /* refused: drafted - accepted */
+  double acceptance;     /* accepted / drafted (0 before any) */
+};
+
 /* Reply to `hello`. Plain value; no ownership. */
 struct sk_hello {
   uint32_t protocol; /* SK_PROTOCOL_VERSION of the daemon */
@@ -155,6 +174,7 @@ struct sk_hello {
                                              ("none": the chat op is off) */
   char chat_template_error[256]; /* why the model's template was not
                                     recognised, or "" */
+  struct sk_spec_info speculation; /* defaults, draft model, totals */
 };
 
 /* Asks for the daemon's protocol version, model and defaults; fills
@@ -187,6 +207,7 @@ struct sk_daemon_stats {
   uint64_t user_memory_bytes; /* their bytes */
   uint64_t max_user_sessions; /* per-uid limits; 0: none */
   uint64_t max_user_memory;
+  struct sk_spec_info speculation; /* defaults, draft model, totals */
 };
 
 int sk_client_stats(struct sk_client *client, struct sk_daemon_stats *ret,
@@ -228,6 +249,14 @@ struct sk_open_params {
   double sparsity;    /* contextual sparsity of the MLP: 0 = off (the
                          default), else one of the daemon's calibrated
                          levels (sk_hello's model.sparsity_levels) */
+  /* Speculative decoding of its generates (sinkd-protocol(7)): "off",
+   * "draft" (the daemon's draft model) or "lookup" (in the session's
+   * history), NULL: the daemon's default; the most tokens a step
+   * proposes (0: the daemon's default, 1..15), and whether always that
+   * many (else the number adapts to how many are accepted). */
+  const char *speculation;
+  uint32_t draft_tokens;
+  bool draft_fixed;
 };
 
 /* Reply to `open`. */
@@ -351,6 +380,7 @@ struct sk_session_stats {
   double sparsity_measured[SK_CLIENT_MAX_LAYERS];
   double weight_bytes_per_token; /* weights one of its tokens reads, on
                                     average (0 from older daemons) */
+  struct sk_spec_info speculation; /* its setting and counts */
 };
 
 int sk_client_session_stats(struct sk_client *client, uint64_t session,
@@ -496,6 +526,12 @@ struct sk_generate_params {
                           log-probability and bytes */
   uint32_t top_logprobs; /* 0..20: and the log-probabilities of the most
                             likely tokens at its place (implies logprobs) */
+  /* Speculative decoding of this generate (as sk_open_params; NULL / 0:
+   * the session's setting): "off", "draft" or "lookup", the most tokens
+   * a step proposes, and whether always that many. */
+  const char *speculation;
+  uint32_t draft_tokens;
+  bool draft_fixed;
 };
 
 /* Fills *p with the protocol's defaults: max_tokens 128, temperature 0.8,
@@ -561,6 +597,9 @@ struct sk_generate_result {
   uint64_t n_tokens;          /* tokens generated */
   uint64_t prompt_tokens;     /* usage: tokens of the prompt appended */
   uint64_t completion_tokens; /* usage: tokens generated */
+  uint64_t drafted_tokens;    /* usage: tokens speculation proposed */
+  uint64_t accepted_tokens;   /* usage: of those, kept (part of the
+                                 completion) */
   uint64_t evicted;           /* tokens this request evicted */
   uint64_t resident;          /* tokens in the cache after it */
   uint64_t seen;              /* tokens seen in total after it */

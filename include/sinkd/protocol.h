@@ -68,6 +68,18 @@ extern "C" {
  * other name and for NULL. */
 unsigned sk_policy_parts(const char *name, size_t len);
 
+/* What a session speculates with (sinkd-protocol(7), "open" and
+ * "generate": the "speculation" field). X(NAME, value, "wire_name"):
+ * value is what a session's object keeps (0 there: the daemon's
+ * default, draft when it has a draft model, else off). */
+#define SK_SPEC_LIST(X)                                                       \
+  X(DEFAULT, 0, "default")                                                    \
+  X(OFF, 1, "off")                                                            \
+  X(DRAFT, 2, "draft")                                                        \
+  X(LOOKUP, 3, "lookup")
+/* Most tokens one step may propose (`draft_tokens`). */
+#define SK_SPEC_TOKENS_MAX 15u
+
 /* `generate` (and `chat`): the values of the sampling fields a request
  * leaves out (sinkd-protocol(7), "generate"). */
 #define SK_GENERATE_DEFAULT_MAX_TOKENS 128u

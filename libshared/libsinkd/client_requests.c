@@ -65,6 +65,9 @@ int sk_client_open(struct sk_client *client,
       .system = p->system, .system_len = system_len,
       .has_sparsity = p->sparsity != 0, .sparsity = p->sparsity,
       .pin_tokens = {.has = has_pin_tokens, .ids = p->pin_tokens, .n = p->n_pin_tokens},
+      .spec = {.mode = p->speculation, .mode_len = p->speculation ? strlen(p->speculation) : 0,
+               .has_tokens = p->draft_tokens != 0, .tokens = p->draft_tokens,
+               .has_fixed = p->draft_fixed, .fixed = p->draft_fixed},
   };
   struct sk_msgbuf b;
   uint64_t id = sk__client_id(client);

@@ -129,6 +129,9 @@ static int sk__client_generate(struct sk_client *client, uint64_t session,
       .n_top = p->n_top,
       .logprobs = p->logprobs || p->top_logprobs > 0,
       .top_logprobs = p->top_logprobs,
+      .spec = {.mode = p->speculation, .mode_len = p->speculation ? strlen(p->speculation) : 0,
+               .has_tokens = p->draft_tokens != 0, .tokens = p->draft_tokens,
+               .has_fixed = p->draft_fixed, .fixed = p->draft_fixed},
   };
   struct sk_msgbuf b;
   uint64_t id = sk__client_id(client);

@@ -321,6 +321,19 @@ struct sk_wire_input {
   bool parse_special;       /* "parse_special" (false: sent only if true) */
 };
 
+/* Speculation fields of open, generate and chat: "speculation" (a
+ * string, sent when not NULL; its value is the daemon's to check),
+ * "draft_tokens" (1..SK_SPEC_TOKENS_MAX, sent when has_tokens) and
+ * "draft_fixed" (sent when has_fixed). */
+struct sk_wire_spec {
+  const char *mode;
+  size_t mode_len;
+  bool has_tokens;
+  uint32_t tokens;
+  bool has_fixed;
+  bool fixed;
+};
+
 /* open. Numbers go out when their has_ flag is set, strings when not
  * NULL; unpacking sets the flags of the fields there (a number's value
  * is 0 when absent, rope_scale and sparsity too). */
@@ -342,6 +355,7 @@ struct sk_wire_open_req {
   bool has_sparsity;
   double sparsity;
   struct sk_wire_ids pin_tokens; /* the pinned prefix as token ids */
+  struct sk_wire_spec spec;
 };
 
 int sk_wire_pack_open_req(struct sk_msgbuf *b, uint64_t id, const struct sk_wire_open_req *o);
@@ -382,6 +396,7 @@ struct sk_wire_generate_req {
   uint32_t n_top;               /* <= SK_WIRE_MAX_TOP; sent when > 0 */
   bool logprobs;                /* sent when true */
   uint32_t top_logprobs;        /* <= SK_WIRE_MAX_TOP; sent when > 0 */
+  struct sk_wire_spec spec;
 };
 
 /* chat: the request of the chat op (else generate). */

@@ -153,6 +153,40 @@ static int sk__wire_u32(const msgpack_object *map, const char *key, uint32_t *re
   return 0;
 }
 
+/* "speculation" of hello and both stats. */
+static void sk__wire_spec(struct sk_wire_map *parent, const struct sk_spec_info *sp) {
+  struct sk_wire_map m;
+  sk__wire_nested(parent, &m, "speculation");
+  sk_wire_map_str(&m, "mode", sp->mode);
+  sk_wire_map_u64(&m, "draft_tokens", sp->draft_tokens);
+  sk_wire_map_bool(&m, "draft_fixed", sp->draft_fixed);
+  sk_wire_map_str(&m, "draft_model", sp->draft_model);
+  sk_wire_map_u64(&m, "lookup_history", sp->lookup_history);
+  sk_wire_map_u64(&m, "drafted", sp->drafted);
+  sk_wire_map_u64(&m, "accepted", sp->accepted);
+  sk_wire_map_u64(&m, "rejected", sp->rejected);
+  sk_wire_map_f64(&m, "acceptance", sp->acceptance);
+  sk__wire_nested_end(parent, &m);
+}
+
+static int sk__wire_spec_get(const msgpack_object *map, struct sk_spec_info *ret,
+                             struct sk_error *err) {
+  const msgpack_object *m = NULL;
+  int rc = sk__wire_map(map, "speculation", &m, err);
+  if (rc < 0 || !m) return rc;
+  if ((rc = sk__wire_name(m, "mode", ret->mode, sizeof ret->mode, err)) < 0 ||
+      (rc = sk__wire_u32(m, "draft_tokens", &ret->draft_tokens, err)) < 0 ||
+      (rc = sk__wire_bool(m, "draft_fixed", &ret->draft_fixed, err)) < 0 ||
+      (rc = sk__wire_name(m, "draft_model", ret->draft_model, sizeof ret->draft_model, err)) < 0 ||
+      (rc = sk__wire_u32(m, "lookup_history", &ret->lookup_history, err)) < 0 ||
+      (rc = sk__wire_u64(m, "drafted", &ret->drafted, err)) < 0 ||
+      (rc = sk__wire_u64(m, "accepted", &ret->accepted, err)) < 0 ||
+      (rc = sk__wire_u64(m, "rejected", &ret->rejected, err)) < 0 ||
+      (rc = sk__wire_f64(m, "acceptance", &ret->acceptance, err)) < 0)
+    return rc;
+  return 0;
+}
+
 static int sk__wire_compute_get(const msgpack_object *map, struct sk_compute_info *ret,
                                 struct sk_error *err) {
   const msgpack_object *m = NULL;
@@ -209,6 +243,7 @@ int sk_wire_pack_hello(struct sk_msgbuf *b, uint64_t id, const struct sk_hello *
   sk_wire_map_u64(&sub, "capacity", d->capacity);
   sk_wire_map_f64(&sub, "rope_scale", d->rope_scale);
   sk__wire_nested_end(&m, &sub);
+  sk__wire_spec(&m, &h->speculation);
   return sk__wire_end(b, &m);
 }
 
@@ -239,7 +274,9 @@ int sk_wire_unpack_hello(const msgpack_object *map, struct sk_hello *ret, struct
         (rc = sk__wire_u64(model, "weight_bytes", &m->weight_bytes, err)) < 0)
       return rc;
   }
-  if ((rc = sk__wire_compute_get(map, &h.compute, err)) < 0) return rc;
+  if ((rc = sk__wire_compute_get(map, &h.compute, err)) < 0 ||
+      (rc = sk__wire_spec_get(map, &h.speculation, err)) < 0)
+    return rc;
   if ((rc = sk__wire_map(map, "chat_template", &chat, err)) < 0) return rc;
   if (chat &&
       ((rc = sk__wire_name(chat, "name", h.chat_template, sizeof h.chat_template, err)) < 0 ||
@@ -364,6 +401,7 @@ int sk_wire_pack_daemon_stats(struct sk_msgbuf *b, uint64_t id, const struct sk_
   sk_wire_map_u64(&m, "set_aside", s->set_aside);
   sk_wire_map_u64(&m, "idle_ttl_s", s->idle_ttl_s);
   sk_wire_map_str(&m, "state_dir", x->state_dir);
+  sk__wire_spec(&m, &s->speculation);
   return sk__wire_end(b, &m);
 }
 
@@ -390,7 +428,8 @@ int sk_wire_unpack_daemon_stats(const msgpack_object *map, struct sk_daemon_stat
       (rc = sk__wire_u64(map, "user_sessions", &s.user_sessions, err)) < 0 ||
       (rc = sk__wire_u64(map, "user_memory_bytes", &s.user_memory_bytes, err)) < 0 ||
       (rc = sk__wire_u64(map, "max_user_sessions", &s.max_user_sessions, err)) < 0 ||
-      (rc = sk__wire_u64(map, "max_user_memory", &s.max_user_memory, err)) < 0)
+      (rc = sk__wire_u64(map, "max_user_memory", &s.max_user_memory, err)) < 0 ||
+      (rc = sk__wire_spec_get(map, &s.speculation, err)) < 0)
     return rc;
   s.has_user = sk_msg_get(map, "user_sessions") != NULL;
   *ret = s;
@@ -459,6 +498,7 @@ int sk_wire_pack_session_stats(struct sk_msgbuf *b, uint64_t id, const struct sk
   sk_wire_map_bool(&m, "adopted", s->adopted);
   sk_wire_map_u64(&m, "idle_s", s->idle_s);
   sk_wire_map_u64(&m, "owner_uid", x->owner_uid);
+  sk__wire_spec(&m, &s->speculation);
   if (x->has_resident_ranges) {
     if (x->ranges)
       sk__wire_ranges(&m, "resident_ranges", x->ranges, x->n_ranges);
@@ -535,7 +575,8 @@ int sk_wire_unpack_session_stats(const msgpack_object *map, struct sk_session_st
       (rc = sk__wire_u64(map, "sparse_tokens", &s->sparse_tokens, err)) < 0 ||
       (rc = sk__wire_f64(map, "weight_bytes_per_token", &s->weight_bytes_per_token, err)) < 0 ||
       (rc = sk__wire_floats_get(map, "sparsity_measured", s->sparsity_measured,
-                                SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0)
+                                SK_CLIENT_MAX_LAYERS, &s->n_sparse_layers, err)) < 0 ||
+      (rc = sk__wire_spec_get(map, &s->speculation, err)) < 0)
     return rc;
   rc = sk_msg_get_array(map, "positions", &pos, &perr);
   if (rc < 0) return sk__wire_bad(err, perr.message);
@@ -735,6 +776,8 @@ int sk_wire_pack_generate(struct sk_msgbuf *b, uint64_t id, const struct sk_gene
   sk_wire_map_begin(&usage, sk_wire_map_key(&m, "usage"));
   sk_wire_map_u64(&usage, "prompt_tokens", g->prompt_tokens);
   sk_wire_map_u64(&usage, "completion_tokens", g->completion_tokens);
+  sk_wire_map_u64(&usage, "drafted_tokens", g->drafted_tokens);
+  sk_wire_map_u64(&usage, "accepted_tokens", g->accepted_tokens);
   if (sk_wire_map_end(&usage) < 0) m.failed = true;
   sk_wire_map_strn(&m, "text", text ? text : "", text ? text_len : 0);
   sk_wire_map_u64(&m, "evicted", g->evicted);
@@ -764,7 +807,9 @@ int sk_wire_unpack_generate(const msgpack_object *map, struct sk_generate_result
   g.stop_token = stop_token <= INT32_MAX ? (int32_t)stop_token : -1;
   if (usage &&
       ((rc = sk__wire_u64(usage, "prompt_tokens", &g.prompt_tokens, err)) < 0 ||
-       (rc = sk__wire_u64(usage, "completion_tokens", &g.completion_tokens, err)) < 0))
+       (rc = sk__wire_u64(usage, "completion_tokens", &g.completion_tokens, err)) < 0 ||
+       (rc = sk__wire_u64(usage, "drafted_tokens", &g.drafted_tokens, err)) < 0 ||
+       (rc = sk__wire_u64(usage, "accepted_tokens", &g.accepted_tokens, err)) < 0))
     return rc;
   *ret = g;
   return 0;

@@ -54,6 +54,29 @@ static int sk__wire_req_u32(const msgpack_object *map, const char *key, uint32_t
   return rc;
 }
 
+/* The speculation fields (wire.h, struct sk_wire_spec). */
+static void sk__wire_spec(struct sk_wire_map *m, const struct sk_wire_spec *s) {
+  if (s->mode) sk_wire_map_strn(m, "speculation", s->mode, s->mode_len);
+  if (s->has_tokens) sk_wire_map_u64(m, "draft_tokens", s->tokens);
+  if (s->has_fixed) sk_wire_map_bool(m, "draft_fixed", s->fixed);
+}
+
+static int sk__wire_req_spec(const msgpack_object *map, struct sk_wire_spec *ret,
+                             struct sk_error *err) {
+  memset(ret, 0, sizeof *ret);
+  int rc;
+  if ((rc = sk__wire_req_str(map, "speculation", &ret->mode, &ret->mode_len, err)) < 0 ||
+      (rc = sk__wire_req_u32(map, "draft_tokens", SK_SPEC_TOKENS_MAX, &ret->has_tokens,
+                             &ret->tokens, err)) < 0 ||
+      (rc = sk_msg_get_bool(map, "draft_fixed", &ret->fixed, err)) < 0)
+    return rc;
+  ret->has_fixed = rc == 1;
+  if (ret->has_tokens && ret->tokens == 0)
+    return sk_error_set(err, SK_ERR_BAD_REQUEST, "field 'draft_tokens' must be 1 to %u (got 0)",
+                        SK_SPEC_TOKENS_MAX);
+  return 0;
+}
+
 /* A list of token ids: has set when present (an array). */
 static int sk__wire_req_ids(const msgpack_object *map, const char *key, struct sk_wire_ids *ret,
                             struct sk_error *err) {
@@ -186,6 +209,7 @@ int sk_wire_pack_open_req(struct sk_msgbuf *b, uint64_t id, const struct sk_wire
   if (o->system) sk_wire_map_strn(&m, "system", o->system, o->system_len);
   if (o->has_sparsity) sk_wire_map_f64(&m, "sparsity", o->sparsity);
   if (o->pin_tokens.has) sk__wire_ids(&m, "pin_tokens", o->pin_tokens.ids, o->pin_tokens.n);
+  sk__wire_spec(&m, &o->spec);
   return sk__wire_end(b, &m);
 }
 
@@ -212,7 +236,8 @@ int sk_wire_unpack_open_req(const msgpack_object *map, struct sk_wire_open_req *
     return sk_error_set(err, SK_ERR_BAD_REQUEST, "give either 'pin' or 'pin_tokens', not both");
   if ((rc = sk__wire_req_str(map, "chat_template", &o.chat_template, &o.chat_template_len,
                              err)) < 0 ||
-      (rc = sk__wire_req_str(map, "system", &o.system, &o.system_len, err)) < 0)
+      (rc = sk__wire_req_str(map, "system", &o.system, &o.system_len, err)) < 0 ||
+      (rc = sk__wire_req_spec(map, &o.spec, err)) < 0)
     return rc;
   *ret = o;
   return 0;
@@ -280,6 +305,7 @@ int sk_wire_pack_generate_req(struct sk_msgbuf *b, uint64_t id, bool chat,
   if (g->n_top > 0) sk_wire_map_u64(&m, "n_top", g->n_top);
   if (g->logprobs) sk_wire_map_bool(&m, "logprobs", true);
   if (g->top_logprobs > 0) sk_wire_map_u64(&m, "top_logprobs", g->top_logprobs);
+  sk__wire_spec(&m, &g->spec);
   return sk__wire_end(b, &m);
 }
 
@@ -322,7 +348,8 @@ int sk_wire_unpack_generate_req(const msgpack_object *map, bool chat,
       (rc = sk_msg_get_bool(map, "logprobs", &g.logprobs, err)) < 0 ||
       (rc = sk__wire_req_u32(map, "top_logprobs", SK_WIRE_MAX_TOP, NULL, &g.top_logprobs,
                              err)) < 0 ||
-      (rc = sk_msg_get_array(map, "stop", &stop, err)) < 0)
+      (rc = sk_msg_get_array(map, "stop", &stop, err)) < 0 ||
+      (rc = sk__wire_req_spec(map, &g.spec, err)) < 0)
     return rc;
   if (stop) g.stop = (struct sk_wire_strs){.raw = stop->ptr, .n = stop->size};
   *ret = g;

@@ -278,7 +278,9 @@ class Client:
 
     def open(self, policy=None, temporary=None, pin=None, **params):
         """Opens a session; returns its id. params: n_sink, window, heavy,
-        recent, capacity, rope_scale, pin_tokens (see sinkd-protocol(7))."""
+        recent, capacity, rope_scale, pin_tokens, and its speculative
+        decoding: speculation ("off", "draft" or "lookup"), draft_tokens
+        (1..15), draft_fixed (see sinkd-protocol(7))."""
         return self.call("open", policy=policy, temporary=temporary, pin=pin,
                          **params)["session"]
 
@@ -304,7 +306,7 @@ class Client:
     def generate(self, session, max_tokens=None, temperature=None, top_k=None,
                  top_p=None, seed=None, stop=None, prompt=None,
                  ignore_eos=None, result=None, logprobs=None, top_logprobs=None,
-                 events=None):
+                 events=None, speculation=None, draft_tokens=None, draft_fixed=None):
         """Generates on a session: an iterator of the streamed token texts
         (str). When it ends, the final reply (stop, n_tokens, usage,
         evicted, ...) is stored in result (a dict) if one is given. With
@@ -312,12 +314,16 @@ class Client:
         carries "logprob" and "bytes" (and "top_logprobs": [token,
         logprob, bytes] triples); events (a list) receives every token
         event (a dict: token, text, ...). Leaving the loop early does not
-        stop the generation: call cancel()."""
+        stop the generation: call cancel(). speculation ("off", "draft",
+        "lookup"), draft_tokens and draft_fixed override the session's
+        speculative decoding for this generate; usage then counts
+        drafted_tokens and accepted_tokens."""
         return self._stream("generate", dict(
             session=session, max_tokens=max_tokens, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, prompt=prompt,
-            ignore_eos=ignore_eos, logprobs=logprobs, top_logprobs=top_logprobs),
-            result, events)
+            ignore_eos=ignore_eos, logprobs=logprobs, top_logprobs=top_logprobs,
+            speculation=speculation, draft_tokens=draft_tokens,
+            draft_fixed=draft_fixed), result, events)
 
     def chat(self, session, messages, result=None, events=None, **fields):
         """The chat op: messages (a list of {"role", "content"}, only the
