@@ -115,7 +115,7 @@ static void help(void) {
       "      --pin-file FILE   the same, read from FILE\n"
       "      --speculation MODE  speculative decoding: off, draft (the daemon's\n"
       "                        draft model) or lookup (in the session's history);\n"
-      "                        default: the daemon's (also with --session)\n"
+      "                        default: the session's, then the daemon's\n"
       "      --draft-tokens N  most tokens a step proposes, 1..15\n"
       "      --draft-fixed     always that many (default: adapts to how many\n"
       "                        are accepted)\n"

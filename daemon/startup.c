@@ -650,10 +650,6 @@ key:
       say(d, SK_LOG_ERR, err.message);
       return SK_EXIT_CONFIG;
     }
-    const uint32_t uid = d->cfg.http_uid ? d->cfg.http_uid : (uint32_t)getuid();
-    if (uid == 0)
-      say(d, SK_LOG_WARNING, "HTTP requests on TCP act as uid 0, which may use every user's "
-                             "session: set http_uid (--http-uid) to an unprivileged uid");
   }
   return 0;
 }

@@ -409,6 +409,12 @@ class SystemPrompt(unittest.TestCase):
                          "than a quarter (%d): open the session with a larger 'window' (the "
                          "daemon's default: sinkd --window)"
                          % (n + 5, cap - n - 5, cap, (cap + 3) // 4))
+        # A system message after another: the order is what is wrong.
+        code, body = self.post({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "system", "content": "Be brief."}]})
+        self.assertEqual(code, 400, body)
+        self.assertEqual(json.loads(body)["error"]["message"],
+                         "messages[1]: a system message goes first: put it before the others")
 
 
 class Tcp(unittest.TestCase):

@@ -11,6 +11,7 @@ the Python client's wait= wait for a daemon that is starting.
 Environment (from meson): SK_SINKD, SK_SINKCTL, SK_MODEL, SK_PYTHON_DIR.
 """
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -213,12 +214,14 @@ class TwoDaemons(unittest.TestCase):
         self.assertEqual(lines[5], ";   chat template none")
         self.assertEqual(lines[6], ";   context 2048 tokens (RoPE base 10000)")
         self.assertIn("http_socket = %s ; default (auto)" % self.path("c-http.sock"), p.stdout)
-        # Run as root, TCP requests acting as uid 0 are worth a warning.
+        # Run as root, TCP requests act as nobody, and nothing warns of root.
         if os.getuid() == 0:
             p = self.check(["--http-listen", "127.0.0.1:%d" % free_port(), "--http-key-file",
                             good], model=MODEL)
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("warning: HTTP requests on TCP act as uid 0", p.stderr)
+            self.assertEqual(p.stderr, "")
+            self.assertIn("http_uid = %d ; default (auto)" % pwd.getpwnam("nobody").pw_uid,
+                          p.stdout)
         # The running daemon's own configuration (a check before a reload):
         # its sockets and state directory are its own.
         p = run([SINKD, "--check-config", "--config", "/dev/null", "--model", MODEL,

@@ -353,10 +353,9 @@ static int parse_session(json_t *r, struct sk_openai_params *p, char *msg, size_
     p->speculation = json_string_value(spec);
   }
   if ((rc = get_uint(r, "draft_tokens", SK_SPEC_TOKENS_MAX, &p->draft_tokens,
-                     &p->has_draft_tokens, msg, size)))
-    return rc;
-  if (p->has_draft_tokens && p->draft_tokens == 0)
-    return bad(msg, size, "'draft_tokens' must be 1 to %u", SK_SPEC_TOKENS_MAX);
+                     &p->has_draft_tokens, msg, size)) ||
+      (p->has_draft_tokens && p->draft_tokens == 0))
+    return bad(msg, size, "'draft_tokens' must be an integer from 1 to %u", SK_SPEC_TOKENS_MAX);
   json_t *fixed = json_object_get(r, "draft_fixed");
   p->has_draft_fixed = fixed && !json_is_null(fixed);
   if ((rc = get_bool(r, "draft_fixed", &p->draft_fixed, msg, size))) return rc;

@@ -728,7 +728,14 @@ int sk_session_chat_begin(struct sk_session *s, const struct sk_tokenizer *tok,
   sk_chat_text_init(&delta);
   for (size_t i = 0; i < job->n_chat; i++) {
     if (!sk_session_is_system_role(m[i].role, m[i].role_len)) continue;
-    if (i > 0 || cv->has_system || cv->n_msgs || kv->hdr->n_seen) {
+    const bool empty = !cv->has_system && !cv->n_msgs && !kv->hdr->n_seen;
+    if (i > 0 && empty) {
+      rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
+                        "messages[%zu]: a system message goes first: put it before the others",
+                        i);
+      goto out;
+    }
+    if (!empty) {
       rc = sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "messages[%zu]: a system prompt goes first, into an empty session (at "
                         "open, 'system', or as the first message of its first chat); this "
