@@ -150,6 +150,32 @@ class ReadFiles(unittest.TestCase):
         self.assertEqual(rc, 2, out[-500:])
         self.assertIn("/dev/zero is a character device, not a regular file", out)
 
+    def test_hello_after_a_reload(self):
+        """A reload frees the configuration it replaces: what the server
+        keeps of it (the model's path in hello) must be its own."""
+        d = tempfile.mkdtemp()
+        try:
+            conf = os.path.join(d, "sinkd.conf")
+            with open(conf, "w") as f:
+                f.write("[limits]\nmax_sessions = 8\n")
+            daemon = Daemon(config=conf)
+            try:
+                with open(conf, "w") as f:
+                    f.write("[limits]\nmax_sessions = 7\n")
+                daemon.proc.send_signal(signal.SIGHUP)
+                deadline = time.time() + 10
+                while "reloaded" not in daemon.logtext() and time.time() < deadline:
+                    time.sleep(0.05)
+                with daemon.client(timeout=5) as c:
+                    self.assertEqual(c.stats()["max_sessions"], 7)
+                    for _ in range(3):
+                        self.assertEqual(c.hello()["model"]["file"], MODEL)
+            finally:
+                self.assertEqual(daemon.stop(), 0)
+                daemon.remove()
+        finally:
+            shutil.rmtree(d)
+
     def test_config_dev_zero_on_reload(self):
         d = tempfile.mkdtemp()
         try:
@@ -614,9 +640,9 @@ class StalledLoop(unittest.TestCase):
             self.assertEqual(libc.ptrace(ptrace_seize, pid, None, None), 0, ctypes.get_errno())
             self.assertEqual(libc.ptrace(ptrace_interrupt, pid, None, None), 0)
             os.waitpid(pid, 0x40000000)  # __WALL: the main thread has stopped
-            rss0 = proc_rss_kib(pid)
+            rss0 = rss_kib(pid)
             time.sleep(2)
-            grown = proc_rss_kib(pid) - rss0
+            grown = rss_kib(pid) - rss0
             n_held = len(got)
             self.assertEqual(libc.ptrace(ptrace_detach, pid, None, None), 0)
             print("figures: RSS +%d KiB in 2 s with the loop thread stopped" % grown,
@@ -636,13 +662,6 @@ class StalledLoop(unittest.TestCase):
             self.assertEqual(daemon.stop(), 0)
             daemon.remove()
 
-
-def proc_rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS for %d" % pid)
 
 
 if __name__ == "__main__":

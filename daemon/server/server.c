@@ -192,6 +192,17 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
   srv->started_ms = sk_clock_ms();
   if (cfg->chat_error) snprintf(srv->chat_error, sizeof srv->chat_error, "%s", cfg->chat_error);
   srv->cfg.chat_error = NULL;
+  /* The paths outlive the configuration they came from (a reload frees it). */
+  srv->model_path = cfg->model_path ? strdup(cfg->model_path) : NULL;
+  srv->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : NULL;
+  srv->cfg.model_path = srv->model_path;
+  srv->cfg.socket_path = srv->socket_path;
+  if ((cfg->model_path && !srv->model_path) || (cfg->socket_path && !srv->socket_path)) {
+    free(srv->model_path);
+    free(srv->socket_path);
+    free(srv);
+    return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
   srv->start_max_sessions = cfg->max_sessions;
   srv->start_max_capacity = cfg->max_capacity;
   int rc = 0;
@@ -257,6 +268,8 @@ int sk_server_new(uv_loop_t *loop, const struct sk_server_config *cfg,
     sk_conns_free(&srv->conns); /* zeroed if never initialised */
     sk_session_table_free(&srv->sessions);
     sk_listen_free(&srv->listen);
+    free(srv->model_path);
+    free(srv->socket_path);
     free(srv);
     return rc;
   }
@@ -327,5 +340,7 @@ void sk_server_free(struct sk_server *srv) {
   sk_session_table_free(&srv->sessions);
   sk_conns_free(&srv->conns);
   sk_listen_free(&srv->listen);
+  free(srv->model_path);
+  free(srv->socket_path);
   free(srv);
 }

@@ -37,6 +37,7 @@ struct sk_server {
   uint32_t n_set_aside;        /* objects set aside at start */
   uint32_t n_temp_closed;      /* temporary sessions found at start, closed */
   char chat_error[SK_ERROR_MESSAGE_MAX]; /* cfg.chat_error, copied */
+  char *model_path, *socket_path; /* owned copies; cfg's point at them */
   uv_timer_t ttl_timer;
   bool ttl_running;
   /* How jobs.c starts a fork or export of the idle session s in a
