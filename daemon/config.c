@@ -374,6 +374,13 @@ int sk_config_set(struct sk_config *cfg, enum sk_config_key key, const char *val
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "'%s' is not a path (must be non-empty, without control characters)",
                           value);
+    /* inih reads ';' after the '=' or after a blank as a comment: such a
+     * path could not be written back into sinkd.conf (--check-config) */
+    if (value[0] == ';' || strstr(value, " ;") || strstr(value, "\t;"))
+      return sk_error_set(err, SK_ERR_BAD_REQUEST,
+                          "'%s': a path may not begin with ';' nor have one after a blank "
+                          "(sinkd.conf reads it as a comment)",
+                          value);
     if ((key == SK_CFG_SOCKET || key == SK_CFG_HTTP_SOCKET) && strlen(value) >= sizeof(((struct sockaddr_un *)0)->sun_path))
       return sk_error_set(err, SK_ERR_BAD_REQUEST,
                           "'%s' is longer than a socket path may be (%zu bytes)", value,

@@ -247,6 +247,10 @@ static void test_errors(void **state) {
   expect_error("[session]\nbogus = 1\n", ":2: [session] bogus: unknown key (keys of [session]: "
                                           "policy, sinks, window, capacity, speculation, "
                                           "draft_tokens)");
+  /* A path inih would read back as a comment (--check-config's output). */
+  expect_error("[daemon]\nsocket =;/run/x\n",
+               ":2: [daemon] socket: ';/run/x': a path may not begin with ';' nor have one after "
+               "a blank (sinkd.conf reads it as a comment)");
   /* A key of another section names it. */
   expect_error("[daemon]\nmax_memory = 1G\n",
                ":2: [daemon] max_memory: unknown key here (it belongs in [limits])");
