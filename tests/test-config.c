@@ -368,6 +368,25 @@ static void test_many_errors(void **state) {
   assert_null(c.model);
   assert_int_equal(c.batch, 8);
   sk_config_done(&c);
+  /* The limit is on the text of a line, with or without its newline. */
+  for (int last = 0; last < 2; last++) {
+    for (size_t bytes = 199; bytes <= 200; bytes++) {
+      w = (size_t)snprintf(text, sizeof text, "[daemon]\nbatch = 8\nmodel = /");
+      memset(text + w, 'b', bytes - strlen("model = /"));
+      w += bytes - strlen("model = /");
+      if (!last) w += (size_t)snprintf(text + w, sizeof text - w, "\n");
+      write_file(text, w);
+      int rc = load(&c, &errs);
+      if (bytes == 199) {
+        assert_int_equal(rc, 0);
+        assert_int_equal(strlen(c.model), 199 - strlen("model = "));
+      } else {
+        assert_int_equal(rc, -SK_ERR_BAD_REQUEST);
+        assert_non_null(strstr(errs.e[0].message, ":3: the line is longer than 199 bytes"));
+      }
+      sk_config_done(&c);
+    }
+  }
   write_file("[daemon]\nbatch = 8\0 9\n", 22);
   assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(errs.e[0].message, ":2: the line holds a NUL byte"));
