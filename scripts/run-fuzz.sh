@@ -5,11 +5,15 @@
 # temporary folder). A crash, leak, timeout or broken invariant fails the
 # run and leaves the input in $SK_FUZZ_OUT (default build dir/fuzz-out)
 # for tests/fuzz/regress/<target>/ once fixed.
+# Each target starts from the seed SK_FUZZ_SEED (default 1), so a run
+# tries the same inputs in the same order on any machine and its result
+# can be reproduced; SK_FUZZ_SEED=0 lets libFuzzer pick one (to explore).
 #   scripts/run-fuzz.sh BUILD_DIR [SECONDS_PER_TARGET (default 60)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: run-fuzz.sh BUILD_DIR [SECONDS]}
 seconds=${2:-60}
+seed=${SK_FUZZ_SEED:-1}
 out=${SK_FUZZ_OUT:-$build/fuzz-out}
 shared=${SK_SHARED_DIR:-../shared}
 export SK_MODEL=${SK_MODEL:-$(cd "$shared" && pwd)/models/stories260K.gguf}
@@ -25,7 +29,7 @@ for t in frame server gguf tokenizer chat http config; do
   log="$out/fuzz-$t.log"
   echo "== fuzz-$t: ${seconds} s" >&2
   rc=0
-  "$bin" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2560 -print_final_stats=1 \
+  "$bin" -seed="$seed" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2560 -print_final_stats=1 \
     -artifact_prefix="$out/$t-" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)

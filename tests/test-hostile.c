@@ -684,6 +684,11 @@ static uint64_t cases_open_sizes(uint64_t id) {
       {"window", {"window", P_I, 0, INT64_MIN, 0, NULL}, "bad_request", "field 'window'"},
       {"policy", {"policy", P_S, 0, 0, 0, "nope"}, "bad_request", "nope"},
       {"policy", {"policy", P_S, 0, 0, 0, ""}, "bad_request", "policy"},
+      /* echoed as valid text: invalid UTF-8 and controls become '?' */
+      {"policy", {"policy", P_S, 0, 0, 0, "\xff\x1b[2J\xc3"}, "bad_request",
+       "unknown policy \"??[2J?\""},
+      {"speculation", {"speculation", P_S, 0, 0, 0, "\xe2\x82"}, "bad_request",
+       "speculation \"??\" is not"},
   };
   for (size_t i = 0; i < sizeof open_cases / sizeof open_cases[0]; i++) {
     char name[96];

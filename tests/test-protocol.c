@@ -75,6 +75,12 @@ static void test_error_set(void **state) {
   big[sizeof big - 1] = 0;
   sk_error_set(&e, SK_ERR_INTERNAL, "%s", big);
   assert_int_equal(strlen(e.message), SK_ERROR_MESSAGE_MAX - 1);
+  /* Echoed client bytes leave valid text: invalid UTF-8 (a stray
+   * continuation, an overlong form, a surrogate, a lead without its
+   * continuation) and controls become '?', valid characters stay. */
+  sk_error_set(&e, SK_ERR_BAD_REQUEST, "unknown policy \"%s\"",
+               "\xff\x80" "a\xc0\xaf\xed\xa0\x80\xe2\x82\x1b[2Jé€😀\t\x7f");
+  assert_string_equal(e.message, "unknown policy \"??a????????[2Jé€😀\t?\"");
 }
 
 /* ---- frames ----------------------------------------------------------- */
@@ -510,6 +516,56 @@ static void test_msg_hostile(void **state) {
   }
 }
 
+/* parse's error message for body[0..len), which must be refused. */
+static void check_parse_bad(const void *body, size_t len, const char *want) {
+  struct sk_error e = {0};
+  struct sk_msg m;
+  assert_int_equal(sk_msg_parse(body, len, &m, &e), -SK_ERR_BAD_REQUEST);
+  assert_string_equal(e.message, want);
+  sk_msg_free(&m);
+}
+
+static void test_msg_duplicate_keys(void **state) {
+  (void)state;
+  /* {"id":1,"op":"ping","id":2} */
+  check_parse_bad("\x83\xa2id\x01\xa2op\xa4ping\xa2id\x02", 17,
+                  "field 'id' appears twice in a map");
+  /* in a map inside an array: {"messages":[{"role":"a","role":"b"}]} */
+  check_parse_bad("\x81\xa8messages\x91\x82\xa4role\xa1" "a\xa4role\xa1" "b", 26,
+                  "field 'role' appears twice in a map");
+  /* keys of other types, and "a" beside "ab", are not duplicates */
+  struct sk_msg m;
+  struct sk_error e = {0};
+  assert_int_equal(sk_msg_parse((const uint8_t *)"\x84\x01\x01\x01\x02\xa1" "a\x01\xa2" "ab\x01",
+                                12, &m, &e),
+                   0);
+  sk_msg_free(&m);
+  /* a map of 300 keys "k0".."k299" (sorted, not compared pairwise), and
+   * the same with "k7" again as its last */
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  for (int dup = 0; dup < 2; dup++) {
+    sb.size = 0;
+    msgpack_pack_map(&pk, 300 + (size_t)dup);
+    for (int i = 0; i < 300 + dup; i++) {
+      char k[8];
+      int n = snprintf(k, sizeof k, "k%d", i < 300 ? i : 7);
+      msgpack_pack_str_with_body(&pk, k, (size_t)n);
+      msgpack_pack_int(&pk, i);
+    }
+    if (dup) {
+      check_parse_bad(sb.data, sb.size, "field 'k7' appears twice in a map");
+    } else {
+      assert_int_equal(sk_msg_parse((const uint8_t *)sb.data, sb.size, &m, &e), 0);
+      assert_int_equal(m.root.via.map.size, 300);
+      sk_msg_free(&m);
+    }
+  }
+  msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_msg_depth(void **state) {
   (void)state;
   uint8_t buf[64];
@@ -703,6 +759,7 @@ int main(void) {
       cmocka_unit_test(test_frame_trim),
       cmocka_unit_test(test_msg_valid),
       cmocka_unit_test(test_msg_hostile),
+      cmocka_unit_test(test_msg_duplicate_keys),
       cmocka_unit_test(test_msg_depth),
       cmocka_unit_test(test_msg_getters),
       cmocka_unit_test(test_msg_builder),

@@ -177,7 +177,9 @@ const char *sk_strerror(int code);
 int sk_error_from_name(const char *name, size_t len);
 /* Fills *err (if not NULL) with code (either sign) and a printf-style
  * message (cut to SK_ERROR_MESSAGE_MAX - 1 bytes, between two UTF-8
- * characters); returns -|code| so callers can `return sk_error_set(...)`. */
+ * characters; a byte that is not valid UTF-8 and a control character
+ * other than tab and newline become '?'); returns -|code| so callers can
+ * `return sk_error_set(...)`. */
 int sk_error_set(struct sk_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int sk_error_setv(struct sk_error *err, int code, const char *fmt, va_list ap);

@@ -60,6 +60,34 @@ static void sk__trim_cut_character(char *s) {
   if (back + 1 < want) s[i - 1] = 0;
 }
 
+/* Bytes of the valid UTF-8 character (RFC 3629: no overlong forms,
+ * surrogates or code points above U+10FFFF) at p, or 0. */
+static size_t sk__utf8_char(const unsigned char *p) {
+  unsigned c = p[0];
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (!n) return 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) || (c == 0xf0 && p[1] < 0x90) ||
+      (c == 0xf4 && p[1] > 0x8f))
+    return 0;
+  return n;
+}
+
+/* Makes s text every reader can take and print: a byte that is not part
+ * of a valid UTF-8 character, and a control character other than tab and
+ * newline, become '?' (a message may echo a client's bytes). */
+static void sk__clean_text(char *s) {
+  unsigned char *p = (unsigned char *)s;
+  while (*p) {
+    size_t n = sk__utf8_char(p);
+    if (n == 1 && ((*p < 0x20 && *p != '\t' && *p != '\n') || *p == 0x7f)) *p = '?';
+    if (n == 0) *p = '?', n = 1;
+    p += n;
+  }
+}
+
 int sk_error_setv(struct sk_error *err, int code, const char *fmt,
                   va_list ap) {
   int idx = sk__error_index(code);
@@ -68,6 +96,7 @@ int sk_error_setv(struct sk_error *err, int code, const char *fmt,
     if (fmt) {
       int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
       if (n >= (int)sizeof err->message) sk__trim_cut_character(err->message);
+      sk__clean_text(err->message);
     } else {
       snprintf(err->message, sizeof err->message, "%s",
                sk__error_descs[idx]);

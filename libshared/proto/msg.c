@@ -178,6 +178,64 @@ static const char *sk__type_name(const msgpack_object *o) {
   return "unknown";
 }
 
+/* Orders string keys by length, then bytes (for qsort). */
+static int sk__key_cmp(const void *a, const void *b) {
+  const msgpack_object_str *x = *(const msgpack_object_str *const *)a;
+  const msgpack_object_str *y = *(const msgpack_object_str *const *)b;
+  if (x->size != y->size) return x->size < y->size ? -1 : 1;
+  return x->size ? memcmp(x->ptr, y->ptr, x->size) : 0;
+}
+
+static int sk__duplicate_key(const msgpack_object_str *key, struct sk_error *err) {
+  return sk_error_set(err, SK_ERR_BAD_REQUEST, "field '%.*s' appears twice in a map",
+                      (int)(key->size > 32 ? 32 : key->size), key->ptr);
+}
+
+/* Refuses a map, at any depth under o, that holds one string key twice:
+ * which of the two values counts would be a guess (JSON requests are held
+ * to the same rule). Maps of more than 8 entries sort their keys (scratch
+ * from the zone), so a large map costs n log n, not n^2. */
+static int sk__no_duplicate_keys(const msgpack_object *o, msgpack_zone *zone,
+                                 struct sk_error *err) {
+  if (o->type == MSGPACK_OBJECT_ARRAY) {
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+      int rc = sk__no_duplicate_keys(&o->via.array.ptr[i], zone, err);
+      if (rc < 0) return rc;
+    }
+    return 0;
+  }
+  if (o->type != MSGPACK_OBJECT_MAP) return 0;
+  const msgpack_object_map *m = &o->via.map;
+  const msgpack_object_str **keys = NULL;
+  if (m->size > 8) {
+    keys = msgpack_zone_malloc(zone, m->size * sizeof *keys);
+    if (!keys) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
+  }
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < m->size; i++) {
+    int rc = sk__no_duplicate_keys(&m->ptr[i].val, zone, err);
+    if (rc < 0) return rc;
+    const msgpack_object *k = &m->ptr[i].key;
+    if (k->type != MSGPACK_OBJECT_STR) continue;
+    if (keys) {
+      keys[n++] = &k->via.str;
+      continue;
+    }
+    const msgpack_object_str *key = &k->via.str;
+    for (uint32_t j = 0; j < i; j++) {
+      const msgpack_object_str *other = &m->ptr[j].key.via.str;
+      if (m->ptr[j].key.type == MSGPACK_OBJECT_STR && sk__key_cmp(&other, &key) == 0)
+        return sk__duplicate_key(key, err);
+    }
+  }
+  if (keys) {
+    qsort(keys, n, sizeof *keys, sk__key_cmp);
+    for (uint32_t i = 1; i < n; i++)
+      if (sk__key_cmp(&keys[i - 1], &keys[i]) == 0) return sk__duplicate_key(keys[i], err);
+  }
+  return 0;
+}
+
 /* Small: requests are mostly a handful of scalars. */
 #define SK__MSG_ZONE_CHUNK 2048u
 
@@ -208,7 +266,9 @@ int sk_msg_parse(const uint8_t *body, size_t len, struct sk_msg *msg,
     return sk_error_set(err, SK_ERR_BAD_REQUEST,
                         "request must be a map, got %s", got);
   }
-  return 0;
+  rc = sk__no_duplicate_keys(&msg->root, &msg->zone, err);
+  if (rc < 0) sk_msg_free(msg);
+  return rc;
 }
 
 void sk_msg_free(struct sk_msg *msg) {

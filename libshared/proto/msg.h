@@ -29,7 +29,8 @@ struct sk_msg {
  * Returns 0 or -SK_ERR_BAD_REQUEST with err naming the problem. */
 int sk_msg_check(const uint8_t *body, size_t len, struct sk_error *err);
 
-/* sk_msg_check, then unpacks into *msg; the root must be a map.
+/* sk_msg_check, then unpacks into *msg; the root must be a map, and no
+ * map in it may hold a string key twice.
  * On success the caller owns *msg and frees it with sk_msg_free.
  * Errors: -SK_ERR_BAD_REQUEST (message says why), -SK_ERR_NO_MEMORY. */
 int sk_msg_parse(const uint8_t *body, size_t len, struct sk_msg *msg,
