@@ -466,11 +466,13 @@ int cmd_hello(struct sk_client *c, const struct opts *o) {
     const struct sk_spec_info *sp = &h.speculation;
     printf("speculation.mode: %s\n", sp->mode);
     printf("speculation.draft_tokens: %" PRIu32 "\n", sp->draft_tokens);
+    printf("speculation.draft_fixed: %s\n", sp->draft_fixed ? "true" : "false");
     if (sp->draft_model[0]) printf("speculation.draft_model: %s\n", sp->draft_model);
     printf("speculation.lookup_history: %" PRIu32 "\n", sp->lookup_history);
     printf("speculation.drafted: %" PRIu64 "\n", sp->drafted);
     printf("speculation.accepted: %" PRIu64 "\n", sp->accepted);
     printf("speculation.rejected: %" PRIu64 "\n", sp->rejected);
+    printf("speculation.acceptance: %.4f\n", sp->acceptance);
   }
   return 0;
 }

@@ -216,6 +216,12 @@ static void sinkctl_replies(const char *P) {
   assert_non_null(strstr(out, "model.weight_type: q8_0\nmodel.weight_bytes: 5000000000\n"
                               "compute.kernel: avx2\ncompute.threads: 2\n"
                               "compute.max_batch: 64\n"));
+  assert_non_null(strstr(out, "speculation.mode: draft\nspeculation.draft_tokens: 8\n"
+                              "speculation.draft_fixed: false\n"
+                              "speculation.draft_model: pycode-5M\n"
+                              "speculation.lookup_history: 16384\nspeculation.drafted: 40\n"
+                              "speculation.accepted: 30\nspeculation.rejected: 10\n"
+                              "speculation.acceptance: 0.7500\n"));
 }
 
 /* Exit statuses 2 (usage) and 3 (cannot connect). */

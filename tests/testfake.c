@@ -202,6 +202,9 @@ static void fake_answer(struct fake *f, int fd, const msgpack_object *req) {
                   .n_vocab = 512, .n_ctx_train = 512, .n_layer = 5, .dim = 64, .n_head = 8,
                   .n_kv_head = 4},
         .defaults = {.policy = "streaming", .n_sink = 4, .window = 252, .capacity = 256},
+        .speculation = {.mode = "draft", .draft_tokens = 8, .draft_model = "pycode-5M",
+                        .lookup_history = 16384, .drafted = 40, .accepted = 30, .rejected = 10,
+                        .acceptance = 0.75},
     };
     const struct sk_wire_hello_extra x = {.model_file = "/models/stories260K.gguf"};
     if (sk_wire_pack_hello(&b, id, &h, &x) == 0) fake_write(fd, &b);
