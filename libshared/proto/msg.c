@@ -193,8 +193,8 @@ static int sk__duplicate_key(const msgpack_object_str *key, struct sk_error *err
 
 /* Refuses a map, at any depth under o, that holds one string key twice:
  * which of the two values counts would be a guess (JSON requests are held
- * to the same rule). Maps of more than 8 entries sort their keys (scratch
- * from the zone), so a large map costs n log n, not n^2. */
+ * to the same rule). Keys are sorted (scratch from the zone), so a large
+ * map costs n log n. */
 static int sk__no_duplicate_keys(const msgpack_object *o, msgpack_zone *zone,
                                  struct sk_error *err) {
   if (o->type == MSGPACK_OBJECT_ARRAY) {
@@ -204,35 +204,19 @@ static int sk__no_duplicate_keys(const msgpack_object *o, msgpack_zone *zone,
     }
     return 0;
   }
-  if (o->type != MSGPACK_OBJECT_MAP) return 0;
+  if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size == 0) return 0;
   const msgpack_object_map *m = &o->via.map;
-  const msgpack_object_str **keys = NULL;
-  if (m->size > 8) {
-    keys = msgpack_zone_malloc(zone, m->size * sizeof *keys);
-    if (!keys) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
-  }
+  const msgpack_object_str **keys = msgpack_zone_malloc(zone, m->size * sizeof *keys);
+  if (!keys) return sk_error_set(err, SK_ERR_NO_MEMORY, "out of memory");
   uint32_t n = 0;
   for (uint32_t i = 0; i < m->size; i++) {
     int rc = sk__no_duplicate_keys(&m->ptr[i].val, zone, err);
     if (rc < 0) return rc;
-    const msgpack_object *k = &m->ptr[i].key;
-    if (k->type != MSGPACK_OBJECT_STR) continue;
-    if (keys) {
-      keys[n++] = &k->via.str;
-      continue;
-    }
-    const msgpack_object_str *key = &k->via.str;
-    for (uint32_t j = 0; j < i; j++) {
-      const msgpack_object_str *other = &m->ptr[j].key.via.str;
-      if (m->ptr[j].key.type == MSGPACK_OBJECT_STR && sk__key_cmp(&other, &key) == 0)
-        return sk__duplicate_key(key, err);
-    }
+    if (m->ptr[i].key.type == MSGPACK_OBJECT_STR) keys[n++] = &m->ptr[i].key.via.str;
   }
-  if (keys) {
-    qsort(keys, n, sizeof *keys, sk__key_cmp);
-    for (uint32_t i = 1; i < n; i++)
-      if (sk__key_cmp(&keys[i - 1], &keys[i]) == 0) return sk__duplicate_key(keys[i], err);
-  }
+  qsort(keys, n, sizeof *keys, sk__key_cmp);
+  for (uint32_t i = 1; i < n; i++)
+    if (sk__key_cmp(&keys[i - 1], &keys[i]) == 0) return sk__duplicate_key(keys[i], err);
   return 0;
 }
 
