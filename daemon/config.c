@@ -751,7 +751,18 @@ static int handler(void *user, const char *section, const char *name, const char
     st->fatal = rc;
     return 0;
   }
-  if (rc < 0) add_error(st, st->line, "[%s] %s: %s", section, name, e.message);
+  if (rc < 0) {
+    add_error(st, st->line, "[%s] %s: %s", section, name, e.message);
+    return 1;
+  }
+  /* What --check-config writes back ("key = value") must fit a line too,
+   * so "key=value" in 199 bytes does not become a line of 201. */
+  char v[LINE_MAX_BYTES + 1];
+  sk_config_format(st->cfg, (enum sk_config_key)key, v, sizeof v);
+  size_t most = LINE_MAX_BYTES - 1 - strlen(name) - 3;
+  if (strlen(v) > most)
+    add_error(st, st->line, "[%s] %s: the value is longer than %zu bytes ('%s = ' and it make "
+              "a line of at most %u)", section, name, most, name, LINE_MAX_BYTES - 1);
   return 1;
 }
 

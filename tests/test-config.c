@@ -387,6 +387,26 @@ static void test_many_errors(void **state) {
       sk_config_done(&c);
     }
   }
+  /* "key=value" within 199 bytes whose "key = value" would not be: the
+   * value may be 199 - strlen("model = ") = 191 bytes, not 192. */
+  for (size_t value = 191; value <= 192; value++) {
+    w = (size_t)snprintf(text, sizeof text, "[daemon]\nmodel=/");
+    memset(text + w, 'c', value - 1);
+    w += value - 1;
+    w += (size_t)snprintf(text + w, sizeof text - w, "\n");
+    write_file(text, w);
+    int rc = load(&c, &errs);
+    if (value == 191) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(strlen(c.model), 191);
+    } else {
+      assert_int_equal(rc, -SK_ERR_BAD_REQUEST);
+      assert_int_equal(errs.n, 1);
+      assert_non_null(strstr(errs.e[0].message, ":2: [daemon] model: the value is longer than "
+                                                "191 bytes"));
+    }
+    sk_config_done(&c);
+  }
   write_file("[daemon]\nbatch = 8\0 9\n", 22);
   assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
   assert_non_null(strstr(errs.e[0].message, ":2: the line holds a NUL byte"));
