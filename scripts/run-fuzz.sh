@@ -5,9 +5,12 @@
 # temporary folder). A crash, leak, timeout or broken invariant fails the
 # run and leaves the input in $SK_FUZZ_OUT (default build dir/fuzz-out)
 # for tests/fuzz/regress/<target>/ once fixed.
-# Each target starts from the seed SK_FUZZ_SEED (default 1), so a run
-# tries the same inputs in the same order on any machine and its result
-# can be reproduced; SK_FUZZ_SEED=0 lets libFuzzer pick one (to explore).
+# Each target starts from the random seed SK_FUZZ_SEED (default 1;
+# 0 lets libFuzzer pick one, to explore). A fixed seed does not make two
+# machines try the same inputs: libFuzzer's start depends on the order in
+# which the file system lists the corpus, and a timed run on a faster
+# machine goes further. A failure is replayed from the input it leaves.
+# The inputs of tests/fuzz/regress/<target>/ join the starting corpus.
 #   scripts/run-fuzz.sh BUILD_DIR [SECONDS_PER_TARGET (default 60)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +31,11 @@ for t in frame server gguf tokenizer chat http config; do
   work=$(mktemp -d "${TMPDIR:-/tmp}/sinkd-fuzz-$t.XXXXXX")
   log="$out/fuzz-$t.log"
   echo "== fuzz-$t: ${seconds} s" >&2
+  regress=()
+  [ -d "tests/fuzz/regress/$t" ] && regress=("tests/fuzz/regress/$t")
   rc=0
   "$bin" -seed="$seed" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2560 -print_final_stats=1 \
-    -artifact_prefix="$out/$t-" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+    -artifact_prefix="$out/$t-" "$work" "tests/fuzz/corpus/$t" "${regress[@]}" >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
   corpus=$(find "$work" -type f | wc -l)
