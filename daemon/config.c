@@ -761,8 +761,8 @@ static int handler(void *user, const char *section, const char *name, const char
   sk_config_format(st->cfg, (enum sk_config_key)key, v, sizeof v);
   size_t most = LINE_MAX_BYTES - 1 - strlen(name) - 3;
   if (strlen(v) > most)
-    add_error(st, st->line, "[%s] %s: the value is longer than %zu bytes ('%s = ' and it make "
-              "a line of at most %u)", section, name, most, name, LINE_MAX_BYTES - 1);
+    add_error(st, st->line, "[%s] %s: the value is longer than %zu bytes (the line '%s = "
+              "VALUE' may hold at most %u)", section, name, most, name, LINE_MAX_BYTES - 1);
   return 1;
 }
 
