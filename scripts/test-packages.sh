@@ -15,6 +15,9 @@
 #      installed sinkctl's greedy continuation is llama.cpp's reference;
 #   4. purged: the files under /etc, /usr, /var, /opt, /srv and /run/sinkd,
 #      the users and groups, and the installed packages are as before.
+# /run/sinkd or /var/lib/sinkd found with no package installed (a sinkd
+# run by hand as root) is set aside for the test and put back after; one
+# that a process uses fails the test before anything is installed.
 # Installs and purges the packages sinkd, sinkctl, libsinkd0, libsinkd-dev
 # and python3-sinkd (purging them first if an earlier run left them), so
 # it needs root; PID 1 need not be systemd. .ci/run runs it after the
@@ -50,14 +53,22 @@ installed() { # those of pkgs that dpkg knows (installed, or configuration left)
   { dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null || true; } |
     awk '$NF != "not-installed" { print $1 }'
 }
+# The folders the package owns and its purge removes. One that is there
+# with no package installed (a sinkd run by hand as root makes
+# /run/sinkd) is set aside beside itself for the test and put back after.
+owned=(/run/sinkd /var/lib/sinkd)
+aside=()
 cleanup() {
   set +e
   [[ -n $daemon ]] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
   [[ -n $listener ]] && kill "$listener" 2>/dev/null && wait "$listener" 2>/dev/null
-  local left
+  local left d
   left=$(installed)
   # shellcheck disable=SC2086
   [[ -z $left ]] || apt-get purge "${apt_opts[@]}" $left >/dev/null 2>&1 || true
+  for d in "${aside[@]}"; do
+    rm -rf "$d" && mv "$d.test-packages-aside" "$d" && echo "note: $d put back" >&2
+  done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -67,6 +78,22 @@ if [[ -n $left ]]; then
   # shellcheck disable=SC2086
   apt-get purge "${apt_opts[@]}" $left >/dev/null
 fi
+in_use() { # DIR: a process has a file in it open, or listens on a socket in it
+  local fd
+  for fd in /proc/[0-9]*/fd/*; do
+    [[ $(readlink "$fd" 2>/dev/null) == "$1"/* ]] && return 0
+  done
+  command -v ss >/dev/null && ss -xlH 2>/dev/null | grep -qF " $1/" && return 0
+  return 1
+}
+for d in "${owned[@]}"; do
+  [[ -e $d ]] || continue
+  in_use "$d" && fail "$d is in use (a sinkd started by hand?): purging the test's packages would remove it; stop that daemon first"
+  [[ ! -e $d.test-packages-aside ]] || fail "$d and $d.test-packages-aside are both there: an earlier run was killed; put back or remove one"
+  mv "$d" "$d.test-packages-aside"
+  aside+=("$d")
+  echo "note: $d was there with no package installed: set aside as $d.test-packages-aside until the end" >&2
+done
 
 # ---- 1. build from the committed tree, lintian
 version=$(sed -n "s/^  version : '\(.*\)',$/\1/p" meson.build)
