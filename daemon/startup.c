@@ -162,6 +162,9 @@ struct daemon {
                                    once the front end has it */
   uint64_t load_start_ms;       /* the model load's progress: when it began */
   uint32_t load_reported;       /* and the last tenth reported */
+  int check_status;             /* --check-config: a start failure found
+                                   (SK_EXIT_START), reported once the rest
+                                   is checked */
 };
 
 static void send_status(struct daemon *d) {
@@ -630,8 +633,13 @@ static int check_free(struct daemon *d) {
         d->cfg.origin[SK_CFG_HTTP_SOCKET].automatic)
       say(d, SK_LOG_ERR, "the HTTP socket is named after --socket: give each daemon its own "
                          "--socket, or set --http-socket (http_socket) or none");
-    if (!check) log_model_problem(&d->cfg);
-    return SK_EXIT_START;
+    if (!check) {
+      log_model_problem(&d->cfg);
+      return SK_EXIT_START;
+    }
+    /* --check-config goes on: the key file and the model may be wrong
+     * too, and one run should name every problem. */
+    d->check_status = SK_EXIT_START;
   }
 key:
   if (d->cfg.http_listen) {
@@ -1006,7 +1014,7 @@ int sk_startup_run(struct sk_startup *st) {
   } else if (!status && st->check_only) {
     print_model_summary(&d);
     sk_config_print(stdout, &d.cfg);
-    status = fflush(stdout) == 0 ? 0 : SK_EXIT_START;
+    status = fflush(stdout) == 0 ? d.check_status : SK_EXIT_START;
   } else if (!status) {
     if (!(status = open_store(&d)) && !(status = start_server(&d, &scfg)) &&
         !(status = start_http(&d)))

@@ -179,7 +179,12 @@ class TwoDaemons(unittest.TestCase):
                 self.assertLess(time.monotonic() - t0, 10)  # a FIFO never blocks it
                 self.assertEqual(p.returncode, status, p.stderr)
                 self.assertIn(needle, p.stderr)
-                self.assertNotIn("cannot load model", p.stderr)
+                # A configuration error (2) stops the check; a start
+                # failure (1) does not: the model is checked too.
+                if status == 2:
+                    self.assertNotIn("cannot load model", p.stderr)
+                else:
+                    self.assertIn("cannot load model %s: bad magic" % self.bad_model, p.stderr)
                 self.assertEqual(p.stdout, "")
         # A TCP port another program listens on.
         busy = socket.socket()
@@ -194,7 +199,24 @@ class TwoDaemons(unittest.TestCase):
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertIn("cannot listen for HTTP on 127.0.0.1:%d: Address already in use"
                       % port_busy, p.stderr)
-        self.assertNotIn("cannot load model", p.stderr)
+        self.assertIn("cannot load model %s: bad magic" % self.bad_model, p.stderr)
+
+    def test_check_config_names_every_problem(self):
+        # The socket in use and the key file missing: both named, status 2.
+        p = self.check(["--socket", self.a.sock, "--http-listen", "127.0.0.1:%d" % free_port(),
+                        "--http-key-file", self.path("nokey")])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr, "sinkd: %s is in use by a running daemon\n"
+                         "sinkd: http_key_file %s: No such file or directory\n"
+                         % (self.a.sock, self.path("nokey")))
+        # The state directory in use, the model good: the summary and the
+        # configuration are printed, and the status is still 1.
+        p = self.check(["--state-dir", self.b.state], model=MODEL)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(p.stderr, "sinkd: state directory %s is in use by another sinkd\n"
+                         % self.b.state)
+        self.assertTrue(p.stdout.startswith("; model %s\n" % MODEL), p.stdout)
+        self.assertIn("\nstate_dir = %s ; command line --state-dir\n" % self.b.state, p.stdout)
 
     def test_check_config_ok(self):
         # Every check passes: the model's summary, then the configuration,
