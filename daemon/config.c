@@ -591,6 +591,8 @@ struct load_state {
   int read_errno;             /* with fatal == -SK_ERR_IO */
   char bad_section[64];       /* last unknown section reported */
   uint32_t bad_section_line;
+  char section[32];           /* the reader's view of the current section
+                                 (a line "[name]"), for its own errors */
 };
 
 static void add_error(struct load_state *st, uint32_t line, const char *fmt, ...)
@@ -608,6 +610,37 @@ static void add_error(struct load_state *st, uint32_t line, const char *fmt, ...
   va_end(ap);
   e->line[e->n] = line;
   sk_error_set(&e->e[e->n++], SK_ERR_BAD_REQUEST, "%s:%u: %s", st->path, line, msg);
+}
+
+static bool sk__name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* The name at s[*i] (letters, digits, '_'; at most 31 bytes) copied to
+ * out[32], and the blanks after it skipped; *i is left past them. */
+static void sk__line_name(const char *s, size_t len, size_t *i, char out[32]) {
+  size_t n = 0;
+  while (*i < len && sk__name_char(s[*i]) && n < 31) out[n++] = s[(*i)++];
+  out[n] = 0;
+  while (*i < len && (s[*i] == ' ' || s[*i] == '\t')) (*i)++;
+}
+
+/* The key of a line s of len bytes, "key = ..." or "key: ...", copied to
+ * out[32]; "" when the line does not start so. */
+static void sk__line_key(const char *s, size_t len, char out[32]) {
+  size_t i = 0;
+  sk__line_name(s, len, &i, out);
+  if (i == len || (s[i] != '=' && s[i] != ':')) out[0] = 0;
+}
+
+/* Follows "[name]" lines so that the reader's errors name the section. */
+static void sk__line_section(struct load_state *st, const char *s, size_t len) {
+  if (len == 0 || s[0] != '[') return;
+  char name[32];
+  size_t i = 1;
+  while (i < len && (s[i] == ' ' || s[i] == '\t')) i++;
+  sk__line_name(s, len, &i, name);
+  snprintf(st->section, sizeof st->section, "%s", i < len && s[i] == ']' ? name : "");
 }
 
 /* inih's reader: one whole line per call. Leading blanks are dropped so an
@@ -643,9 +676,19 @@ static char *reader(char *str, int num, void *stream) {
     s = "\n";
     len = 1;
   } else if (len >= (size_t)num || len >= LINE_MAX_BYTES) {
-    add_error(st, st->line, "the line is longer than %u bytes", LINE_MAX_BYTES - 1);
+    char key[32];
+    sk__line_key(s, len, key);
+    if (key[0] && st->section[0])
+      add_error(st, st->line, "[%s] %s: the line is longer than %u bytes", st->section, key,
+                LINE_MAX_BYTES - 1);
+    else if (key[0])
+      add_error(st, st->line, "%s: the line is longer than %u bytes", key, LINE_MAX_BYTES - 1);
+    else
+      add_error(st, st->line, "the line is longer than %u bytes", LINE_MAX_BYTES - 1);
     s = "\n";
     len = 1;
+  } else {
+    sk__line_section(st, s, len);
   }
   memcpy(str, s, len + 1);
   return str;

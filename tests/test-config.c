@@ -364,9 +364,26 @@ static void test_many_errors(void **state) {
   write_file(text, w);
   assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
   assert_int_equal(errs.n, 1);
-  assert_non_null(strstr(errs.e[0].message, ":2: the line is longer than 199 bytes"));
+  assert_non_null(
+      strstr(errs.e[0].message, ":2: [daemon] model: the line is longer than 199 bytes"));
   assert_null(c.model);
   assert_int_equal(c.batch, 8);
+  sk_config_done(&c);
+  /* The message names the key when the line starts as one, in the section
+   * of the last "[name]" line; a long comment is a line, no key. */
+  w = (size_t)snprintf(text, sizeof text, "[daemon]\n[ limits ]\n max_sessions\t= ");
+  memset(text + w, '1', 200);
+  w += 200;
+  w += (size_t)snprintf(text + w, sizeof text - w, "\n# ");
+  memset(text + w, 'x', 200);
+  w += 200;
+  w += (size_t)snprintf(text + w, sizeof text - w, "\n");
+  write_file(text, w);
+  assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
+  assert_int_equal(errs.n, 2);
+  assert_non_null(
+      strstr(errs.e[0].message, ":3: [limits] max_sessions: the line is longer than 199 bytes"));
+  assert_non_null(strstr(errs.e[1].message, ":4: the line is longer than 199 bytes"));
   sk_config_done(&c);
   /* The limit is on the text of a line, with or without its newline. */
   for (int last = 0; last < 2; last++) {
@@ -382,7 +399,8 @@ static void test_many_errors(void **state) {
         assert_int_equal(strlen(c.model), 199 - strlen("model = "));
       } else {
         assert_int_equal(rc, -SK_ERR_BAD_REQUEST);
-        assert_non_null(strstr(errs.e[0].message, ":3: the line is longer than 199 bytes"));
+        assert_non_null(
+            strstr(errs.e[0].message, ":3: [daemon] model: the line is longer than 199 bytes"));
       }
       sk_config_done(&c);
     }
