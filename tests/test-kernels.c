@@ -468,6 +468,36 @@ static void test_attention_primitives(void **state) {
   select_or_fail("auto");
 }
 
+/* f16 to floats: every variant gives sk_f16_to_f32's bits for each of
+ * the 65,536 halves (a NaN: a NaN of the same sign), in vector bodies and
+ * scalar tails; sk_f16_to_f32 itself is exact on 1, 2^-24, 65504, inf. */
+static void test_from_f16(void **state) {
+  (void)state;
+  enum { N = 65536 + 5 };
+  static uint16_t x[N];
+  static float y[N];
+  for (uint32_t i = 0; i < N; i++) x[i] = (uint16_t)(i * 40503u); /* every half, shuffled */
+  assert_true(sk_f16_to_f32(0x3c00) == 1.0f && sk_f16_to_f32(0x0001) == 0x1p-24f &&
+              sk_f16_to_f32(0x7bff) == 65504.0f && sk_f16_to_f32(0xfc00) == -INFINITY);
+  for (size_t v = 0; v < N_VARIANTS; v++) {
+    if (!sk_kernels_supported(variants[v])) continue;
+    select_or_fail(variants[v]);
+    for (size_t n = N - 5; n <= N; n++) { /* tails of 0 to 5 halves */
+      memset(y, 0, sizeof y);
+      sk_kernels_from_f16(y, x, n);
+      for (uint32_t i = 0; i < n; i++) {
+        const float want = sk_f16_to_f32(x[i]);
+        uint32_t a, b;
+        memcpy(&a, &y[i], 4);
+        memcpy(&b, &want, 4);
+        if (isnan(want) ? !isnan(y[i]) || signbit(y[i]) != signbit(want) : a != b)
+          fail_msg("%s: from_f16(0x%04x) = %a, expected %a", variants[v], x[i], (double)y[i],
+                   (double)want);
+      }
+    }
+  }
+}
+
 /* Floats to f16: every variant gives sk_f32_to_f16's bits (round to
  * nearest even), over normal, subnormal, overflowing and special values,
  * in vector bodies and scalar tails. */
@@ -723,6 +753,7 @@ int main(void) {
       cmocka_unit_test(test_f16_equals_f32),
       cmocka_unit_test(test_attention_primitives),
       cmocka_unit_test(test_to_f16),
+      cmocka_unit_test(test_from_f16),
       cmocka_unit_test(test_rope_exact),
       cmocka_unit_test(test_softmax_swiglu),
       cmocka_unit_test(test_pool),

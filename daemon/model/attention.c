@@ -41,10 +41,8 @@ static void sk__rope_keys(const struct sk_scratch *s, const struct sk__seq *sq,
   const uint32_t hd = c->head_dim, rd = c->rope_dim;
   const float *const *src = (const float *const *)ts->kp;
   if (sq->f16) { /* halves to floats in kr, then rotated in place */
-    for (uint32_t p = p0; p < p1; p++) {
-      const uint16_t *h = ts->kp[p];
-      for (uint32_t j = 0; j < hd; j++) ts->kr[(size_t)p * hd + j] = sk_f16_to_f32(h[j]);
-    }
+    for (uint32_t p = p0; p < p1; p++)
+      sk_kernels_from_f16(ts->kr + (size_t)p * hd, ts->kp[p], hd);
     src = ts->kq;
   }
   if (sq->freq_scale == s->rope_freq_scale) {

@@ -56,6 +56,7 @@ struct sk__kernels {
   void (*wsum_f16)(float *out, const float *w, const uint16_t *const *rows, uint32_t n,
                    uint32_t hd, bool add);
   void (*to_f16)(uint16_t *y, const float *x, size_t n);
+  void (*from_f16)(float *y, const uint16_t *x, size_t n);
   void (*rope)(float *y, const float *x, const float *cos2, const float *sin2, uint32_t rope_dim);
   void (*rope_rows)(float *y, const float *const *x, const float *cos2, const float *sin2,
                     uint32_t n, uint32_t rope_dim, uint32_t head_dim);
@@ -156,6 +157,7 @@ static const struct sk__kernels sk__avx2 = {
     .scores_f16 = sk__avx2_scores_f16,
     .wsum_f16 = sk__avx2_wsum_f16,
     .to_f16 = sk__avx2_to_f16,
+    .from_f16 = sk__avx2_from_f16,
     .rope = sk__avx2_rope,
     .rope_rows = sk__avx2_rope_rows,
     .softmax = sk__avx2_softmax,
@@ -188,6 +190,7 @@ static const struct sk__kernels sk__avx2_vnni = {
     .scores_f16 = sk__vnni_scores_f16,
     .wsum_f16 = sk__vnni_wsum_f16,
     .to_f16 = sk__vnni_to_f16,
+    .from_f16 = sk__vnni_from_f16,
     .rope = sk__vnni_rope,
     .rope_rows = sk__vnni_rope_rows,
     .softmax = sk__vnni_softmax,
@@ -220,7 +223,8 @@ static const struct sk__kernels sk__avx2_vnni = {
   .mm_q3_k = sk__x512_mm_q3_k, .mm_iq4_xs = sk__x512_mm_iq4_xs,                          \
   .quantize_rows = sk__avx2_quantize_rows, .dot = sk__avx2_dot, .axpy = sk__avx2_axpy,   \
   .scores = sk__avx2_scores, .wsum = sk__avx2_wsum, .scores_f16 = sk__avx2_scores_f16,   \
-  .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .rope = sk__avx2_rope,       \
+  .wsum_f16 = sk__avx2_wsum_f16, .to_f16 = sk__avx2_to_f16, .from_f16 = sk__avx2_from_f16, \
+  .rope = sk__avx2_rope,                                                                 \
   .rope_rows = sk__avx2_rope_rows, .softmax = sk__avx2_softmax, .swiglu = sk__avx2_swiglu
 
 /* avx2 with the quantized and packed F32 products of kernels-avx512.inc
@@ -716,6 +720,8 @@ void sk_kernels_wsum_add_f16(float *out, const float *w, const uint16_t *const *
 }
 
 void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n) { sk__cur()->to_f16(y, x, n); }
+
+void sk_kernels_from_f16(float *y, const uint16_t *x, size_t n) { sk__cur()->from_f16(y, x, n); }
 
 void sk_kernels_wsum(float *out, const float *w, const float *const *rows, uint32_t n,
                      uint32_t hd) {

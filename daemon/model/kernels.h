@@ -204,6 +204,9 @@ void sk_kernels_wsum_add_f16(float *out, const float *w, const uint16_t *const *
 /* y[i] = x[i] rounded to IEEE binary16 (nearest even), i < n: the same
  * bits in every variant (sk_f32_to_f16). */
 void sk_kernels_to_f16(uint16_t *y, const float *x, size_t n);
+/* y[i] = x[i], an IEEE binary16, as a float, i < n: exact, the same bits
+ * as sk_f16_to_f32 in every variant (a NaN stays a NaN). */
+void sk_kernels_from_f16(float *y, const uint16_t *x, size_t n);
 /* Softmax of row[0..n) scaled by scale, as ggml_soft_max_ext: row[j] =
  * exp(row[j] * scale - max) / sum, the sum accumulated in double. The
  * vector variants use ggml's vectorized expf (ggml_v_expf, within ~2 ulp
