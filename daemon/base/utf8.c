@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "proto/utf8.h"
+
 static const char sk__replacement[3] = {'\xef', '\xbf', '\xbd'};
 
 void sk_utf8_stream_init(struct sk_utf8_stream *s) { memset(s, 0, sizeof *s); }
@@ -70,13 +72,10 @@ size_t sk_utf8_stream_flush(struct sk_utf8_stream *s, char *out) {
 }
 
 bool sk_utf8_valid(const char *str, size_t n) {
-  const uint8_t *p = (const uint8_t *)str;
-  for (size_t i = 0; i < n;) {
-    unsigned len = lead_len(p[i]);
-    if (len == 0 || i + len > n) return false;
-    for (unsigned j = 1; j < len; j++)
-      if (!cont_ok(p + i, j, p[i + j])) return false;
-    i += len;
+  const unsigned char *p = (const unsigned char *)str;
+  for (size_t i = 0, k; i < n; i += k) {
+    uint32_t c;
+    if ((k = sk_utf8_char(p + i, n - i, &c)) == 0) return false;
   }
   return true;
 }

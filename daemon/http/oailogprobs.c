@@ -1,28 +1,11 @@
 /* OpenAI's log-probability shapes (oailogprobs.h). */
 #include "http/oailogprobs.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Length of the UTF-8 character at s (n bytes left) if it is a valid one
- * (shortest form, no surrogates, at most U+10FFFF), else 0. */
-static size_t char_len(const unsigned char *s, size_t n) {
-  const unsigned c = s[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  unsigned min, cp;
-  if ((c & 0xe0) == 0xc0) len = 2, min = 0x80, cp = c & 0x1f;
-  else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800, cp = c & 0x0f;
-  else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000, cp = c & 0x07;
-  else return 0;
-  if (n < len) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return len;
-}
+#include "proto/utf8.h"
 
 /* bytes as a JSON string, each byte that does not begin a valid
  * character replaced by U+FFFD. */
@@ -32,7 +15,8 @@ static json_t *lossy_string(const char *bytes, size_t n) {
   size_t o = 0;
   const unsigned char *s = (const unsigned char *)bytes;
   for (size_t i = 0; i < n;) {
-    size_t k = char_len(s + i, n - i);
+    uint32_t c;
+    size_t k = sk_utf8_char(s + i, n - i, &c);
     if (k) {
       memcpy(out + o, s + i, k);
       o += k;

@@ -295,7 +295,7 @@ static int sk__utf8_clean(const char *text, size_t len, const char **ret, size_t
   size_t bad = 0;
   uint32_t c;
   for (size_t i = 0; i < len;) {
-    size_t k = sk__utf8_char(s + i, len - i, &c);
+    size_t k = sk_utf8_char(s + i, len - i, &c);
     if (k == 0) {
       bad++;
       k = 1;
@@ -313,7 +313,7 @@ static int sk__utf8_clean(const char *text, size_t len, const char **ret, size_t
   if (!o) return -SK_ERR_NO_MEMORY;
   size_t n = 0;
   for (size_t i = 0; i < len;) {
-    size_t k = sk__utf8_char(s + i, len - i, &c);
+    size_t k = sk_utf8_char(s + i, len - i, &c);
     if (k == 0) {
       memcpy(o + n, "\xef\xbf\xbd", 3);
       n += 3;

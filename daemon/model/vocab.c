@@ -105,7 +105,7 @@ static size_t sk__make_piece(enum sk__kind kind, const struct sk__token *tok,
         continue;
       }
       uint32_t c;
-      size_t n = sk__utf8_char((const unsigned char *)text + i, tok->len - i, &c);
+      size_t n = sk_utf8_char((const unsigned char *)text + i, tok->len - i, &c);
       int b = n ? sk__cpt_byte(c) : -1;
       if (b >= 0) {
         out[o++] = (char)b;

@@ -3,8 +3,11 @@
  * new code is added in exactly one place. */
 #include "sinkd/protocol.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "proto/utf8.h"
 
 static const char *const sk__error_names[SK_ERR__COUNT] = {
   [SK_OK] = "ok",
@@ -60,31 +63,19 @@ static void sk__trim_cut_character(char *s) {
   if (back + 1 < want) s[i - 1] = 0;
 }
 
-/* Bytes of the valid UTF-8 character (RFC 3629: no overlong forms,
- * surrogates or code points above U+10FFFF) at p, or 0. */
-static size_t sk__utf8_char(const unsigned char *p) {
-  unsigned c = p[0];
-  if (c < 0x80) return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-  if (!n) return 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xc0) != 0x80) return 0;
-  if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) || (c == 0xf0 && p[1] < 0x90) ||
-      (c == 0xf4 && p[1] > 0x8f))
-    return 0;
-  return n;
-}
-
 /* Makes s text every reader can take and print: a byte that is not part
  * of a valid UTF-8 character, and a control character other than tab and
  * newline, become '?' (a message may echo a client's bytes). */
 static void sk__clean_text(char *s) {
   unsigned char *p = (unsigned char *)s;
+  size_t left = strlen(s);
   while (*p) {
-    size_t n = sk__utf8_char(p);
+    uint32_t c;
+    size_t n = sk_utf8_char(p, left, &c);
     if (n == 1 && ((*p < 0x20 && *p != '\t' && *p != '\n') || *p == 0x7f)) *p = '?';
     if (n == 0) *p = '?', n = 1;
     p += n;
+    left -= n;
   }
 }
 
