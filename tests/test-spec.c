@@ -33,132 +33,26 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "sinkd/client.h"
+#include "testpersist.h"
 #include "testutil.h"
 
-static char g_dir[64];
-static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
-static char g_log[300];
-static char g_state[300];
-static pid_t g_pid;
 static char *g_target, *g_draft; /* pycode-29M and pycode-5M */
 static char *g_prompt;           /* the start of python-stdlib.txt */
 
-static void dump_log(void) {
-  size_t n = 0;
-  char *log = sk_test_read_file(g_log, &n);
-  if (log) {
-    fprintf(stderr, "---- sinkd log (last 3000 bytes) ----\n%s\n-----------\n",
-            n > 3000 ? log + n - 3000 : log);
-    free(log);
-  }
-}
-
-static bool log_has(const char *needle) {
-  size_t n = 0;
-  char *log = sk_test_read_file(g_log, &n);
-  bool has = log && strstr(log, needle);
-  free(log);
-  return has;
-}
-
-/* Starts sinkd with model (and draft, if not NULL) on g_state, one
- * compute thread, the extra arguments (NULL-terminated); returns 0 once it
- * accepts connections, or its exit status if it exits first. */
-static int start_daemon(const char *model, const char *draft, const char *const *extra) {
-  const char *sinkd = getenv("SK_SINKD");
-  if (!sinkd) sinkd = "./daemon/sinkd";
-  const char *argv[32];
-  int n = 0;
-  argv[n++] = sinkd;
-  argv[n++] = "--config";
-  argv[n++] = "/dev/null";
-  argv[n++] = "--model";
-  argv[n++] = model;
-  if (draft) {
-    argv[n++] = "--draft-model";
-    argv[n++] = draft;
-  }
-  argv[n++] = "--socket";
-  argv[n++] = g_socket;
-  argv[n++] = "--state-dir";
-  argv[n++] = g_state;
-  argv[n++] = "--threads";
-  argv[n++] = "1";
-  for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
-  argv[n] = NULL;
-  fflush(NULL);
-  g_pid = fork();
-  if (g_pid == 0) {
-    sk_test_child_setup();
-    FILE *f = freopen(g_log, "a", stderr);
-    (void)f;
-    execv(sinkd, (char *const *)argv);
-    _exit(127);
-  }
-  for (int i = 0; i < 3000; i++) {
-    int st;
-    if (waitpid(g_pid, &st, WNOHANG) == g_pid) {
-      g_pid = 0;
-      return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-    }
-    struct sk_client *c = NULL;
-    if (sk_client_connect(g_socket, &c, NULL) == 0) {
-      sk_client_free(c);
-      return 0;
-    }
-    usleep(10000);
-  }
-  dump_log();
-  fail_msg("sinkd did not start");
-  return -1;
-}
-
-static void kill9(void) {
-  if (g_pid > 0) {
-    kill(g_pid, SIGKILL);
-    waitpid(g_pid, NULL, 0);
-    g_pid = 0;
-  }
-}
-
-static void stop_term(void) {
-  if (g_pid > 0) {
-    kill(g_pid, SIGTERM);
-    int st = 0;
-    waitpid(g_pid, &st, 0);
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    g_pid = 0;
-  }
-}
-
-static struct sk_client *conn(void) {
-  struct sk_client *c = NULL;
-  struct sk_error e = {0};
-  if (sk_client_connect(g_socket, &c, &e) < 0) {
-    dump_log();
-    fail_msg("connect: %s", e.message);
-  }
-  sk_client_set_timeout(c, 120000, NULL);
-  return c;
+/* Starts sinkd on model with a draft model (NULL: none). */
+static int start_with_draft(const char *model, const char *draft) {
+  const char *const extra[] = {"--draft-model", draft, NULL};
+  return start_daemon_model(model, draft ? extra : NULL);
 }
 
 /* Each test its own state directory and log. */
-static void fresh_state(const char *name) {
+static void fresh_test(const char *name) {
   kill9(); /* a failed test's daemon */
-  snprintf(g_state, sizeof g_state, "%s/%s", g_dir, name);
-  snprintf(g_log, sizeof g_log, "%s/%s.log", g_dir, name);
+  fresh_state(name);
 }
 
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/dev/shm/sinkd-spec.XXXXXX");
-  if (!mkdtemp(g_dir)) {
-    char *d = sk_test_tmpdir();
-    if (strlen(d) >= sizeof g_dir) return -1;
-    memcpy(g_dir, d, strlen(d) + 1);
-    free(d);
-  }
-  snprintf(g_socket, sizeof g_socket, "%s/s.sock", g_dir);
+static int spec_setup(void **state) {
+  if (setup(state) < 0) return -1;
   g_target = sk_test_shared_path("models/pycode-29M-f16.gguf");
   g_draft = sk_test_shared_path("models/pycode-5M-f16.gguf");
   char *text = sk_test_shared_path("data/python-stdlib.txt");
@@ -171,47 +65,20 @@ static int setup(void **state) {
   return 0;
 }
 
-static int teardown(void **state) {
-  (void)state;
-  kill9();
+static int spec_teardown(void **state) {
   free(g_target);
   free(g_draft);
   free(g_prompt);
-  char cmd[200];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  return system(cmd) == 0 ? 0 : -1;
+  return teardown(state);
 }
 
 /* ---- sessions and tokens ---- */
 
-struct ids {
-  int32_t v[1024];
-  double lp[1024]; /* the events' log-probabilities (NaN: none) */
-  size_t n;
-  int kill_after; /* > 0: SIGKILL the daemon when this many arrived */
-};
-
-static int ids_cb(void *user, const struct sk_token_event *ev) {
-  struct ids *x = user;
-  if (x->n < sizeof x->v / sizeof x->v[0]) {
-    x->lp[x->n] = ev->logprob;
-    x->v[x->n++] = ev->token;
-  }
-  if (x->kill_after > 0 && x->n == (size_t)x->kill_after) kill9();
-  return 0;
-}
-
-static uint64_t open_session(struct sk_client *c, const struct sk_open_params *op) {
+static uint64_t open_params(struct sk_client *c, const struct sk_open_params *op) {
   struct sk_open_result o;
   struct sk_error e = {0};
   if (sk_client_open(c, op, &o, &e) < 0) fail_msg("open: %s", e.message);
   return o.session;
-}
-
-static void append_text(struct sk_client *c, uint64_t s, const char *text) {
-  struct sk_error e = {0};
-  if (sk_client_append_text(c, s, text, strlen(text), SK_BOS_DEFAULT, NULL, &e) < 0)
-    fail_msg("append: %s", e.message);
 }
 
 /* n greedy tokens (ignoring EOS) with speculation mode (NULL: the
@@ -232,20 +99,6 @@ static void gen_greedy(struct sk_client *c, uint64_t s, uint32_t n, const char *
     fail_msg("generate: %s", e.message);
   }
   if (ret) *ret = gr;
-}
-
-static struct sk_session_stats sstats(struct sk_client *c, uint64_t s) {
-  struct sk_session_stats st;
-  struct sk_error e = {0};
-  if (sk_client_session_stats(c, s, &st, &e) < 0) fail_msg("stats: %s", e.message);
-  return st;
-}
-
-static int32_t *tokens_of(struct sk_client *c, uint64_t s, size_t *n) {
-  int32_t *t = NULL;
-  struct sk_error e = {0};
-  if (sk_client_session_tokens(c, s, &t, n, &e) < 0) fail_msg("tokens: %s", e.message);
-  return t;
 }
 
 /* ---- greedy identity under every policy ---- */
@@ -272,8 +125,8 @@ static const struct {
 
 static void test_greedy_identity(void **state) {
   (void)state;
-  fresh_state("identity");
-  assert_int_equal(start_daemon(g_target, g_draft, NULL), 0);
+  fresh_test("identity");
+  assert_int_equal(start_with_draft(g_target, g_draft), 0);
   struct sk_client *c = conn();
   static const char *const modes[] = {"off", "draft", "lookup"};
   uint64_t drafted[3] = {0}, accepted[3] = {0};
@@ -287,7 +140,7 @@ static void test_greedy_identity(void **state) {
       op.speculation = modes[m];
       op.draft_tokens = 6;
       op.draft_fixed = true;
-      uint64_t s = open_session(c, &op);
+      uint64_t s = open_params(c, &op);
       append_text(c, s, g_prompt);
       out[m] = calloc(1, sizeof *out[m]);
       gen_greedy(c, s, N_GREEDY, NULL, out[m], &gr[m]);
@@ -360,14 +213,14 @@ static void test_greedy_identity(void **state) {
 static void kill_case(struct sk_open_params op, const char *mode) {
   struct sk_client *c = conn();
   op.speculation = "off";
-  uint64_t r = open_session(c, &op);
+  uint64_t r = open_params(c, &op);
   append_text(c, r, g_prompt);
   const uint64_t n_prompt = sstats(c, r).seen;
   struct ids *ref = calloc(1, sizeof *ref);
   gen_greedy(c, r, 160, NULL, ref, NULL);
   assert_int_equal(ref->n, 160);
   op.speculation = mode;
-  uint64_t a = open_session(c, &op);
+  uint64_t a = open_params(c, &op);
   append_text(c, a, g_prompt);
   struct ids *got = calloc(1, sizeof *got);
   got->kill_after = 40;
@@ -381,7 +234,7 @@ static void kill_case(struct sk_open_params op, const char *mode) {
   assert_true(rc == 0 || rc == -SK_ERR_DISCONNECTED || rc == -SK_ERR_IO);
   sk_client_free(c);
   kill9();
-  assert_int_equal(start_daemon(g_target, g_draft, NULL), 0);
+  assert_int_equal(start_with_draft(g_target, g_draft), 0);
   c = conn();
   struct sk_session_summary sum;
   assert_int_equal(sk_client_resume(c, a, &sum, &e), 0);
@@ -421,14 +274,14 @@ static void kill_case(struct sk_open_params op, const char *mode) {
 
 static void test_kill_during_speculation(void **state) {
   (void)state;
-  fresh_state("kill");
-  assert_int_equal(start_daemon(g_target, g_draft, NULL), 0);
+  fresh_test("kill");
+  assert_int_equal(start_with_draft(g_target, g_draft), 0);
   kill_case((struct sk_open_params){.policy = "dense", .capacity = 512}, "draft");
   kill9();
-  assert_int_equal(start_daemon(g_target, g_draft, NULL), 0);
+  assert_int_equal(start_with_draft(g_target, g_draft), 0);
   kill_case((struct sk_open_params){.policy = "streaming", .n_sink = 4, .window = 60}, "lookup");
   kill9();
-  assert_int_equal(start_daemon(g_target, g_draft, NULL), 0);
+  assert_int_equal(start_with_draft(g_target, g_draft), 0);
   kill_case((struct sk_open_params){.policy = "streaming", .n_sink = 4, .window = 60}, "draft");
   kill9();
 }
@@ -477,7 +330,7 @@ static void sample_counts(struct sk_client *c, const char *mode, uint32_t *count
    * would rightly propose little */
   struct sk_open_params op = {.policy = "dense", .capacity = 64, .speculation = mode,
                               .draft_tokens = 3, .draft_fixed = true};
-  uint64_t s = open_session(c, &op);
+  uint64_t s = open_params(c, &op);
   append_text(c, s, "Once upon a time, there was a little");
   *ret_drafted = *ret_accepted = 0;
   for (uint32_t run = 0; run < N_RUNS; run++) {
@@ -541,11 +394,11 @@ static double chi2_limit(uint32_t df) {
 
 static void test_sampling_distribution(void **state) {
   (void)state;
-  fresh_state("sampling");
+  fresh_test("sampling");
   char draft[300];
   snprintf(draft, sizeof draft, "%s/perturbed.gguf", g_dir);
   write_perturbed(draft);
-  assert_int_equal(start_daemon(sk_test_model_path(), draft, NULL), 0);
+  assert_int_equal(start_with_draft(sk_test_model_path(), draft), 0);
   struct sk_client *c = conn();
   struct sk_hello h;
   struct sk_error e = {0};
@@ -655,11 +508,11 @@ static uint32_t write_changed_eos(const char *src, const char *dst) {
 
 static void test_vocab_mismatch(void **state) {
   (void)state;
-  fresh_state("vocab");
+  fresh_test("vocab");
   char path[300], was[32], now[32], want[200];
   snprintf(path, sizeof path, "%s/changed.gguf", g_dir);
   write_changed_token(sk_test_model_path(), path, 300, was, now);
-  assert_int_equal(start_daemon(sk_test_model_path(), path, NULL), 1);
+  assert_int_equal(start_with_draft(sk_test_model_path(), path), 1);
   snprintf(want, sizeof want,
            "its vocabulary is not the model's: token 300 is \"%s\", the model's is \"%s\"", now,
            was);
@@ -670,7 +523,7 @@ static void test_vocab_mismatch(void **state) {
   /* the same tokens, another end-of-sequence id */
   snprintf(path, sizeof path, "%s/eos.gguf", g_dir);
   const uint32_t eos = write_changed_eos(sk_test_model_path(), path);
-  assert_int_equal(start_daemon(sk_test_model_path(), path, NULL), 1);
+  assert_int_equal(start_with_draft(sk_test_model_path(), path), 1);
   snprintf(want, sizeof want, "its vocabulary is not the model's: EOS id %u, the model's %u",
            eos + 1, eos);
   if (!log_has(want)) {
@@ -678,11 +531,11 @@ static void test_vocab_mismatch(void **state) {
     fail_msg("the log does not say: %s", want);
   }
   /* another vocabulary altogether: its size */
-  assert_int_equal(start_daemon(sk_test_model_path(), g_draft, NULL), 1);
+  assert_int_equal(start_with_draft(sk_test_model_path(), g_draft), 1);
   assert_true(log_has("its vocabulary is not the model's: 4096 tokens, the model has 512"));
   /* the same vocabulary is taken; asking for a draft of a daemon without
    * one is a bad request */
-  assert_int_equal(start_daemon(sk_test_model_path(), NULL, NULL), 0);
+  assert_int_equal(start_with_draft(sk_test_model_path(), NULL), 0);
   struct sk_client *c = conn();
   struct sk_open_params op = {.speculation = "draft"};
   struct sk_open_result o;
@@ -705,5 +558,5 @@ int main(void) {
       cmocka_unit_test(test_greedy_identity),
       cmocka_unit_test(test_kill_during_speculation),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, spec_setup, spec_teardown);
 }

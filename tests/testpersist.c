@@ -51,9 +51,7 @@ void dump_log(void) {
   }
 }
 
-/* Starts sinkd on g_state with extra arguments (NULL-terminated), its
- * stderr appended to g_log; returns once it accepts connections. */
-void start_daemon_args(const char *const *extra) {
+int start_daemon_model(const char *model, const char *const *extra) {
   const char *sinkd = getenv("SK_SINKD");
   if (!sinkd) sinkd = "./daemon/sinkd";
   const char *argv[32];
@@ -63,18 +61,13 @@ void start_daemon_args(const char *const *extra) {
   argv[n++] = "--config";
   argv[n++] = "/dev/null";
   argv[n++] = "--model";
-  argv[n++] = sk_test_model_path();
+  argv[n++] = model;
   argv[n++] = "--socket";
   argv[n++] = g_socket;
   argv[n++] = "--state-dir";
   argv[n++] = g_state;
   argv[n++] = "--threads";
   argv[n++] = "1";
-  /* llama.cpp's reference values were taken with an f32 cache (its f16
-   * default moves logits by ~0.016); extra may name another type (the
-   * last one given counts) */
-  argv[n++] = "--kv-type";
-  argv[n++] = "f32";
   for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   fflush(NULL); /* the child must not flush our buffers a second time */
@@ -86,16 +79,37 @@ void start_daemon_args(const char *const *extra) {
     execv(sinkd, (char *const *)argv);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
+  for (int i = 0; i < 3000; i++) {
+    int st;
+    if (waitpid(g_pid, &st, WNOHANG) == g_pid) {
+      g_pid = 0;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    }
     struct sk_client *c = NULL;
     if (sk_client_connect(g_socket, &c, NULL) == 0) {
       sk_client_free(c);
-      return;
+      return 0;
     }
     usleep(10000);
   }
   dump_log();
   fail_msg("sinkd did not start");
+  return -1;
+}
+
+void start_daemon_args(const char *const *extra) {
+  /* llama.cpp's reference values were taken with an f32 cache (its f16
+   * default moves logits by ~0.016); extra may name another type (the
+   * last one given counts) */
+  const char *argv[32] = {"--kv-type", "f32"};
+  int n = 2;
+  for (int i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  int st = start_daemon_model(sk_test_model_path(), argv);
+  if (st != 0) {
+    dump_log();
+    fail_msg("sinkd exited with status %d as it started", st);
+  }
 }
 
 void start_daemon(void) { start_daemon_args(NULL); }
@@ -172,7 +186,10 @@ uint64_t open_session(struct sk_client *c, const char *policy, uint32_t n_sink,
 
 int ids_cb(void *user, const struct sk_token_event *ev) {
   struct ids *x = user;
-  if (x->n < sizeof x->v / sizeof x->v[0]) x->v[x->n++] = ev->token;
+  if (x->n < sizeof x->v / sizeof x->v[0]) {
+    x->lp[x->n] = ev->logprob;
+    x->v[x->n++] = ev->token;
+  }
   if (x->kill_after > 0 && x->n == (size_t)x->kill_after) kill9();
   return 0;
 }

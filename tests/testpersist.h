@@ -25,8 +25,13 @@ extern pid_t g_pid;
 double now_s(void);
 /* Prints the daemon's log to stderr. */
 void dump_log(void);
-/* Starts the daemon with extra flags (NULL-ended, or NULL) and waits
- * until its socket accepts. */
+/* Starts sinkd on model with g_socket, g_state, one compute thread and
+ * the extra flags (NULL-ended, or NULL), its stderr appended to g_log;
+ * returns 0 once its socket accepts, or its exit status if it exits
+ * first (fails the test after 30 s). */
+int start_daemon_model(const char *model, const char *const *extra);
+/* The test model ($SK_MODEL) with an f32 KV cache and extra flags; fails
+ * the test unless it starts. */
 void start_daemon_args(const char *const *extra);
 void start_daemon(void);
 /* SIGKILL and reap (nothing if none runs). */
@@ -49,6 +54,7 @@ uint64_t open_session(struct sk_client *c, const char *policy, uint32_t n_sink,
 /* Token ids of a generate, gathered by ids_cb. */
 struct ids {
   int32_t v[4096];
+  double lp[4096]; /* the events' log-probabilities (NaN: none asked) */
   size_t n;
   int kill_after; /* > 0: SIGKILL the daemon when this many arrived */
 };
