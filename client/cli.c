@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "proto/utf8.h"
+
 static const char *sk__cli_prog = "sinkd";
 static const char *sk__cli_help;
 static sk_cli_error_fn *sk__cli_error_fn;
@@ -158,31 +160,8 @@ uint32_t sk_cli_parse_list(const char *what, const char *s, uint64_t *out, uint3
 /* ---- JSON ------------------------------------------------------------- */
 
 size_t sk_cli_utf8_len(const unsigned char *s, size_t n) {
-  unsigned char c = s[0];
-  size_t len;
-  uint32_t cp;
-  if (c < 0x80) return 1;
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (n < len) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-      (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-    return 0;
-  return len;
+  uint32_t cpt;
+  return sk_utf8_char(s, n, &cpt);
 }
 
 void sk_cli_json_str(FILE *f, const char *str, size_t n) {

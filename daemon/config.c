@@ -676,15 +676,12 @@ static char *reader(char *str, int num, void *stream) {
     s = "\n";
     len = 1;
   } else if (len >= (size_t)num || len >= LINE_MAX_BYTES) {
-    char key[32];
+    char key[32], where[sizeof st->section + sizeof key + 8] = "";
     sk__line_key(s, len, key);
-    if (key[0] && st->section[0])
-      add_error(st, st->line, "[%s] %s: the line is longer than %u bytes", st->section, key,
-                LINE_MAX_BYTES - 1);
-    else if (key[0])
-      add_error(st, st->line, "%s: the line is longer than %u bytes", key, LINE_MAX_BYTES - 1);
-    else
-      add_error(st, st->line, "the line is longer than %u bytes", LINE_MAX_BYTES - 1);
+    if (key[0])
+      snprintf(where, sizeof where, "%s%s%s%s: ", st->section[0] ? "[" : "", st->section,
+               st->section[0] ? "] " : "", key);
+    add_error(st, st->line, "%sthe line is longer than %u bytes", where, LINE_MAX_BYTES - 1);
     s = "\n";
     len = 1;
   } else {

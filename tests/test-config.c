@@ -46,6 +46,17 @@ static void write_file(const char *text, size_t len) {
 
 #define WRITE(text) write_file(text, sizeof(text) - 1)
 
+/* Writes head, n bytes c, then tail (one line made long on purpose). */
+static void write_filled(const char *head, char c, size_t n, const char *tail) {
+  char text[4096];
+  size_t w = (size_t)snprintf(text, sizeof text, "%s", head);
+  assert_true(w + n + strlen(tail) < sizeof text);
+  memset(text + w, c, n);
+  w += n;
+  w += (size_t)snprintf(text + w, sizeof text - w, "%s", tail);
+  write_file(text, w);
+}
+
 /* Loads g_path into a fresh default config; returns sk_config_load's code. */
 static int load(struct sk_config *c, struct sk_config_errors *errs) {
   assert_int_equal(sk_config_init(c), 0);
@@ -357,11 +368,7 @@ static void test_many_errors(void **state) {
   sk_config_done(&c);
 
   /* A line longer than inih's buffer and a NUL byte are refused whole. */
-  w = (size_t)snprintf(text, sizeof text, "[daemon]\nmodel = /");
-  memset(text + w, 'a', 300);
-  w += 300;
-  w += (size_t)snprintf(text + w, sizeof text - w, "\nbatch = 8\n");
-  write_file(text, w);
+  write_filled("[daemon]\nmodel = /", 'a', 300, "\nbatch = 8\n");
   assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
   assert_int_equal(errs.n, 1);
   assert_non_null(
@@ -371,14 +378,9 @@ static void test_many_errors(void **state) {
   sk_config_done(&c);
   /* The message names the key when the line starts as one, in the section
    * of the last "[name]" line; a long comment is a line, no key. */
-  w = (size_t)snprintf(text, sizeof text, "[daemon]\n[ limits ]\n max_sessions\t= ");
-  memset(text + w, '1', 200);
-  w += 200;
-  w += (size_t)snprintf(text + w, sizeof text - w, "\n# ");
-  memset(text + w, 'x', 200);
-  w += 200;
-  w += (size_t)snprintf(text + w, sizeof text - w, "\n");
-  write_file(text, w);
+  char comment[256];
+  snprintf(comment, sizeof comment, "\n# %0200d\n", 0);
+  write_filled("[daemon]\n[ limits ]\n max_sessions\t= ", '1', 200, comment);
   assert_int_equal(load(&c, &errs), -SK_ERR_BAD_REQUEST);
   assert_int_equal(errs.n, 2);
   assert_non_null(
@@ -388,11 +390,8 @@ static void test_many_errors(void **state) {
   /* The limit is on the text of a line, with or without its newline. */
   for (int last = 0; last < 2; last++) {
     for (size_t bytes = 199; bytes <= 200; bytes++) {
-      w = (size_t)snprintf(text, sizeof text, "[daemon]\nbatch = 8\nmodel = /");
-      memset(text + w, 'b', bytes - strlen("model = /"));
-      w += bytes - strlen("model = /");
-      if (!last) w += (size_t)snprintf(text + w, sizeof text - w, "\n");
-      write_file(text, w);
+      write_filled("[daemon]\nbatch = 8\nmodel = /", 'b', bytes - strlen("model = /"),
+                   last ? "" : "\n");
       int rc = load(&c, &errs);
       if (bytes == 199) {
         assert_int_equal(rc, 0);
@@ -408,11 +407,7 @@ static void test_many_errors(void **state) {
   /* "key=value" within 199 bytes whose "key = value" would not be: the
    * value may be 199 - strlen("model = ") = 191 bytes, not 192. */
   for (size_t value = 191; value <= 192; value++) {
-    w = (size_t)snprintf(text, sizeof text, "[daemon]\nmodel=/");
-    memset(text + w, 'c', value - 1);
-    w += value - 1;
-    w += (size_t)snprintf(text + w, sizeof text - w, "\n");
-    write_file(text, w);
+    write_filled("[daemon]\nmodel=/", 'c', value - 1, "\n");
     int rc = load(&c, &errs);
     if (value == 191) {
       assert_int_equal(rc, 0);
